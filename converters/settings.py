@@ -1,0 +1,187 @@
+"""The one frozen settings object that travels down every stage.
+
+It lives in ``converters`` (the lowest package) so that converters, passes and the pipeline all read the same
+object; ``pipeline`` re-exports it. Environment variables are read here, once, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from converters.errors import InputError
+
+Backend = Literal["auto", "onnxruntime", "tensorrt"]
+BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """An element passes when ``|a - b| <= atol`` or ``|a - b| <= rtol * |b|`` (b: PyTorch's value)."""
+
+    atol: float
+    rtol: float
+
+
+#: Default tolerances per output dtype, written into every accuracy report. fp32 is tight enough that
+#: "matches PyTorch to 1e-4 relative" holds; integer and bool outputs must match exactly.
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
+    "float64": Tolerance(atol=1e-9, rtol=1e-7),
+    "float32": Tolerance(atol=1e-5, rtol=1e-4),
+    "float16": Tolerance(atol=1e-3, rtol=1e-2),
+    "bfloat16": Tolerance(atol=1e-2, rtol=5e-2),
+    "int64": Tolerance(atol=0.0, rtol=0.0),
+    "int32": Tolerance(atol=0.0, rtol=0.0),
+    "int8": Tolerance(atol=0.0, rtol=0.0),
+    "uint8": Tolerance(atol=0.0, rtol=0.0),
+    "bool": Tolerance(atol=0.0, rtol=0.0),
+}
+
+
+@dataclass(frozen=True)
+class DynamicDim:
+    """One dynamic dimension of one graph input: its symbolic name and the engine profile (min, opt, max).
+
+    Inputs that share a ``name`` share the dimension (``input_ids`` and ``attention_mask`` share ``batch``).
+    """
+
+    input: str
+    axis: int
+    name: str
+    min: int
+    opt: int
+    max: int
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.min <= self.opt <= self.max):
+            raise InputError(
+                f"dynamic dimension {self.name!r} of input {self.input!r} axis {self.axis} needs "
+                f"1 <= min <= opt <= max, got min={self.min} opt={self.opt} max={self.max}",
+                fix="give (name, min, opt, max) with min <= opt <= max, e.g. ('batch', 1, 8, 32)",
+            )
+
+
+def _default_cache_dir() -> str:
+    return str(Path(_environment()["PIPELINE_CACHE_DIR"]).expanduser())
+
+
+@functools.cache
+def _environment() -> Mapping[str, str]:
+    """The only place the project reads environment variables."""
+    return {"PIPELINE_CACHE_DIR": os.environ.get("PIPELINE_CACHE_DIR", "~/.cache/torch-trt-pipeline")}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a conversion can be told. ``pipeline.convert(model, sample, **settings)`` builds one.
+
+    ``dynamic`` may be given as ``{"x": {0: ("batch", 1, 8, 32)}}`` (input name -> axis -> (name, min, opt,
+    max)); it is normalised to a tuple of :class:`DynamicDim`. ``tolerances`` maps a dtype name (``"float32"``)
+    or an output name to a :class:`Tolerance` or an ``(atol, rtol)`` pair; it is merged over the defaults.
+    """
+
+    backend: Backend = "auto"
+    dynamic: tuple[DynamicDim, ...] = ()
+    validate: bool = True
+    validation_inputs: int = 3
+    seed: int = 0
+    tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
+    opset: int | None = None
+    fold_size_threshold: int = 4 << 20
+    max_pass_iterations: int = 4
+    ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    ort_intra_op_threads: int | None = None
+    trt_workspace_bytes: int | None = None
+    trt_builder_optimization_level: int | None = None
+    cache_dir: str = field(default_factory=_default_cache_dir)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InputError(
+                f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}"
+            )
+        object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
+        object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
+        if self.validation_inputs < 0:
+            raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Settings:
+        """Build settings from ``convert``'s keyword arguments; an unknown name is an error with the list."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InputError(
+                f"unknown setting(s) {', '.join(unknown)}", fix=f"known settings are: {', '.join(sorted(known))}"
+            )
+        return cls(**kwargs)
+
+    def tolerance_for(self, output_name: str, dtype: str) -> Tolerance:
+        """The tolerance for one output: by output name, else by dtype, else the fp32 default."""
+        if output_name in self.tolerances:
+            return self.tolerances[output_name]
+        merged = {**DEFAULT_TOLERANCES, **self.tolerances}
+        return merged.get(dtype, DEFAULT_TOLERANCES["float32"])
+
+    def dims_of(self, input_name: str) -> dict[int, DynamicDim]:
+        return {d.axis: d for d in self.dynamic if d.input == input_name}
+
+
+def _normalise_dynamic(dynamic: Any) -> tuple[DynamicDim, ...]:
+    if isinstance(dynamic, tuple) and all(isinstance(d, DynamicDim) for d in dynamic):
+        dims = dynamic
+    elif isinstance(dynamic, Mapping):
+        dims = tuple(
+            _dim_from_user(str(inp), int(axis), spec)
+            for inp, axes in dynamic.items()
+            for axis, spec in dict(axes).items()
+        )
+    else:
+        raise InputError(
+            f"cannot read dynamic={dynamic!r}",
+            fix="pass dynamic={'x': {0: ('batch', 1, 8, 32)}} (input -> axis -> (name, min, opt, max))",
+        )
+    by_name: dict[str, DynamicDim] = {}
+    for d in dims:
+        first = by_name.setdefault(d.name, d)
+        if (first.min, first.opt, first.max) != (d.min, d.opt, d.max):
+            raise InputError(
+                f"dynamic dimension {d.name!r} is declared with two ranges: "
+                f"{(first.min, first.opt, first.max)} on {first.input!r} and {(d.min, d.opt, d.max)} on {d.input!r}",
+                fix="a shared dimension name must have one (min, opt, max)",
+            )
+    return dims
+
+
+def _dim_from_user(inp: str, axis: int, spec: Any) -> DynamicDim:
+    if isinstance(spec, DynamicDim):
+        return spec
+    try:
+        name, lo, opt, hi = spec
+    except (TypeError, ValueError):
+        raise InputError(
+            f"dynamic dimension for input {inp!r} axis {axis} must be (name, min, opt, max), got {spec!r}",
+            fix=f"write e.g. dynamic={{{inp!r}: {{{axis}: ('batch', 1, 8, 32)}}}}",
+        ) from None
+    return DynamicDim(inp, axis, str(name), int(lo), int(opt), int(hi))
+
+
+def _normalise_tolerances(tolerances: Mapping[str, Any]) -> Mapping[str, Tolerance]:
+    out: dict[str, Tolerance] = {}
+    for key, value in dict(tolerances).items():
+        if isinstance(value, Tolerance):
+            out[key] = value
+        else:
+            try:
+                atol, rtol = value
+            except (TypeError, ValueError):
+                raise InputError(
+                    f"tolerance for {key!r} must be (atol, rtol) or Tolerance, got {value!r}",
+                    fix=f"write tolerances={{{key!r}: (1e-4, 1e-3)}}",
+                ) from None
+            out[key] = Tolerance(float(atol), float(rtol))
+    return out

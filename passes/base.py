@@ -1,0 +1,114 @@
+"""Pass API and pass manager.
+
+A pass takes a graph-surgeon graph and the settings and returns ``PassResult(graph, modified)``. Pass lists are
+explicit ordered tuples. The manager times every pass, records node counts before and after, can repeat a list
+until nothing changes (bounded), and re-raises an exception inside a pass naming the pass and the passes that
+ran before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import onnx_graphsurgeon as gs
+
+from converters.errors import ConversionError, PipelineError
+from converters.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    graph: gs.Graph
+    modified: bool
+
+
+@runtime_checkable
+class GraphPass(Protocol):
+    """What the pass manager runs. A plain function with a ``name`` attribute works too."""
+
+    name: str
+
+    def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult: ...
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One pass run, as it appears in the conversion report."""
+
+    name: str
+    iteration: int
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    modified: bool
+
+
+class PassManager:
+    """Runs an ordered tuple of passes, repeating it until no pass modifies the graph.
+
+    >>> manager = PassManager(default_passes())          # doctest: +SKIP
+    >>> graph, records = manager.run(graph, Settings())  # doctest: +SKIP
+    """
+
+    def __init__(self, passes: Sequence[GraphPass], *, max_iterations: int = 1) -> None:
+        names = [p.name for p in passes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConversionError(
+                f"pass list names {', '.join(duplicates)} more than once",
+                fix="give every pass in a list a distinct name",
+            )
+        if max_iterations < 1:
+            raise ConversionError("max_iterations must be at least 1", fix="pass max_iterations=1 or more")
+        self.passes = tuple(passes)
+        self.max_iterations = max_iterations
+
+    def run(self, graph: gs.Graph, settings: Settings) -> tuple[gs.Graph, list[PassRecord]]:
+        records: list[PassRecord] = []
+        for iteration in range(self.max_iterations):
+            changed = False
+            for graph_pass in self.passes:
+                graph, record = self._run_one(graph_pass, graph, settings, iteration, records)
+                records.append(record)
+                changed |= record.modified
+            if not changed:
+                break
+        else:
+            if self.max_iterations > 1:
+                logger.warning(
+                    "pass list still modified the graph after %d iterations; stopping there", self.max_iterations
+                )
+        return graph, records
+
+    @staticmethod
+    def _run_one(
+        graph_pass: GraphPass, graph: gs.Graph, settings: Settings, iteration: int, before: list[PassRecord]
+    ) -> tuple[gs.Graph, PassRecord]:
+        nodes_before = len(graph.nodes)
+        start = time.perf_counter()
+        try:
+            result = graph_pass(graph, settings)
+        except PipelineError:
+            raise
+        except Exception as exc:
+            ran = ", ".join(dict.fromkeys(r.name for r in before)) or "none"
+            raise ConversionError(
+                f"pass {graph_pass.name!r} failed: {type(exc).__name__}: {exc}; passes run before it: {ran}",
+                fix=f"run without {graph_pass.name!r} (pass a pass list without it) to confirm, and report the "
+                "graph that triggers it",
+            ) from exc
+        if not isinstance(result, PassResult):
+            raise ConversionError(
+                f"pass {graph_pass.name!r} returned {type(result).__name__}, not PassResult",
+                fix="return PassResult(graph, modified) from the pass",
+            )
+        seconds = time.perf_counter() - start
+        record = PassRecord(graph_pass.name, iteration, seconds, nodes_before, len(result.graph.nodes), result.modified)
+        logger.debug("pass %s: %d -> %d nodes in %.3f s", record.name, nodes_before, record.nodes_after, seconds)
+        return result.graph, record

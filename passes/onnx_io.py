@@ -1,0 +1,49 @@
+"""Moving between ONNX protos and graph-surgeon graphs without losing what graph-surgeon drops.
+
+onnx-graphsurgeon 0.6.1 does not carry a node's ``metadata_props`` (where the torch exporter records the
+PyTorch module path of every node). We keep them in a side table keyed by node name and put them back on export;
+a node created by a converter or pass is named after the node it replaced (``<orig>/...``), so it inherits the
+metadata of that node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+import onnx_graphsurgeon as gs
+
+NodeMetadata = Mapping[str, Mapping[str, str]]
+
+
+def to_graph(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, dict[str, str]]]:
+    """Import a model into graph-surgeon and return the node metadata side table."""
+    metadata = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node if n.metadata_props}
+    return gs.import_onnx(model), metadata
+
+
+def to_model(graph: gs.Graph, template: onnx.ModelProto, metadata: NodeMetadata) -> onnx.ModelProto:
+    """Export a graph, restoring model-level fields of ``template`` and node metadata by name."""
+    model = gs.export_onnx(graph)
+    model.ir_version = template.ir_version
+    model.producer_name = template.producer_name
+    model.producer_version = template.producer_version
+    del model.metadata_props[:]
+    model.metadata_props.extend(template.metadata_props)
+    for node in model.graph.node:
+        props = _metadata_for(node.name, metadata)
+        if props:
+            del node.metadata_props[:]
+            for key, value in props.items():
+                node.metadata_props.add(key=key, value=value)
+    return model
+
+
+def _metadata_for(name: str, metadata: NodeMetadata) -> Mapping[str, str] | None:
+    while name:
+        if name in metadata:
+            return metadata[name]
+        if "/" not in name:
+            return None
+        name = name.rsplit("/", 1)[0]
+    return None

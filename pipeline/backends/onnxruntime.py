@@ -1,0 +1,64 @@
+"""The ONNX Runtime executor: the default backend, and the reference executor for every graph we produce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from converters.errors import BuildError, InputError
+from converters.settings import Settings
+from pipeline.io_spec import IOSpec
+
+
+class OnnxRuntimeExecutor:
+    backend = "onnxruntime"
+
+    def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if settings.ort_intra_op_threads is not None:
+            options.intra_op_num_threads = settings.ort_intra_op_threads
+        try:
+            self.session = ort.InferenceSession(
+                model.SerializeToString(), sess_options=options, providers=list(settings.ort_providers)
+            )
+        except Exception as exc:
+            raise BuildError(
+                f"ONNX Runtime could not load the final graph: {exc}",
+                fix="run pipeline with validate=False and inspect module.onnx, or check the custom passes",
+            ) from exc
+        self.input_names = [t.name for t in io.inputs]
+        self.output_names = [t.name for t in io.outputs]
+        session_inputs = [i.name for i in self.session.get_inputs()]
+        if session_inputs != self.input_names:
+            raise BuildError(
+                f"the session's inputs {session_inputs} differ from the graph's {self.input_names}",
+                fix="a pass renamed or removed a graph input; graph inputs must be kept",
+            )
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        return None
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        feed = {name: _to_numpy(name, t) for name, t in zip(self.input_names, inputs, strict=True)}
+        outputs = self.session.run(self.output_names, feed)
+        return [torch.from_numpy(np.asarray(o)) for o in outputs]
+
+    def polygraphy_runner(self, name: str) -> Any:
+        from polygraphy.backend.onnxrt import OnnxrtRunner
+
+        return OnnxrtRunner(self.session, name=name)
+
+
+def _to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:
+        raise InputError(
+            f"input {name!r} is bfloat16, which the ONNX Runtime backend cannot take from numpy",
+            fix="pass a float32 tensor (precision is set inside the graph, not at the inputs)",
+        )
+    return tensor.detach().cpu().contiguous().numpy()

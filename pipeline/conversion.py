@@ -1,0 +1,137 @@
+"""``convert``: the composition of the stages, and ``load``: an artifact back to a module."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from converters.errors import ArtifactError, ConversionError
+from converters.settings import Settings
+from passes import GraphPass, PassManager, PassRecord, default_passes, to_graph, to_model
+from pipeline.artifact import read_artifact
+from pipeline.backends import build_executor, select_backend
+from pipeline.export import ExportedGraph, eval_mode, export
+from pipeline.io_spec import normalise_sample
+from pipeline.report import ConversionReport
+from pipeline.runtime import ConvertedModule
+from pipeline.validate import AccuracyReport, validate, validation_feeds
+from pipeline.versions import library_versions
+
+logger = logging.getLogger("pipeline")
+
+
+def convert(
+    model: torch.nn.Module, sample: Any, *, passes: Sequence[GraphPass] | None = None, **settings: Any
+) -> ConvertedModule:
+    """Convert ``model`` (called on ``sample``) and return a module that runs on the chosen backend.
+
+    ``sample`` is a tensor, a tuple of tensors, or ``(args, kwargs)``. ``passes`` replaces the default pass list.
+    Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
+    ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
+
+    >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
+    >>> print(module.report.summary())                                      # doctest: +SKIP
+    """
+    config = Settings.from_kwargs(settings)
+    stages: list[tuple[str, float]] = []
+    choice = select_backend(config.backend)
+    with _stage("export", stages):
+        exported = export(model, sample, config)
+    with _stage("passes", stages):
+        final, records = run_passes(exported, config, passes)
+    with _stage("build", stages):
+        executor = build_executor(choice.name, final, exported.io, config)
+    accuracy: AccuracyReport | None = None
+    if config.validate:
+        with _stage("validate", stages), eval_mode(model):
+            sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
+            feeds = validation_feeds(exported.io, sample_inputs, config)
+            accuracy = validate(model, exported.io, executor.polygraphy_runner(choice.name), feeds, config)
+    report = ConversionReport(
+        backend=choice.name,
+        backend_reason=choice.reason,
+        stages=tuple(stages),
+        passes=tuple(records),
+        nodes_exported=len(exported.model.graph.node),
+        nodes_final=len(final.graph.node),
+        accuracy=accuracy,
+        versions=library_versions(),
+    )
+    return ConvertedModule(executor, exported.io, final, config, report)
+
+
+def run_passes(
+    exported: ExportedGraph, settings: Settings, passes: Sequence[GraphPass] | None = None
+) -> tuple[onnx.ModelProto, list[PassRecord]]:
+    """Run the pass list (default: :func:`passes.default_passes`) and return the final graph."""
+    graph, _ = to_graph(exported.model)
+    manager = PassManager(default_passes() if passes is None else passes, max_iterations=settings.max_pass_iterations)
+    graph, records = manager.run(graph, settings)
+    final = to_model(graph, exported.model, exported.node_metadata)
+    try:
+        onnx.checker.check_model(final)
+    except onnx.checker.ValidationError as exc:
+        ran = ", ".join(dict.fromkeys(r.name for r in records)) or "none"
+        raise ConversionError(
+            f"the graph after the passes is not valid ONNX: {exc}; passes run: {ran}",
+            fix="find the pass that broke it by running the list without custom passes",
+        ) from exc
+    return final, records
+
+
+def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:
+    """Load an artifact written by ``ConvertedModule.save``.
+
+    ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even
+    when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
+    TensorRT version or GPU.
+    """
+    artifact = read_artifact(Path(path))
+    settings, io = artifact.settings, artifact.io
+    chosen = backend or artifact.metadata["backend"]
+    engine = None
+    if chosen == "tensorrt":
+        engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild)
+    select_backend(chosen)  # raises with the reason when TensorRT was asked for and cannot run
+    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
+    report = ConversionReport.from_dict(artifact.metadata["report"])
+    return ConvertedModule(executor, io, artifact.onnx_model, settings, report)
+
+
+def _usable_engine(engine: bytes | None, built_for: dict[str, str], path: Path, rebuild: bool) -> bytes | None:
+    """The saved engine if it was built for this TensorRT and GPU; None (build anew) if ``rebuild``."""
+    if engine is None or rebuild:
+        return None
+    from pipeline.backends.tensorrt import device_identity, tensorrt_status
+
+    available, why = tensorrt_status()
+    if not available:
+        raise ArtifactError(
+            f"{path} holds a TensorRT engine but TensorRT cannot run here: {why}",
+            fix="load it with backend='onnxruntime' to run its ONNX graph on the CPU",
+        )
+    here = device_identity()
+    for key, value in built_for.items():
+        if here.get(key) != value:
+            raise ArtifactError(
+                f"{path} holds an engine built for {key} {value}; this machine has {here.get(key)}",
+                fix="load it with rebuild=True to build a new engine from the saved ONNX graph",
+            )
+    return engine
+
+
+@contextlib.contextmanager
+def _stage(name: str, stages: list[tuple[str, float]]) -> Iterator[None]:
+    logger.info("%s ...", name)
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
+    stages.append((name, seconds))
+    logger.info("%s done in %.2f s", name, seconds)

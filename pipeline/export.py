@@ -1,0 +1,293 @@
+"""Stage 1: a PyTorch model and a sample become an ONNX graph with an I/O spec (torch.onnx.export, dynamo)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+import torch.utils._pytree as pytree
+
+from converters.errors import ExportError, InputError
+from converters.settings import DynamicDim, Settings
+from passes.onnx_io import to_graph, to_model
+from pipeline import io_spec
+from pipeline.io_spec import IOSpec, TensorSpec
+
+logger = logging.getLogger(__name__)
+
+_ONNX_TO_TORCH = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+_EXPORT_FIXES = (
+    "usual fixes: (1) data-dependent Python control flow (`if x.sum() > 0:`) -> torch.cond or a tensor op "
+    "such as torch.where; (2) calls torch.export cannot trace (numpy, .item(), print of tensors, external "
+    "libraries) -> move them out of forward(); (3) a dynamic dimension the model forces to one value -> drop it "
+    "from dynamic=; (4) an op without an ONNX translation -> register a converter; "
+    "run torch.export.export(model, args) alone to see the full trace"
+)
+
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """The exporter's ONNX graph, with inputs and outputs renamed after the model's arguments and results."""
+
+    model: onnx.ModelProto
+    io: IOSpec
+    node_metadata: dict[str, dict[str, str]]
+
+
+def export(model: torch.nn.Module, sample: Any, settings: Settings) -> ExportedGraph:
+    """Export ``model`` called on ``sample`` to ONNX, in memory.
+
+    >>> exported = export(torch.nn.Linear(4, 2), torch.randn(3, 4), Settings())  # doctest: +SKIP
+    >>> [t.name for t in exported.io.inputs]                                       # doctest: +SKIP
+    ['input']
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            fix="pass the model object (an nn.Module instance), not its class or a function",
+        )
+    signature = io_spec.forward_signature(model)
+    args, kwargs = io_spec.bind_call(signature, *io_spec.normalise_sample(sample))
+    names, tensors, input_leaves, input_tree = io_spec.input_names_and_leaves(signature, args, kwargs)
+    if not tensors:
+        raise InputError("the sample holds no tensor", fix="pass at least one tensor in the sample")
+    _check_dynamic(settings.dynamic, names, tensors)
+
+    with eval_mode(model), torch.no_grad():
+        try:
+            result = model(*args, **kwargs)
+        except Exception as exc:
+            raise InputError(
+                f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",
+                fix="check the sample's shapes and dtypes against what forward() expects",
+            ) from exc
+        out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
+        program = _torch_export(model, signature, args, kwargs, names, settings)
+
+    exported, metadata = to_graph(program.model_proto)
+    if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
+        raise ExportError(
+            f"the exporter wrote {len(exported.inputs)} inputs and {len(exported.outputs)} outputs, but the call has "
+            f"{len(names)} tensor arguments and the result {len(out_names)} tensors",
+            fix="report this model: the exporter dropped or added graph inputs/outputs",
+        )
+    _rename_io(exported, names, out_names)
+    _name_dynamic_dims(exported, settings.dynamic)
+    proto = to_model(exported, program.model_proto, metadata)
+    spec = IOSpec(
+        inputs=tuple(_tensor_spec(v) for v in proto.graph.input),
+        outputs=tuple(_tensor_spec(v) for v in proto.graph.output),
+        input_tree=input_tree,
+        input_leaves=input_leaves,
+        output_tree=output_tree,
+        output_leaves=output_leaves,
+        signature=io_spec.signature_record(signature),
+    )
+    for t, out in zip(spec.outputs, out_tensors, strict=True):
+        if t.dtype != str(out.dtype).removeprefix("torch."):
+            logger.warning("output %s is %s in PyTorch but %s in the graph", t.name, out.dtype, t.dtype)
+    return ExportedGraph(proto, spec, metadata)
+
+
+def _torch_export(
+    model: torch.nn.Module,
+    signature: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: list[str],
+    settings: Settings,
+) -> Any:
+    dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
+    start = time.perf_counter()
+    with _quiet_exporter():
+        try:
+            program = torch.onnx.export(
+                model,
+                args,
+                kwargs=kwargs,
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,
+                opset_version=settings.opset,
+                verbose=False,
+                report=False,
+            )
+        except Exception as exc:
+            raise ExportError(
+                f"torch.onnx.export failed: {_reason(exc)}", node=_failing_op(exc), fix=_EXPORT_FIXES
+            ) from exc
+    logger.debug("torch.onnx.export took %.2f s", time.perf_counter() - start)
+    if program is None or program.model_proto is None:
+        raise ExportError("torch.onnx.export returned no model", fix="report this model")
+    return program
+
+
+def _torch_dynamic_shapes(
+    signature: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: list[str],
+    dims: tuple[DynamicDim, ...],
+) -> dict[str, Any] | None:
+    if not dims:
+        return None
+    torch_dims = {d.name: torch.export.Dim(d.name, min=d.min, max=d.max) for d in dims}
+    by_input: dict[str, dict[int, Any]] = {}
+    for d in dims:
+        by_input.setdefault(d.input, {})[d.axis] = torch_dims[d.name]
+    leaf_names = iter(names)
+
+    def spec_for(leaf: Any) -> Any:
+        return by_input.get(next(leaf_names)) if isinstance(leaf, torch.Tensor) else None
+
+    shaped_args, shaped_kwargs = pytree.tree_map(spec_for, (args, kwargs))
+    bound = signature.bind(*shaped_args, **shaped_kwargs)
+    return dict(bound.arguments)
+
+
+def _check_dynamic(dims: tuple[DynamicDim, ...], names: list[str], tensors: list[torch.Tensor]) -> None:
+    shapes = dict(zip(names, (t.shape for t in tensors), strict=True))
+    for d in dims:
+        if d.input not in shapes:
+            raise InputError(
+                f"dynamic dimension {d.name!r} names input {d.input!r}, which the sample does not have",
+                fix=f"the inputs are: {', '.join(names)}",
+            )
+        shape = shapes[d.input]
+        if not -len(shape) <= d.axis < len(shape):
+            raise InputError(
+                f"input {d.input!r} has rank {len(shape)}; it has no axis {d.axis}",
+                fix=f"use an axis in 0..{len(shape) - 1}",
+            )
+        size = shape[d.axis]
+        if size < 2 or not d.min <= size <= d.max:
+            raise InputError(
+                f"sample input {d.input!r} has size {size} on dynamic axis {d.axis} ({d.name!r}: min={d.min}, "
+                f"max={d.max})",
+                fix="use a sample whose size on that axis is >= 2 and within [min, max] "
+                "(torch.export specialises sizes 0 and 1)",
+            )
+
+
+def _rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> None:
+    tensors = graph.tensors()
+    taken = set(tensors)
+    wanted = set(in_names) | set(out_names)
+    for name, tensor in tensors.items():  # an internal tensor that happens to have a wanted name moves aside
+        if name in wanted and tensor not in graph.inputs and tensor not in graph.outputs:
+            tensor.name = _fresh(f"{name}_internal", taken)
+    for tensor, name in zip(graph.inputs, in_names, strict=True):
+        tensor.name = name
+    new_outputs = []
+    for tensor, name in zip(graph.outputs, out_names, strict=True):
+        if tensor in graph.inputs or tensor in new_outputs:  # pass-through or repeated output: give it its own tensor
+            copy = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
+            graph.nodes.append(gs.Node("Identity", name=f"{name}/identity", inputs=[tensor], outputs=[copy]))
+            tensor = copy
+        tensor.name = name
+        new_outputs.append(tensor)
+    graph.outputs = new_outputs
+
+
+def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
+    inputs = {t.name: t for t in graph.inputs}
+    for d in dims:
+        tensor = inputs[d.input]
+        shape = list(tensor.shape)
+        if isinstance(shape[d.axis], int):
+            raise ExportError(
+                f"dimension {d.axis} of input {d.input!r} was declared dynamic ({d.name!r}) but the exporter fixed it "
+                f"to {shape[d.axis]}",
+                fix="the model forces that size (a reshape or a constant shape); drop it from dynamic=",
+            )
+        shape[d.axis] = d.name
+        tensor.shape = shape
+
+
+def _tensor_spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    tensor_type = value.type.tensor_type
+    dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
+    if dtype is None:
+        raise ExportError(
+            f"graph input/output {value.name!r} has ONNX type {onnx.TensorProto.DataType.Name(tensor_type.elem_type)}, "
+            "which the runtime cannot map to a torch dtype",
+            fix="cast that tensor to a float or integer type in forward()",
+        )
+    shape = tuple(d.dim_param if d.HasField("dim_param") else int(d.dim_value) for d in tensor_type.shape.dim)
+    return TensorSpec(value.name, dtype, shape)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    candidate, i = name, 0
+    while candidate in taken:
+        i += 1
+        candidate = f"{name}_{i}"
+    taken.add(candidate)
+    return candidate
+
+
+def _reason(exc: BaseException) -> str:
+    """The most specific line of an exporter error: the innermost cause's first lines."""
+    inner: BaseException = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = f"{type(inner).__name__}: {inner}".strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n    ".join(lines[:8])
+
+
+def _failing_op(exc: BaseException) -> str | None:
+    text = str(exc)
+    marker = "Error when translating node "
+    if marker in text:
+        return text.split(marker, 1)[1].split(".", 1)[0][:120]
+    return None
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    was_training = model.training
+    if was_training:
+        logger.warning(
+            "the model is in training mode; converting it in eval mode (dropout off, batch norm on running stats)"
+        )
+        model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter warns about missing torchvision and prints progress; keep that at DEBUG level."""
+    noisy = logging.getLogger("torch.onnx")
+    level = noisy.level
+    if not logger.isEnabledFor(logging.DEBUG):
+        noisy.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            if not logger.isEnabledFor(logging.DEBUG):
+                warnings.simplefilter("ignore")
+            yield
+    finally:
+        noisy.setLevel(level)

@@ -1,0 +1,317 @@
+"""How a model's Python call maps onto the flat inputs and outputs of a graph, and back.
+
+The sample's ``(args, kwargs)`` is bound to the model's ``forward`` signature (so ``m(x, y=t)`` and ``m(x, t)``
+mean the same), flattened with torch's pytree, and every tensor leaf becomes one graph input named after its
+path (``input_ids``, ``pair_0``, ``batch_pixels``). Non-tensor leaves (``None``, flags, numbers) are constants
+of the export: a later call must pass the same values. Outputs are flattened the same way; ``None`` leaves are
+kept as constants, every tensor leaf is one graph output named after its path (``logits``, ``out_1``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from converters.errors import ExportError, InputError
+
+TENSOR = "tensor"
+CONSTANT = "constant"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, torch dtype name (``float32``) and shape (``str`` for symbolic dims)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One pytree leaf of the call or of the result: a tensor (index into inputs/outputs) or a constant."""
+
+    kind: str
+    index: int = -1
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """Everything needed to call a graph like the original model, saved with every artifact."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    input_tree: str
+    input_leaves: tuple[Leaf, ...]
+    output_tree: str
+    output_leaves: tuple[Leaf, ...]
+    signature: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputs": [[t.name, t.dtype, list(t.shape)] for t in self.inputs],
+            "outputs": [[t.name, t.dtype, list(t.shape)] for t in self.outputs],
+            "input_tree": self.input_tree,
+            "input_leaves": [[leaf.kind, leaf.index, leaf.value] for leaf in self.input_leaves],
+            "output_tree": self.output_tree,
+            "output_leaves": [[leaf.kind, leaf.index, leaf.value] for leaf in self.output_leaves],
+            "signature": [list(p) for p in self.signature],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> IOSpec:
+        return cls(
+            inputs=tuple(TensorSpec(n, d, tuple(s)) for n, d, s in data["inputs"]),
+            outputs=tuple(TensorSpec(n, d, tuple(s)) for n, d, s in data["outputs"]),
+            input_tree=data["input_tree"],
+            input_leaves=tuple(Leaf(k, i, v) for k, i, v in data["input_leaves"]),
+            output_tree=data["output_tree"],
+            output_leaves=tuple(Leaf(k, i, v) for k, i, v in data["output_leaves"]),
+            signature=tuple((str(n), int(k)) for n, k in data["signature"]),
+        )
+
+    # -- calls ------------------------------------------------------------------------------------------------
+
+    def flatten_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """The graph inputs for one call of the converted module, in graph order; a mismatch is an InputError."""
+        args, kwargs = bind_call(_signature_from(self.signature), args, kwargs)
+        leaves, tree = pytree.tree_flatten((tuple(args), kwargs))
+        if pytree.treespec_dumps(tree) != self.input_tree:
+            expected = pytree.treespec_loads(self.input_tree)
+            raise InputError(
+                f"the call's structure {describe_tree(tree)} differs from the sample's {describe_tree(expected)}",
+                fix="call the converted module with the same arguments (same nesting, same keyword names) as the "
+                "sample it was converted with",
+            )
+        tensors: list[torch.Tensor] = [torch.empty(0)] * len(self.inputs)
+        for position, (leaf, slot) in enumerate(zip(leaves, self.input_leaves, strict=True)):
+            if slot.kind == TENSOR:
+                if not isinstance(leaf, torch.Tensor):
+                    raise InputError(
+                        f"argument {path!r} must be a tensor (it was one in the sample), got {type(leaf).__name__}",
+                        fix="pass a tensor there",
+                    )
+                tensors[slot.index] = leaf
+            elif _jsonable(leaf) != slot.value:
+                raise InputError(
+                    f"non-tensor argument #{position} (in flattened order) is {leaf!r}, but the model was exported "
+                    f"with {slot.value!r} and the graph has that value built in",
+                    fix=f"pass {slot.value!r}, or convert again with a sample that uses {leaf!r}",
+                )
+        return tensors
+
+    def unflatten_outputs(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """The model's result structure (tensor, tuple, dict, ModelOutput, ...) rebuilt from graph outputs."""
+        leaves = [tensors[leaf.index] if leaf.kind == TENSOR else leaf.value for leaf in self.output_leaves]
+        return pytree.tree_unflatten(leaves, load_tree(self.output_tree))
+
+    def feed_to_call(self, feed: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Rebuild ``(args, kwargs)`` for the original model from a ``{input name: tensor}`` feed."""
+        leaves = [
+            feed[self.inputs[slot.index].name] if slot.kind == TENSOR else slot.value for slot in self.input_leaves
+        ]
+        args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(self.input_tree))
+        return tuple(args), dict(kwargs)
+
+
+# -- building the spec at export time ------------------------------------------------------------------------------
+
+
+def normalise_sample(sample: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A tensor, a tuple/list of arguments, or ``(args, kwargs)`` -> ``(args, kwargs)``."""
+    if isinstance(sample, torch.Tensor):
+        return (sample,), {}
+    if isinstance(sample, tuple | list):
+        if len(sample) == 2 and isinstance(sample[1], dict) and isinstance(sample[0], tuple | list):
+            return tuple(sample[0]), dict(sample[1])
+        return tuple(sample), {}
+    if isinstance(sample, dict):
+        return (), dict(sample)
+    raise InputError(
+        f"cannot read a sample of type {type(sample).__name__}",
+        fix="pass a tensor, a tuple of arguments, or (args, kwargs), e.g. sample=((x,), {'mask': m})",
+    )
+
+
+def forward_signature(model: torch.nn.Module) -> inspect.Signature:
+    return inspect.signature(model.forward)
+
+
+def bind_call(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Canonical ``(args, kwargs)``: positional where the signature allows, keywords in signature order."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InputError(
+            f"the arguments do not fit forward{signature}: {exc}",
+            fix="pass the arguments forward() takes (sample=((args...), {kwargs...}))",
+        ) from None
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def input_names_and_leaves(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
+    """Names and tensors of the graph inputs, the leaf slots, and the serialised tree of the call."""
+    leaves_with_paths, tree = pytree.tree_flatten_with_path((args, kwargs))
+    param_names = [p.name for p in signature.parameters.values()]
+    positional = _positional_names(signature, len(args))
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    slots: list[Leaf] = []
+    for path, leaf in leaves_with_paths:
+        if isinstance(leaf, torch.Tensor):
+            slots.append(Leaf(TENSOR, len(tensors)))
+            names.append(_input_name(path, positional, param_names))
+            tensors.append(leaf)
+        else:
+            value = _jsonable(leaf)
+            if value is _UNSERIALISABLE:
+                raise InputError(
+                    f"sample argument {pytree.keystr(path)} is a {type(leaf).__name__}, which can be neither a "
+                    "graph input nor a saved constant",
+                    fix="pass tensors, or None/bool/int/float/str values, in the sample",
+                )
+            slots.append(Leaf(CONSTANT, value=value))
+    return names, tensors, tuple(slots), dump_tree(tree)
+
+
+def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
+    leaves_with_paths, tree = pytree.tree_flatten_with_path(result)
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    slots: list[Leaf] = []
+    for path, leaf in leaves_with_paths:
+        if isinstance(leaf, torch.Tensor):
+            slots.append(Leaf(TENSOR, len(tensors)))
+            names.append(_path_name(path) or "out")
+            tensors.append(leaf)
+        elif leaf is None:
+            slots.append(Leaf(CONSTANT, value=None))
+        else:
+            raise ExportError(
+                f"output {pytree.keystr(path) or '(result)'} is a {type(leaf).__name__}; only tensors (and None) can "
+                "be graph outputs",
+                fix="return tensors from forward(), e.g. torch.tensor(value) instead of a Python number",
+            )
+    if not tensors:
+        raise ExportError("the model returns no tensor", fix="return at least one tensor from forward()")
+    if len(tensors) > 1 and names.count("out") == len(names):
+        names = [f"out_{i}" for i in range(len(names))]
+    return names, tensors, tuple(slots), dump_tree(tree)
+
+
+def dump_tree(tree: pytree.TreeSpec) -> str:
+    try:
+        return pytree.treespec_dumps(tree)
+    except Exception as exc:  # a container type torch's pytree can flatten but not serialise
+        raise ExportError(
+            f"cannot record the structure {describe_tree(tree)}: {exc}",
+            fix="return tuples, lists, dicts or a pytree-registered type with a serialized_type_name",
+        ) from exc
+
+
+def load_tree(text: str) -> pytree.TreeSpec:
+    """Deserialise a tree, importing the module of a registered container type (e.g. transformers outputs)."""
+    try:
+        return pytree.treespec_loads(text)
+    except Exception:
+        for type_name in _type_names(json.loads(text)):
+            module = type_name.rpartition(".")[0]
+            if module:
+                __import__(module)
+        return pytree.treespec_loads(text)
+
+
+def describe_tree(tree: pytree.TreeSpec) -> str:
+    return str(tree).replace("\n", "").replace("  ", "")
+
+
+def signature_record(signature: inspect.Signature) -> tuple[tuple[str, int], ...]:
+    return tuple((p.name, int(p.kind)) for p in signature.parameters.values())
+
+
+# -- helpers --------------------------------------------------------------------------------------------------------
+
+_UNSERIALISABLE = object()
+_NO_DEFAULT = object()
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return _UNSERIALISABLE
+
+
+def _signature_from(record: tuple[tuple[str, int], ...]) -> inspect.Signature:
+    params = []
+    for name, kind_value in record:
+        kind = inspect._ParameterKind(kind_value)
+        default: Any = inspect.Parameter.empty if kind in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD) else _NO_DEFAULT
+        params.append(inspect.Parameter(name, kind, default=default))
+    return inspect.Signature(params)
+
+
+def _positional_names(signature: inspect.Signature, count: int) -> list[str]:
+    names: list[str] = []
+    for p in signature.parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            names += [p.name] * (count - len(names))
+            break
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return names[:count]
+
+
+def _input_name(path: tuple[Any, ...], positional: list[str], params: list[str]) -> str:
+    # path[0] selects args (0) or kwargs (1); the next key is the position or the keyword.
+    top, key, rest = path[0], path[1], path[2:]
+    if top.idx == 0:
+        name = positional[key.idx] if key.idx < len(positional) else f"arg{key.idx}"
+        if positional.count(name) > 1:  # *args: the exporter names them rest_0, rest_1
+            rest = (pytree.SequenceKey(key.idx - positional.index(name)), *rest)
+    else:
+        name = str(key.key)
+    suffix = _path_name(rest)
+    return f"{name}_{suffix}" if suffix else name
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+    parts = []
+    for key in path:
+        if isinstance(key, pytree.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, pytree.MappingKey):
+            parts.append(str(key.key))
+        elif isinstance(key, pytree.GetAttrKey):
+            parts.append(key.name)
+        else:
+            parts.append(str(key).strip(".[]'\""))
+    return "_".join(parts)
+
+
+def _type_names(node: Any) -> list[str]:
+    found: list[str] = []
+    if isinstance(node, dict):
+        if isinstance(node.get("type"), str):
+            found.append(node["type"])
+        for child in node.get("children_spec", []):
+            found += _type_names(child)
+    elif isinstance(node, list):
+        for child in node:
+            found += _type_names(child)
+    return found
+

@@ -1,0 +1,187 @@
+"""Stage: validation. Polygraphy's Comparator runs PyTorch (our runner) and the backend on the same inputs.
+
+Inputs are the sample plus ``settings.validation_inputs`` random inputs drawn like it (seeded): floats from a
+normal with the sample's mean and spread, integers uniformly within the sample's range, booleans at random; with
+dynamic dimensions, one more input at every dimension's ``min`` and one at its ``max``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from polygraphy.backend.base import BaseRunner
+from polygraphy.logger import G_LOGGER
+
+from converters.errors import AccuracyError
+from converters.settings import Settings
+from pipeline.io_spec import IOSpec
+
+logger = logging.getLogger(__name__)
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class OutputAccuracy:
+    """The worst error of one output over all validation inputs, and the rule it was judged by."""
+
+    name: str
+    dtype: str
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    atol: float
+    rtol: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    inputs: int
+    outputs: tuple[OutputAccuracy, ...]
+    rule: str = "an element passes when |backend - torch| <= atol or <= rtol * |torch|"
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": self.inputs, "rule": self.rule, "outputs": [asdict(o) for o in self.outputs]}
+
+
+class TorchRunner(BaseRunner):  # type: ignore[misc]
+    """Runs the original PyTorch model on a Polygraphy feed (``{input name: array}``) on the CPU or the model's
+    device. Polygraphy's own PytRunner cannot be used: it moves every input to CUDA unconditionally."""
+
+    def __init__(self, model: torch.nn.Module, io: IOSpec, name: str = "torch") -> None:
+        super().__init__(name=name)
+        self.model = model
+        self.io = io
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def get_input_metadata_impl(self) -> Any:
+        from polygraphy.common import TensorMetadata
+
+        meta = TensorMetadata()
+        for t in self.io.inputs:
+            meta.add(t.name, t.torch_dtype, t.shape)
+        return meta
+
+    def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
+        args, kwargs = self.io.feed_to_call(feed)
+        start = time.perf_counter()
+        with torch.no_grad():
+            result = self.model(*args, **kwargs)
+        self.inference_time = time.perf_counter() - start
+        tensors = [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+        return {spec.name: t.detach().cpu().numpy() for spec, t in zip(self.io.outputs, tensors, strict=True)}
+
+
+def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Settings) -> list[Feed]:
+    """The sample, then seeded random inputs drawn like it, then (if dynamic) all-min and all-max shapes."""
+    rng = np.random.default_rng(settings.seed)
+    sample = [t.detach().cpu().numpy() for t in sample_inputs]
+    feeds: list[Feed] = [{spec.name: arr for spec, arr in zip(io.inputs, sample, strict=True)}]
+    shapes = [list(a.shape) for a in sample]
+    shape_sets = [shapes] * settings.validation_inputs
+    if settings.dynamic:
+        for which in ("min", "max"):
+            resized = [list(s) for s in shapes]
+            for d in settings.dynamic:
+                index = [spec.name for spec in io.inputs].index(d.input)
+                resized[index][d.axis] = getattr(d, which)
+            shape_sets = [*shape_sets, resized]
+    for shape_set in shape_sets:
+        feeds.append(
+            {
+                spec.name: _draw_like(arr, tuple(shape), rng)
+                for spec, arr, shape in zip(io.inputs, sample, shape_set, strict=True)
+            }
+        )
+    return feeds
+
+
+def _draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if sample.dtype == np.bool_:
+        return rng.random(shape) < (float(sample.mean()) if sample.size else 0.5)
+    if np.issubdtype(sample.dtype, np.integer):
+        lo, hi = (int(sample.min()), int(sample.max())) if sample.size else (0, 1)
+        return rng.integers(lo, hi + 1, size=shape).astype(sample.dtype)
+    mean = float(sample.mean()) if sample.size else 0.0
+    std = float(sample.std()) if sample.size else 1.0
+    return (rng.standard_normal(shape) * (std or 1.0) + mean).astype(sample.dtype)
+
+
+def validate(
+    model: torch.nn.Module, io: IOSpec, backend_runner: Any, feeds: list[Feed], settings: Settings
+) -> AccuracyReport:
+    """Compare the backend with PyTorch on ``feeds``; raise AccuracyError when an output is out of tolerance."""
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+
+    tolerances = {o.name: settings.tolerance_for(o.name, o.dtype) for o in io.outputs}
+    compare = SimpleCompareFunc(
+        atol={name: t.atol for name, t in tolerances.items()},
+        rtol={name: t.rtol for name, t in tolerances.items()},
+        check_error_stat="elemwise",
+        infinities_compare_equal=True,
+        find_output_func=lambda name, index, result: [name] if name in result else [],
+    )
+    torch_runner = TorchRunner(model, io)
+    # rtol is relative to the second runner's output: PyTorch is the reference, so it comes second.
+    with _polygraphy_quiet():
+        results = Comparator.run([backend_runner, torch_runner], data_loader=feeds)
+        accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+    per_iteration = next(iter((accuracy[0] if hasattr(accuracy, "lst") else accuracy).values()))
+    report = AccuracyReport(len(feeds), tuple(_summarise(o, tolerances[o.name], per_iteration) for o in io.outputs))
+    if not report.passed:
+        failing = [o for o in report.outputs if not o.passed]
+        raise AccuracyError(
+            "outputs differ from PyTorch beyond tolerance: "
+            + "; ".join(
+                f"{o.name}: max abs {o.max_abs:.3g} (atol {o.atol:g}), max rel {o.max_rel:.3g} (rtol {o.rtol:g})"
+                for o in failing
+            ),
+            per_output={o.name: {"max_abs": o.max_abs, "max_rel": o.max_rel, "atol": o.atol, "rtol": o.rtol}
+                        for o in report.outputs},
+            fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
+            "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
+        )
+    return report
+
+
+def _summarise(spec: Any, tolerance: Any, per_iteration: list[Any]) -> OutputAccuracy:
+    results = [it[spec.name] for it in per_iteration if spec.name in it]
+    if len(results) != len(per_iteration):
+        raise AccuracyError(
+            f"output {spec.name!r} is missing from the backend's results",
+            fix="a pass renamed or removed a graph output; graph outputs must be kept",
+        )
+    return OutputAccuracy(
+        name=spec.name,
+        dtype=spec.dtype,
+        max_abs=float(max(r.max_absdiff for r in results)),
+        max_rel=float(max(r.max_reldiff for r in results)),
+        mean_abs=float(np.mean([r.mean_absdiff for r in results])),
+        atol=tolerance.atol,
+        rtol=tolerance.rtol,
+        passed=all(bool(r) for r in results),
+    )
+
+
+@contextlib.contextmanager
+def _polygraphy_quiet() -> Iterator[None]:
+    """Polygraphy logs every iteration; keep it quiet unless our own logger is at DEBUG."""
+    if logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        yield
