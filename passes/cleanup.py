@@ -26,7 +26,9 @@ class RemoveIdentities:
             if target.name in graph_outputs:
                 continue
             for consumer in list(target.outputs):
-                consumer.inputs[:] = [source if t is target else t for t in consumer.inputs]
+                for index, tensor in enumerate(consumer.inputs):
+                    if tensor is target:  # graph-surgeon's synchronised lists take item, not slice, assignment
+                        consumer.inputs[index] = source
             node.outputs.clear()
             removed += 1
         if removed:

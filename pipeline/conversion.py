@@ -50,7 +50,7 @@ def convert(
         executor = build_executor(choice.name, final, exported.io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
-        with _stage("validate", stages), eval_mode(model):
+        with _stage("validate", stages), eval_mode(model, warn=False):
             sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
             feeds = validation_feeds(exported.io, sample_inputs, config)
             accuracy = validate(model, exported.io, executor.polygraphy_runner(choice.name), feeds, config)

@@ -189,17 +189,20 @@ def _check_dynamic(dims: tuple[DynamicDim, ...], names: list[str], tensors: list
 
 
 def _rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> None:
-    tensors = graph.tensors()
-    taken = set(tensors)
+    # graph-surgeon tensors compare equal by name, so membership tests below use identity (`is`).
+    io_tensors = [*graph.inputs, *graph.outputs]
+    taken = set(graph.tensors())
     wanted = set(in_names) | set(out_names)
-    for name, tensor in tensors.items():  # an internal tensor that happens to have a wanted name moves aside
-        if name in wanted and tensor not in graph.inputs and tensor not in graph.outputs:
+    for name, tensor in graph.tensors().items():  # an internal tensor holding a wanted name moves aside
+        if name in wanted and not any(tensor is t for t in io_tensors):
             tensor.name = _fresh(f"{name}_internal", taken)
+    for i, tensor in enumerate(io_tensors):  # temporary names first, so no two tensors ever share a name
+        tensor.name = _fresh(f"__io_{i}", taken)
     for tensor, name in zip(graph.inputs, in_names, strict=True):
         tensor.name = name
-    new_outputs = []
+    new_outputs: list[gs.Tensor] = []
     for tensor, name in zip(graph.outputs, out_names, strict=True):
-        if tensor in graph.inputs or tensor in new_outputs:  # pass-through or repeated output: give it its own tensor
+        if any(tensor is t for t in [*graph.inputs, *new_outputs]):  # pass-through or repeated output
             copy = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
             graph.nodes.append(gs.Node("Identity", name=f"{name}/identity", inputs=[tensor], outputs=[copy]))
             tensor = copy
@@ -264,13 +267,13 @@ def _failing_op(exc: BaseException) -> str | None:
 
 
 @contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: torch.nn.Module, *, warn: bool = True) -> Iterator[None]:
     was_training = model.training
-    if was_training:
+    if was_training and warn:
         logger.warning(
             "the model is in training mode; converting it in eval mode (dropout off, batch norm on running stats)"
         )
-        model.eval()
+    model.eval()
     try:
         yield
     finally:

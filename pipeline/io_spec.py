@@ -156,7 +156,7 @@ def bind_call(
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
         raise InputError(
-            f"the arguments do not fit forward{signature}: {exc}",
+            f"the arguments do not fit forward({_param_list(signature)}): {exc}",
             fix="pass the arguments forward() takes (sample=((args...), {kwargs...}))",
         ) from None
     return tuple(bound.args), dict(bound.kwargs)
@@ -197,7 +197,7 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
     for path, leaf in leaves_with_paths:
         if isinstance(leaf, torch.Tensor):
             slots.append(Leaf(TENSOR, len(tensors)))
-            names.append(_path_name(path) or "out")
+            names.append(_output_name(path))
             tensors.append(leaf)
         elif leaf is None:
             slots.append(Leaf(CONSTANT, value=None))
@@ -209,8 +209,6 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
             )
     if not tensors:
         raise ExportError("the model returns no tensor", fix="return at least one tensor from forward()")
-    if len(tensors) > 1 and names.count("out") == len(names):
-        names = [f"out_{i}" for i in range(len(names))]
     return names, tensors, tuple(slots), dump_tree(tree)
 
 
@@ -256,6 +254,11 @@ def _jsonable(value: Any) -> Any:
     return _UNSERIALISABLE
 
 
+def _param_list(signature: inspect.Signature) -> str:
+    prefixes = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    return ", ".join(prefixes.get(p.kind, "") + p.name for p in signature.parameters.values())
+
+
 def _signature_from(record: tuple[tuple[str, int], ...]) -> inspect.Signature:
     params = []
     for name, kind_value in record:
@@ -287,6 +290,14 @@ def _input_name(path: tuple[Any, ...], positional: list[str], params: list[str])
         name = str(key.key)
     suffix = _path_name(rest)
     return f"{name}_{suffix}" if suffix else name
+
+
+def _output_name(path: tuple[Any, ...]) -> str:
+    """``out`` for a bare tensor, ``out_1`` for a tuple element, ``logits`` for a dict or ModelOutput key."""
+    name = _path_name(path)
+    if not name:
+        return "out"
+    return f"out_{name}" if isinstance(path[0], pytree.SequenceKey) else name
 
 
 def _path_name(path: tuple[Any, ...]) -> str:

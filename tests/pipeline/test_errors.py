@@ -1,0 +1,153 @@
+"""Bad input: each test asserts the error type and that the message names the cause and the fix."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import pipeline
+
+
+class TwoInputs(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+
+class DataDependentBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # Python control flow on a tensor value: torch.export cannot trace it
+            return x * 2
+        return x - 1
+
+
+class ReturnsNumber(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x + 1, 3
+
+
+@pytest.fixture(scope="module")
+def linear_module() -> pipeline.ConvertedModule:
+    return pipeline.convert(nn.Linear(4, 3).eval(), torch.randn(2, 4), backend="onnxruntime")
+
+
+def test_not_a_module() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)expected a torch.nn.Module, got type") as info:
+        pipeline.convert(nn.Linear, torch.randn(2, 4), backend="onnxruntime")
+    assert "fix:" in str(info.value)
+
+
+def test_sample_of_wrong_arity() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)do not fit forward\(x, y\).*missing a required argument: 'y'"):
+        pipeline.convert(TwoInputs(), torch.randn(2, 3), backend="onnxruntime")
+
+
+def test_sample_of_wrong_dtype() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)fails on the sample in PyTorch itself.*Long") as info:
+        pipeline.convert(nn.Linear(4, 3), torch.ones(2, 4, dtype=torch.int64), backend="onnxruntime")
+    assert "dtypes" in str(info.value)
+
+
+def test_unreadable_sample() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)cannot read a sample of type str"):
+        pipeline.convert(nn.Linear(4, 3), "x", backend="onnxruntime")
+
+
+def test_model_that_fails_export_gets_reason_and_fixes() -> None:
+    with pytest.raises(pipeline.ExportError) as info:
+        pipeline.convert(DataDependentBranch(), torch.randn(3), backend="onnxruntime")
+    text = str(info.value)
+    assert text.startswith("[export] torch.onnx.export failed")
+    assert "data-dependent" in text.lower()  # the exporter's own reason
+    assert "torch.cond" in text  # and the usual fixes
+
+
+def test_non_tensor_output_is_named() -> None:
+    with pytest.raises(pipeline.ExportError, match=r"(?s)output \[1\] is a int; only tensors"):
+        pipeline.convert(ReturnsNumber(), torch.randn(3), backend="onnxruntime")
+
+
+def test_unknown_setting_lists_known_ones() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)unknown setting\(s\) precison.*known settings are: .*backend"):
+        pipeline.convert(nn.Linear(4, 3), torch.randn(2, 4), precison="fp16")
+
+
+def test_tensorrt_requested_where_missing_is_an_error_not_a_fallback() -> None:
+    with pytest.raises(pipeline.BuildError, match=r"(?s)backend='tensorrt' was requested but TensorRT cannot run here") as e:
+        pipeline.convert(nn.Linear(4, 3), torch.randn(2, 4), backend="tensorrt")
+    assert "backend='onnxruntime'" in str(e.value)
+
+
+def test_dynamic_dim_on_unknown_input() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)names input 'y', which the sample does not have.*inputs are: input"):
+        pipeline.convert(nn.Linear(4, 3), torch.randn(2, 4), dynamic={"y": {0: ("batch", 1, 2, 8)}})
+
+
+def test_dynamic_dim_with_sample_size_one() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)size 1 on dynamic axis 0.*>= 2"):
+        pipeline.convert(nn.Linear(4, 3), torch.randn(1, 4), dynamic={"input": {0: ("batch", 1, 2, 8)}})
+
+
+def test_bad_dynamic_range() -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)min <= opt <= max"):
+        pipeline.convert(nn.Linear(4, 3), torch.randn(2, 4), dynamic={"input": {0: ("batch", 4, 2, 8)}})
+
+
+def test_accuracy_error_carries_per_output_figures() -> None:
+    with pytest.raises(pipeline.AccuracyError) as info:
+        # a tolerance no float computation meets: the error must report the figures, not just "failed"
+        pipeline.convert(nn.Linear(64, 8).eval(), torch.randn(4, 64), backend="onnxruntime",
+                         tolerances={"float32": (0.0, 0.0)}, validation_inputs=1)
+    figures = info.value.per_output["out"]
+    assert figures["max_abs"] > 0 and figures["atol"] == 0.0
+    assert "out: max abs" in str(info.value) and "tolerances=" in str(info.value)
+
+
+def test_call_with_wrong_dtype(linear_module: pipeline.ConvertedModule) -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)input 'input' is float64, the graph takes float32"):
+        linear_module(torch.randn(2, 4, dtype=torch.float64))
+
+
+def test_call_with_fixed_dim_changed(linear_module: pipeline.ConvertedModule) -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)size 5 on axis 0; .*fixed size 2") as info:
+        linear_module(torch.randn(5, 4))
+    assert "dynamic=" in str(info.value)
+
+
+def test_call_with_wrong_structure(linear_module: pipeline.ConvertedModule) -> None:
+    with pytest.raises(pipeline.InputError, match=r"(?s)do not fit forward"):
+        linear_module(torch.randn(2, 4), torch.randn(2, 4))
+
+
+def test_corrupted_artifact(linear_module: pipeline.ConvertedModule, tmp_path: Path) -> None:
+    path = linear_module.save(tmp_path / "m.ptrt")
+    data = bytearray(path.read_bytes())
+    start = data.find(b"ir_version") if b"ir_version" in data else len(data) // 3
+    data[start + 40 : start + 48] = b"\xff" * 8  # flip bytes inside a stored member
+    path.write_bytes(bytes(data))
+    with pytest.raises(pipeline.ArtifactError, match=r"(?s)corrupted"):
+        pipeline.load(path)
+
+
+def test_truncated_artifact(linear_module: pipeline.ConvertedModule, tmp_path: Path) -> None:
+    path = linear_module.save(tmp_path / "m.ptrt")
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(pipeline.ArtifactError, match=r"(?s)corrupted or not an artifact") as info:
+        pipeline.load(path)
+    assert "convert the model again" in str(info.value)
+
+
+def test_artifact_missing_member(tmp_path: Path) -> None:
+    path = tmp_path / "empty.ptrt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("metadata.json", "{}")
+    with pytest.raises(pipeline.ArtifactError, match=r"(?s)has no model.onnx"):
+        pipeline.load(path)
+
+
+def test_not_an_artifact(tmp_path: Path) -> None:
+    with pytest.raises(pipeline.ArtifactError, match=r"(?s)no artifact at"):
+        pipeline.load(tmp_path / "missing.ptrt")
