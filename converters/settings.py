@@ -101,9 +101,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise InputError(
-                f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}"
-            )
+            raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
         object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:

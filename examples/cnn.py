@@ -18,7 +18,9 @@ class Block(nn.Module):
         self.bn2 = nn.BatchNorm2d(channels_out)
         self.skip: nn.Module = nn.Identity()
         if stride != 1 or channels_in != channels_out:
-            self.skip = nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride, bias=False), nn.BatchNorm2d(channels_out))
+            self.skip = nn.Sequential(
+                nn.Conv2d(channels_in, channels_out, 1, stride, bias=False), nn.BatchNorm2d(channels_out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn1(self.conv1(x)))

@@ -15,8 +15,8 @@ import json
 import os
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 

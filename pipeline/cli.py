@@ -35,12 +35,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     convert = commands.add_parser("convert", help="convert a model and write the artifact, graph and report")
-    convert.add_argument("spec", help="path/to/file.py:factory or package.module:factory; the factory returns a "
-                         "module or (module, sample)")
-    convert.add_argument("--input", action="append", default=[], metavar="NAME:SHAPE[:DTYPE]",
-                         help="a forward() argument, e.g. x:1x3x224x224 or input_ids:1x128:int64 (random values)")
-    convert.add_argument("--dynamic", action="append", default=[], metavar="INPUT:AXIS:NAME:MIN:OPT:MAX",
-                         help="a dynamic dimension, e.g. x:0:batch:1:8:32")
+    convert.add_argument(
+        "spec",
+        help="path/to/file.py:factory or package.module:factory; the factory returns a module or (module, sample)",
+    )
+    convert.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:SHAPE[:DTYPE]",
+        help="a forward() argument, e.g. x:1x3x224x224 or input_ids:1x128:int64 (random values)",
+    )
+    convert.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="INPUT:AXIS:NAME:MIN:OPT:MAX",
+        help="a dynamic dimension, e.g. x:0:batch:1:8:32",
+    )
     convert.add_argument("-o", "--output", required=True, type=Path, help="output directory")
     convert.add_argument("--backend", default="auto", choices=["auto", "onnxruntime", "tensorrt"])
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
@@ -81,7 +93,9 @@ def _convert(args: argparse.Namespace) -> int:
 def _load_spec(spec: str) -> tuple[torch.nn.Module, Any]:
     target, sep, factory_name = spec.rpartition(":")
     if not sep or not target or not factory_name:
-        raise InputError(f"cannot read model spec {spec!r}", fix="write path/to/file.py:factory or package.module:factory")
+        raise InputError(
+            f"cannot read model spec {spec!r}", fix="write path/to/file.py:factory or package.module:factory"
+        )
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
@@ -114,15 +128,21 @@ def _random_inputs(specs: list[str], seed: int) -> list[tuple[str, torch.Tensor]
     for text in specs:
         parts = text.split(":")
         if len(parts) not in (2, 3):
-            raise InputError(f"cannot read --input {text!r}", fix="write NAME:SHAPE[:DTYPE], e.g. x:1x3x224x224:float32")
+            raise InputError(
+                f"cannot read --input {text!r}", fix="write NAME:SHAPE[:DTYPE], e.g. x:1x3x224x224:float32"
+            )
         name, shape_text, dtype_name = parts[0], parts[1], parts[2] if len(parts) == 3 else "float32"
         try:
             shape = tuple(int(s) for s in shape_text.split("x"))
         except ValueError:
-            raise InputError(f"cannot read the shape {shape_text!r} of --input {name}", fix="write it as 1x3x224x224") from None
+            raise InputError(
+                f"cannot read the shape {shape_text!r} of --input {name}", fix="write it as 1x3x224x224"
+            ) from None
         dtype = getattr(torch, dtype_name, None)
         if not isinstance(dtype, torch.dtype):
-            raise InputError(f"unknown dtype {dtype_name!r} in --input {text}", fix="use float32, float16, int64, bool, ...")
+            raise InputError(
+                f"unknown dtype {dtype_name!r} in --input {text}", fix="use float32, float16, int64, bool, ..."
+            )
         if dtype.is_floating_point:
             tensor = torch.randn(shape, generator=generator).to(dtype)
         elif dtype == torch.bool:
@@ -141,7 +161,9 @@ def _dynamic(specs: list[str]) -> dict[str, dict[int, tuple[str, int, int, int]]
             inp, axis, name, lo, opt, hi = parts
             dims.setdefault(inp, {})[int(axis)] = (name, int(lo), int(opt), int(hi))
         except ValueError:
-            raise InputError(f"cannot read --dynamic {text!r}", fix="write INPUT:AXIS:NAME:MIN:OPT:MAX, e.g. x:0:batch:1:8:32") from None
+            raise InputError(
+                f"cannot read --dynamic {text!r}", fix="write INPUT:AXIS:NAME:MIN:OPT:MAX, e.g. x:0:batch:1:8:32"
+            ) from None
     return dims
 
 

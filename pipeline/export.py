@@ -23,7 +23,7 @@ from pipeline.io_spec import IOSpec, TensorSpec
 
 logger = logging.getLogger(__name__)
 
-_ONNX_TO_TORCH = {
+_ONNX_TO_TORCH: dict[int, str] = {
     onnx.TensorProto.FLOAT: "float32",
     onnx.TensorProto.FLOAT16: "float16",
     onnx.TensorProto.BFLOAT16: "bfloat16",

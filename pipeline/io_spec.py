@@ -34,7 +34,8 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ class IOSpec:
             if slot.kind == TENSOR:
                 if not isinstance(leaf, torch.Tensor):
                     raise InputError(
-                        f"argument {path!r} must be a tensor (it was one in the sample), got {type(leaf).__name__}",
+                        f"argument {self.inputs[slot.index].name!r} must be a tensor (it was one in the sample), "
+                        f"got {type(leaf).__name__}",
                         fix="pass a tensor there",
                     )
                 tensors[slot.index] = leaf
@@ -255,7 +257,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def _param_list(signature: inspect.Signature) -> str:
-    prefixes = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    prefixes: dict[inspect._ParameterKind, str] = {
+        inspect.Parameter.VAR_POSITIONAL: "*",
+        inspect.Parameter.VAR_KEYWORD: "**",
+    }
     return ", ".join(prefixes.get(p.kind, "") + p.name for p in signature.parameters.values())
 
 
@@ -325,4 +330,3 @@ def _type_names(node: Any) -> list[str]:
         for child in node:
             found += _type_names(child)
     return found
-

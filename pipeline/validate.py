@@ -57,7 +57,7 @@ class AccuracyReport:
         return {"inputs": self.inputs, "rule": self.rule, "outputs": [asdict(o) for o in self.outputs]}
 
 
-class TorchRunner(BaseRunner):  # type: ignore[misc]
+class TorchRunner(BaseRunner):
     """Runs the original PyTorch model on a Polygraphy feed (``{input name: array}``) on the CPU or the model's
     device. Polygraphy's own PytRunner cannot be used: it moves every input to CUDA unconditionally."""
 
@@ -150,8 +150,10 @@ def validate(
                 f"{o.name}: max abs {o.max_abs:.3g} (atol {o.atol:g}), max rel {o.max_rel:.3g} (rtol {o.rtol:g})"
                 for o in failing
             ),
-            per_output={o.name: {"max_abs": o.max_abs, "max_rel": o.max_rel, "atol": o.atol, "rtol": o.rtol}
-                        for o in report.outputs},
+            per_output={
+                o.name: {"max_abs": o.max_abs, "max_rel": o.max_rel, "atol": o.atol, "rtol": o.rtol}
+                for o in report.outputs
+            },
             fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
             "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
         )

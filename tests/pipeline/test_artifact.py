@@ -30,7 +30,9 @@ class TwoHeads(nn.Module):
 @pytest.fixture(scope="module")
 def converted() -> pipeline.ConvertedModule:
     return pipeline.convert(
-        TwoHeads().eval(), ((torch.randn(4, 6),), {"scale": 0.5}), backend="onnxruntime",
+        TwoHeads().eval(),
+        ((torch.randn(4, 6),), {"scale": 0.5}),
+        backend="onnxruntime",
         dynamic={"x": {0: ("batch", 1, 4, 32)}},
     )
 

@@ -42,8 +42,14 @@ def test_convert_bundled_example(tmp_path: Path) -> None:
 
 def test_convert_with_inputs_and_dynamic(tmp_path: Path) -> None:
     done = run_cli(
-        "convert", "torch.nn:Identity", "--input", "input:3x5:float32",
-        "--dynamic", "input:0:batch:1:3:8", "-o", str(tmp_path),
+        "convert",
+        "torch.nn:Identity",
+        "--input",
+        "input:3x5:float32",
+        "--dynamic",
+        "input:0:batch:1:3:8",
+        "-o",
+        str(tmp_path),
     )
     assert done.returncode == 0, done.stderr
     module = pipeline.load(tmp_path / "model.ptrt")

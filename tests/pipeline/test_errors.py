@@ -76,13 +76,17 @@ def test_unknown_setting_lists_known_ones() -> None:
 
 
 def test_tensorrt_requested_where_missing_is_an_error_not_a_fallback() -> None:
-    with pytest.raises(pipeline.BuildError, match=r"(?s)backend='tensorrt' was requested but TensorRT cannot run here") as e:
+    with pytest.raises(
+        pipeline.BuildError, match=r"(?s)backend='tensorrt' was requested but TensorRT cannot run here"
+    ) as e:
         pipeline.convert(nn.Linear(4, 3), torch.randn(2, 4), backend="tensorrt")
     assert "backend='onnxruntime'" in str(e.value)
 
 
 def test_dynamic_dim_on_unknown_input() -> None:
-    with pytest.raises(pipeline.InputError, match=r"(?s)names input 'y', which the sample does not have.*inputs are: input"):
+    with pytest.raises(
+        pipeline.InputError, match=r"(?s)names input 'y', which the sample does not have.*inputs are: input"
+    ):
         pipeline.convert(nn.Linear(4, 3), torch.randn(2, 4), dynamic={"y": {0: ("batch", 1, 2, 8)}})
 
 
@@ -99,8 +103,13 @@ def test_bad_dynamic_range() -> None:
 def test_accuracy_error_carries_per_output_figures() -> None:
     with pytest.raises(pipeline.AccuracyError) as info:
         # a tolerance no float computation meets: the error must report the figures, not just "failed"
-        pipeline.convert(nn.Linear(64, 8).eval(), torch.randn(4, 64), backend="onnxruntime",
-                         tolerances={"float32": (0.0, 0.0)}, validation_inputs=1)
+        pipeline.convert(
+            nn.Linear(64, 8).eval(),
+            torch.randn(4, 64),
+            backend="onnxruntime",
+            tolerances={"float32": (0.0, 0.0)},
+            validation_inputs=1,
+        )
     figures = info.value.per_output["out"]
     assert figures["max_abs"] > 0 and figures["atol"] == 0.0
     assert "out: max abs" in str(info.value) and "tolerances=" in str(info.value)
