@@ -241,14 +241,17 @@ def bert() -> tuple[nn.Module, pipeline.ConvertedModule]:
     return model, convert(model, sample)
 
 
+BERT_DIMS = {0: ("batch", 1, 2, 4), 1: ("seq", 1, 8, 16)}
+BERT_DYNAMIC = {name: BERT_DIMS for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
 @pytest.fixture(scope="module")
 def bert_dynamic() -> tuple[nn.Module, pipeline.ConvertedModule]:
     torch.manual_seed(1)
     model = transformers.BertModel(tiny_bert_config()).eval()
-    dims = {0: ("batch", 1, 2, 4), 1: ("seq", 1, 8, 16)}
-    dynamic = {name: dims for name in ("input_ids", "attention_mask", "token_type_ids")}
-    sample = ((), bert_inputs(2, 8, seed=1, lengths=[8, 6]))
-    return model, convert(model, sample, dynamic=dynamic)
+    # a sample of equal-length sequences (no padding); padded batches are run after conversion
+    sample = ((), bert_inputs(2, 8, seed=1, lengths=[8, 8]))
+    return model, convert(model, sample, dynamic=BERT_DYNAMIC)
 
 
 # -- 1. MLP ----------------------------------------------------------------------------------------------------------
@@ -503,6 +506,17 @@ def test_dynamic_batch_and_sequence_for_bert(bert_dynamic: tuple[nn.Module, pipe
         want = reference(model, **inputs)
         assert got.last_hidden_state.shape == (batch, seq, 32)
         assert_same_tree(got, want)
+
+
+def test_dynamic_bert_converts_from_a_padded_sample() -> None:
+    # The sample is a padded tokenizer batch, as users have it. Conversion must succeed and match PyTorch.
+    torch.manual_seed(1)
+    model = transformers.BertModel(tiny_bert_config()).eval()
+    module = convert(model, bert_inputs(2, 8, seed=1, lengths=[8, 6]), dynamic=BERT_DYNAMIC)
+    assert_report_passed(module, validation_inputs=6)
+    for batch, seq in ((1, 5), (3, 12)):
+        inputs = bert_inputs(batch, seq, seed=95 + seq)
+        assert_same_tree(module(**inputs), reference(model, **inputs))
 
 
 def test_bert_inputs_sharing_a_dimension_must_agree(bert_dynamic: tuple[nn.Module, pipeline.ConvertedModule]) -> None:
