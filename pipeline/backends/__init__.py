@@ -53,8 +53,9 @@ def select_backend(requested: str) -> BackendChoice:
             if not available:
                 raise BuildError(
                     f"backend='tensorrt' was requested but TensorRT cannot run here: {why}",
-                    fix="install TensorRT on a machine with an NVIDIA GPU "
-                    "(pip install 'torch-trt-pipeline[tensorrt]'), or pass backend='onnxruntime' to run on the CPU",
+                    fix="run where `import tensorrt` works and torch.cuda.is_available() is True (an NVIDIA GPU, "
+                    "a CUDA build of torch, pip install 'torch-trt-pipeline[tensorrt]'), or pass "
+                    "backend='onnxruntime' to run on the CPU",
                 )
             choice = BackendChoice("tensorrt", f"requested (backend='tensorrt'); {why}")
         elif available:

@@ -8,6 +8,7 @@ downloads); converted modules are shared through module-scoped fixtures to keep 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -343,11 +344,14 @@ def test_cnn_uses_running_statistics_not_batch_statistics(cnn: tuple[CNN, pipeli
     assert not torch.allclose(bn.running_mean, torch.zeros_like(bn.running_mean))  # the stats really are non-trivial
 
 
-def test_training_mode_model_is_converted_in_eval_mode_and_left_training() -> None:
+def test_training_mode_model_is_converted_in_eval_mode_and_left_training(caplog: pytest.LogCaptureFixture) -> None:
     model = make_cnn(seed=2).train()
     stats_before = {k: v.clone() for k, v in model.state_dict().items()}
-    module = convert(model, torch.randn(2, 3, 16, 16))
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        module = convert(model, torch.randn(2, 3, 16, 16))
+    assert "training mode" in caplog.text
     assert model.training, "convert must give the model back in the mode it was in"
+    assert all(m.training for m in model.modules())
     for key, value in model.state_dict().items():
         assert torch.equal(value, stats_before[key]), f"convert changed {key}"
     x = fresh(2, 3, 16, 16, seed=34)
@@ -409,8 +413,7 @@ def two_in_two_out() -> tuple[TwoInTwoOut, pipeline.ConvertedModule]:
 def test_two_inputs_tuple_of_outputs(two_in_two_out: tuple[TwoInTwoOut, pipeline.ConvertedModule]) -> None:
     model, module = two_in_two_out
     assert [i.name for i in module.onnx.graph.input] == ["x", "y"]
-    assert len(module.onnx.graph.output) == 2
-    assert len({o.name for o in module.onnx.graph.output}) == 2
+    assert [o.name for o in module.onnx.graph.output] == ["out_0", "out_1"]
     assert_report_passed(module)
     x, y = fresh(4, 6, seed=61), fresh(4, 6, seed=62)
     got = module(x, y)
@@ -449,8 +452,8 @@ def test_dict_output_with_nested_list_and_none() -> None:
     assert type(got["hidden"]) is list and len(got["hidden"]) == 2
     assert got["attentions"] is None
     assert_same_tree(got, reference(model, x))
-    # only the tensors are graph outputs
-    assert len(module.onnx.graph.output) == 3
+    # only the tensors are graph outputs, named after their paths
+    assert [o.name for o in module.onnx.graph.output] == ["logits", "hidden_0", "hidden_1"]
 
 
 def test_list_output_with_none() -> None:
@@ -463,10 +466,10 @@ def test_list_output_with_none() -> None:
     assert type(got) is list and len(got) == 3
     assert got[1] is None
     assert_same_tree(got, reference(model, x))
-    assert len(module.onnx.graph.output) == 2
+    assert [o.name for o in module.onnx.graph.output] == ["out_0", "out_2"]
 
 
-# -- 7. dynamic shapes --------------------------------------------------------------------------------------------------
+# -- 7. dynamic shapes -------------------------------------------------------------------------------------------------
 
 
 def test_dynamic_batch_runs_at_other_batch_sizes(cnn_dynamic: tuple[CNN, pipeline.ConvertedModule]) -> None:
@@ -595,7 +598,7 @@ def test_transformers_models_match_to_1e_4_relative(case: str, request: pytest.F
             torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
 
 
-# -- 9. calling conventions ---------------------------------------------------------------------------------------------
+# -- 9. calling conventions --------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,72 @@
+"""Backend selection: TensorRT only when it imports and a CUDA device is present; never a silent fallback.
+
+Where the shared TensorRT API tool is available (``../shared/tools/trt-api``; CI sets it up), the selection is
+also checked with the real TensorRT 10.16 and 11.4 Python bindings importable, as on a user's machine that has
+TensorRT but no usable GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SETUP = Path(__file__).resolve().parents[3] / "shared" / "tools" / "trt-api" / "setup.sh"
+VERSIONS = ("11.4.0.106", "10.16.1.11")
+
+SCRIPT = """
+import sys, torch, pipeline
+if sys.argv[1] == "block":
+    sys.modules["tensorrt"] = None
+from pipeline.backends import select_backend
+choice = select_backend("auto")
+print(choice.name)
+print(choice.reason)
+try:
+    pipeline.convert(torch.nn.Linear(2, 2), torch.randn(2, 2), backend="tensorrt")
+except pipeline.BuildError as exc:
+    print("BuildError", str(exc).replace("\\n", " "))
+"""
+
+
+def run(mode: str, version: str | None = None) -> list[str]:
+    command = [sys.executable, "-c", SCRIPT, mode]
+    if version is not None:  # the real bindings, importable through the shared tool's environment
+        command = ["bash", "-c", f'eval "$(bash {SETUP} --env {version})" && exec "$@"', "trt-api", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_auto_without_tensorrt_picks_onnxruntime_and_says_why() -> None:
+    name, reason, error = run("block")
+    assert name == "onnxruntime"
+    assert reason.startswith("auto: TensorRT not usable") and "does not import" in reason
+    assert error.startswith("BuildError [build] backend='tensorrt' was requested but TensorRT cannot run here")
+    assert "backend='onnxruntime'" in error
+
+
+def prepare_trt_api(version: str) -> None:
+    if not SETUP.is_file():
+        pytest.skip(f"the shared TensorRT API tool is not at {SETUP}")
+    prepared = subprocess.run(
+        ["bash", str(SETUP), version],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    if prepared.returncode != 0:
+        pytest.skip(f"trt-api {version} could not be set up: {prepared.stderr[-300:]}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_real_tensorrt_api_without_gpu_is_not_picked(version: str) -> None:
+    prepare_trt_api(version)
+    name, reason, error = run("real", version)
+    assert name == "onnxruntime"
+    assert f"tensorrt {version} imports but no CUDA device is present" in reason
+    assert "TensorRT cannot run here" in error and "torch.cuda.is_available()" in error
