@@ -9,6 +9,7 @@ kept as constants, every tensor leaf is one graph output named after its path (`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Sequence
@@ -86,12 +87,12 @@ class IOSpec:
 
     def flatten_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """The graph inputs for one call of the converted module, in graph order; a mismatch is an InputError."""
-        args, kwargs = bind_call(_signature_from(self.signature), args, kwargs)
+        args, kwargs = bind_call(self._signature, args, kwargs)
         leaves, tree = pytree.tree_flatten((tuple(args), kwargs))
-        if pytree.treespec_dumps(tree) != self.input_tree:
-            expected = pytree.treespec_loads(self.input_tree)
+        if tree != self._input_treespec:
             raise InputError(
-                f"the call's structure {describe_tree(tree)} differs from the sample's {describe_tree(expected)}",
+                f"the call's structure {describe_tree(tree)} differs from the sample's "
+                f"{describe_tree(self._input_treespec)}",
                 fix="call the converted module with the same arguments (same nesting, same keyword names) as the "
                 "sample it was converted with",
             )
@@ -116,15 +117,28 @@ class IOSpec:
     def unflatten_outputs(self, tensors: Sequence[torch.Tensor]) -> Any:
         """The model's result structure (tensor, tuple, dict, ModelOutput, ...) rebuilt from graph outputs."""
         leaves = [tensors[leaf.index] if leaf.kind == TENSOR else leaf.value for leaf in self.output_leaves]
-        return pytree.tree_unflatten(leaves, load_tree(self.output_tree))
+        return pytree.tree_unflatten(leaves, self._output_treespec)
 
     def feed_to_call(self, feed: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Rebuild ``(args, kwargs)`` for the original model from a ``{input name: tensor}`` feed."""
         leaves = [
             feed[self.inputs[slot.index].name] if slot.kind == TENSOR else slot.value for slot in self.input_leaves
         ]
-        args, kwargs = pytree.tree_unflatten(leaves, pytree.treespec_loads(self.input_tree))
+        args, kwargs = pytree.tree_unflatten(leaves, self._input_treespec)
         return tuple(args), dict(kwargs)
+
+    # Parsed once per spec: the runtime module calls flatten_call/unflatten_outputs on every forward.
+    @functools.cached_property
+    def _signature(self) -> inspect.Signature:
+        return _signature_from(self.signature)
+
+    @functools.cached_property
+    def _input_treespec(self) -> pytree.TreeSpec:
+        return load_tree(self.input_tree)
+
+    @functools.cached_property
+    def _output_treespec(self) -> pytree.TreeSpec:
+        return load_tree(self.output_tree)
 
 
 # -- building the spec at export time ------------------------------------------------------------------------------

@@ -511,17 +511,6 @@ def test_dynamic_batch_and_sequence_for_bert(bert_dynamic: tuple[nn.Module, pipe
         assert_same_tree(got, want)
 
 
-def test_dynamic_bert_converts_from_a_padded_sample() -> None:
-    # The sample is a padded tokenizer batch, as users have it. Conversion must succeed and match PyTorch.
-    torch.manual_seed(1)
-    model = transformers.BertModel(tiny_bert_config()).eval()
-    module = convert(model, bert_inputs(2, 8, seed=1, lengths=[8, 6]), dynamic=BERT_DYNAMIC)
-    assert_report_passed(module, validation_inputs=6)
-    for batch, seq in ((1, 5), (3, 12)):
-        inputs = bert_inputs(batch, seq, seed=95 + seq)
-        assert_same_tree(module(**inputs), reference(model, **inputs))
-
-
 def test_bert_inputs_sharing_a_dimension_must_agree(bert_dynamic: tuple[nn.Module, pipeline.ConvertedModule]) -> None:
     _, module = bert_dynamic
     inputs = bert_inputs(2, 8, seed=0)
@@ -647,3 +636,21 @@ def test_keyword_only_argument() -> None:
         module(x, scale)  # the signature does not allow it, exactly as for the original model
     with pytest.raises(TypeError):
         model(x, scale)
+
+
+# -- dynamic BERT from a padded sample (last: it fails on the current library, see its comment) ------------------
+
+
+def test_dynamic_bert_converts_from_a_padded_sample() -> None:
+    # The sample is a padded tokenizer batch, as users have it; conversion must succeed and match PyTorch.
+    # Currently fails: validation draws attention_mask uniformly from {0, 1} (the sample's range), so the extra
+    # input at the dynamic minimum (batch 1, seq 1) gets a fully padded row; PyTorch's SDPA gives zeros for a
+    # query that attends to nothing while the exported graph gives uniform attention (as BERT's eager attention
+    # does), and convert raises AccuracyError although every realistic input matches.
+    torch.manual_seed(1)
+    model = transformers.BertModel(tiny_bert_config()).eval()
+    module = convert(model, bert_inputs(2, 8, seed=1, lengths=[8, 6]), dynamic=BERT_DYNAMIC)
+    assert_report_passed(module, validation_inputs=6)
+    for batch, seq in ((1, 5), (3, 12)):
+        inputs = bert_inputs(batch, seq, seed=95 + seq)
+        assert_same_tree(module(**inputs), reference(model, **inputs))
