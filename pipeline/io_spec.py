@@ -58,7 +58,7 @@ class IOSpec:
     input_leaves: tuple[Leaf, ...]
     output_tree: str
     output_leaves: tuple[Leaf, ...]
-    signature: tuple[tuple[str, int], ...]
+    signature: tuple[tuple[str, int, bool, Any], ...]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,7 +80,7 @@ class IOSpec:
             input_leaves=tuple(Leaf(k, i, v) for k, i, v in data["input_leaves"]),
             output_tree=data["output_tree"],
             output_leaves=tuple(Leaf(k, i, v) for k, i, v in data["output_leaves"]),
-            signature=tuple((str(n), int(k)) for n, k in data["signature"]),
+            signature=tuple((str(n), int(k), bool(h), v) for n, k, h, v in data["signature"]),
         )
 
     # -- calls ------------------------------------------------------------------------------------------------
@@ -167,7 +167,12 @@ def forward_signature(model: torch.nn.Module) -> inspect.Signature:
 def bind_call(
     signature: inspect.Signature, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Canonical ``(args, kwargs)``: positional where the signature allows, keywords in signature order."""
+    """Canonical ``(args, kwargs)``: every parameter that can be a keyword is one, in signature order.
+
+    Omitted parameters whose default is a plain value (None, bool, number, str) are filled in, so a call that
+    spells out a default (``return_dict=None``) is the same call as one that leaves it out. Keywords rather than
+    positions also keep clear of wrappers (transformers' among them) that inject keyword arguments.
+    """
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -175,7 +180,27 @@ def bind_call(
             f"the arguments do not fit forward({_param_list(signature)}): {exc}",
             fix="pass the arguments forward() takes (sample=((args...), {kwargs...}))",
         ) from None
-    return tuple(bound.args), dict(bound.kwargs)
+    params = list(signature.parameters.values())
+    # With values in *args, the parameters before it can only be passed by position.
+    by_position = any(p.kind == p.VAR_POSITIONAL and bound.arguments.get(p.name) for p in params)
+    out_args: list[Any] = []
+    out_kwargs: dict[str, Any] = {}
+    for p in params:
+        if p.name in bound.arguments:
+            value = bound.arguments[p.name]
+        elif _fillable_default(p):
+            value = p.default
+        else:
+            continue
+        if p.kind == p.POSITIONAL_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and by_position):
+            out_args.append(value)
+        elif p.kind == p.VAR_POSITIONAL:
+            out_args.extend(value)
+        elif p.kind == p.VAR_KEYWORD:
+            out_kwargs.update(value)
+        else:
+            out_kwargs[p.name] = value
+    return tuple(out_args), out_kwargs
 
 
 def input_names_and_leaves(
@@ -254,14 +279,24 @@ def describe_tree(tree: pytree.TreeSpec) -> str:
     return str(tree).replace("\n", "").replace("  ", "")
 
 
-def signature_record(signature: inspect.Signature) -> tuple[tuple[str, int], ...]:
-    return tuple((p.name, int(p.kind)) for p in signature.parameters.values())
+def signature_record(signature: inspect.Signature) -> tuple[tuple[str, int, bool, Any], ...]:
+    """(name, kind, has a fillable default, that default) per parameter: enough to bind calls after loading."""
+    return tuple(
+        (p.name, int(p.kind), _fillable_default(p), p.default if _fillable_default(p) else None)
+        for p in signature.parameters.values()
+    )
 
 
 # -- helpers --------------------------------------------------------------------------------------------------------
 
 _UNSERIALISABLE = object()
 _NO_DEFAULT = object()
+
+
+def _fillable_default(p: inspect.Parameter) -> bool:
+    if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is p.empty:
+        return False
+    return _jsonable(p.default) is not _UNSERIALISABLE
 
 
 def _jsonable(value: Any) -> Any:
@@ -278,11 +313,13 @@ def _param_list(signature: inspect.Signature) -> str:
     return ", ".join(prefixes.get(p.kind, "") + p.name for p in signature.parameters.values())
 
 
-def _signature_from(record: tuple[tuple[str, int], ...]) -> inspect.Signature:
+def _signature_from(record: tuple[tuple[str, int, bool, Any], ...]) -> inspect.Signature:
     params = []
-    for name, kind_value in record:
+    for name, kind_value, has_default, value in record:
         kind = inspect._ParameterKind(kind_value)
-        default: Any = inspect.Parameter.empty if kind in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD) else _NO_DEFAULT
+        default: Any = value if has_default else _NO_DEFAULT  # the sentinel only keeps parameter order legal
+        if kind in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD):
+            default = inspect.Parameter.empty
         params.append(inspect.Parameter(name, kind, default=default))
     return inspect.Signature(params)
 

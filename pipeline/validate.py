@@ -1,8 +1,11 @@
 """Stage: validation. Polygraphy's Comparator runs PyTorch (our runner) and the backend on the same inputs.
 
 Inputs are the sample plus ``settings.validation_inputs`` random inputs drawn like it (seeded): floats from a
-normal with the sample's mean and spread, integers uniformly within the sample's range, booleans at random; with
-dynamic dimensions, one more input at every dimension's ``min`` and one at its ``max``.
+normal with the sample's mean and spread, integers (token ids) uniformly within the sample's range. Masks
+(booleans, and integer inputs holding only 0 and 1) keep the sample's own pattern, cropped or edge-extended to
+the new shape: a random mask would produce fully padded rows, where PyTorch's attention kernels and the exported
+graph legitimately disagree. With dynamic dimensions, one more input at every dimension's ``min`` and one at
+its ``max``.
 """
 
 from __future__ import annotations
@@ -111,14 +114,24 @@ def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Se
 
 
 def _draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    if sample.dtype == np.bool_:
-        return rng.random(shape) < (float(sample.mean()) if sample.size else 0.5)
+    if sample.size and (sample.dtype == np.bool_ or (np.issubdtype(sample.dtype, np.integer) and _is_mask(sample))):
+        return _resize_like(sample, shape)
     if np.issubdtype(sample.dtype, np.integer):
         lo, hi = (int(sample.min()), int(sample.max())) if sample.size else (0, 1)
         return rng.integers(lo, hi + 1, size=shape).astype(sample.dtype)
     mean = float(sample.mean()) if sample.size else 0.0
     std = float(sample.std()) if sample.size else 1.0
     return (rng.standard_normal(shape) * (std or 1.0) + mean).astype(sample.dtype)
+
+
+def _is_mask(sample: np.ndarray) -> bool:
+    return bool(np.isin(sample, (0, 1)).all())
+
+
+def _resize_like(sample: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The sample cropped or extended (repeating its last entry along each axis) to ``shape``."""
+    grown = np.pad(sample, [(0, max(0, new - old)) for old, new in zip(sample.shape, shape, strict=True)], mode="edge")
+    return np.ascontiguousarray(grown[tuple(slice(0, n) for n in shape)])
 
 
 def validate(

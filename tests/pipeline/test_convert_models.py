@@ -638,15 +638,14 @@ def test_keyword_only_argument() -> None:
         model(x, scale)
 
 
-# -- dynamic BERT from a padded sample (last: it fails on the current library, see its comment) ------------------
+# -- dynamic BERT from a padded sample ---------------------------------------------------------------------------
 
 
 def test_dynamic_bert_converts_from_a_padded_sample() -> None:
     # The sample is a padded tokenizer batch, as users have it; conversion must succeed and match PyTorch.
-    # Currently fails: validation draws attention_mask uniformly from {0, 1} (the sample's range), so the extra
-    # input at the dynamic minimum (batch 1, seq 1) gets a fully padded row; PyTorch's SDPA gives zeros for a
-    # query that attends to nothing while the exported graph gives uniform attention (as BERT's eager attention
-    # does), and convert raises AccuracyError although every realistic input matches.
+    # Validation keeps the mask's pattern: a random {0, 1} mask gives fully padded rows at the dynamic minimum,
+    # where PyTorch's SDPA returns zeros and the exported graph uniform attention (as BERT's eager attention
+    # does), and convert would fail although every realistic input matches.
     torch.manual_seed(1)
     model = transformers.BertModel(tiny_bert_config()).eval()
     module = convert(model, bert_inputs(2, 8, seed=1, lengths=[8, 6]), dynamic=BERT_DYNAMIC)

@@ -30,8 +30,21 @@ def test_keyword_order_and_positional_keywords_are_canonical() -> None:
     t = torch.zeros(1)
     one = io_spec.bind_call(SIGNATURE, (t, (t, t)), {"flag": False, "mask": t})
     two = io_spec.bind_call(SIGNATURE, (), {"mask": t, "flag": False, "pair": (t, t), "x": t})
-    assert list(one[1]) == list(two[1]) == ["mask", "flag"]
-    assert len(one[0]) == len(two[0]) == 2
+    assert list(one[1]) == list(two[1]) == ["x", "pair", "mask", "flag"]
+    assert one[0] == two[0] == ()
+
+
+def test_spelled_out_defaults_are_the_same_call() -> None:
+    t = torch.zeros(1)
+    omitted = io_spec.bind_call(SIGNATURE, (t, (t, t)), {})
+    spelled = io_spec.bind_call(SIGNATURE, (t,), {"pair": (t, t), "mask": None, "flag": True})
+    assert omitted[1].keys() == spelled[1].keys() and omitted[1]["flag"] is True and omitted[1]["mask"] is None
+
+
+def test_values_in_star_args_keep_earlier_parameters_positional() -> None:
+    t = torch.zeros(1)
+    args, kwargs = io_spec.bind_call(SIGNATURE, (t, (t, t), t), {})
+    assert len(args) == 3 and list(kwargs) == ["mask", "flag"]
 
 
 @pytest.mark.parametrize(
