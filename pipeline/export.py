@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.utils._pytree as pytree
 
+from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from converters.settings import DynamicDim, Settings
 from passes.onnx_io import to_graph, to_model
@@ -54,8 +55,16 @@ class ExportedGraph:
     node_metadata: dict[str, dict[str, str]]
 
 
-def export(model: torch.nn.Module, sample: Any, settings: Settings) -> ExportedGraph:
+def export(
+    model: torch.nn.Module,
+    sample: Any,
+    settings: Settings,
+    custom_translation_table: dict[Any, Callable[..., Any]] | None = None,
+) -> ExportedGraph:
     """Export ``model`` called on ``sample`` to ONNX, in memory.
+
+    Every ``torch.library`` op the exporter cannot translate becomes an opaque node (its namespace as domain, its
+    name as op_type); ``custom_translation_table`` entries (torch op -> onnxscript function) take precedence.
 
     >>> exported = export(torch.nn.Linear(4, 2), torch.randn(3, 4), Settings())  # doctest: +SKIP
     >>> [t.name for t in exported.io.inputs]                                       # doctest: +SKIP
@@ -82,7 +91,7 @@ def export(model: torch.nn.Module, sample: Any, settings: Settings) -> ExportedG
                 fix="check the sample's shapes and dtypes against what forward() expects",
             ) from exc
         out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
-        program = _torch_export(model, signature, args, kwargs, names, settings)
+        program = _torch_export(model, signature, args, kwargs, names, settings, custom_translation_table)
 
     exported, metadata = to_graph(program.model_proto)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
@@ -116,26 +125,36 @@ def _torch_export(
     kwargs: dict[str, Any],
     names: list[str],
     settings: Settings,
+    translations: dict[Any, Callable[..., Any]] | None,
 ) -> Any:
+    """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque."""
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
     start = time.perf_counter()
     with _quiet_exporter():
         try:
+            exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as exc:
+            raise ExportError(f"torch.export failed: {_reason(exc)}", fix=_EXPORT_FIXES) from exc
+        table = opaque_translations(custom_ops_in(exported), translations)
+        try:
             program = torch.onnx.export(
-                model,
+                exported,
                 args,
                 kwargs=kwargs,
                 dynamo=True,
-                dynamic_shapes=dynamic_shapes,
+                custom_translation_table=dict(table) or None,  # type: ignore[arg-type]
                 opset_version=settings.opset,
                 verbose=False,
                 report=False,
             )
         except Exception as exc:
             raise ExportError(
-                f"torch.onnx.export failed: {_reason(exc)}", node=_failing_op(exc), fix=_EXPORT_FIXES
+                f"the ONNX translation of the exported program failed: {_reason(exc)}",
+                node=_failing_op(exc),
+                fix="an op without an ONNX translation: pass custom_translation_table={op: function} to convert, "
+                "or define the op with torch.library so it is exported as an opaque node and register a converter",
             ) from exc
-    logger.debug("torch.onnx.export took %.2f s", time.perf_counter() - start)
+    logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
     if program is None or program.model_proto is None:
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     return program

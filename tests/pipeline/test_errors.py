@@ -60,7 +60,7 @@ def test_model_that_fails_export_gets_reason_and_fixes() -> None:
     with pytest.raises(pipeline.ExportError) as info:
         pipeline.convert(DataDependentBranch(), torch.randn(3), backend="onnxruntime")
     text = str(info.value)
-    assert text.startswith("[export] torch.onnx.export failed")
+    assert text.startswith("[export] torch.export failed: GuardOnDataDependentSymNode")
     assert "data-dependent" in text.lower()  # the exporter's own reason
     assert "torch.cond" in text  # and the usual fixes
 

@@ -1,0 +1,153 @@
+"""The converter registry: per-op entries with validators, priorities and a dynamic-shape flag.
+
+Candidates for a node are tried HIGH first, then STANDARD, each group in registration order; the first whose
+validator accepts the node and whose dynamic-shape flag fits is used. Every skipped candidate is logged with the
+reason. The registry is an instance: ``default_registry()`` builds the default one, tests build their own.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import onnx_graphsurgeon as gs
+import torch
+
+from converters.errors import ConversionError
+from converters.settings import Settings
+from converters.targets import OpKey, resolve_target
+
+if TYPE_CHECKING:
+    from converters.context import ConverterContext
+
+logger = logging.getLogger(__name__)
+
+Validator = Callable[[gs.Node, Settings], bool]
+ConverterFunction = Callable[["ConverterContext"], Any]
+
+
+class Priority(enum.IntEnum):
+    """Lower value is tried first."""
+
+    HIGH = 0
+    STANDARD = 1
+
+
+@dataclass(frozen=True)
+class ConverterEntry:
+    key: OpKey
+    function: ConverterFunction
+    validator: Validator | None
+    priority: Priority
+    supports_dynamic_shapes: bool
+    torch_op: torch._ops.OpOverload | None = field(default=None, compare=False)
+    order: int = 0
+
+    @property
+    def name(self) -> str:
+        return getattr(self.function, "__qualname__", repr(self.function))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The entry chosen for a node (or None), and why each candidate before it was skipped."""
+
+    entry: ConverterEntry | None
+    skipped: tuple[tuple[ConverterEntry, str], ...]
+
+
+class ConverterRegistry:
+    """Converters by the ONNX node they replace.
+
+    >>> registry = ConverterRegistry()
+    >>> @registry.register("Gelu", priority=Priority.HIGH)    # doctest: +SKIP
+    ... def gelu(ctx): ...
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[OpKey, list[ConverterEntry]] = {}
+        self._counter = itertools.count()
+
+    def register(
+        self,
+        target: Any,
+        *,
+        validator: Validator | None = None,
+        priority: Priority = Priority.STANDARD,
+        supports_dynamic_shapes: bool = True,
+    ) -> Callable[[ConverterFunction], ConverterFunction]:
+        """Decorator: register ``function(ctx)`` as a converter for ``target``."""
+        key, torch_op = resolve_target(target)
+
+        def add(function: ConverterFunction) -> ConverterFunction:
+            existing = self._entries.setdefault(key, [])
+            if any(e.function is function for e in existing):
+                raise ConversionError(
+                    f"{getattr(function, '__qualname__', function)} is already registered for {key}",
+                    fix="register a function once per target (remove() it first to re-register)",
+                )
+            entry = ConverterEntry(
+                key, function, validator, Priority(priority), supports_dynamic_shapes, torch_op, next(self._counter)
+            )
+            existing.append(entry)
+            existing.sort(key=lambda e: (e.priority, e.order))
+            return function
+
+        return add
+
+    def remove(self, target: Any, function: ConverterFunction | None = None) -> int:
+        """Remove the registrations for ``target`` (only ``function``'s if given); returns how many."""
+        key, _ = resolve_target(target)
+        entries = self._entries.get(key, [])
+        kept = [e for e in entries if function is not None and e.function is not function]
+        removed = len(entries) - len(kept)
+        if removed == 0:
+            raise ConversionError(f"nothing registered for {key} to remove", fix="check the target and the function")
+        self._entries[key] = kept
+        return removed
+
+    def candidates(self, key: OpKey) -> tuple[ConverterEntry, ...]:
+        return tuple(self._entries.get(key, ()))
+
+    def keys(self) -> Iterator[OpKey]:
+        return (k for k, v in self._entries.items() if v)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, OpKey) and bool(self._entries.get(key))
+
+    def select(self, node: gs.Node, key: OpKey, settings: Settings, *, dynamic: bool) -> Selection:
+        """The first candidate that accepts ``node``; the reasons the others before it were skipped."""
+        skipped: list[tuple[ConverterEntry, str]] = []
+        for entry in self.candidates(key):
+            reason = _rejection(entry, node, settings, dynamic)
+            if reason is None:
+                return Selection(entry, tuple(skipped))
+            logger.info("converter %s skipped for node %s: %s", entry.name, node.name, reason)
+            skipped.append((entry, reason))
+        return Selection(None, tuple(skipped))
+
+    def copy(self) -> ConverterRegistry:
+        clone = ConverterRegistry()
+        clone._entries = {k: list(v) for k, v in self._entries.items()}
+        clone._counter = itertools.count(next(self._counter))
+        return clone
+
+
+def _rejection(entry: ConverterEntry, node: gs.Node, settings: Settings, dynamic: bool) -> str | None:
+    if dynamic and not entry.supports_dynamic_shapes:
+        return "its inputs have dynamic dimensions and it declares supports_dynamic_shapes=False"
+    if entry.validator is None:
+        return None
+    try:
+        accepted = entry.validator(node, settings)
+    except Exception as exc:
+        raise ConversionError(
+            f"the validator of converter {entry.name} raised {type(exc).__name__}: {exc}",
+            node=node.name,
+            fix="a validator must return True or False for any node of its op",
+        ) from exc
+    return None if accepted else "its validator rejected the node"
