@@ -57,13 +57,18 @@ def custom_ops_in(program: torch.export.ExportedProgram) -> list[torch._ops.OpOv
 
 
 def opaque_translations(
-    ops: Iterable[torch._ops.OpOverload], user_table: dict[Any, Callable[..., Any]] | None = None
+    ops: Iterable[torch._ops.OpOverload],
+    user_table: dict[Any, Callable[..., Any]] | None = None,
+    converted: Iterable[torch._ops.OpOverload] = (),
 ) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
-    """Translations for ``ops`` the exporter does not know; the user's own entries take precedence."""
+    """Opaque translations for ``ops`` the exporter does not know, and for every op in ``converted`` (ops with a
+    registered converter: the user's converter overrides the exporter's own translation). The user's own table
+    entries take precedence over both."""
     user_table = user_table or {}
+    forced = set(converted)
     table: dict[torch._ops.OpOverload, Callable[..., Any]] = {}
-    for op in ops:
-        if op in user_table or _exporter_translates(op):
+    for op in [*ops, *forced]:
+        if op in user_table or (op not in forced and _exporter_translates(op)):
             continue
         table[op] = opaque_translation(op)
         logger.debug("exporting %s as an opaque node %s", op, torch_op_key(op))

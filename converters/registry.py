@@ -113,7 +113,11 @@ class ConverterRegistry:
     def candidates(self, key: OpKey) -> tuple[ConverterEntry, ...]:
         return tuple(self._entries.get(key, ()))
 
-    def keys(self) -> Iterator[OpKey]:
+    def torch_ops(self) -> set[torch._ops.OpOverload]:
+        """The torch ops with a converter: the exporter writes them as opaque nodes if it cannot translate them."""
+        return {e.torch_op for entries in self._entries.values() for e in entries if e.torch_op is not None}
+
+    def op_keys(self) -> Iterator[OpKey]:
         return (k for k, v in self._entries.items() if v)
 
     def __contains__(self, key: object) -> bool:

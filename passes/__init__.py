@@ -4,11 +4,13 @@ from passes.base import GraphPass, PassManager, PassRecord, PassResult
 from passes.cleanup import RemoveDeadNodes, RemoveIdentities, TopologicalSort
 from passes.defaults import default_passes
 from passes.folding import FoldConstants
-from passes.onnx_io import to_graph, to_model
+from passes.lowering import LowerCustomOps
+from passes.onnx_io import module_path, to_graph, to_model
 
 __all__ = [
     "FoldConstants",
     "GraphPass",
+    "LowerCustomOps",
     "PassManager",
     "PassRecord",
     "PassResult",
@@ -16,6 +18,7 @@ __all__ = [
     "RemoveIdentities",
     "TopologicalSort",
     "default_passes",
+    "module_path",
     "to_graph",
     "to_model",
 ]

@@ -8,6 +8,7 @@ metadata of that node.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 
 import onnx
@@ -17,9 +18,34 @@ NodeMetadata = Mapping[str, Mapping[str, str]]
 
 
 def to_graph(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, dict[str, str]]]:
-    """Import a model into graph-surgeon and return the node metadata side table."""
+    """Import a model into graph-surgeon and return the node metadata side table.
+
+    Each imported node also carries its metadata as ``node.metadata`` (a plain Python attribute), so passes can
+    say which PyTorch module a node came from (:func:`module_path`).
+    """
     metadata = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node if n.metadata_props}
-    return gs.import_onnx(model), metadata
+    graph = gs.import_onnx(model)
+    for node in graph.nodes:
+        node.metadata = metadata.get(node.name, {})
+    return graph, metadata
+
+
+def module_path(metadata: Mapping[str, str]) -> str | None:
+    """The dotted path of the PyTorch module a node came from (``encoder.layer.3.attention``), if recorded.
+
+    The torch exporter writes ``pkg.torch.onnx.name_scopes`` as a list of scopes ending with the node's own
+    name: ``['', 'blocks.0', 'blocks.0.lin', 'linear']`` -> ``blocks.0.lin``; ``''`` is the root module.
+    """
+    text = metadata.get("pkg.torch.onnx.name_scopes")
+    if not text:
+        return None
+    try:
+        scopes = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(scopes, list) or len(scopes) < 2:
+        return None
+    return str(scopes[-2])
 
 
 def to_model(graph: gs.Graph, template: onnx.ModelProto, metadata: NodeMetadata) -> onnx.ModelProto:

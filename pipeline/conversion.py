@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
 
+from converters.defaults import default_registry
 from converters.errors import ArtifactError, ConversionError
+from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes import GraphPass, PassManager, PassRecord, default_passes, to_graph, to_model
 from pipeline.artifact import read_artifact
@@ -28,11 +30,19 @@ logger = logging.getLogger("pipeline")
 
 
 def convert(
-    model: torch.nn.Module, sample: Any, *, passes: Sequence[GraphPass] | None = None, **settings: Any
+    model: torch.nn.Module,
+    sample: Any,
+    *,
+    converters: ConverterRegistry | None = None,
+    passes: Sequence[GraphPass] | None = None,
+    custom_translation_table: dict[Any, Callable[..., Any]] | None = None,
+    **settings: Any,
 ) -> ConvertedModule:
     """Convert ``model`` (called on ``sample``) and return a module that runs on the chosen backend.
 
-    ``sample`` is a tensor, a tuple of tensors, or ``(args, kwargs)``. ``passes`` replaces the default pass list.
+    ``sample`` is a tensor, a tuple of tensors, or ``(args, kwargs)``. ``converters`` replaces the default
+    converter registry (:func:`converters.default_registry`); ``passes`` replaces the default pass list
+    (:func:`passes.default_passes` with those converters); ``custom_translation_table`` goes to the exporter.
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
@@ -40,12 +50,13 @@ def convert(
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
     config = Settings.from_kwargs(settings)
+    registry = default_registry() if converters is None else converters
     stages: list[tuple[str, float]] = []
     choice = select_backend(config.backend)
     with _stage("export", stages):
-        exported = export(model, sample, config)
+        exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
     with _stage("passes", stages):
-        final, records = run_passes(exported, config, passes)
+        final, records = run_passes(exported, config, default_passes(registry) if passes is None else passes)
     with _stage("build", stages):
         executor = build_executor(choice.name, final, exported.io, config)
     accuracy: AccuracyReport | None = None
@@ -70,9 +81,11 @@ def convert(
 def run_passes(
     exported: ExportedGraph, settings: Settings, passes: Sequence[GraphPass] | None = None
 ) -> tuple[onnx.ModelProto, list[PassRecord]]:
-    """Run the pass list (default: :func:`passes.default_passes`) and return the final graph."""
+    """Run the pass list (default: :func:`passes.default_passes` with the default converters) and return the final
+    graph."""
     graph, _ = to_graph(exported.model)
-    manager = PassManager(default_passes() if passes is None else passes, max_iterations=settings.max_pass_iterations)
+    chosen = default_passes(default_registry()) if passes is None else passes
+    manager = PassManager(chosen, max_iterations=settings.max_pass_iterations)
     graph, records = manager.run(graph, settings)
     final = to_model(graph, exported.model, exported.node_metadata)
     try:
@@ -98,18 +111,20 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     chosen = backend or artifact.metadata["backend"]
     engine = None
     if chosen == "tensorrt":
-        engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild)
+        engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild, settings)
     select_backend(chosen)  # raises with the reason when TensorRT was asked for and cannot run
     executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
     report = ConversionReport.from_dict(artifact.metadata["report"])
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report)
 
 
-def _usable_engine(engine: bytes | None, built_for: dict[str, str], path: Path, rebuild: bool) -> bytes | None:
-    """The saved engine if it was built for this TensorRT and GPU; None (build anew) if ``rebuild``."""
+def _usable_engine(
+    engine: bytes | None, built_for: dict[str, str], path: Path, rebuild: bool, settings: Settings
+) -> bytes | None:
+    """The saved engine if it can run with this TensorRT and GPU; None (build anew) if ``rebuild``."""
     if engine is None or rebuild:
         return None
-    from pipeline.backends.tensorrt import device_identity, tensorrt_status
+    from pipeline.backends.tensorrt import device_identity, engine_mismatch, tensorrt_status
 
     available, why = tensorrt_status()
     if not available:
@@ -117,13 +132,12 @@ def _usable_engine(engine: bytes | None, built_for: dict[str, str], path: Path, 
             f"{path} holds a TensorRT engine but TensorRT cannot run here: {why}",
             fix="load it with backend='onnxruntime' to run its ONNX graph on the CPU",
         )
-    here = device_identity()
-    for key, value in built_for.items():
-        if here.get(key) != value:
-            raise ArtifactError(
-                f"{path} holds an engine built for {key} {value}; this machine has {here.get(key)}",
-                fix="load it with rebuild=True to build a new engine from the saved ONNX graph",
-            )
+    mismatch = engine_mismatch(built_for, device_identity(), settings)
+    if mismatch is not None:
+        raise ArtifactError(
+            f"{path} holds an engine that cannot run here: {mismatch}",
+            fix="load it with rebuild=True to build a new engine from the saved ONNX graph",
+        )
     return engine
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,11 +61,14 @@ def export(
     sample: Any,
     settings: Settings,
     custom_translation_table: dict[Any, Callable[..., Any]] | None = None,
+    converter_ops: Iterable[torch._ops.OpOverload] = (),
 ) -> ExportedGraph:
     """Export ``model`` called on ``sample`` to ONNX, in memory.
 
     Every ``torch.library`` op the exporter cannot translate becomes an opaque node (its namespace as domain, its
-    name as op_type); ``custom_translation_table`` entries (torch op -> onnxscript function) take precedence.
+    name as op_type); so does every op of ``converter_ops`` (ops with a registered converter, which overrides the
+    exporter's own translation). ``custom_translation_table`` entries (torch op -> onnxscript function) take
+    precedence.
 
     >>> exported = export(torch.nn.Linear(4, 2), torch.randn(3, 4), Settings())  # doctest: +SKIP
     >>> [t.name for t in exported.io.inputs]                                       # doctest: +SKIP
@@ -91,7 +95,9 @@ def export(
                 fix="check the sample's shapes and dtypes against what forward() expects",
             ) from exc
         out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
-        program = _torch_export(model, signature, args, kwargs, names, settings, custom_translation_table)
+        program = _torch_export(
+            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops
+        )
 
     exported, metadata = to_graph(program.model_proto)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
@@ -126,6 +132,7 @@ def _torch_export(
     names: list[str],
     settings: Settings,
     translations: dict[Any, Callable[..., Any]] | None,
+    converter_ops: Iterable[torch._ops.OpOverload],
 ) -> Any:
     """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque."""
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
@@ -135,7 +142,9 @@ def _torch_export(
             exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as exc:
             raise ExportError(f"torch.export failed: {_reason(exc)}", fix=_EXPORT_FIXES) from exc
-        table = opaque_translations(custom_ops_in(exported), translations)
+        # Ops with a converter get an opaque translation whether or not they show yet: built-in ops often appear
+        # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
+        table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
         try:
             program = torch.onnx.export(
                 exported,
@@ -148,11 +157,17 @@ def _torch_export(
                 report=False,
             )
         except Exception as exc:
+            missing = _untranslated_op(exc)
             raise ExportError(
                 f"the ONNX translation of the exported program failed: {_reason(exc)}",
                 node=_failing_op(exc),
-                fix="an op without an ONNX translation: pass custom_translation_table={op: function} to convert, "
-                "or define the op with torch.library so it is exported as an opaque node and register a converter",
+                fix=(
+                    f"{missing} has no ONNX translation: register a converter for it, "
+                    f"@converters.register({missing!r}) (README, 'Writing a converter'), and it is exported as an "
+                    "opaque node for the converter to replace"
+                    if missing
+                    else "pass custom_translation_table={op: function} to convert, or register a converter for the op"
+                ),
             ) from exc
     logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
     if program is None or program.model_proto is None:
@@ -275,6 +290,24 @@ def _reason(exc: BaseException) -> str:
     text = f"{type(inner).__name__}: {inner}".strip()
     lines = [line for line in text.splitlines() if line.strip()]
     return "\n    ".join(lines[:8])
+
+
+def _untranslated_op(exc: BaseException) -> str | None:
+    """``ns::op.overload`` of the op the exporter found no translation for, from its error text."""
+    match = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)', overload='(\w+)'\)>", _all_text(exc))
+    if match is None:
+        return None
+    namespace, _, name = match.group(1).partition(".")
+    return f"{namespace}::{name}.{match.group(2)}"
+
+
+def _all_text(exc: BaseException) -> str:
+    parts = []
+    inner: BaseException | None = exc
+    while inner is not None:
+        parts.append(str(inner))
+        inner = inner.__cause__
+    return "\n".join(parts)
 
 
 def _failing_op(exc: BaseException) -> str | None:
