@@ -1,6 +1,9 @@
 """Op converters: how custom PyTorch ops become TensorRT-friendly ONNX. Also home of the settings object and
 the exception hierarchy, because this is the lowest package and every other package reads them."""
 
+from converters.cases import ConverterCase, collect_cases, converter_case
+from converters.context import ConverterContext
+from converters.defaults import default_registry
 from converters.errors import (
     AccuracyError,
     ArtifactError,
@@ -10,7 +13,9 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
+from converters.registry import ConverterEntry, ConverterRegistry, Priority
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
+from converters.targets import OpKey
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -18,10 +23,19 @@ __all__ = [
     "ArtifactError",
     "BuildError",
     "ConversionError",
+    "ConverterCase",
+    "ConverterContext",
+    "ConverterEntry",
+    "ConverterRegistry",
     "DynamicDim",
     "ExportError",
     "InputError",
+    "OpKey",
     "PipelineError",
+    "Priority",
     "Settings",
     "Tolerance",
+    "collect_cases",
+    "converter_case",
+    "default_registry",
 ]

@@ -45,3 +45,16 @@ def test_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     x = torch.ones(3, 3, 32, 32)
     torch.testing.assert_close(scope["again"](x), scope["module"](x))  # type: ignore[operator]
     assert (tmp_path / "model.ptrt").is_file()
+
+
+def test_writing_a_converter_examples_run() -> None:
+    """The user's custom op and its converter, written only from the README, match PyTorch to 1e-5."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Writing a converter", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    scope: dict[str, object] = {}
+    exec(compile(blocks[0], "README.md", "exec"), scope)
+    exec(compile(blocks[1], "README.md", "exec"), scope)  # the GeLU override registers on the same registry
+    registry = scope["registry"]
+    assert [str(k) for k in registry.op_keys()][-2:] == ["mylib::shifted_relu", "Gelu"]  # type: ignore[attr-defined]
