@@ -278,3 +278,51 @@ def test_priority_then_registration_order_and_skip_reasons() -> None:
     selection = registry.select(node, next(registry.op_keys()), Settings(), dynamic=False)
     assert selection.entry is not None and selection.entry.name == "first_std"
     assert [(e.name, reason) for e, reason in selection.skipped] == [("high_no", "its validator rejected the node")]
+
+
+# -- ops defined with Library.define, and the user's own translation table ----------------------------------------
+
+_LIB = torch.library.Library("convtest2", "DEF")
+_LIB.define("clamp_sq(Tensor x, float limit, bool square=True) -> Tensor")
+
+
+def _clamp_sq(x: torch.Tensor, limit: float, square: bool = True) -> torch.Tensor:
+    y = x.clamp(-limit, limit)
+    return y * y if square else y
+
+
+_LIB.impl("clamp_sq", _clamp_sq, "CPU")
+_LIB.impl("clamp_sq", lambda x, limit, square=True: torch.empty_like(x), "Meta")
+
+
+class ClampSq(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.convtest2.clamp_sq(x, 0.5, False) + torch.ops.convtest2.clamp_sq(x, 1.0)
+
+
+def convert_clamp_sq(ctx: ConverterContext) -> gs.Tensor:
+    limit = ctx.attrs["limit"]
+    y = ctx.op.Clip(ctx.inputs[0], np.float32(-limit), np.float32(limit))
+    return ctx.op.Mul(y, y) if ctx.attrs["square"] else y
+
+
+def test_library_define_op_with_bool_default() -> None:
+    registry = ConverterRegistry()
+    registry.register("convtest2::clamp_sq")(convert_clamp_sq)
+    module = pipeline.convert(ClampSq(), torch.randn(4, 4) * 2, converters=registry, backend="onnxruntime")
+    x = torch.randn(4, 4) * 2
+    torch.testing.assert_close(module(x), ClampSq()(x), rtol=1e-5, atol=1e-5)
+
+
+def test_user_translation_table_takes_precedence() -> None:
+    from onnxscript import opset18 as op
+
+    def translate(x, limit, square=True):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        clipped = op.Clip(x, op.Constant(value_float=-limit), op.Constant(value_float=limit))
+        return op.Mul(clipped, clipped) if square else clipped
+
+    module = pipeline.convert(ClampSq(), torch.randn(4, 4) * 2, converters=ConverterRegistry(), backend="onnxruntime",
+                              custom_translation_table={torch.ops.convtest2.clamp_sq.default: translate})
+    assert "clamp_sq" not in [n.op_type for n in module.onnx.graph.node]
+    x = torch.randn(4, 4) * 2
+    torch.testing.assert_close(module(x), ClampSq()(x), rtol=1e-5, atol=1e-5)
