@@ -17,6 +17,8 @@ from converters.errors import InputError
 
 Backend = Literal["auto", "onnxruntime", "tensorrt"]
 BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt")
+HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
+HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,17 @@ class Settings:
     ort_intra_op_threads: int | None = None
     trt_workspace_bytes: int | None = None
     trt_builder_optimization_level: int | None = None
+    # TensorRT build (pipeline.backends.tensorrt). TF32 is off unless asked for: it would break fp32 tolerances.
+    # trt_timing_cache=None keeps one timing cache per TensorRT version and GPU in cache_dir. Compatibility
+    # options let an engine run on other GPUs (ampere_plus) or later TensorRT releases of the same major.
+    trt_tactic_shared_memory_bytes: int | None = None
+    trt_tf32: bool = False
+    trt_timing_cache: str | None = None
+    trt_version_compatible: bool = False
+    trt_hardware_compatibility: HardwareCompatibility = "none"
+    trt_engine_cache: bool = True
+    # The TensorRT version the static parser check targets; None: the installed one, else 11.1 (the matrix's).
+    trt_check_version: str | None = None
     cache_dir: str = field(default_factory=_default_cache_dir)
 
     def __post_init__(self) -> None:
@@ -106,6 +119,11 @@ class Settings:
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:
             raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
+        if self.trt_hardware_compatibility not in HARDWARE_COMPATIBILITY:
+            raise InputError(
+                f"unknown trt_hardware_compatibility {self.trt_hardware_compatibility!r}",
+                fix=f"use one of {', '.join(map(repr, HARDWARE_COMPATIBILITY))}",
+            )
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Settings:

@@ -18,12 +18,14 @@ from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolera
 from pipeline.conversion import convert, load, run_passes
 from pipeline.export import ExportedGraph, export
 from pipeline.io_spec import IOSpec, TensorSpec
+from pipeline.parser_check import CompatibilityReport, NodeCheck, check
 from pipeline.report import ConversionReport
 from pipeline.runtime import ConvertedModule
 
 __all__ = [
     "DEFAULT_TOLERANCES",
     "AccuracyError",
+    "CompatibilityReport",
     "ArtifactError",
     "BuildError",
     "ConversionError",
@@ -34,9 +36,11 @@ __all__ = [
     "ExportedGraph",
     "IOSpec",
     "InputError",
+    "NodeCheck",
     "PipelineError",
     "Settings",
     "TensorSpec",
+    "check",
     "Tolerance",
     "convert",
     "export",

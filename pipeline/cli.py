@@ -58,7 +58,21 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
     convert.set_defaults(run=_convert)
+    checker = commands.add_parser("check", help="will TensorRT's ONNX parser accept this graph? (no TensorRT needed)")
+    checker.add_argument("model", type=Path, help="an ONNX file")
+    checker.add_argument("--trt-version", default=None, help="TensorRT version to check against (default 11.1)")
+    checker.add_argument("--json", action="store_true", help="print the report as JSON")
+    checker.set_defaults(run=_check)
     return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    from pipeline.parser_check import check
+    from pipeline.trt_ops import DEFAULT_TRT_VERSION
+
+    report = check(args.model, trt_version=args.trt_version or DEFAULT_TRT_VERSION)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0 if report.ok else 1
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from converters.defaults import default_registry
-from converters.errors import ArtifactError, ConversionError
+from converters.errors import ArtifactError, BuildError, ConversionError
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes import GraphPass, PassManager, PassRecord, default_passes, to_graph, to_model
@@ -21,8 +21,10 @@ from pipeline.artifact import read_artifact
 from pipeline.backends import build_executor, select_backend
 from pipeline.export import ExportedGraph, eval_mode, export
 from pipeline.io_spec import normalise_sample
+from pipeline.parser_check import CompatibilityReport, check
 from pipeline.report import ConversionReport
 from pipeline.runtime import ConvertedModule
+from pipeline.trt_ops import DEFAULT_TRT_VERSION
 from pipeline.validate import AccuracyReport, validate, validation_feeds
 from pipeline.versions import library_versions
 
@@ -57,6 +59,8 @@ def convert(
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
     with _stage("passes", stages):
         final, records = run_passes(exported, config, default_passes(registry) if passes is None else passes)
+    with _stage("check", stages):
+        compatibility = check_for_backend(final, choice.name, config)
     with _stage("build", stages):
         executor = build_executor(choice.name, final, exported.io, config)
     accuracy: AccuracyReport | None = None
@@ -74,8 +78,30 @@ def convert(
         nodes_final=len(final.graph.node),
         accuracy=accuracy,
         versions=library_versions(),
+        compatibility=compatibility.to_dict(),
     )
     return ConvertedModule(executor, exported.io, final, config, report)
+
+
+def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) -> CompatibilityReport:
+    """The static parser check of the final graph: an error before a TensorRT build, a report entry otherwise."""
+    version = settings.trt_check_version
+    if version is None and backend == "tensorrt":
+        version = library_versions().get("tensorrt")
+    report = check(final, trt_version=version or DEFAULT_TRT_VERSION)
+    if report.problems and backend == "tensorrt":
+        raise BuildError(
+            f"TensorRT {report.trt_version}'s ONNX parser would reject {len(report.problems)} node(s):\n"
+            + "\n".join(
+                f"  {p.op} {p.node}: {p.reason}" + (f"; fix: {p.fix}" if p.fix else "") for p in report.problems
+            ),
+            fix="apply the fixes listed per node, or convert with backend='onnxruntime'",
+        )
+    if report.problems:
+        logger.info(
+            "the final graph has %d node(s) TensorRT would reject; see report.compatibility", len(report.problems)
+        )
+    return report
 
 
 def run_passes(

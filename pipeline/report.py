@@ -19,6 +19,7 @@ class ConversionReport:
     nodes_final: int
     accuracy: AccuracyReport | None
     versions: dict[str, str] = field(default_factory=dict)
+    compatibility: dict[str, Any] | None = None  # pipeline.check's report of the final graph, as a dict
 
     @property
     def total_seconds(self) -> float:
@@ -34,6 +35,7 @@ class ConversionReport:
             "nodes_final": self.nodes_final,
             "accuracy": self.accuracy.to_dict() if self.accuracy else None,
             "versions": dict(self.versions),
+            "compatibility": self.compatibility,
         }
 
     @classmethod
@@ -54,6 +56,7 @@ class ConversionReport:
                 rule=accuracy["rule"],
             ),
             versions=dict(data.get("versions", {})),
+            compatibility=data.get("compatibility"),
         )
 
     def summary(self) -> str:
@@ -68,6 +71,14 @@ class ConversionReport:
         )
         for p in changed:
             lines.append(f"          {p.name:<20} {p.nodes_before:>6} -> {p.nodes_after:<6} {p.seconds:.3f}s")
+        if self.compatibility is not None:
+            problems = self.compatibility["problems"]
+            lines.append(
+                f"tensorrt  parser check for TensorRT {self.compatibility['trt_version']}: "
+                + ("every node accepted" if not problems else f"{len(problems)} node(s) rejected")
+            )
+            for p in problems[:10]:
+                lines.append(f"          {p['op']:<18} {p['node']}: {p['reason']}")
         if self.accuracy is None:
             lines.append("accuracy  not validated (validate=False)")
         else:
