@@ -108,6 +108,9 @@ class Settings:
     trt_version_compatible: bool = False
     trt_hardware_compatibility: HardwareCompatibility = "none"
     trt_engine_cache: bool = True
+    # Run ONNX Runtime on the sample after every pass that changes the graph; the first pass that moves the
+    # outputs beyond tolerance (vs the exported graph) is named in a ConversionError.
+    debug_passes: bool = False
     # The TensorRT version the static parser check targets; None: the installed one, else 11.1 (the matrix's).
     trt_check_version: str | None = None
     cache_dir: str = field(default_factory=_default_cache_dir)

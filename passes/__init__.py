@@ -1,6 +1,6 @@
 """ONNX graph passes: the pass API, the pass manager and the built-in passes."""
 
-from passes.base import GraphPass, PassManager, PassRecord, PassResult
+from passes.base import GraphPass, PassManager, PassRecord, PassResult, insert_passes
 from passes.cleanup import RemoveDeadNodes, RemoveIdentities, TopologicalSort
 from passes.defaults import default_passes
 from passes.folding import FoldConstants
@@ -18,6 +18,7 @@ __all__ = [
     "RemoveIdentities",
     "TopologicalSort",
     "default_passes",
+    "insert_passes",
     "module_path",
     "to_graph",
     "to_model",

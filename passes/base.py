@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -56,7 +56,13 @@ class PassManager:
     >>> graph, records = manager.run(graph, Settings())  # doctest: +SKIP
     """
 
-    def __init__(self, passes: Sequence[GraphPass], *, max_iterations: int = 1) -> None:
+    def __init__(
+        self,
+        passes: Sequence[GraphPass],
+        *,
+        max_iterations: int = 1,
+        observer: Callable[[PassRecord, gs.Graph], None] | None = None,
+    ) -> None:
         names = [p.name for p in passes]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -68,6 +74,7 @@ class PassManager:
             raise ConversionError("max_iterations must be at least 1", fix="pass max_iterations=1 or more")
         self.passes = tuple(passes)
         self.max_iterations = max_iterations
+        self.observer = observer  # called after every pass that modified the graph (the debug mode's hook)
 
     def run(self, graph: gs.Graph, settings: Settings) -> tuple[gs.Graph, list[PassRecord]]:
         records: list[PassRecord] = []
@@ -77,6 +84,8 @@ class PassManager:
                 graph, record = self._run_one(graph_pass, graph, settings, iteration, records)
                 records.append(record)
                 changed |= record.modified
+                if record.modified and self.observer is not None:
+                    self.observer(record, graph)
             if not changed:
                 break
         else:
@@ -112,3 +121,24 @@ class PassManager:
         record = PassRecord(graph_pass.name, iteration, seconds, nodes_before, len(result.graph.nodes), result.modified)
         logger.debug("pass %s: %d -> %d nodes in %.3f s", record.name, nodes_before, record.nodes_after, seconds)
         return result.graph, record
+
+
+Placement = tuple[str, str, GraphPass]
+
+
+def insert_passes(passes: Sequence[GraphPass], extra: Sequence[Placement]) -> tuple[GraphPass, ...]:
+    """``passes`` with user passes placed at named points: ``("after", "fold_constants", MyPass())``.
+
+    >>> insert_passes(default_passes(), [("before", "toposort", MyPass())])   # doctest: +SKIP
+    """
+    result = list(passes)
+    for where, anchor, graph_pass in extra:
+        names = [p.name for p in result]
+        if where not in ("before", "after") or anchor not in names:
+            raise ConversionError(
+                f"cannot place pass {getattr(graph_pass, 'name', graph_pass)!r} {where!r} {anchor!r}",
+                fix=f"use ('before' | 'after', <pass name>, pass) with a pass name from: {', '.join(names)}",
+            )
+        index = names.index(anchor) + (1 if where == "after" else 0)
+        result.insert(index, graph_pass)
+    return tuple(result)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 
@@ -16,12 +17,14 @@ from converters.defaults import default_registry
 from converters.errors import ArtifactError, BuildError, ConversionError
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
-from passes import GraphPass, PassManager, PassRecord, default_passes, to_graph, to_model
+from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
+from passes.base import Placement
 from pipeline.artifact import read_artifact
 from pipeline.backends import build_executor, select_backend
 from pipeline.export import ExportedGraph, eval_mode, export
 from pipeline.io_spec import normalise_sample
 from pipeline.parser_check import CompatibilityReport, check
+from pipeline.pass_debug import PassDebugger
 from pipeline.report import ConversionReport
 from pipeline.runtime import ConvertedModule
 from pipeline.trt_ops import DEFAULT_TRT_VERSION
@@ -37,6 +40,7 @@ def convert(
     *,
     converters: ConverterRegistry | None = None,
     passes: Sequence[GraphPass] | None = None,
+    extra_passes: Sequence[Placement] = (),
     custom_translation_table: dict[Any, Callable[..., Any]] | None = None,
     **settings: Any,
 ) -> ConvertedModule:
@@ -44,7 +48,8 @@ def convert(
 
     ``sample`` is a tensor, a tuple of tensors, or ``(args, kwargs)``. ``converters`` replaces the default
     converter registry (:func:`converters.default_registry`); ``passes`` replaces the default pass list
-    (:func:`passes.default_passes` with those converters); ``custom_translation_table`` goes to the exporter.
+    (:func:`passes.default_passes` with those converters); ``extra_passes`` places your own passes at named
+    points, ``[("after", "fold_constants", MyPass())]``; ``custom_translation_table`` goes to the exporter.
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
@@ -57,8 +62,10 @@ def convert(
     choice = select_backend(config.backend)
     with _stage("export", stages):
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
+    pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
     with _stage("passes", stages):
-        final, records = run_passes(exported, config, default_passes(registry) if passes is None else passes)
+        feed = _sample_feed(exported, sample) if config.debug_passes else None
+        final, records = run_passes(exported, config, pass_list, feed)
     with _stage("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
     with _stage("build", stages):
@@ -83,6 +90,11 @@ def convert(
     return ConvertedModule(executor, exported.io, final, config, report)
 
 
+def _sample_feed(exported: ExportedGraph, sample: Any) -> dict[str, np.ndarray]:
+    tensors = exported.io.flatten_call(*normalise_sample(sample))
+    return {spec.name: t.detach().cpu().numpy() for spec, t in zip(exported.io.inputs, tensors, strict=True)}
+
+
 def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) -> CompatibilityReport:
     """The static parser check of the final graph: an error before a TensorRT build, a report entry otherwise."""
     version = settings.trt_check_version
@@ -105,13 +117,19 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
 
 
 def run_passes(
-    exported: ExportedGraph, settings: Settings, passes: Sequence[GraphPass] | None = None
+    exported: ExportedGraph,
+    settings: Settings,
+    passes: Sequence[GraphPass] | None = None,
+    feed: dict[str, np.ndarray] | None = None,
 ) -> tuple[onnx.ModelProto, list[PassRecord]]:
     """Run the pass list (default: :func:`passes.default_passes` with the default converters) and return the final
-    graph."""
+    graph. With ``feed`` (the sample as ``{input name: array}``) every pass is checked on ONNX Runtime (debug mode)."""
     graph, _ = to_graph(exported.model)
     chosen = default_passes(default_registry()) if passes is None else passes
-    manager = PassManager(chosen, max_iterations=settings.max_pass_iterations)
+    observer = (
+        None if feed is None else PassDebugger(exported.model, exported.node_metadata, exported.io, feed, settings)
+    )
+    manager = PassManager(chosen, max_iterations=settings.max_pass_iterations, observer=observer)
     graph, records = manager.run(graph, settings)
     final = to_model(graph, exported.model, exported.node_metadata)
     try:
