@@ -22,6 +22,7 @@ from converters.settings import Settings
 from converters.targets import OpKey, node_key
 from passes.base import PassResult
 from passes.onnx_io import module_path
+from passes.rewiring import replace_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,7 @@ def _replace(graph: gs.Graph, node: gs.Node, key: OpKey, entry: ConverterEntry, 
         created.converted_by = entry.name
         created.metadata = getattr(node, "metadata", {})
     logger.info("node %s (%s) converted by %s into %d nodes", node.name, key, entry.name, len(ctx.created))
-    for old, new in zip(list(node.outputs), outputs, strict=True):
-        _rewire(graph, old, new, ctx)
-    node.outputs.clear()
-    node.inputs.clear()
+    replace_outputs(graph, node, outputs, ctx)
 
 
 def _check_outputs(ctx: ConverterContext, entry: ConverterEntry, outputs: Sequence[Any]) -> None:
@@ -150,33 +148,6 @@ def _infer_types(ctx: ConverterContext, outputs: Sequence[gs.Tensor]) -> list[tu
         rank = len(tensor_type.shape.dim) if tensor_type.HasField("shape") else None
         result.append((dtype, rank))
     return result
-
-
-def _rewire(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor, ctx: ConverterContext) -> None:
-    """Consumers of ``old`` read ``new``; a tensor the converter created takes ``old``'s name and type."""
-    for consumer in list(old.outputs):
-        for index, tensor in enumerate(consumer.inputs):
-            if tensor is old:
-                consumer.inputs[index] = new
-    created = any(new is t for n in ctx.created for t in n.outputs) and not any(new is t for t in graph.outputs)
-    name = old.name
-    if created:
-        old.name = ctx.fresh_name("replaced")
-        new.name = name
-        if isinstance(new, gs.Variable):
-            new.dtype = new.dtype or old.dtype
-            new.shape = new.shape or old.shape
-    for index, tensor in enumerate(graph.outputs):
-        if tensor is old:
-            if created:
-                graph.outputs[index] = new
-            else:  # the converter returned an input or a constant: a graph output needs its own tensor
-                copy = gs.Variable(name, dtype=old.dtype, shape=old.shape)
-                old.name = ctx.fresh_name("replaced")
-                identity = gs.Node("Identity", ctx.fresh_name("Identity"), inputs=[new], outputs=[copy])
-                identity.converted_by = "lowering"
-                graph.nodes.append(identity)
-                graph.outputs[index] = copy
 
 
 def _has_dynamic_input(node: gs.Node) -> bool:
