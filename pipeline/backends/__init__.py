@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,9 +68,18 @@ def select_backend(requested: str) -> BackendChoice:
 
 
 def build_executor(
-    backend: str, model: onnx.ModelProto, io: IOSpec, settings: Settings, engine: bytes | None = None
+    backend: str,
+    model: onnx.ModelProto,
+    io: IOSpec,
+    settings: Settings,
+    engine: bytes | None = None,
+    static_check: Callable[[onnx.ModelProto], Mapping[str, str]] | None = None,
 ) -> Executor:
-    """Build (or, given ``engine`` bytes, load) the executor for ``backend``."""
+    """Build (or, given ``engine`` bytes, load) the executor for ``backend``.
+
+    ``static_check`` (node name -> why TensorRT's parser will reject it) is asked only when TensorRT's parser
+    rejects the graph; its reasons are reported beside the parser's for each node.
+    """
     if backend == "onnxruntime":
         from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
 
@@ -77,5 +87,7 @@ def build_executor(
     if backend == "tensorrt":
         from pipeline.backends.tensorrt import TensorRTExecutor
 
-        return TensorRTExecutor.build(model, io, settings) if engine is None else TensorRTExecutor(engine, io)
+        if engine is None:
+            return TensorRTExecutor.build(model, io, settings, static_check)
+        return TensorRTExecutor(engine, io, settings)
     raise BuildError(f"unknown backend {backend!r}", fix="use 'onnxruntime' or 'tensorrt'")

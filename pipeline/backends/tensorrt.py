@@ -1,14 +1,22 @@
-"""The TensorRT executor, built through Polygraphy's loaders. The only module that imports ``tensorrt``.
+"""The TensorRT backend: the final graph parsed and built through Polygraphy's loaders, cached, and run.
 
-Untested without a GPU: nothing here has run on this project's machines. The names it uses are checked against
-the real TensorRT 10.16 and 11.4 Python API. The graph is strongly typed (precision is in the ONNX graph), so no
-precision builder flags are set: TensorRT 11 has none.
+Untested without a GPU: nothing here has run on this project's machines. Every TensorRT name it uses is
+checked against the real TensorRT 10.16 and 11.4 Python API (tests/pipeline/test_tensorrt_api.py). The graph is
+strongly typed (precision is in the ONNX graph), so no precision builder flags are set: TensorRT 11 has none.
+
+Conventions the API conformance test relies on: a variable holding a TensorRT object is annotated with its
+class (``parser: trt.OnnxParser = ...``), and code that needs one TensorRT major is guarded with
+``if trt_major() >= 11:`` (or ``<``, ``==`` ...); names inside a guard are checked only against the versions
+it admits.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import torch
@@ -17,7 +25,25 @@ from converters.errors import BuildError
 from converters.settings import Settings
 from pipeline.io_spec import IOSpec
 
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+    from pipeline.backends.trt_runtime import EngineRunner
+
 logger = logging.getLogger(__name__)
+
+#: The static parser check's hook: node name -> why TensorRT's ONNX parser will reject that node. It is asked
+#: only when parsing fails, and its reasons are printed beside the parser's own message for each node.
+StaticCheck = Callable[[onnx.ModelProto], Mapping[str, str]]
+
+Shape = tuple[int, ...]
+
+
+def trt_major() -> int:
+    """TensorRT's major version; the one form of version check (see the module docstring)."""
+    import tensorrt as trt
+
+    return int(trt.__version__.split(".")[0])
 
 
 def tensorrt_status() -> tuple[bool, str]:
@@ -27,6 +53,8 @@ def tensorrt_status() -> tuple[bool, str]:
     except ImportError as exc:
         return False, f"the tensorrt package does not import ({exc})"
     version = getattr(trt, "__version__", "unknown")
+    if trt_major() < 10:
+        return False, f"tensorrt {version} is too old: this project supports TensorRT 10 and 11"
     if not torch.cuda.is_available():
         return False, f"tensorrt {version} imports but no CUDA device is present"
     major, minor = torch.cuda.get_device_capability()
@@ -41,70 +69,229 @@ def device_identity() -> dict[str, str]:
     return {"tensorrt": trt.__version__, "compute_capability": f"{major}.{minor}"}
 
 
+def engine_mismatch(built_for: Mapping[str, str], here: Mapping[str, str], settings: Settings) -> str | None:
+    """Why an engine built for ``built_for`` cannot run on ``here`` (both from :func:`device_identity`); None if
+    it can. Version-compatible engines run on later releases of the same major; ``ampere_plus`` engines on any
+    GPU of compute capability 8.0 or later."""
+    built_trt, here_trt = built_for.get("tensorrt", "?"), here.get("tensorrt", "?")
+    if built_trt != here_trt and not (settings.trt_version_compatible and _later_same_major(built_trt, here_trt)):
+        return f"it was built with TensorRT {built_trt}; this machine has {here_trt}"
+    built_cc, here_cc = built_for.get("compute_capability", "?"), here.get("compute_capability", "?")
+    portable = settings.trt_hardware_compatibility == "ampere_plus" and _version(here_cc)[:1] >= (8,)
+    if built_cc != here_cc and not portable:
+        return f"it was built for GPU compute capability {built_cc}; this GPU has {here_cc}"
+    return None
+
+
+def profile_shapes(io: IOSpec, settings: Settings) -> dict[str, tuple[Shape, Shape, Shape]]:
+    """(min, opt, max) shapes of every input with a declared dynamic dimension; fixed axes keep their size."""
+    shapes = {}
+    for spec in io.inputs:
+        dims = settings.dims_of(spec.name)
+        if dims:
+            lo, opt, hi = (
+                tuple(getattr(dims[a], which) if a in dims else int(s) for a, s in enumerate(spec.shape))
+                for which in ("min", "opt", "max")
+            )
+            shapes[spec.name] = (lo, opt, hi)
+    return shapes
+
+
 def optimization_profile(io: IOSpec, settings: Settings) -> Any:
     """One Polygraphy ``Profile`` from the declared dynamic dimensions (static inputs get their own shape)."""
     from polygraphy.backend.trt import Profile
 
     profile = Profile()
-    for spec in io.inputs:
-        dims = settings.dims_of(spec.name)
-        if not dims:
-            continue
-        lo, opt, hi = (
-            tuple(getattr(dims[a], which) if a in dims else int(s) for a, s in enumerate(spec.shape))
-            for which in ("min", "opt", "max")
-        )
-        profile.add(spec.name, min=lo, opt=opt, max=hi)
+    for name, (lo, opt, hi) in profile_shapes(io, settings).items():
+        profile.add(name, min=lo, opt=opt, max=hi)
     return profile
 
 
+def build_options(io: IOSpec, settings: Settings) -> dict[str, Any]:
+    """Everything in the settings that changes the engine: part of the engine cache key."""
+    return {
+        "profile": {name: [list(s) for s in shapes] for name, shapes in profile_shapes(io, settings).items()},
+        "workspace_bytes": settings.trt_workspace_bytes,
+        "tactic_shared_memory_bytes": settings.trt_tactic_shared_memory_bytes,
+        "builder_optimization_level": settings.trt_builder_optimization_level,
+        "tf32": settings.trt_tf32,
+        "version_compatible": settings.trt_version_compatible,
+        "hardware_compatibility": settings.trt_hardware_compatibility,
+    }
+
+
+def create_config(io: IOSpec, settings: Settings, timing_cache: Path) -> Any:
+    """Polygraphy's ``CreateConfig`` for these settings. No precision flags: the graph carries its precision."""
+    import tensorrt as trt
+    from polygraphy.backend.trt import CreateConfig
+
+    pools = {}
+    if settings.trt_workspace_bytes is not None:
+        pools[trt.MemoryPoolType.WORKSPACE] = settings.trt_workspace_bytes
+    if settings.trt_tactic_shared_memory_bytes is not None:
+        pools[trt.MemoryPoolType.TACTIC_SHARED_MEMORY] = settings.trt_tactic_shared_memory_bytes
+    hardware = {
+        "none": trt.HardwareCompatibilityLevel.NONE,
+        "ampere_plus": trt.HardwareCompatibilityLevel.AMPERE_PLUS,
+        "same_compute_capability": trt.HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY,
+    }[settings.trt_hardware_compatibility]
+    return CreateConfig(
+        tf32=settings.trt_tf32,
+        profiles=[optimization_profile(io, settings)],
+        memory_pool_limits=pools or None,
+        builder_optimization_level=settings.trt_builder_optimization_level,
+        hardware_compatibility_level=hardware,
+        version_compatible=settings.trt_version_compatible,
+        load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
+    )
+
+
+@dataclass(frozen=True)
+class ParseFailure:
+    """One error of TensorRT's ONNX parser: the node (name and op type, when it is about a node) and why."""
+
+    node: str
+    op: str
+    message: str
+    code: str
+
+
+def parse_error(
+    failures: Sequence[ParseFailure], model: onnx.ModelProto, static_check: StaticCheck | None
+) -> BuildError:
+    """The BuildError for a graph the parser rejected: one line per failing node, with the static check's reason."""
+    reasons = dict(static_check(model)) if static_check is not None else {}
+    lines = []
+    for failure in failures:
+        where = f"node {failure.node!r} ({failure.op})" if failure.node else "graph"
+        line = f"{where}: {failure.message} [{failure.code}]"
+        if failure.node in reasons:
+            line += f"; static check: {reasons[failure.node]}"
+        lines.append(line)
+    if not lines:
+        lines.append("the parser failed without reporting an error (is the final graph valid ONNX?)")
+    return BuildError(
+        "TensorRT's ONNX parser rejected the final graph:\n    " + "\n    ".join(lines),
+        node=next((f.node for f in failures if f.node), None),
+        fix="lower the listed ops with a converter or pass (or register a plugin for them), "
+        "or convert with backend='onnxruntime' to run on the CPU",
+    )
+
+
+def parse_network(
+    model: onnx.ModelProto, static_check: StaticCheck | None = None, base_dir: Path | None = None
+) -> tuple[Any, Any, Any]:
+    """(builder, network, parser) for the final graph, strongly typed; keep the tuple alive until the build.
+
+    Polygraphy's ``NetworkFromOnnxBytes`` turns the parser's errors into log lines and a generic exception, so
+    the parse is done here, on a network from Polygraphy's ``CreateNetwork``, to report each failing node.
+    ``base_dir`` is where external weights live, if the graph has any.
+    """
+    import tensorrt as trt
+    from polygraphy.backend.trt import CreateNetwork, get_trt_logger
+
+    builder, network = CreateNetwork(strongly_typed=True)()
+    trt.init_libnvinfer_plugins(get_trt_logger(), "")
+    parser: trt.OnnxParser = trt.OnnxParser(network, get_trt_logger())
+    parsed = parser.parse(model.SerializeToString(), None if base_dir is None else str(base_dir / "model.onnx"))
+    failures = [_parse_failure(parser.get_error(i), model) for i in range(parser.num_errors)]
+    if failures or not parsed:
+        raise parse_error(failures, model, static_check)
+    return builder, network, parser
+
+
+def _parse_failure(error: trt.ParserError, model: onnx.ModelProto) -> ParseFailure:
+    name, op, index = error.node_name(), error.node_operator(), error.node()
+    if not name and 0 <= index < len(model.graph.node):
+        name, op = model.graph.node[index].name, model.graph.node[index].op_type
+    return ParseFailure(node=name, op=op, message=error.desc(), code=error.code().name)
+
+
+def build_engine(
+    model: onnx.ModelProto,
+    io: IOSpec,
+    settings: Settings,
+    timing_cache: Path,
+    static_check: StaticCheck | None = None,
+) -> bytes:
+    """Serialized engine for the final graph; the timing cache is loaded from and merged back into ``timing_cache``."""
+    from polygraphy.backend.trt import EngineBytesFromNetwork
+
+    network = parse_network(model, static_check)
+    timing_cache.parent.mkdir(parents=True, exist_ok=True)
+    config = create_config(io, settings, timing_cache)
+    try:
+        engine = EngineBytesFromNetwork(network, config, save_timing_cache=str(timing_cache))()
+    except Exception as exc:
+        raise BuildError(
+            f"TensorRT could not build an engine from the final graph: {exc}",
+            fix="read TensorRT's log above for the failing layer; raise trt_workspace_bytes if it ran out of "
+            "memory, or convert with backend='onnxruntime'",
+        ) from exc
+    return bytes(engine)
+
+
 class TensorRTExecutor:
+    """An engine and the runner that executes it on torch CUDA tensors (see ``pipeline.backends.trt_runtime``)."""
+
     backend = "tensorrt"
 
-    def __init__(self, engine: bytes, io: IOSpec) -> None:
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+    def __init__(self, engine: bytes, io: IOSpec, settings: Settings, cache_status: str = "not cached") -> None:
+        from pipeline.backends.trt_runtime import EngineRunner
 
         self._engine_bytes = engine
-        self._engine = EngineFromBytes(engine)()
-        self._runner = TrtRunner(self._engine, name="tensorrt")
-        self._runner.activate()
+        self.cache_status = cache_status
         self.input_names = [t.name for t in io.inputs]
         self.output_names = [t.name for t in io.outputs]
+        self._runner: EngineRunner = EngineRunner(engine, allow_host_code=settings.trt_version_compatible)
+        self._runner.check_io(io)
 
     @classmethod
-    def build(cls, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> TensorRTExecutor:
-        import tensorrt as trt
-        from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxBytes
+    def build(
+        cls, model: onnx.ModelProto, io: IOSpec, settings: Settings, static_check: StaticCheck | None = None
+    ) -> TensorRTExecutor:
+        """Build the engine, or take it from the engine cache (``settings.cache_dir``) when it was built before."""
+        from pipeline.engine_cache import EngineCache, cache_key, graph_digest
 
-        pools = {}
-        if settings.trt_workspace_bytes is not None:
-            pools[trt.MemoryPoolType.WORKSPACE] = settings.trt_workspace_bytes
-        network = NetworkFromOnnxBytes(model.SerializeToString(), strongly_typed=True)
-        config = CreateConfig(
-            profiles=[optimization_profile(io, settings)],
-            memory_pool_limits=pools or None,
-            builder_optimization_level=settings.trt_builder_optimization_level,
-        )
+        device = device_identity()
+        cache = EngineCache(settings.cache_dir)
+        timing = Path(settings.trt_timing_cache) if settings.trt_timing_cache else cache.timing_cache_path(device)
+
+        def build() -> bytes:
+            return build_engine(model, io, settings, timing, static_check)
+
+        if not settings.trt_engine_cache:
+            return cls(build(), io, settings)
+        key = cache_key(graph_digest(model), device, build_options(io, settings))
         try:
-            engine = EngineBytesFromNetwork(network, config)()
-        except Exception as exc:
+            result = cache.get_or_build(key, build)
+        except OSError as exc:
             raise BuildError(
-                f"TensorRT could not parse or build the final graph: {exc}",
-                fix="check the graph with the static parser check, or convert with backend='onnxruntime'",
+                f"the engine cache in {cache.directory} cannot be used: {exc}",
+                fix="set PIPELINE_CACHE_DIR to a writable directory, or pass trt_engine_cache=False",
             ) from exc
-        return cls(bytes(engine), io)
+        logger.info("engine: %s (%s)", result.status, result.path)
+        return cls(result.engine, io, settings, cache_status=result.status)
 
     @property
     def engine_bytes(self) -> bytes | None:
         return self._engine_bytes
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        feed = {name: t.cuda().contiguous() for name, t in zip(self.input_names, inputs, strict=True)}
-        outputs = self._runner.infer(feed, copy_outputs_to_host=False)
-        # TrtRunner reuses its output buffers on the next call: hand the caller its own copies.
-        return [outputs[name].clone() for name in self.output_names]
+        outputs = self._runner.run(dict(zip(self.input_names, inputs, strict=True)))
+        return [outputs[name] for name in self.output_names]
 
     def polygraphy_runner(self, name: str) -> Any:
+        """Polygraphy's ``TrtRunner`` on the same engine (its own execution context), for validation."""
         from polygraphy.backend.trt import TrtRunner
 
-        return TrtRunner(self._engine, name=name)
+        return TrtRunner(self._runner.engine, name=name)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".") if p.isdigit())
+
+
+def _later_same_major(built: str, here: str) -> bool:
+    b, h = _version(built), _version(here)
+    return bool(b) and b[:1] == h[:1] and h >= b
