@@ -273,7 +273,7 @@ def test_mlp_report(mlp: tuple[MLP, pipeline.ConvertedModule]) -> None:
     report = module.report
     assert report.backend == "onnxruntime"
     assert "requested" in report.backend_reason
-    assert [name for name, _ in report.stages] == ["export", "passes", "build", "validate"]
+    assert [name for name, _ in report.stages] == ["export", "passes", "check", "build", "validate"]
     assert all(seconds >= 0 for _, seconds in report.stages)
     assert report.total_seconds == pytest.approx(sum(s for _, s in report.stages))
 
