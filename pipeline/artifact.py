@@ -108,7 +108,8 @@ def read_artifact(path: Path) -> Artifact:
 def settings_to_json(settings: Settings) -> dict[str, Any]:
     data = dataclasses.asdict(settings)
     data["tolerances"] = {k: dataclasses.asdict(v) for k, v in settings.tolerances.items()}
-    data.pop("cache_dir")  # a path on the machine that converted: not carried along
+    for machine_path in ("cache_dir", "trt_timing_cache"):  # paths on the machine that converted: not carried along
+        data.pop(machine_path, None)
     return data
 
 

@@ -58,3 +58,21 @@ def test_writing_a_converter_examples_run() -> None:
     exec(compile(blocks[1], "README.md", "exec"), scope)  # the GeLU override registers on the same registry
     registry = scope["registry"]
     assert [str(k) for k in registry.op_keys()][-2:] == ["mylib::shifted_relu", "Gelu"]  # type: ignore[attr-defined]
+
+
+def test_pattern_rewrite_example_runs() -> None:
+    import torch
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Graph passes and the TensorRT parser check", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[1]
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+
+    class Halve(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return model(x) / 2.0
+
+    scope: dict[str, object] = {"pipeline": __import__("pipeline"), "model": Halve(), "sample": torch.randn(2, 4)}
+    exec(compile(block, "README.md", "exec"), scope)
+    ops = [n.op_type for n in scope["module"].onnx.graph.node]  # type: ignore[attr-defined]
+    assert "Div" not in ops and "Mul" in ops
