@@ -103,7 +103,8 @@ class ConverterContext:
         self, op_type: str, inputs: Sequence[TensorLike | None], attrs: dict[str, Any], outputs: int, domain: str = ""
     ) -> list[gs.Variable]:
         node_name = self.fresh_name(op_type)
-        tensors = [_EMPTY if t is None else self._as_tensor(t) for t in inputs]
+        # an omitted optional input: a fresh empty tensor each time (a shared one would collect every consumer)
+        tensors = [gs.Variable.empty() if t is None else self._as_tensor(t) for t in inputs]
         outs = [gs.Variable(self.fresh_name(f"{op_type}_out{i}")) for i in range(outputs)]
         node = gs.Node(op_type, node_name, attrs=attrs, inputs=tensors, outputs=outs, domain=domain or None)
         self.graph.nodes.append(node)
@@ -137,9 +138,6 @@ class _OpBuilder:
             return outs[0] if outputs == 1 else outs
 
         return build
-
-
-_EMPTY = gs.Variable.empty()
 
 
 def _omitted(tensor: gs.Tensor) -> bool:
