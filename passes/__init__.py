@@ -6,20 +6,40 @@ from passes.defaults import default_passes
 from passes.folding import FoldConstants
 from passes.lowering import LowerCustomOps
 from passes.onnx_io import module_path, to_graph, to_model
+from passes.parser_fixes import (
+    AffineGridToMatMul,
+    BitwiseToArithmetic,
+    CenterCropPadToSlicePad,
+    Col2ImToGather,
+    CompressToGather,
+    DftToMatMul,
+    MaxUnpoolToScatter,
+    ReduceAxesToInitializers,
+    parser_fix_passes,
+)
 
 __all__ = [
+    "AffineGridToMatMul",
+    "BitwiseToArithmetic",
+    "CenterCropPadToSlicePad",
+    "Col2ImToGather",
+    "CompressToGather",
+    "DftToMatMul",
     "FoldConstants",
     "GraphPass",
     "LowerCustomOps",
+    "MaxUnpoolToScatter",
     "PassManager",
     "PassRecord",
     "PassResult",
+    "ReduceAxesToInitializers",
     "RemoveDeadNodes",
     "RemoveIdentities",
     "TopologicalSort",
     "default_passes",
     "insert_passes",
     "module_path",
+    "parser_fix_passes",
     "to_graph",
     "to_model",
 ]

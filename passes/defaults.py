@@ -7,12 +7,14 @@ from passes.base import GraphPass
 from passes.cleanup import RemoveDeadNodes, RemoveIdentities, TopologicalSort
 from passes.folding import FoldConstants
 from passes.lowering import LowerCustomOps
+from passes.parser_fixes import parser_fix_passes
 from passes.squeeze_axes import ExplicitSqueezeAxes
 
 
 def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPass, ...]:
     """The passes every conversion runs, in order: lowering with ``converters`` (when given) first, then cleanup,
-    constant folding and topological sort."""
+    constant folding, the rewrites of ops TensorRT's parser rejects (after folding, so the constants they need are
+    initializers; what they build is folded on the next round) and topological sort."""
     lowering: tuple[GraphPass, ...] = () if converters is None else (LowerCustomOps(converters),)
     return (
         *lowering,
@@ -20,5 +22,6 @@ def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPa
         RemoveDeadNodes(),
         FoldConstants(),
         ExplicitSqueezeAxes(),
+        *parser_fix_passes(),
         TopologicalSort(),
     )
