@@ -15,6 +15,8 @@ from converters.errors import (
     PipelineError,
 )
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
+from pipeline.compare import compare
+from pipeline.compare_report import ComparisonReport
 from pipeline.conversion import convert, load, run_passes
 from pipeline.export import ExportedGraph, export
 from pipeline.io_spec import IOSpec, TensorSpec
@@ -28,6 +30,7 @@ __all__ = [
     "CompatibilityReport",
     "ArtifactError",
     "BuildError",
+    "ComparisonReport",
     "ConversionError",
     "ConversionReport",
     "ConvertedModule",
@@ -42,6 +45,7 @@ __all__ = [
     "TensorSpec",
     "check",
     "Tolerance",
+    "compare",
     "convert",
     "export",
     "load",

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     checker.add_argument("--trt-version", default=None, help="TensorRT version to check against (default 11.1)")
     checker.add_argument("--json", action="store_true", help="print the report as JSON")
     checker.set_defaults(run=_check)
+    from pipeline.compare_cli import add_compare_command
+
+    add_compare_command(commands)
     return parser
 
 

@@ -14,6 +14,7 @@ from pipeline.backends import Executor
 from pipeline.io_spec import IOSpec
 
 if TYPE_CHECKING:
+    from pipeline.compare_report import ComparisonReport
     from pipeline.report import ConversionReport
 
 
@@ -59,6 +60,13 @@ class ConvertedModule(torch.nn.Module):
         from pipeline.artifact import save_artifact
 
         return save_artifact(self, Path(path))
+
+    def compare(self, model: torch.nn.Module, inputs: Any, **options: Any) -> ComparisonReport:
+        """Compare this module's graph (ONNX Runtime) and engine (TensorRT) with ``model`` on ``inputs``; the
+        options are those of :func:`pipeline.compare` (``per_layer=True``, ``output_dir=...``, ...)."""
+        from pipeline.compare import compare_module
+
+        return compare_module(self, model, inputs, **options)
 
     def _check(self, inputs: list[torch.Tensor]) -> None:
         sizes: dict[str, tuple[str, int]] = {}

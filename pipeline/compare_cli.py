@@ -1,0 +1,183 @@
+"""``pipeline compare SPEC [--input ...] -o OUTDIR``: the comparison from the command line.
+
+Same model conventions as ``pipeline convert`` (``SPEC`` is ``file.py:factory`` or ``package.module:factory``,
+``--input``/``--dynamic``/``--seed`` alike); ``--converters`` names a factory returning the
+``ConverterRegistry`` to convert with (it may live in the same file as the model). Prints the short table,
+writes the report directory, and exits 0 when every output is within tolerance, 1 when one is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.errors import InputError
+from converters.registry import ConverterRegistry
+
+
+def add_compare_command(commands: Any) -> None:
+    """Add the ``compare`` subcommand to ``pipeline``'s subparsers."""
+    from pipeline.compare_layers import DEFAULT_MEMORY_BUDGET
+    from pipeline.compare_runners import REFERENCE_DTYPES, RUNNERS
+
+    parser = commands.add_parser("compare", help="compare a converted model with PyTorch and write a report")
+    parser.add_argument("spec", help="path/to/file.py:factory or package.module:factory (as for convert)")
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:SHAPE[:DTYPE]",
+        help="a forward() argument with random values, e.g. input_ids:1x128:int64",
+    )
+    parser.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="INPUT:AXIS:NAME:MIN:OPT:MAX",
+        help="a dynamic dimension, e.g. x:0:batch:1:8:32",
+    )
+    parser.add_argument("-o", "--output", required=True, type=Path, help="report directory")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=RUNNERS,
+        default=None,
+        help="a runner to compare (repeatable; default: every one that can run)",
+    )
+    parser.add_argument("--per-layer", action="store_true", help="compare module outputs, name the first divergence")
+    parser.add_argument(
+        "--random-inputs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seeded random inputs drawn like the sample (default 3)",
+    )
+    parser.add_argument(
+        "--reference-dtype",
+        choices=REFERENCE_DTYPES,
+        default="float32",
+        help="float64: a float64 copy of the model is the reference",
+    )
+    parser.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="KEY:ATOL:RTOL",
+        help="tolerance for a dtype, output name or module path, e.g. float32:1e-4:1e-3",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=DEFAULT_MEMORY_BUDGET >> 20,
+        metavar="MIB",
+        help="memory for intermediates per chunk of the per-layer comparison (MiB)",
+    )
+    parser.add_argument(
+        "--converters",
+        default=None,
+        metavar="SPEC",
+        help="file.py:factory returning the ConverterRegistry to convert with",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    parser.set_defaults(run=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from pipeline.cli import _dynamic, _random_inputs
+    from pipeline.compare import compare
+
+    model, sample = _model(args.spec)
+    if args.input:
+        sample = ((), dict(_random_inputs(args.input, args.seed)))
+    if sample is None:
+        raise InputError(
+            f"{args.spec} returned a module but no sample, and no --input was given",
+            fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
+        )
+    registry = None
+    if args.converters:
+        registry = _call(args.converters)
+        if not isinstance(registry, ConverterRegistry):
+            raise InputError(
+                f"{args.converters} returned {type(registry).__name__}",
+                fix="the --converters factory must return a converters.ConverterRegistry",
+            )
+    report = compare(
+        model,
+        sample,
+        backends=args.backend or "auto",
+        reference_dtype=args.reference_dtype,
+        tolerances=_tolerances(args.tolerance),
+        per_layer=args.per_layer,
+        random_inputs=args.random_inputs,
+        memory_budget=args.memory_budget << 20,
+        output_dir=args.output,
+        converters=registry,
+        seed=args.seed,
+        dynamic=_dynamic(args.dynamic),
+    )
+    print(report.table(args.output))
+    return 0 if report.passed else 1
+
+
+def _model(spec: str) -> tuple[torch.nn.Module, Any]:
+    built = _call(spec)
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
+        return built[0], built[1]
+    if isinstance(built, torch.nn.Module):
+        return built, None
+    raise InputError(
+        f"{spec} returned {type(built).__name__}", fix="the factory must return an nn.Module or (module, sample)"
+    )
+
+
+_SOURCES: dict[str, Any] = {}  # a file is executed once, so the model and its converters share custom ops
+
+
+def _call(spec: str) -> Any:
+    target, sep, factory_name = spec.rpartition(":")
+    if not sep or not target or not factory_name:
+        raise InputError(f"cannot read spec {spec!r}", fix="write path/to/file.py:factory or package.module:factory")
+    if target not in _SOURCES:
+        _SOURCES[target] = _import(target)
+    factory = getattr(_SOURCES[target], factory_name, None)
+    if not callable(factory):
+        raise InputError(f"{target} has no callable {factory_name!r}", fix="name a function that builds it")
+    return factory()
+
+
+def _import(target: str) -> Any:
+    if not target.endswith(".py"):
+        try:
+            return importlib.import_module(target)
+        except ImportError as exc:
+            raise InputError(f"cannot import {target!r}: {exc}", fix="check the module name and PYTHONPATH") from exc
+    path = Path(target)
+    if not path.is_file():
+        raise InputError(f"no such file: {target}", fix="check the path in the spec")
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert module_spec is not None and module_spec.loader is not None
+    source = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(source)
+    return source
+
+
+def _tolerances(specs: list[str]) -> dict[str, tuple[float, float]]:
+    tolerances = {}
+    for text in specs:
+        key, _, rest = text.rpartition(":")
+        key, _, atol = key.rpartition(":")
+        try:
+            tolerances[key] = (float(atol), float(rest))
+        except ValueError:
+            raise InputError(
+                f"cannot read --tolerance {text!r}", fix="write KEY:ATOL:RTOL, e.g. logits:1e-4:1e-3"
+            ) from None
+        if not key:
+            raise InputError(f"--tolerance {text!r} names no dtype or output", fix="write KEY:ATOL:RTOL")
+    return tolerances
