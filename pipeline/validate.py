@@ -114,6 +114,11 @@ def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Se
 
 
 def _draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    # np.asarray: for a 0-d shape numpy hands back a scalar, which Polygraphy's runners cannot take
+    return np.asarray(_draw(sample, shape, rng))
+
+
+def _draw(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if sample.size and (sample.dtype == np.bool_ or (np.issubdtype(sample.dtype, np.integer) and _is_mask(sample))):
         return _resize_like(sample, shape)
     if np.issubdtype(sample.dtype, np.integer):

@@ -160,3 +160,14 @@ def test_artifact_missing_member(tmp_path: Path) -> None:
 def test_not_an_artifact(tmp_path: Path) -> None:
     with pytest.raises(pipeline.ArtifactError, match=r"(?s)no artifact at"):
         pipeline.load(tmp_path / "missing.ptrt")
+
+
+class ScaleBy(nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x * scale
+
+
+def test_zero_dimensional_input_converts_and_validates() -> None:
+    module = pipeline.convert(ScaleBy(), (torch.randn(3), torch.tensor(2.5)), backend="onnxruntime")
+    assert module.report.accuracy is not None and module.report.accuracy.passed
+    torch.testing.assert_close(module(torch.ones(3), torch.tensor(0.5)), torch.full((3,), 0.5))
