@@ -13,6 +13,7 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
+from converters.plugins import PluginSpec, register_plugin
 from converters.registry import ConverterEntry, ConverterRegistry, Priority
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 from converters.targets import OpKey
@@ -32,10 +33,12 @@ __all__ = [
     "InputError",
     "OpKey",
     "PipelineError",
+    "PluginSpec",
     "Priority",
     "Settings",
     "Tolerance",
     "collect_cases",
     "converter_case",
     "default_registry",
+    "register_plugin",
 ]

@@ -111,6 +111,28 @@ class ConverterContext:
         self.created.append(node)
         return outs
 
+    def plugin(
+        self,
+        name: str,
+        inputs: Sequence[TensorLike | None],
+        attrs: dict[str, Any] | None = None,
+        *,
+        namespace: str,
+        version: str = "1",
+        outputs: int = 1,
+    ) -> Any:
+        """A plugin node (README, "Plugins"): TensorRT's parser imports it as plugin ``namespace::name``, and ONNX
+        Runtime runs it when a CPU reference for ``name`` is registered (``converters.register_plugin`` does both).
+        Returns its output (a list for several). ``attrs``: bool, int (int32), float, str, lists of them (written
+        as JSON strings, which both runtimes read) and numpy arrays (native INTS/FLOATS, TensorRT only)."""
+        from converters.plugins import PLUGIN_DOMAIN, plugin_node_attributes
+
+        if not name or "." in name:
+            raise ConversionError(f"invalid plugin name {name!r}", node=self.name, fix="a plugin name has no '.'")
+        node_attrs = plugin_node_attributes(attrs or {}, namespace=namespace, version=version)
+        outs = self.make_node(name, inputs, node_attrs, outputs, domain=PLUGIN_DOMAIN)
+        return outs[0] if outputs == 1 else outs
+
     def _as_tensor(self, value: TensorLike) -> gs.Tensor:
         if isinstance(value, gs.Tensor):
             return value

@@ -19,6 +19,8 @@ Backend = Literal["auto", "onnxruntime", "tensorrt"]
 BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt")
 HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
 HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
+Precision = Literal["fp32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,22 @@ class Settings:
     # The TensorRT version the static parser check targets; None: the installed one, else 11.1 (the matrix's).
     trt_check_version: str | None = None
     cache_dir: str = field(default_factory=_default_cache_dir)
+    # Precision (README "Precision"): "fp16"/"bf16" rewrite the graph to that type, graph inputs and outputs keep
+    # theirs. float32 islands come from rules (precision_rules), keep_fp32 (node names, op types or PyTorch module
+    # paths; "node:", "op:", "module:" say which), measurement on calibration inputs (precision_measure: a tensor
+    # whose max |x| times precision_range_margin exceeds the type's range) and, when the result misses the
+    # tolerance on the calibration inputs, an accuracy-driven search (precision_search). Calibration: the sample and
+    # calibration_inputs random inputs drawn like it, unless convert(calibration=...) is given. Less than
+    # precision_min_share of the compute in the low type is a warning, or a ConversionError with precision_strict.
+    precision: Precision = "fp32"
+    keep_fp32: tuple[str, ...] = ()
+    precision_rules: bool = True
+    precision_measure: bool = True
+    precision_range_margin: float = 4.0
+    precision_search: bool = True
+    calibration_inputs: int = 2
+    precision_min_share: float = 0.5
+    precision_strict: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -127,6 +145,7 @@ class Settings:
                 f"unknown trt_hardware_compatibility {self.trt_hardware_compatibility!r}",
                 fix=f"use one of {', '.join(map(repr, HARDWARE_COMPATIBILITY))}",
             )
+        _check_precision(self)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Settings:
@@ -204,3 +223,18 @@ def _normalise_tolerances(tolerances: Mapping[str, Any]) -> Mapping[str, Toleran
                 ) from None
             out[key] = Tolerance(float(atol), float(rtol))
     return out
+
+
+def _check_precision(settings: Settings) -> None:
+    if settings.precision not in PRECISIONS:
+        raise InputError(
+            f"unknown precision {settings.precision!r}", fix=f"use one of {', '.join(map(repr, PRECISIONS))}"
+        )
+    keep = settings.keep_fp32
+    object.__setattr__(settings, "keep_fp32", (keep,) if isinstance(keep, str) else tuple(str(k) for k in keep))
+    if settings.calibration_inputs < 0:
+        raise InputError("calibration_inputs must be >= 0", fix="pass calibration_inputs=0 or more")
+    if settings.precision_range_margin < 1:
+        raise InputError("precision_range_margin must be >= 1", fix="pass e.g. precision_range_margin=4.0")
+    if not 0 <= settings.precision_min_share <= 1:
+        raise InputError("precision_min_share must be within [0, 1]", fix="pass e.g. precision_min_share=0.5")

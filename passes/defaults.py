@@ -8,13 +8,16 @@ from passes.cleanup import RemoveDeadNodes, RemoveIdentities, TopologicalSort
 from passes.folding import FoldConstants
 from passes.lowering import LowerCustomOps
 from passes.parser_fixes import parser_fix_passes
+from passes.precision import ConvertPrecision
 from passes.squeeze_axes import ExplicitSqueezeAxes
 
 
 def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPass, ...]:
     """The passes every conversion runs, in order: lowering with ``converters`` (when given) first, then cleanup,
     constant folding, the rewrites of ops TensorRT's parser rejects (after folding, so the constants they need are
-    initializers; what they build is folded on the next round) and topological sort."""
+    initializers; what they build is folded on the next round), precision (float16/bfloat16 when
+    ``settings.precision`` asks for it: rules and ``keep_fp32`` islands; ``pipeline.convert`` runs it as its own
+    stage, with measured islands) and topological sort."""
     lowering: tuple[GraphPass, ...] = () if converters is None else (LowerCustomOps(converters),)
     return (
         *lowering,
@@ -23,5 +26,6 @@ def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPa
         FoldConstants(),
         ExplicitSqueezeAxes(),
         *parser_fix_passes(),
+        ConvertPrecision(),
         TopologicalSort(),
     )

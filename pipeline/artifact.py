@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import onnx
 
 from converters.errors import ArtifactError
+from converters.plugins import plugin_records
 from converters.settings import DynamicDim, Settings, Tolerance
 from pipeline.io_spec import IOSpec
 
@@ -64,6 +65,9 @@ def save_artifact(module: ConvertedModule, path: Path) -> Path:
         "settings": settings_to_json(module.settings),
         "report": module.report.to_dict(),
     }
+    plugins = plugin_records(module.onnx)
+    if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
+        metadata["plugins"] = plugins
     if engine is not None:
         from pipeline.backends.tensorrt import device_identity
 

@@ -57,6 +57,16 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--backend", default="auto", choices=["auto", "onnxruntime", "tensorrt"])
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+    convert.add_argument(
+        "--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute type of the graph (fp32 islands)"
+    )
+    convert.add_argument(
+        "--keep-fp32",
+        action="append",
+        default=[],
+        metavar="NODE|OP|MODULE",
+        help="keep in float32: a node name, op type or PyTorch module path (node:, op:, module: to be explicit)",
+    )
     convert.set_defaults(run=_convert)
     checker = commands.add_parser("check", help="will TensorRT's ONNX parser accept this graph? (no TensorRT needed)")
     checker.add_argument("model", type=Path, help="an ONNX file")
@@ -97,6 +107,8 @@ def _convert(args: argparse.Namespace) -> int:
         validate=not args.no_validate,
         seed=args.seed,
         dynamic=_dynamic(args.dynamic),
+        precision=args.precision,
+        keep_fp32=tuple(args.keep_fp32),
     )
     out: Path = args.output
     artifact = module.save(out / ARTIFACT_NAME)

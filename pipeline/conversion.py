@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,14 @@ from pipeline.export import ExportedGraph, eval_mode, export
 from pipeline.io_spec import normalise_sample
 from pipeline.parser_check import CompatibilityReport, check
 from pipeline.pass_debug import PassDebugger
+from pipeline.plugin_runtime import restore_plugins
+from pipeline.precision import (
+    convert_precision,
+    effective_settings,
+    passes_before_precision,
+    runnable_model,
+    validation_settings,
+)
 from pipeline.report import ConversionReport
 from pipeline.runtime import ConvertedModule
 from pipeline.trt_ops import DEFAULT_TRT_VERSION
@@ -42,6 +50,7 @@ def convert(
     passes: Sequence[GraphPass] | None = None,
     extra_passes: Sequence[Placement] = (),
     custom_translation_table: dict[Any, Callable[..., Any]] | None = None,
+    calibration: Iterable[Any] | None = None,
     **settings: Any,
 ) -> ConvertedModule:
     """Convert ``model`` (called on ``sample``) and return a module that runs on the chosen backend.
@@ -50,13 +59,14 @@ def convert(
     converter registry (:func:`converters.default_registry`); ``passes`` replaces the default pass list
     (:func:`passes.default_passes` with those converters); ``extra_passes`` places your own passes at named
     points, ``[("after", "fold_constants", MyPass())]``; ``custom_translation_table`` goes to the exporter.
+    ``calibration`` (samples like ``sample``) feeds the precision stage when ``precision`` is "fp16" or "bf16".
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
     >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
-    config = Settings.from_kwargs(settings)
+    config = effective_settings(Settings.from_kwargs(settings))
     registry = default_registry() if converters is None else converters
     stages: list[tuple[str, float]] = []
     choice = select_backend(config.backend)
@@ -65,17 +75,23 @@ def convert(
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
     with _stage("passes", stages):
         feed = _sample_feed(exported, sample) if config.debug_passes else None
-        final, records = run_passes(exported, config, pass_list, feed)
+        final, records = run_passes(exported, config, passes_before_precision(pass_list, config), feed)
+    precision = None
+    if config.precision != "fp32":
+        with _stage("precision", stages), eval_mode(model, warn=False):
+            final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
+        records += more
     with _stage("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
     with _stage("build", stages):
-        executor = build_executor(choice.name, final, exported.io, config)
+        executor = build_executor(choice.name, runnable_model(final, choice.name, config), exported.io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
         with _stage("validate", stages), eval_mode(model, warn=False):
             sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
             feeds = validation_feeds(exported.io, sample_inputs, config)
-            accuracy = validate(model, exported.io, executor.polygraphy_runner(choice.name), feeds, config)
+            runner = executor.polygraphy_runner(choice.name)
+            accuracy = validate(model, exported.io, runner, feeds, validation_settings(config))
     report = ConversionReport(
         backend=choice.name,
         backend_reason=choice.reason,
@@ -86,6 +102,7 @@ def convert(
         accuracy=accuracy,
         versions=library_versions(),
         compatibility=compatibility.to_dict(),
+        precision=precision,
     )
     return ConvertedModule(executor, exported.io, final, config, report)
 
@@ -157,7 +174,10 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     if chosen == "tensorrt":
         engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild, settings)
     select_backend(chosen)  # raises with the reason when TensorRT was asked for and cannot run
-    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
+    # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
+    restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
+    runnable = runnable_model(artifact.onnx_model, chosen, settings)  # a half graph on the CPU: its emulation
+    executor = build_executor(chosen, runnable, io, settings, engine=engine)
     report = ConversionReport.from_dict(artifact.metadata["report"])
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report)
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from passes.base import PassRecord
+from pipeline.precision import PrecisionReport
 from pipeline.validate import AccuracyReport, OutputAccuracy
 
 
@@ -20,6 +21,7 @@ class ConversionReport:
     accuracy: AccuracyReport | None
     versions: dict[str, str] = field(default_factory=dict)
     compatibility: dict[str, Any] | None = None  # pipeline.check's report of the final graph, as a dict
+    precision: PrecisionReport | None = None  # the precision stage (fp16/bf16): islands, casts, share, error
 
     @property
     def total_seconds(self) -> float:
@@ -36,6 +38,7 @@ class ConversionReport:
             "accuracy": self.accuracy.to_dict() if self.accuracy else None,
             "versions": dict(self.versions),
             "compatibility": self.compatibility,
+            "precision": self.precision.to_dict() if self.precision else None,
         }
 
     @classmethod
@@ -57,6 +60,7 @@ class ConversionReport:
             ),
             versions=dict(data.get("versions", {})),
             compatibility=data.get("compatibility"),
+            precision=PrecisionReport.from_dict(data["precision"]) if data.get("precision") else None,
         )
 
     def summary(self) -> str:
@@ -71,6 +75,8 @@ class ConversionReport:
         )
         for p in changed:
             lines.append(f"          {p.name:<20} {p.nodes_before:>6} -> {p.nodes_after:<6} {p.seconds:.3f}s")
+        if self.precision is not None:
+            lines.extend(self.precision.summary_lines())
         if self.compatibility is not None:
             problems = self.compatibility["problems"]
             lines.append(

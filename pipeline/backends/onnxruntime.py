@@ -10,22 +10,30 @@ import onnxruntime as ort
 import torch
 
 from converters.errors import BuildError, InputError
+from converters.plugins import plugin_nodes
 from converters.settings import Settings
 from pipeline.io_spec import IOSpec
+from pipeline.plugin_runtime import PluginSession, prepare_onnxruntime
 
 
 class OnnxRuntimeExecutor:
     backend = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if settings.ort_intra_op_threads is not None:
-            options.intra_op_num_threads = settings.ort_intra_op_threads
-        try:
-            self.session = ort.InferenceSession(
+        def create() -> ort.InferenceSession:
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            if settings.ort_intra_op_threads is not None:
+                options.intra_op_num_threads = settings.ort_intra_op_threads
+            prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
+            return ort.InferenceSession(
                 model.SerializeToString(), sess_options=options, providers=list(settings.ort_providers)
             )
+
+        try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear
+            self.session: Any = PluginSession(create) if plugin_nodes(model) else create()
+        except BuildError:
+            raise
         except Exception as exc:
             raise BuildError(
                 f"ONNX Runtime could not load the final graph: {exc}",

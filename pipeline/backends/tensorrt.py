@@ -190,8 +190,11 @@ def parse_network(
     import tensorrt as trt
     from polygraphy.backend.trt import CreateNetwork, get_trt_logger
 
+    from pipeline.plugin_runtime import register_tensorrt_plugins
+
     builder, network = CreateNetwork(strongly_typed=True)()
     trt.init_libnvinfer_plugins(get_trt_logger(), "")
+    register_tensorrt_plugins(model)  # the parser finds a plugin node's creator by name: it must exist first
     parser: trt.OnnxParser = trt.OnnxParser(network, get_trt_logger())
     parsed = parser.parse(model.SerializeToString(), None if base_dir is None else str(base_dir / "model.onnx"))
     failures = [_parse_failure(parser.get_error(i), model) for i in range(parser.num_errors)]
