@@ -31,6 +31,7 @@ from pipeline.precision import (
     effective_settings,
     passes_before_precision,
     runnable_model,
+    torch_references,
     validation_settings,
 )
 from pipeline.report import ConversionReport
@@ -74,8 +75,8 @@ def convert(
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
     with _stage("passes", stages):
-        feed = _sample_feed(exported, sample) if config.debug_passes else None
-        final, records = run_passes(exported, config, passes_before_precision(pass_list, config), feed)
+        debug = _debug_inputs(model, exported, sample) if config.debug_passes else None
+        final, records = run_passes(exported, config, passes_before_precision(pass_list, config), debug)
     precision = None
     if config.precision != "fp32":
         with _stage("precision", stages), eval_mode(model, warn=False):
@@ -107,9 +108,15 @@ def convert(
     return ConvertedModule(executor, exported.io, final, config, report)
 
 
-def _sample_feed(exported: ExportedGraph, sample: Any) -> dict[str, np.ndarray]:
+DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
+
+
+def _debug_inputs(model: torch.nn.Module, exported: ExportedGraph, sample: Any) -> DebugInputs:
+    """The sample as a feed and PyTorch's outputs on it: what every pass is checked against in debug mode."""
     tensors = exported.io.flatten_call(*normalise_sample(sample))
-    return {spec.name: t.detach().cpu().numpy() for spec, t in zip(exported.io.inputs, tensors, strict=True)}
+    feed = {spec.name: t.detach().cpu().numpy() for spec, t in zip(exported.io.inputs, tensors, strict=True)}
+    with eval_mode(model, warn=False):
+        return feed, torch_references(model, exported.io, [feed])[0]
 
 
 def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) -> CompatibilityReport:
@@ -137,14 +144,15 @@ def run_passes(
     exported: ExportedGraph,
     settings: Settings,
     passes: Sequence[GraphPass] | None = None,
-    feed: dict[str, np.ndarray] | None = None,
+    debug: DebugInputs | None = None,
 ) -> tuple[onnx.ModelProto, list[PassRecord]]:
     """Run the pass list (default: :func:`passes.default_passes` with the default converters) and return the final
-    graph. With ``feed`` (the sample as ``{input name: array}``) every pass is checked on ONNX Runtime (debug mode)."""
+    graph. With ``debug`` (the sample as a feed, and PyTorch's outputs on it) every pass that changes the graph is
+    checked on ONNX Runtime against PyTorch (debug mode)."""
     graph, _ = to_graph(exported.model)
     chosen = default_passes(default_registry()) if passes is None else passes
     observer = (
-        None if feed is None else PassDebugger(exported.model, exported.node_metadata, exported.io, feed, settings)
+        None if debug is None else PassDebugger(exported.model, exported.node_metadata, exported.io, *debug, settings)
     )
     manager = PassManager(chosen, max_iterations=settings.max_pass_iterations, observer=observer)
     graph, records = manager.run(graph, settings)

@@ -1,8 +1,9 @@
 """Debug mode of the pass manager: which pass changed the model's outputs?
 
 After every pass that modified the graph, the graph runs on ONNX Runtime on the sample and its outputs are
-compared with those of the exported graph (before any pass), with the per-dtype tolerances of the settings.
-The first pass beyond tolerance is named in a ConversionError.
+compared with PyTorch's on the same sample (not with the exported graph, which may hold opaque custom-op nodes no
+runtime can run), with the per-dtype tolerances of the settings. The first pass beyond tolerance is named in a
+ConversionError.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from converters.settings import Settings
 from passes.base import PassRecord
 from passes.onnx_io import NodeMetadata, to_model
 from pipeline.io_spec import IOSpec
+from pipeline.plugin_runtime import prepare_onnxruntime
 
 
 class PassDebugger:
@@ -26,10 +28,11 @@ class PassDebugger:
         metadata: NodeMetadata,
         io: IOSpec,
         feed: dict[str, np.ndarray],
+        reference: dict[str, np.ndarray],
         settings: Settings,
     ) -> None:
         self.template, self.metadata, self.io, self.feed, self.settings = exported, metadata, io, feed, settings
-        self.reference = self._run(exported)
+        self.reference = [np.asarray(reference[spec.name]) for spec in io.outputs]
 
     def __call__(self, record: PassRecord, graph: gs.Graph) -> None:
         try:
@@ -60,5 +63,6 @@ class PassDebugger:
     def _run(self, model: onnx.ModelProto) -> list[np.ndarray]:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # judge the graph as written
+        prepare_onnxruntime(model, options)  # plugin nodes: their CPU references
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         return [np.asarray(o) for o in session.run([o.name for o in self.io.outputs], self.feed)]

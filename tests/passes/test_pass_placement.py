@@ -81,3 +81,14 @@ def test_debug_mode_passes_a_correct_pipeline() -> None:
     module = pipeline.convert(model, torch.randn(3, 4), backend="onnxruntime", debug_passes=True)
     x = torch.randn(3, 4)
     np.testing.assert_allclose(module(x).numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_debug_mode_with_a_custom_op_checks_against_pytorch() -> None:
+    """The exported graph holds an opaque node no runtime can run: the debugger's reference is PyTorch."""
+    from tests_support_custom_op import CLAMP_REGISTRY, UsesClamp
+
+    module = pipeline.convert(
+        UsesClamp(), torch.randn(3, 4), converters=CLAMP_REGISTRY, backend="onnxruntime", debug_passes=True
+    )
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(module(x), UsesClamp()(x))
