@@ -99,6 +99,7 @@ def export(
             model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops
         )
 
+    _check_protobuf_limit(program.model_proto)
     exported, metadata = to_graph(program.model_proto)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
         raise ExportError(
@@ -173,6 +174,21 @@ def _torch_export(
     if program is None or program.model_proto is None:
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     return program
+
+
+#: Protobuf cannot serialise a message of 2 GiB or more; ONNX then needs weights in external data files.
+PROTOBUF_LIMIT = (2 << 30) - 1
+
+
+def _check_protobuf_limit(model: onnx.ModelProto) -> None:
+    size = model.ByteSize()
+    if size > PROTOBUF_LIMIT:
+        raise ExportError(
+            f"the exported graph is {size / 2**30:.2f} GiB; graphs over 2 GiB (weights in external data files) are "
+            "not supported yet: the passes, ONNX Runtime session and artifact all serialise the graph in one piece",
+            fix="convert a smaller model, or export it yourself with torch.onnx.export(..., external_data=True) and "
+            "build the engine from the saved files with polygraphy or trtexec",
+        )
 
 
 def _torch_dynamic_shapes(

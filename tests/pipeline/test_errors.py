@@ -171,3 +171,12 @@ def test_zero_dimensional_input_converts_and_validates() -> None:
     module = pipeline.convert(ScaleBy(), (torch.randn(3), torch.tensor(2.5)), backend="onnxruntime")
     assert module.report.accuracy is not None and module.report.accuracy.passed
     torch.testing.assert_close(module(torch.ones(3), torch.tensor(0.5)), torch.full((3,), 0.5))
+
+
+def test_graph_over_the_protobuf_limit_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    export_stage = importlib.import_module("pipeline.export")  # the module (pipeline.export is also the function)
+    monkeypatch.setattr(export_stage, "PROTOBUF_LIMIT", 1000)  # a real 2 GiB model would take minutes and 13 GB
+    with pytest.raises(pipeline.ExportError, match=r"(?s)graphs over 2 GiB .* not supported yet.*external_data=True"):
+        pipeline.convert(nn.Linear(64, 64), torch.randn(2, 64), backend="onnxruntime")
