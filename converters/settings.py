@@ -21,6 +21,8 @@ HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"
 HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
 Precision = Literal["fp32", "fp16", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+PrecisionIO = Literal["model", "low"]
+PRECISION_IO: tuple[str, ...] = ("model", "low")
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,9 @@ class Settings:
     calibration_inputs: int = 2
     precision_min_share: float = 0.5
     precision_strict: bool = False
+    # "model": graph inputs and outputs keep the model's types (casts at the boundary); "low": float32 inputs and
+    # outputs become the low type (float16), so the module takes and returns float16 tensors.
+    precision_io: PrecisionIO = "model"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -238,3 +243,26 @@ def _check_precision(settings: Settings) -> None:
         raise InputError("precision_range_margin must be >= 1", fix="pass e.g. precision_range_margin=4.0")
     if not 0 <= settings.precision_min_share <= 1:
         raise InputError("precision_min_share must be within [0, 1]", fix="pass e.g. precision_min_share=0.5")
+    _check_precision_io(settings)
+
+
+def _check_precision_io(settings: Settings) -> None:
+    if settings.precision_io not in PRECISION_IO:
+        raise InputError(
+            f"unknown precision_io {settings.precision_io!r}", fix=f"use one of {', '.join(map(repr, PRECISION_IO))}"
+        )
+    if settings.precision_io == "model" or settings.precision == "fp16":
+        return
+    if settings.precision == "fp32":
+        raise InputError(
+            "precision_io='low' needs a low precision, but precision is 'fp32'",
+            fix="pass precision='fp16' with precision_io='low', or leave precision_io='model'",
+        )
+    # bf16: the graph would take and return bfloat16 tensors, which cannot be fed or checked here
+    raise InputError(
+        "precision_io='low' is not supported with precision='bf16': numpy has no bfloat16 type, so ONNX Runtime "
+        "cannot be fed bfloat16 inputs or return bfloat16 outputs, and a bfloat16 graph could not be run or "
+        "validated against PyTorch",
+        fix="use precision_io='model' with bf16 (float32 inputs and outputs, casts at the boundary), or "
+        "precision='fp16' with precision_io='low'",
+    )

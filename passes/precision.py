@@ -4,7 +4,8 @@ TensorRT 10.12+ (strongly typed) and 11 build exactly the types the ONNX graph s
 is decided. Islands come from rules (:mod:`passes.precision_rules`), from the user (``settings.keep_fp32``: node
 names, op types or PyTorch module paths) and from the pipeline (measured ranges, the accuracy search), each with its
 reason. Ops that only move elements follow their input's type, so casts sit at island boundaries; graph inputs and
-outputs keep their types (a cast at the boundary). :mod:`passes.casts` then removes casts that cancel.
+outputs keep their types (a cast at the boundary), or with ``settings.precision_io == "low"`` take the low type.
+:mod:`passes.casts` then removes casts that cancel.
 
 >>> graph = ConvertPrecision()(graph, Settings(precision="fp16")).graph   # doctest: +SKIP
 """
@@ -76,7 +77,7 @@ def plan_precision(graph: gs.Graph, settings: Settings, extra: Sequence[Island] 
         add(name, "user", f"keep_fp32 entry {entry!r}")
     for island in extra:
         add(island.node, island.source, island.reason)
-    decisions = _decide(graph, ctx, set(found))
+    decisions = _decide(graph, ctx, set(found), low_io=settings.precision_io == "low")
     islands = tuple(i for i in found.values() if decisions.get(i.node) == "fp32")
     float32 = frozenset(t.name for t in graph.tensors().values() if t.name and is_float32(t, inferred))
     return PrecisionPlan(low, decisions, islands, unmatched, float32)
@@ -107,9 +108,11 @@ def match_keep_fp32(nodes: Iterable[gs.Node], entries: Sequence[str]) -> tuple[d
     return matched, tuple(e for e in entries if e not in used)
 
 
-def _decide(graph: gs.Graph, ctx: RuleContext, islands: set[str]) -> dict[str, Decision]:
+def _decide(graph: gs.Graph, ctx: RuleContext, islands: set[str], low_io: bool = False) -> dict[str, Decision]:
     """Compute nodes run low unless islands; followers take their data input's type (forward); nodes still open
-    (constants, casts from integers, followers of those) take what most of their consumers want (backward)."""
+    (constants, casts from integers, followers of those) take what most of their consumers want (backward).
+    Graph inputs and outputs count as float32, or as the low type with ``low_io`` (``precision_io="low"``)."""
+    boundary: Decision = "low" if low_io else "fp32"
     decisions: dict[str, Decision] = {}
     open_nodes = []
     for node in graph.nodes:
@@ -124,14 +127,14 @@ def _decide(graph: gs.Graph, ctx: RuleContext, islands: set[str]) -> dict[str, D
             decisions[node.name] = "low"
         else:
             source = _data_input(node, ctx)
-            decision = _producer_decision(source, decisions) if source is not None else None
+            decision = _producer_decision(source, decisions, boundary) if source is not None else None
             if decision is None:
                 open_nodes.append(node)
             else:
                 decisions[node.name] = decision
     graph_outputs = {t.name for t in graph.outputs}
     for node in reversed(open_nodes):
-        decisions[node.name] = _consumers_want(node, decisions, graph_outputs)
+        decisions[node.name] = _consumers_want(node, decisions, graph_outputs, boundary)
     return decisions
 
 
@@ -152,17 +155,19 @@ def _data_input(node: gs.Node, ctx: RuleContext) -> gs.Tensor | None:
     return None
 
 
-def _producer_decision(tensor: gs.Tensor, decisions: Mapping[str, Decision]) -> Decision | None:
+def _producer_decision(tensor: gs.Tensor, decisions: Mapping[str, Decision], boundary: Decision) -> Decision | None:
     if not tensor.inputs:
-        return "fp32"  # a graph input keeps its type
+        return boundary  # a graph input: float32, or the low type with precision_io="low"
     decision = decisions.get(tensor.inputs[0].name)
     return None if decision in (None, "neutral") else decision
 
 
-def _consumers_want(node: gs.Node, decisions: Mapping[str, Decision], graph_outputs: set[str]) -> Decision:
+def _consumers_want(
+    node: gs.Node, decisions: Mapping[str, Decision], graph_outputs: set[str], boundary: Decision
+) -> Decision:
     votes = {"low": 0, "fp32": 0}
     for tensor in node.outputs:
-        votes["fp32"] += tensor.name in graph_outputs
+        votes[boundary] += tensor.name in graph_outputs
         for consumer in tensor.outputs:
             decision = decisions.get(consumer.name)
             if decision in votes:
@@ -191,7 +196,7 @@ class ConvertPrecision:
         plan = plan_precision(graph, settings, self.islands)
         for entry in plan.unmatched:
             logger.warning("keep_fp32 entry %r matched no node (node names, op types, module paths)", entry)
-        rewrite(graph, plan.decisions, plan.low, plan.float32)
+        rewrite(graph, plan.decisions, plan.low, plan.float32, low_io=settings.precision_io == "low")
         SimplifyCasts()(graph, settings)
         graph.precision_converted = plan.low.name  # the pass manager repeats the list: convert once
         logger.info(

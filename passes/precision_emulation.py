@@ -10,9 +10,10 @@
 :func:`emulate_low_precision` gives the graph that runs and rounds where the real one rounds: every float16/bfloat16
 tensor becomes a float32 tensor holding exactly the half value (weights widened exactly; every node output rounded
 with an explicit ``Cast(to=half) -> Cast(to=FLOAT)`` pair, which ONNX Runtime keeps; round-to-nearest-even, inf
-beyond the range, like TensorRT). Arithmetic *inside* one op is float32, as in TensorRT's half kernels that
-accumulate in float32. What it cannot show: TensorRT fusing two ops and skipping the rounding between them (the
-emulation is then slightly pessimistic), or a kernel that accumulates in the half type.
+beyond the range, like TensorRT). Half graph inputs and outputs (``precision_io="low"``) keep their type, with exact
+casts at the boundary, so the emulation is fed and answers like the real graph. Arithmetic *inside* one op is float32,
+as in TensorRT's half kernels that accumulate in float32. What it cannot show: TensorRT fusing two ops and skipping the
+rounding between them (the emulation is then slightly pessimistic), or a kernel that accumulates in the half type.
 """
 
 from __future__ import annotations
@@ -60,10 +61,39 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
                 nodes.extend(_round(node, position, name, half[name]))
     del graph.node[:]
     graph.node.extend(nodes)
-    for value in [*graph.input, *graph.output, *graph.value_info]:
+    for value in graph.value_info:
         if value.type.tensor_type.elem_type in HALF:
             value.type.tensor_type.elem_type = FLOAT
+    _keep_half_boundary(graph)
     return out
+
+
+def _keep_half_boundary(graph: onnx.GraphProto) -> None:
+    """Half graph inputs and outputs keep their type (the emulation is called like the real graph): a cast widens
+    each such input, and narrows each such output, whose value already holds a half value: both are exact."""
+    boundary = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+    half = {name: elem for name, elem in boundary.items() if elem in HALF}
+    if not half:
+        return
+    renamed = {name: f"{name}__emulated_boundary" for name in half}
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        node.output[:] = [renamed.get(name, name) for name in node.output]
+    inputs = {v.name for v in graph.input}
+    widen = [
+        helper.make_node("Cast", [n], [renamed[n]], name=f"{n}/emulate_fp32", to=FLOAT) for n in half if n in inputs
+    ]
+    narrow = [
+        helper.make_node("Cast", [renamed[n]], [n], name=f"{n}/emulate_half", to=elem)
+        for n, elem in half.items()
+        if n not in inputs
+    ]
+    nodes = [*widen, *graph.node, *narrow]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [v for v in graph.value_info if v.name not in half]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
 
 
 def _round(node: onnx.NodeProto, position: int, name: str, half: int) -> list[onnx.NodeProto]:

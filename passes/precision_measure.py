@@ -45,9 +45,23 @@ def observe(
         session = _session(_with_outputs(model, [n for n in chunk if n not in inputs]), providers)
         wanted = [n for n in chunk if n not in inputs]
         for index, feed in enumerate(feeds):
-            values = dict(zip(wanted, session.run(wanted, dict(feed)), strict=True)) if wanted else {}
+            values = dict(zip(wanted, session.run(wanted, session_feed(session, feed)), strict=True)) if wanted else {}
             for name in chunk:
                 visit(name, index, np.asarray(feed[name] if name in inputs else values[name]))
+
+
+#: ONNX Runtime's names of the half types a graph input may have (precision_io="low").
+_HALF_INPUTS = {"tensor(float16)": np.float16}
+
+
+def session_feed(session: ort.InferenceSession, feed: Feed) -> dict[str, np.ndarray]:
+    """``feed`` with float32 arrays narrowed to the session's float16 inputs (a graph with precision_io="low");
+    calibration feeds hold values already rounded to float16, so this is exact."""
+    types = {i.name: _HALF_INPUTS.get(i.type) for i in session.get_inputs()}
+    return {
+        name: value.astype(half) if (half := types.get(name)) is not None and value.dtype == np.float32 else value
+        for name, value in feed.items()
+    }
 
 
 def _with_outputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:

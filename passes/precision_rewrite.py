@@ -19,13 +19,21 @@ Decision = Literal["low", "fp32", "neutral"]
 _ALL = frozenset(range(64))
 
 
-def rewrite(graph: gs.Graph, decisions: Mapping[str, Decision], low: LowType, float32: frozenset[str]) -> None:
+def rewrite(
+    graph: gs.Graph, decisions: Mapping[str, Decision], low: LowType, float32: frozenset[str], low_io: bool = False
+) -> None:
     """Rewrite ``graph`` in place: nodes decided "low" compute in ``low``; the rest read float32.
 
-    ``float32`` names the tensors that were float32 before the rewrite (the only ones it touches).
+    ``float32`` names the tensors that were float32 before the rewrite (the only ones it touches). Graph inputs and
+    outputs stay float32 (casts at the boundary), or with ``low_io`` become ``low`` themselves (names kept).
     """
     opset = onnx_opset(graph)
     converted: set[str] = set()
+    if low_io:
+        for tensor in graph.inputs:
+            if tensor.name in float32:
+                tensor.dtype = low.gs_dtype
+                converted.add(tensor.name)
     for node in graph.nodes:
         if decisions.get(node.name) == "low":
             converted |= _retype_outputs(node, low, opset, float32)
@@ -45,7 +53,10 @@ def rewrite(graph: gs.Graph, decisions: Mapping[str, Decision], low: LowType, fl
             elif (tensor.name in converted) != want_low:
                 node.inputs[index] = casts.get(tensor, want_low)
     _convert_constants(graph, constant_wants, low)
-    _cast_graph_outputs(graph, converted, casts)
+    if low_io:
+        _cast_graph_outputs(graph, {t.name for t in graph.outputs if t.name in float32} - converted, casts, to_low=True)
+    else:
+        _cast_graph_outputs(graph, converted, casts, to_low=False)
     graph.cleanup(remove_unused_graph_inputs=False)
     graph.toposort()
 
@@ -103,16 +114,20 @@ def _convert_constants(graph: gs.Graph, wants: Mapping[str, list[tuple[gs.Node, 
             node.inputs[index] = copy
 
 
-def _cast_graph_outputs(graph: gs.Graph, converted: set[str], casts: _Casts) -> None:
-    """Graph outputs keep float32: the low tensor is renamed and a cast produces the output under its name."""
+def _cast_graph_outputs(graph: gs.Graph, names: set[str], casts: _Casts, to_low: bool) -> None:
+    """Graph outputs ``names`` change type (to float32, or to the low type): the tensor is renamed and a cast produces
+    the output under its name."""
+    tag, dtype, to = (
+        (casts.low.name, casts.low.gs_dtype, casts.low.onnx_type) if to_low else ("fp32", np.float32, FLOAT)
+    )
     for position, tensor in enumerate(list(graph.outputs)):
-        if tensor.name not in converted:
+        if tensor.name not in names:
             continue
         name = tensor.name
-        tensor.name = casts.unique(f"{name}_{casts.low.name}")
-        output = gs.Variable(name, dtype=np.float32, shape=tensor.shape)
+        tensor.name = casts.unique(f"{name}_{'fp32' if to_low else casts.low.name}")
+        output = gs.Variable(name, dtype=dtype, shape=tensor.shape)
         origin = tensor.inputs[0].name if tensor.inputs else name
-        graph.nodes.append(gs.Node("Cast", casts.unique(f"{origin}/to_fp32"), {"to": FLOAT}, [tensor], [output]))
+        graph.nodes.append(gs.Node("Cast", casts.unique(f"{origin}/to_{tag}"), {"to": to}, [tensor], [output]))
         graph.outputs[position] = output
 
 

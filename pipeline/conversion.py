@@ -27,6 +27,7 @@ from pipeline.parser_check import CompatibilityReport, check
 from pipeline.pass_debug import PassDebugger
 from pipeline.plugin_runtime import restore_plugins
 from pipeline.precision import (
+    boundary_io,
     convert_precision,
     effective_settings,
     passes_before_precision,
@@ -37,7 +38,7 @@ from pipeline.precision import (
 from pipeline.report import ConversionReport
 from pipeline.runtime import ConvertedModule
 from pipeline.trt_ops import DEFAULT_TRT_VERSION
-from pipeline.validate import AccuracyReport, validate, validation_feeds
+from pipeline.validate import AccuracyReport, as_io_types, validate, validation_feeds
 from pipeline.versions import library_versions
 
 logger = logging.getLogger("pipeline")
@@ -78,21 +79,23 @@ def convert(
         debug = _debug_inputs(model, exported, sample) if config.debug_passes else None
         final, records = run_passes(exported, config, passes_before_precision(pass_list, config), debug)
     precision = None
+    io = exported.io  # what the converted module takes and returns: the model's types, or half with precision_io
     if config.precision != "fp32":
         with _stage("precision", stages), eval_mode(model, warn=False):
             final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
         records += more
+        io = boundary_io(exported.io, final)
     with _stage("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
     with _stage("build", stages):
-        executor = build_executor(choice.name, runnable_model(final, choice.name, config), exported.io, config)
+        executor = build_executor(choice.name, runnable_model(final, choice.name, config), io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
         with _stage("validate", stages), eval_mode(model, warn=False):
             sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
-            feeds = validation_feeds(exported.io, sample_inputs, config)
+            feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), io)
             runner = executor.polygraphy_runner(choice.name)
-            accuracy = validate(model, exported.io, runner, feeds, validation_settings(config))
+            accuracy = validate(model, exported.io, runner, feeds, validation_settings(config), backend_io=io)
     report = ConversionReport(
         backend=choice.name,
         backend_reason=choice.reason,
@@ -105,7 +108,7 @@ def convert(
         compatibility=compatibility.to_dict(),
         precision=precision,
     )
-    return ConvertedModule(executor, exported.io, final, config, report)
+    return ConvertedModule(executor, io, final, config, report)
 
 
 DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]

@@ -33,12 +33,12 @@ from converters.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from passes import GraphPass, PassManager, PassRecord, RemoveDeadNodes, TopologicalSort, to_graph, to_model
 from passes.precision import ConvertPrecision, Island, plan_precision
 from passes.precision_emulation import emulate_low_precision, has_low_precision
-from passes.precision_measure import measured_islands
+from passes.precision_measure import measured_islands, session_feed
 from passes.precision_search import rank_by_sensitivity, shortest_passing_prefix
 from passes.precision_share import ComputeShare, compute_share
 from passes.precision_types import FOLLOWER_OPS, LOW_TYPES, LowType
 from pipeline.export import ExportedGraph
-from pipeline.io_spec import IOSpec, normalise_sample
+from pipeline.io_spec import IOSpec, TensorSpec, normalise_sample
 from pipeline.validate import Feed, TorchRunner, validation_feeds
 
 logger = logging.getLogger(__name__)
@@ -264,7 +264,9 @@ class _Candidates:
     def score(self, model: onnx.ModelProto) -> float:
         session = _session(runnable_model(model, "onnxruntime", self.settings), self.settings)
         names = list(self.tolerances)
-        outputs = [dict(zip(names, session.run(names, dict(feed)), strict=True)) for feed in self.feeds]
+        outputs = [
+            dict(zip(names, session.run(names, session_feed(session, feed)), strict=True)) for feed in self.feeds
+        ]
         return error_ratio(outputs, self.references, self.tolerances)
 
 
@@ -342,6 +344,8 @@ def convert_precision(
     low = LOW_TYPES[settings.precision]
     base = next((p for p in passes if isinstance(p, ConvertPrecision)), ConvertPrecision())
     feeds = calibration_feeds(exported.io, sample, calibration, settings)
+    if settings.precision_io == "low":  # the graph takes low inputs: measure, search and compare on those values
+        feeds = [{name: _rounded(value, low) for name, value in feed.items()} for feed in feeds]
     islands: list[Island] = []
     if settings.precision_measure:
         islands = measured_islands(fp32_model, feeds, low, settings.precision_range_margin, settings.ort_providers)
@@ -359,6 +363,30 @@ def convert_precision(
     _check_valid(final)
     report, share = _report(fp32_model, final, settings, [*base.islands, *islands], len(feeds), error, search)
     return final, records, _judge_share(report, share, settings)
+
+
+def _rounded(value: np.ndarray, low: LowType) -> np.ndarray:
+    return value.astype(low.numpy_type).astype(np.float32) if value.dtype == np.float32 else value
+
+
+_HALF_DTYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def boundary_io(io: IOSpec, model: onnx.ModelProto) -> IOSpec:
+    """``io`` with the dtypes of ``model``'s half graph inputs and outputs (``precision_io="low"``): what the
+    converted module takes and returns. The model's own ``io`` stays what PyTorch takes."""
+    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]}
+
+    def retyped(specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+        return tuple(
+            dataclasses.replace(t, dtype=_HALF_DTYPES[types[t.name]]) if types.get(t.name) in _HALF_DTYPES else t
+            for t in specs
+        )
+
+    inputs, outputs = retyped(io.inputs), retyped(io.outputs)
+    if (inputs, outputs) == (io.inputs, io.outputs):
+        return io
+    return dataclasses.replace(io, inputs=inputs, outputs=outputs)
 
 
 def _check_valid(model: onnx.ModelProto) -> None:
@@ -387,6 +415,10 @@ def _report(
     notes = [
         f"graph inputs and outputs keep their types: float32 outputs are validated against PyTorch fp32 with the "
         f"{low.dtype_name} tolerance (atol {tolerance.atol:g}, rtol {tolerance.rtol:g})"
+        if settings.precision_io == "model"
+        else f"graph inputs and outputs are {low.dtype_name} (precision_io='low'): PyTorch fp32 gets the same inputs "
+        f"widened, and outputs are validated against it with the {low.dtype_name} tolerance (atol "
+        f"{tolerance.atol:g}, rtol {tolerance.rtol:g})"
     ]
     if emulated_on_cpu(final, settings):
         notes.append(

@@ -113,6 +113,18 @@ def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Se
     return feeds
 
 
+def as_io_types(feeds: list[Feed], io: IOSpec) -> list[Feed]:
+    """``feeds`` with each float input in the type ``io`` gives it (float32 -> float16 with precision_io="low")."""
+    dtypes = {t.name: t.dtype for t in io.inputs}
+    return [{name: _as_type(value, dtypes.get(name)) for name, value in feed.items()} for feed in feeds]
+
+
+def _as_type(value: np.ndarray, dtype: str | None) -> np.ndarray:
+    if dtype is None or value.dtype == np.dtype(dtype) or not np.issubdtype(value.dtype, np.floating):
+        return value
+    return value.astype(dtype)
+
+
 def _draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     # np.asarray: for a 0-d shape numpy hands back a scalar, which Polygraphy's runners cannot take
     return np.asarray(_draw(sample, shape, rng))
@@ -140,12 +152,25 @@ def _resize_like(sample: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def validate(
-    model: torch.nn.Module, io: IOSpec, backend_runner: Any, feeds: list[Feed], settings: Settings
+    model: torch.nn.Module,
+    io: IOSpec,
+    backend_runner: Any,
+    feeds: list[Feed],
+    settings: Settings,
+    backend_io: IOSpec | None = None,
 ) -> AccuracyReport:
-    """Compare the backend with PyTorch on ``feeds``; raise AccuracyError when an output is out of tolerance."""
+    """Compare the backend with PyTorch on ``feeds``; raise AccuracyError when an output is out of tolerance.
+
+    ``io`` is the model's; ``backend_io`` the backend's when its types differ (``precision_io="low"``): ``feeds``
+    are then in the backend's types, PyTorch gets the same values in the model's (Polygraphy casts each feed to a
+    runner's input metadata), and half outputs are compared as float32 with their own type's tolerance."""
     from polygraphy.comparator import Comparator, SimpleCompareFunc
 
-    tolerances = {o.name: settings.tolerance_for(o.name, o.dtype) for o in io.outputs}
+    outputs = io.outputs
+    if backend_io is not None and backend_io != io:
+        backend_runner = _FloatOutputs(backend_runner)
+        outputs = backend_io.outputs  # the backend's output dtypes pick the tolerance
+    tolerances = {o.name: settings.tolerance_for(o.name, o.dtype) for o in outputs}
     compare = SimpleCompareFunc(
         atol={name: t.atol for name, t in tolerances.items()},
         rtol={name: t.rtol for name, t in tolerances.items()},
@@ -159,7 +184,7 @@ def validate(
         results = Comparator.run([backend_runner, torch_runner], data_loader=feeds)
         accuracy = Comparator.compare_accuracy(results, compare_func=compare)
     per_iteration = next(iter((accuracy[0] if hasattr(accuracy, "lst") else accuracy).values()))
-    report = AccuracyReport(len(feeds), tuple(_summarise(o, tolerances[o.name], per_iteration) for o in io.outputs))
+    report = AccuracyReport(len(feeds), tuple(_summarise(o, tolerances[o.name], per_iteration) for o in outputs))
     if not report.passed:
         failing = [o for o in report.outputs if not o.passed]
         raise AccuracyError(
@@ -176,6 +201,35 @@ def validate(
             "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
         )
     return report
+
+
+class _FloatOutputs(BaseRunner):
+    """A backend runner whose float16 outputs come back as float32, to be compared with PyTorch's float32."""
+
+    def __init__(self, runner: BaseRunner) -> None:
+        super().__init__(name=runner.name)
+        self.runner = runner
+
+    def activate_impl(self) -> None:
+        self.runner.activate()
+
+    def deactivate_impl(self) -> None:
+        self.runner.deactivate()
+
+    def get_input_metadata_impl(self) -> Any:
+        # ONNX Runtime's runner reports float16 as a numpy dtype, which Polygraphy's feed coercion cannot compare
+        from polygraphy.common import TensorMetadata
+        from polygraphy.datatype import DataType
+
+        meta = TensorMetadata()
+        for name, (dtype, shape) in self.runner.get_input_metadata().items():
+            meta.add(name, DataType.from_dtype(dtype) if dtype is not None else None, shape)
+        return meta
+
+    def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        outputs = self.runner.infer(feed_dict)
+        self.inference_time = self.runner.last_inference_time()
+        return {name: v.astype(np.float32) if v.dtype == np.float16 else v for name, v in outputs.items()}
 
 
 def _summarise(spec: Any, tolerance: Any, per_iteration: list[Any]) -> OutputAccuracy:
