@@ -4,7 +4,8 @@ Runners, all through Polygraphy's Comparator: PyTorch (the reference; optionally
 on the exported graph (when it holds no opaque custom ops), ONNX Runtime on the final graph, and TensorRT where
 it can run. Every output of every backend gets max, mean, median and p99 of absolute and relative error, cosine
 similarity and the count of elements outside tolerance (:mod:`pipeline.compare_stats`). ``per_layer=True`` adds
-the module-by-module comparison of :mod:`pipeline.compare_layers`.
+the module-by-module comparison of :mod:`pipeline.compare_layers`, on TensorRT's intermediates where TensorRT
+runs (:mod:`pipeline.compare_tensorrt`), else on ONNX Runtime's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from converters.defaults import default_registry
 from converters.errors import InputError
 from converters.settings import Settings
-from pipeline.compare_layers import DEFAULT_MEMORY_BUDGET, compare_layers
+from pipeline.compare_layers import DEFAULT_MEMORY_BUDGET, LayerBackend, OnnxRuntimeLayers, compare_layers
 from pipeline.compare_report import ComparisonReport, OutputComparison, RunnerInfo
 from pipeline.compare_runners import (
     EXPORTED,
@@ -64,9 +65,10 @@ def compare(
     or a list (or any other iterable) of samples, used as given; the first is the conversion's sample.
     ``backends``: ``"auto"`` or names from ``"onnxruntime-exported"``, ``"onnxruntime"``, ``"tensorrt"``.
     ``reference_dtype="float64"`` makes a float64 copy of the model the reference (PyTorch's own float32 run is
-    then compared too). ``per_layer=True`` compares module outputs with the final graph's intermediates,
-    ``memory_budget`` bytes of them at a time. ``output_dir`` writes the report files. Every other keyword goes
-    to :func:`pipeline.convert`: ``converters=``, ``passes=``, and settings such as ``tolerances=``,
+    then compared too). ``per_layer=True`` compares module outputs with the final graph's intermediates (on
+    TensorRT when it is a runner here, else ONNX Runtime), ``memory_budget`` bytes of them at a time.
+    ``output_dir`` writes the report files. Every other keyword goes to :func:`pipeline.convert`: ``converters=``,
+    ``passes=``, and settings such as ``tolerances=``,
     ``dynamic=``, ``precision=``.
 
     >>> report = compare(model, sample, per_layer=True, output_dir="out/compare")  # doctest: +SKIP
@@ -171,7 +173,15 @@ def compare_graphs(
         if per_layer:
             logger.info("per-layer comparison (memory budget %d MiB)", memory_budget >> 20)
             layers = compare_layers(
-                model, references[0].model, io, final, feeds, settings, float64=float64, memory_budget=memory_budget
+                model,
+                references[0].model,
+                io,
+                final,
+                feeds,
+                settings,
+                float64=float64,
+                memory_budget=memory_budget,
+                backend=layer_backend(plans, final, io, settings),
             )
     infos = [RunnerInfo(r.name, "PyTorch, float64 copy" if r.float64 else "PyTorch") for r in references]
     infos += [RunnerInfo(p.name, p.description, p.skipped) for p in plans]
@@ -195,6 +205,18 @@ def compare_graphs(
     if output_dir is not None:
         report.write(Path(output_dir))
     return report
+
+
+def layer_backend(plans: Sequence[RunnerPlan], final: onnx.ModelProto, io: IOSpec, settings: Settings) -> LayerBackend:
+    """Where per-layer intermediates come from: TensorRT engines when TensorRT is among the runners and runs here,
+    else ONNX Runtime on the final graph, with the reason TensorRT was not used."""
+    tensorrt = next((p for p in plans if p.name == TENSORRT), None)
+    if tensorrt is not None and tensorrt.runner is not None:
+        from pipeline.compare_tensorrt import TensorRTLayers
+
+        return TensorRTLayers(final, io, settings)
+    why = "not among the backends" if tensorrt is None else f"cannot run here: {tensorrt.skipped}"
+    return OnnxRuntimeLayers(final, io, settings, note=f"ONNX Runtime on the final graph (TensorRT {why})")
 
 
 def check_reference_dtype(reference_dtype: str) -> None:

@@ -7,8 +7,10 @@ submodules whose dtype and shape fit the module's output. Modules are listed in 
 its last submodule, which share a tensor, child first); the first one outside tolerance is the first divergence.
 
 Intermediates are observed in chunks: each chunk marks as many tensors as graph outputs as fit the memory budget
-(counting the ONNX Runtime copy and the PyTorch copy, for one input at a time), runs ONNX Runtime and the hooked
-model on every input, keeps the statistics and drops the tensors.
+(counting the backend's copy and the PyTorch copy, for one input at a time), runs the backend and the hooked
+model on every input, keeps the statistics and drops the tensors. The backend is ONNX Runtime on the final graph
+(:class:`OnnxRuntimeLayers`) or TensorRT engines built with the chunk's tensors marked as outputs
+(:class:`pipeline.compare_tensorrt.TensorRTLayers`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -112,6 +114,43 @@ class LayerReport:
     chunks: int
     memory_budget: int
     nodes_without_module: int = 0
+    note: str = ""  # where the intermediates come from, and what that means for reading them
+
+
+class LayerBackend(Protocol):
+    """Where intermediates are observed: ``markable`` keeps the matches whose tensor it can observe (the others
+    come back as unmatched rows with the reason); ``runner`` is a Polygraphy runner whose outputs include the
+    given ``(tensor, dtype)`` pairs."""
+
+    name: str
+    note: str
+
+    def markable(self, matches: Sequence[LayerMatch]) -> tuple[list[LayerMatch], list[tuple[str, str, str]]]: ...
+
+    def runner(self, tensors: Sequence[tuple[str, str]]) -> Any: ...
+
+
+class OnnxRuntimeLayers:
+    """ONNX Runtime on a copy of the final graph whose outputs are the chunk's tensors."""
+
+    name = "onnxruntime"
+
+    def __init__(self, final: onnx.ModelProto, io: IOSpec, settings: Settings, note: str = "") -> None:
+        self.io, self.settings = io, settings
+        self.note = note or "ONNX Runtime on the final graph"
+        self._working = onnx.ModelProto()
+        self._working.CopyFrom(final)
+
+    def markable(self, matches: Sequence[LayerMatch]) -> tuple[list[LayerMatch], list[tuple[str, str, str]]]:
+        return list(matches), []
+
+    def runner(self, tensors: Sequence[tuple[str, str]]) -> Any:
+        from polygraphy.backend.onnxrt import OnnxrtRunner
+
+        del self._working.graph.output[:]
+        for tensor, dtype in tensors:
+            self._working.graph.output.append(onnx.helper.make_tensor_value_info(tensor, _ONNX_TYPE[dtype], None))
+        return OnnxrtRunner(onnxruntime_session(self._working, self.io, self.settings), name="onnxruntime-layers")
 
 
 def compare_layers(
@@ -124,28 +163,32 @@ def compare_layers(
     *,
     float64: bool = False,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    backend: LayerBackend | None = None,
 ) -> LayerReport:
-    """Compare every matched module output of ``reference`` (``model`` or its float64 copy) with ONNX Runtime
-    on ``final``, over ``feeds``, holding at most about ``memory_budget`` bytes of intermediates at a time."""
+    """Compare every matched module output of ``reference`` (``model`` or its float64 copy) with ``backend``'s
+    intermediates (default: ONNX Runtime on ``final``), over ``feeds``, holding at most about ``memory_budget``
+    bytes of intermediates at a time."""
+    backend = backend or OnnxRuntimeLayers(final, io, settings)
     largest = max(feeds, key=lambda f: sum(int(np.asarray(v).size) for v in f.values()))
     outputs = record_module_outputs(model, io, largest)
     matches, unmatched = match_modules(final, outputs)
+    matches, hidden = backend.markable(matches)
     chunks = chunk_matches(matches, memory_budget)
     accumulators = {m.module: ErrorAccumulator(settings.tolerance_for(m.module, m.dtype)) for m in matches}
-    working = onnx.ModelProto()
-    working.CopyFrom(final)
     for index, chunk in enumerate(chunks):
         logger.info("per-layer chunk %d/%d: %d tensors", index + 1, len(chunks), len({m.tensor for m in chunk}))
-        _run_chunk(chunk, working, reference, io, feeds, settings, accumulators, float64)
+        runner = backend.runner(list(dict((m.tensor, m.dtype) for m in chunk).items()))
+        _run_chunk(chunk, runner, reference, io, feeds, accumulators, float64)
     layers, mismatched = _results(matches, accumulators)
     return LayerReport(
-        backend="onnxruntime",
+        backend=backend.name,
         layers=tuple(layers),
-        unmatched=(*unmatched, *mismatched),
+        unmatched=(*unmatched, *hidden, *mismatched),
         first_divergence=first_divergence(layers, final),
         chunks=len(chunks),
         memory_budget=memory_budget,
         nodes_without_module=sum(1 for n in final.graph.node if module_path(_metadata(n)) is None),
+        note=backend.note,
     )
 
 
@@ -289,25 +332,21 @@ def _results(
 
 def _run_chunk(
     chunk: Sequence[LayerMatch],
-    working: onnx.ModelProto,
+    backend: Any,
     reference: torch.nn.Module,
     io: IOSpec,
     feeds: Sequence[Feed],
-    settings: Settings,
     accumulators: dict[str, ErrorAccumulator],
     float64: bool,
 ) -> None:
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator
-
-    del working.graph.output[:]
-    for tensor, dtype in dict((m.tensor, m.dtype) for m in chunk).items():
-        working.graph.output.append(onnx.helper.make_tensor_value_info(tensor, _ONNX_TYPE[dtype], None))
-    backend = OnnxrtRunner(onnxruntime_session(working, io, settings), name="onnxruntime-layers")
+    """Run the backend runner and the hooked model on every feed and add each module's errors. The backend gets
+    only the inputs it has: an engine whose outputs are early intermediates may have lost later-used inputs."""
     hooked = ModuleOutputRunner(reference, io, [m.module for m in chunk], float64=float64)
-    with _polygraphy_quiet():
-        for single in Comparator.run([backend, hooked], data_loader=list(feeds), streaming=True):
-            (_, [actual]), (_, [expected]) = single[0], single[1]
+    with _polygraphy_quiet(), backend, hooked:
+        wanted = set(backend.get_input_metadata().keys())
+        for feed in feeds:
+            actual = backend.infer({name: value for name, value in feed.items() if name in wanted})
+            expected = hooked.infer(feed)
             for m in chunk:
                 if m.module in expected:
                     accumulators[m.module].add(np.asarray(actual[m.tensor]), np.asarray(expected[m.module]))

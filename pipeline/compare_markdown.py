@@ -80,6 +80,8 @@ def _layers_markdown(report: ComparisonReport, files: dict[str, str]) -> list[st
     layers = report.layers
     assert layers is not None
     lines = ["", f"## Per layer ({layers.backend} on the final graph against `{report.reference}`)", ""]
+    if layers.note:
+        lines += [f"Intermediates from: {layers.note}.", ""]
     divergence = layers.first_divergence
     if divergence is None:
         lines.append("No module is outside tolerance." if layers.layers else "No module could be matched.")
@@ -163,7 +165,7 @@ def _layers_table(report: ComparisonReport) -> list[str]:
     layers = report.layers
     assert layers is not None
     lines = [
-        f"per layer   {len(layers.layers)} modules compared, {len(layers.unmatched)} not matched, "
+        f"per layer   on {layers.backend}: {len(layers.layers)} modules compared, {len(layers.unmatched)} not matched, "
         f"{layers.chunks} chunk(s) of <= {layers.memory_budget / 2**20:.0f} MiB"
     ]
     divergence = layers.first_divergence

@@ -218,6 +218,7 @@ def _layers_dict(layers: LayerReport) -> dict[str, Any]:
     divergence = layers.first_divergence
     return {
         "backend": layers.backend,
+        "backend_note": layers.note,
         "first_divergence": None
         if divergence is None
         else {

@@ -218,9 +218,13 @@ def build_engine(
     static_check: StaticCheck | None = None,
 ) -> bytes:
     """Serialized engine for the final graph; the timing cache is loaded from and merged back into ``timing_cache``."""
+    return engine_from_network(parse_network(model, static_check), io, settings, timing_cache)
+
+
+def engine_from_network(network: tuple[Any, Any, Any], io: IOSpec, settings: Settings, timing_cache: Path) -> bytes:
+    """Serialized engine for a parsed ``(builder, network, parser)``; see :func:`build_engine`."""
     from polygraphy.backend.trt import EngineBytesFromNetwork
 
-    network = parse_network(model, static_check)
     timing_cache.parent.mkdir(parents=True, exist_ok=True)
     config = create_config(io, settings, timing_cache)
     try:
@@ -232,6 +236,57 @@ def build_engine(
             "memory, or convert with backend='onnxruntime'",
         ) from exc
     return bytes(engine)
+
+
+def timing_cache_path(settings: Settings) -> Path:
+    """The timing cache file: ``trt_timing_cache``, else the engine cache's one for this TensorRT and GPU."""
+    from pipeline.engine_cache import EngineCache
+
+    if settings.trt_timing_cache:
+        return Path(settings.trt_timing_cache)
+    return EngineCache(settings.cache_dir).timing_cache_path(device_identity())
+
+
+def network_tensors(network: trt.INetworkDefinition) -> dict[str, trt.ITensor]:
+    """Every tensor a layer of the parsed network produces, by name: what can be marked as an output. An ONNX
+    tensor the parser fused away or removed (an Identity, a folded constant) is not among them."""
+    tensors = {}
+    for index in range(network.num_layers):
+        layer: trt.ILayer = network.get_layer(index)
+        for position in range(layer.num_outputs):
+            tensor: trt.ITensor | None = layer.get_output(position)
+            if tensor is not None:  # an omitted optional output
+                tensors[tensor.name] = tensor
+    return tensors
+
+
+def mark_outputs(network: trt.INetworkDefinition, names: Sequence[str]) -> None:
+    """Make the named tensors (which the network must have) its only outputs, as Polygraphy's
+    ``ModifyNetworkOutputs`` does; that one fails on a name the network lacks, so it is not used."""
+    tensors = network_tensors(network)
+    for old in [network.get_output(i) for i in range(network.num_outputs)]:
+        network.unmark_output(old)
+    for name in names:
+        network.mark_output(tensors[name])
+
+
+class MarkedOutputEngines:
+    """The final graph parsed once, and engines built from it with chosen tensors as the only outputs (for the
+    per-layer comparison). Marked outputs stop fusions across them, so these are not the production engine."""
+
+    def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
+        self.io, self.settings = io, settings
+        self._parsed = parse_network(model)  # (builder, network, parser): kept alive across the builds
+        self._timing_cache = timing_cache_path(settings)
+
+    def tensor_names(self) -> list[str]:
+        network: trt.INetworkDefinition = self._parsed[1]
+        return list(network_tensors(network))
+
+    def build(self, names: Sequence[str]) -> bytes:
+        network: trt.INetworkDefinition = self._parsed[1]
+        mark_outputs(network, names)
+        return engine_from_network(self._parsed, self.io, self.settings, self._timing_cache)
 
 
 class TensorRTExecutor:
@@ -258,7 +313,7 @@ class TensorRTExecutor:
 
         device = device_identity()
         cache = EngineCache(settings.cache_dir)
-        timing = Path(settings.trt_timing_cache) if settings.trt_timing_cache else cache.timing_cache_path(device)
+        timing = timing_cache_path(settings)
 
         def build() -> bytes:
             return build_engine(model, io, settings, timing, static_check)
