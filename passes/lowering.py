@@ -21,6 +21,7 @@ from converters.registry import ConverterEntry, ConverterRegistry
 from converters.settings import Settings
 from converters.targets import OpKey, node_key
 from passes.base import PassResult
+from passes.cleanup import remove_unused, toposort
 from passes.onnx_io import module_path
 from passes.rewiring import replace_outputs
 
@@ -59,7 +60,7 @@ class LowerCustomOps:
         if unconverted:
             raise ConversionError(_unconverted_message(unconverted), fix=_FIX)
         if modified:
-            graph.cleanup(remove_unused_graph_inputs=False).toposort()
+            toposort(remove_unused(graph))
         return PassResult(graph, modified)
 
 
