@@ -30,30 +30,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipeline", description="PyTorch -> ONNX -> TensorRT / ONNX Runtime")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    convert = commands.add_parser("convert", help="convert a model and write the artifact, graph and report")
-    convert.add_argument(
+def add_model_arguments(parser: argparse.ArgumentParser, *, output_help: str) -> None:
+    """The arguments that say which model to take and how to call it (shared by convert and compare)."""
+    parser.add_argument(
         "spec",
         help="path/to/file.py:factory or package.module:factory; the factory returns a module or (module, sample)",
     )
-    convert.add_argument(
+    parser.add_argument(
         "--input",
         action="append",
         default=[],
         metavar="NAME:SHAPE[:DTYPE]",
         help="a forward() argument, e.g. x:1x3x224x224 or input_ids:1x128:int64 (random values)",
     )
-    convert.add_argument(
+    parser.add_argument(
         "--dynamic",
         action="append",
         default=[],
         metavar="INPUT:AXIS:NAME:MIN:OPT:MAX",
         help="a dynamic dimension, e.g. x:0:batch:1:8:32",
     )
-    convert.add_argument("-o", "--output", required=True, type=Path, help="output directory")
+    parser.add_argument("-o", "--output", required=True, type=Path, help=output_help)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pipeline", description="PyTorch -> ONNX -> TensorRT / ONNX Runtime")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    convert = commands.add_parser("convert", help="convert a model and write the artifact, graph and report")
+    add_model_arguments(convert, output_help="output directory")
     convert.add_argument("--backend", default="auto", choices=["auto", "onnxruntime", "tensorrt"])
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")

@@ -22,26 +22,12 @@ from converters.registry import ConverterRegistry
 
 def add_compare_command(commands: Any) -> None:
     """Add the ``compare`` subcommand to ``pipeline``'s subparsers."""
+    from pipeline.cli import add_model_arguments
     from pipeline.compare_layers import DEFAULT_MEMORY_BUDGET
     from pipeline.compare_runners import REFERENCE_DTYPES, RUNNERS
 
     parser = commands.add_parser("compare", help="compare a converted model with PyTorch and write a report")
-    parser.add_argument("spec", help="path/to/file.py:factory or package.module:factory (as for convert)")
-    parser.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="NAME:SHAPE[:DTYPE]",
-        help="a forward() argument with random values, e.g. input_ids:1x128:int64",
-    )
-    parser.add_argument(
-        "--dynamic",
-        action="append",
-        default=[],
-        metavar="INPUT:AXIS:NAME:MIN:OPT:MAX",
-        help="a dynamic dimension, e.g. x:0:batch:1:8:32",
-    )
-    parser.add_argument("-o", "--output", required=True, type=Path, help="report directory")
+    add_model_arguments(parser, output_help="report directory")
     parser.add_argument(
         "--backend",
         action="append",
