@@ -99,8 +99,9 @@ def export(
             model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops
         )
 
-    _check_protobuf_limit(program.model_proto)
-    exported, metadata = to_graph(program.model_proto)
+    original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
+    _check_protobuf_limit(original)
+    exported, metadata = to_graph(original)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
         raise ExportError(
             f"the exporter wrote {len(exported.inputs)} inputs and {len(exported.outputs)} outputs, but the call has "
@@ -109,7 +110,7 @@ def export(
         )
     _rename_io(exported, names, out_names)
     _name_dynamic_dims(exported, settings.dynamic)
-    proto = to_model(exported, program.model_proto, metadata)
+    proto = to_model(exported, original, metadata)
     spec = IOSpec(
         inputs=tuple(_tensor_spec(v) for v in proto.graph.input),
         outputs=tuple(_tensor_spec(v) for v in proto.graph.output),
@@ -171,7 +172,7 @@ def _torch_export(
                 ),
             ) from exc
     logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
-    if program is None or program.model_proto is None:
+    if program is None or program.model is None:
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     return program
 
