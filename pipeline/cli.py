@@ -97,7 +97,7 @@ def _convert(args: argparse.Namespace) -> int:
     from pipeline.artifact import write_file_atomically
     from pipeline.conversion import convert
 
-    model, sample = _load_spec(args.spec)
+    model, sample = load_spec(args.spec)
     if args.input:
         sample = ((), {name: tensor for name, tensor in _random_inputs(args.input, args.seed)})
     if sample is None:
@@ -124,29 +124,9 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_spec(spec: str) -> tuple[torch.nn.Module, Any]:
-    target, sep, factory_name = spec.rpartition(":")
-    if not sep or not target or not factory_name:
-        raise InputError(
-            f"cannot read model spec {spec!r}", fix="write path/to/file.py:factory or package.module:factory"
-        )
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise InputError(f"no such file: {target}", fix="check the path in the model spec")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert module_spec is not None and module_spec.loader is not None
-        source = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(source)
-    else:
-        try:
-            source = importlib.import_module(target)
-        except ImportError as exc:
-            raise InputError(f"cannot import {target!r}: {exc}", fix="check the module name and PYTHONPATH") from exc
-    factory = getattr(source, factory_name, None)
-    if not callable(factory):
-        raise InputError(f"{target} has no callable {factory_name!r}", fix="name a function that builds the model")
-    built = factory()
+def load_spec(spec: str) -> tuple[torch.nn.Module, Any]:
+    """The model (and sample, when the factory returns one) named by ``SPEC``."""
+    built = call_factory(spec)
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         return built[0], built[1]
     if isinstance(built, torch.nn.Module):
@@ -154,6 +134,38 @@ def _load_spec(spec: str) -> tuple[torch.nn.Module, Any]:
     raise InputError(
         f"{spec} returned {type(built).__name__}", fix="the factory must return an nn.Module or (module, sample)"
     )
+
+
+_SOURCES: dict[str, Any] = {}  # a file is executed once, so the model and its converters share custom ops
+
+
+def call_factory(spec: str) -> Any:
+    """Call the factory named by ``path/to/file.py:factory`` or ``package.module:factory``."""
+    target, sep, factory_name = spec.rpartition(":")
+    if not sep or not target or not factory_name:
+        raise InputError(f"cannot read spec {spec!r}", fix="write path/to/file.py:factory or package.module:factory")
+    if target not in _SOURCES:
+        _SOURCES[target] = _import(target)
+    factory = getattr(_SOURCES[target], factory_name, None)
+    if not callable(factory):
+        raise InputError(f"{target} has no callable {factory_name!r}", fix="name a function that builds it")
+    return factory()
+
+
+def _import(target: str) -> Any:
+    if not target.endswith(".py"):
+        try:
+            return importlib.import_module(target)
+        except ImportError as exc:
+            raise InputError(f"cannot import {target!r}: {exc}", fix="check the module name and PYTHONPATH") from exc
+    path = Path(target)
+    if not path.is_file():
+        raise InputError(f"no such file: {target}", fix="check the path in the spec")
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert module_spec is not None and module_spec.loader is not None
+    source = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(source)
+    return source
 
 
 def _random_inputs(specs: list[str], seed: int) -> list[tuple[str, torch.Tensor]]:

@@ -9,15 +9,11 @@ writes the report directory, and exits 0 when every output is within tolerance, 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from converters.errors import InputError
 from converters.registry import ConverterRegistry
+from pipeline.cli import call_factory, load_spec
 
 
 def add_compare_command(commands: Any) -> None:
@@ -77,7 +73,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from pipeline.cli import _dynamic, _random_inputs
     from pipeline.compare import compare
 
-    model, sample = _model(args.spec)
+    model, sample = load_spec(args.spec)
     if args.input:
         sample = ((), dict(_random_inputs(args.input, args.seed)))
     if sample is None:
@@ -87,7 +83,7 @@ def run_compare(args: argparse.Namespace) -> int:
         )
     registry = None
     if args.converters:
-        registry = _call(args.converters)
+        registry = call_factory(args.converters)
         if not isinstance(registry, ConverterRegistry):
             raise InputError(
                 f"{args.converters} returned {type(registry).__name__}",
@@ -109,48 +105,6 @@ def run_compare(args: argparse.Namespace) -> int:
     )
     print(report.table(args.output))
     return 0 if report.passed else 1
-
-
-def _model(spec: str) -> tuple[torch.nn.Module, Any]:
-    built = _call(spec)
-    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
-        return built[0], built[1]
-    if isinstance(built, torch.nn.Module):
-        return built, None
-    raise InputError(
-        f"{spec} returned {type(built).__name__}", fix="the factory must return an nn.Module or (module, sample)"
-    )
-
-
-_SOURCES: dict[str, Any] = {}  # a file is executed once, so the model and its converters share custom ops
-
-
-def _call(spec: str) -> Any:
-    target, sep, factory_name = spec.rpartition(":")
-    if not sep or not target or not factory_name:
-        raise InputError(f"cannot read spec {spec!r}", fix="write path/to/file.py:factory or package.module:factory")
-    if target not in _SOURCES:
-        _SOURCES[target] = _import(target)
-    factory = getattr(_SOURCES[target], factory_name, None)
-    if not callable(factory):
-        raise InputError(f"{target} has no callable {factory_name!r}", fix="name a function that builds it")
-    return factory()
-
-
-def _import(target: str) -> Any:
-    if not target.endswith(".py"):
-        try:
-            return importlib.import_module(target)
-        except ImportError as exc:
-            raise InputError(f"cannot import {target!r}: {exc}", fix="check the module name and PYTHONPATH") from exc
-    path = Path(target)
-    if not path.is_file():
-        raise InputError(f"no such file: {target}", fix="check the path in the spec")
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
-    source = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(source)
-    return source
 
 
 def _tolerances(specs: list[str]) -> dict[str, tuple[float, float]]:
