@@ -32,9 +32,7 @@ class _Bucketize(torch.nn.Module):
 
 
 @converter_case(lambda: _Bucketize(right=False), inputs=[((4, 16), "float32")])
-@converter_case(
-    lambda: _Bucketize(right=True), inputs=[((3, 5, 7), "float32")], dynamic={"x": {0: ("batch", 1, 3, 8)}}
-)
+@converter_case(lambda: _Bucketize(right=True), inputs=[((3, 5, 7), "float32")], dynamic={"x": {0: ("batch", 1, 3, 8)}})
 def convert_bucketize(ctx: ConverterContext) -> gs.Tensor:
     """``aten::bucketize.Tensor``: the index of each value's bucket = how many boundaries lie below it.
 

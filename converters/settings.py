@@ -98,9 +98,17 @@ class Settings:
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     opset: int | None = None
     fold_size_threshold: int = 4 << 20
+    # Weights totalling more than this many bytes are exported to an external data file in a private directory
+    # under weights_dir (default: the system's temporary directory) and stay on disk through the passes, the
+    # sessions and the artifact: needed above protobuf's 2 GiB limit, and it keeps the weights out of memory.
+    external_data_threshold: int = 1 << 30
+    weights_dir: str | None = None
     max_pass_iterations: int = 4
     ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     ort_intra_op_threads: int | None = None
+    # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
+    # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
+    ort_prepack_weights: bool | None = None
     trt_workspace_bytes: int | None = None
     trt_builder_optimization_level: int | None = None
     # TensorRT build (pipeline.backends.tensorrt). TF32 is off unless asked for: it would break fp32 tolerances.

@@ -21,6 +21,8 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor, dtype_to_onnx
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
+from passes.external_data import ExternalValues  # read into the fold session: it has no weights directory
+
 logger = logging.getLogger(__name__)
 
 #: Foldable nodes per ONNX Runtime session: small enough that session creation stays linear, large enough that its
@@ -150,7 +152,7 @@ def _export(
         elif isinstance(tensor, gs.Constant):
             if isinstance(tensor._values, SparseValues):
                 sparse.append(OnnxExporter.export_sparse_tensor_proto(tensor))
-            elif isinstance(tensor._values, LazyValues):
+            elif isinstance(tensor._values, LazyValues) and not isinstance(tensor._values, ExternalValues):
                 initializers.append(OnnxExporter.export_tensor_proto(tensor))
             else:
                 initializers.append(constant_to_onnx_tensor(tensor))

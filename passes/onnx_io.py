@@ -14,6 +14,8 @@ from collections.abc import Mapping
 import onnx
 import onnx_graphsurgeon as gs
 
+from passes.external_data import attach_weights, spill_constants, weights_dir
+
 NodeMetadata = Mapping[str, Mapping[str, str]]
 
 
@@ -27,6 +29,7 @@ def to_graph(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, dict[str, str]
     graph = gs.import_onnx(model)
     for node in graph.nodes:
         node.metadata = metadata.get(node.name, {})
+    attach_weights(graph, model)  # external weights are read from the model's weights directory
     return graph, metadata
 
 
@@ -50,6 +53,9 @@ def module_path(metadata: Mapping[str, str]) -> str | None:
 
 def to_model(graph: gs.Graph, template: onnx.ModelProto, metadata: NodeMetadata) -> onnx.ModelProto:
     """Export a graph, restoring model-level fields of ``template`` and node metadata by name."""
+    directory = weights_dir(template)
+    if directory is not None:  # a model with external weights: large constants the passes made join them on disk
+        spill_constants(graph, directory)
     model = gs.export_onnx(graph)
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from passes.precision_types import FOLLOWER_OPS
 
@@ -47,10 +48,17 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    for index, tensor in enumerate(graph.initializer):
-        if tensor.data_type in HALF:
-            graph.initializer[index].CopyFrom(_widened(tensor))
     nodes = []
+    for index, tensor in enumerate(graph.initializer):
+        if tensor.data_type not in HALF:
+            continue
+        if uses_external_data(tensor):  # stays in its file (a large model): widened by a Cast when the session runs
+            stored = f"{tensor.name}__emulated_stored"
+            widen = helper.make_node("Cast", [stored], [tensor.name], name=f"{tensor.name}/emulate_fp32", to=FLOAT)
+            nodes.append(widen)
+            tensor.name = stored
+        else:
+            graph.initializer[index].CopyFrom(_widened(tensor))
     for node in graph.node:
         _widen_attributes(node)
         nodes.append(node)

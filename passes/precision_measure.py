@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from passes.external_data import ort_session_bytes
 from passes.onnx_io import module_path
 from passes.precision_rules import Island
 from passes.precision_types import LowType
@@ -76,7 +77,7 @@ def _session(model: onnx.ModelProto, providers: Sequence[str]) -> ort.InferenceS
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=list(providers))
+    return ort.InferenceSession(ort_session_bytes(model, options), sess_options=options, providers=list(providers))
 
 
 def peak_magnitudes(

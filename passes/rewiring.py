@@ -42,5 +42,3 @@ def _rewire(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor, ctx: ConverterConte
                 identity.converted_by = "rewiring"
                 graph.nodes.append(identity)
                 graph.outputs[index] = copy
-
-

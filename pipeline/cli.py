@@ -117,7 +117,7 @@ def _convert(args: argparse.Namespace) -> int:
     )
     out: Path = args.output
     artifact = module.save(out / ARTIFACT_NAME)
-    write_file_atomically(out / "model.onnx", module.onnx.SerializeToString())
+    module.save_onnx(out / "model.onnx")  # with model.onnx.data beside it when the weights are external
     write_file_atomically(out / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
     print(module.report.summary())
     print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")

@@ -35,7 +35,7 @@ from pipeline.compare_runners import (
     plan_runners,
 )
 from pipeline.compare_stats import RULE, ErrorAccumulator
-from pipeline.export import eval_mode, export
+from pipeline.export import ExportedGraph, eval_mode, export
 from pipeline.io_spec import IOSpec, normalise_sample
 from pipeline.validate import Feed, _polygraphy_quiet, validation_feeds
 from pipeline.versions import library_versions
@@ -85,12 +85,12 @@ def compare(
     with eval_mode(model):
         module = convert(model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options)
         exported = _exported_graph(model, samples[0], module.settings, backends, convert_options)
-    return compare_converted(
+    return compare_converted(  # ``exported`` (and its external weights, if any) lives until this returns
         module,
         model,
         samples,
         many=many,
-        exported=exported,
+        exported=None if exported is None else exported.model,
         backends=backends,
         reference_dtype=reference_dtype,
         per_layer=per_layer,
@@ -237,14 +237,14 @@ def _conversion_backend(backends: str | Sequence[str]) -> str:
 
 def _exported_graph(
     model: torch.nn.Module, sample: Any, settings: Settings, backends: str | Sequence[str], options: dict[str, Any]
-) -> onnx.ModelProto | None:
+) -> ExportedGraph | None:
     """The exporter's graph for the ``onnxruntime-exported`` runner. ``convert`` does not keep it, so the model
     is exported once more (with the same converters' ops opaque)."""
     if backends != "auto" and EXPORTED not in backends:
         return None
     registry = options.get("converters") or default_registry()
     translations = options.get("custom_translation_table")
-    return export(model, sample, settings, translations, registry.torch_ops()).model
+    return export(model, sample, settings, translations, registry.torch_ops())
 
 
 def _reference_runners(model: torch.nn.Module, io: IOSpec, float64: bool) -> list[TorchReference]:

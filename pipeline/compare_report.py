@@ -13,6 +13,7 @@ from typing import Any
 import onnx
 
 from converters.settings import Settings
+from passes.external_data import save_onnx
 from pipeline.compare_layers import Divergence, LayerComparison, LayerReport
 from pipeline.compare_stats import HIST_EDGES, ErrorStats
 from pipeline.io_spec import IOSpec
@@ -200,18 +201,8 @@ class ComparisonReport:
 
 
 def _save_graph(model: onnx.ModelProto, path: Path) -> Path:
-    """The final graph as one file; over protobuf's 2 GiB limit, with its weights in ``<name>.data`` beside it."""
-    from pipeline.artifact import write_file_atomically
-
-    try:
-        data = model.SerializeToString()
-    except ValueError:
-        large = onnx.ModelProto()
-        large.CopyFrom(model)  # save_model moves the weights of the model it is given out of the proto
-        path.parent.mkdir(parents=True, exist_ok=True)
-        onnx.save_model(large, str(path), save_as_external_data=True, location=f"{path.name}.data")
-        return path
-    return write_file_atomically(path, data)
+    """The final graph as one file; with external weights (large models), they go to ``<name>.data`` beside it."""
+    return save_onnx(model, path)[0]
 
 
 def _layers_dict(layers: LayerReport) -> dict[str, Any]:

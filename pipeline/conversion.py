@@ -19,6 +19,7 @@ from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
 from passes.base import Placement
+from passes.external_data import check_model, remove_unused_files
 from pipeline.artifact import read_artifact
 from pipeline.backends import build_executor, select_backend
 from pipeline.export import ExportedGraph, eval_mode, export
@@ -85,6 +86,8 @@ def convert(
             final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
         records += more
         io = boundary_io(exported.io, final)
+    if exported.weights is not None:  # files the final graph does not use (fp32 weights it holds as fp16 now,
+        remove_unused_files(exported.weights.directory, [final])  # precision candidates): gigabytes each
     with _stage("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
     with _stage("build", stages):
@@ -108,7 +111,7 @@ def convert(
         compatibility=compatibility.to_dict(),
         precision=precision,
     )
-    return ConvertedModule(executor, io, final, config, report)
+    return ConvertedModule(executor, io, final, config, report, exported.weights)
 
 
 DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
@@ -161,7 +164,7 @@ def run_passes(
     graph, records = manager.run(graph, settings)
     final = to_model(graph, exported.model, exported.node_metadata)
     try:
-        onnx.checker.check_model(final)
+        check_model(final)
     except onnx.checker.ValidationError as exc:
         ran = ", ".join(dict.fromkeys(r.name for r in records)) or "none"
         raise ConversionError(
@@ -190,7 +193,7 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     runnable = runnable_model(artifact.onnx_model, chosen, settings)  # a half graph on the CPU: its emulation
     executor = build_executor(chosen, runnable, io, settings, engine=engine)
     report = ConversionReport.from_dict(artifact.metadata["report"])
-    return ConvertedModule(executor, io, artifact.onnx_model, settings, report)
+    return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 
 
 def _usable_engine(

@@ -32,6 +32,7 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from converters.errors import BuildError
+from passes.external_data import set_weights_dir, weights_dir
 from pipeline.artifact import write_file_atomically
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,15 @@ CACHE_FORMAT = 1
 
 
 def graph_digest(model: onnx.ModelProto, base_dir: str | Path | None = None) -> str:
-    """SHA-256 of the serialized graph and of every external-data file its tensors point to (under ``base_dir``).
+    """SHA-256 of the serialized graph and of every external-data file its tensors point to (under ``base_dir``,
+    by default the pipeline's weights directory of the model).
 
     Two graphs that differ only in external weights get different digests, since the weights are part of it.
     """
+    if base_dir is None:
+        base_dir = weights_dir(model)
+    if weights_dir(model) is not None:  # the key names a private directory that changes from run to run
+        model = _copy_without_weights_dir(model)
     digest = hashlib.sha256(model.SerializeToString(deterministic=True))
     locations = sorted({ExternalDataInfo(t).location for t in _tensors(model.graph) if uses_external_data(t)})
     for location in locations:
@@ -65,6 +71,13 @@ def graph_digest(model: onnx.ModelProto, base_dir: str | Path | None = None) -> 
                 fix="keep the external data file beside the .onnx file it belongs to",
             ) from exc
     return digest.hexdigest()
+
+
+def _copy_without_weights_dir(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    set_weights_dir(copy, None)
+    return copy
 
 
 def cache_key(graph: str, device: Mapping[str, str], build_settings: Mapping[str, Any]) -> str:

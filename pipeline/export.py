@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from converters.settings import DynamicDim, Settings
+from passes.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
 from passes.onnx_io import to_graph, to_model
 from pipeline import io_spec
 from pipeline.io_spec import IOSpec, TensorSpec
@@ -54,6 +55,9 @@ class ExportedGraph:
     model: onnx.ModelProto
     io: IOSpec
     node_metadata: dict[str, dict[str, str]]
+    # the directory of the graph's external weights, when they exceed settings.external_data_threshold; whoever
+    # uses the graph keeps this handle (the directory is removed when the last holder goes)
+    weights: WeightFiles | None = None
 
 
 def export(
@@ -99,8 +103,14 @@ def export(
             model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops
         )
 
-    original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
-    _check_protobuf_limit(original)
+    weights = None
+    if _weight_bytes(program) > settings.external_data_threshold:
+        weights = WeightFiles(settings.weights_dir)
+        original = _save_external(program, weights)
+    else:
+        original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
+        _check_protobuf_limit(original)
+    del program  # it holds the torch weights only by reference, but nothing needs it now
     exported, metadata = to_graph(original)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
         raise ExportError(
@@ -123,7 +133,7 @@ def export(
     for t, out in zip(spec.outputs, out_tensors, strict=True):
         if t.dtype != str(out.dtype).removeprefix("torch."):
             logger.warning("output %s is %s in PyTorch but %s in the graph", t.name, out.dtype, t.dtype)
-    return ExportedGraph(proto, spec, metadata)
+    return ExportedGraph(proto, spec, metadata, weights)
 
 
 def _torch_export(
@@ -177,18 +187,41 @@ def _torch_export(
     return program
 
 
-#: Protobuf cannot serialise a message of 2 GiB or more; ONNX then needs weights in external data files.
-PROTOBUF_LIMIT = (2 << 30) - 1
+def _weight_bytes(program: Any) -> int:
+    """Bytes of the exported program's initializers (the ONNX IR refers to the torch tensors: nothing is copied)."""
+    return sum(
+        value.const_value.nbytes for value in program.model.graph.initializers.values() if value.const_value is not None
+    )
+
+
+def _save_external(program: Any, weights: WeightFiles) -> onnx.ModelProto:
+    """Write the weights to ``model.onnx.data`` in ``weights`` tensor by tensor, and read back the graph alone."""
+    path = weights.directory / "model.onnx"
+    start = time.perf_counter()
+    try:
+        program.save(str(path), external_data=True)
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        weights.cleanup()
+        raise ExportError(
+            f"writing the exported weights to {weights.directory} failed: {type(exc).__name__}: {exc}",
+            fix="free disk space there, or pass weights_dir= a directory with room for the model's weights",
+        ) from exc
+    finally:
+        path.unlink(missing_ok=True)  # the graph lives on as a proto; only the data file stays
+    set_weights_dir(model, weights.directory)
+    logger.debug("weights written to %s in %.2f s", weights.directory, time.perf_counter() - start)
+    return model
 
 
 def _check_protobuf_limit(model: onnx.ModelProto) -> None:
     size = model.ByteSize()
     if size > PROTOBUF_LIMIT:
         raise ExportError(
-            f"the exported graph is {size / 2**30:.2f} GiB; graphs over 2 GiB (weights in external data files) are "
-            "not supported yet: the passes, ONNX Runtime session and artifact all serialise the graph in one piece",
-            fix="convert a smaller model, or export it yourself with torch.onnx.export(..., external_data=True) and "
-            "build the engine from the saved files with polygraphy or trtexec",
+            f"the exported graph is {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit, and was kept in memory "
+            "because external_data_threshold is set above the size of its weights",
+            fix="leave external_data_threshold at its default (1 GiB) or lower it, so the weights go to an external "
+            "data file",
         )
 
 

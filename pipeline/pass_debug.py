@@ -16,6 +16,7 @@ import onnxruntime as ort
 from converters.errors import ConversionError
 from converters.settings import Settings
 from passes.base import PassRecord
+from passes.external_data import ort_session_bytes
 from passes.onnx_io import NodeMetadata, to_model
 from pipeline.io_spec import IOSpec
 from pipeline.plugin_runtime import prepare_onnxruntime
@@ -64,5 +65,5 @@ class PassDebugger:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # judge the graph as written
         prepare_onnxruntime(model, options)  # plugin nodes: their CPU references
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(ort_session_bytes(model, options), options, providers=["CPUExecutionProvider"])
         return [np.asarray(o) for o in session.run([o.name for o in self.io.outputs], self.feed)]

@@ -80,8 +80,11 @@ def prepare_onnxruntime(model: onnx.ModelProto, options: Any) -> bool:
     for node in nodes:
         spec = find_plugin(node_plugin_id(node))
         if spec is None:  # a hand-made plugin node: its CPU reference, if any, is the user's own onnx_op
-            logger.warning("plugin node %s (%s) has no torch op: ONNX Runtime needs your own CPU reference",
-                           node.name, node_plugin_id(node))
+            logger.warning(
+                "plugin node %s (%s) has no torch op: ONNX Runtime needs your own CPU reference",
+                node.name,
+                node_plugin_id(node),
+            )
             continue
         unknown = [t for t in (*node.input, *node.output) if t not in types]
         if unknown:
@@ -167,9 +170,7 @@ def _reference(spec: PluginSpec, outputs: list[np.dtype]) -> Callable[..., Any]:
 def _check_results(spec: PluginSpec, results: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]) -> None:
     got = [r.dtype for r in results]
     if got != list(dtypes):
-        raise TypeError(
-            f"{spec.torch_op} returned {got}; its fake kernel (and so the plugin node) says {list(dtypes)}"
-        )
+        raise TypeError(f"{spec.torch_op} returned {got}; its fake kernel (and so the plugin node) says {list(dtypes)}")
 
 
 class PluginSession:

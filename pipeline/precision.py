@@ -31,6 +31,7 @@ import torch
 from converters.errors import ConversionError, InputError
 from converters.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from passes import GraphPass, PassManager, PassRecord, RemoveDeadNodes, TopologicalSort, to_graph, to_model
+from passes.external_data import check_model, ort_session_bytes
 from passes.precision import ConvertPrecision, Island, plan_precision
 from passes.precision_emulation import emulate_low_precision, has_low_precision
 from passes.precision_measure import measured_islands, session_feed
@@ -275,7 +276,9 @@ def _session(model: onnx.ModelProto, settings: Settings) -> ort.InferenceSession
     options.log_severity_level = 3
     if settings.ort_intra_op_threads is not None:
         options.intra_op_num_threads = settings.ort_intra_op_threads
-    return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        ort_session_bytes(model, options), sess_options=options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _search(
@@ -391,7 +394,7 @@ def boundary_io(io: IOSpec, model: onnx.ModelProto) -> IOSpec:
 
 def _check_valid(model: onnx.ModelProto) -> None:
     try:
-        onnx.checker.check_model(model, full_check=True)
+        check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ConversionError(
             f"the graph after the precision pass is not valid ONNX: {exc}",

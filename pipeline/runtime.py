@@ -10,6 +10,7 @@ import torch
 
 from converters.errors import InputError
 from converters.settings import Settings
+from passes.external_data import WeightFiles, save_onnx
 from pipeline.backends import Executor
 from pipeline.io_spec import IOSpec
 
@@ -21,14 +22,22 @@ if TYPE_CHECKING:
 class ConvertedModule(torch.nn.Module):
     """Call it like the original model; tensors come back on the device of the inputs.
 
-    ``.onnx`` is the final graph, ``.report`` the conversion report, ``.save(path)`` writes one artifact.
+    ``.onnx`` is the final graph, ``.report`` the conversion report, ``.save(path)`` writes one artifact and
+    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external).
     """
 
     def __init__(
-        self, executor: Executor, io: IOSpec, onnx_model: onnx.ModelProto, settings: Settings, report: ConversionReport
+        self,
+        executor: Executor,
+        io: IOSpec,
+        onnx_model: onnx.ModelProto,
+        settings: Settings,
+        report: ConversionReport,
+        weights: WeightFiles | None = None,
     ) -> None:
         super().__init__()
         self._executor = executor
+        self._weights = weights  # the external weights of onnx_model (large models) live while the module does
         self.io = io
         self._onnx = onnx_model
         self.settings = settings
@@ -60,6 +69,14 @@ class ConvertedModule(torch.nn.Module):
         from pipeline.artifact import save_artifact
 
         return save_artifact(self, Path(path))
+
+    def save_onnx(self, path: str | Path) -> list[Path]:
+        """Write the final graph to ``path`` for other tools (polygraphy, trtexec, ONNX Runtime), atomically.
+
+        A graph with external weights gets them in one ``<name>.data`` file beside it (``onnx.save`` would not
+        find them: they live in the module's private weights directory). Returns the files written.
+        """
+        return save_onnx(self._onnx, path)
 
     def compare(self, model: torch.nn.Module, inputs: Any, **options: Any) -> ComparisonReport:
         """Compare this module's graph (ONNX Runtime) and engine (TensorRT) with ``model`` on ``inputs``; the

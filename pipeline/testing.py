@@ -25,8 +25,9 @@ def check_converter_case(
     generator = torch.Generator().manual_seed(0)
     model = case.module().eval()
     sample = tuple(_random(shape, dtype, case, generator) for shape, dtype in case.inputs)
-    module = convert(model, sample, converters=registry, backend=backend, dynamic=case.dynamic,
-                     tolerances=case.tolerances)
+    module = convert(
+        model, sample, converters=registry, backend=backend, dynamic=case.dynamic, tolerances=case.tolerances
+    )
     if entry is not None:
         left = [n.name for n in module.onnx.graph.node if node_key(n.domain, n.op_type) == entry.key]
         assert not left, f"{entry.name} did not replace {entry.key}: nodes {left} remain"

@@ -12,6 +12,7 @@ import torch
 from converters.errors import BuildError, InputError
 from converters.plugins import plugin_nodes
 from converters.settings import Settings
+from passes.external_data import ort_session_bytes
 from pipeline.io_spec import IOSpec
 from pipeline.plugin_runtime import PluginSession, prepare_onnxruntime
 
@@ -27,7 +28,9 @@ class OnnxRuntimeExecutor:
                 options.intra_op_num_threads = settings.ort_intra_op_threads
             prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
             return ort.InferenceSession(
-                model.SerializeToString(), sess_options=options, providers=list(settings.ort_providers)
+                ort_session_bytes(model, options, settings.ort_prepack_weights),
+                sess_options=options,
+                providers=list(settings.ort_providers),
             )
 
         try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear

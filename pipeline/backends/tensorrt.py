@@ -23,6 +23,7 @@ import torch
 
 from converters.errors import BuildError
 from converters.settings import Settings
+from passes.external_data import base_dir_of
 from pipeline.io_spec import IOSpec
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ def parse_network(
 
     Polygraphy's ``NetworkFromOnnxBytes`` turns the parser's errors into log lines and a generic exception, so
     the parse is done here, on a network from Polygraphy's ``CreateNetwork``, to report each failing node.
-    ``base_dir`` is where external weights live, if the graph has any.
+    ``base_dir`` is where external weights live, if the graph has any (default: the pipeline's weights directory).
     """
     import tensorrt as trt
     from polygraphy.backend.trt import CreateNetwork, get_trt_logger
@@ -196,6 +197,7 @@ def parse_network(
     trt.init_libnvinfer_plugins(get_trt_logger(), "")
     register_tensorrt_plugins(model)  # the parser finds a plugin node's creator by name: it must exist first
     parser: trt.OnnxParser = trt.OnnxParser(network, get_trt_logger())
+    base_dir = base_dir or base_dir_of(model)  # the parser finds external weights beside the path it is given
     parsed = parser.parse(model.SerializeToString(), None if base_dir is None else str(base_dir / "model.onnx"))
     failures = [_parse_failure(parser.get_error(i), model) for i in range(parser.num_errors)]
     if failures or not parsed:
