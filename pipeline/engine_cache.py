@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+from onnx.external_data_helper import ExternalDataInfo
 
 from converters.errors import BuildError
-from passes.external_data import set_weights_dir, weights_dir
+from passes.external_data import external_tensors, set_weights_dir, weights_dir
 from pipeline.artifact import write_file_atomically
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def graph_digest(model: onnx.ModelProto, base_dir: str | Path | None = None) -> 
     if weights_dir(model) is not None:  # the key names a private directory that changes from run to run
         model = _copy_without_weights_dir(model)
     digest = hashlib.sha256(model.SerializeToString(deterministic=True))
-    locations = sorted({ExternalDataInfo(t).location for t in _tensors(model.graph) if uses_external_data(t)})
+    locations = sorted({ExternalDataInfo(t).location for t in external_tensors(model)})
     for location in locations:
         if base_dir is None:
             raise BuildError(
@@ -178,17 +178,3 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 
 def _digest_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
-
-
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor a graph holds: initializers and tensor attributes, subgraphs included."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _tensors(subgraph)
