@@ -20,7 +20,7 @@ import tempfile
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 import onnx
@@ -146,7 +146,7 @@ def check_model(model: onnx.ModelProto, *, full_check: bool = False) -> None:
         os.unlink(name)
 
 
-class ExternalValues(LazyValues):  # type: ignore[misc]
+class ExternalValues(LazyValues):
     """graph-surgeon's lazy constant values for a tensor in an external data file under ``base_dir``.
 
     graph-surgeon's own ``LazyValues.load`` reads external data relative to the working directory; this reads it from
@@ -221,7 +221,7 @@ def _fresh_path(directory: Path, stem: str) -> Path:
     return directory / f"{stem}_{i}.data"
 
 
-def _pad(out: BinaryIO) -> int:
+def _pad(out: IO[bytes]) -> int:
     offset = out.tell()
     gap = -offset % ALIGNMENT
     if gap:
@@ -237,7 +237,7 @@ def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: 
         tensor.external_data.add(key=key, value=value)
 
 
-def write_compact(model: onnx.ModelProto, out: BinaryIO, location: str) -> tuple[onnx.ModelProto, str]:
+def write_compact(model: onnx.ModelProto, out: IO[bytes], location: str) -> tuple[onnx.ModelProto, str]:
     """Copy every external tensor's bytes into ``out`` (one file, aligned) and return the graph pointing at
     ``location`` for them, without the weights-directory key, and the SHA-256 of what was written.
 
@@ -269,10 +269,10 @@ def write_compact(model: onnx.ModelProto, out: BinaryIO, location: str) -> tuple
 def _read_external(directory: Path, tensor: onnx.TensorProto, info: ExternalDataInfo) -> Iterator[bytes]:
     path = directory / info.location
     try:
-        size = path.stat().st_size
-        length = info.length if info.length else size - info.offset
+        offset = info.offset or 0
+        length = info.length or path.stat().st_size - offset
         with open(path, "rb") as source:
-            source.seek(info.offset)
+            source.seek(offset)
             left = length
             while left > 0:
                 chunk = source.read(min(left, _CHUNK))
