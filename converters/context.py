@@ -20,6 +20,16 @@ from converters.targets import OpKey
 TensorLike = Any  # a gs.Tensor, a numpy array or a Python number
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``taken``, which is added to it."""
+    candidate, i = base, 0
+    while candidate in taken:
+        i += 1
+        candidate = f"{base}_{i}"
+    taken.add(candidate)
+    return candidate
+
+
 class ConverterContext:
     """What a converter reads and how it builds. ``ctx.op.Mul(a, b)`` creates a node and returns its output.
 
@@ -91,13 +101,7 @@ class ConverterContext:
         return gs.Constant(self.fresh_name(name), np.ascontiguousarray(array))
 
     def fresh_name(self, hint: str) -> str:
-        base = f"{self.name}/{hint}"
-        candidate, i = base, 0
-        while candidate in self._names:
-            i += 1
-            candidate = f"{base}_{i}"
-        self._names.add(candidate)
-        return candidate
+        return unique_name(f"{self.name}/{hint}", self._names)
 
     def make_node(
         self, op_type: str, inputs: Sequence[TensorLike | None], attrs: dict[str, Any], outputs: int, domain: str = ""

@@ -17,6 +17,7 @@ from passes.parser_fixes import (
     ReduceAxesToInitializers,
     parser_fix_passes,
 )
+from passes.simplify import MergeSqueezeChains, RemoveIdentityElements
 
 __all__ = [
     "AffineGridToMatMul",
@@ -29,11 +30,13 @@ __all__ = [
     "GraphPass",
     "LowerCustomOps",
     "MaxUnpoolToScatter",
+    "MergeSqueezeChains",
     "PassManager",
     "PassRecord",
     "PassResult",
     "ReduceAxesToInitializers",
     "RemoveDeadNodes",
+    "RemoveIdentityElements",
     "RemoveIdentities",
     "TopologicalSort",
     "default_passes",

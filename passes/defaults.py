@@ -9,22 +9,27 @@ from passes.folding import FoldConstants
 from passes.lowering import LowerCustomOps
 from passes.parser_fixes import parser_fix_passes
 from passes.precision import ConvertPrecision
+from passes.simplify import MergeSqueezeChains, RemoveIdentityElements
 from passes.squeeze_axes import ExplicitSqueezeAxes
 
 
 def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPass, ...]:
     """The passes every conversion runs, in order: lowering with ``converters`` (when given) first, then cleanup,
-    constant folding, the rewrites of ops TensorRT's parser rejects (after folding, so the constants they need are
-    initializers; what they build is folded on the next round), precision (float16/bfloat16 when
-    ``settings.precision`` asks for it: rules and ``keep_fp32`` islands; ``pipeline.convert`` runs it as its own
-    stage, with measured islands) and topological sort."""
+    constant folding, identity elements bypassed (``x + 0``, ``x * 1``: after folding, which makes them constants),
+    explicit Squeeze axes, Unsqueeze and Squeeze chains merged (after the explicit axes, so those merge too), the
+    rewrites of ops TensorRT's parser rejects (after folding, so the constants they need are initializers; what they
+    build is folded on the next round), precision (float16/bfloat16 when ``settings.precision`` asks for it: rules
+    and ``keep_fp32`` islands; ``pipeline.convert`` runs it as its own stage, with measured islands) and
+    topological sort."""
     lowering: tuple[GraphPass, ...] = () if converters is None else (LowerCustomOps(converters),)
     return (
         *lowering,
         RemoveIdentities(),
         RemoveDeadNodes(),
         FoldConstants(),
+        RemoveIdentityElements(),
         ExplicitSqueezeAxes(),
+        MergeSqueezeChains(),
         *parser_fix_passes(),
         ConvertPrecision(),
         TopologicalSort(),

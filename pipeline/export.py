@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.utils._pytree as pytree
 
+from converters.context import unique_name
 from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from converters.settings import DynamicDim, Settings
@@ -279,9 +280,9 @@ def _rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> No
     wanted = set(in_names) | set(out_names)
     for name, tensor in graph.tensors().items():  # an internal tensor holding a wanted name moves aside
         if name in wanted and not any(tensor is t for t in io_tensors):
-            tensor.name = _fresh(f"{name}_internal", taken)
+            tensor.name = unique_name(f"{name}_internal", taken)
     for i, tensor in enumerate(io_tensors):  # temporary names first, so no two tensors ever share a name
-        tensor.name = _fresh(f"__io_{i}", taken)
+        tensor.name = unique_name(f"__io_{i}", taken)
     for tensor, name in zip(graph.inputs, in_names, strict=True):
         tensor.name = name
     new_outputs: list[gs.Tensor] = []
@@ -321,15 +322,6 @@ def _tensor_spec(value: onnx.ValueInfoProto) -> TensorSpec:
         )
     shape = tuple(d.dim_param if d.HasField("dim_param") else int(d.dim_value) for d in tensor_type.shape.dim)
     return TensorSpec(value.name, dtype, shape)
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    candidate, i = name, 0
-    while candidate in taken:
-        i += 1
-        candidate = f"{name}_{i}"
-    taken.add(candidate)
-    return candidate
 
 
 def _reason(exc: BaseException) -> str:

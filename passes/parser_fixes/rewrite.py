@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from converters.context import unique_name
 from converters.settings import Settings
 from passes.base import PassResult
 
@@ -43,13 +44,7 @@ class Builder:
         self._base = node.name or (node.outputs[0].name if node.outputs else node.op)
 
     def fresh_name(self, hint: str) -> str:
-        base = f"{self._base}/{hint}"
-        name, i = base, 0
-        while name in self._taken:
-            i += 1
-            name = f"{base}_{i}"
-        self._taken.add(name)
-        return name
+        return unique_name(f"{self._base}/{hint}", self._taken)
 
     def const(self, value: Any, hint: str = "const") -> gs.Constant:
         return gs.Constant(self.fresh_name(hint), np.ascontiguousarray(np.asarray(value)))
