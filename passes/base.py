@@ -18,14 +18,19 @@ import onnx_graphsurgeon as gs
 
 from converters.errors import ConversionError, PipelineError
 from converters.settings import Settings
+from passes.gc_pause import gc_paused
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PassResult:
+    """What a pass returns. ``settled``: running the pass again on ``graph`` would not modify it (the pass reached a
+    fixed point), so the manager need not run it again until another pass modifies the graph."""
+
     graph: gs.Graph
     modified: bool
+    settled: bool = False
 
 
 @runtime_checkable
@@ -52,6 +57,10 @@ class PassRecord:
 class PassManager:
     """Runs an ordered tuple of passes, repeating it until no pass modifies the graph.
 
+    A pass is not run again on a graph it left unmodified, or modified and ``settled``, that no other pass has
+    modified since: a pass is a function of the graph and the settings, so it would leave it unmodified (the passes
+    after the last change of an iteration are skipped on the next, and have no record there).
+
     >>> manager = PassManager(default_passes())          # doctest: +SKIP
     >>> graph, records = manager.run(graph, Settings())  # doctest: +SKIP
     """
@@ -76,16 +85,25 @@ class PassManager:
         self.max_iterations = max_iterations
         self.observer = observer  # called after every pass that modified the graph (the debug mode's hook)
 
+    @gc_paused()  # see passes.gc_pause: the collector walks every node of the graph again and again, freeing nothing
     def run(self, graph: gs.Graph, settings: Settings) -> tuple[gs.Graph, list[PassRecord]]:
         records: list[PassRecord] = []
+        settled: set[int] = set()  # passes that left the graph as it is now
         for iteration in range(self.max_iterations):
             changed = False
-            for graph_pass in self.passes:
-                graph, record = self._run_one(graph_pass, graph, settings, iteration, records)
+            for index, graph_pass in enumerate(self.passes):
+                if index in settled:
+                    continue
+                result, record = self._run_one(graph_pass, graph, settings, iteration, records)
+                graph = result.graph
                 records.append(record)
                 changed |= record.modified
-                if record.modified and self.observer is not None:
-                    self.observer(record, graph)
+                if record.modified:
+                    settled = {index} if result.settled else set()
+                    if self.observer is not None:
+                        self.observer(record, graph)
+                else:
+                    settled.add(index)
             if not changed:
                 break
         else:
@@ -98,7 +116,7 @@ class PassManager:
     @staticmethod
     def _run_one(
         graph_pass: GraphPass, graph: gs.Graph, settings: Settings, iteration: int, before: list[PassRecord]
-    ) -> tuple[gs.Graph, PassRecord]:
+    ) -> tuple[PassResult, PassRecord]:
         nodes_before = len(graph.nodes)
         start = time.perf_counter()
         try:
@@ -120,7 +138,7 @@ class PassManager:
         seconds = time.perf_counter() - start
         record = PassRecord(graph_pass.name, iteration, seconds, nodes_before, len(result.graph.nodes), result.modified)
         logger.debug("pass %s: %d -> %d nodes in %.3f s", record.name, nodes_before, record.nodes_after, seconds)
-        return result.graph, record
+        return result, record
 
 
 Placement = tuple[str, str, GraphPass]

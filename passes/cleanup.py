@@ -43,7 +43,7 @@ class RemoveIdentities:
             removed += 1
         if removed:
             remove_unused(graph)
-        return PassResult(graph, removed > 0)
+        return PassResult(graph, removed > 0, settled=True)  # what is left has no Identity this pass removes
 
 
 class RemoveDeadNodes:
@@ -54,7 +54,7 @@ class RemoveDeadNodes:
     def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
         before = len(graph.nodes)
         remove_unused(graph)
-        return PassResult(graph, len(graph.nodes) != before)
+        return PassResult(graph, len(graph.nodes) != before, settled=True)
 
 
 class TopologicalSort:
@@ -71,14 +71,18 @@ class TopologicalSort:
         was_sorted = is_sorted(graph)
         before = [id(n) for n in graph.nodes]
         toposort(graph)
-        return PassResult(graph, not was_sorted and [id(n) for n in graph.nodes] != before)
+        return PassResult(graph, not was_sorted and [id(n) for n in graph.nodes] != before, settled=True)
 
 
 def is_flat(graph: gs.Graph) -> bool:
     """No local functions and no node with a subgraph (If, Loop, Scan): the graphs the linear-time versions take."""
-    return not graph.functions and not any(
-        isinstance(value, gs.Graph) for node in graph.nodes for value in node.attrs.values()
-    )
+    if graph.functions:
+        return False
+    for node in graph.nodes:
+        for value in node.attrs.values():
+            if isinstance(value, gs.Graph):
+                return False
+    return True
 
 
 def is_sorted(graph: gs.Graph) -> bool:
@@ -86,8 +90,9 @@ def is_sorted(graph: gs.Graph) -> bool:
     seen: set[int] = set()
     for node in graph.nodes:
         for tensor in node.inputs:
-            if any(id(producer) not in seen for producer in tensor.inputs):
-                return False
+            for producer in tensor.inputs:
+                if id(producer) not in seen:
+                    return False
         seen.add(id(node))
     return True
 
@@ -104,36 +109,44 @@ def remove_unused(graph: gs.Graph) -> gs.Graph:
         return graph.cleanup(remove_unused_graph_inputs=False)
     for tensor in graph.inputs:
         tensor.inputs.clear()
-    index = {id(node): i for i, node in enumerate(graph.nodes)}
+    nodes = graph.nodes
+    index = {id(node): i for i, node in enumerate(nodes)}
+    used = bytearray(len(nodes))
     seen: set[str] = set()
     queue: list[gs.Tensor] = []
-
-    def enqueue(tensors: Iterable[gs.Tensor]) -> None:
-        for tensor in tensors:
-            if tensor.name:
-                if tensor.name in seen:
-                    continue
-                seen.add(tensor.name)
-            queue.append(tensor)
-
-    enqueue(graph.outputs)
-    used: set[int] = set()
-    position = 0
-    while position < len(queue):
-        tensor = queue[position]
-        position += 1
+    _enqueue(graph.outputs, seen, queue)
+    for tensor in queue:  # the queue grows while it is walked
         for producer in tensor.inputs:
             i = index.get(id(producer))
             if i is None:  # a node missing from graph.nodes: graph-surgeon's error says so
                 return graph.cleanup(remove_unused_graph_inputs=False)
-            used.add(i)
-            enqueue(producer.inputs)
-    kept = [node for node in graph.nodes if index[id(node)] in used]
-    if len(kept) != len(graph.nodes):
-        detach([node for node in graph.nodes if index[id(node)] not in used])
+            if not used[i]:  # (met again: its inputs are queued already)
+                used[i] = 1
+                _enqueue(producer.inputs, seen, queue)
+    if len(index) == len(nodes):
+        flags: Iterable[int] = used
+    else:  # a node listed twice is kept, or not, at every place it is listed
+        flags = [used[index[id(node)]] for node in nodes]
+    kept: list[gs.Node] = []
+    dead: list[gs.Node] = []
+    for node, flag in zip(nodes, flags, strict=True):
+        (kept if flag else dead).append(node)
+    if dead:
+        detach(dead)
     graph.inputs = list(graph.inputs)
     graph.nodes = kept
     return graph
+
+
+def _enqueue(tensors: Iterable[gs.Tensor], seen: set[str], queue: list[gs.Tensor]) -> None:
+    """Queue the tensors whose name has not been seen (an unnamed one always)."""
+    for tensor in tensors:
+        name = tensor.name
+        if name:
+            if name in seen:
+                continue
+            seen.add(name)
+        queue.append(tensor)
 
 
 def detach(nodes: Iterable[gs.Node]) -> None:
@@ -142,8 +155,10 @@ def detach(nodes: Iterable[gs.Node]) -> None:
     consumed: dict[int, gs.Tensor] = {}
     produced: dict[int, gs.Tensor] = {}
     for node in dead.values():
-        consumed.update((id(t), t) for t in node.inputs)
-        produced.update((id(t), t) for t in node.outputs)
+        for tensor in node.inputs:
+            consumed[id(tensor)] = tensor
+        for tensor in node.outputs:
+            produced[id(tensor)] = tensor
     # The raw list methods bypass graph-surgeon's synchronisation: both sides are updated here.
     for tensor in consumed.values():
         list.__setitem__(tensor.outputs, slice(None), [n for n in tensor.outputs if id(n) not in dead])

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor, dtype_to_onnx
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
 from passes.external_data import ExternalValues  # read into the fold session: it has no weights directory
+from passes.onnx_export import TensorTypes, copy_messages, onnx_type, tensor_type, write_node
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +59,10 @@ def _run(
     import onnxruntime as ort
 
     values: dict[str, Any] = {}
+    types: TensorTypes = {}
     try:
         for nodes, outputs in chunks:
-            model = _export(graph, nodes, outputs, folded, domains)
+            model = _export(graph, nodes, outputs, folded, domains, types)
             session = ort.InferenceSession(model.SerializeToString(), providers=_ORT_PROVIDERS)
             names = [t.name for t in outputs]
             values.update(zip(names, session.run(names, {}), strict=True))
@@ -134,9 +136,11 @@ def _export(
     outputs: list[gs.Tensor],
     folded: Mapping[str, np.ndarray],
     domains: list[onnx.OperatorSetIdProto],
+    types: TensorTypes,
 ) -> onnx.ModelProto:
     """What graph-surgeon exports of its copy for ``outputs``: the nodes, the constants they read as initializers,
-    value_info for the rest, outputs without a type check."""
+    value_info for the rest, outputs without a type check. Written straight into the model (``make_graph`` and
+    ``make_model`` would copy every initializer twice), the types of value info made once per dtype and shape."""
     produced = {t.name for t in outputs}
     used: dict[str, gs.Tensor] = {}
     for node in nodes:
@@ -148,7 +152,7 @@ def _export(
     initializers, sparse, value_info = [], [], []
     for name, tensor in used.items():
         if name in folded:
-            initializers.append(constant_to_onnx_tensor(gs.Constant(name, folded[name])))
+            initializers.append(_array_proto(name, folded[name]))
         elif isinstance(tensor, gs.Constant):
             if isinstance(tensor._values, SparseValues):
                 sparse.append(OnnxExporter.export_sparse_tensor_proto(tensor))
@@ -157,18 +161,21 @@ def _export(
             else:
                 initializers.append(constant_to_onnx_tensor(tensor))
         elif name not in skip and (tensor.dtype is not None or tensor.shape is not None):
-            value_info.append(_value_info(tensor))
-    proto = onnx.helper.make_graph(
-        nodes=[OnnxExporter.export_node(node) for node in nodes],
-        name=graph.name,
-        inputs=[_value_info(t) for t in inputs],
-        outputs=[_value_info(t) for t in outputs],
-        initializer=initializers,
-        sparse_initializer=sparse,
-        doc_string=graph.doc_string,
-        value_info=value_info,
-    )
-    model = onnx.helper.make_model(proto, opset_imports=domains, functions=[])
+            value_info.append(_value_info(tensor, types))
+    model = onnx.ModelProto()
+    model.ir_version = onnx.IR_VERSION  # what make_model writes first
+    proto = model.graph
+    for node in nodes:
+        write_node(node, proto.node.add())
+    proto.name = graph.name
+    copy_messages(proto.input, [_value_info(t, types) for t in inputs])
+    copy_messages(proto.output, [_value_info(t, types) for t in outputs])
+    copy_messages(proto.initializer, initializers)
+    copy_messages(proto.sparse_initializer, sparse)
+    copy_messages(proto.value_info, value_info)
+    if graph.doc_string:
+        proto.doc_string = graph.doc_string
+    model.opset_import.extend(domains)
     model.producer_name = ""
     model.producer_version = ""
     if graph.ir_version is not None:
@@ -176,12 +183,22 @@ def _export(
     return model
 
 
-def _value_info(tensor: gs.Tensor) -> onnx.ValueInfoProto:
-    """graph-surgeon's value info for its copy of a tensor (a copy is always a plain tensor type)."""
+def _array_proto(name: str, values: np.ndarray) -> onnx.TensorProto:
+    """``constant_to_onnx_tensor(gs.Constant(name, values))``: the raw bytes, in the array's own type."""
+    return onnx.helper.make_tensor(name, onnx_type(values.dtype), values.shape, values.tobytes(), raw=True)
+
+
+def _value_info(tensor: gs.Tensor, types: TensorTypes) -> onnx.ValueInfoProto | tuple[str, onnx.TypeProto]:
+    """graph-surgeon's value info for its copy of a tensor (a copy is always a plain tensor type), as a proto or as
+    the (name, type) pair :func:`copy_messages` writes."""
     dtype = tensor.dtype
     if dtype is None:
         return onnx.helper.make_empty_tensor_value_info(tensor.name)
-    return onnx.helper.make_tensor_value_info(tensor.name, dtype_to_onnx(dtype), tensor.shape)
+    elem_type = onnx_type(dtype)
+    type_proto = tensor_type(elem_type, tensor.shape, types)
+    if type_proto is None:
+        return onnx.helper.make_tensor_value_info(tensor.name, elem_type, tensor.shape)
+    return tensor.name, type_proto
 
 
 def _opset_imports(graph: gs.Graph, nodes: Sequence[gs.Node]) -> list[onnx.OperatorSetIdProto]:

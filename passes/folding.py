@@ -56,14 +56,22 @@ class FoldConstants:
             # graph-surgeon folds by exporting to ONNX Runtime; without an IR version it writes onnx's newest,
             # which ONNX Runtime may reject, and the fold then fails silently.
             graph.ir_version = FOLDING_IR_VERSION
-        if not fold_constants(graph, settings.fold_size_threshold):
+        linear = fold_constants(graph, settings.fold_size_threshold)
+        if not linear:
             graph.fold_constants(fold_shapes=True, size_threshold=settings.fold_size_threshold, error_ok=True)
         remove_unused(graph)
-        return PassResult(graph, _fingerprint(graph) != before)
+        # Settled: a second run finds every Constant node lowered, every cast pattern elided and every foldable node
+        # folded, or left for a reason that holds again (size, an op ONNX Runtime cannot run). graph-surgeon's own
+        # folding of subgraphs can inline a branch whose nodes fold on the next run.
+        return PassResult(graph, _fingerprint(graph) != before, settled=linear)
 
 
 def _fingerprint(graph: gs.Graph) -> tuple[int, int]:
-    constants = sum(isinstance(t, gs.Constant) for node in graph.nodes for t in node.inputs)
+    constants = 0
+    for node in graph.nodes:
+        for tensor in node.inputs:
+            if isinstance(tensor, gs.Constant):
+                constants += 1
     return len(graph.nodes), constants
 
 

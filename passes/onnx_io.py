@@ -15,10 +15,14 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from passes.external_data import attach_weights, spill_constants, weights_dir
+from passes.gc_pause import gc_paused
+from passes.onnx_export import export_onnx
+from passes.onnx_import import import_onnx
 
 NodeMetadata = Mapping[str, Mapping[str, str]]
 
 
+@gc_paused(promote=True)  # the import builds a graph of live objects: nothing for the collector to free
 def to_graph(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, dict[str, str]]]:
     """Import a model into graph-surgeon and return the node metadata side table.
 
@@ -26,7 +30,7 @@ def to_graph(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, dict[str, str]
     say which PyTorch module a node came from (:func:`module_path`).
     """
     metadata = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node if n.metadata_props}
-    graph = gs.import_onnx(model)
+    graph = import_onnx(model)  # gs.import_onnx, faster
     for node in graph.nodes:
         node.metadata = metadata.get(node.name, {})
     attach_weights(graph, model)  # external weights are read from the model's weights directory
@@ -51,12 +55,13 @@ def module_path(metadata: Mapping[str, str]) -> str | None:
     return str(scopes[-2])
 
 
+@gc_paused()
 def to_model(graph: gs.Graph, template: onnx.ModelProto, metadata: NodeMetadata) -> onnx.ModelProto:
     """Export a graph, restoring model-level fields of ``template`` and node metadata by name."""
     directory = weights_dir(template)
     if directory is not None:  # a model with external weights: large constants the passes made join them on disk
         spill_constants(graph, directory)
-    model = gs.export_onnx(graph)
+    model = export_onnx(graph)  # gs.export_onnx, faster
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name
     model.producer_version = template.producer_version
