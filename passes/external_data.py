@@ -20,7 +20,7 @@ import tempfile
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import onnx
@@ -158,9 +158,35 @@ class ExternalValues(LazyValues):
         self.base_dir = base_dir
 
     def load(self) -> np.ndarray:
+        info = ExternalDataInfo(self.tensor)
+        dtype = _NUMPY_TYPES.get(self.tensor.data_type)
+        if dtype is not None:  # read straight into the array: one copy of the weight, not three
+            count = int(np.prod(self.tensor.dims, dtype=np.int64))
+            path = self.base_dir / info.location
+            array = np.fromfile(path, dtype=dtype, count=count, offset=info.offset or 0)
+            if array.size != count:
+                raise ConversionError(
+                    f"tensor {self.tensor.name!r}: {path} holds {array.size} of its {count} elements",
+                    fix="the weights file is truncated: convert the model again",
+                )
+            return array.reshape(tuple(self.tensor.dims))
         copy = onnx.TensorProto()
         copy.CopyFrom(self.tensor)  # to_array writes the bytes into the proto it is given: not into ours
         return np.array(onnx.numpy_helper.to_array(copy, base_dir=str(self.base_dir)))
+
+
+#: ONNX element types stored little-endian in external data exactly as numpy holds them.
+_NUMPY_TYPES: dict[int, np.dtype[Any]] = {
+    onnx.TensorProto.FLOAT: np.dtype("<f4"),
+    onnx.TensorProto.FLOAT16: np.dtype("<f2"),
+    onnx.TensorProto.DOUBLE: np.dtype("<f8"),
+    onnx.TensorProto.INT64: np.dtype("<i8"),
+    onnx.TensorProto.INT32: np.dtype("<i4"),
+    onnx.TensorProto.INT16: np.dtype("<i2"),
+    onnx.TensorProto.INT8: np.dtype("i1"),
+    onnx.TensorProto.UINT8: np.dtype("u1"),
+    onnx.TensorProto.BOOL: np.dtype("?"),
+}
 
 
 def attach_weights(graph: gs.Graph, model: onnx.ModelProto) -> None:

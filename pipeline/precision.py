@@ -15,6 +15,7 @@ at every half tensor, while ``module.onnx`` stays the real low-precision graph T
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 from collections import Counter
@@ -31,7 +32,7 @@ import torch
 from converters.errors import ConversionError, InputError
 from converters.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from passes import GraphPass, PassManager, PassRecord, RemoveDeadNodes, TopologicalSort, to_graph, to_model
-from passes.external_data import check_model, ort_session_bytes
+from passes.external_data import check_model, ort_session_bytes, weights_dir
 from passes.precision import ConvertPrecision, Island, plan_precision
 from passes.precision_emulation import emulate_low_precision, has_low_precision
 from passes.precision_measure import measured_islands, session_feed
@@ -260,7 +261,13 @@ class _Candidates:
         manager = PassManager([self.base.with_islands(islands), RemoveDeadNodes(), TopologicalSort()])
         graph, records = manager.run(graph, self.settings)
         self.builds += 1
-        return to_model(graph, self.fp32_model, {**self.exported.node_metadata, **metadata}), records
+        model = to_model(graph, self.fp32_model, {**self.exported.node_metadata, **metadata})
+        if weights_dir(self.fp32_model) is not None:
+            # the float32 weights the pass read are held by the graph, a reference cycle: free them now, not
+            # whenever the cyclic collector next runs (each candidate would add a copy of the weights meanwhile)
+            del graph
+            gc.collect()
+        return model, records
 
     def score(self, model: onnx.ModelProto) -> float:
         session = _session(runnable_model(model, "onnxruntime", self.settings), self.settings)
