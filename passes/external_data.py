@@ -222,12 +222,27 @@ def spill_constants(graph: gs.Graph, files: Path, min_bytes: int = 1 << 20) -> i
     with open(path, "wb") as out:
         for tensor in constants:
             tensor.data_location = None
-            proto = gs.exporters.onnx_exporter.OnnxExporter.export_tensor_proto(tensor)
             offset = _pad(out)
-            out.write(proto.raw_data)
-            _set_external(proto, path.name, offset, len(proto.raw_data))
+            proto = _written(tensor, out)
+            _set_external(proto, path.name, offset, out.tell() - offset)
             tensor._values = ExternalValues(proto, files)  # the in-memory array is released with the old values
     return len(constants)
+
+
+def _written(tensor: gs.Constant, out: IO[bytes]) -> onnx.TensorProto:
+    """Write the constant's bytes to ``out`` and return its proto without them. The array's own buffer is written, so
+    a large weight is not copied (graph-surgeon's export would copy it three times: bytes, proto, ``raw_data``)."""
+    values = np.ascontiguousarray(tensor.values)
+    if tensor.export_dtype == values.dtype and values.dtype.isnative and values.dtype.kind in "biuf":
+        proto = onnx.TensorProto()
+        proto.name = tensor.name
+        proto.dims.extend(values.shape)
+        proto.data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        out.write(memoryview(values).cast("B"))  # type: ignore[arg-type]
+        return proto
+    proto = gs.exporters.onnx_exporter.OnnxExporter.export_tensor_proto(tensor)  # other types: graph-surgeon's way
+    out.write(proto.raw_data)
+    return proto
 
 
 def remove_unused_files(directory: Path, models: list[onnx.ModelProto]) -> list[Path]:
