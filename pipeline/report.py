@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from passes.base import PassRecord
-from pipeline.precision import PrecisionReport
+from pipeline.precision_report import PrecisionReport
 from pipeline.validate import AccuracyReport, OutputAccuracy
 
 

@@ -19,7 +19,7 @@ from torch import nn
 import pipeline
 from converters.errors import ConversionError
 from pipeline.parser_check import check
-from pipeline.precision import load_keep_fp32
+from pipeline.precision_report import load_keep_fp32
 
 transformers = pytest.importorskip("transformers")
 
