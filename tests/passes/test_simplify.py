@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_models import onnx_model
 
 from converters.settings import Settings
 from passes import PassManager, default_passes
@@ -34,15 +35,7 @@ def make_model(
     opset: int = 18,
     value_info: Sequence[onnx.ValueInfoProto] = (),
 ) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-        [numpy_helper.from_array(v, k) for k, v in (constants or {}).items()],
-    )
-    # IR 10: what ONNX Runtime 1.31 reads
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    model = onnx_model(nodes, inputs, outputs, constants, opset)
     # graph outputs need shapes (the checker says so); inner tensors keep none, so a pass sees only the inputs'
     model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     del model.graph.value_info[:]

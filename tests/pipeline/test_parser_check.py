@@ -10,28 +10,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_models import onnx_model
 
 import pipeline
 
 F, I64, U8 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8
 
 
-def model(
-    nodes: list[onnx.NodeProto],
-    inputs: list[tuple[str, int, list[int | str]]],
-    outputs: list[tuple[str, int, list[int | str] | None]],
-    initializers: dict[str, np.ndarray] | None = None,
-    opset: int = 20,
-) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-        [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+model = onnx_model
 
 
 def statuses(m: onnx.ModelProto, version: str = "11.1") -> dict[str, tuple[str, str]]:
