@@ -73,6 +73,17 @@ def set_weights_dir(model: onnx.ModelProto, directory: Path | None) -> None:
         model.metadata_props.add(key=WEIGHTS_DIR_KEY, value=str(directory))
 
 
+def without_weights_dir(model: onnx.ModelProto, *, always_copy: bool = False) -> onnx.ModelProto:
+    """``model`` without the weights-directory key (a path of this machine): a copy when it has the key, or when
+    ``always_copy``; the model itself otherwise."""
+    if weights_dir(model) is None and not always_copy:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    set_weights_dir(copy, None)
+    return copy
+
+
 def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every tensor of the model (initializers and Constant attributes, subgraphs too) whose data is external."""
     for tensor in _tensors(model.graph):
@@ -285,9 +296,7 @@ def write_compact(model: onnx.ModelProto, out: IO[bytes], location: str) -> tupl
     Only one chunk of one tensor is in memory at a time.
     """
     source_dir = base_dir_of(model)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # small: the weights stay in the files
-    set_weights_dir(copy, None)
+    copy = without_weights_dir(model, always_copy=True)  # small: the weights stay in the files
     digest = hashlib.sha256()
     written = 0
     for tensor in external_tensors(copy):
@@ -337,12 +346,7 @@ def save_onnx(model: onnx.ModelProto, path: str | Path) -> list[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not has_external_data(model):
-        proto = model
-        if weights_dir(model) is not None:
-            proto = onnx.ModelProto()
-            proto.CopyFrom(model)
-            set_weights_dir(proto, None)
-        write_file_atomically(path, proto.SerializeToString())
+        write_file_atomically(path, without_weights_dir(model).SerializeToString())
         return [path]
     data_path = path.with_name(path.name + ".data")
     graphs: list[onnx.ModelProto] = []

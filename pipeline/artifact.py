@@ -24,7 +24,7 @@ from converters.errors import ArtifactError
 from converters.files import write_file_atomically
 from converters.plugins import plugin_records
 from converters.settings import DynamicDim, Settings, Tolerance
-from passes.external_data import WeightFiles, has_external_data, set_weights_dir, weights_dir, write_compact
+from passes.external_data import WeightFiles, has_external_data, set_weights_dir, without_weights_dir, write_compact
 from pipeline.io_spec import IOSpec
 
 if TYPE_CHECKING:
@@ -78,11 +78,11 @@ def save_artifact(module: ConvertedModule, path: Path) -> Path:
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
             digests: dict[str, str] = {}
-            graph = module.onnx
-            if has_external_data(graph):
+            graph = without_weights_dir(module.onnx)
+            if has_external_data(graph):  # write_compact's graph points at the member, not at this machine's files
                 with archive.open(DATA_MEMBER, "w", force_zip64=True) as out:
-                    graph, digests[DATA_MEMBER] = write_compact(graph, out, DATA_MEMBER)
-            members = {ONNX_MEMBER: _without_weights_dir(graph).SerializeToString()}
+                    graph, digests[DATA_MEMBER] = write_compact(module.onnx, out, DATA_MEMBER)
+            members = {ONNX_MEMBER: graph.SerializeToString()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
             digests.update((name, hashlib.sha256(data).hexdigest()) for name, data in members.items())
@@ -93,15 +93,6 @@ def save_artifact(module: ConvertedModule, path: Path) -> Path:
 
     write_file_atomically(path, write_zip)
     return path
-
-
-def _without_weights_dir(model: onnx.ModelProto) -> onnx.ModelProto:
-    if weights_dir(model) is None:
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    set_weights_dir(copy, None)
-    return copy
 
 
 def read_artifact(path: Path) -> Artifact:

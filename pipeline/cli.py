@@ -94,7 +94,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from pipeline.artifact import write_file_atomically
+    from converters.files import write_file_atomically
     from pipeline.conversion import convert
 
     model, sample = load_spec(args.spec)

@@ -159,13 +159,13 @@ class ComparisonReport:
 
     def write(self, directory: str | Path) -> dict[str, Path]:
         """Write every report file into ``directory`` (created if needed); returns kind -> path."""
-        from pipeline.artifact import write_file_atomically
+        from converters.files import write_file_atomically
 
         d = Path(directory)
         written = {}
         for kind, name in self.files().items():  # one file in memory at a time
             if kind == "graph":
-                written[kind] = _save_graph(self.final, d / name)
+                written[kind] = save_onnx(self.final, d / name)[0]
             else:
                 written[kind] = write_file_atomically(d / name, self._content(kind, d))
         return written
@@ -198,11 +198,6 @@ class ComparisonReport:
         output = kind.partition(":")[2]
         mine = [o for o in self.outputs if o.output == output]
         return plots.histogram_png(output, [(o.runner, o.stats.histogram) for o in mine], HIST_EDGES, mine[0].atol)
-
-
-def _save_graph(model: onnx.ModelProto, path: Path) -> Path:
-    """The final graph as one file; with external weights (large models), they go to ``<name>.data`` beside it."""
-    return save_onnx(model, path)[0]
 
 
 def _layers_dict(layers: LayerReport) -> dict[str, Any]:

@@ -33,7 +33,6 @@ from pipeline.precision import (
     convert_precision,
     effective_settings,
     passes_before_precision,
-    runnable_model,
     torch_references,
     validation_settings,
 )
@@ -95,7 +94,7 @@ def convert(
     with _stage("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
     with _stage("build", stages):
-        executor = build_executor(choice.name, runnable_model(final, choice.name, config), io, config)
+        executor = build_executor(choice.name, final, io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
         with _stage("validate", stages), eval_mode(model, warn=False):
@@ -194,8 +193,7 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     select_backend(chosen)  # raises with the reason when TensorRT was asked for and cannot run
     # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
     restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
-    runnable = runnable_model(artifact.onnx_model, chosen, settings)  # a half graph on the CPU: its emulation
-    executor = build_executor(chosen, runnable, io, settings, engine=engine)
+    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
     report = ConversionReport.from_dict(artifact.metadata["report"])
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 

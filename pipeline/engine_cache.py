@@ -32,8 +32,8 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo
 
 from converters.errors import BuildError
-from passes.external_data import external_tensors, set_weights_dir, weights_dir
-from pipeline.artifact import write_file_atomically
+from converters.files import write_file_atomically
+from passes.external_data import external_tensors, weights_dir, without_weights_dir
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ def graph_digest(model: onnx.ModelProto, base_dir: str | Path | None = None) -> 
     """
     if base_dir is None:
         base_dir = weights_dir(model)
-    if weights_dir(model) is not None:  # the key names a private directory that changes from run to run
-        model = _copy_without_weights_dir(model)
+    model = without_weights_dir(model)  # the key names a private directory that changes from run to run
     digest = hashlib.sha256(model.SerializeToString(deterministic=True))
     locations = sorted({ExternalDataInfo(t).location for t in external_tensors(model)})
     for location in locations:
@@ -71,13 +70,6 @@ def graph_digest(model: onnx.ModelProto, base_dir: str | Path | None = None) -> 
                 fix="keep the external data file beside the .onnx file it belongs to",
             ) from exc
     return digest.hexdigest()
-
-
-def _copy_without_weights_dir(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    set_weights_dir(copy, None)
-    return copy
 
 
 def cache_key(graph: str, device: Mapping[str, str], build_settings: Mapping[str, Any]) -> str:

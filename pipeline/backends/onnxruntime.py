@@ -15,12 +15,14 @@ from converters.settings import Settings
 from passes.external_data import ort_session_bytes
 from pipeline.io_spec import IOSpec
 from pipeline.plugin_runtime import PluginSession, prepare_onnxruntime
+from pipeline.precision import runnable_model
 
 
 class OnnxRuntimeExecutor:
     backend = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
+        model = runnable_model(model, self.backend, settings)  # a half graph on the CPU runs as its emulation
         def create() -> ort.InferenceSession:
             options = ort.SessionOptions()
             options.log_severity_level = 3
