@@ -22,6 +22,9 @@ from passes.gc_pause import gc_paused
 
 logger = logging.getLogger(__name__)
 
+#: The domains of ONNX's own operators, as graph-surgeon reports them (None: the field is unset).
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", None})
+
 
 @dataclass(frozen=True)
 class PassResult:

@@ -13,7 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from converters.settings import Settings
-from passes.base import PassResult
+from passes.base import STANDARD_DOMAINS, PassResult
 from passes.precision_types import dtype_of, infer
 
 T = onnx.TensorProto
@@ -59,7 +59,7 @@ class _Types:
 
 
 def _casts(graph: gs.Graph) -> list[gs.Node]:
-    return [n for n in graph.nodes if n.op == "Cast" and n.domain in ("", None) and n.outputs and n.inputs]
+    return [n for n in graph.nodes if n.op == "Cast" and n.domain in STANDARD_DOMAINS and n.outputs and n.inputs]
 
 
 def _bypass(cast: gs.Node, replacement: gs.Tensor) -> bool:
@@ -97,7 +97,7 @@ def _cancel_and_fold(graph: gs.Graph, types: _Types) -> bool:
     changed = False
     for second in _casts(graph):
         producer = second.inputs[0].inputs[0] if second.inputs[0].inputs else None
-        if producer is None or producer.op != "Cast" or producer.domain not in ("", None):
+        if producer is None or producer.op != "Cast" or producer.domain not in STANDARD_DOMAINS:
             continue
         origin, middle, target = types.source(producer), producer.attrs.get("to"), second.attrs.get("to")
         # int -> float32 -> float16 rounds once more than int -> float16, and only above 2**24: fold it.

@@ -200,6 +200,13 @@ _NUMPY_TYPES: dict[int, np.dtype[Any]] = {
 }
 
 
+def constant_values(constant: gs.Constant) -> np.ndarray:
+    """A constant's values, read without graph-surgeon storing the loaded array on the graph (``.values`` does): a
+    pass that only looks at a weight must not leave a copy of it in memory, nor make it inline again."""
+    raw = constant._values
+    return np.asarray(raw.load() if isinstance(raw, LazyValues) else raw)
+
+
 def attach_weights(graph: gs.Graph, model: onnx.ModelProto) -> None:
     """Point the graph's external constants at the model's weights directory (after ``gs.import_onnx``)."""
     directory = weights_dir(model)

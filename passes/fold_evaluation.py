@@ -21,7 +21,10 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_onnx_tensor
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
-from passes.external_data import ExternalValues  # read into the fold session: it has no weights directory
+from passes.external_data import (  # read into the fold session: it has no weights directory
+    PROTOBUF_LIMIT,
+    ExternalValues,
+)
 from passes.onnx_export import TensorTypes, copy_messages, onnx_type, tensor_type, write_node
 
 logger = logging.getLogger(__name__)
@@ -73,7 +76,7 @@ def _run(
 
 
 #: Bytes a model may reach before protobuf refuses to serialise it, less a margin for what we do not count.
-_PROTOBUF_LIMIT = (1 << 31) - (64 << 20)
+_PROTOBUF_LIMIT = PROTOBUF_LIMIT - (64 << 20)  # room for the nodes and types around the constants
 
 
 def _splittable(nodes: list[gs.Node], folded: Mapping[str, np.ndarray]) -> bool:

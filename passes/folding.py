@@ -22,12 +22,12 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import get_itemsize
-from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnx_graphsurgeon.util import misc
 
 from converters.settings import Settings
 from passes.base import PassResult
 from passes.cleanup import is_flat, is_sorted, remove_unused
+from passes.external_data import constant_values
 from passes.fold_evaluation import evaluate
 
 logger = logging.getLogger(__name__)
@@ -220,9 +220,7 @@ class _Analysis:
 
     def values(self, tensor: gs.Tensor) -> Any:
         """Read without caching: graph-surgeon loads lazy values on its copy, leaving the graph's as they are."""
-        if tensor.name in self.folded:
-            return self.folded[tensor.name]
-        return tensor._values.load() if isinstance(tensor._values, LazyValues) else tensor._values
+        return self.folded[tensor.name] if tensor.name in self.folded else constant_values(tensor)
 
     def producers(self, tensor: gs.Tensor) -> Sequence[gs.Node]:
         return () if tensor.name in self.folded else tensor.inputs

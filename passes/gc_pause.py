@@ -36,9 +36,6 @@ def gc_paused(*, promote: bool = False) -> Iterator[None]:
     gc.disable()
     try:
         yield
-    except BaseException:
-        raise
-    else:
         if promote and gc.get_freeze_count() == 0:
             gc.freeze()
             gc.unfreeze()

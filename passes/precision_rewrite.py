@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from converters.context import unique_name
 from passes.precision_types import FLOAT, LowType, float_slots, onnx_opset
 
 Decision = Literal["low", "fp32", "neutral"]
@@ -100,6 +101,7 @@ def _retype_value_attribute(node: gs.Node, low: LowType) -> None:
 
 def _convert_constants(graph: gs.Graph, wants: Mapping[str, list[tuple[gs.Node, int, bool]]], low: LowType) -> None:
     """A weight only low nodes read is converted in place (its name kept); one read both ways gets a low copy."""
+    taken: set[str] | None = None
     for uses in wants.values():
         constant = uses[0][0].inputs[uses[0][1]]
         low_uses = [(node, index) for node, index, want_low in uses if want_low]
@@ -109,7 +111,9 @@ def _convert_constants(graph: gs.Graph, wants: Mapping[str, list[tuple[gs.Node, 
         if len(low_uses) == len(uses) and len(constant.outputs) == len(uses):
             constant.values = values
             continue
-        copy = gs.Constant(f"{constant.name}_{low.name}", values)
+        if taken is None:  # names are needed only for a weight read both ways
+            taken = set(graph.tensors()) | {n.name for n in graph.nodes}
+        copy = gs.Constant(unique_name(f"{constant.name}_{low.name}", taken), values)
         for node, index in low_uses:
             node.inputs[index] = copy
 

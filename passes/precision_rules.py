@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from passes.external_data import constant_values
 from passes.precision_types import (
     FOLLOWER_OPS,
     Inferred,
@@ -284,7 +285,7 @@ def _out_of_range_constants(ctx: RuleContext) -> dict[str, str]:
 def _big_constants(ctx: RuleContext) -> Iterator[tuple[str, float]]:
     for tensor in ctx.graph.tensors().values():
         if isinstance(tensor, gs.Constant) and is_float32(tensor, ctx.inferred):
-            yield from _big(tensor.name, tensor.values, ctx.low)
+            yield from _big(tensor.name, constant_values(tensor), ctx.low)  # not kept on the graph: weights
     for node in ctx.graph.nodes:
         value = node.attrs.get("value")
         constant = node.op in ("Constant", "ConstantOfShape") and isinstance(value, gs.Constant) and node.outputs

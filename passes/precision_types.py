@@ -8,8 +8,8 @@ because passes may not import ``pipeline``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +18,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+
+logger = logging.getLogger(__name__)
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -174,8 +176,12 @@ class Inferred:
 
 def infer(graph: gs.Graph) -> Inferred:
     model = gs.export_onnx(graph, do_type_check=False)
-    with contextlib.suppress(Exception):  # an op inference does not know: keep what the graph already says
+    try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:  # an op inference does not know: keep what the graph already says, and say so
+        logger.warning(
+            "precision: shape inference failed (%s); tensors without a declared type are left in float32", exc
+        )
     infos = [*model.graph.value_info, *model.graph.input, *model.graph.output]
     types = {v.name: v.type.tensor_type.elem_type for v in infos if v.type.tensor_type.elem_type}
     shapes = {v.name: _dims(v.type.tensor_type) for v in infos if v.type.tensor_type.HasField("shape")}

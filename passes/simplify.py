@@ -16,16 +16,15 @@ from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from converters.context import unique_name
 from converters.settings import Settings
-from passes.base import PassResult
+from passes.base import STANDARD_DOMAINS, PassResult
 from passes.cleanup import remove_unused
+from passes.external_data import constant_values
 
 logger = logging.getLogger(__name__)
 
-_STANDARD_DOMAINS = ("", "ai.onnx", None)
 
 #: op -> (its identity element, the input positions where that element may stand). Subtracting zero and dividing
 #: by one are identities only with the constant second.
@@ -61,7 +60,7 @@ class RemoveIdentityElements:
 
     def check(self, node: gs.Node, graph_outputs: set[int], values: ConstantValues) -> Bypass | str:
         """The operand to keep, or why the node stays."""
-        if node.op not in IDENTITY_ELEMENTS or node.domain not in _STANDARD_DOMAINS:
+        if node.op not in IDENTITY_ELEMENTS or node.domain not in STANDARD_DOMAINS:
             return "not Add, Sub, Mul or Div of the standard domain"
         if len(node.inputs) != 2 or len(node.outputs) != 1:
             return "not a node with two inputs and one output"
@@ -197,12 +196,12 @@ class MergeSqueezeChains:
 
     def check(self, node: gs.Node, graph_outputs: set[int]) -> Merge | str:
         """The merged input and axes for the outer ``node``, or why it stays."""
-        if node.op not in ("Unsqueeze", "Squeeze") or node.domain not in _STANDARD_DOMAINS:
+        if node.op not in ("Unsqueeze", "Squeeze") or node.domain not in STANDARD_DOMAINS:
             return "not an Unsqueeze or Squeeze of the standard domain"
         if not node.inputs or not node.inputs[0].inputs:
             return "its input has no producer"
         inner = node.inputs[0].inputs[0]
-        if inner.op != node.op or inner.domain not in _STANDARD_DOMAINS or len(inner.outputs) != 1:
+        if inner.op != node.op or inner.domain not in STANDARD_DOMAINS or len(inner.outputs) != 1:
             return f"its input is not computed by another {node.op}"
         middle = inner.outputs[0]
         if id(middle) in graph_outputs or len(middle.outputs) != 1 or sum(t is middle for t in node.inputs) != 1:
@@ -326,12 +325,6 @@ def _normalized(axes: Sequence[int], rank: int | None) -> set[int] | None:
             axis += rank
         result.add(axis)
     return result if len(result) == len(axes) else None
-
-
-def constant_values(constant: gs.Constant) -> np.ndarray:
-    """A constant's values, read without replacing lazy values on the graph by the loaded array."""
-    raw = constant._values
-    return np.asarray(raw.load() if isinstance(raw, LazyValues) else raw)
 
 
 def _tensor_names(graph: gs.Graph) -> set[str]:

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import onnx
 import torch
 
-from converters.errors import BuildError
+from converters.errors import BuildError, ConversionError
 from converters.plugin_shapes import Algebra, evaluate, fake_outputs
 from converters.plugins import PluginSpec, find_plugin, node_plugin_id, plugin_nodes
 from converters.plugins import restore_plugins as restore_specs
@@ -170,7 +170,11 @@ def _reference(spec: PluginSpec, outputs: list[np.dtype]) -> Callable[..., Any]:
 def _check_results(spec: PluginSpec, results: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]) -> None:
     got = [r.dtype for r in results]
     if got != list(dtypes):
-        raise TypeError(f"{spec.torch_op} returned {got}; its fake kernel (and so the plugin node) says {list(dtypes)}")
+        raise ConversionError(
+            f"{spec.torch_op} returned {got}; its fake kernel (and so the plugin node) says {list(dtypes)}",
+            node=spec.name,
+            fix="make the op return the dtypes its register_fake kernel declares (or fix the fake kernel)",
+        )
 
 
 class PluginSession:
@@ -227,7 +231,8 @@ def _leak(session: Any) -> None:
 def _element_types(model: onnx.ModelProto) -> dict[str, np.dtype]:
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # inference is best effort; declared value_info is enough for our own plugin nodes
+    except Exception as exc:  # best effort: declared value_info is enough for our own plugin nodes
+        logger.info("shape inference failed (%s); plugin element types come from the declared value_info", exc)
         inferred = model
     graph = inferred.graph
     types = {

@@ -15,8 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from converters.settings import Settings
-from passes.base import PassResult
-from passes.parser_fixes.rewrite import STANDARD_DOMAINS
+from passes.base import STANDARD_DOMAINS, PassResult
 from passes.parser_fixes.values import ValueResolver, is_omitted
 
 logger = logging.getLogger(__name__)

@@ -16,13 +16,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from converters.context import unique_name
+from converters.errors import ConversionError
 from converters.settings import Settings
-from passes.base import PassResult
+from passes.base import STANDARD_DOMAINS, PassResult
 
 logger = logging.getLogger(__name__)
 
 #: Domains whose nodes are standard ONNX ops (graph-surgeon reads an absent domain as "" or None).
-STANDARD_DOMAINS = frozenset({"", "ai.onnx", None})
 
 Plan = TypeVar("Plan")
 
@@ -67,7 +67,11 @@ class Builder:
         """Put ``results`` in place of the node's outputs and detach the node (cleanup removes it)."""
         olds = list(self.node.outputs)
         if len(olds) != len(results):
-            raise ValueError(f"rewrite of {self.node.name} gave {len(results)} outputs for {len(olds)}")
+            raise ConversionError(
+                f"the rewrite gave {len(results)} outputs for the node's {len(olds)}",
+                node=self.node.name,
+                fix="a rewrite must return one tensor per output of the node it replaces, in order",
+            )
         self.node.outputs.clear()
         self.node.inputs.clear()
         for old, new in zip(olds, results, strict=True):

@@ -13,6 +13,8 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from passes.base import STANDARD_DOMAINS
+
 #: Values larger than this are never resolved: they are weights, not the axes, shapes or masks we bake in.
 MAX_RESOLVED_ELEMENTS = 1 << 16
 
@@ -81,7 +83,7 @@ class ValueResolver:
         if depth > 32 or len(tensor.inputs) != 1:
             return None
         node = tensor.inputs[0]
-        if node.domain not in ("", "ai.onnx", None):
+        if node.domain not in STANDARD_DOMAINS:
             return None
         if node.op == "Constant":
             return _constant_attr(node)

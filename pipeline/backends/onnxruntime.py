@@ -23,6 +23,7 @@ class OnnxRuntimeExecutor:
 
     def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
         model = runnable_model(model, self.backend, settings)  # a half graph on the CPU runs as its emulation
+
         def create() -> ort.InferenceSession:
             options = ort.SessionOptions()
             options.log_severity_level = 3
