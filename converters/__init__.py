@@ -13,7 +13,7 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
-from converters.plugins import PluginSpec, register_plugin
+from converters.plugins.spec import PluginSpec, register_plugin
 from converters.registry import ConverterEntry, ConverterRegistry, Priority
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 from converters.targets import OpKey

@@ -129,7 +129,7 @@ class ConverterContext:
         Runtime runs it when a CPU reference for ``name`` is registered (``converters.register_plugin`` does both).
         Returns its output (a list for several). ``attrs``: bool, int (int32), float, str, lists of them (written
         as JSON strings, which both runtimes read) and numpy arrays (native INTS/FLOATS, TensorRT only)."""
-        from converters.plugins import PLUGIN_DOMAIN, plugin_node_attributes
+        from converters.plugins.spec import PLUGIN_DOMAIN, plugin_node_attributes
 
         if not name or "." in name:
             raise ConversionError(f"invalid plugin name {name!r}", node=self.name, fix="a plugin name has no '.'")

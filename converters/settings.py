@@ -111,7 +111,7 @@ class Settings:
     ort_prepack_weights: bool | None = None
     trt_workspace_bytes: int | None = None
     trt_builder_optimization_level: int | None = None
-    # TensorRT build (pipeline.backends.tensorrt). TF32 is off unless asked for: it would break fp32 tolerances.
+    # TensorRT build (pipeline.backends.tensorrt.build). TF32 is off unless asked for: it would break fp32 tolerances.
     # trt_timing_cache=None keeps one timing cache per TensorRT version and GPU in cache_dir. Compatibility
     # options let an engine run on other GPUs (ampere_plus) or later TensorRT releases of the same major.
     trt_tactic_shared_memory_bytes: int | None = None

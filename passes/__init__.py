@@ -1,11 +1,12 @@
 """ONNX graph passes: the pass API, the pass manager and the built-in passes."""
 
 from passes.base import GraphPass, PassManager, PassRecord, PassResult, insert_passes
-from passes.cleanup import RemoveDeadNodes, RemoveIdentities, TopologicalSort
+from passes.cleanup.graph import RemoveDeadNodes, RemoveIdentities, TopologicalSort
+from passes.cleanup.simplify import MergeSqueezeChains, RemoveIdentityElements
 from passes.defaults import default_passes
-from passes.folding import FoldConstants
+from passes.folding.fold import FoldConstants
 from passes.lowering import LowerCustomOps
-from passes.onnx_io import module_path, to_graph, to_model
+from passes.model_io.graphs import module_path, to_graph, to_model
 from passes.parser_fixes import (
     AffineGridToMatMul,
     BitwiseToArithmetic,
@@ -17,7 +18,6 @@ from passes.parser_fixes import (
     ReduceAxesToInitializers,
     parser_fix_passes,
 )
-from passes.simplify import MergeSqueezeChains, RemoveIdentityElements
 
 __all__ = [
     "AffineGridToMatMul",

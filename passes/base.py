@@ -18,7 +18,7 @@ import onnx_graphsurgeon as gs
 
 from converters.errors import ConversionError, PipelineError
 from converters.settings import Settings
-from passes.gc_pause import gc_paused
+from passes.model_io.gc_pause import gc_paused
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class PassManager:
         self.max_iterations = max_iterations
         self.observer = observer  # called after every pass that modified the graph (the debug mode's hook)
 
-    @gc_paused()  # see passes.gc_pause: the collector walks every node of the graph again and again, freeing nothing
+    @gc_paused()  # see passes.model_io.gc_pause: the collector walks every node again and again, freeing nothing
     def run(self, graph: gs.Graph, settings: Settings) -> tuple[gs.Graph, list[PassRecord]]:
         records: list[PassRecord] = []
         settled: set[int] = set()  # passes that left the graph as it is now

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from converters.registry import ConverterRegistry
 from passes.base import GraphPass
-from passes.cleanup import RemoveDeadNodes, RemoveIdentities, TopologicalSort
-from passes.folding import FoldConstants
+from passes.cleanup.graph import RemoveDeadNodes, RemoveIdentities, TopologicalSort
+from passes.cleanup.simplify import MergeSqueezeChains, RemoveIdentityElements
+from passes.cleanup.squeeze_axes import ExplicitSqueezeAxes
+from passes.folding.fold import FoldConstants
 from passes.lowering import LowerCustomOps
 from passes.parser_fixes import parser_fix_passes
-from passes.precision import ConvertPrecision
-from passes.simplify import MergeSqueezeChains, RemoveIdentityElements
-from passes.squeeze_axes import ExplicitSqueezeAxes
+from passes.precision.convert import ConvertPrecision
 
 
 def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPass, ...]:

@@ -21,8 +21,8 @@ from converters.registry import ConverterEntry, ConverterRegistry
 from converters.settings import Settings
 from converters.targets import OpKey, node_key
 from passes.base import PassResult
-from passes.cleanup import remove_unused, toposort
-from passes.onnx_io import module_path
+from passes.cleanup.graph import remove_unused, toposort
+from passes.model_io.graphs import module_path
 from passes.rewiring import replace_outputs
 
 logger = logging.getLogger(__name__)

@@ -15,14 +15,14 @@ from converters.errors import (
     PipelineError,
 )
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
-from pipeline.compare import compare
-from pipeline.compare_report import ComparisonReport
+from pipeline.check.static import CompatibilityReport, NodeCheck, check
+from pipeline.compare.report import ComparisonReport
+from pipeline.compare.run import compare
 from pipeline.conversion import convert, load, run_passes
 from pipeline.export import ExportedGraph, export
-from pipeline.io_spec import IOSpec, TensorSpec
-from pipeline.parser_check import CompatibilityReport, NodeCheck, check
-from pipeline.report import ConversionReport
-from pipeline.runtime import ConvertedModule
+from pipeline.module.converted import ConvertedModule
+from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.module.report import ConversionReport
 
 __all__ = [
     "DEFAULT_TOLERANCES",

@@ -20,15 +20,17 @@ from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
 from passes.base import Placement
-from passes.external_data import check_model, remove_unused_files
-from pipeline.artifact import read_artifact
+from passes.model_io.external_data import check_model, remove_unused_files
 from pipeline.backends import build_executor, select_backend
+from pipeline.backends.plugin_runtime import restore_plugins
+from pipeline.check.ops import DEFAULT_TRT_VERSION
+from pipeline.check.static import CompatibilityReport, check
 from pipeline.export import ExportedGraph, eval_mode, export
-from pipeline.io_spec import normalise_sample
-from pipeline.parser_check import CompatibilityReport, check
-from pipeline.pass_debug import PassDebugger
-from pipeline.plugin_runtime import restore_plugins
-from pipeline.precision import (
+from pipeline.module.artifact import read_artifact
+from pipeline.module.converted import ConvertedModule
+from pipeline.module.io_spec import normalise_sample
+from pipeline.module.report import ConversionReport
+from pipeline.precision.stage import (
     boundary_io,
     convert_precision,
     effective_settings,
@@ -36,9 +38,7 @@ from pipeline.precision import (
     torch_references,
     validation_settings,
 )
-from pipeline.report import ConversionReport
-from pipeline.runtime import ConvertedModule
-from pipeline.trt_ops import DEFAULT_TRT_VERSION
+from pipeline.rewrite.debug import PassDebugger
 from pipeline.validate import AccuracyReport, as_io_types, validate, validation_feeds
 from pipeline.versions import library_versions
 
@@ -204,7 +204,7 @@ def _usable_engine(
     """The saved engine if it can run with this TensorRT and GPU; None (build anew) if ``rebuild``."""
     if engine is None or rebuild:
         return None
-    from pipeline.backends.tensorrt import device_identity, engine_mismatch, tensorrt_status
+    from pipeline.backends.tensorrt.build import device_identity, engine_mismatch, tensorrt_status
 
     available, why = tensorrt_status()
     if not available:

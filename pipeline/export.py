@@ -20,10 +20,10 @@ from converters.context import unique_name
 from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from converters.settings import DynamicDim, Settings
-from passes.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
-from passes.onnx_io import to_graph, to_model
-from pipeline import io_spec
-from pipeline.io_spec import IOSpec, TensorSpec
+from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
+from passes.model_io.graphs import to_graph, to_model
+from pipeline.module import io_spec
+from pipeline.module.io_spec import IOSpec, TensorSpec
 
 logger = logging.getLogger(__name__)
 

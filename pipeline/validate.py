@@ -25,7 +25,7 @@ from polygraphy.logger import G_LOGGER
 
 from converters.errors import AccuracyError
 from converters.settings import Settings
-from pipeline.io_spec import IOSpec
+from pipeline.module.io_spec import IOSpec
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Backends: which one runs the final graph, and the executors that run it.
 
 ``onnxruntime`` is the embedded default and runs anywhere. ``tensorrt`` is imported lazily, only from
-``pipeline.backends.tensorrt``; ``import pipeline`` works without it.
+``pipeline.backends.tensorrt.build``; ``import pipeline`` works without it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from converters.errors import BuildError
 from converters.settings import Settings
-from pipeline.io_spec import IOSpec
+from pipeline.module.io_spec import IOSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def select_backend(requested: str) -> BackendChoice:
     if requested == "onnxruntime":
         choice = BackendChoice("onnxruntime", "requested (backend='onnxruntime')")
     else:
-        from pipeline.backends.tensorrt import tensorrt_status
+        from pipeline.backends.tensorrt.build import tensorrt_status
 
         available, why = tensorrt_status()
         if requested == "tensorrt":
@@ -85,7 +85,7 @@ def build_executor(
 
         return OnnxRuntimeExecutor(model, io, settings)
     if backend == "tensorrt":
-        from pipeline.backends.tensorrt import TensorRTExecutor
+        from pipeline.backends.tensorrt.build import TensorRTExecutor
 
         if engine is None:
             return TensorRTExecutor.build(model, io, settings, static_check)

@@ -10,12 +10,12 @@ import onnxruntime as ort
 import torch
 
 from converters.errors import BuildError, InputError
-from converters.plugins import plugin_nodes
+from converters.plugins.spec import plugin_nodes
 from converters.settings import Settings
-from passes.external_data import ort_session_bytes
-from pipeline.io_spec import IOSpec
-from pipeline.plugin_runtime import PluginSession, prepare_onnxruntime
-from pipeline.precision import runnable_model
+from passes.model_io.external_data import ort_session_bytes
+from pipeline.backends.plugin_runtime import PluginSession, prepare_onnxruntime
+from pipeline.module.io_spec import IOSpec
+from pipeline.precision.stage import runnable_model
 
 
 class OnnxRuntimeExecutor:

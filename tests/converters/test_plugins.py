@@ -22,9 +22,9 @@ from torch import nn
 
 import converters
 import pipeline
-from converters import plugin_shapes
-from converters.plugins import plugin_spec
-from pipeline import plugin_runtime
+from converters.plugins import shapes as plugin_shapes
+from converters.plugins.spec import plugin_spec
+from pipeline.backends import plugin_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -300,7 +300,7 @@ def test_ctx_plugin_builds_the_node_of_a_hand_written_plugin() -> None:
 
 
 def test_attribute_encoding_rules() -> None:
-    from converters.plugins import plugin_node_attributes
+    from converters.plugins.spec import plugin_node_attributes
 
     encoded = plugin_node_attributes(
         {"b": True, "i": 7, "f": 0.25, "s": "x", "l": ("a", 1), "a": np.array([1, 2], np.int32)},

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from passes.external_data import ExternalValues, spill_constants
+from passes.model_io.external_data import ExternalValues, spill_constants
 
 
 def test_spilled_constants_read_back_exactly_and_small_ones_stay_inline(tmp_path: Path) -> None:

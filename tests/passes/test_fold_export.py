@@ -15,8 +15,9 @@ from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, constant_to_
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 from test_folding_matches_graph_surgeon import CASES, chain, init, make, node, vi
 
-from passes import fold_evaluation, to_graph
-from passes.folding import fold_constants
+from passes import to_graph
+from passes.folding import evaluation as fold_evaluation
+from passes.folding.fold import fold_constants
 
 
 def reference_export(

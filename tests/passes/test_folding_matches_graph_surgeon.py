@@ -14,9 +14,10 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from passes import fold_evaluation, to_graph
-from passes.cleanup import remove_unused, toposort
-from passes.folding import fold_constants
+from passes import to_graph
+from passes.cleanup.graph import remove_unused, toposort
+from passes.folding import evaluation as fold_evaluation
+from passes.folding.fold import fold_constants
 
 
 def make(

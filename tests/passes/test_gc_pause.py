@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from passes.gc_pause import gc_paused
+from passes.model_io.gc_pause import gc_paused
 
 
 class Node:

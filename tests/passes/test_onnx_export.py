@@ -15,8 +15,8 @@ from test_onnx_import import chain, corners
 
 from converters.settings import Settings
 from passes import PassManager, default_passes
-from passes.onnx_export import export_onnx
-from passes.onnx_import import import_onnx
+from passes.model_io.onnx_export import export_onnx
+from passes.model_io.onnx_import import import_onnx
 
 
 def flat_corners() -> gs.Graph:

@@ -13,7 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from passes.onnx_import import import_onnx
+from passes.model_io.onnx_import import import_onnx
 
 
 class Describer:

@@ -13,8 +13,8 @@ from onnx import helper, numpy_helper
 
 from converters.settings import Settings
 from passes import PassManager, TopologicalSort, to_graph, to_model
-from passes.precision import ConvertPrecision, Island, plan_precision
-from passes.precision_emulation import emulate_low_precision
+from passes.precision.convert import ConvertPrecision, Island, plan_precision
+from pipeline.precision.emulation import emulate_low_precision
 
 RNG = np.random.default_rng(0)
 
@@ -66,8 +66,8 @@ def op_types(source: onnx.ModelProto) -> list[str]:
 
 
 def trt_rejects(source: onnx.ModelProto) -> list[str]:
-    """The static TensorRT parser check (pipeline.parser_check) on the final graph."""
-    from pipeline.parser_check import check
+    """The static TensorRT parser check (pipeline.check.static) on the final graph."""
+    from pipeline.check.static import check
 
     return [f"{p.op} {p.node}: {p.reason}" for p in check(source).problems]
 
@@ -186,7 +186,7 @@ def _cancelling_pairs(source: onnx.ModelProto) -> list[str]:
 
 
 def test_simplify_casts_cancels_exact_round_trips_merges_duplicates_and_folds_integer_chains() -> None:
-    from passes.casts import SimplifyCasts
+    from passes.precision.casts import SimplifyCasts
 
     nodes = [
         helper.make_node("Cast", ["x"], ["a16"], name="down", to=T.FLOAT16),

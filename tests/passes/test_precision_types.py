@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 from importlib import resources
 
-from passes.precision_types import LOW_TYPES, TRT_FLOAT_OPS, TRT_NO_BF16, TRT_NO_FP16, trt_accepts
+from passes.precision.types import LOW_TYPES, TRT_FLOAT_OPS, TRT_NO_BF16, TRT_NO_FP16, trt_accepts
 
 
 def matrix() -> dict[str, set[str]]:
-    with resources.files("pipeline.data").joinpath("trt_onnx_ops.csv").open(encoding="utf-8") as handle:
+    with resources.files("pipeline.check.data").joinpath("trt_onnx_ops.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     return {r["op"]: set(r["types"].split(";")) for r in rows if r["supported"] == "Y"}
 

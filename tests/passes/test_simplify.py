@@ -16,7 +16,7 @@ from onnx_models import onnx_model
 from converters.settings import Settings
 from passes import PassManager, default_passes
 from passes.base import GraphPass
-from passes.simplify import (
+from passes.cleanup.simplify import (
     ConstantValues,
     MergeSqueezeChains,
     RemoveIdentityElements,

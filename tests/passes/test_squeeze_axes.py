@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from converters.settings import Settings
-from passes.squeeze_axes import ExplicitSqueezeAxes
+from passes.cleanup.squeeze_axes import ExplicitSqueezeAxes
 
 
 def squeeze_graph(shape: tuple[int | str, ...]) -> gs.Graph:

@@ -21,7 +21,7 @@ from torch import nn
 import pipeline
 from converters.context import ConverterContext
 from converters.registry import ConverterRegistry
-from pipeline import plots
+from pipeline.compare import plots
 
 ROOT = Path(__file__).resolve().parents[2]
 POLYGRAPHY = Path(sys.executable).parent / "polygraphy"

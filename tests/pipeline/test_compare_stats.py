@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from converters.settings import Tolerance
-from pipeline import plots
-from pipeline.compare_stats import HIST_BINS, HIST_EDGES, ErrorAccumulator, cosine_similarity, error_histogram
+from pipeline.compare import plots
+from pipeline.compare.stats import HIST_BINS, HIST_EDGES, ErrorAccumulator, cosine_similarity, error_histogram
 
 
 def decode_png(data: bytes) -> np.ndarray:

@@ -19,9 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converters.errors import BuildError
 from converters.settings import Settings
-from pipeline.backends.tensorrt import build_options
-from pipeline.engine_cache import EngineCache, cache_key, graph_digest
-from pipeline.io_spec import IOSpec, TensorSpec
+from pipeline.backends.tensorrt.build import build_options
+from pipeline.backends.tensorrt.engine_cache import EngineCache, cache_key, graph_digest
+from pipeline.module.io_spec import IOSpec, TensorSpec
 
 DEVICE = {"tensorrt": "10.16.1.11", "compute_capability": "8.9"}
 
@@ -151,7 +151,7 @@ def test_corrupted_entry_is_reported_removed_and_rebuilt(
     cache = EngineCache(tmp_path)
     stored = cache.get_or_build("k", lambda: b"first engine")
     damage(stored.path)  # type: ignore[operator]
-    with caplog.at_level(logging.WARNING, logger="pipeline.engine_cache"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.backends.tensorrt.engine_cache"):
         again = cache.get_or_build("k", lambda: b"second engine")
     assert again.engine == b"second engine"
     assert again.status.startswith("rebuilt") and why in again.status
@@ -181,7 +181,7 @@ def test_timing_cache_is_one_file_per_tensorrt_version_and_gpu(tmp_path: Path) -
 WORKER = """
 import sys, time
 from pathlib import Path
-from pipeline.engine_cache import EngineCache
+from pipeline.backends.tensorrt.engine_cache import EngineCache
 
 directory, who = Path(sys.argv[1]), sys.argv[2]
 

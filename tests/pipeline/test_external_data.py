@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 import pipeline
-from passes.external_data import external_tensors, weights_dir
-from pipeline.engine_cache import graph_digest
+from passes.model_io.external_data import external_tensors, weights_dir
+from pipeline.backends.tensorrt.engine_cache import graph_digest
 
 
 class Mlp(nn.Module):

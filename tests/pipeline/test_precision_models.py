@@ -18,8 +18,8 @@ from torch import nn
 
 import pipeline
 from converters.errors import ConversionError
-from pipeline.parser_check import check
-from pipeline.precision_report import load_keep_fp32
+from pipeline.check.static import check
+from pipeline.precision.report import load_keep_fp32
 
 transformers = pytest.importorskip("transformers")
 
@@ -324,9 +324,9 @@ def test_little_low_precision_compute_warns_and_strict_raises(caplog: pytest.Log
 
 
 def test_cli_takes_precision_and_keep_fp32() -> None:
-    from pipeline.cli import _parser
+    from pipeline.cli import build_parser
 
-    args = _parser().parse_args(["convert", "m.py:f", "-o", "out", "--precision", "bf16", "--keep-fp32", "head"])
+    args = build_parser().parse_args(["convert", "m.py:f", "-o", "out", "--precision", "bf16", "--keep-fp32", "head"])
     assert (args.precision, args.keep_fp32) == ("bf16", ["head"])
 
 
@@ -353,7 +353,7 @@ def test_readme_precision_example_runs(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_float32_outputs_are_validated_with_the_low_type_tolerance() -> None:
-    from pipeline.precision import validation_settings
+    from pipeline.precision.stage import validation_settings
 
     settings = pipeline.Settings(precision="fp16", tolerances={"float16": (5e-3, 5e-2), "logits": (1.0, 1.0)})
     judged = validation_settings(settings)

@@ -6,7 +6,7 @@ In every module under ``pipeline/`` that imports ``tensorrt``:
 - attribute chains on the module: ``trt.MemoryPoolType.WORKSPACE``, ``trt.OnnxParser``;
 - attributes of a variable annotated with a TensorRT class: after ``context: trt.IExecutionContext = ...``,
   ``context.set_input_shape`` is ``IExecutionContext.set_input_shape`` (the annotation is the convention that
-  makes a method call checkable, see ``pipeline.backends.tensorrt``);
+  makes a method call checkable, see ``pipeline.backends.tensorrt.build``);
 - methods a subclass of a TensorRT interface defines (``reallocate_output`` of an ``IOutputAllocator``), checked
   against the interface's documented methods (pybind11 does not expose overridable methods as attributes);
 - what Polygraphy does in TensorRT for each option we pass its TensorRT loaders (the table below).
@@ -286,7 +286,7 @@ def build(config: trt.IBuilderConfig) -> None:
 
 GUARDED = """
 import tensorrt as trt
-from pipeline.backends.tensorrt import trt_major
+from pipeline.backends.tensorrt.build import trt_major
 
 def build(config: trt.IBuilderConfig) -> None:
     if trt_major() < 11:
@@ -355,7 +355,7 @@ def test_collector_scopes_annotations_to_their_function_and_requires_them() -> N
 def test_our_code_is_read_where_it_uses_tensorrt() -> None:
     uses = our_uses()
     files = {u.where.split(":")[0] for u in uses if not u.where.startswith("Polygraphy")}
-    assert files == {"pipeline/backends/tensorrt.py", "pipeline/backends/trt_runtime.py"}
+    assert files == {"pipeline/backends/tensorrt/build.py", "pipeline/backends/tensorrt/runtime.py"}
     names = {u.name for u in uses}
     for expected in (
         "OnnxParser.parse",

@@ -18,7 +18,7 @@ from test_backends import SETUP, VERSIONS, prepare_trt_api
 
 from converters.errors import BuildError
 from converters.settings import Settings
-from pipeline.backends.tensorrt import (
+from pipeline.backends.tensorrt.build import (
     ParseFailure,
     build_options,
     engine_mismatch,
@@ -26,7 +26,7 @@ from pipeline.backends.tensorrt import (
     parse_error,
     profile_shapes,
 )
-from pipeline.io_spec import IOSpec, TensorSpec
+from pipeline.module.io_spec import IOSpec, TensorSpec
 
 
 def io_spec() -> IOSpec:
@@ -139,9 +139,9 @@ import json, sys
 from pathlib import Path
 import torch
 from converters.settings import Settings
-from pipeline.backends.tensorrt import create_config
-from pipeline.backends.trt_runtime import torch_dtype, trt_dtype
-from pipeline.io_spec import IOSpec, TensorSpec
+from pipeline.backends.tensorrt.build import create_config
+from pipeline.backends.tensorrt.runtime import torch_dtype, trt_dtype
+from pipeline.module.io_spec import IOSpec, TensorSpec
 
 io = IOSpec((TensorSpec("x", "float32", ("batch", 3, 8, 8)),), (TensorSpec("y", "float32", ("batch", 4)),),
             "", (), "", (), ())

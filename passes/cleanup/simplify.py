@@ -1,0 +1,335 @@
+"""Algebraic simplifications that take nodes out: an operation with its identity element (``x + 0``, ``x * 1``)
+and a chain of two Unsqueeze (or two Squeeze) nodes, which one node does.
+
+Both passes leave every graph output name as it is and rewrite only what they can prove equal from constants,
+shapes and dtypes recorded in the graph; each has a pure ``check`` that returns why a node was left. One walk over
+the nodes, constant values read at most once per pass run (without caching them on the graph, as folding does),
+and one linear-time cleanup when something changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from converters.context import unique_name
+from converters.settings import Settings
+from passes.base import STANDARD_DOMAINS, PassResult
+from passes.cleanup.graph import remove_unused
+from passes.model_io.external_data import constant_values
+
+logger = logging.getLogger(__name__)
+
+
+#: op -> (its identity element, the input positions where that element may stand). Subtracting zero and dividing
+#: by one are identities only with the constant second.
+IDENTITY_ELEMENTS: Mapping[str, tuple[int, tuple[int, ...]]] = {
+    "Add": (0, (1, 0)),
+    "Sub": (0, (1,)),
+    "Mul": (1, (1, 0)),
+    "Div": (1, (1,)),
+}
+
+
+# -- identity elements -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bypass:
+    """Consumers of the node's output read ``operand`` instead."""
+
+    operand: gs.Tensor
+
+
+class RemoveIdentityElements:
+    """Bypass ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x`` and ``x / 1`` where the result is ``x`` exactly.
+
+    The constant must be all zeros (or all ones), of ``x``'s dtype, and must not broadcast ``x`` to another shape:
+    its rank is at most ``x``'s and each of its dims is 1 or equal to ``x``'s static dim there (a scalar constant
+    broadcasts within any ``x``, even one of unknown rank). A node whose output is a graph output is kept, so graph
+    output names never change. For floats, ``-0.0 + 0.0`` is ``+0.0``: the only change is the sign of a zero result,
+    which compares equal (the exporter writes zero attention masks and zero biases as ``+0.0``).
+    """
+
+    name = "remove_identity_elements"
+
+    def check(self, node: gs.Node, graph_outputs: set[int], values: ConstantValues) -> Bypass | str:
+        """The operand to keep, or why the node stays."""
+        if node.op not in IDENTITY_ELEMENTS or node.domain not in STANDARD_DOMAINS:
+            return "not Add, Sub, Mul or Div of the standard domain"
+        if len(node.inputs) != 2 or len(node.outputs) != 1:
+            return "not a node with two inputs and one output"
+        if id(node.outputs[0]) in graph_outputs:
+            return "its output is a graph output"
+        element, positions = IDENTITY_ELEMENTS[node.op]
+        reasons = []
+        for position in positions:
+            constant, operand = node.inputs[position], node.inputs[1 - position]
+            reason = _identity_reason(constant, operand, node.outputs[0], element, values)
+            if reason is None:
+                return Bypass(operand)
+            reasons.append(f"input {position}: {reason}")
+        return "; ".join(reasons)
+
+    def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
+        graph_outputs = {id(t) for t in graph.outputs}
+        values = ConstantValues()
+        removed = 0
+        for node in graph.nodes:
+            if node.op not in IDENTITY_ELEMENTS:
+                continue
+            inputs = node.inputs
+            if len(inputs) != 2 or not (isinstance(inputs[1], gs.Constant) or isinstance(inputs[0], gs.Constant)):
+                continue  # most of them: two computed operands (no reason string built for those)
+            plan = self.check(node, graph_outputs, values)
+            if isinstance(plan, str):
+                continue
+            target = node.outputs[0]
+            for consumer in list(target.outputs):
+                for index, tensor in enumerate(consumer.inputs):
+                    if tensor is target:  # graph-surgeon's synchronised lists take item, not slice, assignment
+                        consumer.inputs[index] = plan.operand
+            node.outputs.clear()
+            removed += 1
+        if removed:
+            logger.debug("%s: bypassed %d node(s)", self.name, removed)
+            remove_unused(graph)
+        return PassResult(graph, removed > 0)
+
+
+def _identity_reason(
+    constant: gs.Tensor, operand: gs.Tensor, output: gs.Tensor, element: int, values: ConstantValues
+) -> str | None:
+    """None when ``op(operand, constant)`` is ``operand`` (``element`` being the op's identity), else why not."""
+    if not isinstance(constant, gs.Constant):
+        return "not a constant"
+    dtype = numpy_dtype(constant.dtype)
+    if dtype is None:
+        return f"constant of dtype {constant.dtype}, not a NumPy one"
+    operand_dtype = numpy_dtype(operand.dtype)
+    if operand_dtype is None:  # the op's output has its operands' dtype
+        operand_dtype = numpy_dtype(output.dtype)
+    if operand_dtype != dtype:
+        return (
+            f"constant of dtype {dtype}, other operand of {'unknown dtype' if operand_dtype is None else operand_dtype}"
+        )
+    reason = broadcast_reason(tuple(constant.shape), operand.shape)
+    if reason is not None:
+        return reason
+    if not values.all_equal(constant, element):
+        return f"constant not all {element}"
+    return None
+
+
+def broadcast_reason(constant_shape: Sequence[int], shape: Sequence[Any] | None) -> str | None:
+    """None when broadcasting a tensor of ``shape`` with a constant of ``constant_shape`` surely gives ``shape``.
+
+    >>> broadcast_reason((1, 1, 197), [1, "heads", 197]) is None
+    True
+    >>> broadcast_reason((4,), ["n"])  # n may be 1 at run time
+    "constant dim 4 against dim 'n' (axis -1): broadcasting may grow it"
+    """
+    if not constant_shape:
+        return None  # a scalar broadcasts within any shape
+    if shape is None:
+        return "other operand of unknown rank"
+    if len(constant_shape) > len(shape):
+        return f"constant of rank {len(constant_shape)} raises the rank {len(shape)} of the other operand"
+    for axis in range(-1, -len(constant_shape) - 1, -1):
+        have, dim = constant_shape[axis], shape[axis]
+        if have != 1 and not (isinstance(dim, (int, np.integer)) and dim == have):
+            return f"constant dim {have} against dim {dim!r} (axis {axis}): broadcasting may grow it"
+    return None
+
+
+def numpy_dtype(dtype: Any) -> np.dtype | None:
+    """``dtype`` as a NumPy dtype, or None (unknown, or an ONNX type graph-surgeon has no NumPy type for)."""
+    if isinstance(dtype, np.dtype):
+        return dtype
+    if isinstance(dtype, type) and issubclass(dtype, np.generic):
+        return np.dtype(dtype)
+    return None
+
+
+class ConstantValues:
+    """``np.all(values == element)`` per constant, read at most once per pass run and not cached on the graph
+    (loading every lazy initializer would keep a second copy of the weights)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, int], bool] = {}
+
+    def all_equal(self, constant: gs.Constant, element: int) -> bool:
+        key = (id(constant), element)
+        if key not in self._known:
+            array = constant_values(constant).reshape(-1)
+            # the first element settles most constants (weights, scales) without a pass over all of them
+            self._known[key] = array.size > 0 and bool(array[0] == element) and bool((array == element).all())
+        return self._known[key]
+
+
+# -- Unsqueeze and Squeeze chains ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Merge:
+    """The outer node reads ``source`` (the inner node's input) with ``axes``; the inner node is left unused."""
+
+    source: gs.Tensor
+    axes: tuple[int, ...]
+
+
+class MergeSqueezeChains:
+    """``Unsqueeze(Unsqueeze(x, a), b)`` becomes ``Unsqueeze(x, c)``, and ``Squeeze(Squeeze(x, a), b)``
+    ``Squeeze(x, c)``, when the inner node's output feeds only the outer node and both axes are constants.
+
+    ``c`` is computed from ``a`` and ``b`` (:func:`merged_unsqueeze_axes`, :func:`merged_squeeze_axes`); negative
+    axes need the rank of ``x``, so they are merged only when it is recorded. The outer node keeps its name and its
+    output; its axes become a new constant ``<outer>/axes`` (an attribute before opset 13, as it was).
+    """
+
+    name = "merge_squeeze_chains"
+
+    def check(self, node: gs.Node, graph_outputs: set[int]) -> Merge | str:
+        """The merged input and axes for the outer ``node``, or why it stays."""
+        if node.op not in ("Unsqueeze", "Squeeze") or node.domain not in STANDARD_DOMAINS:
+            return "not an Unsqueeze or Squeeze of the standard domain"
+        if not node.inputs or not node.inputs[0].inputs:
+            return "its input has no producer"
+        inner = node.inputs[0].inputs[0]
+        if inner.op != node.op or inner.domain not in STANDARD_DOMAINS or len(inner.outputs) != 1:
+            return f"its input is not computed by another {node.op}"
+        middle = inner.outputs[0]
+        if id(middle) in graph_outputs or len(middle.outputs) != 1 or sum(t is middle for t in node.inputs) != 1:
+            return f"the inner {node.op}'s output is read elsewhere too"
+        outer_axes, inner_axes = constant_axes(node), constant_axes(inner)
+        if outer_axes is None or inner_axes is None:
+            return "axes not given as constants"
+        if not outer_axes or not inner_axes:  # an empty axes list is no list for Squeeze, and invalid for Unsqueeze
+            return "empty axes"
+        source = inner.inputs[0]
+        rank = None if source.shape is None else len(source.shape)
+        merge = merged_unsqueeze_axes if node.op == "Unsqueeze" else merged_squeeze_axes
+        axes = merge(inner_axes, outer_axes, rank)
+        if axes is None:
+            return f"axes {list(inner_axes)} then {list(outer_axes)} cannot be merged for input rank {rank}"
+        return Merge(source, tuple(axes))
+
+    def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
+        graph_outputs = {id(t) for t in graph.outputs}
+        taken: set[str] | None = None
+        merged = 0
+        for node in graph.nodes:
+            if node.op not in ("Unsqueeze", "Squeeze"):
+                continue
+            plan = self.check(node, graph_outputs)
+            if isinstance(plan, str):
+                continue
+            node.inputs[0] = plan.source
+            if "axes" in node.attrs:
+                node.attrs["axes"] = list(plan.axes)
+            else:
+                if taken is None:
+                    taken = _tensor_names(graph)
+                node.inputs[1] = gs.Constant(unique_name(f"{node.name}/axes", taken), np.array(plan.axes, np.int64))
+            merged += 1
+        if merged:
+            logger.debug("%s: merged %d chain(s)", self.name, merged)
+            remove_unused(graph)
+        return PassResult(graph, merged > 0)
+
+
+def constant_axes(node: gs.Node) -> tuple[int, ...] | None:
+    """The axes of an Unsqueeze or Squeeze: its ``axes`` attribute (before opset 13) or constant second input."""
+    if "axes" in node.attrs:
+        value: Any = node.attrs["axes"]
+    elif len(node.inputs) == 2 and isinstance(node.inputs[1], gs.Constant):
+        value = constant_values(node.inputs[1])
+    else:
+        return None
+    array = np.asarray(value)
+    if array.ndim > 1 or not np.issubdtype(array.dtype, np.integer):
+        return None
+    return tuple(int(a) for a in array.reshape(-1))
+
+
+def merged_unsqueeze_axes(first: Sequence[int], second: Sequence[int], rank: int | None) -> list[int] | None:
+    """Axes of the one Unsqueeze equal to ``Unsqueeze(Unsqueeze(x, first), second)`` for ``x`` of rank ``rank``
+    (None: unknown), or None when a negative axis needs the unknown rank or the axes are invalid.
+
+    ``second`` indexes the first Unsqueeze's output. Walking the final output's positions: those in ``second``
+    are the second's new dims, the others are the first's output in order, and the first's new dims among them are
+    the positions ``first`` named there.
+
+    >>> merged_unsqueeze_axes([1, 2], [3], 1)       # [n] -> [n, 1, 1] -> [n, 1, 1, 1]
+    [1, 2, 3]
+    >>> merged_unsqueeze_axes([0], [-1], 2)         # [a, b] -> [1, a, b] -> [1, a, b, 1]
+    [0, 3]
+    """
+    middle_rank = None if rank is None else rank + len(first)
+    inner = _normalized(first, middle_rank)
+    outer = _normalized(second, None if middle_rank is None else middle_rank + len(second))
+    if inner is None or outer is None:
+        return None
+    axes, middle = [], 0
+    for position in range(_positions(inner, outer)):
+        if position in outer:
+            axes.append(position)
+        else:
+            if middle in inner:
+                axes.append(position)
+            middle += 1
+    return axes
+
+
+def merged_squeeze_axes(first: Sequence[int], second: Sequence[int], rank: int | None) -> list[int] | None:
+    """Axes of the one Squeeze equal to ``Squeeze(Squeeze(x, first), second)`` for ``x`` of rank ``rank``
+    (None: unknown), or None when a negative axis needs the unknown rank or the axes are invalid.
+
+    ``second`` indexes the first Squeeze's output: the positions of ``x`` that ``first`` does not remove, in order.
+
+    >>> merged_squeeze_axes([0], [-1], 3)           # [1, a, 1] -> [a, 1] -> [a]
+    [0, 2]
+    """
+    inner = _normalized(first, rank)
+    outer = _normalized(second, None if rank is None else rank - len(first))
+    if inner is None or outer is None:
+        return None
+    axes, middle = set(inner), 0
+    for position in range(_positions(inner, outer)):
+        if position not in inner:
+            if middle in outer:
+                axes.add(position)
+            middle += 1
+    return sorted(axes)
+
+
+def _positions(inner: set[int], outer: set[int]) -> int:
+    """A bound on the positions the walks above visit: an axis moves by at most one per axis of the other list."""
+    return max(inner | outer, default=-1) + len(inner) + len(outer) + 1
+
+
+def _normalized(axes: Sequence[int], rank: int | None) -> set[int] | None:
+    """``axes`` made non-negative for ``rank``; None if one is out of range, repeated, or negative with no rank."""
+    result = set()
+    for axis in axes:
+        if rank is not None and not -rank <= axis < rank:
+            return None
+        if axis < 0:
+            if rank is None:
+                return None
+            axis += rank
+        result.add(axis)
+    return result if len(result) == len(axes) else None
+
+
+def _tensor_names(graph: gs.Graph) -> set[str]:
+    names = {t.name for t in graph.inputs} | {t.name for t in graph.outputs}
+    for node in graph.nodes:
+        names.update(t.name for t in node.inputs)
+        names.update(t.name for t in node.outputs)
+    return names

@@ -1,0 +1,191 @@
+"""Run a TensorRT engine on torch CUDA tensors, with the raw TensorRT 10/11 runtime API.
+
+One execution context per engine: input shapes are set on every call and checked against the engine's
+optimization profile first, tensor addresses come straight from torch tensors (non-contiguous inputs are made
+contiguous), outputs are new torch tensors (data-dependent ones are sized by TensorRT through an
+``IOutputAllocator``), and the work is enqueued on the current torch CUDA stream, so it is ordered with the
+caller's torch work without a synchronisation. A runner is not thread-safe (one context).
+
+Untested without a GPU; its TensorRT names are checked against TensorRT 10.16 and 11.4 like the rest of the
+backend (see ``pipeline.backends.tensorrt.build`` for the conventions).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from converters.errors import BuildError, InputError
+from pipeline.module.io_spec import IOSpec
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+Shape = tuple[int, ...]
+
+
+def _dtype_pairs() -> list[tuple[trt.DataType, torch.dtype]]:
+    """TensorRT dtype <-> torch dtype. INT4, FP4 and E8M0 are packed or scale types with no torch twin."""
+    import tensorrt as trt
+
+    return [
+        (trt.DataType.FLOAT, torch.float32),
+        (trt.DataType.HALF, torch.float16),
+        (trt.DataType.BF16, torch.bfloat16),
+        (trt.DataType.FP8, torch.float8_e4m3fn),
+        (trt.DataType.INT8, torch.int8),
+        (trt.DataType.UINT8, torch.uint8),
+        (trt.DataType.INT32, torch.int32),
+        (trt.DataType.INT64, torch.int64),
+        (trt.DataType.BOOL, torch.bool),
+    ]
+
+
+def torch_dtype(dtype: trt.DataType) -> torch.dtype:
+    for ours, theirs in _dtype_pairs():
+        if ours == dtype:
+            return theirs
+    raise BuildError(
+        f"the engine has a tensor of TensorRT type {dtype}, which has no torch dtype",
+        fix="keep graph inputs and outputs in a torch dtype (cast inside the graph)",
+    )
+
+
+def trt_dtype(dtype: torch.dtype) -> trt.DataType:
+    for ours, theirs in _dtype_pairs():
+        if theirs == dtype:
+            return ours
+    raise BuildError(f"torch dtype {dtype} has no TensorRT type", fix="use a float, integer or bool dtype")
+
+
+class EngineRunner:
+    """A deserialized engine and one execution context; ``run`` takes and returns ``{name: tensor}``."""
+
+    def __init__(self, plan: bytes, *, allow_host_code: bool = False) -> None:
+        import tensorrt as trt
+        from polygraphy.backend.trt import get_trt_logger  # one TensorRT logger per process, shared with the build
+
+        trt.init_libnvinfer_plugins(get_trt_logger(), "")
+        self._runtime: trt.Runtime = trt.Runtime(get_trt_logger())
+        # A version-compatible engine carries its own lean runtime, which is host code TensorRT must be allowed to run.
+        self._runtime.engine_host_code_allowed = allow_host_code
+        self.engine: trt.ICudaEngine = self._runtime.deserialize_cuda_engine(plan)
+        if self.engine is None:
+            raise BuildError(
+                "TensorRT could not deserialize the engine (see TensorRT's log above)",
+                fix="the engine was built by another TensorRT version or GPU, or is damaged: load the artifact "
+                "with rebuild=True, or convert again (with trt_engine_cache=False if it came from the cache)",
+            )
+        self._context: trt.IExecutionContext = self.engine.create_execution_context()
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n)) for n in names}
+        self.profile = {n: self._profile(n) for n in self.inputs}
+        self._on_host = {n: self.engine.is_shape_inference_io(n) for n in self.inputs}  # shape tensors: host memory
+        self._allocator = _make_output_allocator(self.device)
+
+    def check_io(self, io: IOSpec) -> None:
+        """The engine's inputs and outputs are the graph's: same names, same dtypes. (TensorRT drops graph inputs
+        that nothing uses, so the engine may have fewer inputs.)"""
+        graph = {t.name: trt_dtype(t.torch_dtype) for t in (*io.inputs, *io.outputs)}
+        engine = {n: self.engine.get_tensor_dtype(n) for n in (*self.inputs, *self.outputs)}
+        wrong = [n for n in engine if graph.get(n) != engine[n]] + [t.name for t in io.outputs if t.name not in engine]
+        if wrong:
+            raise BuildError(
+                f"the engine's inputs and outputs do not match the graph's at {wrong}: engine {engine}, graph {graph}",
+                fix="the engine was built from another graph: load the artifact with rebuild=True or convert again",
+            )
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with torch.cuda.device(self.device):
+            # The tensors TensorRT reads must live until the work is enqueued; after that, torch's stream-aware
+            # allocator will not hand their memory to anything that runs before this work on the stream.
+            keep_alive = [self._set_input(name, inputs[name]) for name in self.inputs]
+            outputs: dict[str, torch.Tensor] = {}
+            for name in self.outputs:
+                shape = tuple(self._context.get_tensor_shape(name))
+                if any(d < 0 for d in shape):  # data-dependent: TensorRT asks the allocator once it knows the size
+                    self._context.set_output_allocator(name, self._allocator)
+                else:
+                    outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device=self.device)
+                    self._context.set_tensor_address(name, outputs[name].data_ptr())
+            stream = torch.cuda.current_stream(self.device)
+            if not self._context.execute_async_v3(stream.cuda_stream):
+                raise BuildError(
+                    "TensorRT failed to run the engine (see TensorRT's log above)",
+                    fix="check the inputs; if they are valid, report the TensorRT error",
+                )
+            for name in self.outputs:
+                if name not in outputs:
+                    outputs[name] = self._allocated_output(name)
+            del keep_alive
+        return outputs
+
+    def _set_input(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        lo, opt, hi = self.profile[name]
+        shape = tuple(tensor.shape)
+        if len(shape) != len(lo) or not all(a <= s <= b for s, a, b in zip(shape, lo, hi, strict=True)):
+            raise InputError(
+                f"input {name!r} has shape {list(shape)}, outside the engine's optimization profile for it: "
+                f"min {list(lo)}, opt {list(opt)}, max {list(hi)}",
+                fix="pass a shape within the profile, or convert again with a wider dynamic range for that axis, "
+                f"e.g. dynamic={{{name!r}: {{axis: ('name', min, opt, max)}}}}",
+            )
+        if tensor.dtype != self.dtypes[name]:
+            raise InputError(
+                f"input {name!r} is {tensor.dtype}, the engine takes {self.dtypes[name]}",
+                fix=f"pass a {self.dtypes[name]} tensor",
+            )
+        tensor = tensor.to(torch.device("cpu") if self._on_host[name] else self.device).contiguous()
+        if not self._context.set_input_shape(name, shape):
+            raise InputError(
+                f"TensorRT refused shape {list(shape)} for input {name!r}",
+                fix="see TensorRT's log above for the reason",
+            )
+        self._context.set_tensor_address(name, tensor.data_ptr())
+        return tensor
+
+    def _allocated_output(self, name: str) -> torch.Tensor:
+        buffer, shape = self._allocator.buffers.pop(name, None), self._allocator.shapes.pop(name, None)
+        if buffer is None or shape is None:  # never hand out a buffer TensorRT may have written in an earlier run
+            raise BuildError(
+                f"TensorRT did not allocate the data-dependent output {name!r} in this run",
+                fix="report this with the TensorRT version: the output allocator contract changed",
+            )
+        dtype = self.dtypes[name]
+        return buffer[: math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+
+    def _profile(self, name: str) -> tuple[Shape, Shape, Shape]:
+        shape = tuple(self.engine.get_tensor_shape(name))
+        if all(d >= 0 for d in shape):
+            return shape, shape, shape
+        lo, opt, hi = (tuple(dims) for dims in self.engine.get_tensor_profile_shape(name, 0))
+        return lo, opt, hi
+
+
+def _make_output_allocator(device: torch.device) -> Any:
+    """An ``IOutputAllocator`` handing TensorRT fresh torch memory for each data-dependent output, every run."""
+    import tensorrt as trt
+
+    class TorchOutputAllocator(trt.IOutputAllocator):
+        def __init__(self) -> None:
+            trt.IOutputAllocator.__init__(self)
+            self.buffers: dict[str, torch.Tensor] = {}
+            self.shapes: dict[str, Shape] = {}
+
+        def reallocate_output(self, tensor_name: str, memory: int, size: int, alignment: int) -> int:
+            # Always new memory: the previous buffer belongs to the caller now. torch's blocks are 512-byte aligned.
+            self.buffers[tensor_name] = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+            return int(self.buffers[tensor_name].data_ptr())
+
+        def reallocate_output_async(self, tensor_name: str, memory: int, size: int, alignment: int, stream: int) -> int:
+            return self.reallocate_output(tensor_name, memory, size, alignment)  # allocated on the current stream
+
+        def notify_shape(self, tensor_name: str, shape: Any) -> None:
+            self.shapes[tensor_name] = tuple(shape)
+
+    return TorchOutputAllocator()

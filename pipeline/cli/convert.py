@@ -1,0 +1,64 @@
+"""``pipeline convert SPEC --input NAME:SHAPE[:DTYPE] ... -o OUTDIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from converters.errors import InputError
+from pipeline.cli.common import add_model_arguments, dynamic_dims, load_spec, random_inputs
+
+ARTIFACT_NAME = "model.ptrt"
+
+
+def add_convert_command(commands: Any) -> None:
+    """Add the ``convert`` subcommand to ``pipeline``'s subparsers."""
+    convert = commands.add_parser("convert", help="convert a model and write the artifact, graph and report")
+    add_model_arguments(convert, output_help="output directory")
+    convert.add_argument("--backend", default="auto", choices=["auto", "onnxruntime", "tensorrt"])
+    convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
+    convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+    convert.add_argument(
+        "--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute type of the graph (fp32 islands)"
+    )
+    convert.add_argument(
+        "--keep-fp32",
+        action="append",
+        default=[],
+        metavar="NODE|OP|MODULE",
+        help="keep in float32: a node name, op type or PyTorch module path (node:, op:, module: to be explicit)",
+    )
+    convert.set_defaults(run=_convert)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from converters.files import write_file_atomically
+    from pipeline.conversion import convert
+
+    model, sample = load_spec(args.spec)
+    if args.input:
+        sample = ((), {name: tensor for name, tensor in random_inputs(args.input, args.seed)})
+    if sample is None:
+        raise InputError(
+            f"{args.spec} returned a module but no sample, and no --input was given",
+            fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
+        )
+    module = convert(
+        model,
+        sample,
+        backend=args.backend,
+        validate=not args.no_validate,
+        seed=args.seed,
+        dynamic=dynamic_dims(args.dynamic),
+        precision=args.precision,
+        keep_fp32=tuple(args.keep_fp32),
+    )
+    out: Path = args.output
+    artifact = module.save(out / ARTIFACT_NAME)
+    module.save_onnx(out / "model.onnx")  # with model.onnx.data beside it when the weights are external
+    write_file_atomically(out / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
+    print(module.report.summary())
+    print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
+    return 0

@@ -1,0 +1,242 @@
+"""The comparison report: JSON for machines, Markdown for people, PNG plots, a short terminal table, and the
+``polygraphy run`` command that reproduces the comparison on the saved final graph."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from converters.settings import Settings
+from passes.model_io.external_data import save_onnx
+from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
+from pipeline.compare.stats import HIST_EDGES, ErrorStats
+from pipeline.module.io_spec import IOSpec
+from pipeline.validate import Feed
+
+FILES = {
+    "json": "report.json",
+    "markdown": "report.md",
+    "graph": "final.onnx",
+    "inputs": "inputs.json",
+    "reference": "reference_outputs.json",
+    "layers_plot": "layers.png",
+}
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    name: str
+    description: str
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """One output of one backend runner against the reference, over all inputs."""
+
+    runner: str
+    output: str
+    dtype: str
+    atol: float
+    rtol: float
+    stats: ErrorStats
+
+    @property
+    def passed(self) -> bool:
+        return self.stats.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runner": self.runner,
+            "output": self.output,
+            "dtype": self.dtype,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "passed": self.passed,
+            **self.stats.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ComparisonReport:
+    """Everything a comparison found. ``write(directory)`` saves the report files; ``table()`` is the short
+    terminal summary; ``first_divergence`` is set by per-layer comparisons that found one."""
+
+    model: str
+    reference: str
+    reference_dtype: str
+    rule: str
+    inputs: int
+    input_source: str
+    runners: tuple[RunnerInfo, ...]
+    outputs: tuple[OutputComparison, ...]
+    layers: LayerReport | None
+    versions: dict[str, str]
+    final: onnx.ModelProto = field(repr=False, compare=False)
+    io: IOSpec = field(repr=False, compare=False)
+    settings: Settings = field(repr=False, compare=False)
+    feeds: list[Feed] = field(repr=False, compare=False)
+    reference_outputs: list[Feed] = field(repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    @property
+    def first_divergence(self) -> Divergence | None:
+        return self.layers.first_divergence if self.layers else None
+
+    # -- the reproducer ----------------------------------------------------------------------------------------
+
+    def polygraphy_command(self, directory: str | Path, *, tensorrt: bool = True) -> list[str]:
+        """``polygraphy run`` on the saved final graph and inputs, compared with the saved PyTorch outputs under
+        the same rule and tolerances. With ``tensorrt`` it builds a strongly typed engine too (TensorRT against
+        ONNX Runtime, then ONNX Runtime against PyTorch); without, ONNX Runtime only."""
+        from pipeline.backends.tensorrt.build import profile_shapes
+
+        d = Path(directory)
+        args = ["polygraphy", "run", str(d / FILES["graph"])]
+        if tensorrt:
+            args += ["--trt", "--strongly-typed"]
+            if profiles := profile_shapes(self.io, self.settings):
+                for index, flag in enumerate(("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes")):
+                    args += [flag, *(f"{name}:[{','.join(map(str, s[index]))}]" for name, s in profiles.items())]
+        args += ["--onnxrt", "--load-inputs", str(d / FILES["inputs"]), "--load-outputs", str(d / FILES["reference"])]
+        args += ["--check-error-stat", "elemwise", "--infinities-compare-equal"]
+        tolerances = [(s.name, self.settings.tolerance_for(s.name, s.dtype)) for s in self.io.outputs]
+        args += ["--atol", *(f"{name}:{t.atol!r}" for name, t in tolerances)]
+        args += ["--rtol", *(f"{name}:{t.rtol!r}" for name, t in tolerances)]
+        return args
+
+    # -- JSON --------------------------------------------------------------------------------------------------
+
+    def to_dict(self, directory: str | Path | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "model": self.model,
+            "passed": self.passed,
+            "rule": self.rule,
+            "reference": {"runner": self.reference, "dtype": self.reference_dtype},
+            "inputs": {"count": self.inputs, "source": self.input_source},
+            "runners": [{"name": r.name, "description": r.description, "skipped": r.skipped} for r in self.runners],
+            "outputs": [o.to_dict() for o in self.outputs],
+            "per_layer": _layers_dict(self.layers) if self.layers else None,
+            "versions": dict(self.versions),
+        }
+        if directory is not None:
+            data["polygraphy_command"] = shlex.join(self.polygraphy_command(directory))
+            data["polygraphy_command_onnxruntime"] = shlex.join(self.polygraphy_command(directory, tensorrt=False))
+            data["files"] = {kind: str(Path(directory) / name) for kind, name in self.files().items()}
+        return data
+
+    def files(self) -> dict[str, str]:
+        """Kind -> file name of everything :meth:`write` saves."""
+        names = dict(FILES)
+        if self.layers is None or not self.layers.layers:
+            del names["layers_plot"]
+        for output in dict.fromkeys(o.output for o in self.outputs):
+            names[f"histogram:{output}"] = f"histogram_{_safe(output)}.png"
+        return names
+
+    # -- Markdown and the terminal ---------------------------------------------------------------------------
+
+    def markdown(self, directory: str | Path) -> str:
+        from pipeline.compare.markdown import render_markdown
+
+        return render_markdown(self, Path(directory))
+
+    def table(self, directory: str | Path | None = None) -> str:
+        from pipeline.compare.markdown import render_table
+
+        return render_table(self, None if directory is None else Path(directory))
+
+    # -- writing -----------------------------------------------------------------------------------------------
+
+    def write(self, directory: str | Path) -> dict[str, Path]:
+        """Write every report file into ``directory`` (created if needed); returns kind -> path."""
+        from converters.files import write_file_atomically
+
+        d = Path(directory)
+        written = {}
+        for kind, name in self.files().items():  # one file in memory at a time
+            if kind == "graph":
+                written[kind] = save_onnx(self.final, d / name)[0]
+            else:
+                written[kind] = write_file_atomically(d / name, self._content(kind, d))
+        return written
+
+    def _content(self, kind: str, directory: Path) -> bytes:
+        from polygraphy.comparator import RunResults
+        from polygraphy.json import to_json
+
+        if kind == "json":
+            return json.dumps(self.to_dict(directory), indent=2).encode()
+        if kind == "markdown":
+            return self.markdown(directory).encode()
+        if kind == "inputs":
+            return str(to_json(self.feeds)).encode()
+        if kind == "reference":
+            reference = RunResults()
+            reference.add(self.reference_outputs, runner_name=self.reference)
+            return str(to_json(reference)).encode()
+        return self._plot(kind)
+
+    def _plot(self, kind: str) -> bytes:
+        from pipeline.compare import plots
+
+        if kind == "layers_plot":
+            rows = self.layers.layers if self.layers else ()
+            title = f"MAX ABS ERROR ALONG DEPTH ({len(rows)} MODULES)"
+            return plots.depth_png(
+                [r.module for r in rows], [r.stats.max_abs for r in rows], [r.passed for r in rows], title
+            )
+        output = kind.partition(":")[2]
+        mine = [o for o in self.outputs if o.output == output]
+        return plots.histogram_png(output, [(o.runner, o.stats.histogram) for o in mine], HIST_EDGES, mine[0].atol)
+
+
+def _layers_dict(layers: LayerReport) -> dict[str, Any]:
+    divergence = layers.first_divergence
+    return {
+        "backend": layers.backend,
+        "backend_note": layers.note,
+        "first_divergence": None
+        if divergence is None
+        else {
+            **_layer_dict(divergence.layer),
+            "nodes": [{"name": n, "op_type": op} for n, op in divergence.nodes],
+            "suspect_nodes": [{"name": n, "op_type": op} for n, op in divergence.suspects],
+        },
+        "layers": [_layer_dict(layer) for layer in layers.layers],
+        "unmatched": [{"module": m, "type": t, "reason": r} for m, t, r in layers.unmatched],
+        "nodes_without_module": layers.nodes_without_module,
+        "chunks": layers.chunks,
+        "memory_budget_bytes": layers.memory_budget,
+        "matching": "each module's output is compared with the tensor of the last ONNX node (topological order) "
+        "under its name scope whose dtype and shape fit; a module run several times is compared at its last call",
+    }
+
+
+def _layer_dict(layer: LayerComparison) -> dict[str, Any]:
+    return {
+        "module": layer.module,
+        "type": layer.type_name,
+        "tensor": layer.tensor,
+        "node": layer.node,
+        "op_type": layer.op_type,
+        "dtype": layer.dtype,
+        "calls": layer.calls,
+        "atol": layer.atol,
+        "rtol": layer.rtol,
+        "passed": layer.passed,
+        **{k: v for k, v in layer.stats.to_dict().items() if k != "histogram"},
+    }
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)

@@ -1,0 +1,129 @@
+"""The converted model: a ``torch.nn.Module`` with the original call signature, running on a backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import onnx
+import torch
+
+from converters.errors import InputError
+from converters.settings import Settings
+from passes.model_io.external_data import WeightFiles, save_onnx
+from pipeline.backends import Executor
+from pipeline.module.io_spec import IOSpec
+
+if TYPE_CHECKING:
+    from pipeline.compare.report import ComparisonReport
+    from pipeline.module.report import ConversionReport
+
+
+class ConvertedModule(torch.nn.Module):
+    """Call it like the original model; tensors come back on the device of the inputs.
+
+    ``.onnx`` is the final graph, ``.report`` the conversion report, ``.save(path)`` writes one artifact and
+    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external).
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        io: IOSpec,
+        onnx_model: onnx.ModelProto,
+        settings: Settings,
+        report: ConversionReport,
+        weights: WeightFiles | None = None,
+    ) -> None:
+        super().__init__()
+        self._executor = executor
+        self._weights = weights  # the external weights of onnx_model (large models) live while the module does
+        self.io = io
+        self._onnx = onnx_model
+        self.settings = settings
+        self.report = report
+        self._dims = {(d.input, d.axis): d for d in settings.dynamic}
+
+    @property
+    def onnx(self) -> onnx.ModelProto:
+        """The final ONNX graph (what the backend runs)."""
+        return self._onnx
+
+    @property
+    def backend(self) -> str:
+        return self._executor.backend
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        return self._executor.engine_bytes
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        inputs = self.io.flatten_call(args, kwargs)
+        self._check(inputs)
+        device = inputs[0].device
+        outputs = self._executor.run(inputs)
+        return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
+
+    def save(self, path: str | Path) -> Path:
+        """Write the final ONNX, the engine (if any) and metadata to one file, atomically."""
+        from pipeline.module.artifact import save_artifact
+
+        return save_artifact(self, Path(path))
+
+    def save_onnx(self, path: str | Path) -> list[Path]:
+        """Write the final graph to ``path`` for other tools (polygraphy, trtexec, ONNX Runtime), atomically.
+
+        A graph with external weights gets them in one ``<name>.data`` file beside it (``onnx.save`` would not
+        find them: they live in the module's private weights directory). Returns the files written.
+        """
+        return save_onnx(self._onnx, path)
+
+    def compare(self, model: torch.nn.Module, inputs: Any, **options: Any) -> ComparisonReport:
+        """Compare this module's graph (ONNX Runtime) and engine (TensorRT) with ``model`` on ``inputs``; the
+        options are those of :func:`pipeline.compare` (``per_layer=True``, ``output_dir=...``, ...)."""
+        from pipeline.compare.run import compare_module
+
+        return compare_module(self, model, inputs, **options)
+
+    def _check(self, inputs: list[torch.Tensor]) -> None:
+        sizes: dict[str, tuple[str, int]] = {}
+        for spec, tensor in zip(self.io.inputs, inputs, strict=True):
+            if tensor.dtype != spec.torch_dtype:
+                raise InputError(
+                    f"input {spec.name!r} is {str(tensor.dtype).removeprefix('torch.')}, the graph takes {spec.dtype}",
+                    fix=f"pass a {spec.dtype} tensor, e.g. x.to(torch.{spec.dtype})",
+                )
+            if tensor.dim() != len(spec.shape):
+                raise InputError(
+                    f"input {spec.name!r} has rank {tensor.dim()}, the graph takes rank {len(spec.shape)} "
+                    f"{list(spec.shape)}",
+                    fix="pass a tensor of the sample's rank",
+                )
+            for axis, (size, declared) in enumerate(zip(tensor.shape, spec.shape, strict=True)):
+                self._check_dim(spec.name, axis, int(size), declared, sizes)
+
+    def _check_dim(
+        self, name: str, axis: int, size: int, declared: int | str, sizes: dict[str, tuple[str, int]]
+    ) -> None:
+        dim = self._dims.get((name, axis))
+        if dim is None:
+            if isinstance(declared, int) and size != declared:
+                raise InputError(
+                    f"input {name!r} has size {size} on axis {axis}; the graph was converted with the fixed size "
+                    f"{declared}",
+                    fix=f"declare the axis dynamic when converting: dynamic={{{name!r}: {{{axis}: "
+                    f"('dim_name', min, opt, max)}}}}",
+                )
+            return
+        if not dim.min <= size <= dim.max:
+            raise InputError(
+                f"input {name!r} has size {size} on axis {axis} ({dim.name!r}), outside the declared range "
+                f"[{dim.min}, {dim.max}]",
+                fix=f"convert again with a wider range for {dim.name!r}, or pass a size within it",
+            )
+        seen = sizes.setdefault(dim.name, (name, size))
+        if seen[1] != size:
+            raise InputError(
+                f"dimension {dim.name!r} is {seen[1]} in input {seen[0]!r} but {size} in input {name!r}",
+                fix="inputs that share a dynamic dimension must agree on its size",
+            )

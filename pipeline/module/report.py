@@ -1,0 +1,98 @@
+"""The conversion report: stage timings, passes with node counts, the backend and why, accuracy figures."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from passes.base import PassRecord
+from pipeline.precision.report import PrecisionReport
+from pipeline.validate import AccuracyReport, OutputAccuracy
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    backend: str
+    backend_reason: str
+    stages: tuple[tuple[str, float], ...]
+    passes: tuple[PassRecord, ...]
+    nodes_exported: int
+    nodes_final: int
+    accuracy: AccuracyReport | None
+    versions: dict[str, str] = field(default_factory=dict)
+    compatibility: dict[str, Any] | None = None  # pipeline.check's report of the final graph, as a dict
+    precision: PrecisionReport | None = None  # the precision stage (fp16/bf16): islands, casts, share, error
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(seconds for _, seconds in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "backend_reason": self.backend_reason,
+            "stages": [{"name": n, "seconds": s} for n, s in self.stages],
+            "passes": [asdict(p) for p in self.passes],
+            "nodes_exported": self.nodes_exported,
+            "nodes_final": self.nodes_final,
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
+            "versions": dict(self.versions),
+            "compatibility": self.compatibility,
+            "precision": self.precision.to_dict() if self.precision else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConversionReport:
+        accuracy = data.get("accuracy")
+        return cls(
+            backend=data["backend"],
+            backend_reason=data["backend_reason"],
+            stages=tuple((s["name"], float(s["seconds"])) for s in data["stages"]),
+            passes=tuple(PassRecord(**p) for p in data["passes"]),
+            nodes_exported=int(data["nodes_exported"]),
+            nodes_final=int(data["nodes_final"]),
+            accuracy=None
+            if accuracy is None
+            else AccuracyReport(
+                inputs=int(accuracy["inputs"]),
+                outputs=tuple(OutputAccuracy(**o) for o in accuracy["outputs"]),
+                rule=accuracy["rule"],
+            ),
+            versions=dict(data.get("versions", {})),
+            compatibility=data.get("compatibility"),
+            precision=PrecisionReport.from_dict(data["precision"]) if data.get("precision") else None,
+        )
+
+    def summary(self) -> str:
+        """A short human-readable summary, as the CLI prints it."""
+        lines = [f"backend   {self.backend}  ({self.backend_reason})"]
+        stage_text = "  ".join(f"{name} {seconds:.2f}s" for name, seconds in self.stages)
+        lines.append(f"stages    {stage_text}  (total {self.total_seconds:.2f}s)")
+        changed = [p for p in self.passes if p.modified]
+        lines.append(
+            f"graph     {self.nodes_exported} nodes exported -> {self.nodes_final} final; "
+            f"{len(self.passes)} pass runs, {len(changed)} changed the graph"
+        )
+        for p in changed:
+            lines.append(f"          {p.name:<20} {p.nodes_before:>6} -> {p.nodes_after:<6} {p.seconds:.3f}s")
+        if self.precision is not None:
+            lines.extend(self.precision.summary_lines())
+        if self.compatibility is not None:
+            problems = self.compatibility["problems"]
+            lines.append(
+                f"tensorrt  parser check for TensorRT {self.compatibility['trt_version']}: "
+                + ("every node accepted" if not problems else f"{len(problems)} node(s) rejected")
+            )
+            for p in problems[:10]:
+                lines.append(f"          {p['op']:<18} {p['node']}: {p['reason']}")
+        if self.accuracy is None:
+            lines.append("accuracy  not validated (validate=False)")
+        else:
+            verdict = "PASS" if self.accuracy.passed else "FAIL"
+            lines.append(f"accuracy  {verdict} on {self.accuracy.inputs} inputs ({self.accuracy.rule})")
+            for o in self.accuracy.outputs:
+                lines.append(
+                    f"          {o.name:<20} {o.dtype:<8} max abs {o.max_abs:.2e} (atol {o.atol:g})  "
+                    f"max rel {o.max_rel:.2e} (rtol {o.rtol:g})  {'ok' if o.passed else 'FAIL'}"
+                )
+        return "\n".join(lines)

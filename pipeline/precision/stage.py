@@ -1,0 +1,365 @@
+"""Stage: precision. The float32 graph after the passes becomes float16 or bfloat16 with float32 islands.
+
+The pass (:class:`passes.precision.convert.ConvertPrecision`) knows the rules and the user's ``keep_fp32``; this
+stage adds what needs data: calibration inputs (the sample and ``calibration_inputs`` random inputs drawn like it, or
+the user's ``calibration``), measured islands (the float32 graph on ONNX Runtime with every intermediate observed),
+and, when the result misses the tolerance on the calibration inputs, the accuracy-driven search against PyTorch
+fp32. It reports islands with reasons, casts, the share of compute in the low type, and warns (or raises under
+``precision_strict``) when that share is small.
+
+On ONNX Runtime's CPU provider a bfloat16 graph does not run and a float16 graph runs with roundings dropped (see
+:mod:`pipeline.precision.emulation`), so :func:`runnable_model` gives that backend the float32 emulation that rounds
+at every half tensor, while ``module.onnx`` stays the real low-precision graph TensorRT builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from converters.errors import ConversionError, InputError
+from converters.settings import DEFAULT_TOLERANCES, Settings, Tolerance
+from passes import GraphPass, PassManager, PassRecord, RemoveDeadNodes, TopologicalSort, to_graph, to_model
+from passes.model_io.external_data import check_model, ort_session_bytes, weights_dir
+from passes.precision.convert import ConvertPrecision, Island, plan_precision
+from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
+from pipeline.export import ExportedGraph
+from pipeline.module.io_spec import IOSpec, TensorSpec, normalise_sample
+from pipeline.precision.emulation import emulate_low_precision, has_low_precision
+from pipeline.precision.measure import measured_islands, session_feed
+from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSummary, judge_share
+from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
+from pipeline.precision.share import ComputeShare, compute_share
+from pipeline.validate import Feed, TorchRunner, validation_feeds
+
+logger = logging.getLogger(__name__)
+
+#: Calibration inputs are drawn with another seed than validation inputs, so validation sees unseen inputs.
+CALIBRATION_SEED_OFFSET = 7919
+#: After bisection, at most this many nodes are tried back in the low type (heavy ops first).
+MAX_PRUNE = 24
+#: Opset from which Conv, pooling and Einsum take bfloat16.
+BF16_OPSET = 22
+
+
+def effective_settings(settings: Settings) -> Settings:
+    """bfloat16 exports at opset 22 unless an opset was given: before it, Conv and pooling cannot take bfloat16."""
+    if settings.precision == "bf16" and settings.opset is None:
+        return dataclasses.replace(settings, opset=BF16_OPSET)
+    return settings
+
+
+def validation_settings(settings: Settings) -> Settings:
+    """Outputs stay float32, but the graph computes in the low type: float32 outputs are judged by its tolerance."""
+    if settings.precision == "fp32":
+        return settings
+    low = LOW_TYPES[settings.precision]
+    return dataclasses.replace(settings, tolerances={**settings.tolerances, "float32": _tolerance(settings, low)})
+
+
+def _tolerance(settings: Settings, low: LowType) -> Tolerance:
+    """The low type's tolerance: the user's ``tolerances["float16"]`` (or bfloat16) if given, else the default."""
+    return settings.tolerances.get(low.dtype_name, DEFAULT_TOLERANCES[low.dtype_name])
+
+
+def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> Sequence[GraphPass]:
+    """The pass list without its precision pass when a low precision is asked: the precision stage runs that pass
+    itself, with the measured and searched islands."""
+    if settings.precision == "fp32":
+        return passes
+    return tuple(p for p in passes if not isinstance(p, ConvertPrecision))
+
+
+def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> onnx.ModelProto:
+    """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation."""
+    if backend == "onnxruntime" and emulated_on_cpu(model, settings):
+        return emulate_low_precision(model)
+    return model
+
+
+def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
+    cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
+    return settings.precision != "fp32" and cpu_only and has_low_precision(model)
+
+
+def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None, settings: Settings) -> list[Feed]:
+    """The user's calibration samples, or the sample and ``calibration_inputs`` inputs drawn like it (other seed
+    than validation), plus each dynamic dimension's min and max."""
+    if calibration is not None:
+        feeds = [_feed(io, item) for item in calibration]
+        if not feeds:
+            raise InputError("calibration= is empty", fix="give at least one sample, or leave it out")
+        return feeds
+    drawn = dataclasses.replace(
+        settings, validation_inputs=settings.calibration_inputs, seed=settings.seed + CALIBRATION_SEED_OFFSET
+    )
+    return validation_feeds(io, io.flatten_call(*normalise_sample(sample)), drawn)
+
+
+def _feed(io: IOSpec, item: Any) -> Feed:
+    tensors = io.flatten_call(*normalise_sample(item))
+    return {spec.name: t.detach().cpu().numpy() for spec, t in zip(io.inputs, tensors, strict=True)}
+
+
+def torch_references(model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed]) -> list[dict[str, np.ndarray]]:
+    runner = TorchRunner(model, io)
+    return [runner.infer_impl(dict(feed)) for feed in feeds]
+
+
+def error_ratio(
+    outputs: Sequence[dict[str, np.ndarray]],
+    references: Sequence[dict[str, np.ndarray]],
+    tolerances: dict[str, Tolerance],
+) -> float:
+    """The worst ``|got - want| / max(atol, rtol * |want|)`` over every output element: at most 1 passes (the
+    validation rule); inf or NaN where PyTorch is finite is inf."""
+    worst = 0.0
+    for got, want in zip(outputs, references, strict=True):
+        for name, tolerance in tolerances.items():
+            a, b = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
+            same = (a == b) | (np.isnan(a) & np.isnan(b))
+            allowed = np.maximum(tolerance.atol, tolerance.rtol * np.abs(b))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(same, 0.0, np.abs(a - b) / allowed)
+            ratio = np.where(np.isnan(ratio), np.inf, ratio)
+            worst = max(worst, float(ratio.max()) if ratio.size else 0.0)
+    return worst
+
+
+class _Candidates:
+    """Builds the low-precision graph for a set of extra islands and scores it on the calibration inputs."""
+
+    def __init__(
+        self,
+        fp32_model: onnx.ModelProto,
+        exported: ExportedGraph,
+        settings: Settings,
+        base: ConvertPrecision,
+        feeds: Sequence[Feed],
+        references: Sequence[dict[str, np.ndarray]],
+    ) -> None:
+        self.fp32_model, self.exported, self.settings, self.base = fp32_model, exported, settings, base
+        self.feeds, self.references = feeds, references
+        low = LOW_TYPES[settings.precision]
+        self.tolerances = {
+            o.name: settings.tolerance_for(o.name, low.dtype_name if o.dtype == "float32" else o.dtype)
+            for o in exported.io.outputs
+        }
+        self.builds = 0
+
+    def build(self, islands: Sequence[Island]) -> tuple[onnx.ModelProto, list[PassRecord]]:
+        graph, metadata = to_graph(self.fp32_model)
+        manager = PassManager([self.base.with_islands(islands), RemoveDeadNodes(), TopologicalSort()])
+        graph, records = manager.run(graph, self.settings)
+        self.builds += 1
+        model = to_model(graph, self.fp32_model, {**self.exported.node_metadata, **metadata})
+        if weights_dir(self.fp32_model) is not None:
+            # the float32 weights the pass read are held by the graph, a reference cycle: free them now, not
+            # whenever the cyclic collector next runs (each candidate would add a copy of the weights meanwhile)
+            del graph
+            gc.collect()
+        return model, records
+
+    def score(self, model: onnx.ModelProto) -> float:
+        session = _session(runnable_model(model, "onnxruntime", self.settings), self.settings)
+        names = list(self.tolerances)
+        outputs = [
+            dict(zip(names, session.run(names, session_feed(session, feed)), strict=True)) for feed in self.feeds
+        ]
+        return error_ratio(outputs, self.references, self.tolerances)
+
+
+def _session(model: onnx.ModelProto, settings: Settings) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if settings.ort_intra_op_threads is not None:
+        options.intra_op_num_threads = settings.ort_intra_op_threads
+    return ort.InferenceSession(
+        ort_session_bytes(model, options), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _search(
+    candidates: _Candidates, islands: list[Island], first: onnx.ModelProto, error: float
+) -> tuple[list[Island], SearchSummary | None]:
+    """Rank the low nodes by the error each adds, keep the shortest head of that ranking in float32 that brings the
+    calibration error to ``SEARCH_TARGET`` of the tolerance, then put back in the low type every node of that head
+    the target does not need (MatMul/Gemm/Conv first: they matter most for speed)."""
+    settings = candidates.settings
+    plan = plan_precision(to_graph(candidates.fp32_model)[0], settings, islands)
+    ops = {n.name: n.op_type for n in candidates.fp32_model.graph.node}
+    movable = [n for n in sorted(plan.low_nodes) if ops.get(n) not in FOLLOWER_OPS | {"Cast", "Constant"}]
+    emulated = runnable_model(first, "onnxruntime", settings)
+    ranked = rank_by_sensitivity(candidates.fp32_model, emulated, candidates.feeds, movable, settings.ort_providers)
+    errors: dict[int, float] = {}
+
+    def chosen(k: int) -> list[Island]:
+        return [
+            Island(name, ops[name], "search", f"adds relative error {score:.2e} (rank {rank + 1} of {len(ranked)})")
+            for rank, (name, score) in enumerate(ranked[:k])
+        ]
+
+    def passes(k: int) -> bool:
+        errors[k] = candidates.score(candidates.build([*islands, *chosen(k)])[0])
+        return errors[k] <= SEARCH_TARGET
+
+    head = shortest_passing_prefix(len(ranked), passes)
+    if head is None:
+        logger.warning(
+            "precision search: with all %d ranked nodes in float32 the error stays above target", len(ranked)
+        )
+        return [], None
+    kept, final_error = _prune(candidates, islands, chosen(head), errors[head])
+    summary = SearchSummary(len(ranked), candidates.builds, len(kept), head - len(kept), error, final_error)
+    return kept, summary
+
+
+def _prune(
+    candidates: _Candidates, islands: list[Island], selected: list[Island], error: float
+) -> tuple[list[Island], float]:
+    heavy = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+    order = sorted(range(len(selected)), key=lambda i: (selected[i].op not in heavy, -i))
+    kept = list(selected)
+    for index in order[:MAX_PRUNE]:
+        trial = [i for i in kept if i is not selected[index]]
+        trial_error = candidates.score(candidates.build([*islands, *trial])[0])
+        if trial_error <= SEARCH_TARGET:
+            kept, error = trial, trial_error
+    return kept, error
+
+
+def convert_precision(
+    fp32_model: onnx.ModelProto,
+    exported: ExportedGraph,
+    model: torch.nn.Module,
+    sample: Any,
+    calibration: Iterable[Any] | None,
+    settings: Settings,
+    passes: Sequence[GraphPass] = (),
+) -> tuple[onnx.ModelProto, list[PassRecord], PrecisionReport]:
+    """The float32 graph after the passes -> the low-precision final graph, its pass records and the report.
+
+    ``passes`` is the conversion's pass list: its :class:`ConvertPrecision` (with any islands it was given) is used,
+    or a default one.
+    """
+    low = LOW_TYPES[settings.precision]
+    base = next((p for p in passes if isinstance(p, ConvertPrecision)), ConvertPrecision())
+    feeds = calibration_feeds(exported.io, sample, calibration, settings)
+    if settings.precision_io == "low":  # the graph takes low inputs: measure, search and compare on those values
+        feeds = [{name: _rounded(value, low) for name, value in feed.items()} for feed in feeds]
+    islands: list[Island] = []
+    if settings.precision_measure:
+        islands = measured_islands(fp32_model, feeds, low, settings.precision_range_margin, settings.ort_providers)
+    candidates = _Candidates(fp32_model, exported, settings, base, feeds, torch_references(model, exported.io, feeds))
+    final, records = candidates.build(islands)
+    error = candidates.score(final)
+    search = None
+    if error > 1 and settings.precision_search:
+        logger.info("precision: error %.3g x the tolerance on the calibration inputs; searching", error)
+        searched, search = _search(candidates, islands, final, error)
+        if search is not None:
+            islands = [*islands, *searched]
+            final, records = candidates.build(islands)
+            error = search.error_after
+    _check_valid(final)
+    report, share = _report(fp32_model, final, settings, [*base.islands, *islands], len(feeds), error, search)
+    return final, records, judge_share(report, share, settings)
+
+
+def _rounded(value: np.ndarray, low: LowType) -> np.ndarray:
+    return value.astype(low.numpy_type).astype(np.float32) if value.dtype == np.float32 else value
+
+
+_HALF_DTYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def boundary_io(io: IOSpec, model: onnx.ModelProto) -> IOSpec:
+    """``io`` with the dtypes of ``model``'s half graph inputs and outputs (``precision_io="low"``): what the
+    converted module takes and returns. The model's own ``io`` stays what PyTorch takes."""
+    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]}
+
+    def retyped(specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+        return tuple(
+            dataclasses.replace(t, dtype=_HALF_DTYPES[types[t.name]]) if types.get(t.name) in _HALF_DTYPES else t
+            for t in specs
+        )
+
+    inputs, outputs = retyped(io.inputs), retyped(io.outputs)
+    if (inputs, outputs) == (io.inputs, io.outputs):
+        return io
+    return dataclasses.replace(io, inputs=inputs, outputs=outputs)
+
+
+def _check_valid(model: onnx.ModelProto) -> None:
+    try:
+        check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ConversionError(
+            f"the graph after the precision pass is not valid ONNX: {exc}",
+            fix="convert with precision='fp32' to confirm, and report the model that triggers it",
+        ) from exc
+
+
+def _report(
+    fp32_model: onnx.ModelProto,
+    final: onnx.ModelProto,
+    settings: Settings,
+    islands: Sequence[Island],
+    calibration_inputs: int,
+    error: float,
+    search: SearchSummary | None,
+) -> tuple[PrecisionReport, ComputeShare]:
+    low = LOW_TYPES[settings.precision]
+    plan = plan_precision(to_graph(fp32_model)[0], settings, islands)
+    share = compute_share(final, low, {d.name: d.opt for d in settings.dynamic})
+    tolerance = _tolerance(settings, low)
+    notes = [
+        f"graph inputs and outputs keep their types: float32 outputs are validated against PyTorch fp32 with the "
+        f"{low.dtype_name} tolerance (atol {tolerance.atol:g}, rtol {tolerance.rtol:g})"
+        if settings.precision_io == "model"
+        else f"graph inputs and outputs are {low.dtype_name} (precision_io='low'): PyTorch fp32 gets the same inputs "
+        f"widened, and outputs are validated against it with the {low.dtype_name} tolerance (atol "
+        f"{tolerance.atol:g}, rtol {tolerance.rtol:g})"
+    ]
+    if emulated_on_cpu(final, settings):
+        notes.append(
+            f"on ONNX Runtime's CPU provider the {low.dtype_name} graph runs as a float32 emulation rounding every "
+            f"{low.dtype_name} tensor (see README: Precision); module.onnx is the {low.dtype_name} graph"
+            + (f" (opset {settings.opset})" if settings.opset else "")
+        )
+    warnings = [f"keep_fp32 entry {entry!r} matched no node" for entry in plan.unmatched]
+    if error > 1:
+        warnings.append(
+            f"the {low.dtype_name} graph misses the tolerance on the calibration inputs (worst error {error:.3g} x "
+            "the tolerance)" + ("" if settings.precision_search else "; precision_search=True would look for islands")
+        )
+        logger.warning("precision: %s", warnings[-1])
+    report = PrecisionReport(
+        precision=low.name,
+        dtype=low.dtype_name,
+        islands=plan.islands,
+        unmatched_keep_fp32=plan.unmatched,
+        casts_before=sum(n.op_type == "Cast" for n in fp32_model.graph.node),
+        casts_after=share.casts,
+        low_flops=share.low_flops,
+        total_flops=share.total_flops,
+        low_nodes=share.low_nodes,
+        float_nodes=share.float_nodes,
+        share=share.share,
+        basis=share.basis,
+        calibration_inputs=calibration_inputs,
+        calibration_error=error,
+        tolerance=tolerance,
+        search=search,
+        notes=tuple(notes),
+        warnings=tuple(warnings),
+    )
+    return report, share
