@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,6 +81,27 @@ def _environment() -> Mapping[str, str]:
     return {"PIPELINE_CACHE_DIR": os.environ.get("PIPELINE_CACHE_DIR", "~/.cache/torch-trt-pipeline")}
 
 
+#: The groups settings belong to, in the order of the flow (``Settings.grouped()``, the artifact's metadata).
+GROUPS: tuple[str, ...] = (
+    "backend", "export", "passes", "precision", "check", "tensorrt", "onnxruntime", "validation"
+)
+
+
+def option(group: str, default: Any = MISSING, *, engine: bool = False, default_factory: Any = MISSING) -> Any:
+    """A settings field with its group and whether it changes a built engine.
+
+    ``engine=True`` puts the field in :meth:`Settings.engine_settings`, from which the engine cache key and the
+    artifact's record of how its engine was built are derived: a new setting that changes the engine is marked
+    here, on the field, and nowhere else.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"unknown settings group {group!r}")
+    metadata = {"group": group, "engine": engine}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a conversion can be told. ``pipeline.convert(model, sample, **settings)`` builds one.
@@ -90,42 +111,42 @@ class Settings:
     or an output name to a :class:`Tolerance` or an ``(atol, rtol)`` pair; it is merged over the defaults.
     """
 
-    backend: Backend = "auto"
-    dynamic: tuple[DynamicDim, ...] = ()
-    validate: bool = True
-    validation_inputs: int = 3
-    seed: int = 0
-    tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
-    opset: int | None = None
-    fold_size_threshold: int = 4 << 20
+    backend: Backend = option("backend", "auto")
+    dynamic: tuple[DynamicDim, ...] = option("export", (), engine=True)
+    validate: bool = option("validation", True)
+    validation_inputs: int = option("validation", 3)
+    seed: int = option("validation", 0)
+    tolerances: Mapping[str, Tolerance] = option("validation", default_factory=dict)
+    opset: int | None = option("export", None)
+    fold_size_threshold: int = option("passes", 4 << 20)
     # Weights totalling more than this many bytes are exported to an external data file in a private directory
     # under weights_dir (default: the system's temporary directory) and stay on disk through the passes, the
     # sessions and the artifact: needed above protobuf's 2 GiB limit, and it keeps the weights out of memory.
-    external_data_threshold: int = 1 << 30
-    weights_dir: str | None = None
-    max_pass_iterations: int = 4
-    ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    ort_intra_op_threads: int | None = None
+    external_data_threshold: int = option("export", 1 << 30)
+    weights_dir: str | None = option("export", None)
+    max_pass_iterations: int = option("passes", 4)
+    ort_providers: tuple[str, ...] = option("onnxruntime", ("CPUExecutionProvider",))
+    ort_intra_op_threads: int | None = option("onnxruntime", None)
     # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
     # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
-    ort_prepack_weights: bool | None = None
-    trt_workspace_bytes: int | None = None
-    trt_builder_optimization_level: int | None = None
+    ort_prepack_weights: bool | None = option("onnxruntime", None)
+    trt_workspace_bytes: int | None = option("tensorrt", None, engine=True)
+    trt_builder_optimization_level: int | None = option("tensorrt", None, engine=True)
     # TensorRT build (pipeline.backends.tensorrt.build). TF32 is off unless asked for: it would break fp32 tolerances.
     # trt_timing_cache=None keeps one timing cache per TensorRT version and GPU in cache_dir. Compatibility
     # options let an engine run on other GPUs (ampere_plus) or later TensorRT releases of the same major.
-    trt_tactic_shared_memory_bytes: int | None = None
-    trt_tf32: bool = False
-    trt_timing_cache: str | None = None
-    trt_version_compatible: bool = False
-    trt_hardware_compatibility: HardwareCompatibility = "none"
-    trt_engine_cache: bool = True
+    trt_tactic_shared_memory_bytes: int | None = option("tensorrt", None, engine=True)
+    trt_tf32: bool = option("tensorrt", False, engine=True)
+    trt_timing_cache: str | None = option("tensorrt", None)
+    trt_version_compatible: bool = option("tensorrt", False, engine=True)
+    trt_hardware_compatibility: HardwareCompatibility = option("tensorrt", "none", engine=True)
+    trt_engine_cache: bool = option("tensorrt", True)
     # Run ONNX Runtime on the sample after every pass that changes the graph; the first pass that moves the
     # outputs beyond tolerance (vs the exported graph) is named in a ConversionError.
-    debug_passes: bool = False
+    debug_passes: bool = option("passes", False)
     # The TensorRT version the static parser check targets; None: the installed one, else 11.1 (the matrix's).
-    trt_check_version: str | None = None
-    cache_dir: str = field(default_factory=_default_cache_dir)
+    trt_check_version: str | None = option("check", None)
+    cache_dir: str = option("tensorrt", default_factory=_default_cache_dir)
     # Precision (README "Precision"): "fp16"/"bf16" rewrite the graph to that type, graph inputs and outputs keep
     # theirs. float32 islands come from rules (precision_rules), keep_fp32 (node names, op types or PyTorch module
     # paths; "node:", "op:", "module:" say which), measurement on calibration inputs (precision_measure: a tensor
@@ -133,18 +154,18 @@ class Settings:
     # tolerance on the calibration inputs, an accuracy-driven search (precision_search). Calibration: the sample and
     # calibration_inputs random inputs drawn like it, unless convert(calibration=...) is given. Less than
     # precision_min_share of the compute in the low type is a warning, or a ConversionError with precision_strict.
-    precision: Precision = "fp32"
-    keep_fp32: tuple[str, ...] = ()
-    precision_rules: bool = True
-    precision_measure: bool = True
-    precision_range_margin: float = 4.0
-    precision_search: bool = True
-    calibration_inputs: int = 2
-    precision_min_share: float = 0.5
-    precision_strict: bool = False
+    precision: Precision = option("precision", "fp32")
+    keep_fp32: tuple[str, ...] = option("precision", ())
+    precision_rules: bool = option("precision", True)
+    precision_measure: bool = option("precision", True)
+    precision_range_margin: float = option("precision", 4.0)
+    precision_search: bool = option("precision", True)
+    calibration_inputs: int = option("precision", 2)
+    precision_min_share: float = option("precision", 0.5)
+    precision_strict: bool = option("precision", False)
     # "model": graph inputs and outputs keep the model's types (casts at the boundary); "low": float32 inputs and
     # outputs become the low type (float16), so the module takes and returns float16 tensors.
-    precision_io: PrecisionIO = "model"
+    precision_io: PrecisionIO = option("precision", "model")
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -171,6 +192,17 @@ class Settings:
             )
         return cls(**kwargs)
 
+    def grouped(self) -> dict[str, dict[str, Any]]:
+        """The settings by group (``GROUPS``), e.g. ``{"precision": {"precision": "fp16", ...}, ...}``."""
+        out: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
+        for f in fields(self):
+            out[f.metadata["group"]][f.name] = getattr(self, f.name)
+        return out
+
+    def engine_settings(self) -> dict[str, Any]:
+        """Every setting marked ``engine=True``: what, besides the graph, decides a built engine."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["engine"]}
+
     def tolerance_for(self, output_name: str, dtype: str) -> Tolerance:
         """The tolerance for one output: by output name, else by dtype, else the fp32 default."""
         if output_name in self.tolerances:
@@ -179,6 +211,7 @@ class Settings:
         return merged.get(dtype, DEFAULT_TOLERANCES["float32"])
 
     def dims_of(self, input_name: str) -> dict[int, DynamicDim]:
+        """The declared dynamic dimensions of one graph input, by axis."""
         return {d.axis: d for d in self.dynamic if d.input == input_name}
 
 

@@ -77,9 +77,10 @@ def save_artifact(module: ConvertedModule, path: Path) -> Path:
     if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
         metadata["plugins"] = plugins
     if engine is not None:
-        from pipeline.backends.tensorrt.build import device_identity
+        from pipeline.backends.tensorrt.build import build_options, device_identity
 
-        metadata["engine"] = device_identity()
+        # what the engine was built for and with: the same record the engine cache keys on
+        metadata["engine"] = {**device_identity(), "build": build_options(module.io, module.settings)}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:

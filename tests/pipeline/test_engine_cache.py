@@ -5,6 +5,7 @@ The cache stores bytes, so the "engines" here are arbitrary bytes; nothing is mo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -230,3 +231,16 @@ def test_two_processes_build_the_same_engine_once(tmp_path: Path) -> None:
     assert (tmp_path / "builds.log").read_text().split() == ["first"]
     assert outs[0][0].strip() == "built engine built by first"
     assert outs[1][0].strip() == "hit engine built by first"
+
+
+def test_every_setting_marked_engine_is_in_the_key_and_no_other(tmp_path: Path) -> None:
+    io = io_spec()
+    base = Settings(dynamic={"x": {0: ("batch", 1, 4, 8)}}, cache_dir=str(tmp_path))
+    marked = set(base.engine_settings())
+    assert {"trt_workspace_bytes", "trt_tf32", "trt_hardware_compatibility", "dynamic"} <= marked
+    options = build_options(io, base)
+    assert marked <= set(options), "a setting marked engine=True is missing from the engine cache key"
+    assert set(options) - marked == {"profile"}
+    grouped = base.grouped()
+    assert sum(len(v) for v in grouped.values()) == len(dataclasses.fields(Settings))
+    assert grouped["tensorrt"]["trt_tf32"] is False and grouped["precision"]["precision"] == "fp32"

@@ -12,6 +12,7 @@ it admits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -109,16 +110,21 @@ def optimization_profile(io: IOSpec, settings: Settings) -> Any:
 
 
 def build_options(io: IOSpec, settings: Settings) -> dict[str, Any]:
-    """Everything in the settings that changes the engine: part of the engine cache key."""
-    return {
-        "profile": {name: [list(s) for s in shapes] for name, shapes in profile_shapes(io, settings).items()},
-        "workspace_bytes": settings.trt_workspace_bytes,
-        "tactic_shared_memory_bytes": settings.trt_tactic_shared_memory_bytes,
-        "builder_optimization_level": settings.trt_builder_optimization_level,
-        "tf32": settings.trt_tf32,
-        "version_compatible": settings.trt_version_compatible,
-        "hardware_compatibility": settings.trt_hardware_compatibility,
-    }
+    """Everything besides the graph that changes the engine: part of the engine cache key.
+
+    The optimization profile, and every setting marked ``engine=True`` on its field (``Settings.engine_settings``).
+    """
+    engine = {k: _jsonable(v) for k, v in settings.engine_settings().items()}
+    profile = {name: [list(s) for s in shapes] for name, shapes in profile_shapes(io, settings).items()}
+    return {"profile": profile, **engine}
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def create_config(io: IOSpec, settings: Settings, timing_cache: Path) -> Any:
