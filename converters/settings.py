@@ -7,7 +7,10 @@ object; ``pipeline`` re-exports it. Environment variables are read here, once, a
 from __future__ import annotations
 
 import functools
+import math
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -168,6 +171,7 @@ class Settings:
     precision_io: PrecisionIO = option("precision", "model")
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
         object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
@@ -215,12 +219,64 @@ class Settings:
         return {d.axis: d for d in self.dynamic if d.input == input_name}
 
 
+def _check_types(settings: Settings) -> None:
+    """Every plain setting has its declared type (``validation_inputs="3"`` is an error, not a crash later on)."""
+    hints = typing.get_type_hints(Settings)
+    for f in fields(settings):
+        if f.name in ("dynamic", "tolerances", "keep_fp32"):  # normalised (and checked) by their own readers
+            continue
+        value = getattr(settings, f.name)
+        allowed = _allowed(hints[f.name])
+        if allowed is None:
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(settings, f.name, float(value))
+            continue
+        if not _is_instance(value, allowed):
+            names = " or ".join(sorted({_type_name(t) for t in allowed}))
+            raise InputError(
+                f"setting {f.name} must be {names}, got {value!r} ({type(value).__name__})",
+                fix=f"pass {f.name}= a value of type {names} (default: {_default_text(f)})",
+            )
+
+
+def _allowed(hint: Any) -> tuple[Any, ...] | None:
+    """The runtime types a type hint admits, or None for hints this check does not read (mappings)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_allowed(a) for a in typing.get_args(hint)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
+    if origin is typing.Literal:  # the value's type here; membership is checked with the list of choices
+        return tuple({type(a) for a in typing.get_args(hint)})
+    if hint is type(None):
+        return (type(None),)
+    if origin is tuple:
+        return (tuple,)
+    if hint in (int, float, bool, str):
+        return (hint,)
+    return None
+
+
+def _is_instance(value: Any, allowed: tuple[Any, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in allowed
+    return isinstance(value, tuple(t for t in allowed if isinstance(t, type)))
+
+
+def _type_name(t: Any) -> str:
+    return "None" if t is type(None) else (t.__name__ if isinstance(t, type) else repr(t))
+
+
+def _default_text(f: Any) -> str:
+    return repr(f.default) if f.default is not MISSING else "computed"
+
+
 def _normalise_dynamic(dynamic: Any) -> tuple[DynamicDim, ...]:
     if isinstance(dynamic, tuple) and all(isinstance(d, DynamicDim) for d in dynamic):
         dims = dynamic
     elif isinstance(dynamic, Mapping):
         dims = tuple(
-            _dim_from_user(str(inp), int(axis), spec)
+            _dim_from_user(str(inp), axis, spec)
             for inp, axes in dynamic.items()
             for axis, spec in dict(axes).items()
         )
@@ -241,33 +297,48 @@ def _normalise_dynamic(dynamic: Any) -> tuple[DynamicDim, ...]:
     return dims
 
 
-def _dim_from_user(inp: str, axis: int, spec: Any) -> DynamicDim:
+def _dim_from_user(inp: str, axis: Any, spec: Any) -> DynamicDim:
     if isinstance(spec, DynamicDim):
         return spec
+    example = f"dynamic={{{inp!r}: {{0: ('batch', 1, 8, 32)}}}}"
     try:
         name, lo, opt, hi = spec
+        axis, lo, opt, hi = (_whole(v) for v in (axis, lo, opt, hi))
     except (TypeError, ValueError):
         raise InputError(
-            f"dynamic dimension for input {inp!r} axis {axis} must be (name, min, opt, max), got {spec!r}",
-            fix=f"write e.g. dynamic={{{inp!r}: {{{axis}: ('batch', 1, 8, 32)}}}}",
+            f"dynamic dimension for input {inp!r} axis {axis!r} must be (name, min, opt, max) with whole numbers "
+            f"and an integer axis, got {spec!r}",
+            fix=f"write e.g. {example}",
         ) from None
-    return DynamicDim(inp, axis, str(name), int(lo), int(opt), int(hi))
+    return DynamicDim(inp, axis, str(name), lo, opt, hi)
 
 
-def _normalise_tolerances(tolerances: Mapping[str, Any]) -> Mapping[str, Tolerance]:
+def _whole(value: Any) -> int:
+    """An int from an int (or a numpy integer); anything else (``"one"``, 1.5, True) is a ValueError."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(value)
+    return int(value.__index__())
+
+
+def _normalise_tolerances(tolerances: Any) -> Mapping[str, Tolerance]:
+    if not isinstance(tolerances, Mapping):
+        raise InputError(
+            f"tolerances must be a mapping, got {type(tolerances).__name__}",
+            fix="write tolerances={'float32': (1e-4, 1e-3), 'logits': (1e-3, 1e-2)} (dtype or output -> (atol, rtol))",
+        )
     out: dict[str, Tolerance] = {}
     for key, value in dict(tolerances).items():
-        if isinstance(value, Tolerance):
-            out[key] = value
-        else:
-            try:
-                atol, rtol = value
-            except (TypeError, ValueError):
-                raise InputError(
-                    f"tolerance for {key!r} must be (atol, rtol) or Tolerance, got {value!r}",
-                    fix=f"write tolerances={{{key!r}: (1e-4, 1e-3)}}",
-                ) from None
-            out[key] = Tolerance(float(atol), float(rtol))
+        fix = f"write tolerances={{{key!r}: (1e-4, 1e-3)}} (atol, rtol: finite numbers >= 0)"
+        try:
+            atol, rtol = (value.atol, value.rtol) if isinstance(value, Tolerance) else value
+            atol, rtol = float(atol), float(rtol)
+        except (TypeError, ValueError):
+            raise InputError(
+                f"tolerance for {key!r} must be (atol, rtol) or Tolerance with two numbers, got {value!r}", fix=fix
+            ) from None
+        if not (math.isfinite(atol) and math.isfinite(rtol) and atol >= 0 and rtol >= 0):
+            raise InputError(f"tolerance for {key!r} must be finite and >= 0, got atol={atol}, rtol={rtol}", fix=fix)
+        out[str(key)] = Tolerance(atol, rtol)
     return out
 
 
