@@ -77,7 +77,7 @@ def opaque_translations(
 
 def opaque_translation(op: torch._ops.OpOverload) -> Callable[..., Any]:
     """An exporter translation that writes ``op`` as one node of its own domain."""
-    from onnxscript._internal.values import Op, Opset
+    from onnxscript.values import Op, Opset
 
     schema, tensor_args, attr_args = _onnx_schema(op)
     key = torch_op_key(op)
