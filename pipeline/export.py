@@ -89,6 +89,7 @@ def export(
     names, tensors, input_leaves, input_tree = io_spec.input_names_and_leaves(signature, args, kwargs)
     if not tensors:
         raise InputError("the sample holds no tensor", fix="pass at least one tensor in the sample")
+    _check_sample_tensors(names, tensors)
     _check_dynamic(settings.dynamic, names, tensors)
 
     with eval_mode(model), torch.no_grad():
@@ -247,6 +248,24 @@ def _torch_dynamic_shapes(
     shaped_args, shaped_kwargs = pytree.tree_map(spec_for, (args, kwargs))
     bound = signature.bind(*shaped_args, **shaped_kwargs)
     return dict(bound.arguments)
+
+
+def _check_sample_tensors(names: list[str], tensors: list[torch.Tensor]) -> None:
+    """An empty input exports to a graph nothing can be checked on; a gradient is not kept by an inference graph."""
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor.numel() == 0:
+            raise InputError(
+                f"sample input {name!r} has no elements (shape {list(tensor.shape)}): the graph would be specialised "
+                "to that empty shape and validation would compare nothing",
+                fix="pass a sample with at least one element per input (size >= 2 on axes you declare dynamic)",
+            )
+    grads = [name for name, tensor in zip(names, tensors, strict=True) if tensor.requires_grad]
+    if grads:
+        warnings.warn(
+            f"sample input(s) {', '.join(grads)} require grad; the converted module runs an inference graph and its "
+            "outputs carry no grad_fn (no backward through it)",
+            stacklevel=3,
+        )
 
 
 def _check_dynamic(dims: tuple[DynamicDim, ...], names: list[str], tensors: list[torch.Tensor]) -> None:

@@ -23,8 +23,8 @@ import torch.utils._pytree as pytree
 from polygraphy.backend.base import BaseRunner
 from polygraphy.logger import G_LOGGER
 
-from converters.errors import AccuracyError
-from converters.settings import Settings
+from converters.errors import AccuracyError, InputError
+from converters.settings import DEFAULT_TOLERANCES, Settings
 from pipeline.module.io_spec import IOSpec
 
 logger = logging.getLogger(__name__)
@@ -166,6 +166,7 @@ def validate(
     runner's input metadata), and half outputs are compared as float32 with their own type's tolerance."""
     from polygraphy.comparator import Comparator, SimpleCompareFunc
 
+    _check_tolerance_keys(settings, io)
     outputs = io.outputs
     if backend_io is not None and backend_io != io:
         backend_runner = _FloatOutputs(backend_runner)
@@ -182,6 +183,7 @@ def validate(
     # rtol is relative to the second runner's output: PyTorch is the reference, so it comes second.
     with _polygraphy_quiet():
         results = Comparator.run([backend_runner, torch_runner], data_loader=feeds)
+        _equal_nans(results)
         accuracy = Comparator.compare_accuracy(results, compare_func=compare)
     per_iteration = next(iter((accuracy[0] if hasattr(accuracy, "lst") else accuracy).values()))
     report = AccuracyReport(len(feeds), tuple(_summarise(o, tolerances[o.name], per_iteration) for o in outputs))
@@ -201,6 +203,35 @@ def validate(
             "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
         )
     return report
+
+
+def _check_tolerance_keys(settings: Settings, io: IOSpec) -> None:
+    """A tolerance for an output the graph does not have would be silently ignored: say so instead."""
+    outputs = [o.name for o in io.outputs]
+    unknown = sorted(k for k in settings.tolerances if k not in outputs and k not in DEFAULT_TOLERANCES)
+    if unknown:
+        raise InputError(
+            f"tolerances name {', '.join(map(repr, unknown))}, which is neither an output nor a dtype",
+            fix=f"the outputs are: {', '.join(outputs)}; the dtypes: {', '.join(DEFAULT_TOLERANCES)}",
+        )
+
+
+def _equal_nans(results: Any) -> None:
+    """NaN where both PyTorch and the backend give NaN is agreement (``log`` of a negative sample, a NaN in the
+    sample): both are set to 0 there, so only NaNs in different places, or on one side only, count as errors."""
+    (_, backend), (_, reference) = results[0], results[1]
+    for ours, theirs in zip(backend, reference, strict=True):
+        for name in list(theirs.keys()):
+            if name not in ours:
+                continue
+            got, expected = ours[name], theirs[name]
+            comparable = isinstance(got, np.ndarray) and got.shape == expected.shape
+            if not comparable or not np.issubdtype(expected.dtype, np.floating):
+                continue
+            both = np.isnan(got) & np.isnan(expected)
+            if both.any():
+                ours[name] = np.where(both, 0, got).astype(got.dtype)
+                theirs[name] = np.where(both, 0, expected).astype(expected.dtype)
 
 
 class _FloatOutputs(BaseRunner):
