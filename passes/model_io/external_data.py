@@ -351,7 +351,6 @@ def save_onnx(model: onnx.ModelProto, path: str | Path) -> list[Path]:
     so a crash never leaves a graph pointing at a missing or half-written data file.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if not has_external_data(model):
         write_file_atomically(path, without_weights_dir(model).SerializeToString())
         return [path]
