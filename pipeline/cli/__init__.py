@@ -8,9 +8,11 @@ import sys
 from collections.abc import Sequence
 
 from converters.errors import PipelineError
+from pipeline.cli.bench import add_bench_command
 from pipeline.cli.check import add_check_command
 from pipeline.cli.compare import add_compare_command
 from pipeline.cli.convert import add_convert_command
+from pipeline.cli.inspect import add_inspect_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,12 +30,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``pipeline`` argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="pipeline", description="PyTorch -> ONNX -> TensorRT / ONNX Runtime")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    add_convert_command(commands)
-    add_check_command(commands)
-    add_compare_command(commands)
+    for add in (add_convert_command, add_check_command, add_compare_command, add_bench_command, add_inspect_command):
+        add(commands)
+    for sub in commands.choices.values():  # -v after the command too (`pipeline convert ... -v`)
+        sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     return parser
+
+
+VERBOSE_HELP = "more log output (-vv: debug), before or after the command"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch-trt-pipeline")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 def _configure_logging(verbose: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
