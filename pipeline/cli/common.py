@@ -125,3 +125,146 @@ def dynamic_dims(specs: list[str]) -> dict[str, dict[int, tuple[str, int, int, i
                 f"cannot read --dynamic {text!r}", fix="write INPUT:AXIS:NAME:MIN:OPT:MAX, e.g. x:0:batch:1:8:32"
             ) from None
     return dims
+
+
+def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
+    """The conversion options every command that converts takes (convert, compare, bench): one definition."""
+    parser.add_argument(
+        "--min-shapes",
+        default=None,
+        metavar="NAME:SHAPE,...",
+        help="trtexec-style: the smallest shape of each input, e.g. input_ids:1x8,attention_mask:1x8",
+    )
+    parser.add_argument("--opt-shapes", default=None, metavar="NAME:SHAPE,...", help="the shapes to optimise for")
+    parser.add_argument("--max-shapes", default=None, metavar="NAME:SHAPE,...", help="the largest shape of each input")
+    parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute type of the graph (fp32 islands)"
+    )
+    parser.add_argument(
+        "--keep-fp32",
+        action="append",
+        default=[],
+        metavar="NODE|OP|MODULE",
+        help="keep in float32: a node name, op type or PyTorch module path (node:, op:, module: to be explicit)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="KEY:ATOL:RTOL",
+        help="tolerance for a dtype or an output name, e.g. float32:1e-4:1e-3 or logits:1e-3:1e-2",
+    )
+    parser.add_argument(
+        "--converters",
+        default=None,
+        metavar="SPEC",
+        help="file.py:factory returning the ConverterRegistry to convert with (default: the built-ins and yours)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+
+
+def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``pipeline.convert`` keyword arguments from :func:`add_conversion_arguments`'s options (and ``--dynamic``)."""
+    options: dict[str, Any] = {
+        "precision": args.precision,
+        "keep_fp32": tuple(args.keep_fp32),
+        "seed": args.seed,
+        "dynamic": merge_dynamic(
+            dynamic_dims(args.dynamic), shapes_to_dynamic(args.min_shapes, args.opt_shapes, args.max_shapes)
+        ),
+    }
+    tolerances = read_tolerances(args.tolerance)
+    if tolerances:
+        options["tolerances"] = tolerances
+    if args.converters:
+        options["converters"] = converter_registry(args.converters)
+    return options
+
+
+def read_tolerances(specs: list[str]) -> dict[str, tuple[float, float]]:
+    """``{key: (atol, rtol)}`` from ``--tolerance KEY:ATOL:RTOL`` arguments."""
+    tolerances = {}
+    for text in specs:
+        key, _, rest = text.rpartition(":")
+        key, _, atol = key.rpartition(":")
+        try:
+            tolerances[key] = (float(atol), float(rest))
+        except ValueError:
+            raise InputError(
+                f"cannot read --tolerance {text!r}", fix="write KEY:ATOL:RTOL, e.g. logits:1e-4:1e-3"
+            ) from None
+        if not key:
+            raise InputError(f"--tolerance {text!r} names no dtype or output", fix="write KEY:ATOL:RTOL")
+    return tolerances
+
+
+def converter_registry(spec: str) -> Any:
+    """The ``ConverterRegistry`` a ``--converters file.py:factory`` returns."""
+    from converters.registry import ConverterRegistry
+
+    registry = call_factory(spec)
+    if not isinstance(registry, ConverterRegistry):
+        raise InputError(
+            f"{spec} returned {type(registry).__name__}",
+            fix="the --converters factory must return a converters.ConverterRegistry",
+        )
+    return registry
+
+
+Dims = dict[str, dict[int, tuple[str, int, int, int]]]
+
+
+def shapes_to_dynamic(min_text: str | None, opt_text: str | None, max_text: str | None) -> Dims:
+    """trtexec's ``--minShapes/--optShapes/--maxShapes`` as ``dynamic=``: every axis whose sizes differ is dynamic.
+
+    Axes of different inputs with the same position and range share one dimension name (``input_ids`` and
+    ``attention_mask`` share batch and sequence length, as the exporter needs); the name is ``dim<axis>_<min>_<max>``.
+    """
+    given = [t for t in (min_text, opt_text, max_text) if t]
+    if not given:
+        return {}
+    if len(given) != 3:
+        raise InputError(
+            "--min-shapes, --opt-shapes and --max-shapes go together", fix="give all three, for the same inputs"
+        )
+    flags = ("--min-shapes", "--opt-shapes", "--max-shapes")
+    lo, opt, hi = (_read_shapes(t, flag) for t, flag in zip(given, flags, strict=True))
+    if not set(lo) == set(opt) == set(hi):
+        raise InputError("--min/opt/max-shapes name different inputs", fix="name the same inputs in all three")
+    dims: Dims = {}
+    for name, low in lo.items():
+        if not len(low) == len(opt[name]) == len(hi[name]):
+            raise InputError(f"the shapes of {name!r} have different ranks", fix="give one rank in all three flags")
+        for axis, (a, b, c) in enumerate(zip(low, opt[name], hi[name], strict=True)):
+            if a != c or a != b:
+                dims.setdefault(name, {})[axis] = (f"dim{axis}_{a}_{c}", a, b, c)
+    return dims
+
+
+def _read_shapes(text: str, flag: str) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in text.split(","):
+        name, sep, shape = item.strip().rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(s) for s in shape.split("x"))
+        except ValueError:
+            raise InputError(f"cannot read {flag} {item!r}", fix=f"write {flag} NAME:1x3x224x224[,NAME:...]") from None
+        if any(s < 1 for s in shapes[name]):
+            raise InputError(f"{flag} {item!r} has a size below 1", fix="sizes are whole numbers >= 1")
+    return shapes
+
+
+def merge_dynamic(first: Dims, second: Dims) -> Dims:
+    """Both ``dynamic=`` maps; the same input axis in both is an error."""
+    merged = {k: dict(v) for k, v in first.items()}
+    for name, axes in second.items():
+        for axis, dim in axes.items():
+            if axis in merged.get(name, {}):
+                raise InputError(
+                    f"axis {axis} of {name!r} is declared by --dynamic and by the shape flags",
+                    fix="declare each dynamic axis once",
+                )
+            merged.setdefault(name, {})[axis] = dim
+    return merged
