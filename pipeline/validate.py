@@ -166,7 +166,7 @@ def validate(
     runner's input metadata), and half outputs are compared as float32 with their own type's tolerance."""
     from polygraphy.comparator import Comparator, SimpleCompareFunc
 
-    _check_tolerance_keys(settings, io)
+    _check_tolerance_keys(settings, io, model)
     outputs = io.outputs
     if backend_io is not None and backend_io != io:
         backend_runner = _FloatOutputs(backend_runner)
@@ -205,13 +205,16 @@ def validate(
     return report
 
 
-def _check_tolerance_keys(settings: Settings, io: IOSpec) -> None:
-    """A tolerance for an output the graph does not have would be silently ignored: say so instead."""
+def _check_tolerance_keys(settings: Settings, io: IOSpec, model: torch.nn.Module) -> None:
+    """A tolerance for an output the graph does not have would be silently ignored: say so instead. (A module path
+    is a key too: the per-layer comparison's tolerance for that module's outputs.)"""
     outputs = [o.name for o in io.outputs]
-    unknown = sorted(k for k in settings.tolerances if k not in outputs and k not in DEFAULT_TOLERANCES)
+    known = {*outputs, *DEFAULT_TOLERANCES, *(name for name, _ in model.named_modules() if name)}
+    unknown = sorted(k for k in settings.tolerances if k not in known)
     if unknown:
         raise InputError(
-            f"tolerances name {', '.join(map(repr, unknown))}, which is neither an output nor a dtype",
+            f"tolerances name {', '.join(map(repr, unknown))}, which is neither an output, a dtype nor a module of "
+            "the model",
             fix=f"the outputs are: {', '.join(outputs)}; the dtypes: {', '.join(DEFAULT_TOLERANCES)}",
         )
 
