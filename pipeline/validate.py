@@ -48,15 +48,19 @@ class OutputAccuracy:
 
 @dataclass(frozen=True)
 class AccuracyReport:
+    """The validation stage's result: how many inputs were compared, each output's figures, and the rule."""
+
     inputs: int
     outputs: tuple[OutputAccuracy, ...]
     rule: str = "an element passes when |backend - torch| <= atol or <= rtol * |torch|"
 
     @property
     def passed(self) -> bool:
+        """Every output within its tolerance on every input."""
         return all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``report.json``, the artifact's metadata)."""
         return {"inputs": self.inputs, "rule": self.rule, "outputs": [asdict(o) for o in self.outputs]}
 
 
@@ -71,6 +75,7 @@ class TorchRunner(BaseRunner):
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
     def get_input_metadata_impl(self) -> Any:
+        """Polygraphy's view of the model's inputs: name, torch dtype and shape from the I/O spec."""
         from polygraphy.common import TensorMetadata
 
         meta = TensorMetadata()
@@ -79,6 +84,7 @@ class TorchRunner(BaseRunner):
         return meta
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """Call the model on one feed (rebuilt into its Python call) and return its tensor outputs by name."""
         feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(feed)
         start = time.perf_counter()

@@ -61,6 +61,7 @@ def add_compare_command(commands: Any) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    """``pipeline compare``: convert, compare, print the table, write the report; 0 when every output passes."""
     from pipeline.compare.run import compare
 
     model, sample = load_spec(args.spec)
