@@ -110,7 +110,8 @@ class RewriteRule(Generic[Plan]):
         """Why the rule leaves ``node`` (None: it would rewrite it)."""
         if not self.looks_at(node):
             wanted = ", ".join(sorted(self.ops)) or "no op"
-            return f"node {node.name!r} is {node.op}, the rule looks at {wanted} of the standard domain"
+            domain = f" of domain {node.domain!r}" if node.domain not in STANDARD_DOMAINS else ""
+            return f"node {node.name!r} is {node.op}{domain}, the rule looks at {wanted}"
         plan = self.check(node, facts)
         return plan if isinstance(plan, str) else None
 

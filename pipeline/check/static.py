@@ -36,7 +36,8 @@ class NodeCheck:
     status: str
     reason: str = ""
     fix: str = ""
-    #: For a node the parser rejects: each parser fix that looked at it, and why it left the node.
+    #: For a node the parser rejects (unsupported, restriction violated): each parser fix that looked at it, and why
+    #: it left the node.
     declined: tuple[str, ...] = ()
 
 
@@ -92,7 +93,7 @@ def check(model: onnx.ModelProto | str | Path, trt_version: str = DEFAULT_TRT_VE
     functions = {(f.domain, f.name): f for f in proto.functions}
     results = [_check(node, facts, functions, trt_version, scope="") for node in inferred.graph.node]
     nodes = [r for group in results for r in group]
-    declined = declined_fixes(inferred, {n.node for n in nodes if n.status == UNSUPPORTED})
+    declined = declined_fixes(inferred, {n.node for n in nodes if n.status in (UNSUPPORTED, RESTRICTED)})
     nodes = [replace(n, declined=tuple(declined[n.node])) if n.node in declined else n for n in nodes]
     return CompatibilityReport(trt_version, tuple(nodes))
 

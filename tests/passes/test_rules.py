@@ -155,3 +155,17 @@ def test_check_report_shows_why_each_parser_fix_declined_a_rejected_node() -> No
     fix = next(f for f in parser_fix_passes() if f.name == "compress_to_gather")
     graph = gs.import_onnx(model)
     assert explain(fix, graph, "pick").endswith("condition is not a 1-D constant")
+
+
+def test_check_report_shows_the_reduce_axes_fix_on_a_restricted_node() -> None:
+    model = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 18]>\n'
+        "g (float[2,3] x, int64[1] a) => (float[N] y) { y = ReduceSum<keepdims=0>(x, a) }"
+    )
+    model.graph.node[0].name = "sum"
+    (problem,) = pipeline.check(model, trt_version="11.1").problems
+    assert problem.status == "restriction violated"
+    assert problem.declined == (
+        "parser fix 'reduce_axes_to_initializers' declined: axes 'a' is not computable before running the graph "
+        "(a dynamic shape or an input)",
+    )
