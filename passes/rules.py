@@ -200,7 +200,7 @@ def rewrite_nodes(
 ) -> int:
     """One walk: each of ``nodes`` still in place gets the first of ``rules`` that accepts it; returns how many
     were rewritten. No cleanup (the caller's, once a run): replaced nodes stay listed, detached."""
-    names: set[str] | None = None
+    names = _GraphNames(facts.graph)
     count = 0
     for node in nodes:
         if not node.outputs:  # replaced earlier in this walk
@@ -212,8 +212,6 @@ def rewrite_nodes(
             if isinstance(plan, str):
                 logger.debug("%s: rule %s left %s node %r: %s", log_as, rule.name, node.op, node.name, plan)
                 continue
-            if names is None:  # built once per walk, only when something is rewritten
-                names = set(facts.graph.tensors()) | {n.name for n in facts.graph.nodes}
             apply(rule, node, plan, facts.graph, settings, names)
             count += 1
             break
@@ -255,6 +253,30 @@ def explain(rule_or_pass: RewriteRule[Any] | RulePass, graph: gs.Graph, node_nam
         f"cannot explain {type(rule_or_pass).__name__}: it is not written as rules",
         fix="pass a RewriteRule or a RulePass (passes.rules)",
     )
+
+
+class _GraphNames(set[str]):
+    """The graph's node and tensor names, collected at the first look (a walk of bypasses never names anything,
+    and collecting them walks the whole graph)."""
+
+    def __init__(self, graph: gs.Graph) -> None:
+        super().__init__()
+        self._graph: gs.Graph | None = graph
+
+    def _fill(self) -> None:
+        if self._graph is not None:
+            graph, self._graph = self._graph, None
+            self.update(graph.tensors())
+            self.update(n.name for n in graph.nodes)
+
+    def __contains__(self, name: object) -> bool:
+        self._fill()
+        return super().__contains__(name)
+
+    def add(self, name: str) -> None:
+        """Add ``name`` (after collecting the graph's names)."""
+        self._fill()
+        super().add(name)
 
 
 def _find(graph: gs.Graph, node_name: str) -> gs.Node | None:
