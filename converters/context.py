@@ -48,6 +48,8 @@ class ConverterContext:
         key: OpKey,
         settings: Settings,
         torch_op: torch._ops.OpOverload | None = None,
+        *,
+        names: set[str] | None = None,
     ) -> None:
         self.graph = graph
         self.node = node
@@ -55,7 +57,9 @@ class ConverterContext:
         self.settings = settings
         self.torch_op = torch_op
         self.created: list[gs.Node] = []
-        self._names = {t for t in graph.tensors()} | {n.name for n in graph.nodes}
+        # ``names``: the graph's node and tensor names, shared by the caller across many nodes (one pass over the
+        # graph instead of one per node); fresh names are added to it.
+        self._names = names if names is not None else {t for t in graph.tensors()} | {n.name for n in graph.nodes}
         self._tensor_args = _tensor_argument_names(torch_op) if torch_op is not None else []
         self.inputs: list[gs.Tensor | None] = [None if _omitted(t) else t for t in node.inputs]
         if torch_op is not None:
@@ -103,13 +107,27 @@ class ConverterContext:
     def fresh_name(self, hint: str) -> str:
         return unique_name(f"{self.name}/{hint}", self._names)
 
+    def typed(self, dtype: Any) -> Any:
+        """The ``ctx.op`` builder whose outputs record ``dtype``: ``ctx.typed(np.int64).Mod(x, k, fmod=0)``.
+
+        For rewrites inside the pass list, whose later passes read the dtypes of intermediate tensors (``dtype`` is
+        not a keyword of ``ctx.op`` itself: EyeLike and the Random ops have a ``dtype`` attribute)."""
+        return _OpBuilder(self, None if dtype is None else np.dtype(dtype))
+
     def make_node(
-        self, op_type: str, inputs: Sequence[TensorLike | None], attrs: dict[str, Any], outputs: int, domain: str = ""
+        self,
+        op_type: str,
+        inputs: Sequence[TensorLike | None],
+        attrs: dict[str, Any],
+        outputs: int,
+        domain: str = "",
+        dtype: np.dtype | None = None,
     ) -> list[gs.Variable]:
+        """Add an ``op_type`` node reading ``inputs`` (numbers become constants) and return its output tensors."""
         node_name = self.fresh_name(op_type)
         # an omitted optional input: a fresh empty tensor each time (a shared one would collect every consumer)
         tensors = [gs.Variable.empty() if t is None else self._as_tensor(t) for t in inputs]
-        outs = [gs.Variable(self.fresh_name(f"{op_type}_out{i}")) for i in range(outputs)]
+        outs = [gs.Variable(self.fresh_name(f"{op_type}_out{i}"), dtype=dtype) for i in range(outputs)]
         node = gs.Node(op_type, node_name, attrs=attrs, inputs=tensors, outputs=outs, domain=domain or None)
         self.graph.nodes.append(node)
         self.created.append(node)
@@ -152,15 +170,16 @@ class ConverterContext:
 class _OpBuilder:
     """``ctx.op.Add(a, b)``, ``ctx.op.Split(x, axis=1, outputs=2)``, ``ctx.op.Custom(x, domain="trt")``."""
 
-    def __init__(self, ctx: ConverterContext) -> None:
+    def __init__(self, ctx: ConverterContext, dtype: np.dtype | None = None) -> None:
         self._ctx = ctx
+        self._dtype = dtype
 
     def __getattr__(self, op_type: str) -> Any:
         if op_type.startswith("_"):
             raise AttributeError(op_type)
 
         def build(*inputs: TensorLike | None, outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
-            outs = self._ctx.make_node(op_type, inputs, attrs, outputs, domain)
+            outs = self._ctx.make_node(op_type, inputs, attrs, outputs, domain, self._dtype)
             return outs[0] if outputs == 1 else outs
 
         return build

@@ -12,13 +12,14 @@ function is inlined; otherwise the parser looks for a plugin named after the op.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from converters.errors import InputError
+from passes.parser_fixes import declined_fixes
 from pipeline.check.ops import DEFAULT_TRT_VERSION, custom_ops, min_version, parse_version, support_table
 from pipeline.check.rules import GraphFacts, node_problems
 
@@ -27,12 +28,17 @@ SUPPORTED, UNSUPPORTED, RESTRICTED, PLUGIN = "supported", "unsupported", "restri
 
 @dataclass(frozen=True)
 class NodeCheck:
+    """One node's verdict: its status, the reason and the fix, and the parser fixes that declined it."""
+
     node: str
     op: str
     domain: str
     status: str
     reason: str = ""
     fix: str = ""
+    #: For a node the parser rejects (unsupported, restriction violated): each parser fix that looked at it, and why
+    #: it left the node.
+    declined: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class CompatibilityReport:
             lines.append(f"  {n.status:<20} {n.op:<18} {n.node}: {n.reason}")
             if n.fix:
                 lines.append(f"  {'':<20} fix: {n.fix}")
+            lines += [f"  {'':<20} {line}" for line in n.declined]
         return "\n".join(lines)
 
 
@@ -85,7 +92,10 @@ def check(model: onnx.ModelProto | str | Path, trt_version: str = DEFAULT_TRT_VE
     facts = GraphFacts.of(inferred, parse_version(trt_version))
     functions = {(f.domain, f.name): f for f in proto.functions}
     results = [_check(node, facts, functions, trt_version, scope="") for node in inferred.graph.node]
-    return CompatibilityReport(trt_version, tuple(r for group in results for r in group))
+    nodes = [r for group in results for r in group]
+    declined = declined_fixes(inferred, {n.node for n in nodes if n.status in (UNSUPPORTED, RESTRICTED)})
+    nodes = [replace(n, declined=tuple(declined[n.node])) if n.node in declined else n for n in nodes]
+    return CompatibilityReport(trt_version, tuple(nodes))
 
 
 def _check(
