@@ -69,7 +69,7 @@ def add_compare_command(commands: Any) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pipeline.compare.run import compare
+    from pipeline.conversion import compare
 
     model, sample = load_spec(args.spec)
     if args.input:

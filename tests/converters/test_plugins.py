@@ -112,7 +112,8 @@ def test_data_dependent_op_runs_through_the_plugin_node_and_matches_torch(
     assert len(nodes) == 2 and all(n.domain == "ai.onnx.contrib" for n in nodes)
     keep = next(n for n in nodes if attributes(n)["mode"] == b"keep")
     assert attributes(keep) == {
-        "k": 3, "fill": -1.5, "largest": 1, "mode": b"keep", "plugin_namespace": b"plugtest", "plugin_version": b"1"
+        "k": 3, "fill": -1.5, "largest": 1, "mode": b"keep", "plugin_namespace": b"plugtest", "plugin_version": b"1",
+        "plugin_torch_op": b"plugtest::topk_keep.default", "plugin_module": __name__.encode(),
     }
     assert {n.domain for n in topk_module.onnx.graph.node} == {"", "ai.onnx.contrib"}  # nothing opaque is left
     assert topk_module.report.accuracy is not None and topk_module.report.accuracy.passed
@@ -300,7 +301,7 @@ def test_ctx_plugin_builds_the_node_of_a_hand_written_plugin() -> None:
 
 
 def test_attribute_encoding_rules() -> None:
-    from converters.plugins.spec import plugin_node_attributes
+    from converters.plugins.nodes import plugin_node_attributes
 
     encoded = plugin_node_attributes(
         {"b": True, "i": 7, "f": 0.25, "s": "x", "l": ("a", 1), "a": np.array([1, 2], np.int32)},
