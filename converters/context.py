@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import ConversionError
+from converters.plugins.nodes import PLUGIN_DOMAIN, plugin_node_attributes
 from converters.settings import Settings
 from converters.targets import OpKey
 
@@ -144,11 +145,9 @@ class ConverterContext:
         outputs: int = 1,
     ) -> Any:
         """A plugin node (README, "Plugins"): TensorRT's parser imports it as plugin ``namespace::name``, and ONNX
-        Runtime runs it when a CPU reference for ``name`` is registered (``converters.register_plugin`` does both).
+        Runtime runs it when a CPU reference for ``name`` is registered (``register_plugin`` does both).
         Returns its output (a list for several). ``attrs``: bool, int (int32), float, str, lists of them (written
         as JSON strings, which both runtimes read) and numpy arrays (native INTS/FLOATS, TensorRT only)."""
-        from converters.plugins.spec import PLUGIN_DOMAIN, plugin_node_attributes
-
         if not name or "." in name:
             raise ConversionError(f"invalid plugin name {name!r}", node=self.name, fix="a plugin name has no '.'")
         node_attrs = plugin_node_attributes(attrs or {}, namespace=namespace, version=version)

@@ -17,11 +17,11 @@ from converters.errors import (
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 from pipeline.check.static import CompatibilityReport, NodeCheck, check
 from pipeline.compare.report import ComparisonReport
-from pipeline.compare.run import compare
-from pipeline.conversion import convert, load, run_passes
+from pipeline.conversion import compare, convert, run_passes
 from pipeline.export import ExportedGraph, export
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.module.loading import load
 from pipeline.module.report import ConversionReport
 
 __all__ = [

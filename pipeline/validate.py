@@ -187,7 +187,7 @@ def validate(
     )
     torch_runner = TorchRunner(model, io)
     # rtol is relative to the second runner's output: PyTorch is the reference, so it comes second.
-    with _polygraphy_quiet():
+    with polygraphy_quiet():
         results = Comparator.run([backend_runner, torch_runner], data_loader=feeds)
         _equal_nans(results)
         accuracy = Comparator.compare_accuracy(results, compare_func=compare)
@@ -292,7 +292,7 @@ def _summarise(spec: Any, tolerance: Any, per_iteration: list[Any]) -> OutputAcc
 
 
 @contextlib.contextmanager
-def _polygraphy_quiet() -> Iterator[None]:
+def polygraphy_quiet() -> Iterator[None]:
     """Polygraphy logs every iteration; keep it quiet unless our own logger is at DEBUG."""
     if logger.isEnabledFor(logging.DEBUG):
         yield

@@ -62,7 +62,7 @@ def add_compare_command(commands: Any) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``pipeline compare``: convert, compare, print the table, write the report; 0 when every output passes."""
-    from pipeline.compare.run import compare
+    from pipeline.conversion import compare
 
     model, sample = load_spec(args.spec)
     if args.input:

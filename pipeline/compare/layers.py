@@ -29,7 +29,7 @@ from passes.model_io.graphs import module_path
 from pipeline.compare.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
 from pipeline.compare.stats import ErrorAccumulator, ErrorStats
 from pipeline.module.io_spec import IOSpec
-from pipeline.validate import Feed, _polygraphy_quiet
+from pipeline.validate import Feed, polygraphy_quiet
 
 logger = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def _run_chunk(
     """Run the backend runner and the hooked model on every feed and add each module's errors. The backend gets
     only the inputs it has: an engine whose outputs are early intermediates may have lost later-used inputs."""
     hooked = ModuleOutputRunner(reference, io, [m.module for m in chunk], float64=float64)
-    with _polygraphy_quiet(), backend, hooked:
+    with polygraphy_quiet(), backend, hooked:
         wanted = set(backend.get_input_metadata().keys())
         for feed in feeds:
             actual = backend.infer({name: value for name, value in feed.items() if name in wanted})

@@ -15,6 +15,7 @@ import onnx
 from converters.settings import Settings
 from passes.model_io.external_data import save_onnx
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
+from pipeline.compare.markdown import render_markdown, render_table
 from pipeline.compare.stats import HIST_EDGES, ErrorStats
 from pipeline.module.io_spec import IOSpec
 from pipeline.validate import Feed
@@ -146,14 +147,13 @@ class ComparisonReport:
     # -- Markdown and the terminal ---------------------------------------------------------------------------
 
     def markdown(self, directory: str | Path) -> str:
-        from pipeline.compare.markdown import render_markdown
-
-        return render_markdown(self, Path(directory))
+        """``report.md`` for the files written to ``directory`` (:func:`render_markdown` of :meth:`to_dict`)."""
+        return render_markdown(self.to_dict(directory))
 
     def table(self, directory: str | Path | None = None) -> str:
-        from pipeline.compare.markdown import render_table
-
-        return render_table(self, None if directory is None else Path(directory))
+        """The short terminal summary (:func:`render_table` of :meth:`to_dict`); with ``directory``, where the
+        report files are and the Polygraphy command."""
+        return render_table(self.to_dict(directory))
 
     # -- writing -----------------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import onnx
 
@@ -32,9 +32,7 @@ from passes.model_io.external_data import (
     write_compact,
 )
 from pipeline.module.io_spec import IOSpec
-
-if TYPE_CHECKING:
-    from pipeline.module.converted import ConvertedModule
+from pipeline.module.report import ConversionReport
 
 FORMAT = "torch-trt-pipeline-artifact/1"
 ONNX_MEMBER = "model.onnx"
@@ -59,36 +57,45 @@ class Artifact:
         return settings_from_json(self.metadata["settings"])
 
 
-def save_artifact(module: ConvertedModule, path: Path) -> Path:
-    """Write ``module`` as one artifact; external weights are streamed into a ``model.onnx.data`` member."""
+def save_artifact(
+    path: Path,
+    *,
+    onnx_model: onnx.ModelProto,
+    engine: bytes | None,
+    backend: str,
+    io: IOSpec,
+    settings: Settings,
+    report: ConversionReport,
+) -> Path:
+    """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back."""
     from pipeline.versions import library_versions
 
-    engine = module.engine_bytes
     metadata: dict[str, Any] = {
         "format": FORMAT,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "backend": module.backend,
+        "backend": backend,
         "versions": library_versions(),
-        "io": module.io.to_json(),
-        "settings": settings_to_json(module.settings),
-        "report": module.report.to_dict(),
+        "io": io.to_json(),
+        "settings": settings_to_json(settings),
+        "report": report.to_dict(),
     }
-    plugins = plugin_records(module.onnx)
+    plugins = plugin_records(onnx_model)
     if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
         metadata["plugins"] = plugins
     if engine is not None:
         from pipeline.backends.tensorrt.build import build_options, device_identity
 
         # what the engine was built for and with: the same record the engine cache keys on
-        metadata["engine"] = {**device_identity(), "build": build_options(module.io, module.settings)}
+        metadata["engine"] = {**device_identity(), "build": build_options(io, settings)}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
             digests: dict[str, str] = {}
-            graph = without_weights_dir(module.onnx)
+            graph = without_weights_dir(onnx_model)
             if has_external_data(graph):  # write_compact's graph points at the member, not at this machine's files
                 with archive.open(DATA_MEMBER, "w", force_zip64=True) as out:
-                    graph, digests[DATA_MEMBER] = write_compact(module.onnx, out, DATA_MEMBER)
+                    graph, digests[DATA_MEMBER] = write_compact(onnx_model, out, DATA_MEMBER)
             members = {ONNX_MEMBER: graph.SerializeToString()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
