@@ -54,6 +54,7 @@ class Facts:
 
     @property
     def opset(self) -> int:
+        """The graph's default-domain opset."""
         return int(self.graph.opset)
 
     @property
@@ -80,6 +81,7 @@ class RewriteContext(ConverterContext):
 
     @property
     def name(self) -> str:
+        """The name nodes and tensors made for this node are named after."""
         node = self.node
         return str(node.name or (node.outputs[0].name if node.outputs else node.op))
 

@@ -137,6 +137,7 @@ class ConstantValues:
         self._known: dict[tuple[int, int], bool] = {}
 
     def all_equal(self, constant: gs.Constant, element: int) -> bool:
+        """Is every element of ``constant`` equal to ``element``? (memoised per constant)"""
         key = (id(constant), element)
         if key not in self._known:
             array = constant_values(constant).reshape(-1)

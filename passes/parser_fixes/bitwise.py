@@ -58,6 +58,7 @@ class BitDomain:
 
 @dataclass(frozen=True)
 class BitPlan:
+    """What a bit op becomes: the op, the shift direction, the integer domain and the non-constant operand."""
     op: str
     direction: str  # BitShift only
     domain: BitDomain
@@ -72,6 +73,7 @@ class BitwiseToArithmetic(RewriteRule[BitPlan]):
     ops = frozenset({"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"})
 
     def check(self, node: gs.Node, facts: Facts) -> BitPlan | str:
+        """A plan when one operand is a constant (or the op is BitwiseNot) on an integer type; else the reason."""
         if node.op == "BitwiseNot":
             operand, constant = node.inputs[0], np.zeros((), np.int64)
         else:
@@ -91,6 +93,7 @@ class BitwiseToArithmetic(RewriteRule[BitPlan]):
         return BitPlan(node.op, str(node.attrs.get("direction", "")), domain, operand, value)
 
     def rewrite(self, plan: BitPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """The bit op as exact integer arithmetic (Mod, Div, Mul, Add, Sub) in the plan's domain."""
         dom = plan.domain
         x = dom.value if dom.value is not None else _cast(ctx, plan.operand, dom.compute)
         arith = _Arithmetic(ctx, dom, x)

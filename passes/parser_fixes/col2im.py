@@ -31,6 +31,7 @@ _TYPES = frozenset({"float32", "float16", "float64"})
 
 @dataclass(frozen=True)
 class Col2ImPlan:
+    """Col2Im with static sizes: channels, image size and, per output pixel, the patch values that add up into it."""
     channels: int  # C
     image: tuple[int, ...]
     indices: np.ndarray  # [P, M] into the flattened [K*L + 1] patch values (K*L is the appended zero)
@@ -45,6 +46,7 @@ class Col2ImToGather(RewriteRule[Col2ImPlan]):
     ops = frozenset({"Col2Im"})
 
     def check(self, node: gs.Node, facts: Facts) -> Col2ImPlan | str:
+        """A plan when the input's type and every size are static and supported; else the reason."""
         x = node.inputs[0]
         dtype = dtype_of(x)
         if str(dtype) not in _TYPES:
@@ -71,6 +73,7 @@ class Col2ImToGather(RewriteRule[Col2ImPlan]):
         return Col2ImPlan(int(shape[1]) // kernel, image_t, table, bool((table == kernel * blocks).any()), dtype)
 
     def rewrite(self, plan: Col2ImPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Reshape the patches, Gather the contributions of every pixel, ReduceSum them, Reshape to the image."""
         x, dtype = ctx.node.inputs[0], plan.dtype
         patches = ctx.typed(dtype).Reshape(x, np.array([0, plan.channels, -1], np.int64))
         if plan.uses_zero:

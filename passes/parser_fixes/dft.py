@@ -34,6 +34,7 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
 
 @dataclass(frozen=True)
 class DftPlan:
+    """DFT with a static length along a supported axis: the sizes and flags the constant DFT matrix is built from."""
     axis: int  # non-negative, in [0, rank - 2]
     rank: int
     length: int  # L: the input's size along axis
@@ -50,6 +51,7 @@ class DftPlan:
 
     @property
     def out_channels(self) -> int:
+        """2 (complex) unless an inverse one-sided DFT returns real values."""
         return 1 if self.onesided and self.inverse else 2
 
 
@@ -61,6 +63,7 @@ class DftToMatMul(RewriteRule[DftPlan]):
     ops = frozenset({"DFT"})
 
     def check(self, node: gs.Node, facts: Facts) -> DftPlan | str:
+        """A plan when the DFT length is static and its attributes are supported; else the reason."""
         x = node.inputs[0]
         dtype, rank = dtype_of(x), rank_of(x)
         if dtype not in _DTYPES:
@@ -87,6 +90,7 @@ class DftToMatMul(RewriteRule[DftPlan]):
         return _unsupported_mode(plan) or plan
 
     def rewrite(self, plan: DftPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Move the axis next to the complex dimension, multiply by the constant DFT matrix, move it back."""
         x, last = ctx.node.inputs[0], plan.rank - 1
         perm = [d for d in range(last) if d != plan.axis] + [plan.axis, last]
         moved = perm != list(range(plan.rank))

@@ -21,6 +21,7 @@ _MATMUL_TYPES = frozenset({"float32", "float16", "float64"})  # a bfloat16 base 
 
 @dataclass(frozen=True)
 class CropPadPlan:
+    """CenterCropPad with static shapes: the Slice of the cropped axes and the Pad of the padded ones."""
     axes: tuple[int, ...]  # cropped axes
     starts: tuple[int, ...]
     ends: tuple[int, ...]
@@ -39,6 +40,7 @@ class CenterCropPadToSlicePad(RewriteRule[CropPadPlan]):
     ops = frozenset({"CenterCropPad"})
 
     def check(self, node: gs.Node, facts: Facts) -> CropPadPlan | str:
+        """A plan when rank, shape and target sizes are static; else the reason."""
         x = node.inputs[0]
         rank, dtype = rank_of(x), dtype_of(x)
         if rank is None:
@@ -64,6 +66,7 @@ class CenterCropPadToSlicePad(RewriteRule[CropPadPlan]):
         return CropPadPlan(*_columns(crop), tuple(pads))
 
     def rewrite(self, plan: CropPadPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Slice the cropped axes, then Pad the padded ones (centred as CenterCropPad centres)."""
         y: gs.Tensor = ctx.node.inputs[0]
         dtype = dtype_of(y)
         if plan.axes:
@@ -83,6 +86,7 @@ def _columns(crop: list[tuple[int, int, int]]) -> tuple[tuple[int, ...], tuple[i
 
 @dataclass(frozen=True)
 class AffineGridPlan:
+    """AffineGrid with a static size: the spatial sizes, align_corners and the dtype of the base grid."""
     spatial: tuple[int, ...]  # (H, W) or (D, H, W)
     align_corners: bool
     dtype: np.dtype
@@ -101,6 +105,7 @@ class AffineGridToMatMul(RewriteRule[AffineGridPlan]):
     ops = frozenset({"AffineGrid"})
 
     def check(self, node: gs.Node, facts: Facts) -> AffineGridPlan | str:
+        """A plan when theta's type is supported and the size is a constant; else the reason."""
         theta = node.inputs[0]
         dtype = dtype_of(theta)
         if str(dtype) not in _MATMUL_TYPES:
@@ -119,6 +124,7 @@ class AffineGridToMatMul(RewriteRule[AffineGridPlan]):
         return AffineGridPlan(spatial, align, dtype)
 
     def rewrite(self, plan: AffineGridPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """The constant base grid times theta (MatMul), reshaped to the grid's shape."""
         theta_t = ctx.typed(plan.dtype).Transpose(ctx.node.inputs[0], perm=[0, 2, 1])
         base = ctx.constant(base_grid(plan.spatial, plan.align_corners).astype(plan.dtype), "base_grid")
         grid = ctx.typed(plan.dtype).MatMul(base, theta_t)  # [P, k+1] @ [N, k+1, k] -> [N, P, k]

@@ -18,6 +18,7 @@ _GATHER_TYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int32",
 
 @dataclass(frozen=True)
 class MaxUnpoolPlan:
+    """MaxUnpool with a static output shape: the size of the flattened zero tensor the values are scattered into."""
     output_shape: tuple[int, ...]
     dtype: np.dtype
 
@@ -37,6 +38,7 @@ class MaxUnpoolToScatter(RewriteRule[MaxUnpoolPlan]):
     ops = frozenset({"MaxUnpool"})
 
     def check(self, node: gs.Node, facts: Facts) -> MaxUnpoolPlan | str:
+        """A plan when the type is supported and the output shape is static; else the reason."""
         x = node.inputs[0]
         dtype, shape = dtype_of(x), static_shape(x)
         if str(dtype) not in _SCATTER_TYPES:
@@ -56,6 +58,7 @@ class MaxUnpoolToScatter(RewriteRule[MaxUnpoolPlan]):
         return MaxUnpoolPlan(output_shape, dtype)
 
     def rewrite(self, plan: MaxUnpoolPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Scatter the values at their indices into a flattened zero tensor, then Reshape to the output shape."""
         x, indices = ctx.node.inputs[0], ctx.node.inputs[1]
         size = np.array([int(np.prod(plan.output_shape))], np.int64)
         zero = ctx.constant(np.zeros(1, plan.dtype), "zero")
@@ -77,6 +80,7 @@ def _default_spatial(node: gs.Node, spatial: tuple[int, ...]) -> tuple[int, ...]
 
 @dataclass(frozen=True)
 class CompressPlan:
+    """Compress with a constant condition: the kept positions and the axis (None: flattened)."""
     indices: np.ndarray  # int64, the positions where the condition is true
     axis: int | None  # None: the input is flattened first
 
@@ -90,6 +94,7 @@ class CompressToGather(RewriteRule[CompressPlan]):
     ops = frozenset({"Compress"})
 
     def check(self, node: gs.Node, facts: Facts) -> CompressPlan | str:
+        """A plan when the condition is a 1-D constant and the type is one Gather takes; else the reason."""
         x = node.inputs[0]
         dtype = dtype_of(x)
         if str(dtype) not in _GATHER_TYPES:
@@ -110,6 +115,7 @@ class CompressToGather(RewriteRule[CompressPlan]):
         return CompressPlan(np.flatnonzero(condition.astype(bool)).astype(np.int64), axis)
 
     def rewrite(self, plan: CompressPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Gather the kept positions (after flattening when there is no axis)."""
         x = ctx.node.inputs[0]
         dtype = dtype_of(x)
         if plan.axis is None:

@@ -32,6 +32,7 @@ _EXACT = frozenset(
 
 
 def is_exact(source: int | None, target: int | None) -> bool:
+    """Does a cast from ``source`` to ``target`` (ONNX element types) keep every value exactly?"""
     return source == target or (source, target) in _EXACT
 
 
