@@ -51,13 +51,16 @@ class ConvertedModule(torch.nn.Module):
 
     @property
     def backend(self) -> str:
+        """The backend the module runs on (``onnxruntime``, ``tensorrt``, ...)."""
         return self._executor.backend
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """The serialised TensorRT engine, or None on a backend without one."""
         return self._executor.engine_bytes
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the backend on the flattened inputs; outputs in the original model's structure."""
         inputs = self.io.flatten_call(args, kwargs)
         self._check(inputs)
         device = inputs[0].device
