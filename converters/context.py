@@ -70,22 +70,27 @@ class ConverterContext:
 
     @property
     def name(self) -> str:
+        """The replaced node's name: every node and tensor the converter makes is named after it."""
         return str(self.node.name)
 
     @property
     def opset(self) -> int:
+        """The graph's default-domain opset."""
         return int(self.graph.opset)
 
     @property
     def input_dtypes(self) -> list[np.dtype | None]:
+        """The numpy dtype of each input, None where unknown or omitted."""
         return [None if t is None else _dtype_of(t) for t in self.inputs]
 
     @property
     def input_shapes(self) -> list[tuple[int | str, ...] | None]:
+        """The shape of each input: ints for static dims, strings for symbolic ones; None where unknown."""
         return [None if t is None or t.shape is None else tuple(t.shape) for t in self.inputs]
 
     @property
     def is_dynamic(self) -> bool:
+        """Does any input have a symbolic or unknown dimension?"""
         return any(isinstance(d, str) or d is None for s in self.input_shapes if s is not None for d in s)
 
     def input(self, name: str) -> gs.Tensor | None:
@@ -106,6 +111,7 @@ class ConverterContext:
         return gs.Constant(self.fresh_name(name), np.ascontiguousarray(array))
 
     def fresh_name(self, hint: str) -> str:
+        """A name for a new node or tensor, unique in the graph and named after the replaced node."""
         return unique_name(f"{self.name}/{hint}", self._names)
 
     def typed(self, dtype: Any) -> Any:

@@ -42,6 +42,7 @@ class Priority(enum.IntEnum):
 
 @dataclass(frozen=True)
 class ConverterEntry:
+    """One registered converter: what it converts, the function, its validator, priority and dynamic-shape support."""
     key: OpKey
     function: ConverterFunction
     validator: Validator | None
@@ -52,6 +53,7 @@ class ConverterEntry:
 
     @property
     def name(self) -> str:
+        """The converter function's qualified name, for logs and errors."""
         return getattr(self.function, "__qualname__", repr(self.function))
 
 
@@ -177,6 +179,7 @@ class ConverterRegistry:
             self._plugins[plugin_id] = spec
 
     def candidates(self, key: OpKey) -> tuple[ConverterEntry, ...]:
+        """The entries registered for ``key``, in the order they are tried."""
         return tuple(self._entries.get(key, ()))
 
     def torch_ops(self) -> set[torch._ops.OpOverload]:
@@ -184,6 +187,7 @@ class ConverterRegistry:
         return {e.torch_op for entries in self._entries.values() for e in entries if e.torch_op is not None}
 
     def op_keys(self) -> Iterator[OpKey]:
+        """Every op key with at least one converter."""
         return (k for k, v in self._entries.items() if v)
 
     def __contains__(self, key: object) -> bool:

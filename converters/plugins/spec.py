@@ -73,10 +73,12 @@ class PluginSpec:
 
     @property
     def plugin_id(self) -> str:
+        """``namespace::name``, the plugin's id in TensorRT's plugin registry."""
         return f"{self.namespace}::{self.name}"
 
     @property
     def torch_op(self) -> str:
+        """The torch op overload the plugin runs, as ``namespace::name.overload``."""
         return f"{self.op._schema.name}.{self.op._overloadname}"
 
     def node_attributes(self, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ FILES = {
 
 @dataclass(frozen=True)
 class RunnerInfo:
+    """One runner of a comparison: its name, what it runs, and why it was skipped, if it was."""
     name: str
     description: str
     skipped: str | None = None
@@ -50,9 +51,11 @@ class OutputComparison:
 
     @property
     def passed(self) -> bool:
+        """Within tolerance on every compared element."""
         return self.stats.passed
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as JSON-ready data."""
         return {
             "runner": self.runner,
             "output": self.output,
@@ -87,10 +90,12 @@ class ComparisonReport:
 
     @property
     def passed(self) -> bool:
+        """Every output of every runner within tolerance."""
         return all(o.passed for o in self.outputs)
 
     @property
     def first_divergence(self) -> Divergence | None:
+        """The first module (in execution order) whose outputs leave the tolerance, if a per-layer run found one."""
         return self.layers.first_divergence if self.layers else None
 
     # -- the reproducer ----------------------------------------------------------------------------------------
@@ -118,6 +123,7 @@ class ComparisonReport:
     # -- JSON --------------------------------------------------------------------------------------------------
 
     def to_dict(self, directory: str | Path | None = None) -> dict[str, Any]:
+        """The report as JSON-ready data; with ``directory``, file references are relative to it."""
         data: dict[str, Any] = {
             "model": self.model,
             "passed": self.passed,

@@ -150,6 +150,7 @@ def layer_backend(plans: Sequence[RunnerPlan], final: onnx.ModelProto, io: IOSpe
 
 
 def check_reference_dtype(reference_dtype: str) -> None:
+    """Raise an InputError unless ``reference_dtype`` is one of ``REFERENCE_DTYPES``."""
     if reference_dtype not in REFERENCE_DTYPES:
         raise InputError(
             f"unknown reference_dtype {reference_dtype!r}", fix=f"use one of {', '.join(REFERENCE_DTYPES)}"

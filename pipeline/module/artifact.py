@@ -43,6 +43,7 @@ METADATA_MEMBER = "metadata.json"
 
 @dataclass(frozen=True)
 class Artifact:
+    """A verified artifact: its metadata, the final graph, the engine bytes if any, and the unpacked weights."""
     metadata: dict[str, Any]
     onnx_model: onnx.ModelProto
     engine: bytes | None
@@ -50,10 +51,12 @@ class Artifact:
 
     @property
     def io(self) -> IOSpec:
+        """The I/O spec saved with the artifact."""
         return IOSpec.from_json(self.metadata["io"])
 
     @property
     def settings(self) -> Settings:
+        """The settings saved with the artifact."""
         return settings_from_json(self.metadata["settings"])
 
 
@@ -170,6 +173,7 @@ def _unpack(archive: zipfile.ZipFile, member: str, target: Path) -> str:
 
 
 def settings_to_json(settings: Settings) -> dict[str, Any]:
+    """Settings as JSON-ready data, without machine paths."""
     data = dataclasses.asdict(settings)
     data["tolerances"] = {k: dataclasses.asdict(v) for k, v in settings.tolerances.items()}
     for machine_path in (
@@ -182,6 +186,7 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 
 def settings_from_json(data: dict[str, Any]) -> Settings:
+    """Settings from :func:`settings_to_json` data (unknown names from other versions ignored)."""
     values = dict(data)
     values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
     values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
