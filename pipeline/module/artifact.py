@@ -78,9 +78,11 @@ def save_artifact(module: ConvertedModule, path: Path) -> Path:
         metadata["plugins"] = plugins
     if engine is not None:
         from pipeline.backends.tensorrt.build import build_options, device_identity
+        from pipeline.backends.tensorrt.library import library_for
 
         # what the engine was built for and with: the same record the engine cache keys on
-        metadata["engine"] = {**device_identity(), "build": build_options(module.io, module.settings)}
+        identity = device_identity(library_for(module.backend), module.settings)
+        metadata["engine"] = {**identity, "build": build_options(module.io, module.settings)}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -175,7 +177,7 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 
 def settings_from_json(data: dict[str, Any]) -> Settings:
-    values = dict(data)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON lists back to tuples
     values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
     values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
     values["ort_providers"] = tuple(values.get("ort_providers", ("CPUExecutionProvider",)))
