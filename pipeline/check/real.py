@@ -123,7 +123,11 @@ def real_check(
     if verdict.build_error is not None:
         nodes.append(
             NodeCheck(
-                "<build>", "", "", BUILD_FAILED, verdict.build_error.split("\n")[0],
+                "<build>",
+                "",
+                "",
+                BUILD_FAILED,
+                verdict.build_error.split("\n")[0],
                 f"the graph parses but {verdict.title} cannot build it: read its log; convert with a precision or "
                 "pass that avoids the failing pattern, or backend='onnxruntime'",
             )

@@ -205,7 +205,7 @@ def test_local_function_body_is_checked() -> None:
     )
     m.functions.append(body)
     m.opset_import.append(helper.make_opsetid("local", 1))
-    (problem,) = pipeline.check(m).problems
+    (problem,) = pipeline.check(m, parser="static").problems
     assert problem.node.startswith("call/") and problem.op == "BitShift"
 
 

@@ -245,6 +245,8 @@ def parse_error(
         if failure.node in reasons:
             line += f"; static check: {reasons[failure.node]}"
         lines.append(line)
+    if not lines:
+        lines.append("the parser failed without reporting an error (is the final graph valid ONNX?)")
     return BuildError(
         f"{library.title}'s ONNX parser rejected the final graph:\n    " + "\n    ".join(lines),
         node=next((f.node for f in failures if f.node), None),

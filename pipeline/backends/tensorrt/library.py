@@ -68,7 +68,12 @@ LIBRARIES: dict[str, TrtLibrary] = {lib.backend: lib for lib in (TENSORRT, TENSO
 #: asked for). "12.0" stands for 12.0 and later in the default set (TensorRT-RTX's wording).
 RTX_DEFAULT_TARGETS: tuple[str, ...] = ("8.0", "8.6", "8.9", "12.0")
 RTX_TARGETS: dict[str, str] = {
-    "7.5": "SM75", "8.0": "SM80", "8.6": "SM86", "8.9": "SM89", "12.0": "SM120", "12.1": "SM121"
+    "7.5": "SM75",
+    "8.0": "SM80",
+    "8.6": "SM86",
+    "8.9": "SM89",
+    "12.0": "SM120",
+    "12.1": "SM121",
 }
 
 
