@@ -177,7 +177,7 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 
 def settings_from_json(data: dict[str, Any]) -> Settings:
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON lists back to tuples
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON lists
     values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
     values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
     values["ort_providers"] = tuple(values.get("ort_providers", ("CPUExecutionProvider",)))
