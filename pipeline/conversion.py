@@ -132,7 +132,8 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
     """The parser check of the final graph: an error before a TensorRT build, a report entry otherwise. The judge
     is the backend's own parser for a TensorRT backend, else ``check_parser`` (auto: a real parser when one imports,
     else the static table)."""
-    from pipeline.backends.tensorrt.library import LIBRARIES
+    from converters.plugins.spec import plugin_nodes
+    from pipeline.backends.tensorrt.library import LIBRARIES, rtx_plugin_error
     from pipeline.check.judge import judge_library
     from pipeline.check.real import real_check
 
@@ -142,6 +143,8 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
         version = library_versions().get("tensorrt")
     auto = trt_backend and settings.check_parser == "auto"
     library = LIBRARIES[backend] if auto else judge_library(settings.check_parser, settings.trt_check_version)
+    if backend == "tensorrt-rtx" and plugin_nodes(final):
+        raise rtx_plugin_error([n.name for n in plugin_nodes(final)])
     report = check(final, trt_version=version or DEFAULT_TRT_VERSION) if library is None else real_check(final, library)
     if report.problems and trt_backend:
         raise BuildError(

@@ -77,15 +77,9 @@ def parse_with(
     version = lib.version()
     settings = settings or Settings()
     start = time.perf_counter()
-    try:
-        parsed, failures = parse_onnx(model, library=lib)
-    except BuildError as exc:  # plugin nodes TensorRT-RTX cannot register: a failure of each such node
-        failures = [
-            ParseFailure(n.name, n.op_type, str(exc).split("\n")[0], "PLUGIN_UNAVAILABLE") for n in plugin_nodes(model)
-        ] or [ParseFailure("", "", str(exc), "BUILD_ERROR")]
-        parsed = None
+    parsed, failures = parse_onnx(model, library=lib, for_build=False)
     verdict = ParserVerdict(lib.backend, lib.title, version, tuple(failures), parse_seconds=time.perf_counter() - start)
-    if not build or failures or parsed is None:
+    if not build or failures:
         return verdict
     io, settings = _build_inputs(model, io, settings)
     start = time.perf_counter()
@@ -113,6 +107,11 @@ def real_check(
         failure = failed.get(node.name) if node.name else None
         if failure is None:
             nodes.append(NodeCheck(name, node.op_type, node.domain, PLUGIN if node.name in plugins else SUPPORTED))
+            continue
+        if node.name in plugins and verdict.library == "tensorrt-rtx":  # a plugin for NVIDIA TensorRT, not RTX
+            reason = f"a plugin node; {verdict.title} cannot load plugins here ({failure.message})"
+            fix = "build with backend='tensorrt' (NVIDIA TensorRT registers the plugin), or lower the op to ONNX ops"
+            nodes.append(NodeCheck(name, node.op_type, node.domain, PLUGIN, reason, fix))
             continue
         fix = static[name].fix if name in static and static[name].fix else _generic_fix(node.op_type, verdict)
         reason = f"{failure.message} [{failure.code}]"

@@ -151,7 +151,9 @@ def transformer(kind: str) -> tuple[torch.nn.Module, Any]:
         config = transformers.ViTConfig(image_size=32, patch_size=8, **small)
         return transformers.ViTModel(config).eval(), torch.randn(1, 3, 32, 32)
     if kind == "gpt2":
-        config = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2, use_cache=False)
+        config = transformers.GPT2Config(
+            vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=2, use_cache=False
+        )
         return transformers.GPT2LMHeadModel(config).eval(), torch.randint(0, 300, (1, 12))
     config = transformers.BertConfig(vocab_size=300, **small)
     ids = torch.randint(0, 300, (2, 12))

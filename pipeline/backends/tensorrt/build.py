@@ -272,7 +272,7 @@ def parse_network(
 
 
 def parse_onnx(
-    model: onnx.ModelProto, base_dir: Path | None = None, library: TrtLibrary = TENSORRT
+    model: onnx.ModelProto, base_dir: Path | None = None, library: TrtLibrary = TENSORRT, *, for_build: bool = True
 ) -> tuple[tuple[Any, Any, Any], list[ParseFailure]]:
     """Parse the graph with ``library``'s ONNX parser: ``((builder, network, parser), failures)``, no failures when
     it was accepted.
@@ -281,13 +281,14 @@ def parse_onnx(
     the parse is done here, with the library's own API, to report each failing node; no Polygraphy loader is used,
     so parsing serves TensorRT and TensorRT-RTX in one process (building binds Polygraphy to one, see
     ``pipeline.backends.tensorrt.library``). ``base_dir`` is where external weights live, if the graph has any
-    (default: the pipeline's weights directory).
+    (default: the pipeline's weights directory). Plugin nodes given to TensorRT-RTX are a BuildError ``for_build``;
+    otherwise its parser judges them (it finds no plugin creator).
     """
     tensorrt = library.import_module()
     from pipeline.backends.plugin_runtime import register_tensorrt_plugins
 
     plugins = plugin_nodes(model)
-    if plugins and library.rtx:
+    if plugins and library.rtx and for_build:
         raise rtx_plugin_error([n.name for n in plugins])
     logger = library_logger(library)
     builder: trt.Builder = tensorrt.Builder(logger)
@@ -295,7 +296,7 @@ def parse_onnx(
         1 << int(tensorrt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     )
     tensorrt.init_libnvinfer_plugins(logger, "")
-    if plugins:
+    if plugins and not library.rtx:
         register_tensorrt_plugins(model)  # the parser finds a plugin node's creator by name: it must exist first
     parser: trt.OnnxParser = tensorrt.OnnxParser(network, logger)
     base_dir = base_dir or base_dir_of(model)  # the parser finds external weights beside the path it is given
