@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -205,11 +206,13 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     elif chosen == "tensorrt-rtx" and not rebuild:
         engine = artifact.engine  # runs where TensorRT-RTX supports the GPU, else kept beside ONNX Runtime
     # raises with the reason when TensorRT was asked for and cannot run; warns when a TensorRT-RTX engine cannot
-    select_backend(chosen, settings)
+    choice = select_backend(chosen, settings)
     # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
     restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
     executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
     report = ConversionReport.from_dict(artifact.metadata["report"])
+    if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
+        report = dataclasses.replace(report, backend_reason=choice.reason)
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 
 

@@ -77,6 +77,7 @@ def test_bert_builds_a_tensorrt_rtx_engine_and_says_where_it_runs(bert: Any, tmp
         loaded = pipeline.load(path)
     assert any(issubclass(w.category, EngineNotRunnableWarning) for w in caught)
     assert loaded.backend == "tensorrt-rtx" and loaded.engine_bytes == module.engine_bytes
+    assert "not runnable here: no CUDA device" in loaded.report.backend_reason
     ids = torch.randint(0, 500, (3, 24))  # another batch and sequence length inside the profile
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
@@ -173,3 +174,28 @@ def test_cli_convert_tensorrt_rtx(tmp_path: Path) -> None:
     assert "MB tensorrt-rtx engine in the artifact" in done.stdout
     with zipfile.ZipFile(tmp_path / "model.ptrt") as archive:
         assert engine_is_tensorrt_rtx(archive.read("engine.plan"))
+
+
+BLOCKED = """
+import sys
+sys.modules["tensorrt_rtx"] = None  # as on a machine without TensorRT-RTX (and without TensorRT)
+sys.modules["tensorrt"] = None
+import onnx, torch, pipeline
+from onnx import TensorProto, helper
+x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "xy")
+g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y])
+print(pipeline.check(helper.make_model(g)).parser)
+try:
+    pipeline.convert(torch.nn.ReLU(), torch.randn(2), backend="tensorrt-rtx")
+except pipeline.BuildError as exc:
+    print(str(exc).replace(chr(10), " "))
+"""
+
+
+def test_without_the_library_check_uses_the_table_and_the_backend_says_how_to_install() -> None:
+    done = subprocess.run([sys.executable, "-c", BLOCKED], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    parser, error = done.stdout.splitlines()[-2:]
+    assert parser == "static table (TensorRT 11.1 operator matrix)"
+    assert "TensorRT-RTX is needed here but `import tensorrt_rtx` fails" in error
+    assert "fix: pip install 'tensorrt-rtx'" in error
