@@ -199,3 +199,19 @@ def test_without_the_library_check_uses_the_table_and_the_backend_says_how_to_in
     assert parser == "static table (TensorRT 11.1 operator matrix)"
     assert "TensorRT-RTX is needed here but `import tensorrt_rtx` fails" in error
     assert "fix: pip install 'tensorrt-rtx'" in error
+
+
+@pytest.mark.parametrize(("tf32", "targets"), [(False, ()), (True, ("8.9",)), (False, ("8.6", "12.0"))])
+def test_settings_become_the_real_tensorrt_rtx_builder_config(tf32: bool, targets: tuple[str, ...]) -> None:
+    from pipeline.backends.tensorrt.build import create_config, parse_onnx
+
+    model, io = small_graph()
+    (builder, network, _), failures = parse_onnx(model, library=TENSORRT_RTX)
+    assert failures == []
+    settings = Settings(trt_tf32=tf32, trt_compute_capabilities=targets, trt_workspace_bytes=1 << 28)
+    config = create_config(io, settings, None, TENSORRT_RTX)(builder, network)
+    assert config.get_flag(trt.BuilderFlag.TF32) is tf32  # on by default in TensorRT-RTX: cleared unless asked for
+    assert config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) == 1 << 28
+    assert config.num_compute_capabilities == len(targets)
+    chosen = [config.get_compute_capability(i) for i in range(len(targets))]
+    assert chosen == [getattr(trt.ComputeCapability, "SM" + cc.replace(".", "")) for cc in targets]

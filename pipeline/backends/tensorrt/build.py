@@ -215,7 +215,10 @@ def _create_config_rtx(io: IOSpec, settings: Settings, pools: dict[Any, int]) ->
 
     def set_tf32(builder: Any, network: Any, config: trt.IBuilderConfig) -> None:
         flag = TENSORRT_RTX.import_module().BuilderFlag.TF32
-        config.set_flag(flag) if tf32 else config.clear_flag(flag)
+        if tf32:
+            config.set_flag(flag)
+        else:
+            config.clear_flag(flag)
 
     return PostprocessConfig(config, func=set_tf32)
 
