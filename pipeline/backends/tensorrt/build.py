@@ -3,13 +3,17 @@
 One build path serves NVIDIA TensorRT (``backend="tensorrt"``) and TensorRT-RTX (``backend="tensorrt-rtx"``): every
 function that touches the library takes a :class:`~pipeline.backends.tensorrt.library.TrtLibrary` (default: TensorRT)
 and imports its module. TensorRT-RTX builds ahead of time on a machine without a GPU; its engines run only on the
-GPUs it supports, elsewhere the same final graph runs on ONNX Runtime (``pipeline.backends.tensorrt.rtx``).
+GPUs it supports, elsewhere the same final graph runs on ONNX Runtime (``pipeline.backends.tensorrt.executor``).
+Parsing uses the library's own API; the builder config and the build go through Polygraphy's loaders, which serve
+one library per process (``pipeline.backends.tensorrt.library.bind_polygraphy``).
 
-Untested without a GPU: nothing here has run on this project's machines. Every TensorRT name it uses is
-checked against the real TensorRT 10.16 and 11.4 Python API (tests/pipeline/test_tensorrt_api.py). The graph is
-strongly typed (precision is in the ONNX graph), so no precision builder flags are set: TensorRT 11 has none.
+With NVIDIA TensorRT nothing here has run on this project's machines (no GPU); with TensorRT-RTX the parse and the
+build run here, in the tests. Every TensorRT name it uses is checked against the real TensorRT 10.16 and 11.4 and
+TensorRT-RTX 1.7 Python APIs (tests/pipeline/test_tensorrt_api.py). The graph is strongly typed (precision is in the
+ONNX graph), so no precision builder flags are set: TensorRT 11 has none.
 
-Conventions the API conformance test relies on: a variable holding a TensorRT object is annotated with its
+Conventions the API conformance test relies on: the library's module is ``tensorrt = library.import_module()``
+(``import tensorrt as trt`` serves the annotations), a variable holding a TensorRT object is annotated with its
 class (``parser: trt.OnnxParser = ...``), and code that needs one TensorRT major is guarded with
 ``if trt_major() >= 11:`` (or ``<``, ``==`` ...); names inside a guard are checked only against the versions
 it admits.
