@@ -35,7 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_command(commands)
     return parser
 
-
 def _configure_logging(verbose: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("  %(message)s" if verbose < 2 else "%(levelname)s %(name)s: %(message)s"))
