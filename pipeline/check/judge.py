@@ -48,7 +48,10 @@ def check(
         return static_check(model, trt_version or DEFAULT_TRT_VERSION)
     from pipeline.check.real import real_check
 
-    return real_check(load_model(model), library, build=build, settings=Settings.from_kwargs(settings))
+    base_dir = None if isinstance(model, onnx.ModelProto) else Path(model).parent  # external weights beside the file
+    return real_check(
+        load_model(model), library, build=build, settings=Settings.from_kwargs(settings), base_dir=base_dir
+    )
 
 
 def judge_library(parser: str, trt_version: str | None = None) -> TrtLibrary | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -63,12 +64,14 @@ def parse_with(
     build: bool = False,
     settings: Settings | None = None,
     io: IOSpec | None = None,
+    base_dir: Path | None = None,
 ) -> ParserVerdict:
     """Parse ``model`` with ``library``'s real ONNX parser (``"tensorrt"`` or ``"tensorrt-rtx"``); with ``build=True``
     also build an engine through the backend's build code (TensorRT-RTX builds on the CPU; TensorRT needs a GPU).
 
     ``settings`` give the engine settings and declared dynamic dimensions (``Settings(dynamic=...)``); ``io`` the
     graph's inputs (default: read from the graph). A symbolic dimension without a declared range is built as 1.
+    ``base_dir`` is the directory of the graph's external weights (default: the pipeline's weights directory).
     A missing library is a BuildError with the pip command; parser and builder errors are in the verdict.
     """
     from pipeline.backends.tensorrt.build import engine_from_network, parse_onnx, timing_cache_path
@@ -77,7 +80,7 @@ def parse_with(
     version = lib.version()
     settings = settings or Settings()
     start = time.perf_counter()
-    parsed, failures = parse_onnx(model, library=lib, for_build=False)
+    parsed, failures = parse_onnx(model, base_dir, library=lib, for_build=False)
     verdict = ParserVerdict(lib.backend, lib.title, version, tuple(failures), parse_seconds=time.perf_counter() - start)
     if not build or failures:
         return verdict
@@ -91,13 +94,18 @@ def parse_with(
 
 
 def real_check(
-    model: onnx.ModelProto, library: str | TrtLibrary, *, build: bool = False, settings: Settings | None = None
+    model: onnx.ModelProto,
+    library: str | TrtLibrary,
+    *,
+    build: bool = False,
+    settings: Settings | None = None,
+    base_dir: Path | None = None,
 ) -> CompatibilityReport:
     """The per-node report of ``library``'s real parser (and builder, with ``build``): rejected nodes carry the
     parser's own message and, where the static rules know the node, their fix."""
     from pipeline.check.static import check as static_check
 
-    verdict = parse_with(model, library, build=build, settings=settings)
+    verdict = parse_with(model, library, build=build, settings=settings, base_dir=base_dir)
     failed = {f.node: f for f in verdict.failures if f.node}
     static = {n.node: n for n in static_check(model).nodes}
     plugins = {n.name for n in plugin_nodes(model)}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,19 +314,21 @@ def parse_onnx(
 
 
 def library_logger(library: TrtLibrary = TENSORRT) -> Any:
-    """The library's logger for parsing: Polygraphy's when Polygraphy is bound to this library (one logger per
-    process, as TensorRT wants), else one ``trt.Logger`` per library (warnings and errors to stderr)."""
+    """One ``ILogger`` per library and process for parsing, into Python logging (stdout stays the caller's): the
+    parser's errors become the per-node report, so they are logged at INFO; internal errors at ERROR."""
     if library.module_name not in _LOGGERS:
-        from polygraphy import config
+        tensorrt = library.import_module()
+        severity = tensorrt.ILogger.Severity
+        levels = {severity.INTERNAL_ERROR: logging.ERROR, severity.ERROR: logging.INFO, severity.WARNING: logging.INFO}
 
-        if "polygraphy.backend.trt.loader" in sys.modules and bool(config.USE_TENSORRT_RTX) == library.rtx:
-            from polygraphy.backend.trt import get_trt_logger
+        class ParserLogger(tensorrt.ILogger):  # type: ignore[name-defined]
+            def __init__(self) -> None:
+                tensorrt.ILogger.__init__(self)
 
-            _LOGGERS[library.module_name] = get_trt_logger()
-        else:
-            tensorrt = library.import_module()
-            logger: trt.Logger = tensorrt.Logger(tensorrt.Logger.WARNING)
-            _LOGGERS[library.module_name] = logger
+            def log(self, level: trt.ILogger.Severity, msg: str) -> None:
+                logger.log(levels.get(level, logging.DEBUG), "%s: %s", library.title, msg)
+
+        _LOGGERS[library.module_name] = ParserLogger()
     return _LOGGERS[library.module_name]
 
 
