@@ -74,7 +74,7 @@ def convert(
     config = effective_settings(Settings.from_kwargs(settings))
     registry = default_registry() if converters is None else converters
     stages: list[tuple[str, float]] = []
-    choice = select_backend(config.backend)
+    choice = select_backend(config.backend, config)
     with _stage("export", stages):
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
@@ -131,14 +131,26 @@ def _debug_inputs(model: torch.nn.Module, exported: ExportedGraph, sample: Any) 
 
 
 def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) -> CompatibilityReport:
-    """The static parser check of the final graph: an error before a TensorRT build, a report entry otherwise."""
+    """The parser check of the final graph: an error before a TensorRT build, a report entry otherwise. The judge
+    is the backend's own parser for a TensorRT backend, else ``check_parser`` (auto: a real parser when one imports,
+    else the static table)."""
+    from converters.plugins.spec import plugin_nodes
+    from pipeline.backends.tensorrt.library import LIBRARIES, rtx_plugin_error
+    from pipeline.check.judge import judge_library
+    from pipeline.check.real import real_check
+
+    trt_backend = backend in LIBRARIES
     version = settings.trt_check_version
     if version is None and backend == "tensorrt":
         version = library_versions().get("tensorrt")
-    report = check(final, trt_version=version or DEFAULT_TRT_VERSION)
-    if report.problems and backend == "tensorrt":
+    auto = trt_backend and settings.check_parser == "auto"
+    library = LIBRARIES[backend] if auto else judge_library(settings.check_parser, settings.trt_check_version)
+    if backend == "tensorrt-rtx" and plugin_nodes(final):
+        raise rtx_plugin_error([n.name for n in plugin_nodes(final)])
+    report = check(final, trt_version=version or DEFAULT_TRT_VERSION) if library is None else real_check(final, library)
+    if report.problems and trt_backend:
         raise BuildError(
-            f"TensorRT {report.trt_version}'s ONNX parser would reject {len(report.problems)} node(s):\n"
+            f"{report.parser} would reject {len(report.problems)} node(s):\n"
             + "\n".join(
                 f"  {p.op} {p.node}: {p.reason}" + (f"; fix: {p.fix}" if p.fix else "") for p in report.problems
             ),

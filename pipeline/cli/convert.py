@@ -17,7 +17,24 @@ def add_convert_command(commands: Any) -> None:
     """Add the ``convert`` subcommand to ``pipeline``'s subparsers."""
     convert = commands.add_parser("convert", help="convert a model and write the artifact, graph and report")
     add_model_arguments(convert, output_help="output directory")
-    convert.add_argument("--backend", default="auto", choices=["auto", "onnxruntime", "tensorrt"])
+    convert.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"],
+        help="tensorrt-rtx builds a TensorRT-RTX engine without a GPU (run where a supported GPU is)",
+    )
+    convert.add_argument(
+        "--compute-capability",
+        action="append",
+        default=[],
+        metavar="X.Y",
+        help="TensorRT-RTX target GPU compute capability (repeatable; default: TensorRT-RTX's portable set)",
+    )
+    convert.add_argument(
+        "--require-engine-runtime",
+        action="store_true",
+        help="fail when the engine cannot run here instead of running the same graph on ONNX Runtime",
+    )
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
     convert.add_argument(
@@ -54,11 +71,16 @@ def _convert(args: argparse.Namespace) -> int:
         dynamic=dynamic_dims(args.dynamic),
         precision=args.precision,
         keep_fp32=tuple(args.keep_fp32),
+        trt_compute_capabilities=tuple(args.compute_capability),
+        require_engine_runtime=args.require_engine_runtime,
     )
     out: Path = args.output
     artifact = module.save(out / ARTIFACT_NAME)
     module.save_onnx(out / "model.onnx")  # with model.onnx.data beside it when the weights are external
     write_file_atomically(out / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
     print(module.report.summary())
+    engine = module.engine_bytes
+    if engine is not None:
+        print(f"engine    {len(engine) / 1e6:.1f} MB {module.backend} engine in the artifact")
     print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
     return 0

@@ -88,9 +88,11 @@ def save_artifact(
         metadata["plugins"] = plugins
     if engine is not None:
         from pipeline.backends.tensorrt.build import build_options, device_identity
+        from pipeline.backends.tensorrt.library import library_for
 
         # what the engine was built for and with: the same record the engine cache keys on
-        metadata["engine"] = {**device_identity(), "build": build_options(io, settings)}
+        identity = device_identity(library_for(backend), settings)
+        metadata["engine"] = {**identity, "build": build_options(io, settings)}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -187,7 +189,7 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 def settings_from_json(data: dict[str, Any]) -> Settings:
     """Settings from :func:`settings_to_json` data (unknown names from other versions ignored)."""
-    values = dict(data)
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON lists
     values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
     values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
     values["ort_providers"] = tuple(values.get("ort_providers", ("CPUExecutionProvider",)))

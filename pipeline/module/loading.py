@@ -6,6 +6,7 @@ It sits above :mod:`pipeline.module.converted` (it makes a ``ConvertedModule``),
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from converters.errors import ArtifactError
@@ -30,11 +31,16 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     engine = None
     if chosen == "tensorrt":
         engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild, settings)
-    select_backend(chosen)  # raises with the reason when TensorRT was asked for and cannot run
+    elif chosen == "tensorrt-rtx" and not rebuild:
+        engine = artifact.engine  # runs where TensorRT-RTX supports the GPU, else kept beside ONNX Runtime
+    # raises with the reason when TensorRT was asked for and cannot run; warns when a TensorRT-RTX engine cannot
+    choice = select_backend(chosen, settings)
     # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
     restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
     executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
     report = ConversionReport.from_dict(artifact.metadata["report"])
+    if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
+        report = dataclasses.replace(report, backend_reason=choice.reason)
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 
 

@@ -84,7 +84,7 @@ class ConversionReport:
         if self.compatibility is not None:
             problems = self.compatibility["problems"]
             lines.append(
-                f"tensorrt  parser check for TensorRT {self.compatibility['trt_version']}: "
+                f"check     {self.compatibility.get('parser') or 'TensorRT ' + self.compatibility['trt_version']}: "
                 + ("every node accepted" if not problems else f"{len(problems)} node(s) rejected")
             )
             for p in problems[:10]:
