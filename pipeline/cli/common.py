@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +66,13 @@ def call_factory(spec: str) -> Any:
     factory = getattr(_SOURCES[target], factory_name, None)
     if not callable(factory):
         raise InputError(f"{target} has no callable {factory_name!r}", fix="name a function that builds it")
-    return factory()
+    try:
+        return factory()
+    except Exception as exc:  # the user's code: its error, named as such, with where it came from
+        raise InputError(
+            f"the factory {spec} raised {type(exc).__name__}: {exc}",
+            fix=f"fix {factory_name}() in {target} (run it in Python to see the traceback)",
+        ) from exc
 
 
 def _import(target: str) -> Any:
@@ -70,13 +81,24 @@ def _import(target: str) -> Any:
             return importlib.import_module(target)
         except ImportError as exc:
             raise InputError(f"cannot import {target!r}: {exc}", fix="check the module name and PYTHONPATH") from exc
+        except Exception as exc:  # the module exists but fails at import time
+            raise InputError(
+                f"{target} failed to import: {type(exc).__name__}: {exc}", fix=f"fix {target} (import it in Python)"
+            ) from exc
     path = Path(target)
     if not path.is_file():
         raise InputError(f"no such file: {target}", fix="check the path in the spec")
     module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
+    if module_spec is None or module_spec.loader is None:
+        raise InputError(f"cannot load {target} as Python", fix="name a .py file")
     source = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(source)
+    try:
+        module_spec.loader.exec_module(source)
+    except Exception as exc:  # a syntax error, or an error at import time in the user's file
+        raise InputError(
+            f"{target} failed to import: {type(exc).__name__}: {exc}",
+            fix=f"fix {target} (run `python {target}` to see the traceback)",
+        ) from exc
     return source
 
 
@@ -93,9 +115,12 @@ def random_inputs(specs: list[str], seed: int) -> list[tuple[str, torch.Tensor]]
         name, shape_text, dtype_name = parts[0], parts[1], parts[2] if len(parts) == 3 else "float32"
         try:
             shape = tuple(int(s) for s in shape_text.split("x"))
+            if any(size < 1 for size in shape):
+                raise ValueError(shape_text)
         except ValueError:
             raise InputError(
-                f"cannot read the shape {shape_text!r} of --input {name}", fix="write it as 1x3x224x224"
+                f"cannot read the shape {shape_text!r} of --input {name}: sizes are whole numbers >= 1",
+                fix="write it as 1x3x224x224",
             ) from None
         dtype = getattr(torch, dtype_name, None)
         if not isinstance(dtype, torch.dtype):
@@ -268,3 +293,41 @@ def merge_dynamic(first: Dims, second: Dims) -> Dims:
                 )
             merged.setdefault(name, {})[axis] = dim
     return merged
+
+
+@contextlib.contextmanager
+def staged_output(out: Path, names: Sequence[str]) -> Iterator[Path]:
+    """All or nothing: a staging directory for the files ``names``, moved into ``out`` when the block succeeds.
+
+    Checked before any work: ``out`` must be (or become) a writable directory and none of ``names`` may be a
+    directory there. On an error inside the block the staging directory goes and ``out`` is as it was. When ``out``
+    did not exist, the staging directory is renamed to it (one step); otherwise each file is renamed into it.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"-o {out} is a file", fix="give a directory (it is created if it does not exist)")
+    blocked = [n for n in names if (out / n).is_dir()]
+    if blocked:
+        raise InputError(
+            f"-o {out} holds a directory named {', '.join(blocked)}, where an output file goes",
+            fix="remove it or choose another output directory",
+        )
+    fresh = not out.exists()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging.", dir=out.parent if fresh else out))
+    except OSError as exc:
+        raise InputError(
+            f"cannot write to -o {out}: {exc.strerror or exc}", fix="choose a writable output directory"
+        ) from exc
+    try:
+        yield staging
+        if fresh:
+            os.replace(staging, out)
+            return
+        for item in sorted(staging.iterdir()):
+            os.replace(item, out / item.name)
+        staging.rmdir()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -8,9 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from converters.errors import InputError
-from pipeline.cli.common import add_model_arguments, dynamic_dims, load_spec, random_inputs
+from pipeline.cli.common import (
+    add_conversion_arguments,
+    add_model_arguments,
+    conversion_options,
+    load_spec,
+    random_inputs,
+    staged_output,
+)
 
 ARTIFACT_NAME = "model.ptrt"
+OUTPUTS = (ARTIFACT_NAME, "model.onnx", "model.onnx.data", "report.json")
 
 
 def add_convert_command(commands: Any) -> None:
@@ -36,17 +44,7 @@ def add_convert_command(commands: Any) -> None:
         help="fail when the engine cannot run here instead of running the same graph on ONNX Runtime",
     )
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
-    convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
-    convert.add_argument(
-        "--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute type of the graph (fp32 islands)"
-    )
-    convert.add_argument(
-        "--keep-fp32",
-        action="append",
-        default=[],
-        metavar="NODE|OP|MODULE",
-        help="keep in float32: a node name, op type or PyTorch module path (node:, op:, module: to be explicit)",
-    )
+    add_conversion_arguments(convert)
     convert.set_defaults(run=_convert)
 
 
@@ -62,22 +60,21 @@ def _convert(args: argparse.Namespace) -> int:
             f"{args.spec} returned a module but no sample, and no --input was given",
             fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
         )
-    module = convert(
-        model,
-        sample,
-        backend=args.backend,
-        validate=not args.no_validate,
-        seed=args.seed,
-        dynamic=dynamic_dims(args.dynamic),
-        precision=args.precision,
-        keep_fp32=tuple(args.keep_fp32),
-        trt_compute_capabilities=tuple(args.compute_capability),
-        require_engine_runtime=args.require_engine_runtime,
-    )
     out: Path = args.output
-    artifact = module.save(out / ARTIFACT_NAME)
-    module.save_onnx(out / "model.onnx")  # with model.onnx.data beside it when the weights are external
-    write_file_atomically(out / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
+    with staged_output(out, OUTPUTS) as staging:  # checked before converting; all three files, or none
+        module = convert(
+            model,
+            sample,
+            backend=args.backend,
+            validate=not args.no_validate,
+            trt_compute_capabilities=tuple(args.compute_capability),
+            require_engine_runtime=args.require_engine_runtime,
+            **conversion_options(args),
+        )
+        module.save(staging / ARTIFACT_NAME)
+        module.save_onnx(staging / "model.onnx")  # with model.onnx.data beside it when the weights are external
+        write_file_atomically(staging / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
+    artifact = out / ARTIFACT_NAME
     print(module.report.summary())
     engine = module.engine_bytes
     if engine is not None:
