@@ -222,6 +222,41 @@ def _variance_statistics(ctx: RuleContext) -> dict[str, str]:
     return out
 
 
+def _residual_stream(ctx: RuleContext) -> dict[str, str]:
+    """The Add or Sub that makes a normalization's input (through followers) stays float32: the residual stream.
+
+    A normalization divides by the standard deviation, so it magnifies the absolute rounding of its input by
+    1/std: a residual stream of small values (GPT-2's embeddings are ~0.02) rounded to float16 at every block comes
+    out of the final LayerNorm a few float16 steps off, beyond the float16 tolerance. ``torch.autocast`` keeps that
+    stream float32 too (LayerNorm returns float32 and the residual Add promotes). The MatMuls stay low.
+    """
+    reason = "residual stream: the normalization after it magnifies its rounding by 1/std"
+    starts = [n.inputs[0] for n in ctx.graph.nodes if n.op in NORMALIZATIONS and n.inputs]
+    starts += [
+        n.inputs[0].inputs[0].inputs[0]
+        for n in ctx.graph.nodes
+        if n.op in ("ReduceMean", "ReduceSum") and n.inputs[0].inputs and _is_square(n.inputs[0].inputs[0])
+    ]
+    out = {}
+    for tensor in starts:
+        producer = _through_followers(tensor)
+        if producer is not None and producer.op in ("Add", "Sub") and ctx.float_tensors(producer):
+            out[producer.name] = reason
+    return out
+
+
+def _through_followers(tensor: gs.Tensor, limit: int = 4) -> gs.Node | None:
+    """The first node above ``tensor`` that is not a follower (Reshape, Transpose...), if any."""
+    for _ in range(limit):
+        if not tensor.inputs:
+            return None
+        node = tensor.inputs[0]
+        if node.op not in FOLLOWER_OPS:
+            return node
+        tensor = node.inputs[0]
+    return None
+
+
 def _is_square(node: gs.Node) -> bool:
     if node.op == "Mul":
         return len(node.inputs) == 2 and node.inputs[0] is node.inputs[1]
@@ -305,6 +340,7 @@ def _big(name: str, values: np.ndarray, low: LowType) -> Iterator[tuple[str, flo
 ACCURACY_RULES: tuple[Callable[[RuleContext], dict[str, str]], ...] = (
     _per_node,
     _variance_statistics,
+    _residual_stream,
     _out_of_range_constants,
     _shape_arithmetic,
     _index_arithmetic,
