@@ -223,7 +223,7 @@ def _variance_statistics(ctx: RuleContext) -> dict[str, str]:
 
 
 def _residual_stream(ctx: RuleContext) -> dict[str, str]:
-    """The Add or Sub that makes a normalization's input (through followers) stays float32: the residual stream.
+    """The Add that makes a normalization's input (through followers) stays float32: the residual stream.
 
     A normalization divides by the standard deviation, so it magnifies the absolute rounding of its input by
     1/std: a residual stream of small values (GPT-2's embeddings are ~0.02) rounded to float16 at every block comes
@@ -240,9 +240,19 @@ def _residual_stream(ctx: RuleContext) -> dict[str, str]:
     out = {}
     for tensor in starts:
         producer = _through_followers(tensor)
-        if producer is not None and producer.op in ("Add", "Sub") and ctx.float_tensors(producer):
+        if producer is not None and _is_centering(producer):  # x - mean(x) of a decomposed norm: look above it
+            producer = _through_followers(producer.inputs[0])
+        if producer is not None and producer.op == "Add" and ctx.float_tensors(producer):
             out[producer.name] = reason
     return out
+
+
+def _is_centering(node: gs.Node) -> bool:
+    """``x - ReduceMean(x)``: the first step of a decomposed normalization."""
+    if node.op != "Sub" or len(node.inputs) != 2 or not node.inputs[1].inputs:
+        return False
+    mean = node.inputs[1].inputs[0]
+    return mean.op in ("ReduceMean", "ReduceSum") and mean.inputs[0] is node.inputs[0]
 
 
 def _through_followers(tensor: gs.Tensor, limit: int = 4) -> gs.Node | None:

@@ -51,7 +51,7 @@ def build_error(model: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> s
     trt = _tensorrt_rtx()
     if trt is None:
         raise ImportError("tensorrt_rtx does not import: pip install tensorrt-rtx")
-    logger_ = _ErrorLogger.make(trt)
+    logger_ = _error_logger(trt)
     builder = trt.Builder(logger_)
     network = builder.create_network(0)  # always strongly typed: the graph's types are the engine's
     parser = trt.OnnxParser(network, logger_)
@@ -97,18 +97,16 @@ def _add_profile(trt: ModuleType, builder: Any, network: Any, config: Any, dynam
     return ""
 
 
-class _ErrorLogger:
+def _error_logger(trt: ModuleType) -> Any:
     """A TensorRT logger that keeps error messages (the builder's reason for returning None)."""
 
-    @staticmethod
-    def make(trt: ModuleType) -> Any:
-        class Logger(trt.ILogger):  # type: ignore[misc,name-defined]
-            def __init__(self) -> None:
-                trt.ILogger.__init__(self)
-                self.errors: list[str] = []
+    class Logger(trt.ILogger):  # type: ignore[name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
 
-            def log(self, severity: Any, msg: str) -> None:
-                if severity in (trt.ILogger.ERROR, trt.ILogger.INTERNAL_ERROR):
-                    self.errors.append(msg)
+        def log(self, severity: Any, msg: str) -> None:
+            if severity in (trt.ILogger.ERROR, trt.ILogger.INTERNAL_ERROR):
+                self.errors.append(msg)
 
-        return Logger()
+    return Logger()
