@@ -110,3 +110,33 @@ def _error_logger(trt: ModuleType) -> Any:
                 self.errors.append(msg)
 
     return Logger()
+
+
+class BuilderGate:
+    """Holds low-precision candidates to the real builder, when that means something: TensorRT-RTX imports and
+    builds the float32 graph (a graph with plugin nodes or ops the builder lacks is not the precision's fault).
+
+    >>> gate = BuilderGate(fp32_model, settings.dynamic)    # doctest: +SKIP
+    >>> gate.rejects(candidate)                             # None, or the builder's reason
+    """
+
+    def __init__(self, reference: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> None:
+        self.dynamic = tuple(dynamic)
+        self.enabled = False
+        self.builds = 0
+        if not rtx_available():
+            logger.info("TensorRT-RTX is not installed: candidate graphs are not checked with its builder")
+            return
+        error = build_error(reference, self.dynamic)
+        self.builds += 1
+        if error is not None:
+            logger.info("TensorRT-RTX does not build the float32 graph; candidates are not held to it: %s", error)
+            return
+        self.enabled = True
+
+    def rejects(self, model: onnx.ModelProto) -> str | None:
+        """None when the builder builds ``model`` (or the gate is off); otherwise the builder's reason."""
+        if not self.enabled:
+            return None
+        self.builds += 1
+        return build_error(model, self.dynamic)
