@@ -217,9 +217,21 @@ def _variance_statistics(ctx: RuleContext) -> dict[str, str]:
         if not _is_square(square):
             continue
         out[square.name] = out[node.name] = reason
+        last = node
         for follower in _chain(node, ("Add", "Sqrt", "Reciprocal", "Pow"), limit=3):
             out[follower.name] = reason
+            last = follower
+        # x * rsqrt(...) or x / sqrt(...): the normalized value, in float32 as LayerNormalization computes it (one
+        # rounding, of the result, instead of three: x, 1/std and their product; in Llama's RMSNorm the search
+        # found these Muls first)
+        for consumer in last.outputs[0].outputs if last is not node else ():
+            if consumer.op in ("Mul", "Div") and _reads(consumer, square.inputs[0]):
+                out.setdefault(consumer.name, "normalization: x / std in float32, as LayerNormalization computes it")
     return out
+
+
+def _reads(node: gs.Node, tensor: gs.Tensor) -> bool:
+    return any(t is tensor for t in node.inputs)
 
 
 def _residual_stream(ctx: RuleContext) -> dict[str, str]:

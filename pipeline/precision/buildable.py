@@ -21,6 +21,7 @@ from typing import Any
 
 import onnx
 
+from converters.errors import BuildError
 from converters.settings import DynamicDim
 from passes.model_io.external_data import base_dir_of
 
@@ -46,11 +47,11 @@ def build_error(model: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> s
     """None when TensorRT-RTX parses and builds ``model``; otherwise the parser's per-node errors or the builder's
     error text. ``dynamic`` gives each symbolic input dimension its (min, opt, max) for the optimization profile.
 
-    Raises ImportError when ``tensorrt_rtx`` does not import: check :func:`rtx_available` first.
+    Raises BuildError when ``tensorrt_rtx`` does not import: check :func:`rtx_available` first.
     """
     trt = _tensorrt_rtx()
     if trt is None:
-        raise ImportError("tensorrt_rtx does not import: pip install tensorrt-rtx")
+        raise BuildError("TensorRT-RTX does not import", fix="pip install 'tensorrt-rtx==1.7.1.116'")
     logger_ = _error_logger(trt)
     builder = trt.Builder(logger_)
     network = builder.create_network(0)  # always strongly typed: the graph's types are the engine's

@@ -59,3 +59,19 @@ def test_the_gate_is_off_when_the_builder_rejects_the_float32_graph_too() -> Non
     assert error is not None and "'det' (Det)" in error  # the parser's per-node error, with the node
     gate = BuilderGate(_det_model())
     assert not gate.enabled and gate.rejects(_det_model()) is None  # not the precision's fault: nothing to hold
+
+
+def test_symbolic_dims_build_with_their_declared_profile() -> None:
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    error = rtx_build_error(model)
+    assert error is not None and "'x' axis 0 is dynamic but has no declared range" in error
+    dims = pipeline.Settings(dynamic={"x": {0: ("batch", 1, 4, 8)}}).dynamic
+    assert rtx_build_error(model, dims) is None
