@@ -2,8 +2,9 @@
 
 Each rule is pure: it looks at the graph and returns ``{node name: reason}``. Type rules (TensorRT's parser, the ONNX
 schema, custom ops, control flow) always apply: breaking them makes a graph TensorRT or ONNX rejects. Accuracy
-rules (normalization statistics, large reductions, Exp/Pow/Log in fp16, cumulative sums, shape and index
-arithmetic, random generators, constants beyond the half type's range) apply unless ``precision_rules=False``.
+rules (normalization statistics and the normalized value, the residual stream a normalization reads, large
+reductions, Exp/Pow/Log in fp16, cumulative sums, shape and index arithmetic, random generators, constants beyond the
+half type's range) apply unless ``precision_rules=False``.
 """
 
 from __future__ import annotations
