@@ -127,9 +127,11 @@ class TensorRTExecutor:
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """The serialized engine."""
         return self._engine_bytes
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the engine on CUDA tensors; the outputs in graph order."""
         outputs = self._runner.run(dict(zip(self.input_names, inputs, strict=True)))
         return [outputs[name] for name in self.output_names]
 
@@ -170,9 +172,11 @@ class EngineOnOnnxRuntime:
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """The engine that was built (saved with the artifact), though it does not run here."""
         return self._engine_bytes
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the same final graph on ONNX Runtime."""
         return self.onnxruntime.run(inputs)
 
     def polygraphy_runner(self, name: str) -> Any:
