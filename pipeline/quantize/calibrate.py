@@ -115,22 +115,29 @@ def _entropy_bin(histogram: np.ndarray) -> int:
 
 
 def _divergence(reference: np.ndarray, kept: np.ndarray) -> float:
-    """KL(reference || kept reduced to ENTROPY_LEVELS bins and expanded back over its non-empty bins)."""
-    groups = np.array_split(np.arange(len(kept)), ENTROPY_LEVELS)
+    """KL(reference || kept reduced to ENTROPY_LEVELS bins and expanded back over the reference's non-empty bins).
+
+    Both are smoothed (a small mass moved to empty bins) so that a clipped bin the reduced histogram misses costs a
+    large but finite divergence, as in the published entropy calibration."""
+    present = reference > 0
     expanded = np.zeros_like(kept)
-    for group in groups:
-        nonzero = kept[group] > 0
+    for group in np.array_split(np.arange(len(kept)), ENTROPY_LEVELS):
+        nonzero = present[group]
         if nonzero.any():
             expanded[group[nonzero]] = kept[group].sum() / nonzero.sum()
-    p = reference / reference.sum()
-    q_total = expanded.sum()
-    if q_total == 0:
+    if expanded.sum() == 0:
         return np.inf
-    q = expanded / q_total
+    p, q = _smoothed(reference / reference.sum()), _smoothed(expanded / expanded.sum())
     mask = p > 0
-    if np.any(q[mask] == 0):
-        return np.inf
-    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+    return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
+
+
+def _smoothed(distribution: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    zeros = distribution == 0
+    nonzeros = int((~zeros).sum())
+    if nonzeros == 0:
+        return distribution
+    return distribution + eps * zeros - eps * zeros.sum() / nonzeros * ~zeros
 
 
 def _mse_amax(histogram: np.ndarray, peak: float, fmt: QuantFormat) -> float:
