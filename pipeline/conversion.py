@@ -109,7 +109,11 @@ def convert(
             sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
             feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), io)
             runner = executor.polygraphy_runner(choice.name)
-            checked = quantized_validation_settings(config) if is_quantized(config) else validation_settings(config)
+            checked = (
+                quantized_validation_settings(config, quantization)
+                if is_quantized(config)
+                else validation_settings(config)
+            )
             accuracy = validate(model, exported.io, runner, feeds, checked, backend_io=io)
     report = ConversionReport(
         backend=choice.name,

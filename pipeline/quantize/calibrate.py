@@ -75,8 +75,10 @@ def calibrate(
 
     def fill(name: str, _: int, value: np.ndarray) -> None:
         if peaks[name] > 0:
-            finite = np.abs(value[np.isfinite(value)]).astype(np.float64)
-            histograms[name] += np.histogram(finite, bins=BINS, range=(0.0, peaks[name]))[0]
+            # exact zeros (after a ReLU, padding, blank pixels) are exact under every scale: they say nothing about
+            # the threshold, and counted they would dominate the first bin of every histogram
+            magnitudes = np.abs(value[np.isfinite(value) & (value != 0)]).astype(np.float64)
+            histograms[name] += np.histogram(magnitudes, bins=BINS, range=(0.0, peaks[name]))[0]
 
     observe(model, feeds, names, fill, providers)
     return {name: amax_from_histogram(histograms[name], peaks[name], fmt, method, percentile) for name in names}

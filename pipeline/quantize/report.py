@@ -38,6 +38,7 @@ class QuantizationReport:
     relative_error: float  # ||got - PyTorch|| / ||PyTorch|| over the calibration inputs, worst output
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    tolerances: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # output -> (atol, rtol)
 
     @property
     def share(self) -> float:
@@ -62,6 +63,7 @@ class QuantizationReport:
         values["skipped"] = tuple(Skipped(**s) for s in values["skipped"])
         values["notes"] = tuple(values.get("notes", ()))
         values["warnings"] = tuple(values.get("warnings", ()))
+        values["tolerances"] = {k: (float(a), float(r)) for k, (a, r) in values.get("tolerances", {}).items()}
         return cls(**values)
 
     def summary_lines(self, limit: int = 8) -> list[str]:

@@ -1,0 +1,76 @@
+"""Shared by the quantization tests: the real TensorRT-RTX parser and builder on a quantized graph, and a small CNN
+trained on scikit-learn's digits (1,797 8x8 images, shipped with scikit-learn) in a few seconds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+
+def build_with_tensorrt_rtx(model: onnx.ModelProto, sm89: bool = False) -> int:
+    """Parse and build ``model`` with TensorRT-RTX on this CPU (ahead of time); the plan's size in bytes.
+    ``sm89`` targets compute capability 8.9 only, as FP8 needs (the default targets include 8.0 and 8.6)."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(model.SerializeToString()):
+        errors = [f"{parser.get_error(i).node_name()}: {parser.get_error(i).desc()}" for i in range(parser.num_errors)]
+        raise AssertionError(f"TensorRT-RTX's parser rejected the graph: {errors}")
+    config = builder.create_builder_config()
+    if sm89:
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(trt.ComputeCapability.SM89, 0)
+    plan = builder.build_serialized_network(network, config)
+    assert plan is not None, "TensorRT-RTX's builder failed (see its log)"
+    return int(plan.nbytes)
+
+
+class DigitsCNN(nn.Module):
+    """Two convolutions, pooling and a linear head: 8x8 grey digits -> 10 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+        )
+        self.head = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Train and test splits (80/20, fixed seed), pixels scaled to [0, 1]."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    data = datasets.load_digits()
+    images = torch.tensor(data.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    labels = torch.tensor(data.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    images, labels = images[order], labels[order]
+    split = int(0.8 * len(labels))
+    return images[:split], labels[:split], images[split:], labels[split:]
+
+
+def trained_digits_cnn(x: torch.Tensor, y: torch.Tensor, epochs: int = 6) -> DigitsCNN:
+    """Adam on minibatches of 128: about 97% test accuracy in a few seconds on a CPU."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
+    model = DigitsCNN()
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(epochs):
+        for index in torch.randperm(len(y)).split(128):
+            optimiser.zero_grad()
+            nn.functional.cross_entropy(model(x[index]), y[index]).backward()
+            optimiser.step()
+    torch.set_num_threads(threads)
+    return model.eval()
+
+
+def accuracy(logits: torch.Tensor | np.ndarray, labels: torch.Tensor) -> float:
+    return float((torch.as_tensor(logits).argmax(dim=1) == labels).float().mean())
