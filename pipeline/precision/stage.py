@@ -37,8 +37,8 @@ from pipeline.precision.emulation import emulate_low_precision, has_low_precisio
 from pipeline.precision.measure import measured_islands, session_feed
 from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSummary, judge_share
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
-from pipeline.quantize.emulation import emulate_fp8, has_fp8
 from pipeline.precision.share import ComputeShare, compute_share
+from pipeline.quantize.emulation import emulate_fp8, has_fp8
 from pipeline.validate import Feed, TorchRunner, validation_feeds
 
 logger = logging.getLogger(__name__)
