@@ -22,6 +22,14 @@ def build_with_tensorrt_rtx(model: onnx.ModelProto, sm89: bool = False) -> int:
         errors = [f"{parser.get_error(i).node_name()}: {parser.get_error(i).desc()}" for i in range(parser.num_errors)]
         raise AssertionError(f"TensorRT-RTX's parser rejected the graph: {errors}")
     config = builder.create_builder_config()
+    dynamic = [network.get_input(i) for i in range(network.num_inputs) if -1 in tuple(network.get_input(i).shape)]
+    if dynamic:  # every dynamic dimension from 1 to 8
+        profile = builder.create_optimization_profile()
+        for tensor in dynamic:
+            shape = tuple(tensor.shape)
+            low, high = tuple(1 if d == -1 else d for d in shape), tuple(8 if d == -1 else d for d in shape)
+            profile.set_shape(tensor.name, low, high, high)
+        config.add_optimization_profile(profile)
     if sm89:
         config.num_compute_capabilities = 1
         config.set_compute_capability(trt.ComputeCapability.SM89, 0)

@@ -49,9 +49,10 @@ QUANTIZED_PRECISIONS = tuple(FORMATS)
 QUANT_OPSET = 21
 #: Validation of a quantized graph's float outputs (unless the user gives ``tolerances`` for the output or for
 #: "float32"): atol is this fraction of the output's largest |value| in PyTorch fp32 on the calibration inputs, rtol
-#: the same fraction. 8-bit activations carry ~0.5-2% error of their range per layer, which adds up over a network;
-#: element-wise agreement tighter than this is not what 8 bits promise (judge accuracy on your task's metric).
-QUANT_TOLERANCE_FRACTION = 0.1
+#: the same fraction: a coarse check that catches broken graphs (wrong scales, a mis-fused Q/DQ: 50% errors), not a
+#: measure of accuracy. 8-bit activations carry ~0.5-2% error of their range per layer, more on inputs unlike the
+#: calibration data (validation inputs are random, drawn like the sample); judge accuracy on your task's metric.
+QUANT_TOLERANCE_FRACTION = 0.2
 
 
 def is_quantized(settings: Settings) -> bool:
@@ -108,10 +109,15 @@ def quantize_precision(
     records: list[PassRecord] = []
     precision = None
     base = fp32_model
+    references = torch_references(model, exported.io, feeds)
+    tolerances = output_tolerances(references)
     if settings.quantize_fallback == "fp16":
-        # the accuracy search aims at the fp16 tolerance, which the 8-bit error dominates: rules and measured
-        # overflow islands only
-        half = dataclasses.replace(settings, precision="fp16", precision_search=False)
+        # the float16 part is judged by the quantized graph's tolerance (the 8-bit error dominates the fp16 one);
+        # islands come from the rules and measured overflow, not from an accuracy search
+        judged = {name: Tolerance(*pair) for name, pair in tolerances.items()}
+        half = dataclasses.replace(
+            settings, precision="fp16", precision_search=False, tolerances={**judged, **settings.tolerances}
+        )
         base, records, precision = convert_precision(fp32_model, exported, model, sample, calibration, half, passes)
     start = time.perf_counter()
     fp32_targets, _ = plan_targets(to_graph(fp32_model)[0], settings.keep_fp32)
@@ -133,10 +139,9 @@ def quantize_precision(
     final = to_model(graph, base, {**exported.node_metadata, **metadata})
     _check_valid(final, fmt)
     records.append(PassRecord("quantize", 0, time.perf_counter() - start, before, len(final.graph.node), True))
-    references = torch_references(model, exported.io, feeds)
     error = _relative_error(final, settings, feeds, references)
     report = _report(fp32_model, final, settings, fmt, method, done, skipped, len(feeds), error)
-    report = dataclasses.replace(report, tolerances=output_tolerances(references))
+    report = dataclasses.replace(report, tolerances=tolerances)
     return final, records, precision, judge_quantized_share(report, settings)
 
 
