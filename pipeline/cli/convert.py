@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from converters.errors import InputError
-from pipeline.cli.common import add_model_arguments, dynamic_dims, load_spec, random_inputs
+from pipeline.cli.common import add_model_arguments, call_factory, dynamic_dims, load_spec, random_inputs
 
 ARTIFACT_NAME = "model.ptrt"
 
@@ -21,7 +23,18 @@ def add_convert_command(commands: Any) -> None:
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
     convert.add_argument(
-        "--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute type of the graph (fp32 islands)"
+        "--precision",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16", "int8", "fp8"],
+        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
+    )
+    convert.add_argument(
+        "--calibration",
+        metavar="FILE.pt|FILE.py:FACTORY",
+        help="calibration samples for fp16/int8/fp8: a torch.save'd list of samples, or a factory returning them",
+    )
+    convert.add_argument(
+        "--calibration-method", default="auto", choices=["auto", "max", "percentile", "entropy", "mse"]
     )
     convert.add_argument(
         "--keep-fp32",
@@ -54,6 +67,8 @@ def _convert(args: argparse.Namespace) -> int:
         dynamic=dynamic_dims(args.dynamic),
         precision=args.precision,
         keep_fp32=tuple(args.keep_fp32),
+        calibration=_calibration(args.calibration),
+        calibration_method=args.calibration_method,
     )
     out: Path = args.output
     artifact = module.save(out / ARTIFACT_NAME)
@@ -62,3 +77,22 @@ def _convert(args: argparse.Namespace) -> int:
     print(module.report.summary())
     print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
     return 0
+
+
+def _calibration(spec: str | None) -> list[Any] | None:
+    """``--calibration``: a ``.pt`` file holding a list of samples, or ``file.py:factory`` returning an iterable."""
+    if spec is None:
+        return None
+    if spec.endswith(".pt"):
+        path = Path(spec)
+        if not path.is_file():
+            raise InputError(f"--calibration {spec}: no such file", fix="give a file written by torch.save([...])")
+        samples = torch.load(path, weights_only=True)
+    else:
+        samples = call_factory(spec)
+    if isinstance(samples, torch.Tensor) or not hasattr(samples, "__iter__"):
+        raise InputError(
+            f"--calibration {spec} gave {type(samples).__name__}, not a list of samples",
+            fix="save or return a list of samples, each like the model's sample (a tensor, a tuple, or (args, kwargs))",
+        )
+    return list(samples)
