@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 
@@ -82,3 +83,30 @@ def trained_digits_cnn(x: torch.Tensor, y: torch.Tensor, epochs: int = 6) -> Dig
 
 def accuracy(logits: torch.Tensor | np.ndarray, labels: torch.Tensor) -> float:
     return float((torch.as_tensor(logits).argmax(dim=1) == labels).float().mean())
+
+
+def conv_gemm_model(opset: int = 21) -> onnx.ModelProto:
+    """x -> Conv -> Relu -> Flatten -> Gemm(transB=1) -> y, and a second Gemm reading the same Flatten output."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 2, 3, 3)).astype(np.float32) * np.array([1, 0.1, 3, 0.01], np.float32)[:, None, None, None]
+    b = rng.normal(size=4).astype(np.float32)
+    g = rng.normal(size=(5, 4 * 4 * 4)).astype(np.float32)
+    h = rng.normal(size=(4 * 4 * 4, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "g"], ["y"], name="gemm", transB=1),
+        helper.make_node("MatMul", ["f", "h"], ["z"], name="matmul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 4, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3]),
+        ],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (g, "g"), (h, "h"))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -10,6 +10,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from quantize_support import conv_gemm_model
 
 from converters.errors import ConversionError
 from passes.quantize.formats import FORMATS
@@ -20,33 +21,6 @@ from passes.quantize.placement import plan_targets
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feed)
-
-
-def conv_gemm_model(opset: int = 21) -> onnx.ModelProto:
-    """x -> Conv -> Relu -> Flatten -> Gemm(transB=1) -> y, and a second Gemm reading the same Flatten output."""
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=(4, 2, 3, 3)).astype(np.float32) * np.array([1, 0.1, 3, 0.01], np.float32)[:, None, None, None]
-    b = rng.normal(size=4).astype(np.float32)
-    g = rng.normal(size=(5, 4 * 4 * 4)).astype(np.float32)
-    h = rng.normal(size=(4 * 4 * 4, 3)).astype(np.float32)
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "g"], ["y"], name="gemm", transB=1),
-        helper.make_node("MatMul", ["f", "h"], ["z"], name="matmul"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 4, 4])],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5]),
-            helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3]),
-        ],
-        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (g, "g"), (h, "h"))],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def reference(x: np.ndarray, model: onnx.ModelProto, fmt_name: str, amax: dict[str, float]) -> list[np.ndarray]:
