@@ -13,10 +13,11 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
-from converters.plugins.spec import PluginSpec, register_plugin
+from converters.plugins.spec import PluginSpec
 from converters.registry import ConverterEntry, ConverterRegistry, Priority
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 from converters.targets import OpKey
+from converters.user import register, register_plugin, user_registry
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -40,5 +41,7 @@ __all__ = [
     "collect_cases",
     "converter_case",
     "default_registry",
+    "register",
     "register_plugin",
+    "user_registry",
 ]

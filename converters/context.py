@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import ConversionError
+from converters.plugins.nodes import PLUGIN_DOMAIN, plugin_node_attributes
 from converters.settings import Settings
 from converters.targets import OpKey
 
@@ -48,6 +49,8 @@ class ConverterContext:
         key: OpKey,
         settings: Settings,
         torch_op: torch._ops.OpOverload | None = None,
+        *,
+        names: set[str] | None = None,
     ) -> None:
         self.graph = graph
         self.node = node
@@ -55,7 +58,9 @@ class ConverterContext:
         self.settings = settings
         self.torch_op = torch_op
         self.created: list[gs.Node] = []
-        self._names = {t for t in graph.tensors()} | {n.name for n in graph.nodes}
+        # ``names``: the graph's node and tensor names, shared by the caller across many nodes (one pass over the
+        # graph instead of one per node); fresh names are added to it.
+        self._names = names if names is not None else {t for t in graph.tensors()} | {n.name for n in graph.nodes}
         self._tensor_args = _tensor_argument_names(torch_op) if torch_op is not None else []
         self.inputs: list[gs.Tensor | None] = [None if _omitted(t) else t for t in node.inputs]
         if torch_op is not None:
@@ -65,22 +70,27 @@ class ConverterContext:
 
     @property
     def name(self) -> str:
+        """The replaced node's name: every node and tensor the converter makes is named after it."""
         return str(self.node.name)
 
     @property
     def opset(self) -> int:
+        """The graph's default-domain opset."""
         return int(self.graph.opset)
 
     @property
     def input_dtypes(self) -> list[np.dtype | None]:
+        """The numpy dtype of each input, None where unknown or omitted."""
         return [None if t is None else _dtype_of(t) for t in self.inputs]
 
     @property
     def input_shapes(self) -> list[tuple[int | str, ...] | None]:
+        """The shape of each input: ints for static dims, strings for symbolic ones; None where unknown."""
         return [None if t is None or t.shape is None else tuple(t.shape) for t in self.inputs]
 
     @property
     def is_dynamic(self) -> bool:
+        """Does any input have a symbolic or unknown dimension?"""
         return any(isinstance(d, str) or d is None for s in self.input_shapes if s is not None for d in s)
 
     def input(self, name: str) -> gs.Tensor | None:
@@ -101,15 +111,30 @@ class ConverterContext:
         return gs.Constant(self.fresh_name(name), np.ascontiguousarray(array))
 
     def fresh_name(self, hint: str) -> str:
+        """A name for a new node or tensor, unique in the graph and named after the replaced node."""
         return unique_name(f"{self.name}/{hint}", self._names)
 
+    def typed(self, dtype: Any) -> Any:
+        """The ``ctx.op`` builder whose outputs record ``dtype``: ``ctx.typed(np.int64).Mod(x, k, fmod=0)``.
+
+        For rewrites inside the pass list, whose later passes read the dtypes of intermediate tensors (``dtype`` is
+        not a keyword of ``ctx.op`` itself: EyeLike and the Random ops have a ``dtype`` attribute)."""
+        return _OpBuilder(self, None if dtype is None else np.dtype(dtype))
+
     def make_node(
-        self, op_type: str, inputs: Sequence[TensorLike | None], attrs: dict[str, Any], outputs: int, domain: str = ""
+        self,
+        op_type: str,
+        inputs: Sequence[TensorLike | None],
+        attrs: dict[str, Any],
+        outputs: int,
+        domain: str = "",
+        dtype: np.dtype | None = None,
     ) -> list[gs.Variable]:
+        """Add an ``op_type`` node reading ``inputs`` (numbers become constants) and return its output tensors."""
         node_name = self.fresh_name(op_type)
         # an omitted optional input: a fresh empty tensor each time (a shared one would collect every consumer)
         tensors = [gs.Variable.empty() if t is None else self._as_tensor(t) for t in inputs]
-        outs = [gs.Variable(self.fresh_name(f"{op_type}_out{i}")) for i in range(outputs)]
+        outs = [gs.Variable(self.fresh_name(f"{op_type}_out{i}"), dtype=dtype) for i in range(outputs)]
         node = gs.Node(op_type, node_name, attrs=attrs, inputs=tensors, outputs=outs, domain=domain or None)
         self.graph.nodes.append(node)
         self.created.append(node)
@@ -126,11 +151,9 @@ class ConverterContext:
         outputs: int = 1,
     ) -> Any:
         """A plugin node (README, "Plugins"): TensorRT's parser imports it as plugin ``namespace::name``, and ONNX
-        Runtime runs it when a CPU reference for ``name`` is registered (``converters.register_plugin`` does both).
+        Runtime runs it when a CPU reference for ``name`` is registered (``register_plugin`` does both).
         Returns its output (a list for several). ``attrs``: bool, int (int32), float, str, lists of them (written
         as JSON strings, which both runtimes read) and numpy arrays (native INTS/FLOATS, TensorRT only)."""
-        from converters.plugins.spec import PLUGIN_DOMAIN, plugin_node_attributes
-
         if not name or "." in name:
             raise ConversionError(f"invalid plugin name {name!r}", node=self.name, fix="a plugin name has no '.'")
         node_attrs = plugin_node_attributes(attrs or {}, namespace=namespace, version=version)
@@ -152,15 +175,16 @@ class ConverterContext:
 class _OpBuilder:
     """``ctx.op.Add(a, b)``, ``ctx.op.Split(x, axis=1, outputs=2)``, ``ctx.op.Custom(x, domain="trt")``."""
 
-    def __init__(self, ctx: ConverterContext) -> None:
+    def __init__(self, ctx: ConverterContext, dtype: np.dtype | None = None) -> None:
         self._ctx = ctx
+        self._dtype = dtype
 
     def __getattr__(self, op_type: str) -> Any:
         if op_type.startswith("_"):
             raise AttributeError(op_type)
 
         def build(*inputs: TensorLike | None, outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
-            outs = self._ctx.make_node(op_type, inputs, attrs, outputs, domain)
+            outs = self._ctx.make_node(op_type, inputs, attrs, outputs, domain, self._dtype)
             return outs[0] if outputs == 1 else outs
 
         return build

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from converters.registry import ConverterRegistry
+from converters.user import user_registry
 
 
 def default_registry() -> ConverterRegistry:
-    """A new registry holding the built-in converters. ``pipeline.convert`` uses it unless given another.
+    """A new registry holding what the user registered with ``@converters.register`` / ``converters.register_plugin``
+    so far (tried first at equal priority), then the built-in converters. ``pipeline.convert`` uses it unless given
+    another.
 
-    Built-in converters register here, one explicit call each; users copy it (``default_registry()``) and add
-    their own, or start from an empty ``ConverterRegistry()``.
+    Built-in converters register here, one explicit call each; users add theirs to the user registry, or to a copy
+    of this one (``default_registry()``), or start from an empty ``ConverterRegistry()``.
     """
-    registry = ConverterRegistry()
     from converters.builtin import register_builtin_converters
 
+    registry = ConverterRegistry()
+    registry.include(user_registry())
     register_builtin_converters(registry)
     return registry

@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 from converters.errors import InputError
 
-Backend = Literal["auto", "onnxruntime", "tensorrt"]
-BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt")
+Backend = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
+BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt", "tensorrt-rtx")
+CheckParser = Literal["auto", "tensorrt", "tensorrt-rtx", "static"]
+CHECK_PARSERS: tuple[str, ...] = ("auto", "tensorrt", "tensorrt-rtx", "static")
 HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
 HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
@@ -148,11 +150,20 @@ class Settings:
     trt_version_compatible: bool = option("tensorrt", False, engine=True)
     trt_hardware_compatibility: HardwareCompatibility = option("tensorrt", "none", engine=True)
     trt_engine_cache: bool = option("tensorrt", True)
+    # TensorRT-RTX (backend="tensorrt-rtx"): the GPU compute capabilities the engine targets, e.g. ("8.9",) or
+    # ("8.6", "12.0"); () is TensorRT-RTX's portable default (8.0, 8.6, 8.9, 12.0 and later). With
+    # require_engine_runtime, an engine that cannot run here (no CUDA, unsupported GPU) is an error instead of
+    # running the same final graph on ONNX Runtime.
+    trt_compute_capabilities: tuple[str, ...] = option("tensorrt", (), engine=True)
+    require_engine_runtime: bool = option("backend", False)
     # Run ONNX Runtime on the sample after every pass that changes the graph; the first pass that moves the
     # outputs beyond tolerance (vs the exported graph) is named in a ConversionError.
     debug_passes: bool = option("passes", False)
     # The TensorRT version the static parser check targets; None: the installed one, else 11.1 (the matrix's).
     trt_check_version: str | None = option("check", None)
+    # Which parser judges the final graph: "auto" is the real parser of an importable TensorRT, else of TensorRT-RTX,
+    # else the static table; "static" never imports TensorRT (pipeline.check.judge).
+    check_parser: CheckParser = option("check", "auto")
     cache_dir: str = option("tensorrt", default_factory=_default_cache_dir)
     # Precision (README "Precision"): "fp16"/"bf16" rewrite the graph to that type, graph inputs and outputs keep
     # theirs. float32 islands come from rules (precision_rules), keep_fp32 (node names, op types or PyTorch module
@@ -189,6 +200,10 @@ class Settings:
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:
             raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
+        if self.check_parser not in CHECK_PARSERS:
+            raise InputError(
+                f"unknown check_parser {self.check_parser!r}", fix=f"use one of {', '.join(map(repr, CHECK_PARSERS))}"
+            )
         if self.trt_hardware_compatibility not in HARDWARE_COMPATIBILITY:
             raise InputError(
                 f"unknown trt_hardware_compatibility {self.trt_hardware_compatibility!r}",

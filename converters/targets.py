@@ -31,10 +31,12 @@ class OpKey:
 
     @property
     def is_standard(self) -> bool:
+        """Is this an op of the standard ONNX domains?"""
         return self.domain in ONNX_DOMAINS
 
 
 def node_key(domain: str | None, op_type: str) -> OpKey:
+    """The key a graph node of ``domain``/``op_type`` is looked up by (standard domains spelled "")."""
     return OpKey("" if domain in (None, *ONNX_DOMAINS) else str(domain), op_type)
 
 

@@ -1,4 +1,5 @@
-"""ONNX graph passes: the pass API, the pass manager and the built-in passes."""
+"""ONNX graph passes: the pass API, the pass manager, the rewrite-rule API (:mod:`passes.rules`) and the built-in
+passes."""
 
 from passes.base import GraphPass, PassManager, PassRecord, PassResult, insert_passes
 from passes.cleanup.graph import RemoveDeadNodes, RemoveIdentities, TopologicalSort
@@ -18,6 +19,7 @@ from passes.parser_fixes import (
     ReduceAxesToInitializers,
     parser_fix_passes,
 )
+from passes.rules import Facts, RewriteContext, RewriteRule, RulePass, explain
 
 __all__ = [
     "AffineGridToMatMul",
@@ -26,6 +28,7 @@ __all__ = [
     "Col2ImToGather",
     "CompressToGather",
     "DftToMatMul",
+    "Facts",
     "FoldConstants",
     "GraphPass",
     "LowerCustomOps",
@@ -38,8 +41,12 @@ __all__ = [
     "RemoveDeadNodes",
     "RemoveIdentityElements",
     "RemoveIdentities",
+    "RewriteContext",
+    "RewriteRule",
+    "RulePass",
     "TopologicalSort",
     "default_passes",
+    "explain",
     "insert_passes",
     "module_path",
     "parser_fix_passes",

@@ -90,6 +90,8 @@ class PassManager:
 
     @gc_paused()  # see passes.model_io.gc_pause: the collector walks every node again and again, freeing nothing
     def run(self, graph: gs.Graph, settings: Settings) -> tuple[gs.Graph, list[PassRecord]]:
+        """Run the passes in order, repeated until a round changes nothing (at most ``max_iterations`` rounds);
+        return the graph and one record per pass run."""
         records: list[PassRecord] = []
         settled: set[int] = set()  # passes that left the graph as it is now
         for iteration in range(self.max_iterations):

@@ -2,7 +2,8 @@
 
 A rule is pattern + check + rewrite (as in onnxscript's rewriter). ``check`` is pure and returns the reason a
 candidate was rejected (``None`` accepts), so "why didn't my rule match here?" has an answer:
-``rule.explain(graph, node_name)``. Matching is deterministic (nodes in topological order, rules in list order).
+``rule.explain(graph, node_name)``. Matching is deterministic (nodes in graph order, rules in tuple order). A
+pattern rule is one kind of :class:`passes.rules.RewriteRule`, run by :class:`passes.rules.RulePass`.
 We do not build on graph-surgeon's GraphPattern: upstream reports false positives in 0.5.9 and duplicated nodes
 in 0.6.1.
 
@@ -12,7 +13,7 @@ in 0.6.1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from converters.context import ConverterContext
-from converters.errors import ConversionError
-from converters.settings import Settings
-from converters.targets import node_key
-from passes.base import PassResult
-from passes.rewiring import replace_outputs
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 
 @dataclass(frozen=True)
@@ -90,86 +87,42 @@ class Bindings(dict[str, Any]):
 
 
 class NoMatch(Exception):
-    """Why a candidate did not match (the message is the reason)."""
+    """Why a candidate did not match (the message is the reason); the matcher's internal signal."""
 
 
-Check = Callable[[Bindings, gs.Graph], str | None]
-Rewrite = Callable[[Bindings, ConverterContext], gs.Tensor | Sequence[gs.Tensor]]
+Where = Callable[[Bindings, gs.Graph], str | None]
+Build = Callable[[Bindings, ConverterContext], gs.Tensor | Sequence[gs.Tensor]]
 
 
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    pattern: Op
-    rewrite: Rewrite
-    check: Check | None = None
+class Rule(RewriteRule[Bindings]):
+    """A pattern rule: ``pattern`` (an :class:`Op` tree) is matched at each node of its root op type; ``check``
+    (optional, pure) returns the reason it rejects a match; ``rewrite(bindings, ctx)`` builds the replacement with
+    ``ctx.op``. It is a :class:`~passes.rules.RewriteRule`: run it with ``RulePass(name, (rule, ...))``."""
 
-    def match(self, node: gs.Node, graph: gs.Graph) -> Bindings:
-        """Bindings for ``node`` as this rule's root, or NoMatch with the reason."""
-        bindings = Bindings()
-        _match_op(self.pattern, node, bindings, root=True)
-        reason = self.check(bindings, graph) if self.check else None
-        if reason:
-            raise NoMatch(f"check rejected it: {reason}")
-        return bindings
-
-    def explain(self, graph: gs.Graph, node_name: str) -> str:
-        """Trace mode: why this rule does (or does not) match the node named ``node_name``."""
-        node = next((n for n in graph.nodes if n.name == node_name), None)
-        if node is None:
-            return f"no node named {node_name!r}"
-        try:
-            self.match(node, graph)
-        except NoMatch as exc:
-            return f"rule {self.name!r} does not match {node_name!r}: {exc}"
-        return f"rule {self.name!r} matches {node_name!r}"
-
-
-class RewriteRules:
-    """A pass applying an explicit tuple of rules, each match replaced by its rewrite, until none matches."""
-
-    def __init__(self, rules: Sequence[Rule], name: str = "rewrite_rules", max_rewrites: int = 100_000) -> None:
-        self.rules = tuple(rules)
+    def __init__(self, name: str, pattern: Op, rewrite: Build, check: Where | None = None) -> None:
         self.name = name
-        self.max_rewrites = max_rewrites
+        self.pattern = pattern
+        self.ops = frozenset((pattern.op,) if isinstance(pattern.op, str) else pattern.op)
+        self._build = rewrite
+        self._where = check
 
-    def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
-        count = 0
-        while (found := next(self._matches(graph), None)) is not None:
-            rule, node, bindings = found
-            _apply(rule, node, bindings, graph, settings)
-            graph.cleanup(remove_unused_graph_inputs=False).toposort()
-            count += 1
-            if count >= self.max_rewrites:
-                raise ConversionError(
-                    f"{self.name}: {count} rewrites and still matching; a rule may rewrite into its own pattern",
-                    fix="make each rewrite produce something its pattern does not match",
-                )
-        return PassResult(graph, count > 0)
+    def looks_at(self, node: gs.Node) -> bool:
+        """The root op type and domain of the pattern."""
+        return node.op in self.ops and (node.domain or "") == self.pattern.domain
 
-    def _matches(self, graph: gs.Graph) -> Iterator[tuple[Rule, gs.Node, Bindings]]:
-        graph.toposort()
-        for node in list(graph.nodes):
-            for rule in self.rules:
-                try:
-                    yield rule, node, rule.match(node, graph)
-                except NoMatch:
-                    continue
+    def check(self, node: gs.Node, facts: Facts) -> Bindings | str:
+        """Bindings for ``node`` as the pattern's root, or why the pattern (or the rule's check) rejects it."""
+        bindings = Bindings()
+        try:
+            _match_op(self.pattern, node, bindings, root=True)
+        except NoMatch as exc:
+            return str(exc)
+        reason = self._where(bindings, facts.graph) if self._where else None
+        return f"check rejected it: {reason}" if reason else bindings
 
-
-def _apply(rule: Rule, node: gs.Node, bindings: Bindings, graph: gs.Graph, settings: Settings) -> None:
-    ctx = ConverterContext(graph, node, node_key(node.domain, node.op), settings)
-    result = rule.rewrite(bindings, ctx)
-    outputs = [result] if isinstance(result, gs.Tensor) else list(result)
-    if len(outputs) != len(node.outputs):
-        raise ConversionError(
-            f"rule {rule.name!r} returned {len(outputs)} tensor(s) for a node with {len(node.outputs)} output(s)",
-            node=node.name,
-            fix="return one tensor per output of the pattern's root node",
-        )
-    for created in ctx.created:
-        created.metadata = getattr(node, "metadata", {})
-    replace_outputs(graph, node, outputs, ctx)
+    def rewrite(self, plan: Bindings, ctx: RewriteContext) -> gs.Tensor | Sequence[gs.Tensor]:
+        """The replacement built by the rule's rewrite function."""
+        return self._build(plan, ctx)
 
 
 def _match_op(pattern: Op, node: gs.Node, bindings: Bindings, *, root: bool = False) -> None:

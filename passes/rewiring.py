@@ -1,4 +1,9 @@
-"""Putting a replacement in place of a node: consumers rewired, names and types kept."""
+"""Rewiring, the one way every rewrite puts something in place of a node: consumers read the replacement, graph
+outputs keep their names and types.
+
+:func:`redirect_consumers` points the consumers of one tensor at another (a bypass: ``x + 0`` read as ``x``);
+:func:`replace_outputs` puts the tensors a converter or a rule built in place of a node's outputs.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,21 @@ from collections.abc import Sequence
 import onnx_graphsurgeon as gs
 
 from converters.context import ConverterContext
+
+
+def redirect_consumers(old: gs.Tensor, new: gs.Tensor) -> bool:
+    """Every node that reads ``old`` reads ``new`` instead (graph outputs are not touched); False if none read it.
+
+    Tensors are compared by identity: graph-surgeon's ``==`` compares names, and its synchronised lists take item,
+    not slice, assignment.
+    """
+    moved = False
+    for consumer in list(old.outputs):
+        for index, tensor in enumerate(consumer.inputs):
+            if tensor is old:
+                consumer.inputs[index] = new
+                moved = True
+    return moved
 
 
 def replace_outputs(graph: gs.Graph, node: gs.Node, outputs: Sequence[gs.Tensor], ctx: ConverterContext) -> None:
@@ -19,10 +39,7 @@ def replace_outputs(graph: gs.Graph, node: gs.Node, outputs: Sequence[gs.Tensor]
 
 def _rewire(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor, ctx: ConverterContext) -> None:
     """Consumers of ``old`` read ``new``; a tensor the converter created takes ``old``'s name and type."""
-    for consumer in list(old.outputs):
-        for index, tensor in enumerate(consumer.inputs):
-            if tensor is old:
-                consumer.inputs[index] = new
+    redirect_consumers(old, new)
     created = any(new is t for n in ctx.created for t in n.outputs) and not any(new is t for t in graph.outputs)
     name = old.name
     if created:

@@ -15,13 +15,15 @@ from converters.errors import (
     PipelineError,
 )
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
-from pipeline.check.static import CompatibilityReport, NodeCheck, check
+from pipeline.check.judge import check
+from pipeline.check.real import ParserVerdict, parse_with
+from pipeline.check.static import CompatibilityReport, NodeCheck
 from pipeline.compare.report import ComparisonReport
-from pipeline.compare.run import compare
-from pipeline.conversion import convert, load, run_passes
+from pipeline.conversion import compare, convert, run_passes
 from pipeline.export import ExportedGraph, export
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.module.loading import load
 from pipeline.module.report import ConversionReport
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "IOSpec",
     "InputError",
     "NodeCheck",
+    "ParserVerdict",
     "PipelineError",
     "Settings",
     "TensorSpec",
@@ -49,5 +52,6 @@ __all__ = [
     "convert",
     "export",
     "load",
+    "parse_with",
     "run_passes",
 ]

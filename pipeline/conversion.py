@@ -1,4 +1,4 @@
-"""``convert``: the composition of the stages, and ``load``: an artifact back to a module."""
+"""The public compositions: ``convert`` (the stages, in order) and ``compare`` (convert, then compare)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ import onnx
 import torch
 
 from converters.defaults import default_registry
-from converters.errors import ArtifactError, BuildError, ConversionError
+from converters.errors import BuildError, ConversionError, InputError
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
 from passes.base import Placement
 from passes.model_io.external_data import check_model, remove_unused_files
 from pipeline.backends import build_executor, select_backend
-from pipeline.backends.plugin_runtime import restore_plugins
 from pipeline.check.ops import DEFAULT_TRT_VERSION
 from pipeline.check.static import CompatibilityReport, check
+from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET
+from pipeline.compare.report import ComparisonReport
+from pipeline.compare.run import check_reference_dtype, split_samples
+from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
 from pipeline.export import ExportedGraph, eval_mode, export
-from pipeline.module.artifact import read_artifact
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import normalise_sample
 from pipeline.module.report import ConversionReport
@@ -74,7 +76,7 @@ def convert(
     config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
     registry = default_registry() if converters is None else converters
     stages: list[tuple[str, float]] = []
-    choice = select_backend(config.backend)
+    choice = select_backend(config.backend, config)
     with _stage("export", stages):
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
@@ -143,14 +145,26 @@ def _debug_inputs(model: torch.nn.Module, exported: ExportedGraph, sample: Any) 
 
 
 def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) -> CompatibilityReport:
-    """The static parser check of the final graph: an error before a TensorRT build, a report entry otherwise."""
+    """The parser check of the final graph: an error before a TensorRT build, a report entry otherwise. The judge
+    is the backend's own parser for a TensorRT backend, else ``check_parser`` (auto: a real parser when one imports,
+    else the static table)."""
+    from converters.plugins.spec import plugin_nodes
+    from pipeline.backends.tensorrt.library import LIBRARIES, rtx_plugin_error
+    from pipeline.check.judge import judge_library
+    from pipeline.check.real import real_check
+
+    trt_backend = backend in LIBRARIES
     version = settings.trt_check_version
     if version is None and backend == "tensorrt":
         version = library_versions().get("tensorrt")
-    report = check(final, trt_version=version or DEFAULT_TRT_VERSION)
-    if report.problems and backend == "tensorrt":
+    auto = trt_backend and settings.check_parser == "auto"
+    library = LIBRARIES[backend] if auto else judge_library(settings.check_parser, settings.trt_check_version)
+    if backend == "tensorrt-rtx" and plugin_nodes(final):
+        raise rtx_plugin_error([n.name for n in plugin_nodes(final)])
+    report = check(final, trt_version=version or DEFAULT_TRT_VERSION) if library is None else real_check(final, library)
+    if report.problems and trt_backend:
         raise BuildError(
-            f"TensorRT {report.trt_version}'s ONNX parser would reject {len(report.problems)} node(s):\n"
+            f"{report.parser} would reject {len(report.problems)} node(s):\n"
             + "\n".join(
                 f"  {p.op} {p.node}: {p.reason}" + (f"; fix: {p.fix}" if p.fix else "") for p in report.problems
             ),
@@ -191,48 +205,74 @@ def run_passes(
     return final, records
 
 
-def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:
-    """Load an artifact written by ``ConvertedModule.save``.
+def compare(
+    model: torch.nn.Module,
+    inputs: Any,
+    *,
+    backends: str | Sequence[str] = "auto",
+    reference_dtype: str = "float32",
+    per_layer: bool = False,
+    random_inputs: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    output_dir: str | Path | None = None,
+    **convert_options: Any,
+) -> ComparisonReport:
+    """Convert ``model`` with :func:`convert` and compare every backend with PyTorch.
 
-    ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even
-    when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
-    TensorRT version or GPU.
+    ``inputs`` is one sample (a tensor, a tuple of arguments, a dict of keyword arguments or ``(args,
+    kwargs)``), compared with ``random_inputs`` more drawn like it (seeded; default ``validation_inputs``, 3);
+    or a list (or any other iterable) of samples, used as given; the first is the conversion's sample.
+    ``backends``: ``"auto"`` or names from ``"onnxruntime-exported"``, ``"onnxruntime"``, ``"tensorrt"``.
+    ``reference_dtype="float64"`` makes a float64 copy of the model the reference (PyTorch's own float32 run is
+    then compared too). ``per_layer=True`` compares module outputs with the final graph's intermediates (on
+    TensorRT when it is a runner here, else ONNX Runtime), ``memory_budget`` bytes of them at a time.
+    ``output_dir`` writes the report files. Every other keyword goes to :func:`convert`: ``converters=``,
+    ``passes=``, and settings such as ``tolerances=``, ``dynamic=``, ``precision=``.
+
+    >>> report = compare(model, sample, per_layer=True, output_dir="out/compare")  # doctest: +SKIP
+    >>> print(report.table()); report.first_divergence.layer.module                 # doctest: +SKIP
+    'blocks.3'
     """
-    artifact = read_artifact(Path(path))
-    settings, io = artifact.settings, artifact.io
-    chosen = backend or artifact.metadata["backend"]
-    engine = None
-    if chosen == "tensorrt":
-        engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild, settings)
-    select_backend(chosen)  # raises with the reason when TensorRT was asked for and cannot run
-    # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
-    restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
-    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
-    report = ConversionReport.from_dict(artifact.metadata["report"])
-    return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+    check_reference_dtype(reference_dtype)
+    check_backends(backends)
+    if "backend" in convert_options or "validate" in convert_options:
+        raise InputError("compare chooses the backend and does not validate", fix="name the runners in backends=")
+    samples, many = split_samples(inputs)
+    with eval_mode(model):
+        module = convert(model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options)
+        exported = _exported_graph(model, samples[0], module.settings, backends, convert_options)
+    return module.compare(  # ``exported`` (and its external weights, if any) lives until this returns
+        model,
+        samples if many else samples[0],
+        exported=None if exported is None else exported.model,
+        backends=backends,
+        reference_dtype=reference_dtype,
+        per_layer=per_layer,
+        random_inputs=random_inputs,
+        memory_budget=memory_budget,
+        output_dir=output_dir,
+    )
 
 
-def _usable_engine(
-    engine: bytes | None, built_for: dict[str, str], path: Path, rebuild: bool, settings: Settings
-) -> bytes | None:
-    """The saved engine if it can run with this TensorRT and GPU; None (build anew) if ``rebuild``."""
-    if engine is None or rebuild:
+def _conversion_backend(backends: str | Sequence[str]) -> str:
+    """TensorRT when it is among the runners and can run here (a named one that cannot is an error later),
+    else ONNX Runtime."""
+    from pipeline.backends.tensorrt.build import tensorrt_status
+
+    wanted = backends == "auto" or TENSORRT in backends
+    return "tensorrt" if wanted and tensorrt_status()[0] else "onnxruntime"
+
+
+def _exported_graph(
+    model: torch.nn.Module, sample: Any, settings: Settings, backends: str | Sequence[str], options: dict[str, Any]
+) -> ExportedGraph | None:
+    """The exporter's graph for the ``onnxruntime-exported`` runner. ``convert`` does not keep it, so the model
+    is exported once more (with the same converters' ops opaque)."""
+    if backends != "auto" and EXPORTED not in backends:
         return None
-    from pipeline.backends.tensorrt.build import device_identity, engine_mismatch, tensorrt_status
-
-    available, why = tensorrt_status()
-    if not available:
-        raise ArtifactError(
-            f"{path} holds a TensorRT engine but TensorRT cannot run here: {why}",
-            fix="load it with backend='onnxruntime' to run its ONNX graph on the CPU",
-        )
-    mismatch = engine_mismatch(built_for, device_identity(), settings)
-    if mismatch is not None:
-        raise ArtifactError(
-            f"{path} holds an engine that cannot run here: {mismatch}",
-            fix="load it with rebuild=True to build a new engine from the saved ONNX graph",
-        )
-    return engine
+    registry = options.get("converters") or default_registry()
+    translations = options.get("custom_translation_table")
+    return export(model, sample, settings, translations, registry.torch_ops())
 
 
 @contextlib.contextmanager

@@ -381,6 +381,8 @@ def _failing_op(exc: BaseException) -> str | None:
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module, *, warn: bool = True) -> Iterator[None]:
+    """Run the block with ``model`` in eval mode (dropout off, batch norm on running stats), then restore it;
+    ``warn`` logs that a model in training mode was switched."""
     was_training = model.training
     if was_training and warn:
         logger.warning(

@@ -48,15 +48,19 @@ class OutputAccuracy:
 
 @dataclass(frozen=True)
 class AccuracyReport:
+    """The validation stage's result: how many inputs were compared, each output's figures, and the rule."""
+
     inputs: int
     outputs: tuple[OutputAccuracy, ...]
     rule: str = "an element passes when |backend - torch| <= atol or <= rtol * |torch|"
 
     @property
     def passed(self) -> bool:
+        """Every output within its tolerance on every input."""
         return all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``report.json``, the artifact's metadata)."""
         return {"inputs": self.inputs, "rule": self.rule, "outputs": [asdict(o) for o in self.outputs]}
 
 
@@ -71,6 +75,7 @@ class TorchRunner(BaseRunner):
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
     def get_input_metadata_impl(self) -> Any:
+        """Polygraphy's view of the model's inputs: name, torch dtype and shape from the I/O spec."""
         from polygraphy.common import TensorMetadata
 
         meta = TensorMetadata()
@@ -79,6 +84,7 @@ class TorchRunner(BaseRunner):
         return meta
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """Call the model on one feed (rebuilt into its Python call) and return its tensor outputs by name."""
         feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(feed)
         start = time.perf_counter()
@@ -166,7 +172,7 @@ def validate(
     runner's input metadata), and half outputs are compared as float32 with their own type's tolerance."""
     from polygraphy.comparator import Comparator, SimpleCompareFunc
 
-    _check_tolerance_keys(settings, io)
+    _check_tolerance_keys(settings, io, model)
     outputs = io.outputs
     if backend_io is not None and backend_io != io:
         backend_runner = _FloatOutputs(backend_runner)
@@ -181,10 +187,12 @@ def validate(
     )
     torch_runner = TorchRunner(model, io)
     # rtol is relative to the second runner's output: PyTorch is the reference, so it comes second.
-    with _polygraphy_quiet():
+    with polygraphy_quiet():
         results = Comparator.run([backend_runner, torch_runner], data_loader=feeds)
         _equal_nans(results)
-        accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+        # Polygraphy divides by the reference for relative errors; 0/0 is its own business, not a user's warning
+        with np.errstate(divide="ignore", invalid="ignore"):
+            accuracy = Comparator.compare_accuracy(results, compare_func=compare)
     per_iteration = next(iter((accuracy[0] if hasattr(accuracy, "lst") else accuracy).values()))
     report = AccuracyReport(len(feeds), tuple(_summarise(o, tolerances[o.name], per_iteration) for o in outputs))
     if not report.passed:
@@ -205,13 +213,16 @@ def validate(
     return report
 
 
-def _check_tolerance_keys(settings: Settings, io: IOSpec) -> None:
-    """A tolerance for an output the graph does not have would be silently ignored: say so instead."""
+def _check_tolerance_keys(settings: Settings, io: IOSpec, model: torch.nn.Module) -> None:
+    """A tolerance for an output the graph does not have would be silently ignored: say so instead. (A module path
+    is a key too: the per-layer comparison's tolerance for that module's outputs.)"""
     outputs = [o.name for o in io.outputs]
-    unknown = sorted(k for k in settings.tolerances if k not in outputs and k not in DEFAULT_TOLERANCES)
+    known = {*outputs, *DEFAULT_TOLERANCES, *(name for name, _ in model.named_modules() if name)}
+    unknown = sorted(k for k in settings.tolerances if k not in known)
     if unknown:
         raise InputError(
-            f"tolerances name {', '.join(map(repr, unknown))}, which is neither an output nor a dtype",
+            f"tolerances name {', '.join(map(repr, unknown))}, which is neither an output, a dtype nor a module of "
+            "the model",
             fix=f"the outputs are: {', '.join(outputs)}; the dtypes: {', '.join(DEFAULT_TOLERANCES)}",
         )
 
@@ -283,7 +294,7 @@ def _summarise(spec: Any, tolerance: Any, per_iteration: list[Any]) -> OutputAcc
 
 
 @contextlib.contextmanager
-def _polygraphy_quiet() -> Iterator[None]:
+def polygraphy_quiet() -> Iterator[None]:
     """Polygraphy logs every iteration; keep it quiet unless our own logger is at DEBUG."""
     if logger.isEnabledFor(logging.DEBUG):
         yield

@@ -6,6 +6,7 @@ import importlib.metadata
 
 
 def library_versions() -> dict[str, str]:
+    """``{distribution: version}`` of the libraries a conversion depends on that are installed here."""
     versions = {}
     for dist in ("torch", "onnx", "onnxruntime", "onnx-graphsurgeon", "polygraphy", "onnxscript", "tensorrt"):
         try:

@@ -1,21 +1,11 @@
 """Plugins: a ``torch.library`` op that runs as one node, inside TensorRT and on ONNX Runtime, from the same code.
 
-``register_plugin("mylib::op", registry=registry)`` registers a converter that replaces the op's opaque node by a
-*plugin node*, and remembers how the op becomes a plugin (:class:`PluginSpec`). The backends read that spec:
+``registry.register_plugin("mylib::op")`` (or ``converters.register_plugin("mylib::op")`` for the process-wide
+user registry) registers a converter that replaces the op's opaque node by a *plugin node*
+(:mod:`converters.plugins.nodes`), made from the op's :class:`PluginSpec`. The spec lives in that registry; the node
+records the torch op it runs, and the backends re-create the spec from the node (:func:`spec_for_node`):
 ``pipeline.backends.plugin_runtime`` registers a ``tensorrt.plugin`` (Quickly Deployable Plugin) before TensorRT
 parses the graph, and an onnxruntime-extensions CPU reference before ONNX Runtime loads it; both call the op itself.
-
-One node serves both runtimes (TRT_REFERENCE 4.2, 4.4)::
-
-    domain           ai.onnx.contrib   onnxruntime-extensions finds Python ops in this domain only
-    op_type          <name>            the plugin name (TensorRT) and the custom op type (ONNX Runtime)
-    plugin_namespace <namespace>       TensorRT's parser reads it before the domain: the plugin is ns::name
-    plugin_version   "1"               the version every tensorrt.plugin registers
-    <op arguments>   INT/FLOAT/STRING  onnxruntime-extensions reads scalars only, so: bool -> INT 0/1, list ->
-                                       STRING holding JSON ("[1, 2]"); TensorRT maps INT -> int32, FLOAT -> float32
-
-Each runtime ignores the attributes it does not declare: ONNX Runtime the two ``plugin_*`` ones, TensorRT's
-parser every attribute the plugin's creator does not advertise.
 """
 
 from __future__ import annotations
@@ -33,20 +23,22 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import ArtifactError, ConversionError
-from converters.registry import ConverterRegistry, Priority
-from converters.targets import resolve_target
+from converters.plugins.nodes import (
+    MODULE_ATTRIBUTE,
+    PLUGIN_VERSION,
+    RESERVED_ATTRIBUTES,
+    RESERVED_NAMESPACES,
+    TORCH_OP_ATTRIBUTE,
+    node_plugin_id,
+    node_torch_op,
+    plugin_nodes,
+    set_node_torch_op,
+)
 
 if TYPE_CHECKING:
     from converters.context import ConverterContext
 
 logger = logging.getLogger(__name__)
-
-PLUGIN_DOMAIN = "ai.onnx.contrib"
-PLUGIN_VERSION = "1"
-#: ``tensorrt.plugin`` refuses these namespaces and these attribute names (they are its impl's own arguments).
-RESERVED_NAMESPACES = frozenset({"", "trt", "tensorrt", "std"})
-RESERVED_ATTRIBUTES = frozenset({"outputs", "stream", "tactic", "plugin_namespace", "plugin_version"})
-_INT32 = (-(2**31), 2**31 - 1)
 
 #: torch schema type -> attribute kind. Lists travel as JSON strings; bools as INT 0/1.
 _KINDS = {
@@ -81,10 +73,12 @@ class PluginSpec:
 
     @property
     def plugin_id(self) -> str:
+        """``namespace::name``, the plugin's id in TensorRT's plugin registry."""
         return f"{self.namespace}::{self.name}"
 
     @property
     def torch_op(self) -> str:
+        """The torch op overload the plugin runs, as ``namespace::name.overload``."""
         return f"{self.op._schema.name}.{self.op._overloadname}"
 
     def node_attributes(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,6 +108,10 @@ class PluginSpec:
             result = self.op(*(given[a.name] for a in self.op._schema.arguments))
         return tuple(result) if isinstance(result, tuple | list) else (result,)
 
+    def source_attributes(self) -> dict[str, str]:
+        """The node attributes that say which torch op the plugin runs (see :mod:`converters.plugins.nodes`)."""
+        return {TORCH_OP_ATTRIBUTE: self.torch_op, **({MODULE_ATTRIBUTE: self.module} if self.module else {})}
+
     def record(self) -> dict[str, str | None]:
         """What an artifact stores to re-create this spec in another process (:func:`restore_plugins`)."""
         return {"plugin": self.plugin_id, "version": self.version, "torch_op": self.torch_op, "module": self.module}
@@ -133,42 +131,7 @@ def _text(value: Any) -> str:
     return text.rstrip("\x00")
 
 
-# -- registration ---------------------------------------------------------------------------------------------------
-
-#: Plugin id -> spec, for this process. TensorRT's plugin registry and onnxruntime-extensions' op list are
-#: process-wide too; the backends look plugin nodes up here.
-_SPECS: dict[str, PluginSpec] = {}
-
-
-def register_plugin(
-    target: Any,
-    *,
-    registry: ConverterRegistry,
-    namespace: str | None = None,
-    name: str | None = None,
-    module: str | None = None,
-    priority: Priority = Priority.STANDARD,
-) -> PluginSpec:
-    """Run the torch op ``target`` as a plugin: TensorRT through ``tensorrt.plugin``, ONNX Runtime through an
-    onnxruntime-extensions CPU reference, both calling the op's own implementation.
-
-    >>> converters.register_plugin("mylib::topk_mask", registry=registry)    # doctest: +SKIP
-
-    ``namespace`` and ``name`` default to the op's (``mylib``, ``topk_mask``; an overload other than ``default``
-    is ``name_overload``). ``module`` is the importable module that defines the op, for loading an artifact in a
-    new process; by default the module of the ``@torch.library.custom_op`` function.
-    """
-    _, op = resolve_target(target)
-    if op is None:
-        raise ConversionError(
-            f"{target!r} is not a torch op; only torch.library ops become plugins",
-            fix="pass 'namespace::op' of a torch.library op (import the module that defines it first)",
-        )
-    spec = plugin_spec(op, namespace=namespace, name=name, module=module or defining_module(op))
-    remember(spec)
-    registry.register(op, priority=priority)(_plugin_converter(spec))
-    logger.info("torch op %s runs as plugin %s", spec.torch_op, spec.plugin_id)
-    return spec
+# -- the spec of an op -----------------------------------------------------------------------------------------
 
 
 def plugin_spec(
@@ -219,22 +182,6 @@ def plugin_spec(
     return PluginSpec(op, namespace, name, tuple(tensors), tuple(attributes), len(schema.returns), module)
 
 
-def remember(spec: PluginSpec) -> None:
-    """Make ``spec`` the plugin for its id in this process; another op already under that id is an error."""
-    known = _SPECS.get(spec.plugin_id)
-    if known is not None and known.op is not spec.op:
-        raise ConversionError(
-            f"plugin {spec.plugin_id} already runs torch op {known.torch_op}; cannot also run {spec.torch_op}",
-            fix="pass another name= (or namespace=) to register_plugin",
-        )
-    _SPECS[spec.plugin_id] = spec
-
-
-def find_plugin(plugin_id: str) -> PluginSpec | None:
-    """The spec registered in this process for ``namespace::name``, if any."""
-    return _SPECS.get(plugin_id)
-
-
 def defining_module(op: torch._ops.OpOverload) -> str | None:
     """The module of the function that defined ``op`` with ``@torch.library.custom_op``, when torch knows it."""
     try:  # a private table of torch; without it the caller passes module= to register_plugin
@@ -246,16 +193,20 @@ def defining_module(op: torch._ops.OpOverload) -> str | None:
     return getattr(getattr(definition, "_init_fn", None), "__module__", None)
 
 
-def _plugin_converter(spec: PluginSpec) -> Callable[[ConverterContext], list[gs.Tensor]]:
+def plugin_converter(spec: PluginSpec) -> Callable[[ConverterContext], list[gs.Tensor]]:
+    """The converter ``register_plugin`` registers: the op's opaque node -> one plugin node running ``spec``."""
+
     def convert(ctx: ConverterContext) -> list[gs.Tensor]:
         inputs = [ctx.input(name) for name in spec.tensor_args]
         attrs = spec.node_attributes(ctx.attrs)
         result = ctx.plugin(
             spec.name, inputs, attrs, namespace=spec.namespace, version=spec.version, outputs=spec.num_outputs
         )
+        outputs: list[gs.Tensor] = result if isinstance(result, list) else [result]
+        outputs[0].inputs[0].attrs.update(spec.source_attributes())  # the node says which op it runs
         # the replaced node's outputs keep their dtypes and (symbolic) shapes, which the exporter took from the
         # op's fake kernel; the ONNX Runtime executor reads the dtypes to register the CPU reference
-        return result if isinstance(result, list) else [result]
+        return outputs
 
     convert.__qualname__ = convert.__name__ = f"plugin[{spec.plugin_id}]"
     return convert
@@ -264,85 +215,57 @@ def _plugin_converter(spec: PluginSpec) -> Callable[[ConverterContext], list[gs.
 # -- the node -------------------------------------------------------------------------------------------------------
 
 
-def plugin_node_attributes(attrs: Mapping[str, Any], *, namespace: str, version: str) -> dict[str, Any]:
-    """The attributes of a plugin node: ``attrs`` encoded for both runtimes, plus ``plugin_namespace`` and
-    ``plugin_version``. bool -> 0/1; int must fit int32 (TensorRT reads INT as int32); a list or tuple -> a JSON
-    string; a numpy array -> a native INTS/FLOATS attribute (for C++ plugins; onnxruntime-extensions cannot read
-    it)."""
-    encoded: dict[str, Any] = {}
-    for name, value in attrs.items():
-        if name in RESERVED_ATTRIBUTES:
-            raise ConversionError(f"plugin attribute name {name!r} is reserved", fix="rename the attribute")
-        encoded[name] = _encode(name, value)
-    return {**encoded, "plugin_namespace": namespace, "plugin_version": version}
-
-
-def _encode(name: str, value: Any) -> Any:
-    if isinstance(value, bool | np.bool_):
-        return int(value)
-    if isinstance(value, int | np.integer):
-        if not _INT32[0] <= int(value) <= _INT32[1]:
-            raise ConversionError(
-                f"plugin attribute {name}={value} does not fit int32, which is how TensorRT reads INT attributes",
-                fix="pass it as a string, or scale it into int32",
-            )
-        return int(value)
-    if isinstance(value, float | np.floating):
-        return float(value)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, list | tuple) and all(isinstance(v, bool | int | float | str) for v in value):
-        return json.dumps(list(value))
-    raise ConversionError(
-        f"plugin attribute {name!r} has type {type(value).__name__}",
-        fix="use bool, int, float, str, a list of them, or a numpy array",
-    )
-
-
-def plugin_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes of ``model``'s main graph that TensorRT's parser imports as plugins."""
-    return [n for n in model.graph.node if any(a.name == "plugin_namespace" for a in n.attribute)]
-
-
-def node_plugin_id(node: onnx.NodeProto) -> str:
-    namespace = next(a.s.decode() for a in node.attribute if a.name == "plugin_namespace")
-    return f"{namespace}::{node.op_type}"
+def spec_for_node(node: onnx.NodeProto) -> PluginSpec | None:
+    """The spec of the torch op a plugin node runs (imported from its module when not defined yet); None for a
+    hand-written plugin node, which records no torch op."""
+    source = node_torch_op(node)
+    if source is None:
+        return None
+    torch_op, module = source
+    namespace, _, name = node_plugin_id(node).partition("::")
+    return plugin_spec(import_op(torch_op, module), namespace=namespace, name=name, module=module)
 
 
 # -- artifacts ------------------------------------------------------------------------------------------------------
 
 
 def plugin_records(model: onnx.ModelProto) -> list[dict[str, str | None]]:
-    """One record per plugin ``model`` uses: what ``restore_plugins`` needs in a new process. A plugin node not
+    """One record per plugin ``model`` uses, from its nodes: what an artifact's metadata lists. A plugin node not
     made by ``register_plugin`` (a C++ plugin) is recorded without a torch op: its library must be loaded by hand."""
     records: dict[str, dict[str, str | None]] = {}
     for node in plugin_nodes(model):
         plugin_id = node_plugin_id(node)
-        spec = find_plugin(plugin_id)
-        records[plugin_id] = (
-            spec.record() if spec else {"plugin": plugin_id, "version": None, "torch_op": None, "module": None}
-        )
+        source = node_torch_op(node)
+        version = next((a.s.decode() for a in node.attribute if a.name == "plugin_version"), None)
+        records[plugin_id] = {
+            "plugin": plugin_id,
+            "version": version if source else None,
+            "torch_op": source[0] if source else None,
+            "module": source[1] if source else None,
+        }
     return list(records.values())
 
 
-def restore_plugins(records: Sequence[Mapping[str, Any]]) -> list[PluginSpec]:
-    """Re-create the plugin specs an artifact recorded, importing the module that defines each op if needed."""
+def restore_plugins(records: Sequence[Mapping[str, Any]], model: onnx.ModelProto) -> list[PluginSpec]:
+    """The plugin specs an artifact recorded, importing the module that defines each op if needed. A plugin node
+    of ``model`` that does not record its torch op (an artifact written before nodes did) is given it."""
     specs = []
+    nodes = plugin_nodes(model)
     for record in records:
         if not record.get("torch_op"):
             logger.info("plugin %s is not a torch op: load its plugin library yourself", record.get("plugin"))
             continue
+        torch_op, module = str(record["torch_op"]), record.get("module")
         namespace, _, name = str(record["plugin"]).partition("::")
-        op = _import_op(str(record["torch_op"]), record.get("module"))
-        spec = plugin_spec(op, namespace=namespace, name=name, module=record.get("module"))
-        remember(spec)
+        spec = plugin_spec(import_op(torch_op, module), namespace=namespace, name=name, module=module)
+        for node in nodes:
+            if node_plugin_id(node) == spec.plugin_id and node_torch_op(node) is None:
+                set_node_torch_op(node, torch_op, module)
         specs.append(spec)
     return specs
 
 
-def _import_op(qualified: str, module: str | None) -> torch._ops.OpOverload:
+def import_op(qualified: str, module: str | None) -> torch._ops.OpOverload:
     """``mylib::op.default`` as an OpOverload, importing ``module`` first when the op is not defined yet."""
     op = _lookup(qualified)
     if op is None and module and module != "__main__":

@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 
 from converters.settings import Settings
 from passes.base import PassResult
+from passes.rewiring import redirect_consumers
 
 
 class RemoveIdentities:
@@ -35,10 +36,7 @@ class RemoveIdentities:
             source, target = node.inputs[0], node.outputs[0]
             if target.name in graph_outputs:
                 continue
-            for consumer in list(target.outputs):
-                for index, tensor in enumerate(consumer.inputs):
-                    if tensor is target:  # graph-surgeon's synchronised lists take item, not slice, assignment
-                        consumer.inputs[index] = source
+            redirect_consumers(target, source)
             node.outputs.clear()
             removed += 1
         if removed:

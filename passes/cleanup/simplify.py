@@ -1,15 +1,14 @@
 """Algebraic simplifications that take nodes out: an operation with its identity element (``x + 0``, ``x * 1``)
 and a chain of two Unsqueeze (or two Squeeze) nodes, which one node does.
 
-Both passes leave every graph output name as it is and rewrite only what they can prove equal from constants,
-shapes and dtypes recorded in the graph; each has a pure ``check`` that returns why a node was left. One walk over
-the nodes, constant values read at most once per pass run (without caching them on the graph, as folding does),
-and one linear-time cleanup when something changed.
+Both are rules (:mod:`passes.rules`), each also the pass that runs it: they leave every graph output name as it is
+and rewrite only what they can prove equal from constants, shapes and dtypes recorded in the graph; the pure
+``check`` returns why a node was left. One walk over the nodes, constant values read at most once per pass run
+(without caching them on the graph, as folding does), and one linear-time cleanup when something changed.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,14 +16,9 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from converters.context import unique_name
-from converters.settings import Settings
-from passes.base import STANDARD_DOMAINS, PassResult
-from passes.cleanup.graph import remove_unused
+from passes.base import STANDARD_DOMAINS
 from passes.model_io.external_data import constant_values
-
-logger = logging.getLogger(__name__)
-
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 #: op -> (its identity element, the input positions where that element may stand). Subtracting zero and dividing
 #: by one are identities only with the constant second.
@@ -46,7 +40,7 @@ class Bypass:
     operand: gs.Tensor
 
 
-class RemoveIdentityElements:
+class RemoveIdentityElements(RewriteRule[Bypass]):
     """Bypass ``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x`` and ``x / 1`` where the result is ``x`` exactly.
 
     The constant must be all zeros (or all ones), of ``x``'s dtype, and must not broadcast ``x`` to another shape:
@@ -57,15 +51,15 @@ class RemoveIdentityElements:
     """
 
     name = "remove_identity_elements"
+    ops = frozenset(IDENTITY_ELEMENTS)
 
-    def check(self, node: gs.Node, graph_outputs: set[int], values: ConstantValues) -> Bypass | str:
+    def check(self, node: gs.Node, facts: Facts) -> Bypass | str:
         """The operand to keep, or why the node stays."""
-        if node.op not in IDENTITY_ELEMENTS or node.domain not in STANDARD_DOMAINS:
-            return "not Add, Sub, Mul or Div of the standard domain"
         if len(node.inputs) != 2 or len(node.outputs) != 1:
             return "not a node with two inputs and one output"
-        if id(node.outputs[0]) in graph_outputs:
+        if id(node.outputs[0]) in facts.graph_outputs:
             return "its output is a graph output"
+        values = facts.memo("constant_values", ConstantValues)
         element, positions = IDENTITY_ELEMENTS[node.op]
         reasons = []
         for position in positions:
@@ -76,30 +70,9 @@ class RemoveIdentityElements:
             reasons.append(f"input {position}: {reason}")
         return "; ".join(reasons)
 
-    def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
-        graph_outputs = {id(t) for t in graph.outputs}
-        values = ConstantValues()
-        removed = 0
-        for node in graph.nodes:
-            if node.op not in IDENTITY_ELEMENTS:
-                continue
-            inputs = node.inputs
-            if len(inputs) != 2 or not (isinstance(inputs[1], gs.Constant) or isinstance(inputs[0], gs.Constant)):
-                continue  # most of them: two computed operands (no reason string built for those)
-            plan = self.check(node, graph_outputs, values)
-            if isinstance(plan, str):
-                continue
-            target = node.outputs[0]
-            for consumer in list(target.outputs):
-                for index, tensor in enumerate(consumer.inputs):
-                    if tensor is target:  # graph-surgeon's synchronised lists take item, not slice, assignment
-                        consumer.inputs[index] = plan.operand
-            node.outputs.clear()
-            removed += 1
-        if removed:
-            logger.debug("%s: bypassed %d node(s)", self.name, removed)
-            remove_unused(graph)
-        return PassResult(graph, removed > 0)
+    def rewrite(self, plan: Bypass, ctx: RewriteContext) -> gs.Tensor:
+        """Consumers read the operand."""
+        return plan.operand
 
 
 def _identity_reason(
@@ -164,6 +137,7 @@ class ConstantValues:
         self._known: dict[tuple[int, int], bool] = {}
 
     def all_equal(self, constant: gs.Constant, element: int) -> bool:
+        """Is every element of ``constant`` equal to ``element``? (memoised per constant)"""
         key = (id(constant), element)
         if key not in self._known:
             array = constant_values(constant).reshape(-1)
@@ -183,7 +157,7 @@ class Merge:
     axes: tuple[int, ...]
 
 
-class MergeSqueezeChains:
+class MergeSqueezeChains(RewriteRule[Merge]):
     """``Unsqueeze(Unsqueeze(x, a), b)`` becomes ``Unsqueeze(x, c)``, and ``Squeeze(Squeeze(x, a), b)``
     ``Squeeze(x, c)``, when the inner node's output feeds only the outer node and both axes are constants.
 
@@ -193,18 +167,17 @@ class MergeSqueezeChains:
     """
 
     name = "merge_squeeze_chains"
+    ops = frozenset({"Unsqueeze", "Squeeze"})
 
-    def check(self, node: gs.Node, graph_outputs: set[int]) -> Merge | str:
+    def check(self, node: gs.Node, facts: Facts) -> Merge | str:
         """The merged input and axes for the outer ``node``, or why it stays."""
-        if node.op not in ("Unsqueeze", "Squeeze") or node.domain not in STANDARD_DOMAINS:
-            return "not an Unsqueeze or Squeeze of the standard domain"
         if not node.inputs or not node.inputs[0].inputs:
             return "its input has no producer"
         inner = node.inputs[0].inputs[0]
         if inner.op != node.op or inner.domain not in STANDARD_DOMAINS or len(inner.outputs) != 1:
             return f"its input is not computed by another {node.op}"
         middle = inner.outputs[0]
-        if id(middle) in graph_outputs or len(middle.outputs) != 1 or sum(t is middle for t in node.inputs) != 1:
+        if id(middle) in facts.graph_outputs or len(middle.outputs) != 1 or sum(t is middle for t in node.inputs) != 1:
             return f"the inner {node.op}'s output is read elsewhere too"
         outer_axes, inner_axes = constant_axes(node), constant_axes(inner)
         if outer_axes is None or inner_axes is None:
@@ -219,28 +192,14 @@ class MergeSqueezeChains:
             return f"axes {list(inner_axes)} then {list(outer_axes)} cannot be merged for input rank {rank}"
         return Merge(source, tuple(axes))
 
-    def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
-        graph_outputs = {id(t) for t in graph.outputs}
-        taken: set[str] | None = None
-        merged = 0
-        for node in graph.nodes:
-            if node.op not in ("Unsqueeze", "Squeeze"):
-                continue
-            plan = self.check(node, graph_outputs)
-            if isinstance(plan, str):
-                continue
-            node.inputs[0] = plan.source
-            if "axes" in node.attrs:
-                node.attrs["axes"] = list(plan.axes)
-            else:
-                if taken is None:
-                    taken = _tensor_names(graph)
-                node.inputs[1] = gs.Constant(unique_name(f"{node.name}/axes", taken), np.array(plan.axes, np.int64))
-            merged += 1
-        if merged:
-            logger.debug("%s: merged %d chain(s)", self.name, merged)
-            remove_unused(graph)
-        return PassResult(graph, merged > 0)
+    def rewrite(self, plan: Merge, ctx: RewriteContext) -> None:
+        """The outer node reads the inner one's input with the merged axes (edited in place)."""
+        node = ctx.node
+        node.inputs[0] = plan.source
+        if "axes" in node.attrs:
+            node.attrs["axes"] = list(plan.axes)
+        else:
+            node.inputs[1] = ctx.constant(np.array(plan.axes, np.int64), "axes")
 
 
 def constant_axes(node: gs.Node) -> tuple[int, ...] | None:
@@ -325,11 +284,3 @@ def _normalized(axes: Sequence[int], rank: int | None) -> set[int] | None:
             axis += rank
         result.add(axis)
     return result if len(result) == len(axes) else None
-
-
-def _tensor_names(graph: gs.Graph) -> set[str]:
-    names = {t.name for t in graph.inputs} | {t.name for t in graph.outputs}
-    for node in graph.nodes:
-        names.update(t.name for t in node.inputs)
-        names.update(t.name for t in node.outputs)
-    return names

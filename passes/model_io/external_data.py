@@ -54,6 +54,7 @@ class WeightFiles:
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.directory), True)
 
     def cleanup(self) -> None:
+        """Delete the directory now rather than when the last holder goes."""
         self._finalizer()
 
 
@@ -66,6 +67,7 @@ def weights_dir(model: onnx.ModelProto) -> Path | None:
 
 
 def set_weights_dir(model: onnx.ModelProto, directory: Path | None) -> None:
+    """Name ``directory`` as the model's external data directory in its metadata (None removes the key)."""
     kept = [p for p in model.metadata_props if p.key != WEIGHTS_DIR_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
@@ -105,6 +107,7 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 def has_external_data(model: onnx.ModelProto) -> bool:
+    """Does any initializer or Constant of ``model`` keep its bytes in an external file?"""
     return next(external_tensors(model), None) is not None
 
 
@@ -169,6 +172,7 @@ class ExternalValues(LazyValues):
         self.base_dir = base_dir
 
     def load(self) -> np.ndarray:
+        """Read the tensor's values from its data file (one copy, straight into the array)."""
         info = ExternalDataInfo(self.tensor)
         dtype = _NUMPY_TYPES.get(self.tensor.data_type)
         if dtype is not None:  # read straight into the array: one copy of the weight, not three

@@ -1,19 +1,25 @@
 """Rewrites of ONNX ops TensorRT's parser rejects into ops it accepts, where shapes allow, and Reduce axes moved
 into initializers (the parser reads them from nowhere else).
 
-Each pass leaves a node it cannot rewrite exactly as it is, and ``check(node, graph)`` returns the reason; the
-static compatibility check reports such nodes.
+Each fix is a :class:`passes.rules.RewriteRule` (and the pass that runs it alone). A fix leaves a node it cannot
+rewrite exactly as it is, and ``check(node, facts)`` returns the reason; :func:`declined_fixes` collects those
+reasons for the static compatibility check, which shows them next to each node the parser rejects.
 """
 
 from __future__ import annotations
 
-from passes.base import GraphPass
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
+from passes.rules import Facts, RewriteRule
 
 __all__ = [
     "AffineGridToMatMul",
@@ -24,11 +30,12 @@ __all__ = [
     "DftToMatMul",
     "MaxUnpoolToScatter",
     "ReduceAxesToInitializers",
+    "declined_fixes",
     "parser_fix_passes",
 ]
 
 
-def parser_fix_passes() -> tuple[GraphPass, ...]:
+def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
     """The rewrites, in the order the default list runs them (after constant folding): the op rewrites, then Reduce
     axes into initializers, which also covers axes the folding could not compute (it stops at the first error)."""
     return (
@@ -41,3 +48,24 @@ def parser_fix_passes() -> tuple[GraphPass, ...]:
         CompressToGather(),
         ReduceAxesToInitializers(),
     )
+
+
+def declined_fixes(model: onnx.ModelProto, nodes: set[str]) -> dict[str, list[str]]:
+    """For each node of ``model`` named in ``nodes`` that a parser fix looks at: ``"<fix>: <why it declines>"``
+    (or that it would rewrite it, when the model has not been through the default pass list)."""
+    fixes = parser_fix_passes()
+    ops = {op for fix in fixes for op in fix.ops}
+    if not any(n.op_type in ops and n.name in nodes for n in model.graph.node):
+        return {}
+    graph = gs.import_onnx(model)
+    facts = Facts(graph)
+    found: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.name not in nodes:
+            continue
+        for fix in fixes:
+            if fix.looks_at(node):
+                reason = fix.reason(node, facts)
+                text = "would rewrite it: run the default pass list" if reason is None else f"declined: {reason}"
+                found.setdefault(node.name, []).append(f"parser fix {fix.name!r} {text}")
+    return found

@@ -37,8 +37,8 @@ import onnx_graphsurgeon as gs
 
 from converters.settings import Settings
 from passes.base import PassResult
-from passes.parser_fixes.rewrite import Builder, NodeRewritePass
 from passes.parser_fixes.values import ValueResolver, dtype_of, rank_of
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 _SIGNED = {np.dtype(np.int32), np.dtype(np.int64)}
 _UNSIGNED_OF = {np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dtype(np.uint64)}
@@ -58,6 +58,7 @@ class BitDomain:
 
 @dataclass(frozen=True)
 class BitPlan:
+    """What a bit op becomes: the op, the shift direction, the integer domain and the non-constant operand."""
     op: str
     direction: str  # BitShift only
     domain: BitDomain
@@ -65,17 +66,18 @@ class BitPlan:
     constant: int  # the shift, or the mask as an N-bit pattern (0 <= constant < 2**N); 0 for BitwiseNot
 
 
-class BitwiseToArithmetic(NodeRewritePass[BitPlan]):
+class BitwiseToArithmetic(RewriteRule[BitPlan]):
     """``x << s``, ``x >> s``, ``x & c``, ``x | c``, ``x ^ c``, ``~x`` as INT32/INT64 arithmetic (see module doc)."""
 
     name = "bitwise_to_arithmetic"
     ops = frozenset({"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> BitPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> BitPlan | str:
+        """A plan when one operand is a constant (or the op is BitwiseNot) on an integer type; else the reason."""
         if node.op == "BitwiseNot":
             operand, constant = node.inputs[0], np.zeros((), np.int64)
         else:
-            found = _constant_operand(node, ValueResolver(graph.opset))
+            found = _constant_operand(node, ValueResolver(facts.opset))
             if isinstance(found, str):
                 return found
             operand, constant = found
@@ -90,17 +92,18 @@ class BitwiseToArithmetic(NodeRewritePass[BitPlan]):
             value %= 1 << domain.bits  # the mask's N-bit pattern, whatever its signedness
         return BitPlan(node.op, str(node.attrs.get("direction", "")), domain, operand, value)
 
-    def rewrite(self, plan: BitPlan, build: Builder) -> list[gs.Tensor]:
+    def rewrite(self, plan: BitPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """The bit op as exact integer arithmetic (Mod, Div, Mul, Add, Sub) in the plan's domain."""
         dom = plan.domain
-        x = dom.value if dom.value is not None else _cast(build, plan.operand, dom.compute)
-        arith = _Arithmetic(build, dom, x)
+        x = dom.value if dom.value is not None else _cast(ctx, plan.operand, dom.compute)
+        arith = _Arithmetic(ctx, dom, x)
         if plan.op == "BitShift":
             y = arith.shift_left(plan.constant) if plan.direction == "LEFT" else arith.shift_right(plan.constant)
         elif plan.op == "BitwiseNot":
             y = arith.not_()
         else:
             y = {"BitwiseAnd": arith.and_, "BitwiseOr": arith.or_, "BitwiseXor": arith.xor}[plan.op](plan.constant)
-        return [y if dom.out_dtype == dom.compute else _cast(build, y, dom.out_dtype)]
+        return [y if dom.out_dtype == dom.compute else _cast(ctx, y, dom.out_dtype)]
 
     def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:
         result = super().__call__(graph, settings)
@@ -143,15 +146,15 @@ def _domain(x: gs.Tensor) -> BitDomain | str:
     )
 
 
-def _cast(build: Builder, x: gs.Tensor, dtype: np.dtype) -> gs.Variable:
-    return build.op("Cast", x, to=onnx.helper.np_dtype_to_tensor_dtype(dtype), dtype=dtype)
+def _cast(ctx: RewriteContext, x: gs.Tensor, dtype: np.dtype) -> gs.Variable:
+    return ctx.typed(dtype).Cast(x, to=onnx.helper.np_dtype_to_tensor_dtype(dtype))
 
 
 class _Arithmetic:
     """The formulas of the module doc on one ``compute``-typed tensor; shared terms are built once."""
 
-    def __init__(self, build: Builder, domain: BitDomain, x: gs.Tensor) -> None:
-        self.build, self.dom, self.x = build, domain, x
+    def __init__(self, ctx: RewriteContext, domain: BitDomain, x: gs.Tensor) -> None:
+        self.ctx, self.dom, self.x = ctx, domain, x
         self.n = domain.bits
         self._low: dict[int, gs.Tensor | None] = {}
         self._negative: gs.Tensor | None = None
@@ -160,13 +163,13 @@ class _Arithmetic:
         return np.array(value, dtype=self.dom.compute)
 
     def op(self, op_type: str, *inputs: gs.Tensor | np.ndarray, **attrs: Any) -> gs.Variable:
-        return self.build.op(op_type, *inputs, dtype=self.dom.compute, **attrs)
+        return getattr(self.ctx.typed(self.dom.compute), op_type)(*inputs, **attrs)
 
     def negative(self) -> gs.Tensor:
         """1 where x < 0, else 0."""
         if self._negative is None:
-            less = self.build.op("Less", self.x, self.c(0), dtype=np.dtype(bool))
-            self._negative = _cast(self.build, less, self.dom.compute)
+            less = self.ctx.typed(np.dtype(bool)).Less(self.x, self.c(0))
+            self._negative = _cast(self.ctx, less, self.dom.compute)
         return self._negative
 
     def low(self, k: int) -> gs.Tensor | None:

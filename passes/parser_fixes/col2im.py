@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.parser_fixes.rewrite import Builder, NodeRewritePass
 from passes.parser_fixes.values import ValueResolver, dtype_of
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 #: Larger index tables stay a Col2Im (4M int64 indices: 32 MiB).
 MAX_INDEX_ELEMENTS = 1 << 22
@@ -31,6 +31,7 @@ _TYPES = frozenset({"float32", "float16", "float64"})
 
 @dataclass(frozen=True)
 class Col2ImPlan:
+    """Col2Im with static sizes: channels, image size and, per output pixel, the patch values that add up into it."""
     channels: int  # C
     image: tuple[int, ...]
     indices: np.ndarray  # [P, M] into the flattened [K*L + 1] patch values (K*L is the appended zero)
@@ -38,18 +39,19 @@ class Col2ImPlan:
     dtype: np.dtype
 
 
-class Col2ImToGather(NodeRewritePass[Col2ImPlan]):
+class Col2ImToGather(RewriteRule[Col2ImPlan]):
     """``Col2Im`` -> ``Reshape``, ``Pad``, ``Gather``, ``ReduceSum``, ``Reshape`` (see module doc)."""
 
     name = "col2im_to_gather"
     ops = frozenset({"Col2Im"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> Col2ImPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> Col2ImPlan | str:
+        """A plan when the input's type and every size are static and supported; else the reason."""
         x = node.inputs[0]
         dtype = dtype_of(x)
         if str(dtype) not in _TYPES:
             return f"{dtype} input: rewritten for float32, float16 and float64 only"
-        resolver = ValueResolver(graph.opset)
+        resolver = ValueResolver(facts.opset)
         image, block = resolver.resolve(node.inputs[1]), resolver.resolve(node.inputs[2])
         if image is None or block is None or image.size != block.size:
             return "image_shape and block_shape are not constants of the same length"
@@ -70,17 +72,18 @@ class Col2ImToGather(NodeRewritePass[Col2ImPlan]):
         table = contributions(image_t, block_t, counts, *attrs)
         return Col2ImPlan(int(shape[1]) // kernel, image_t, table, bool((table == kernel * blocks).any()), dtype)
 
-    def rewrite(self, plan: Col2ImPlan, build: Builder) -> list[gs.Tensor]:
-        x, dtype = build.node.inputs[0], plan.dtype
-        patches = build.op("Reshape", x, np.array([0, plan.channels, -1], np.int64), dtype=dtype)
+    def rewrite(self, plan: Col2ImPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Reshape the patches, Gather the contributions of every pixel, ReduceSum them, Reshape to the image."""
+        x, dtype = ctx.node.inputs[0], plan.dtype
+        patches = ctx.typed(dtype).Reshape(x, np.array([0, plan.channels, -1], np.int64))
         if plan.uses_zero:
-            patches = build.op("Pad", patches, np.array([0, 0, 0, 0, 0, 1], np.int64), mode="constant", dtype=dtype)
+            patches = ctx.typed(dtype).Pad(patches, np.array([0, 0, 0, 0, 0, 1], np.int64), mode="constant")
         indices = plan.indices if plan.indices.shape[1] > 1 else plan.indices[:, 0]
-        gathered = build.op("Gather", patches, build.const(indices, "pixel_sources"), axis=2, dtype=dtype)
+        gathered = ctx.typed(dtype).Gather(patches, ctx.constant(indices, "pixel_sources"), axis=2)
         if plan.indices.shape[1] > 1:
-            gathered = build.op("ReduceSum", gathered, np.array([3], np.int64), keepdims=0, dtype=dtype)
+            gathered = ctx.typed(dtype).ReduceSum(gathered, np.array([3], np.int64), keepdims=0)
         shape = np.array([0, plan.channels, *plan.image], np.int64)
-        return [build.op("Reshape", gathered, shape, dtype=dtype)]
+        return [ctx.typed(dtype).Reshape(gathered, shape)]
 
 
 def _attrs(node: gs.Node, spatial: int) -> tuple[list[int], list[int], list[int]]:

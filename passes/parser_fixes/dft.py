@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.parser_fixes.rewrite import Builder, NodeRewritePass
 from passes.parser_fixes.values import ValueResolver, dtype_of, is_omitted, rank_of
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 #: A DFT whose matrix would be larger than this stays a DFT (64 MiB is a 2048-point complex DFT in float32).
 MAX_DFT_MATRIX_BYTES = 64 << 20
@@ -34,6 +34,7 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
 
 @dataclass(frozen=True)
 class DftPlan:
+    """DFT with a static length along a supported axis: the sizes and flags the constant DFT matrix is built from."""
     axis: int  # non-negative, in [0, rank - 2]
     rank: int
     length: int  # L: the input's size along axis
@@ -50,25 +51,27 @@ class DftPlan:
 
     @property
     def out_channels(self) -> int:
+        """2 (complex) unless an inverse one-sided DFT returns real values."""
         return 1 if self.onesided and self.inverse else 2
 
 
-class DftToMatMul(NodeRewritePass[DftPlan]):
+class DftToMatMul(RewriteRule[DftPlan]):
     """``DFT`` -> ``Reshape``, ``MatMul`` with the constant DFT matrix, ``Reshape`` (between two ``Transpose`` when
     the transformed axis is not the last signal axis)."""
 
     name = "dft_to_matmul"
     ops = frozenset({"DFT"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> DftPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> DftPlan | str:
+        """A plan when the DFT length is static and its attributes are supported; else the reason."""
         x = node.inputs[0]
         dtype, rank = dtype_of(x), rank_of(x)
         if dtype not in _DTYPES:
             return f"input dtype {dtype} is not float32, float16 or float64"
         if rank is None or rank < 2:
             return "input rank unknown"
-        resolver = ValueResolver(graph.opset)
-        axis = _static_input(node, 2, resolver, default=-2) if graph.opset >= 20 else node.attrs.get("axis", 1)
+        resolver = ValueResolver(facts.opset)
+        axis = _static_input(node, 2, resolver, default=-2) if facts.opset >= 20 else node.attrs.get("axis", 1)
         if axis is None:
             return "axis is not static"
         axis = axis + rank if axis < 0 else axis
@@ -86,19 +89,20 @@ class DftToMatMul(NodeRewritePass[DftPlan]):
         plan = DftPlan(axis, rank, length, channels, dft_length, inverse, onesided, dtype)
         return _unsupported_mode(plan) or plan
 
-    def rewrite(self, plan: DftPlan, build: Builder) -> list[gs.Tensor]:
-        x, last = build.node.inputs[0], plan.rank - 1
+    def rewrite(self, plan: DftPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Move the axis next to the complex dimension, multiply by the constant DFT matrix, move it back."""
+        x, last = ctx.node.inputs[0], plan.rank - 1
         perm = [d for d in range(last) if d != plan.axis] + [plan.axis, last]
         moved = perm != list(range(plan.rank))
         if moved:  # the transformed axis goes next to the complex dimension, so they can merge
-            x = build.op("Transpose", x, perm=perm, dtype=plan.dtype)
+            x = ctx.typed(plan.dtype).Transpose(x, perm=perm)
         keep = [0] * (plan.rank - 2)  # Reshape's 0 copies a dimension: the batch-like ones may be dynamic
-        flat = build.op("Reshape", x, np.array([*keep, plan.length * plan.channels], np.int64), dtype=plan.dtype)
-        matrix = build.const(dft_matrix(plan).astype(plan.dtype), "dft_matrix")
-        product = build.op("MatMul", flat, matrix, dtype=plan.dtype)
-        y = build.op("Reshape", product, np.array([*keep, plan.bins, plan.out_channels], np.int64), dtype=plan.dtype)
+        flat = ctx.typed(plan.dtype).Reshape(x, np.array([*keep, plan.length * plan.channels], np.int64))
+        matrix = ctx.constant(dft_matrix(plan).astype(plan.dtype), "dft_matrix")
+        product = ctx.typed(plan.dtype).MatMul(flat, matrix)
+        y = ctx.typed(plan.dtype).Reshape(product, np.array([*keep, plan.bins, plan.out_channels], np.int64))
         if moved:
-            y = build.op("Transpose", y, perm=[int(i) for i in np.argsort(perm)], dtype=plan.dtype)
+            y = ctx.typed(plan.dtype).Transpose(y, perm=[int(i) for i in np.argsort(perm)])
         return [y]
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.parser_fixes.rewrite import Builder, NodeRewritePass
 from passes.parser_fixes.values import ValueResolver, dtype_of, rank_of, static_shape
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 #: Types of the replacements: Pad (and MatMul) take float and int32/int64 in the parser; Slice also bool. float64
 #: is included because the parser casts DOUBLE down to FLOAT.
@@ -21,13 +21,14 @@ _MATMUL_TYPES = frozenset({"float32", "float16", "float64"})  # a bfloat16 base 
 
 @dataclass(frozen=True)
 class CropPadPlan:
+    """CenterCropPad with static shapes: the Slice of the cropped axes and the Pad of the padded ones."""
     axes: tuple[int, ...]  # cropped axes
     starts: tuple[int, ...]
     ends: tuple[int, ...]
     pads: tuple[int, ...]  # begins then ends for every axis; all zero when nothing is padded
 
 
-class CenterCropPadToSlicePad(NodeRewritePass[CropPadPlan]):
+class CenterCropPadToSlicePad(RewriteRule[CropPadPlan]):
     """``CenterCropPad`` -> ``Slice`` (axes that shrink) and ``Pad`` with zeros (axes that grow).
 
     Per axis, as ONNX Runtime and the ONNX reference do it: cropping drops ``(dim - size) // 2`` elements at the
@@ -38,12 +39,13 @@ class CenterCropPadToSlicePad(NodeRewritePass[CropPadPlan]):
     name = "center_crop_pad_to_slice_pad"
     ops = frozenset({"CenterCropPad"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> CropPadPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> CropPadPlan | str:
+        """A plan when rank, shape and target sizes are static; else the reason."""
         x = node.inputs[0]
         rank, dtype = rank_of(x), dtype_of(x)
         if rank is None:
             return "input rank unknown"
-        sizes = ValueResolver(graph.opset).resolve(node.inputs[1])
+        sizes = ValueResolver(facts.opset).resolve(node.inputs[1])
         if sizes is None:
             return "shape is not a constant"
         axes = [a + rank if a < 0 else a for a in node.attrs.get("axes", range(rank))]
@@ -63,14 +65,15 @@ class CenterCropPadToSlicePad(NodeRewritePass[CropPadPlan]):
             return f"{dtype} input: the parser's {'Pad' if any(pads) else 'Slice'} does not take it"
         return CropPadPlan(*_columns(crop), tuple(pads))
 
-    def rewrite(self, plan: CropPadPlan, build: Builder) -> list[gs.Tensor]:
-        y: gs.Tensor = build.node.inputs[0]
+    def rewrite(self, plan: CropPadPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Slice the cropped axes, then Pad the padded ones (centred as CenterCropPad centres)."""
+        y: gs.Tensor = ctx.node.inputs[0]
         dtype = dtype_of(y)
         if plan.axes:
             starts, ends, axes = (np.array(v, np.int64) for v in (plan.starts, plan.ends, plan.axes))
-            y = build.op("Slice", y, starts, ends, axes, dtype=dtype)
+            y = ctx.typed(dtype).Slice(y, starts, ends, axes)
         if any(plan.pads):
-            y = build.op("Pad", y, np.array(plan.pads, np.int64), mode="constant", dtype=dtype)
+            y = ctx.typed(dtype).Pad(y, np.array(plan.pads, np.int64), mode="constant")
         return [y]
 
 
@@ -83,12 +86,13 @@ def _columns(crop: list[tuple[int, int, int]]) -> tuple[tuple[int, ...], tuple[i
 
 @dataclass(frozen=True)
 class AffineGridPlan:
+    """AffineGrid with a static size: the spatial sizes, align_corners and the dtype of the base grid."""
     spatial: tuple[int, ...]  # (H, W) or (D, H, W)
     align_corners: bool
     dtype: np.dtype
 
 
-class AffineGridToMatMul(NodeRewritePass[AffineGridPlan]):
+class AffineGridToMatMul(RewriteRule[AffineGridPlan]):
     """``AffineGrid`` -> ``Transpose(theta)`` and ``MatMul`` with the constant base grid, ``Reshape``.
 
     The base grid has one row ``(x, y[, z], 1)`` per output location (x along the last axis), with the coordinates
@@ -100,12 +104,13 @@ class AffineGridToMatMul(NodeRewritePass[AffineGridPlan]):
     name = "affine_grid_to_matmul"
     ops = frozenset({"AffineGrid"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> AffineGridPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> AffineGridPlan | str:
+        """A plan when theta's type is supported and the size is a constant; else the reason."""
         theta = node.inputs[0]
         dtype = dtype_of(theta)
         if str(dtype) not in _MATMUL_TYPES:
             return f"{dtype} theta: the base grid is built as float32, float16 or float64 only"
-        size = ValueResolver(graph.opset).resolve(node.inputs[1])
+        size = ValueResolver(facts.opset).resolve(node.inputs[1])
         if size is None or size.ndim != 1 or size.size not in (4, 5):
             return "size is not a constant of 4 or 5 values"
         spatial = tuple(int(s) for s in size[2:])
@@ -118,12 +123,13 @@ class AffineGridToMatMul(NodeRewritePass[AffineGridPlan]):
         assert dtype is not None
         return AffineGridPlan(spatial, align, dtype)
 
-    def rewrite(self, plan: AffineGridPlan, build: Builder) -> list[gs.Tensor]:
-        theta_t = build.op("Transpose", build.node.inputs[0], perm=[0, 2, 1], dtype=plan.dtype)
-        base = build.const(base_grid(plan.spatial, plan.align_corners).astype(plan.dtype), "base_grid")
-        grid = build.op("MatMul", base, theta_t, dtype=plan.dtype)  # [P, k+1] @ [N, k+1, k] -> [N, P, k]
+    def rewrite(self, plan: AffineGridPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """The constant base grid times theta (MatMul), reshaped to the grid's shape."""
+        theta_t = ctx.typed(plan.dtype).Transpose(ctx.node.inputs[0], perm=[0, 2, 1])
+        base = ctx.constant(base_grid(plan.spatial, plan.align_corners).astype(plan.dtype), "base_grid")
+        grid = ctx.typed(plan.dtype).MatMul(base, theta_t)  # [P, k+1] @ [N, k+1, k] -> [N, P, k]
         shape = np.array([0, *plan.spatial, len(plan.spatial)], np.int64)  # 0: N, whatever it is
-        return [build.op("Reshape", grid, shape, dtype=plan.dtype)]
+        return [ctx.typed(plan.dtype).Reshape(grid, shape)]
 
 
 def base_grid(spatial: tuple[int, ...], align_corners: bool) -> np.ndarray:

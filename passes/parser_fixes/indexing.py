@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from passes.parser_fixes.rewrite import Builder, NodeRewritePass
 from passes.parser_fixes.values import ValueResolver, dtype_of, is_omitted, rank_of, static_shape
+from passes.rules import Facts, RewriteContext, RewriteRule
 
 _SCATTER_TYPES = frozenset({"float32", "float16", "float64"})  # MaxUnpool is float-only; the zero needs numpy
 #: Gather takes float, int32/int64 and bool in the parser (float64 is cast down); moving data needs no constant.
@@ -18,11 +18,12 @@ _GATHER_TYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int32",
 
 @dataclass(frozen=True)
 class MaxUnpoolPlan:
+    """MaxUnpool with a static output shape: the size of the flattened zero tensor the values are scattered into."""
     output_shape: tuple[int, ...]
     dtype: np.dtype
 
 
-class MaxUnpoolToScatter(NodeRewritePass[MaxUnpoolPlan]):
+class MaxUnpoolToScatter(RewriteRule[MaxUnpoolPlan]):
     """``MaxUnpool`` -> ``ScatterElements(ConstantOfShape([size]) = 0, Reshape(I, [-1]), Reshape(X, [-1]))``,
     ``Reshape`` to the output shape.
 
@@ -36,7 +37,8 @@ class MaxUnpoolToScatter(NodeRewritePass[MaxUnpoolPlan]):
     name = "max_unpool_to_scatter"
     ops = frozenset({"MaxUnpool"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> MaxUnpoolPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> MaxUnpoolPlan | str:
+        """A plan when the type is supported and the output shape is static; else the reason."""
         x = node.inputs[0]
         dtype, shape = dtype_of(x), static_shape(x)
         if str(dtype) not in _SCATTER_TYPES:
@@ -44,7 +46,7 @@ class MaxUnpoolToScatter(NodeRewritePass[MaxUnpoolPlan]):
         if shape is None or len(shape) < 3:
             return "the input's shape is not static"
         if len(node.inputs) > 2 and not is_omitted(node.inputs[2]):
-            given = ValueResolver(graph.opset).resolve(node.inputs[2])
+            given = ValueResolver(facts.opset).resolve(node.inputs[2])
             if given is None or given.size != len(shape):
                 return "output_shape is not a constant of the input's rank"
             output_shape = tuple(int(d) for d in given.tolist())
@@ -55,16 +57,17 @@ class MaxUnpoolToScatter(NodeRewritePass[MaxUnpoolPlan]):
         assert dtype is not None
         return MaxUnpoolPlan(output_shape, dtype)
 
-    def rewrite(self, plan: MaxUnpoolPlan, build: Builder) -> list[gs.Tensor]:
-        x, indices = build.node.inputs[0], build.node.inputs[1]
+    def rewrite(self, plan: MaxUnpoolPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Scatter the values at their indices into a flattened zero tensor, then Reshape to the output shape."""
+        x, indices = ctx.node.inputs[0], ctx.node.inputs[1]
         size = np.array([int(np.prod(plan.output_shape))], np.int64)
-        zero = build.const(np.zeros(1, plan.dtype), "zero")
-        zeros = build.op("ConstantOfShape", size, value=zero, dtype=plan.dtype)
+        zero = ctx.constant(np.zeros(1, plan.dtype), "zero")
+        zeros = ctx.typed(plan.dtype).ConstantOfShape(size, value=zero)
         flat = np.array([-1], np.int64)
-        values = build.op("Reshape", x, flat, dtype=plan.dtype)
-        where = build.op("Reshape", indices, flat, dtype=np.dtype(np.int64))
-        scattered = build.op("ScatterElements", zeros, where, values, axis=0, dtype=plan.dtype)
-        return [build.op("Reshape", scattered, np.array(plan.output_shape, np.int64), dtype=plan.dtype)]
+        values = ctx.typed(plan.dtype).Reshape(x, flat)
+        where = ctx.typed(np.dtype(np.int64)).Reshape(indices, flat)
+        scattered = ctx.typed(plan.dtype).ScatterElements(zeros, where, values, axis=0)
+        return [ctx.typed(plan.dtype).Reshape(scattered, np.array(plan.output_shape, np.int64))]
 
 
 def _default_spatial(node: gs.Node, spatial: tuple[int, ...]) -> tuple[int, ...]:
@@ -77,11 +80,12 @@ def _default_spatial(node: gs.Node, spatial: tuple[int, ...]) -> tuple[int, ...]
 
 @dataclass(frozen=True)
 class CompressPlan:
+    """Compress with a constant condition: the kept positions and the axis (None: flattened)."""
     indices: np.ndarray  # int64, the positions where the condition is true
     axis: int | None  # None: the input is flattened first
 
 
-class CompressToGather(NodeRewritePass[CompressPlan]):
+class CompressToGather(RewriteRule[CompressPlan]):
     """``Compress`` with a constant condition -> ``Gather`` of the condition's true positions (after a flattening
     ``Reshape`` when there is no ``axis``). A condition shorter than the axis drops the rest, as in ONNX; one
     longer than a static axis is left (an error at run time)."""
@@ -89,12 +93,13 @@ class CompressToGather(NodeRewritePass[CompressPlan]):
     name = "compress_to_gather"
     ops = frozenset({"Compress"})
 
-    def check(self, node: gs.Node, graph: gs.Graph) -> CompressPlan | str:
+    def check(self, node: gs.Node, facts: Facts) -> CompressPlan | str:
+        """A plan when the condition is a 1-D constant and the type is one Gather takes; else the reason."""
         x = node.inputs[0]
         dtype = dtype_of(x)
         if str(dtype) not in _GATHER_TYPES:
             return f"{dtype} input: the parser's Gather does not take it"
-        condition = ValueResolver(graph.opset).resolve(node.inputs[1])
+        condition = ValueResolver(facts.opset).resolve(node.inputs[1])
         if condition is None or condition.ndim != 1:
             return "condition is not a 1-D constant"
         axis = node.attrs.get("axis")
@@ -109,10 +114,11 @@ class CompressToGather(NodeRewritePass[CompressPlan]):
             return f"condition has {condition.size} entries for {limit} slices"
         return CompressPlan(np.flatnonzero(condition.astype(bool)).astype(np.int64), axis)
 
-    def rewrite(self, plan: CompressPlan, build: Builder) -> list[gs.Tensor]:
-        x = build.node.inputs[0]
+    def rewrite(self, plan: CompressPlan, ctx: RewriteContext) -> list[gs.Tensor]:
+        """Gather the kept positions (after flattening when there is no axis)."""
+        x = ctx.node.inputs[0]
         dtype = dtype_of(x)
         if plan.axis is None:
-            x = build.op("Reshape", x, np.array([-1], np.int64), dtype=dtype)
-        indices = build.const(plan.indices, "indices")
-        return [build.op("Gather", x, indices, axis=0 if plan.axis is None else plan.axis, dtype=dtype)]
+            x = ctx.typed(dtype).Reshape(x, np.array([-1], np.int64))
+        indices = ctx.constant(plan.indices, "indices")
+        return [ctx.typed(dtype).Gather(x, indices, axis=0 if plan.axis is None else plan.axis)]

@@ -38,6 +38,7 @@ def static_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
 
 
 def rank_of(tensor: gs.Tensor) -> int | None:
+    """The tensor's rank, or None when its shape is unknown."""
     return None if tensor.shape is None else len(tensor.shape)
 
 
@@ -57,6 +58,7 @@ def dtype_of(tensor: gs.Tensor) -> np.dtype | None:
 
 
 def is_omitted(tensor: gs.Tensor) -> bool:
+    """Is this an omitted optional input (a variable with an empty name)?"""
     return isinstance(tensor, gs.Variable) and not tensor.name
 
 
@@ -68,6 +70,7 @@ class ValueResolver:
         self._memo: dict[int, np.ndarray | None] = {}
 
     def resolve(self, tensor: gs.Tensor, depth: int = 0) -> np.ndarray | None:
+        """The tensor's value when it is a constant or computed from constants by shape ops; else None."""
         key = id(tensor)
         if key not in self._memo:
             self._memo[key] = None  # a cycle (invalid graph) resolves to None rather than recursing forever

@@ -1,12 +1,16 @@
 """Backends: which one runs the final graph, and the executors that run it.
 
-``onnxruntime`` is the embedded default and runs anywhere. ``tensorrt`` is imported lazily, only from
-``pipeline.backends.tensorrt.build``; ``import pipeline`` works without it.
+``onnxruntime`` is the embedded default and runs anywhere. ``tensorrt`` (NVIDIA TensorRT) and ``tensorrt-rtx``
+(TensorRT-RTX) share one build path (``pipeline.backends.tensorrt``) and are imported lazily; ``import pipeline``
+works without them. TensorRT-RTX builds engines without a GPU; where its engine cannot run, the engine is still built
+and kept, and the same final graph runs on ONNX Runtime: said in a warning and in the report, or an error with
+``require_engine_runtime=True``.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,10 +27,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend that will run the graph and why it was picked (kept in the report)."""
+    """The backend that will run the graph and why it was picked (kept in the report). ``runs_engine`` is False for
+    a TensorRT-RTX engine that cannot run here (the final graph then runs on ONNX Runtime)."""
 
     name: str
     reason: str
+    runs_engine: bool = True
 
 
 class Executor(Protocol):
@@ -42,10 +48,22 @@ class Executor(Protocol):
     def engine_bytes(self) -> bytes | None: ...
 
 
-def select_backend(requested: str) -> BackendChoice:
-    """Resolve ``auto``; asking for ``tensorrt`` where it cannot run is an error, never a silent fallback."""
+class EngineNotRunnableWarning(UserWarning):
+    """A TensorRT-RTX engine was built but cannot run here; the same graph runs on ONNX Runtime."""
+
+
+def select_backend(requested: str, settings: Settings | None = None) -> BackendChoice:
+    """Resolve ``auto``; asking for ``tensorrt`` where it cannot run is an error, never a silent fallback.
+
+    ``tensorrt-rtx`` needs only the library to import: where its engine cannot run (``settings`` give the targets),
+    the choice says so, a :class:`EngineNotRunnableWarning` is issued, and ``settings.require_engine_runtime`` makes
+    it a BuildError.
+    """
+    settings = settings or Settings()
     if requested == "onnxruntime":
         choice = BackendChoice("onnxruntime", "requested (backend='onnxruntime')")
+    elif requested == "tensorrt-rtx":
+        choice = _select_rtx(settings)
     else:
         from pipeline.backends.tensorrt.build import tensorrt_status
 
@@ -56,7 +74,8 @@ def select_backend(requested: str) -> BackendChoice:
                     f"backend='tensorrt' was requested but TensorRT cannot run here: {why}",
                     fix="run where `import tensorrt` works and torch.cuda.is_available() is True (an NVIDIA GPU, "
                     "a CUDA build of torch, pip install 'torch-trt-pipeline[tensorrt]'), or pass "
-                    "backend='onnxruntime' to run on the CPU",
+                    "backend='onnxruntime' to run on the CPU (or backend='tensorrt-rtx' to build a TensorRT-RTX "
+                    "engine without a GPU)",
                 )
             choice = BackendChoice("tensorrt", f"requested (backend='tensorrt'); {why}")
         elif available:
@@ -65,6 +84,30 @@ def select_backend(requested: str) -> BackendChoice:
             choice = BackendChoice("onnxruntime", f"auto: TensorRT not usable ({why})")
     logger.info("backend: %s (%s)", choice.name, choice.reason)
     return choice
+
+
+def _select_rtx(settings: Settings) -> BackendChoice:
+    from pipeline.backends.tensorrt.build import engine_runtime_status
+    from pipeline.backends.tensorrt.library import TENSORRT_RTX, describe_targets
+
+    TENSORRT_RTX.import_module()  # raises with the pip command when it is missing
+    runnable, why = engine_runtime_status(TENSORRT_RTX, settings)
+    if runnable:
+        return BackendChoice("tensorrt-rtx", f"requested (backend='tensorrt-rtx'); {why}")
+    targets = describe_targets(settings.trt_compute_capabilities)
+    message = (
+        f"engine built for {targets} with TensorRT-RTX {TENSORRT_RTX.version()}; not runnable here: {why}; "
+        "running the same graph on ONNX Runtime"
+    )
+    if settings.require_engine_runtime:
+        raise BuildError(
+            f"backend='tensorrt-rtx' with require_engine_runtime=True, but the engine cannot run here: {why}",
+            fix="run on a GPU TensorRT-RTX supports (compute capability 8.0, 8.6, 8.9, 12.0 or later; 7.5 when "
+            "targeted) and target it (trt_compute_capabilities), or drop require_engine_runtime to build the engine "
+            "and run the same graph on ONNX Runtime",
+        )
+    warnings.warn(message, EngineNotRunnableWarning, stacklevel=3)
+    return BackendChoice("tensorrt-rtx", f"requested (backend='tensorrt-rtx'); {message}", runs_engine=False)
 
 
 def build_executor(
@@ -78,16 +121,26 @@ def build_executor(
     """Build (or, given ``engine`` bytes, load) the executor for ``backend``.
 
     ``static_check`` (node name -> why TensorRT's parser will reject it) is asked only when TensorRT's parser
-    rejects the graph; its reasons are reported beside the parser's for each node.
+    rejects the graph; its reasons are reported beside the parser's for each node. A TensorRT-RTX engine that cannot
+    run here is built (or taken as given) and kept, and the graph runs on ONNX Runtime (``EngineOnOnnxRuntime``).
     """
     if backend == "onnxruntime":
         from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
 
         return OnnxRuntimeExecutor(model, io, settings)
-    if backend == "tensorrt":
-        from pipeline.backends.tensorrt.build import TensorRTExecutor
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        from pipeline.backends.tensorrt.build import engine_runtime_status
+        from pipeline.backends.tensorrt.executor import EngineOnOnnxRuntime, TensorRTExecutor, cached_engine
+        from pipeline.backends.tensorrt.library import library_for
 
+        library = library_for(backend)
+        runnable, why = engine_runtime_status(library, settings) if library.rtx else (True, "")
+        if runnable:
+            if engine is None:
+                return TensorRTExecutor.build(model, io, settings, static_check, library)
+            return TensorRTExecutor(engine, io, settings, library=library)
+        status = "loaded"
         if engine is None:
-            return TensorRTExecutor.build(model, io, settings, static_check)
-        return TensorRTExecutor(engine, io, settings)
-    raise BuildError(f"unknown backend {backend!r}", fix="use 'onnxruntime' or 'tensorrt'")
+            engine, status = cached_engine(model, io, settings, static_check, library)
+        return EngineOnOnnxRuntime(engine, model, io, settings, why, status, library)
+    raise BuildError(f"unknown backend {backend!r}", fix="use 'onnxruntime', 'tensorrt' or 'tensorrt-rtx'")

@@ -10,7 +10,9 @@
 - Artifacts: :func:`restore_plugins` re-creates the specs an artifact recorded (importing the op's module) and,
   for TensorRT, registers the plugins before the engine is deserialised.
 
-Both registries are process-wide, so every registration here is done once per process and key.
+Both registries are process-wide, so every registration here is done once per process and key. The specs come
+from the graph: each plugin node made by ``register_plugin`` records the torch op it runs
+(``converters.plugins.nodes``), so no table of plugins is kept here or in the converter registries' package.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import onnx
 import torch
 
 from converters.errors import BuildError, ConversionError
+from converters.plugins.nodes import node_plugin_id, plugin_nodes
 from converters.plugins.shapes import Algebra, evaluate, fake_outputs
-from converters.plugins.spec import PluginSpec, find_plugin, node_plugin_id, plugin_nodes
+from converters.plugins.spec import PluginSpec, spec_for_node
 from converters.plugins.spec import restore_plugins as restore_specs
 
 logger = logging.getLogger(__name__)
@@ -78,7 +81,7 @@ def prepare_onnxruntime(model: onnx.ModelProto, options: Any) -> bool:
     library = extensions().get_library_path()
     types = _element_types(model)
     for node in nodes:
-        spec = find_plugin(node_plugin_id(node))
+        spec = spec_for_node(node)
         if spec is None:  # a hand-made plugin node: its CPU reference, if any, is the user's own onnx_op
             logger.warning(
                 "plugin node %s (%s) has no torch op: ONNX Runtime needs your own CPU reference",
@@ -246,15 +249,18 @@ def _element_types(model: onnx.ModelProto) -> dict[str, np.dtype]:
 
 # -- TensorRT: tensorrt.plugin ----------------------------------------------------------------------------------------
 
-_registered_plugins: set[str] = set()
+_registered_plugins: dict[str, str] = {}  # plugin id -> the torch op its tensorrt.plugin runs
 
 
 def register_tensorrt_plugins(model: onnx.ModelProto) -> list[str]:
     """Register a ``tensorrt.plugin`` for every plugin node of ``model`` made by ``register_plugin``; returns the
     plugin ids. Call before TensorRT parses the graph or deserialises an engine built from it."""
     registered = []
-    for plugin_id in dict.fromkeys(node_plugin_id(n) for n in plugin_nodes(model)):
-        spec = find_plugin(plugin_id)
+    nodes: dict[str, onnx.NodeProto] = {}
+    for node in plugin_nodes(model):
+        nodes.setdefault(node_plugin_id(node), node)
+    for plugin_id, node in nodes.items():
+        spec = spec_for_node(node)
         if spec is None:
             logger.info("plugin %s has no torch op: load its plugin library before the build", plugin_id)
             continue
@@ -267,8 +273,15 @@ def register_tensorrt_plugin(spec: PluginSpec) -> None:
     """``trtp.register`` (shape function from the fake kernel) and ``trtp.impl`` (the op) for ``spec``, once."""
     import tensorrt.plugin as trtp
 
-    if spec.plugin_id in _registered_plugins:
+    known = _registered_plugins.get(spec.plugin_id)
+    if known == spec.torch_op:
         return
+    if known is not None:
+        raise BuildError(
+            f"tensorrt.plugin {spec.plugin_id} already runs torch op {known} in this process; cannot also run "
+            f"{spec.torch_op} (TensorRT's plugin registry is process-wide)",
+            fix="pass another name= (or namespace=) to one of the register_plugin calls",
+        )
     namespace = getattr(trtp.op, spec.namespace, None)
     if namespace is not None and spec.name in vars(namespace):  # the user registered this plugin by hand
         logger.info("tensorrt.plugin %s is already registered; keeping it", spec.plugin_id)
@@ -276,7 +289,7 @@ def register_tensorrt_plugin(spec: PluginSpec) -> None:
         trtp.register(spec.plugin_id)(describe_function(spec))
         trtp.impl(spec.plugin_id)(impl_function(spec))
         logger.info("tensorrt.plugin %s registered for %s", spec.plugin_id, spec.torch_op)
-    _registered_plugins.add(spec.plugin_id)
+    _registered_plugins[spec.plugin_id] = spec.torch_op
 
 
 _POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD  # how tensorrt.plugin wants every parameter
@@ -380,10 +393,10 @@ def on_stream(stream: int) -> Iterator[None]:
 
 
 def restore_plugins(records: Sequence[Mapping[str, Any]], model: onnx.ModelProto, backend: str) -> list[PluginSpec]:
-    """Re-create the plugin specs an artifact recorded; for TensorRT, register the plugins before the engine is
-    deserialised (a JIT plugin runs Python: its impl must exist in the loading process). ONNX Runtime's CPU
-    references are registered by the executor, from the specs."""
-    specs = restore_specs(records)
+    """Re-create the plugin specs an artifact recorded (importing the modules that define their ops); for TensorRT,
+    register the plugins before the engine is deserialised (a JIT plugin runs Python: its impl must exist in the
+    loading process). ONNX Runtime's CPU references are registered by the executor, from the graph's nodes."""
+    specs = restore_specs(records, model)
     if backend == "tensorrt":
         register_tensorrt_plugins(model)
     return specs

@@ -157,8 +157,8 @@ def _resize(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
     coordinate = _text(_attr(node, "coordinate_transformation_mode", "half_pixel"))
     nearest = _text(_attr(node, "nearest_mode", "round_prefer_floor"))
     policy = _text(_attr(node, "keep_aspect_ratio_policy", "stretch"))
-    if mode == "cubic":
-        problems.append(("Resize mode 'cubic' is not supported", "use mode 'linear' or 'nearest'"))
+    # mode 'cubic' is accepted: the 11.1 matrix lists nearest/linear only, the real parser takes cubic (calibration,
+    # pipeline/check/data/real_parser_calibration.csv)
     allowed = ("half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn", "asymmetric", "align_corners")
     if coordinate not in allowed:
         problems.append((f"coordinate_transformation_mode {coordinate!r} is not supported", f"use one of {allowed}"))
@@ -172,9 +172,7 @@ def _resize(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
 
 
 def _topk(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
-    problems: list[Problem] = []
-    if _attr(node, "sorted", 1) != 1:
-        problems.append(("TopK needs sorted=1", "sort the result (torch.topk(sorted=True))"))
+    problems: list[Problem] = []  # sorted=0 is accepted by the real parser, unlike the matrix's "must be 1"
     k = facts.constant(_input(node, 1))
     if k is not None and k.size == 1 and int(k.reshape(-1)[0]) >= 3840:
         problems.append((f"K = {int(k.reshape(-1)[0])} must be less than 3840", "split the selection or sort instead"))
@@ -184,8 +182,11 @@ def _topk(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
 def _pool(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
     problems: list[Problem] = []
     rank = facts.ranks.get(_input(node, 0))
-    if rank is not None and rank not in (4, 5):
-        problems.append((f"{node.op_type} on a rank-{rank} input: only 2D and 3D pooling", "reshape to 4-D (N,C,H,W)"))
+    ranks = (3, 4, 5) if node.op_type in ("MaxPool", "AveragePool") else (4, 5)  # the parser reshapes 1D pooling
+    if rank is not None and rank not in ranks:
+        problems.append(
+            (f"{node.op_type} on a rank-{rank} input: only 1D (Max/AveragePool), 2D and 3D pooling", "reshape to 4-D")
+        )
     dilations = _attr(node, "dilations")
     if dilations and any(d != 1 for d in dilations):  # type: ignore[attr-defined]
         problems.append(("`dilations` must be empty or all ones", "pool without dilation"))

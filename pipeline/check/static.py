@@ -12,37 +12,56 @@ function is inlined; otherwise the parser looks for a plugin named after the op.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from converters.errors import InputError
+from passes.parser_fixes import declined_fixes
 from pipeline.check.ops import DEFAULT_TRT_VERSION, custom_ops, min_version, parse_version, support_table
 from pipeline.check.rules import GraphFacts, node_problems
 
 SUPPORTED, UNSUPPORTED, RESTRICTED, PLUGIN = "supported", "unsupported", "restriction violated", "plugin"
+BUILD_FAILED = "build failed"  # the real builder's verdict (pipeline.check.real), not the table's
 
 
 @dataclass(frozen=True)
 class NodeCheck:
+    """One node's verdict: its status, the reason and the fix, and the parser fixes that declined it."""
+
     node: str
     op: str
     domain: str
     status: str
     reason: str = ""
     fix: str = ""
+    #: For a node the parser rejects (unsupported, restriction violated): each parser fix that looked at it, and why
+    #: it left the node.
+    declined: tuple[str, ...] = ()
+
+
+def static_parser_name(trt_version: str) -> str:
+    """How the static table names itself as the judge of a report."""
+    return f"static table (TensorRT {trt_version} operator matrix)"
 
 
 @dataclass(frozen=True)
 class CompatibilityReport:
+    """Every node's verdict; ``parser`` names the judge (a real parser and its version, or the static table)."""
+
     trt_version: str
     nodes: tuple[NodeCheck, ...]
+    parser: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.parser:
+            object.__setattr__(self, "parser", static_parser_name(self.trt_version))
 
     @property
     def problems(self) -> tuple[NodeCheck, ...]:
-        return tuple(n for n in self.nodes if n.status in (UNSUPPORTED, RESTRICTED))
+        return tuple(n for n in self.nodes if n.status in (UNSUPPORTED, RESTRICTED, BUILD_FAILED))
 
     @property
     def ok(self) -> bool:
@@ -54,6 +73,7 @@ class CompatibilityReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "trt_version": self.trt_version,
+            "parser": self.parser,
             "counts": self.counts(),
             "problems": [asdict(n) for n in self.problems],
             "plugins": [asdict(n) for n in self.nodes if n.status == PLUGIN],
@@ -61,17 +81,19 @@ class CompatibilityReport:
 
     def summary(self) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
-        lines = [f"TensorRT {self.trt_version} parser check: {len(self.nodes)} nodes ({counts or 'none'})"]
+        lines = [f"{self.parser} check: {len(self.nodes)} nodes ({counts or 'none'})"]
         for n in self.problems:
             lines.append(f"  {n.status:<20} {n.op:<18} {n.node}: {n.reason}")
             if n.fix:
                 lines.append(f"  {'':<20} fix: {n.fix}")
+            lines += [f"  {'':<20} {line}" for line in n.declined]
         return "\n".join(lines)
 
 
 def check(model: onnx.ModelProto | str | Path, trt_version: str = DEFAULT_TRT_VERSION) -> CompatibilityReport:
-    """Check every node of ``model`` (a ModelProto or a path) against TensorRT ``trt_version``'s ONNX parser."""
-    proto = _load(model)
+    """Check every node of ``model`` (a ModelProto or a path) against the static table of TensorRT ``trt_version``'s
+    ONNX parser (no TensorRT needed; ``pipeline.check`` asks a real parser first, see ``pipeline.check.judge``)."""
+    proto = load_model(model)
     try:
         parse_version(trt_version)
     except ValueError:
@@ -85,7 +107,10 @@ def check(model: onnx.ModelProto | str | Path, trt_version: str = DEFAULT_TRT_VE
     facts = GraphFacts.of(inferred, parse_version(trt_version))
     functions = {(f.domain, f.name): f for f in proto.functions}
     results = [_check(node, facts, functions, trt_version, scope="") for node in inferred.graph.node]
-    return CompatibilityReport(trt_version, tuple(r for group in results for r in group))
+    nodes = [r for group in results for r in group]
+    declined = declined_fixes(inferred, {n.node for n in nodes if n.status in (UNSUPPORTED, RESTRICTED)})
+    nodes = [replace(n, declined=tuple(declined[n.node])) if n.node in declined else n for n in nodes]
+    return CompatibilityReport(trt_version, tuple(nodes))
 
 
 def _check(
@@ -167,7 +192,8 @@ def _fix_for(op: str, since: str | None) -> str:
     return f"{upgrade}register a converter for {op!r} that builds it from supported ops, or a plugin"
 
 
-def _load(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+def load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+    """A ModelProto as given, or read from a path (without external weights); an InputError if unreadable."""
     if isinstance(model, onnx.ModelProto):
         return model
     path = Path(model)

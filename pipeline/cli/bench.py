@@ -20,7 +20,7 @@ import torch
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
-from pipeline.cli.common import dynamic_dims, load_spec, random_inputs
+from pipeline.cli.common import add_conversion_arguments, conversion_options, load_spec, random_inputs
 
 
 def add_bench_command(commands: Any) -> None:
@@ -32,10 +32,9 @@ def add_bench_command(commands: Any) -> None:
     )
     parser.add_argument("--dynamic", action="append", default=[], metavar="INPUT:AXIS:NAME:MIN:OPT:MAX")
     parser.add_argument("--backend", default="auto", help="backend to convert with (SPEC only)")
-    parser.add_argument("--precision", default="fp32", help="precision to convert with (SPEC only)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     parser.add_argument("--iterations", type=int, default=100, help="timed calls (default 100)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_conversion_arguments(parser)  # SPEC only
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the figures as JSON")
     parser.set_defaults(run=_bench)
 
@@ -113,14 +112,7 @@ def _targets(args: argparse.Namespace) -> tuple[Any, torch.nn.Module | None, tup
             f"{args.target} returned a module but no sample, and no --input was given",
             fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
         )
-    module = pipeline.convert(
-        model,
-        sample,
-        backend=args.backend,
-        precision=args.precision,
-        dynamic=dynamic_dims(args.dynamic),
-        seed=args.seed,
-    )
+    module = pipeline.convert(model, sample, backend=args.backend, **conversion_options(args))
     from pipeline.module.io_spec import normalise_sample
 
     return module, model, normalise_sample(sample)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +66,13 @@ def call_factory(spec: str) -> Any:
     factory = getattr(_SOURCES[target], factory_name, None)
     if not callable(factory):
         raise InputError(f"{target} has no callable {factory_name!r}", fix="name a function that builds it")
-    return factory()
+    try:
+        return factory()
+    except Exception as exc:  # the user's code: its error, named as such, with where it came from
+        raise InputError(
+            f"the factory {spec} raised {type(exc).__name__}: {exc}",
+            fix=f"fix {factory_name}() in {target} (run it in Python to see the traceback)",
+        ) from exc
 
 
 def _import(target: str) -> Any:
@@ -70,13 +81,24 @@ def _import(target: str) -> Any:
             return importlib.import_module(target)
         except ImportError as exc:
             raise InputError(f"cannot import {target!r}: {exc}", fix="check the module name and PYTHONPATH") from exc
+        except Exception as exc:  # the module exists but fails at import time
+            raise InputError(
+                f"{target} failed to import: {type(exc).__name__}: {exc}", fix=f"fix {target} (import it in Python)"
+            ) from exc
     path = Path(target)
     if not path.is_file():
         raise InputError(f"no such file: {target}", fix="check the path in the spec")
     module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
+    if module_spec is None or module_spec.loader is None:
+        raise InputError(f"cannot load {target} as Python", fix="name a .py file")
     source = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(source)
+    try:
+        module_spec.loader.exec_module(source)
+    except Exception as exc:  # a syntax error, or an error at import time in the user's file
+        raise InputError(
+            f"{target} failed to import: {type(exc).__name__}: {exc}",
+            fix=f"fix {target} (run `python {target}` to see the traceback)",
+        ) from exc
     return source
 
 
@@ -93,9 +115,12 @@ def random_inputs(specs: list[str], seed: int) -> list[tuple[str, torch.Tensor]]
         name, shape_text, dtype_name = parts[0], parts[1], parts[2] if len(parts) == 3 else "float32"
         try:
             shape = tuple(int(s) for s in shape_text.split("x"))
+            if any(size < 1 for size in shape):
+                raise ValueError(shape_text)
         except ValueError:
             raise InputError(
-                f"cannot read the shape {shape_text!r} of --input {name}", fix="write it as 1x3x224x224"
+                f"cannot read the shape {shape_text!r} of --input {name}: sizes are whole numbers >= 1",
+                fix="write it as 1x3x224x224",
             ) from None
         dtype = getattr(torch, dtype_name, None)
         if not isinstance(dtype, torch.dtype):
@@ -125,3 +150,187 @@ def dynamic_dims(specs: list[str]) -> dict[str, dict[int, tuple[str, int, int, i
                 f"cannot read --dynamic {text!r}", fix="write INPUT:AXIS:NAME:MIN:OPT:MAX, e.g. x:0:batch:1:8:32"
             ) from None
     return dims
+
+
+def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
+    """The conversion options every command that converts takes (convert, compare, bench): one definition."""
+    parser.add_argument(
+        "--min-shapes",
+        default=None,
+        metavar="NAME:SHAPE,...",
+        help="trtexec-style: the smallest shape of each input, e.g. input_ids:1x8,attention_mask:1x8",
+    )
+    parser.add_argument("--opt-shapes", default=None, metavar="NAME:SHAPE,...", help="the shapes to optimise for")
+    parser.add_argument("--max-shapes", default=None, metavar="NAME:SHAPE,...", help="the largest shape of each input")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16", "int8", "fp8"],
+        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
+    )
+    parser.add_argument(
+        "--keep-fp32",
+        action="append",
+        default=[],
+        metavar="NODE|OP|MODULE",
+        help="keep in float32: a node name, op type or PyTorch module path (node:, op:, module: to be explicit)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="KEY:ATOL:RTOL",
+        help="tolerance for a dtype or an output name, e.g. float32:1e-4:1e-3 or logits:1e-3:1e-2",
+    )
+    parser.add_argument(
+        "--converters",
+        default=None,
+        metavar="SPEC",
+        help="file.py:factory returning the ConverterRegistry to convert with (default: the built-ins and yours)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+
+
+def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``pipeline.convert`` keyword arguments from :func:`add_conversion_arguments`'s options (and ``--dynamic``)."""
+    options: dict[str, Any] = {
+        "precision": args.precision,
+        "keep_fp32": tuple(args.keep_fp32),
+        "seed": args.seed,
+        "dynamic": merge_dynamic(
+            dynamic_dims(args.dynamic), shapes_to_dynamic(args.min_shapes, args.opt_shapes, args.max_shapes)
+        ),
+    }
+    tolerances = read_tolerances(args.tolerance)
+    if tolerances:
+        options["tolerances"] = tolerances
+    if args.converters:
+        options["converters"] = converter_registry(args.converters)
+    return options
+
+
+def read_tolerances(specs: list[str]) -> dict[str, tuple[float, float]]:
+    """``{key: (atol, rtol)}`` from ``--tolerance KEY:ATOL:RTOL`` arguments."""
+    tolerances = {}
+    for text in specs:
+        key, _, rest = text.rpartition(":")
+        key, _, atol = key.rpartition(":")
+        try:
+            tolerances[key] = (float(atol), float(rest))
+        except ValueError:
+            raise InputError(
+                f"cannot read --tolerance {text!r}", fix="write KEY:ATOL:RTOL, e.g. logits:1e-4:1e-3"
+            ) from None
+        if not key:
+            raise InputError(f"--tolerance {text!r} names no dtype or output", fix="write KEY:ATOL:RTOL")
+    return tolerances
+
+
+def converter_registry(spec: str) -> Any:
+    """The ``ConverterRegistry`` a ``--converters file.py:factory`` returns."""
+    from converters.registry import ConverterRegistry
+
+    registry = call_factory(spec)
+    if not isinstance(registry, ConverterRegistry):
+        raise InputError(
+            f"{spec} returned {type(registry).__name__}",
+            fix="the --converters factory must return a converters.ConverterRegistry",
+        )
+    return registry
+
+
+Dims = dict[str, dict[int, tuple[str, int, int, int]]]
+
+
+def shapes_to_dynamic(min_text: str | None, opt_text: str | None, max_text: str | None) -> Dims:
+    """trtexec's ``--minShapes/--optShapes/--maxShapes`` as ``dynamic=``: every axis whose sizes differ is dynamic.
+
+    Axes of different inputs with the same position and range share one dimension name (``input_ids`` and
+    ``attention_mask`` share batch and sequence length, as the exporter needs); the name is ``dim<axis>_<min>_<max>``.
+    """
+    given = [t for t in (min_text, opt_text, max_text) if t]
+    if not given:
+        return {}
+    if len(given) != 3:
+        raise InputError(
+            "--min-shapes, --opt-shapes and --max-shapes go together", fix="give all three, for the same inputs"
+        )
+    flags = ("--min-shapes", "--opt-shapes", "--max-shapes")
+    lo, opt, hi = (_read_shapes(t, flag) for t, flag in zip(given, flags, strict=True))
+    if not set(lo) == set(opt) == set(hi):
+        raise InputError("--min/opt/max-shapes name different inputs", fix="name the same inputs in all three")
+    dims: Dims = {}
+    for name, low in lo.items():
+        if not len(low) == len(opt[name]) == len(hi[name]):
+            raise InputError(f"the shapes of {name!r} have different ranks", fix="give one rank in all three flags")
+        for axis, (a, b, c) in enumerate(zip(low, opt[name], hi[name], strict=True)):
+            if a != c or a != b:
+                dims.setdefault(name, {})[axis] = (f"dim{axis}_{a}_{c}", a, b, c)
+    return dims
+
+
+def _read_shapes(text: str, flag: str) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in text.split(","):
+        name, sep, shape = item.strip().rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = tuple(int(s) for s in shape.split("x"))
+        except ValueError:
+            raise InputError(f"cannot read {flag} {item!r}", fix=f"write {flag} NAME:1x3x224x224[,NAME:...]") from None
+        if any(s < 1 for s in shapes[name]):
+            raise InputError(f"{flag} {item!r} has a size below 1", fix="sizes are whole numbers >= 1")
+    return shapes
+
+
+def merge_dynamic(first: Dims, second: Dims) -> Dims:
+    """Both ``dynamic=`` maps; the same input axis in both is an error."""
+    merged = {k: dict(v) for k, v in first.items()}
+    for name, axes in second.items():
+        for axis, dim in axes.items():
+            if axis in merged.get(name, {}):
+                raise InputError(
+                    f"axis {axis} of {name!r} is declared by --dynamic and by the shape flags",
+                    fix="declare each dynamic axis once",
+                )
+            merged.setdefault(name, {})[axis] = dim
+    return merged
+
+
+@contextlib.contextmanager
+def staged_output(out: Path, names: Sequence[str]) -> Iterator[Path]:
+    """All or nothing: a staging directory for the files ``names``, moved into ``out`` when the block succeeds.
+
+    Checked before any work: ``out`` must be (or become) a writable directory and none of ``names`` may be a
+    directory there. On an error inside the block the staging directory goes and ``out`` is as it was. When ``out``
+    did not exist, the staging directory is renamed to it (one step); otherwise each file is renamed into it.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"-o {out} is a file", fix="give a directory (it is created if it does not exist)")
+    blocked = [n for n in names if (out / n).is_dir()]
+    if blocked:
+        raise InputError(
+            f"-o {out} holds a directory named {', '.join(blocked)}, where an output file goes",
+            fix="remove it or choose another output directory",
+        )
+    fresh = not out.exists()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging.", dir=out.parent if fresh else out))
+    except OSError as exc:
+        raise InputError(
+            f"cannot write to -o {out}: {exc.strerror or exc}", fix="choose a writable output directory"
+        ) from exc
+    try:
+        yield staging
+        if fresh:
+            os.replace(staging, out)
+            return
+        for item in sorted(staging.iterdir()):
+            os.replace(item, out / item.name)
+        staging.rmdir()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

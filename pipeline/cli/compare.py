@@ -12,8 +12,13 @@ import argparse
 from typing import Any
 
 from converters.errors import InputError
-from converters.registry import ConverterRegistry
-from pipeline.cli.common import add_model_arguments, call_factory, dynamic_dims, load_spec, random_inputs
+from pipeline.cli.common import (
+    add_conversion_arguments,
+    add_model_arguments,
+    conversion_options,
+    load_spec,
+    random_inputs,
+)
 
 
 def add_compare_command(commands: Any) -> None:
@@ -45,31 +50,19 @@ def add_compare_command(commands: Any) -> None:
         help="float64: a float64 copy of the model is the reference",
     )
     parser.add_argument(
-        "--tolerance",
-        action="append",
-        default=[],
-        metavar="KEY:ATOL:RTOL",
-        help="tolerance for a dtype, output name or module path, e.g. float32:1e-4:1e-3",
-    )
-    parser.add_argument(
         "--memory-budget",
         type=int,
         default=DEFAULT_MEMORY_BUDGET >> 20,
         metavar="MIB",
         help="memory for intermediates per chunk of the per-layer comparison (MiB)",
     )
-    parser.add_argument(
-        "--converters",
-        default=None,
-        metavar="SPEC",
-        help="file.py:factory returning the ConverterRegistry to convert with",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    add_conversion_arguments(parser)
     parser.set_defaults(run=run_compare)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pipeline.compare.run import compare
+    """``pipeline compare``: convert, compare, print the table, write the report; 0 when every output passes."""
+    from pipeline.conversion import compare
 
     model, sample = load_spec(args.spec)
     if args.input:
@@ -79,43 +72,16 @@ def run_compare(args: argparse.Namespace) -> int:
             f"{args.spec} returned a module but no sample, and no --input was given",
             fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
         )
-    registry = None
-    if args.converters:
-        registry = call_factory(args.converters)
-        if not isinstance(registry, ConverterRegistry):
-            raise InputError(
-                f"{args.converters} returned {type(registry).__name__}",
-                fix="the --converters factory must return a converters.ConverterRegistry",
-            )
     report = compare(
         model,
         sample,
         backends=args.backend or "auto",
         reference_dtype=args.reference_dtype,
-        tolerances=_tolerances(args.tolerance),
         per_layer=args.per_layer,
         random_inputs=args.random_inputs,
         memory_budget=args.memory_budget << 20,
         output_dir=args.output,
-        converters=registry,
-        seed=args.seed,
-        dynamic=dynamic_dims(args.dynamic),
+        **conversion_options(args),
     )
     print(report.table(args.output))
     return 0 if report.passed else 1
-
-
-def _tolerances(specs: list[str]) -> dict[str, tuple[float, float]]:
-    tolerances = {}
-    for text in specs:
-        key, _, rest = text.rpartition(":")
-        key, _, atol = key.rpartition(":")
-        try:
-            tolerances[key] = (float(atol), float(rest))
-        except ValueError:
-            raise InputError(
-                f"cannot read --tolerance {text!r}", fix="write KEY:ATOL:RTOL, e.g. logits:1e-4:1e-3"
-            ) from None
-        if not key:
-            raise InputError(f"--tolerance {text!r} names no dtype or output", fix="write KEY:ATOL:RTOL")
-    return tolerances

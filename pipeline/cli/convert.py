@@ -10,24 +10,44 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
-from pipeline.cli.common import add_model_arguments, call_factory, dynamic_dims, load_spec, random_inputs
+from pipeline.cli.common import (
+    add_conversion_arguments,
+    add_model_arguments,
+    call_factory,
+    conversion_options,
+    load_spec,
+    random_inputs,
+    staged_output,
+)
 
 ARTIFACT_NAME = "model.ptrt"
+OUTPUTS = (ARTIFACT_NAME, "model.onnx", "model.onnx.data", "report.json")
 
 
 def add_convert_command(commands: Any) -> None:
     """Add the ``convert`` subcommand to ``pipeline``'s subparsers."""
     convert = commands.add_parser("convert", help="convert a model and write the artifact, graph and report")
     add_model_arguments(convert, output_help="output directory")
-    convert.add_argument("--backend", default="auto", choices=["auto", "onnxruntime", "tensorrt"])
-    convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
-    convert.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
     convert.add_argument(
-        "--precision",
-        default="fp32",
-        choices=["fp32", "fp16", "bf16", "int8", "fp8"],
-        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
+        "--backend",
+        default="auto",
+        choices=["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"],
+        help="tensorrt-rtx builds a TensorRT-RTX engine without a GPU (run where a supported GPU is)",
     )
+    convert.add_argument(
+        "--compute-capability",
+        action="append",
+        default=[],
+        metavar="X.Y",
+        help="TensorRT-RTX target GPU compute capability (repeatable; default: TensorRT-RTX's portable set)",
+    )
+    convert.add_argument(
+        "--require-engine-runtime",
+        action="store_true",
+        help="fail when the engine cannot run here instead of running the same graph on ONNX Runtime",
+    )
+    convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
+    add_conversion_arguments(convert)
     convert.add_argument(
         "--calibration",
         metavar="FILE.pt|FILE.py:FACTORY",
@@ -35,13 +55,6 @@ def add_convert_command(commands: Any) -> None:
     )
     convert.add_argument(
         "--calibration-method", default="auto", choices=["auto", "max", "percentile", "entropy", "mse"]
-    )
-    convert.add_argument(
-        "--keep-fp32",
-        action="append",
-        default=[],
-        metavar="NODE|OP|MODULE",
-        help="keep in float32: a node name, op type or PyTorch module path (node:, op:, module: to be explicit)",
     )
     convert.set_defaults(run=_convert)
 
@@ -58,23 +71,27 @@ def _convert(args: argparse.Namespace) -> int:
             f"{args.spec} returned a module but no sample, and no --input was given",
             fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
         )
-    module = convert(
-        model,
-        sample,
-        backend=args.backend,
-        validate=not args.no_validate,
-        seed=args.seed,
-        dynamic=dynamic_dims(args.dynamic),
-        precision=args.precision,
-        keep_fp32=tuple(args.keep_fp32),
-        calibration=_calibration(args.calibration),
-        calibration_method=args.calibration_method,
-    )
     out: Path = args.output
-    artifact = module.save(out / ARTIFACT_NAME)
-    module.save_onnx(out / "model.onnx")  # with model.onnx.data beside it when the weights are external
-    write_file_atomically(out / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
+    with staged_output(out, OUTPUTS) as staging:  # checked before converting; all three files, or none
+        module = convert(
+            model,
+            sample,
+            backend=args.backend,
+            validate=not args.no_validate,
+            trt_compute_capabilities=tuple(args.compute_capability),
+            require_engine_runtime=args.require_engine_runtime,
+            calibration=_calibration(args.calibration),
+            calibration_method=args.calibration_method,
+            **conversion_options(args),
+        )
+        module.save(staging / ARTIFACT_NAME)
+        module.save_onnx(staging / "model.onnx")  # with model.onnx.data beside it when the weights are external
+        write_file_atomically(staging / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
+    artifact = out / ARTIFACT_NAME
     print(module.report.summary())
+    engine = module.engine_bytes
+    if engine is not None:
+        print(f"engine    {len(engine) / 1e6:.1f} MB {module.backend} engine in the artifact")
     print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
     return 0
 

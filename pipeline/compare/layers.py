@@ -29,7 +29,7 @@ from passes.model_io.graphs import module_path
 from pipeline.compare.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
 from pipeline.compare.stats import ErrorAccumulator, ErrorStats
 from pipeline.module.io_spec import IOSpec
-from pipeline.validate import Feed, _polygraphy_quiet
+from pipeline.validate import Feed, polygraphy_quiet
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class ModuleOutput:
 
 @dataclass(frozen=True)
 class LayerMatch:
+    """A PyTorch module output matched to a tensor of the final graph (same shape, the graph's type)."""
     module: str
     type_name: str
     tensor: str
@@ -92,6 +93,7 @@ class LayerComparison:
 
     @property
     def passed(self) -> bool:
+        """Within tolerance on every compared element."""
         return self.stats.passed
 
 
@@ -107,6 +109,7 @@ class Divergence:
 
 @dataclass(frozen=True)
 class LayerReport:
+    """The per-layer comparison on one backend: every matched module with its figures, and those left unmatched."""
     backend: str
     layers: tuple[LayerComparison, ...]
     unmatched: tuple[tuple[str, str, str], ...]  # (module, type, reason)
@@ -125,9 +128,13 @@ class LayerBackend(Protocol):
     name: str
     note: str
 
-    def markable(self, matches: Sequence[LayerMatch]) -> tuple[list[LayerMatch], list[tuple[str, str, str]]]: ...
+    def markable(self, matches: Sequence[LayerMatch]) -> tuple[list[LayerMatch], list[tuple[str, str, str]]]:
+        """The matches whose tensors this backend can expose as outputs, and the rest with the reason."""
+        ...
 
-    def runner(self, tensors: Sequence[tuple[str, str]]) -> Any: ...
+    def runner(self, tensors: Sequence[tuple[str, str]]) -> Any:
+        """A Polygraphy runner that returns ``tensors`` as outputs."""
+        ...
 
 
 class OnnxRuntimeLayers:
@@ -142,9 +149,11 @@ class OnnxRuntimeLayers:
         self._working.CopyFrom(final)
 
     def markable(self, matches: Sequence[LayerMatch]) -> tuple[list[LayerMatch], list[tuple[str, str, str]]]:
+        """Every match: ONNX Runtime can expose any tensor of the graph."""
         return list(matches), []
 
     def runner(self, tensors: Sequence[tuple[str, str]]) -> Any:
+        """An ONNX Runtime runner of the graph with ``tensors`` made graph outputs."""
         from polygraphy.backend.onnxrt import OnnxrtRunner
 
         del self._working.graph.output[:]
@@ -342,7 +351,7 @@ def _run_chunk(
     """Run the backend runner and the hooked model on every feed and add each module's errors. The backend gets
     only the inputs it has: an engine whose outputs are early intermediates may have lost later-used inputs."""
     hooked = ModuleOutputRunner(reference, io, [m.module for m in chunk], float64=float64)
-    with _polygraphy_quiet(), backend, hooked:
+    with polygraphy_quiet(), backend, hooked:
         wanted = set(backend.get_input_metadata().keys())
         for feed in feeds:
             actual = backend.infer({name: value for name, value in feed.items() if name in wanted})

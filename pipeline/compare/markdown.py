@@ -1,28 +1,31 @@
-"""Text renderings of a comparison report: the Markdown file and the short terminal table."""
+"""Text renderings of a comparison report's data: the Markdown file and the short terminal table.
+
+Both are functions of the report's JSON data (``ComparisonReport.to_dict(directory)``, the content of
+``report.json``), so they render a report read back from disk as well, and the report itself does not depend on
+how it is shown.
+"""
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from pipeline.compare.layers import Divergence
-
-if TYPE_CHECKING:
-    from pipeline.compare.report import ComparisonReport
+from typing import Any
 
 _MAX_NODES = 40  # nodes listed under the first divergence; the JSON lists all
 
+Data = Mapping[str, Any]
 
-def render_markdown(report: ComparisonReport, directory: Path) -> str:
-    verdict = "PASS" if report.passed else "FAIL"
+
+def render_markdown(data: Data) -> str:
+    """``report.md``: verdict, runners, per-output statistics, plots, the per-layer table, the reproducer. ``data``
+    is ``report.to_dict(directory)`` (with the directory: it names the files and the Polygraphy commands)."""
+    files = {kind: Path(path).name for kind, path in data["files"].items()}
     lines = [
-        f"# {report.model} against PyTorch: {verdict}",
+        f"# {data['model']} against PyTorch: {_pass(data['passed'])}",
         "",
-        f"- **Inputs**: {report.inputs} ({report.input_source})",
-        f"- **Reference**: `{report.reference}` ({report.reference_dtype})",
-        f"- **Rule**: {report.rule}",
+        f"- **Inputs**: {data['inputs']['count']} ({data['inputs']['source']})",
+        f"- **Reference**: `{data['reference']['runner']}` ({data['reference']['dtype']})",
+        f"- **Rule**: {data['rule']}",
         "- **Tolerances**: per output in the tables (settings `tolerances=`, by dtype, output name or module path)",
         "",
         "## Runners",
@@ -31,7 +34,8 @@ def render_markdown(report: ComparisonReport, directory: Path) -> str:
         "|---|---|---|",
     ]
     lines += [
-        f"| `{r.name}` | {r.description} | {'skipped: ' + r.skipped if r.skipped else 'ran'} |" for r in report.runners
+        f"| `{r['name']}` | {r['description']} | {'skipped: ' + r['skipped'] if r['skipped'] else 'ran'} |"
+        for r in data["runners"]
     ]
     lines += [
         "",
@@ -41,18 +45,18 @@ def render_markdown(report: ComparisonReport, directory: Path) -> str:
         "| mean rel | median rel | p99 rel | cosine | outside | atol | rtol | verdict |",
         "|" + "---|" * 16,
     ]
-    for o in report.outputs:
-        s = o.stats
+    for o in data["outputs"]:
+        n = _numbers(o)
         lines.append(
-            f"| `{o.runner}` | `{o.output}` | {o.dtype} | {s.max_abs:.3g} | {s.mean_abs:.3g} | {s.median_abs:.3g} "
-            f"| {s.p99_abs:.3g} | {s.max_rel:.3g} | {s.mean_rel:.3g} | {s.median_rel:.3g} | {s.p99_rel:.3g} "
-            f"| {s.cosine:.6f} | {s.outside} / {s.elements} | {o.atol:g} | {o.rtol:g} | {_verdict(o.passed, s)} |"
+            f"| `{o['runner']}` | `{o['output']}` | {o['dtype']} | {n['max_abs']:.3g} | {n['mean_abs']:.3g} "
+            f"| {n['median_abs']:.3g} | {n['p99_abs']:.3g} | {n['max_rel']:.3g} | {n['mean_rel']:.3g} "
+            f"| {n['median_rel']:.3g} | {n['p99_rel']:.3g} | {n['cosine']:.6f} | {o['outside']} / {o['elements']} "
+            f"| {o['atol']:g} | {o['rtol']:g} | {_verdict(o)} |"
         )
-    files = report.files()
-    for output in dict.fromkeys(o.output for o in report.outputs):
+    for output in dict.fromkeys(o["output"] for o in data["outputs"]):
         lines += ["", f"![absolute error histogram of {output}]({files['histogram:' + output]})"]
-    if report.layers is not None:
-        lines += _layers_markdown(report, files)
+    if data["per_layer"] is not None:
+        lines += _layers_markdown(data["per_layer"], data["reference"]["runner"], files)
     lines += [
         "",
         "## Reproduce with Polygraphy",
@@ -61,30 +65,28 @@ def render_markdown(report: ComparisonReport, directory: Path) -> str:
         "(TensorRT against ONNX Runtime, then ONNX Runtime against PyTorch):",
         "",
         "```bash",
-        shlex.join(report.polygraphy_command(directory)),
+        data["polygraphy_command"],
         "```",
         "",
         "Without TensorRT (ONNX Runtime against PyTorch):",
         "",
         "```bash",
-        shlex.join(report.polygraphy_command(directory, tensorrt=False)),
+        data["polygraphy_command_onnxruntime"],
         "```",
         "",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()),
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()),
         "",
     ]
     return "\n".join(lines)
 
 
-def _layers_markdown(report: ComparisonReport, files: dict[str, str]) -> list[str]:
-    layers = report.layers
-    assert layers is not None
-    lines = ["", f"## Per layer ({layers.backend} on the final graph against `{report.reference}`)", ""]
-    if layers.note:
-        lines += [f"Intermediates from: {layers.note}.", ""]
-    divergence = layers.first_divergence
+def _layers_markdown(layers: Data, reference: str, files: Mapping[str, str]) -> list[str]:
+    lines = ["", f"## Per layer ({layers['backend']} on the final graph against `{reference}`)", ""]
+    if layers["backend_note"]:
+        lines += [f"Intermediates from: {layers['backend_note']}.", ""]
+    divergence = layers["first_divergence"]
     if divergence is None:
-        lines.append("No module is outside tolerance." if layers.layers else "No module could be matched.")
+        lines.append("No module is outside tolerance." if layers["layers"] else "No module could be matched.")
     else:
         lines += _divergence_markdown(divergence)
     if "layers_plot" in files:
@@ -95,106 +97,116 @@ def _layers_markdown(report: ComparisonReport, files: dict[str, str]) -> list[st
         "| verdict |",
         "|" + "---|" * 13,
     ]
-    for i, r in enumerate(layers.layers):
-        s = r.stats
+    for i, r in enumerate(layers["layers"]):
+        n = _numbers(r)
         lines.append(
-            f"| {i} | `{r.module}` | {r.type_name} | `{r.tensor}` | `{r.node}` ({r.op_type}) | {s.max_abs:.3g} "
-            f"| {s.max_rel:.3g} | {s.p99_abs:.3g} | {s.cosine:.6f} | {s.outside} / {s.elements} | {r.atol:g} "
-            f"| {r.rtol:g} | {_verdict(r.passed, s)} |"
+            f"| {i} | `{r['module']}` | {r['type']} | `{r['tensor']}` | `{r['node']}` ({r['op_type']}) "
+            f"| {n['max_abs']:.3g} | {n['max_rel']:.3g} | {n['p99_abs']:.3g} | {n['cosine']:.6f} "
+            f"| {r['outside']} / {r['elements']} | {r['atol']:g} | {r['rtol']:g} | {_verdict(r)} |"
         )
-    lines += ["", f"### Not matched ({len(layers.unmatched)} modules)", ""]
-    if layers.unmatched:
+    unmatched = layers["unmatched"]
+    lines += ["", f"### Not matched ({len(unmatched)} modules)", ""]
+    if unmatched:
         lines += ["| module | type | why |", "|---|---|---|"]
-        lines += [f"| `{m}` | {t} | {why} |" for m, t, why in layers.unmatched]
+        lines += [f"| `{u['module']}` | {u['type']} | {u['reason']} |" for u in unmatched]
     else:
         lines.append("Every module that ran was matched.")
     lines += [
         "",
-        f"{layers.nodes_without_module} ONNX node(s) carry no module scope. Matching: each module's output is "
+        f"{layers['nodes_without_module']} ONNX node(s) carry no module scope. Matching: each module's output is "
         "compared with the tensor of the last ONNX node (topological order) under its name scope whose dtype "
         "and shape fit; a module run several times is compared at its last call. Intermediates were observed in "
-        f"{layers.chunks} chunk(s) within a budget of {layers.memory_budget / 2**20:.0f} MiB.",
+        f"{layers['chunks']} chunk(s) within a budget of {layers['memory_budget_bytes'] / 2**20:.0f} MiB.",
     ]
     return lines
 
 
-def _divergence_markdown(divergence: Divergence) -> list[str]:
-    r, s = divergence.layer, divergence.layer.stats
-    lines = [
-        f"**First divergence: `{r.module}`** ({r.type_name}): tensor `{r.tensor}` from node `{r.node}` "
-        f"({r.op_type}); max abs {s.max_abs:.3g}, max rel {s.max_rel:.3g}, {s.outside} of {s.elements} elements "
-        f"outside (atol {r.atol:g}, rtol {r.rtol:g}).",
+def _divergence_markdown(r: Data) -> list[str]:
+    n = _numbers(r)
+    return [
+        f"**First divergence: `{r['module']}`** ({r['type']}): tensor `{r['tensor']}` from node `{r['node']}` "
+        f"({r['op_type']}); max abs {n['max_abs']:.3g}, max rel {n['max_rel']:.3g}, {r['outside']} of "
+        f"{r['elements']} elements outside (atol {r['atol']:g}, rtol {r['rtol']:g}).",
         "",
         "Suspect nodes (under it, not under a submodule that matched within tolerance): "
-        + _node_list(divergence.suspects),
+        + _node_list(r["suspect_nodes"]),
         "",
-        f"All {len(divergence.nodes)} ONNX nodes under it: " + _node_list(divergence.nodes),
+        f"All {len(r['nodes'])} ONNX nodes under it: " + _node_list(r["nodes"]),
     ]
-    return lines
 
 
-def render_table(report: ComparisonReport, directory: Path | None) -> str:
-    """The short terminal summary: verdict, rule, one line per output and backend, the first divergence."""
-    verdict = "PASS" if report.passed else "FAIL"
+def render_table(data: Data) -> str:
+    """The short terminal summary: verdict, rule, one line per output and backend, the first divergence; with
+    the report's files in ``data`` (``report.to_dict(directory)``), where they are and the Polygraphy command."""
     lines = [
-        f"comparison  {verdict}  {report.model} against {report.reference} ({report.reference_dtype}) on "
-        f"{report.inputs} inputs ({report.input_source})",
-        f"rule        {report.rule}",
+        f"comparison  {_pass(data['passed'])}  {data['model']} against {data['reference']['runner']} "
+        f"({data['reference']['dtype']}) on {data['inputs']['count']} inputs ({data['inputs']['source']})",
+        f"rule        {data['rule']}",
         f"  {'runner':<22} {'output':<22} {'max abs':>9} {'p99 abs':>9} {'max rel':>9} {'cosine':>9} "
         f"{'outside':>15}  {'atol/rtol':<14} verdict",
     ]
-    for o in report.outputs:
-        s = o.stats
+    for o in data["outputs"]:
+        n = _numbers(o)
+        outside, tolerance = f"{o['outside']}/{o['elements']}", f"{o['atol']:g}/{o['rtol']:g}"
         lines.append(
-            f"  {o.runner:<22} {o.output:<22} {s.max_abs:>9.2e} {s.p99_abs:>9.2e} {s.max_rel:>9.2e} "
-            f"{s.cosine:>9.6f} {f'{s.outside}/{s.elements}':>15}  {f'{o.atol:g}/{o.rtol:g}':<14} "
-            f"{_verdict(o.passed, s)}"
+            f"  {o['runner']:<22} {o['output']:<22} {n['max_abs']:>9.2e} {n['p99_abs']:>9.2e} {n['max_rel']:>9.2e} "
+            f"{n['cosine']:>9.6f} {outside:>15}  {tolerance:<14} {_verdict(o)}"
         )
-    skipped = [f"{r.name}: {r.skipped}" for r in report.runners if r.skipped]
-    lines += [f"skipped     {text}" for text in skipped]
-    if report.layers is not None:
-        lines += _layers_table(report)
-    if directory is not None:
-        plots = sum(name.endswith(".png") for name in report.files().values())
-        lines.append(f"report      {directory / 'report.md'}  (report.json, {plots} PNG plots)")
-        lines.append(f"reproduce   {shlex.join(report.polygraphy_command(directory))}")
+    lines += [f"skipped     {r['name']}: {r['skipped']}" for r in data["runners"] if r["skipped"]]
+    if data["per_layer"] is not None:
+        lines += _layers_table(data["per_layer"])
+    if "files" in data:
+        files = data["files"]
+        plots = sum(path.endswith(".png") for path in files.values())
+        lines.append(f"report      {files['markdown']}  (report.json, {plots} PNG plots)")
+        lines.append(f"reproduce   {data['polygraphy_command']}")
     return "\n".join(lines)
 
 
-def _layers_table(report: ComparisonReport) -> list[str]:
-    layers = report.layers
-    assert layers is not None
+def _layers_table(layers: Data) -> list[str]:
+    rows = layers["layers"]
     lines = [
-        f"per layer   on {layers.backend}: {len(layers.layers)} modules compared, {len(layers.unmatched)} not matched, "
-        f"{layers.chunks} chunk(s) of <= {layers.memory_budget / 2**20:.0f} MiB"
+        f"per layer   on {layers['backend']}: {len(rows)} modules compared, {len(layers['unmatched'])} not matched, "
+        f"{layers['chunks']} chunk(s) of <= {layers['memory_budget_bytes'] / 2**20:.0f} MiB"
     ]
-    divergence = layers.first_divergence
-    if divergence is None:
+    r = layers["first_divergence"]
+    if r is None:
         lines.append("            no module outside tolerance")
         return lines
-    r = divergence.layer
-    lines.append(f"first divergence  {r.module} ({r.type_name})  tensor {r.tensor} from {r.node} ({r.op_type})")
-    lines.append(f"            suspect nodes: {_node_list(divergence.suspects, limit=8, code=False)}")
-    index = layers.layers.index(r)
-    shown = layers.layers[max(0, index - 2) : index + 3]
-    width = max(len(row.module) for row in shown)
+    lines.append(
+        f"first divergence  {r['module']} ({r['type']})  tensor {r['tensor']} from {r['node']} ({r['op_type']})"
+    )
+    lines.append(f"            suspect nodes: {_node_list(r['suspect_nodes'], limit=8, code=False)}")
+    index = next(i for i, row in enumerate(rows) if row["module"] == r["module"])
+    shown = rows[max(0, index - 2) : index + 3]
+    width = max(len(row["module"]) for row in shown)
     for row in shown:
-        s = row.stats
+        n = _numbers(row)
         lines.append(
-            f"  {'>' if row is r else ' '} {row.module:<{width}}  max abs {s.max_abs:.2e}  max rel {s.max_rel:.2e}  "
-            f"outside {s.outside}/{s.elements}  {_verdict(row.passed, s)}"
+            f"  {'>' if row['module'] == r['module'] else ' '} {row['module']:<{width}}  max abs {n['max_abs']:.2e}  "
+            f"max rel {n['max_rel']:.2e}  outside {row['outside']}/{row['elements']}  {_verdict(row)}"
         )
     return lines
 
 
-def _node_list(nodes: Sequence[tuple[str, str]], limit: int = _MAX_NODES, code: bool = True) -> str:
+def _node_list(nodes: Sequence[Data], limit: int = _MAX_NODES, code: bool = True) -> str:
     if not nodes:
         return "none"
     quote = "`" if code else ""
-    shown = ", ".join(f"{quote}{name}{quote} ({op})" for name, op in nodes[:limit])
+    shown = ", ".join(f"{quote}{n['name']}{quote} ({n['op_type']})" for n in nodes[:limit])
     return shown + (f", ... ({len(nodes) - limit} more)" if len(nodes) > limit else "")
 
 
-def _verdict(passed: bool, stats: object) -> str:
-    mismatch = getattr(stats, "shape_mismatch", None)
-    return "ok" if passed else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
+def _numbers(stats: Data) -> dict[str, float]:
+    """The error statistics as floats (JSON writes inf and NaN as strings)."""
+    keys = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "median_rel", "p99_rel", "cosine")
+    return {k: float(stats[k]) for k in keys if k in stats}
+
+
+def _pass(passed: bool) -> str:
+    return "PASS" if passed else "FAIL"
+
+
+def _verdict(row: Data) -> str:
+    mismatch = row.get("shape_mismatch")
+    return "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")

@@ -108,19 +108,23 @@ class Canvas:
 
     @property
     def width(self) -> int:
+        """Width in pixels."""
         return int(self.pixels.shape[1])
 
     @property
     def height(self) -> int:
+        """Height in pixels."""
         return int(self.pixels.shape[0])
 
     def rect(self, x0: float, y0: float, x1: float, y1: float, color: Color) -> None:
+        """Fill the rectangle between two corners (clipped to the canvas)."""
         left, right = sorted((int(round(x0)), int(round(x1))))
         top, bottom = sorted((int(round(y0)), int(round(y1))))
         left, top = max(left, 0), max(top, 0)
         self.pixels[top : max(bottom, top + 1), left : max(right, left + 1)] = color
 
     def line(self, x0: float, y0: float, x1: float, y1: float, color: Color, dash: int = 0) -> None:
+        """Draw a line between two points; ``dash`` > 0 draws every other run of that many pixels."""
         steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
         xs = np.rint(np.linspace(x0, x1, steps)).astype(int)
         ys = np.rint(np.linspace(y0, y1, steps)).astype(int)
@@ -158,6 +162,7 @@ class Canvas:
         region[mask[top - y0 : bottom - y0, left - x0 : right - x0]] = color
 
     def png(self) -> bytes:
+        """The canvas as PNG bytes."""
         return encode_png(self.pixels)
 
 
@@ -188,14 +193,17 @@ class Axes:
         self.xlim, self.ylim = xlim, ylim
 
     def px(self, x: float) -> float:
+        """The pixel column of data value ``x``."""
         lo, hi = self.xlim
         return self.left + (x - lo) / ((hi - lo) or 1.0) * (self.right - self.left)
 
     def py(self, y: float) -> float:
+        """The pixel row of data value ``y``."""
         lo, hi = self.ylim
         return self.bottom - (y - lo) / ((hi - lo) or 1.0) * (self.bottom - self.top)
 
     def frame(self, title: str, xlabel: str, ylabel: str) -> None:
+        """Title, axis labels and the plot's border."""
         c = self.canvas
         c.text(c.width / 2, 12, title, anchor="center", scale=2 if len(title) * 12 < c.width - 20 else 1)
         c.text(c.width / 2, self.bottom + 38, xlabel, anchor="center")
@@ -204,12 +212,14 @@ class Axes:
         c.line(self.left, self.top, self.left, self.bottom, BLACK)
 
     def xticks(self, ticks: Sequence[float], labels: Sequence[str]) -> None:
+        """Tick marks and labels on the x axis."""
         for tick, label in zip(ticks, labels, strict=True):
             x = self.px(tick)
             self.canvas.line(x, self.bottom, x, self.bottom + 4, BLACK)
             self.canvas.text(x, self.bottom + 10, label, anchor="center")
 
     def yticks(self, ticks: Sequence[float], labels: Sequence[str]) -> None:
+        """Grid lines and labels on the y axis."""
         for tick, label in zip(ticks, labels, strict=True):
             y = self.py(tick)
             self.canvas.line(self.left + 1, y, self.right, y, GRID)
@@ -217,6 +227,7 @@ class Axes:
             self.canvas.text(self.left - 7, y - 3, label, anchor="right")
 
     def legend(self, entries: Sequence[tuple[str, Color]]) -> None:
+        """A colour key in the top right corner."""
         y = self.top + 6
         for label, color in entries:
             self.canvas.rect(self.right - 150, y, self.right - 140, y + 7, color)

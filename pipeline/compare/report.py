@@ -15,6 +15,7 @@ import onnx
 from converters.settings import Settings
 from passes.model_io.external_data import save_onnx
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
+from pipeline.compare.markdown import render_markdown, render_table
 from pipeline.compare.stats import HIST_EDGES, ErrorStats
 from pipeline.module.io_spec import IOSpec
 from pipeline.validate import Feed
@@ -31,6 +32,7 @@ FILES = {
 
 @dataclass(frozen=True)
 class RunnerInfo:
+    """One runner of a comparison: its name, what it runs, and why it was skipped, if it was."""
     name: str
     description: str
     skipped: str | None = None
@@ -49,9 +51,11 @@ class OutputComparison:
 
     @property
     def passed(self) -> bool:
+        """Within tolerance on every compared element."""
         return self.stats.passed
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as JSON-ready data."""
         return {
             "runner": self.runner,
             "output": self.output,
@@ -86,10 +90,12 @@ class ComparisonReport:
 
     @property
     def passed(self) -> bool:
+        """Every output of every runner within tolerance."""
         return all(o.passed for o in self.outputs)
 
     @property
     def first_divergence(self) -> Divergence | None:
+        """The first module (in execution order) whose outputs leave the tolerance, if a per-layer run found one."""
         return self.layers.first_divergence if self.layers else None
 
     # -- the reproducer ----------------------------------------------------------------------------------------
@@ -117,6 +123,7 @@ class ComparisonReport:
     # -- JSON --------------------------------------------------------------------------------------------------
 
     def to_dict(self, directory: str | Path | None = None) -> dict[str, Any]:
+        """The report as JSON-ready data; with ``directory``, file references are relative to it."""
         data: dict[str, Any] = {
             "model": self.model,
             "passed": self.passed,
@@ -146,14 +153,13 @@ class ComparisonReport:
     # -- Markdown and the terminal ---------------------------------------------------------------------------
 
     def markdown(self, directory: str | Path) -> str:
-        from pipeline.compare.markdown import render_markdown
-
-        return render_markdown(self, Path(directory))
+        """``report.md`` for the files written to ``directory`` (:func:`render_markdown` of :meth:`to_dict`)."""
+        return render_markdown(self.to_dict(directory))
 
     def table(self, directory: str | Path | None = None) -> str:
-        from pipeline.compare.markdown import render_table
-
-        return render_table(self, None if directory is None else Path(directory))
+        """The short terminal summary (:func:`render_table` of :meth:`to_dict`); with ``directory``, where the
+        report files are and the Polygraphy command."""
+        return render_table(self.to_dict(directory))
 
     # -- writing -----------------------------------------------------------------------------------------------
 

@@ -1,4 +1,7 @@
-"""``pipeline.compare``: run PyTorch and the converted graphs on the same inputs and say where they part.
+"""Comparison of built graphs with PyTorch: run them on the same inputs and say where they part.
+
+:func:`compare_built` takes what a conversion built (an executor and its graph); :func:`pipeline.compare`
+(in :mod:`pipeline.conversion`) converts first, and :meth:`ConvertedModule.compare` hands over its own.
 
 Runners, all through Polygraphy's Comparator: PyTorch (the reference; optionally a float64 copy), ONNX Runtime
 on the exported graph (when it holds no opaque custom ops), ONNX Runtime on the final graph, and TensorRT where
@@ -14,132 +17,60 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
-from converters.defaults import default_registry
 from converters.errors import InputError
 from converters.settings import Settings
+from pipeline.backends import Executor
 from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET, LayerBackend, OnnxRuntimeLayers, compare_layers
 from pipeline.compare.report import ComparisonReport, OutputComparison, RunnerInfo
 from pipeline.compare.runners import (
-    EXPORTED,
     REFERENCE_DTYPES,
     TENSORRT,
     RunnerPlan,
     TorchReference,
-    check_backends,
     plan_runners,
 )
 from pipeline.compare.stats import RULE, ErrorAccumulator
-from pipeline.export import ExportedGraph, eval_mode, export
+from pipeline.export import eval_mode
 from pipeline.module.io_spec import IOSpec, normalise_sample
-from pipeline.validate import Feed, _polygraphy_quiet, validation_feeds
+from pipeline.validate import Feed, polygraphy_quiet, validation_feeds
 from pipeline.versions import library_versions
-
-if TYPE_CHECKING:
-    from pipeline.module.converted import ConvertedModule
 
 logger = logging.getLogger(__name__)
 
 
-def compare(
+def compare_built(
     model: torch.nn.Module,
     inputs: Any,
     *,
-    backends: str | Sequence[str] = "auto",
-    reference_dtype: str = "float32",
-    per_layer: bool = False,
-    random_inputs: int | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    output_dir: str | Path | None = None,
-    **convert_options: Any,
-) -> ComparisonReport:
-    """Convert ``model`` with :func:`pipeline.convert` and compare every backend with PyTorch.
-
-    ``inputs`` is one sample (a tensor, a tuple of arguments, a dict of keyword arguments or ``(args,
-    kwargs)``), compared with ``random_inputs`` more drawn like it (seeded; default ``validation_inputs``, 3);
-    or a list (or any other iterable) of samples, used as given; the first is the conversion's sample.
-    ``backends``: ``"auto"`` or names from ``"onnxruntime-exported"``, ``"onnxruntime"``, ``"tensorrt"``.
-    ``reference_dtype="float64"`` makes a float64 copy of the model the reference (PyTorch's own float32 run is
-    then compared too). ``per_layer=True`` compares module outputs with the final graph's intermediates (on
-    TensorRT when it is a runner here, else ONNX Runtime), ``memory_budget`` bytes of them at a time.
-    ``output_dir`` writes the report files. Every other keyword goes to :func:`pipeline.convert`: ``converters=``,
-    ``passes=``, and settings such as ``tolerances=``,
-    ``dynamic=``, ``precision=``.
-
-    >>> report = compare(model, sample, per_layer=True, output_dir="out/compare")  # doctest: +SKIP
-    >>> print(report.table()); report.first_divergence.layer.module                 # doctest: +SKIP
-    'blocks.3'
-    """
-    from pipeline.conversion import convert
-
-    check_reference_dtype(reference_dtype)
-    check_backends(backends)
-    if "backend" in convert_options or "validate" in convert_options:
-        raise InputError("compare chooses the backend and does not validate", fix="name the runners in backends=")
-    samples, many = _samples(inputs), _is_many(inputs)
-    with eval_mode(model):
-        module = convert(model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options)
-        exported = _exported_graph(model, samples[0], module.settings, backends, convert_options)
-    return compare_converted(  # ``exported`` (and its external weights, if any) lives until this returns
-        module,
-        model,
-        samples,
-        many=many,
-        exported=None if exported is None else exported.model,
-        backends=backends,
-        reference_dtype=reference_dtype,
-        per_layer=per_layer,
-        random_inputs=random_inputs,
-        memory_budget=memory_budget,
-        output_dir=output_dir,
-    )
-
-
-def compare_module(
-    module: ConvertedModule,
-    model: torch.nn.Module,
-    inputs: Any,
-    *,
+    executor: Executor,
+    final: onnx.ModelProto,
+    io: IOSpec,
+    settings: Settings,
+    exported: onnx.ModelProto | None = None,
     tolerances: dict[str, Any] | None = None,
+    backends: str | Sequence[str] = "auto",
     **options: Any,
 ) -> ComparisonReport:
-    """:meth:`ConvertedModule.compare`: the module's final graph on ONNX Runtime and, for a TensorRT module, its
-    own engine, against ``model``. ``options`` are :func:`compare`'s (``backends``, ``reference_dtype``,
-    ``per_layer``, ``random_inputs``, ``memory_budget``, ``output_dir``); ``tolerances`` are merged over the
-    module's settings. The exported graph is not kept by a converted module, so it is not compared."""
-    settings = module.settings
+    """Compare a built graph with ``model`` on ``inputs``: ``final`` on ONNX Runtime and every other backend in
+    ``backends``, where ``executor`` (which runs ``final``) is reused for its own backend, plus ``exported`` (the
+    exporter's graph) when given. ``tolerances`` are merged over ``settings``'; ``options`` are
+    :func:`compare_graphs`' (``reference_dtype``, ``per_layer``, ``random_inputs``, ``memory_budget``,
+    ``output_dir``). :meth:`ConvertedModule.compare` and :func:`pipeline.compare` call it."""
     if tolerances:
         settings = dataclasses.replace(settings, tolerances={**settings.tolerances, **tolerances})
-    samples, many = _samples(inputs), _is_many(inputs)
-    return compare_converted(module, model, samples, many=many, exported=None, settings=settings, **options)
-
-
-def compare_converted(
-    module: ConvertedModule,
-    model: torch.nn.Module,
-    samples: list[Any],
-    *,
-    many: bool,
-    exported: onnx.ModelProto | None,
-    settings: Settings | None = None,
-    backends: str | Sequence[str] = "auto",
-    **options: Any,
-) -> ComparisonReport:
-    """Plan the runners for a converted module (reusing its own executor for its backend) and compare, under
-    ``settings`` (default: the module's)."""
-    own = module._executor
-    settings = settings or module.settings
+    samples, many = split_samples(inputs)
 
     def existing(name: str) -> Any:
-        return own.polygraphy_runner(name) if name == own.backend else None
+        return executor.polygraphy_runner(name) if name == executor.backend else None
 
-    plans = plan_runners(backends, exported, module.onnx, module.io, settings, backend_runner=existing)
-    return compare_graphs(model, module.io, module.onnx, settings, plans, samples, many=many, **options)
+    plans = plan_runners(backends, exported, final, io, settings, backend_runner=existing)
+    return compare_graphs(model, io, final, settings, plans, samples, many=many, **options)
 
 
 def compare_graphs(
@@ -157,8 +88,7 @@ def compare_graphs(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     output_dir: str | Path | None = None,
 ) -> ComparisonReport:
-    """The comparison itself, given the graphs and the runners (shared by :func:`compare` and
-    :func:`compare_module`)."""
+    """The comparison itself, given the graphs and the runners (:func:`compare_built` plans them)."""
     check_reference_dtype(reference_dtype)
     feeds, source = comparison_feeds(io, samples, many, settings, random_inputs)
     float64 = reference_dtype == "float64"
@@ -220,31 +150,11 @@ def layer_backend(plans: Sequence[RunnerPlan], final: onnx.ModelProto, io: IOSpe
 
 
 def check_reference_dtype(reference_dtype: str) -> None:
+    """Raise an InputError unless ``reference_dtype`` is one of ``REFERENCE_DTYPES``."""
     if reference_dtype not in REFERENCE_DTYPES:
         raise InputError(
             f"unknown reference_dtype {reference_dtype!r}", fix=f"use one of {', '.join(REFERENCE_DTYPES)}"
         )
-
-
-def _conversion_backend(backends: str | Sequence[str]) -> str:
-    """TensorRT when it is among the runners and can run here (a named one that cannot is an error later),
-    else ONNX Runtime."""
-    from pipeline.backends.tensorrt.build import tensorrt_status
-
-    wanted = backends == "auto" or TENSORRT in backends
-    return "tensorrt" if wanted and tensorrt_status()[0] else "onnxruntime"
-
-
-def _exported_graph(
-    model: torch.nn.Module, sample: Any, settings: Settings, backends: str | Sequence[str], options: dict[str, Any]
-) -> ExportedGraph | None:
-    """The exporter's graph for the ``onnxruntime-exported`` runner. ``convert`` does not keep it, so the model
-    is exported once more (with the same converters' ops opaque)."""
-    if backends != "auto" and EXPORTED not in backends:
-        return None
-    registry = options.get("converters") or default_registry()
-    translations = options.get("custom_translation_table")
-    return export(model, sample, settings, translations, registry.torch_ops())
 
 
 def _reference_runners(model: torch.nn.Module, io: IOSpec, float64: bool) -> list[TorchReference]:
@@ -266,7 +176,7 @@ def compare_outputs(
         (r.name, spec.name): ErrorAccumulator(tolerances[spec.name]) for r in runners[1:] for spec in io.outputs
     }
     reference_outputs: list[Feed] = []
-    with _polygraphy_quiet():
+    with polygraphy_quiet():
         for single in Comparator.run(list(runners), data_loader=list(feeds), streaming=True):
             results = [(name, iterations[0]) for name, iterations in single.items()]
             expected = results[0][1]
@@ -309,13 +219,15 @@ def comparison_feeds(
     return feeds + drawn, source
 
 
-def _samples(inputs: Any) -> list[Any]:
+def split_samples(inputs: Any) -> tuple[list[Any], bool]:
+    """The samples in ``inputs`` and whether it held several: a list, or an iterable that is not a tensor, tuple
+    or dict, holds several (an empty one is an InputError); anything else is one sample."""
     if not _is_many(inputs):
-        return [inputs]
+        return [inputs], False
     samples = list(inputs)
     if not samples:
         raise InputError("the iterable of inputs is empty", fix="pass at least one sample")
-    return samples
+    return samples, True
 
 
 def _is_many(inputs: Any) -> bool:
@@ -329,4 +241,4 @@ def _numpy_dtype(name: str) -> Any:
     return np.dtype(name) if name != "bfloat16" else np.float32
 
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "compare", "compare_converted", "compare_graphs", "compare_module"]
+__all__ = ["DEFAULT_MEMORY_BUDGET", "compare_built", "compare_graphs", "split_samples"]

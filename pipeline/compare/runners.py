@@ -55,6 +55,7 @@ class TorchReference(TorchRunner):
         self.float64 = float64
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """Run the model on the feed (in float64 when the reference is float64)."""
         return super().infer_impl(cast_feed(feed_dict) if self.float64 else feed_dict)
 
 
@@ -70,11 +71,13 @@ class ModuleOutputRunner(TorchRunner):
         self._handles: list[Any] = []
 
     def activate_impl(self) -> None:
+        """Put a forward hook on every compared module."""
         named = dict(self.model.named_modules())
         for path in self.modules:
             self._handles.append(named[path].register_forward_hook(self._hook(path)))
 
     def deactivate_impl(self) -> None:
+        """Remove the hooks."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -88,6 +91,7 @@ class ModuleOutputRunner(TorchRunner):
         return record
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """Run the model and return its outputs and every hooked module's output, by tensor name."""
         self._recorded = {}
         feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(cast_feed(feed) if self.float64 else feed)

@@ -47,9 +47,11 @@ class ErrorStats:
 
     @property
     def passed(self) -> bool:
+        """No element outside tolerance, and the shapes matched."""
         return self.outside == 0 and self.shape_mismatch is None
 
     def to_dict(self) -> dict[str, Any]:
+        """The statistics as JSON-ready data (non-finite floats as strings)."""
         data = asdict(self)
         data["histogram"] = list(self.histogram)
         return {k: _json_float(v) for k, v in data.items()}
@@ -77,6 +79,7 @@ class ErrorAccumulator:
         self.histogram = np.zeros(HIST_BINS + 2, dtype=np.int64)
 
     def add(self, actual: np.ndarray, reference: np.ndarray) -> None:
+        """Accumulate one pair of arrays (the backend's and the reference's)."""
         actual, reference = np.asarray(actual), np.asarray(reference)
         if actual.shape != reference.shape:
             self.mismatch = f"shape {list(actual.shape)} against the reference's {list(reference.shape)}"
@@ -102,6 +105,7 @@ class ErrorAccumulator:
         self.histogram += error_histogram(absdiff)
 
     def result(self) -> ErrorStats:
+        """The statistics over everything added so far."""
         count = max(self.elements, 1)
         return ErrorStats(
             elements=self.elements,

@@ -60,12 +60,14 @@ class TensorRTLayers:
         self._engines = MarkedOutputEngines(final, io, settings)
 
     def markable(self, matches: Sequence[LayerMatch]) -> tuple[list[LayerMatch], list[tuple[str, str, str]]]:
+        """The matches whose tensors exist in the parsed network, and the rest with the reason."""
         kept, unmatched = split_markable(matches, self._engines.tensor_names())
         if unmatched:
             logger.info("per-layer on TensorRT: %d matched tensor(s) are not in the parsed network", len(unmatched))
         return kept, unmatched
 
     def runner(self, tensors: Sequence[tuple[str, str]]) -> Any:
+        """A TensorRT runner of an engine built with ``tensors`` marked as outputs."""
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
         engine = self._engines.build([name for name, _ in tensors])

@@ -16,7 +16,7 @@ import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import onnx
 
@@ -32,9 +32,7 @@ from passes.model_io.external_data import (
     write_compact,
 )
 from pipeline.module.io_spec import IOSpec
-
-if TYPE_CHECKING:
-    from pipeline.module.converted import ConvertedModule
+from pipeline.module.report import ConversionReport
 
 FORMAT = "torch-trt-pipeline-artifact/1"
 ONNX_MEMBER = "model.onnx"
@@ -45,6 +43,7 @@ METADATA_MEMBER = "metadata.json"
 
 @dataclass(frozen=True)
 class Artifact:
+    """A verified artifact: its metadata, the final graph, the engine bytes if any, and the unpacked weights."""
     metadata: dict[str, Any]
     onnx_model: onnx.ModelProto
     engine: bytes | None
@@ -52,43 +51,56 @@ class Artifact:
 
     @property
     def io(self) -> IOSpec:
+        """The I/O spec saved with the artifact."""
         return IOSpec.from_json(self.metadata["io"])
 
     @property
     def settings(self) -> Settings:
+        """The settings saved with the artifact."""
         return settings_from_json(self.metadata["settings"])
 
 
-def save_artifact(module: ConvertedModule, path: Path) -> Path:
-    """Write ``module`` as one artifact; external weights are streamed into a ``model.onnx.data`` member."""
+def save_artifact(
+    path: Path,
+    *,
+    onnx_model: onnx.ModelProto,
+    engine: bytes | None,
+    backend: str,
+    io: IOSpec,
+    settings: Settings,
+    report: ConversionReport,
+) -> Path:
+    """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back."""
     from pipeline.versions import library_versions
 
-    engine = module.engine_bytes
     metadata: dict[str, Any] = {
         "format": FORMAT,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "backend": module.backend,
+        "backend": backend,
         "versions": library_versions(),
-        "io": module.io.to_json(),
-        "settings": settings_to_json(module.settings),
-        "report": module.report.to_dict(),
+        "io": io.to_json(),
+        "settings": settings_to_json(settings),
+        "report": report.to_dict(),
     }
-    plugins = plugin_records(module.onnx)
+    plugins = plugin_records(onnx_model)
     if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
         metadata["plugins"] = plugins
     if engine is not None:
         from pipeline.backends.tensorrt.build import build_options, device_identity
+        from pipeline.backends.tensorrt.library import library_for
 
         # what the engine was built for and with: the same record the engine cache keys on
-        metadata["engine"] = {**device_identity(), "build": build_options(module.io, module.settings)}
+        identity = device_identity(library_for(backend), settings)
+        metadata["engine"] = {**identity, "build": build_options(io, settings)}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
             digests: dict[str, str] = {}
-            graph = without_weights_dir(module.onnx)
+            graph = without_weights_dir(onnx_model)
             if has_external_data(graph):  # write_compact's graph points at the member, not at this machine's files
                 with archive.open(DATA_MEMBER, "w", force_zip64=True) as out:
-                    graph, digests[DATA_MEMBER] = write_compact(module.onnx, out, DATA_MEMBER)
+                    graph, digests[DATA_MEMBER] = write_compact(onnx_model, out, DATA_MEMBER)
             members = {ONNX_MEMBER: graph.SerializeToString()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
@@ -163,6 +175,7 @@ def _unpack(archive: zipfile.ZipFile, member: str, target: Path) -> str:
 
 
 def settings_to_json(settings: Settings) -> dict[str, Any]:
+    """Settings as JSON-ready data, without machine paths."""
     data = dataclasses.asdict(settings)
     data["tolerances"] = {k: dataclasses.asdict(v) for k, v in settings.tolerances.items()}
     for machine_path in (
@@ -175,7 +188,8 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 
 def settings_from_json(data: dict[str, Any]) -> Settings:
-    values = dict(data)
+    """Settings from :func:`settings_to_json` data (unknown names from other versions ignored)."""
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON lists
     values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
     values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
     values["ort_providers"] = tuple(values.get("ort_providers", ("CPUExecutionProvider",)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 import torch
@@ -12,11 +12,11 @@ from converters.errors import InputError
 from converters.settings import Settings
 from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.backends import Executor
+from pipeline.compare.report import ComparisonReport
+from pipeline.compare.run import compare_built
+from pipeline.module.artifact import save_artifact
 from pipeline.module.io_spec import IOSpec
-
-if TYPE_CHECKING:
-    from pipeline.compare.report import ComparisonReport
-    from pipeline.module.report import ConversionReport
+from pipeline.module.report import ConversionReport
 
 
 class ConvertedModule(torch.nn.Module):
@@ -51,13 +51,16 @@ class ConvertedModule(torch.nn.Module):
 
     @property
     def backend(self) -> str:
+        """The backend the module runs on (``onnxruntime``, ``tensorrt``, ...)."""
         return self._executor.backend
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """The serialised TensorRT engine, or None on a backend without one."""
         return self._executor.engine_bytes
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the backend on the flattened inputs; outputs in the original model's structure."""
         inputs = self.io.flatten_call(args, kwargs)
         self._check(inputs)
         device = inputs[0].device
@@ -65,10 +68,17 @@ class ConvertedModule(torch.nn.Module):
         return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
 
     def save(self, path: str | Path) -> Path:
-        """Write the final ONNX, the engine (if any) and metadata to one file, atomically."""
-        from pipeline.module.artifact import save_artifact
-
-        return save_artifact(self, Path(path))
+        """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
+        reads it back)."""
+        return save_artifact(
+            Path(path),
+            onnx_model=self._onnx,
+            engine=self.engine_bytes,
+            backend=self.backend,
+            io=self.io,
+            settings=self.settings,
+            report=self.report,
+        )
 
     def save_onnx(self, path: str | Path) -> list[Path]:
         """Write the final graph to ``path`` for other tools (polygraphy, trtexec, ONNX Runtime), atomically.
@@ -80,10 +90,12 @@ class ConvertedModule(torch.nn.Module):
 
     def compare(self, model: torch.nn.Module, inputs: Any, **options: Any) -> ComparisonReport:
         """Compare this module's graph (ONNX Runtime) and engine (TensorRT) with ``model`` on ``inputs``; the
-        options are those of :func:`pipeline.compare` (``per_layer=True``, ``output_dir=...``, ...)."""
-        from pipeline.compare.run import compare_module
-
-        return compare_module(self, model, inputs, **options)
+        options are those of :func:`pipeline.compare` (``per_layer=True``, ``output_dir=...``, ...) and
+        ``tolerances=`` (merged over the module's settings). The exported graph is not kept by a converted module,
+        so it is not compared."""
+        return compare_built(
+            model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=self.settings, **options
+        )
 
     def _check(self, inputs: list[torch.Tensor]) -> None:
         sizes: dict[str, tuple[str, int]] = {}

@@ -35,6 +35,7 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The tensor's dtype as a torch dtype."""
         dtype: torch.dtype = getattr(torch, self.dtype)
         return dtype
 
@@ -61,6 +62,7 @@ class IOSpec:
     signature: tuple[tuple[str, int, bool, Any], ...]
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as JSON-ready data (saved in artifacts)."""
         return {
             "inputs": [[t.name, t.dtype, list(t.shape)] for t in self.inputs],
             "outputs": [[t.name, t.dtype, list(t.shape)] for t in self.outputs],
@@ -73,6 +75,7 @@ class IOSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> IOSpec:
+        """A spec from :meth:`to_json` data."""
         return cls(
             inputs=tuple(TensorSpec(n, d, tuple(s)) for n, d, s in data["inputs"]),
             outputs=tuple(TensorSpec(n, d, tuple(s)) for n, d, s in data["outputs"]),
@@ -161,6 +164,7 @@ def normalise_sample(sample: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def forward_signature(model: torch.nn.Module) -> inspect.Signature:
+    """The signature of ``model.forward`` (what samples and calls are bound to)."""
     return inspect.signature(model.forward)
 
 
@@ -231,6 +235,7 @@ def input_names_and_leaves(
 
 
 def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
+    """The tensor outputs of a model's result: names from their pytree paths, tensors, leaves and the tree."""
     leaves_with_paths, tree = pytree.tree_flatten_with_path(result)
     names: list[str] = []
     tensors: list[torch.Tensor] = []
@@ -254,6 +259,7 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
 
 
 def dump_tree(tree: pytree.TreeSpec) -> str:
+    """A pytree spec as a JSON string (saved in artifacts)."""
     try:
         return pytree.treespec_dumps(tree)
     except Exception as exc:  # a container type torch's pytree can flatten but not serialise
@@ -276,6 +282,7 @@ def load_tree(text: str) -> pytree.TreeSpec:
 
 
 def describe_tree(tree: pytree.TreeSpec) -> str:
+    """A pytree spec in words, for error messages."""
     return str(tree).replace("\n", "").replace("  ", "")
 
 

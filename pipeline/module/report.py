@@ -13,6 +13,7 @@ from pipeline.validate import AccuracyReport, OutputAccuracy
 
 @dataclass(frozen=True)
 class ConversionReport:
+    """The conversion report: stage timings, passes with node counts, the backend and why, accuracy, precision."""
     backend: str
     backend_reason: str
     stages: tuple[tuple[str, float], ...]
@@ -27,9 +28,11 @@ class ConversionReport:
 
     @property
     def total_seconds(self) -> float:
+        """Seconds over all stages."""
         return sum(seconds for _, seconds in self.stages)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``report.json``, the artifact's metadata)."""
         return {
             "backend": self.backend,
             "backend_reason": self.backend_reason,
@@ -46,6 +49,7 @@ class ConversionReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConversionReport:
+        """A report from :meth:`to_dict` data."""
         accuracy = data.get("accuracy")
         return cls(
             backend=data["backend"],
@@ -86,7 +90,7 @@ class ConversionReport:
         if self.compatibility is not None:
             problems = self.compatibility["problems"]
             lines.append(
-                f"tensorrt  parser check for TensorRT {self.compatibility['trt_version']}: "
+                f"check     {self.compatibility.get('parser') or 'TensorRT ' + self.compatibility['trt_version']}: "
                 + ("every node accepted" if not problems else f"{len(problems)} node(s) rejected")
             )
             for p in problems[:10]:

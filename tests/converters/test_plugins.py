@@ -112,7 +112,8 @@ def test_data_dependent_op_runs_through_the_plugin_node_and_matches_torch(
     assert len(nodes) == 2 and all(n.domain == "ai.onnx.contrib" for n in nodes)
     keep = next(n for n in nodes if attributes(n)["mode"] == b"keep")
     assert attributes(keep) == {
-        "k": 3, "fill": -1.5, "largest": 1, "mode": b"keep", "plugin_namespace": b"plugtest", "plugin_version": b"1"
+        "k": 3, "fill": -1.5, "largest": 1, "mode": b"keep", "plugin_namespace": b"plugtest", "plugin_version": b"1",
+        "plugin_torch_op": b"plugtest::topk_keep.default", "plugin_module": __name__.encode(),
     }
     assert {n.domain for n in topk_module.onnx.graph.node} == {"", "ai.onnx.contrib"}  # nothing opaque is left
     assert topk_module.report.accuracy is not None and topk_module.report.accuracy.passed
@@ -300,7 +301,7 @@ def test_ctx_plugin_builds_the_node_of_a_hand_written_plugin() -> None:
 
 
 def test_attribute_encoding_rules() -> None:
-    from converters.plugins.spec import plugin_node_attributes
+    from converters.plugins.nodes import plugin_node_attributes
 
     encoded = plugin_node_attributes(
         {"b": True, "i": 7, "f": 0.25, "s": "x", "l": ("a", 1), "a": np.array([1, 2], np.int32)},
@@ -341,3 +342,28 @@ def test_readme_plugins_example_runs() -> None:
     exec(compile(block, "README.md", "exec"), scope)
     module = scope["module"]
     assert any(n.op_type == "topk_mask" and n.domain == "ai.onnx.contrib" for n in module.onnx.graph.node)  # type: ignore[attr-defined]
+
+
+def test_restore_gives_nodes_of_older_artifacts_their_torch_op(topk_module: pipeline.ConvertedModule) -> None:
+    """Artifacts written before plugin nodes recorded their torch op: the metadata's records fill it in."""
+    from converters.plugins.nodes import node_torch_op, plugin_nodes
+    from converters.plugins.spec import plugin_records, restore_plugins
+    from pipeline.backends import build_executor
+
+    model = onnx.ModelProto()
+    model.CopyFrom(topk_module.onnx)
+    records = plugin_records(model)
+    for node in plugin_nodes(model):
+        kept = [a for a in node.attribute if a.name not in ("plugin_torch_op", "plugin_module")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    assert [node_torch_op(n) for n in plugin_nodes(model)] == [None, None]
+    assert plugin_records(model)[0]["torch_op"] is None
+    specs = restore_plugins(records, model)
+    assert [s.plugin_id for s in specs] == ["plugtest::topk_keep"]
+    assert [node_torch_op(n) for n in plugin_nodes(model)] == [("plugtest::topk_keep.default", __name__)] * 2
+    # the restored graph runs on ONNX Runtime like the original
+    executor = build_executor("onnxruntime", model, topk_module.io, topk_module.settings)
+    again = pipeline.ConvertedModule(executor, topk_module.io, model, topk_module.settings, topk_module.report)
+    x = torch.randn(5, 10)
+    torch.testing.assert_close(again(x), TopK()(x), rtol=0, atol=0)

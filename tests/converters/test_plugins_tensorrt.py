@@ -120,7 +120,9 @@ report = {}
 specs = converters.ConverterRegistry()
 converters.register_plugin("trtcheck::topk_keep", registry=specs)
 converters.register_plugin("trtcheck::pick", registry=specs)
-model = plugin_model("topk_keep", {"plugin_namespace": "trtcheck", "k": 3})
+# the nodes register_plugin's converter writes: they name the torch op they run
+model = plugin_model("topk_keep", {"plugin_namespace": "trtcheck", "k": 3,
+                                   "plugin_torch_op": "trtcheck::topk_keep.default"})
 report["registered"] = plugin_runtime.register_tensorrt_plugins(model)
 report["again"] = plugin_runtime.register_tensorrt_plugins(model)  # a second build in the same process
 definition = qdp.QDP_REGISTRY["trtcheck::topk_keep"]
@@ -142,7 +144,9 @@ loaded = creator.create_plugin("topk_keep", "trtcheck", plugin.get_fields_to_ser
 got = enqueue(loaded, x, [np.zeros((4, 10), np.float32), np.zeros((4, 3), np.int64)])
 report["deserialised"] = all(np.array_equal(g, e) for g, e in zip(got, expected))
 
-plugin_runtime.register_tensorrt_plugins(plugin_model("pick", {"plugin_namespace": "trtcheck"}))
+plugin_runtime.register_tensorrt_plugins(
+    plugin_model("pick", {"plugin_namespace": "trtcheck", "plugin_torch_op": "trtcheck::pick.default"})
+)
 lists = {"cols": "[4, 0, 2]", "weights": "[0.5, 2.0, -1.25]", "negate": "[false, true, true]"}
 keep, fields = parser_fields(lists)
 plugin = registry.get_creator("pick", "1", "trtcheck").create_plugin("pick", "trtcheck", fields,

@@ -14,6 +14,7 @@ from converters.settings import Settings
 from passes import PassManager, default_passes
 from passes.parser_fixes import ReduceAxesToInitializers, parser_fix_passes
 from passes.parser_fixes.values import ValueResolver
+from passes.rules import Facts
 
 REDUCE_OPS = [
     "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
@@ -73,7 +74,7 @@ def test_reduce_axes_left_unchanged(case: str, text: str) -> None:
     assert_unchanged(ReduceAxesToInitializers(), model)
     graph = gs.import_onnx(model)
     reduce = next(n for n in graph.nodes if n.op.startswith("Reduce"))
-    assert isinstance(ReduceAxesToInitializers().check(reduce, graph), str)
+    assert isinstance(ReduceAxesToInitializers().check(reduce, Facts(graph)), str)
 
 
 def test_value_resolver_stops_at_large_constants() -> None:

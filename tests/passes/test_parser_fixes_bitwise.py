@@ -14,6 +14,7 @@ from test_parser_fixes_support import apply, assert_same_outputs, assert_unchang
 
 import pipeline
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
+from passes.rules import Facts
 
 REJECTED = {"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
 
@@ -181,7 +182,7 @@ def test_left_unchanged_without_an_exact_rewrite(case: str, text: str) -> None:
     model = parse(f'<ir_version: 10, opset_import: ["" : 18]>\n{text}')
     assert_unchanged(BitwiseToArithmetic(), model)
     graph = gs.import_onnx(model)
-    reason = BitwiseToArithmetic().check(graph.nodes[0], graph)
+    reason = BitwiseToArithmetic().check(graph.nodes[0], Facts(graph))
     assert isinstance(reason, str), case
 
 

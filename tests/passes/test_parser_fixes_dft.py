@@ -13,6 +13,7 @@ from test_parser_fixes_support import apply, assert_same_outputs, assert_unchang
 import pipeline
 from passes.parser_fixes import dft
 from passes.parser_fixes.dft import DftToMatMul
+from passes.rules import Facts
 
 
 def signals(shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
@@ -118,7 +119,7 @@ def test_dft_left_unchanged(case: str, text: str) -> None:
     model = onnx.parser.parse_model(f'<ir_version: 10, opset_import: ["" : 20]>\n{text}')
     assert_unchanged(DftToMatMul(), model)
     graph = gs.import_onnx(model)
-    assert isinstance(DftToMatMul().check(graph.nodes[0], graph), str), case
+    assert isinstance(DftToMatMul().check(graph.nodes[0], Facts(graph)), str), case
 
 
 def test_dft_matrix_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from test_parser_fixes_support import apply, assert_same_outputs, assert_unchang
 
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
+from passes.rules import Facts
 
 HEADER = '<ir_version: 10, opset_import: ["" : 20]>\n'
 
@@ -172,7 +173,7 @@ def test_col2im_left_unchanged(case: str, text: str) -> None:
     model = onnx.parser.parse_model(HEADER + text)
     assert_unchanged(Col2ImToGather(), model)
     graph = gs.import_onnx(model)
-    assert isinstance(Col2ImToGather().check(graph.nodes[0], graph), str)
+    assert isinstance(Col2ImToGather().check(graph.nodes[0], Facts(graph)), str)
 
 
 def test_col2im_float64_on_the_reference_evaluator() -> None:

@@ -1,4 +1,5 @@
-"""Pattern rewrites: constraints, commutative inputs, several outputs, checks with reasons, trace mode."""
+"""Pattern rules (passes.patterns, one kind of passes.rules.RewriteRule): constraints, commutative inputs, several
+outputs, checks with reasons, trace mode."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import onnxruntime as ort
 
 from converters.context import ConverterContext
 from converters.settings import Settings
-from passes.patterns import Bindings, Const, Op, RewriteRules, Rule, Var
+from passes.patterns import Bindings, Const, Op, Rule, Var
+from passes.rules import RulePass
 
 F32 = np.float32
 
@@ -46,7 +48,7 @@ def test_constant_value_constraint_and_rewrite_numbers() -> None:
     graph = div_graph(np.full((2, 3), 4.0, F32))
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(F32)
     before = run(graph.copy(), {"x": x})
-    result = RewriteRules([DIV_BY_CONST])(graph, Settings())
+    result = RulePass("rules", (DIV_BY_CONST,), repeat=True)(graph, Settings())
     assert result.modified and [n.op for n in result.graph.nodes] == ["Mul"]
     assert result.graph.nodes[0].name == "div/Mul"  # named after the node it replaced
     np.testing.assert_allclose(run(result.graph, {"x": x})[0], before[0], rtol=1e-6)
@@ -54,7 +56,7 @@ def test_constant_value_constraint_and_rewrite_numbers() -> None:
 
 def test_check_explains_a_failed_constraint() -> None:
     graph = div_graph(np.array([[1, 0, 2]] * 2, F32))
-    assert not RewriteRules([DIV_BY_CONST])(graph, Settings()).modified
+    assert not RulePass("rules", (DIV_BY_CONST,), repeat=True)(graph, Settings()).modified
     assert DIV_BY_CONST.explain(graph, "div") == (
         "rule 'div_by_const' does not match 'div': input 1 of 'div': constant 'c' fails the value constraint of 'c'"
     )
@@ -84,14 +86,14 @@ def test_commutative_inputs_match_either_order() -> None:
         x = np.linspace(-5, 5, 6, dtype=F32).reshape(2, 3)
         feed = {"x": x, "other": x}
         before = run(graph.copy(), feed)[0]
-        result = RewriteRules([SILU])(graph, Settings())
+        result = RulePass("rules", (SILU,), repeat=True)(graph, Settings())
         assert result.modified and "Sigmoid" not in [n.op for n in result.graph.nodes]
         np.testing.assert_allclose(run(result.graph, feed)[0], before, rtol=2e-5, atol=1e-6)  # same math, other ulps
 
 
 def test_a_name_bound_twice_must_be_the_same_tensor() -> None:
     graph = silu_graph(False, same_x=False)
-    assert not RewriteRules([SILU])(graph, Settings()).modified
+    assert not RulePass("rules", (SILU,), repeat=True)(graph, Settings()).modified
     assert "'x' is already bound to 'x', not 'other'" in SILU.explain(graph, "mul")
 
 
@@ -100,7 +102,7 @@ def test_inner_node_with_other_consumers_is_not_rewritten() -> None:
     extra = var("extra")
     graph.nodes.append(gs.Node("Relu", "relu", inputs=[graph.nodes[0].outputs[0]], outputs=[extra]))
     graph.outputs.append(extra)
-    assert not RewriteRules([SILU])(graph, Settings()).modified
+    assert not RulePass("rules", (SILU,), repeat=True)(graph, Settings()).modified
     assert "has other consumers" in SILU.explain(graph, "mul")
 
 
@@ -124,7 +126,7 @@ def test_several_outputs_and_attribute_constraint() -> None:
     graph = split_graph(axis=1)
     feed = {"x": np.arange(10, dtype=F32).reshape(2, 5)}
     before = run(graph.copy(), feed)
-    result = RewriteRules([rule])(graph, Settings())
+    result = RulePass("rules", (rule,), repeat=True)(graph, Settings())
     assert [n.op for n in result.graph.nodes] == ["Slice", "Slice"]
     assert [t.name for t in result.graph.outputs] == ["part0", "part1"]  # graph outputs keep their names
     for got, want in zip(run(result.graph, feed), before, strict=True):
@@ -153,4 +155,5 @@ def test_rules_apply_in_deterministic_order() -> None:
     for _ in range(3):
         x, y = var("x"), var("y")
         graph = finish([gs.Node("Relu", "relu", inputs=[x], outputs=[y])], [x], [y])
-        assert [n.op for n in RewriteRules([first, second])(graph, Settings()).graph.nodes] == ["Neg"]
+        result = RulePass("rules", (first, second), repeat=True)(graph, Settings())
+        assert [n.op for n in result.graph.nodes] == ["Neg"]

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-SETUP = Path(__file__).resolve().parents[3] / "shared" / "tools" / "trt-api" / "setup.sh"
+#: The shared trt-api tool: ``shared/tools/trt-api`` beside the repository (or beside the directory of worktrees).
+SETUP = next(
+    (
+        p / "shared" / "tools" / "trt-api" / "setup.sh"
+        for p in Path(__file__).resolve().parents[2:5]
+        if (p / "shared" / "tools" / "trt-api" / "setup.sh").is_file()
+    ),
+    Path(__file__).resolve().parents[3] / "shared" / "tools" / "trt-api" / "setup.sh",
+)
 VERSIONS = ("11.4.0.106", "10.16.1.11")
 
 SCRIPT = """

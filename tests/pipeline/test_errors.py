@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import re
 import zipfile
 from pathlib import Path
 
@@ -180,3 +183,85 @@ def test_graph_kept_in_memory_over_the_protobuf_limit_is_a_clear_error(monkeypat
     monkeypatch.setattr(export_stage, "PROTOBUF_LIMIT", 1000)  # a real 2 GiB graph in memory takes minutes and 13 GB
     with pytest.raises(pipeline.ExportError, match=r"(?s)over protobuf's 2 GiB limit.*external_data_threshold"):
         pipeline.convert(nn.Linear(64, 64), torch.randn(2, 64), backend="onnxruntime", external_data_threshold=1 << 40)
+
+
+# -- the code that messages suggest exists -------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+#: a dotted name of the project's API, e.g. ``converters.register`` in "write: @converters.register('mylib::op')"
+DOTTED = re.compile(r"(?<![\w.])((?:converters|pipeline|passes)(?:\.[A-Za-z_]\w*)+)(\()?")
+
+
+def suggested_names() -> list[tuple[str, int, str]]:
+    """Every project API name in the source's strings that suggests code: each dotted name in a ``fix=`` text,
+    and each dotted call (``pipeline.convert(``) in any message or docstring; as ``(file, line, name)``."""
+    found = []
+    for package in ("converters", "passes", "pipeline"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            fixes = {
+                id(text)
+                for keyword in ast.walk(tree)
+                if isinstance(keyword, ast.keyword) and keyword.arg == "fix"
+                for text in ast.walk(keyword.value)
+            }
+            for text in ast.walk(tree):
+                if isinstance(text, ast.Constant) and isinstance(text.value, str):
+                    found += [
+                        (str(path.relative_to(ROOT)), text.lineno, match.group(1))
+                        for match in DOTTED.finditer(text.value)
+                        if match.group(2) or id(text) in fixes
+                    ]
+    return found
+
+
+def resolves(dotted: str) -> bool:
+    """``converters.register`` -> the object, by getattr from the package (importing submodules on the way)."""
+    parts = dotted.split(".")
+    obj: object = importlib.import_module(parts[0])
+    for depth, part in enumerate(parts[1:], start=2):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:
+            obj = importlib.import_module(".".join(parts[:depth]))
+        except ImportError:
+            return False
+    return True
+
+
+def test_every_api_a_message_suggests_exists() -> None:
+    names = suggested_names()
+    # the three errors that tell users to write @converters.register('mylib::op'): export, lowering, parser check
+    decorators = {file for file, _, name in names if name == "converters.register"}
+    assert {"pipeline/export.py", "passes/lowering.py", "pipeline/check/static.py"} <= decorators
+    assert [(file, line, name) for file, line, name in names if not resolves(name)] == []
+
+
+def test_the_decorator_line_the_lowering_error_suggests_runs() -> None:
+    """The line the error says to write, executed as written, makes the conversion work."""
+    import numpy as np
+
+    import converters
+
+    class Shift(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.errtest.shift(x, 2.0)
+
+    @torch.library.custom_op("errtest::shift", mutates_args=())
+    def shift(x: torch.Tensor, by: float) -> torch.Tensor:
+        return x + by
+
+    shift.register_fake(lambda x, by: torch.empty_like(x))
+    with pytest.raises(pipeline.ConversionError) as info:
+        pipeline.convert(Shift(), torch.randn(2, 3), backend="onnxruntime")
+    line = re.search(r"write: (@converters\.register\(.*?\))$", str(info.value), re.M)
+    assert line is not None, str(info.value)
+    source = f"{line.group(1)}\ndef convert(ctx):\n    return ctx.op.Add(ctx.inputs[0], np.float32(ctx.attrs['by']))\n"
+    exec(source, {"converters": converters, "np": np})  # noqa: S102 - the error's own suggestion
+    try:
+        module = pipeline.convert(Shift(), torch.randn(2, 3), backend="onnxruntime")
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(module(x), x + 2.0)
+    finally:
+        converters.user_registry().remove("errtest::shift")

@@ -55,6 +55,7 @@ POLYGRAPHY_OPTIONS: dict[str, tuple[str, ...]] = {
         "ITimingCache.serialize",
     ),
     "TrtRunner.name": (),
+    "PostprocessConfig.func": (),  # our own function, whose TensorRT names are read from our source
 }
 
 CHECK = """
@@ -100,17 +101,31 @@ class Use:
         return all(COMPARE[op](major, value) == holds for op, value, holds in self.guards)
 
 
-def collect(source: str, filename: str) -> list[Use]:
-    """Every TensorRT name ``source`` uses; empty if it does not import tensorrt."""
+def collect(source: str, filename: str, module: str = "tensorrt") -> list[Use]:
+    """Every name of ``module`` (TensorRT, or ``tensorrt_rtx``) ``source`` uses; empty if it does not import it.
+
+    A variable assigned ``library.import_module()`` (the library-parametrised code of the TensorRT backends) is the
+    module too: ``tensorrt = library.import_module(); tensorrt.Builder(...)`` uses ``Builder``.
+    """
     tree = ast.parse(source)
-    imports = [a for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == "tensorrt"]
+    imports = [a for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == module]
     roots = {a.asname or a.name for a in imports}
+    if roots:
+        roots |= {
+            t.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Call)
+            and (_dotted(n.value.func) or "").endswith(".import_module")
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
     imported = [
         f"{filename}:{n.lineno}"
         for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tensorrt")
+        if isinstance(n, ast.ImportFrom) and (n.module or "") in (module, *(f"{module}.{x}" for x in ("plugin",)))
     ]
-    assert not imported, f"write `import tensorrt as trt` and `trt.Name`, not `from tensorrt import` ({imported})"
+    assert not imported, f"write `import {module} as trt` and `trt.Name`, not `from {module} import` ({imported})"
     if not roots:
         return []
     collector = _Collector(roots, tree, filename)
@@ -393,3 +408,37 @@ def test_builder_flag_fp16_is_caught_under_11_and_allowed_behind_a_version_check
     # FP16 behind `trt_major() < 11` is checked against 10.16 only; BF16 behind `>= 11` is (rightly) reported.
     guarded = unknown(collect(GUARDED, "guarded.py"), version)
     assert guarded == (["BuilderFlag.BF16 (guarded.py:11)"] if on_11 else [])
+
+
+RTX_CHECK = CHECK.replace("import tensorrt as trt", "import tensorrt_rtx as trt")
+
+
+def rtx_uses() -> list[Use]:
+    """What our code uses of TensorRT-RTX: the shared TensorRT code (build.py, runtime.py), outside guards for one
+    TensorRT major, and the TensorRT-RTX-only modules (``import tensorrt_rtx``)."""
+    shared = [u for u in our_uses() if not u.guards and not u.where.startswith("Polygraphy")]
+    only = [u for path in our_modules() for u in collect(path.read_text(), str(path.relative_to(ROOT)), "tensorrt_rtx")]
+    return shared + only
+
+
+def test_every_tensorrt_name_we_use_exists_in_tensorrt_rtx() -> None:
+    """The real TensorRT-RTX 1.7 bindings (the dev extra) have every name the shared build and runtime code and the
+    TensorRT-RTX modules use; TensorRT-only code paths are listed here, each with the reason."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra")
+    uses = rtx_uses()
+    assert {u.where.split(":")[0] for u in uses} >= {
+        "pipeline/backends/tensorrt/build.py",
+        "pipeline/backends/tensorrt/runtime.py",
+        "pipeline/backends/tensorrt/rtx.py",
+    }
+    names = tuple(sorted({(u.name, u.kind) for u in uses}))
+    done = subprocess.run(
+        [sys.executable, "-c", RTX_CHECK], input=json.dumps(names), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    missing = set(json.loads(done.stdout)) - TENSORRT_ONLY
+    assert sorted(f"{u.name} ({u.where})" for u in uses if u.name in missing) == []
+
+
+#: Names the shared code uses only on NVIDIA TensorRT's path, and why TensorRT-RTX never reaches them.
+TENSORRT_ONLY: frozenset[str] = frozenset()

@@ -57,12 +57,17 @@ def test_build_options_hold_every_engine_setting_and_nothing_else() -> None:
     options = build_options(io_spec(), Settings(dynamic=DYNAMIC, trt_workspace_bytes=1 << 30, seed=3))
     assert options == {
         "profile": {"x": [[1, 3, 32, 32], [4, 3, 64, 64], [16, 3, 128, 128]]},
-        "workspace_bytes": 1 << 30,
-        "tactic_shared_memory_bytes": None,
-        "builder_optimization_level": None,
-        "tf32": False,
-        "version_compatible": False,
-        "hardware_compatibility": "none",
+        "dynamic": [
+            {"input": "x", "axis": axis, "name": name, "min": lo, "opt": opt, "max": hi}
+            for axis, (name, lo, opt, hi) in DYNAMIC["x"].items()
+        ],
+        "trt_workspace_bytes": 1 << 30,
+        "trt_tactic_shared_memory_bytes": None,
+        "trt_builder_optimization_level": None,
+        "trt_tf32": False,
+        "trt_version_compatible": False,
+        "trt_hardware_compatibility": "none",
+        "trt_compute_capabilities": [],
     }
     json.dumps(options)  # it goes into the cache key as JSON
 

@@ -50,7 +50,7 @@ def test_empty_sample_is_an_input_error_not_a_pass_on_nothing() -> None:
 
 
 def test_tolerance_for_an_output_that_does_not_exist_is_an_input_error() -> None:
-    with pytest.raises(InputError, match="'logits', which is neither an output nor a dtype") as info:
+    with pytest.raises(InputError, match="'logits', which is neither an output, a dtype nor a module") as info:
         pipeline.convert(nn.Linear(4, 3).eval(), torch.randn(2, 4), tolerances={"logits": (1e-3, 1e-2)})
     assert "the outputs are: out" in str(info.value)
 

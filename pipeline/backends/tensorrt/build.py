@@ -1,10 +1,19 @@
-"""The TensorRT backend: the final graph parsed and built through Polygraphy's loaders, cached, and run.
+"""The TensorRT backends: the final graph parsed and built through Polygraphy's loaders, cached, and run.
 
-Untested without a GPU: nothing here has run on this project's machines. Every TensorRT name it uses is
-checked against the real TensorRT 10.16 and 11.4 Python API (tests/pipeline/test_tensorrt_api.py). The graph is
-strongly typed (precision is in the ONNX graph), so no precision builder flags are set: TensorRT 11 has none.
+One build path serves NVIDIA TensorRT (``backend="tensorrt"``) and TensorRT-RTX (``backend="tensorrt-rtx"``): every
+function that touches the library takes a :class:`~pipeline.backends.tensorrt.library.TrtLibrary` (default: TensorRT)
+and imports its module. TensorRT-RTX builds ahead of time on a machine without a GPU; its engines run only on the
+GPUs it supports, elsewhere the same final graph runs on ONNX Runtime (``pipeline.backends.tensorrt.executor``).
+Parsing uses the library's own API; the builder config and the build go through Polygraphy's loaders, which serve
+one library per process (``pipeline.backends.tensorrt.library.bind_polygraphy``).
 
-Conventions the API conformance test relies on: a variable holding a TensorRT object is annotated with its
+With NVIDIA TensorRT nothing here has run on this project's machines (no GPU); with TensorRT-RTX the parse and the
+build run here, in the tests. Every TensorRT name it uses is checked against the real TensorRT 10.16 and 11.4 and
+TensorRT-RTX 1.7 Python APIs (tests/pipeline/test_tensorrt_api.py). The graph is strongly typed (precision is in the
+ONNX graph), so no precision builder flags are set: TensorRT 11 has none.
+
+Conventions the API conformance test relies on: the library's module is ``tensorrt = library.import_module()``
+(``import tensorrt as trt`` serves the annotations), a variable holding a TensorRT object is annotated with its
 class (``parser: trt.OnnxParser = ...``), and code that needs one TensorRT major is guarded with
 ``if trt_major() >= 11:`` (or ``<``, ``==`` ...); names inside a guard are checked only against the versions
 it admits.
@@ -23,14 +32,23 @@ import onnx
 import torch
 
 from converters.errors import BuildError
+from converters.plugins.spec import plugin_nodes
 from converters.settings import Settings
 from passes.model_io.external_data import base_dir_of
+from pipeline.backends.tensorrt.library import (
+    TENSORRT,
+    TENSORRT_RTX,
+    TrtLibrary,
+    bind_polygraphy,
+    rtx_plugin_error,
+    rtx_runtime_problem,
+    rtx_targets,
+)
 from pipeline.module.io_spec import IOSpec
 
 if TYPE_CHECKING:
     import tensorrt as trt
 
-    from pipeline.backends.tensorrt.runtime import EngineRunner
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +81,26 @@ def tensorrt_status() -> tuple[bool, str]:
     return True, f"tensorrt {version} with CUDA device {torch.cuda.get_device_name()} (sm_{major}{minor})"
 
 
-def device_identity() -> dict[str, str]:
-    """What an engine is tied to: TensorRT version and GPU compute capability."""
+def engine_runtime_status(library: TrtLibrary, settings: Settings) -> tuple[bool, str]:
+    """Whether an engine of ``library`` built with ``settings`` can run here, and why (or why not)."""
+    if not library.rtx:
+        return tensorrt_status()
+    if not library.importable():
+        return False, f"the {library.module_name} package does not import"
+    version = library.version()
+    problem = rtx_runtime_problem(settings.trt_compute_capabilities)
+    if problem is not None:
+        return False, problem
+    major, minor = torch.cuda.get_device_capability()
+    return True, f"tensorrt_rtx {version} with CUDA device {torch.cuda.get_device_name()} (sm_{major}{minor})"
+
+
+def device_identity(library: TrtLibrary = TENSORRT, settings: Settings | None = None) -> dict[str, str]:
+    """What an engine is tied to: the library's version and the GPU compute capability it was built for (TensorRT:
+    this GPU's; TensorRT-RTX: the targets of ``settings.trt_compute_capabilities``, no GPU needed)."""
+    if library.rtx:
+        requested = settings.trt_compute_capabilities if settings is not None else ()
+        return {"tensorrt_rtx": library.version(), "compute_capability": ",".join(rtx_targets(requested))}
     import tensorrt as trt
 
     major, minor = torch.cuda.get_device_capability()
@@ -127,21 +163,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def create_config(io: IOSpec, settings: Settings, timing_cache: Path) -> Any:
-    """Polygraphy's ``CreateConfig`` for these settings. No precision flags: the graph carries its precision."""
-    import tensorrt as trt
+def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, library: TrtLibrary = TENSORRT) -> Any:
+    """Polygraphy's ``CreateConfig`` for these settings (``CreateConfigRTX`` for TensorRT-RTX, with the target compute
+    capabilities and no timing cache: one would make the CPU-only build query a GPU). No precision flags: the graph
+    carries its precision."""
+    tensorrt = library.import_module()
+    bind_polygraphy(library)
     from polygraphy.backend.trt import CreateConfig
 
     pools = {}
     if settings.trt_workspace_bytes is not None:
-        pools[trt.MemoryPoolType.WORKSPACE] = settings.trt_workspace_bytes
+        pools[tensorrt.MemoryPoolType.WORKSPACE] = settings.trt_workspace_bytes
     if settings.trt_tactic_shared_memory_bytes is not None:
-        pools[trt.MemoryPoolType.TACTIC_SHARED_MEMORY] = settings.trt_tactic_shared_memory_bytes
+        pools[tensorrt.MemoryPoolType.TACTIC_SHARED_MEMORY] = settings.trt_tactic_shared_memory_bytes
     hardware = {
-        "none": trt.HardwareCompatibilityLevel.NONE,
-        "ampere_plus": trt.HardwareCompatibilityLevel.AMPERE_PLUS,
-        "same_compute_capability": trt.HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY,
+        "none": tensorrt.HardwareCompatibilityLevel.NONE,
+        "ampere_plus": tensorrt.HardwareCompatibilityLevel.AMPERE_PLUS,
+        "same_compute_capability": tensorrt.HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY,
     }[settings.trt_hardware_compatibility]
+    if library.rtx:
+        return _create_config_rtx(io, settings, pools)
     return CreateConfig(
         tf32=settings.trt_tf32,
         profiles=[optimization_profile(io, settings)],
@@ -149,8 +190,40 @@ def create_config(io: IOSpec, settings: Settings, timing_cache: Path) -> Any:
         builder_optimization_level=settings.trt_builder_optimization_level,
         hardware_compatibility_level=hardware,
         version_compatible=settings.trt_version_compatible,
-        load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
+        load_timing_cache=str(timing_cache) if timing_cache is not None and timing_cache.is_file() else None,
     )
+
+
+def _create_config_rtx(io: IOSpec, settings: Settings, pools: dict[Any, int]) -> Any:
+    """TensorRT-RTX's config: its targets; TF32 set as asked (it is on by default in TensorRT-RTX, and its
+    ``CreateConfigRTX`` takes no ``tf32``); no hardware compatibility level (unsupported in TensorRT-RTX)."""
+    from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+    from polygraphy.backend.trt import PostprocessConfig
+
+    if settings.trt_hardware_compatibility != "none":
+        raise BuildError(
+            f"trt_hardware_compatibility={settings.trt_hardware_compatibility!r} does not apply to TensorRT-RTX",
+            fix="leave it at 'none': TensorRT-RTX engines target compute capabilities (trt_compute_capabilities)",
+        )
+    requested = settings.trt_compute_capabilities
+    targets = [tuple(int(p) for p in cc.split(".")) for cc in rtx_targets(requested)] if requested else None
+    config = CreateConfigRTX(
+        profiles=[optimization_profile(io, settings)],
+        memory_pool_limits=pools or None,
+        builder_optimization_level=settings.trt_builder_optimization_level,
+        version_compatible=settings.trt_version_compatible or None,
+        compute_capabilities=targets,
+    )
+    tf32 = settings.trt_tf32
+
+    def set_tf32(builder: Any, network: Any, config: trt.IBuilderConfig) -> None:
+        flag = TENSORRT_RTX.import_module().BuilderFlag.TF32
+        if tf32:
+            config.set_flag(flag)
+        else:
+            config.clear_flag(flag)
+
+    return PostprocessConfig(config, func=set_tf32)
 
 
 @dataclass(frozen=True)
@@ -164,7 +237,10 @@ class ParseFailure:
 
 
 def parse_error(
-    failures: Sequence[ParseFailure], model: onnx.ModelProto, static_check: StaticCheck | None
+    failures: Sequence[ParseFailure],
+    model: onnx.ModelProto,
+    static_check: StaticCheck | None,
+    library: TrtLibrary = TENSORRT,
 ) -> BuildError:
     """The BuildError for a graph the parser rejected: one line per failing node, with the static check's reason."""
     reasons = dict(static_check(model)) if static_check is not None else {}
@@ -178,7 +254,7 @@ def parse_error(
     if not lines:
         lines.append("the parser failed without reporting an error (is the final graph valid ONNX?)")
     return BuildError(
-        "TensorRT's ONNX parser rejected the final graph:\n    " + "\n    ".join(lines),
+        f"{library.title}'s ONNX parser rejected the final graph:\n    " + "\n    ".join(lines),
         node=next((f.node for f in failures if f.node), None),
         fix="lower the listed ops with a converter or pass (or register a plugin for them), "
         "or convert with backend='onnxruntime' to run on the CPU",
@@ -186,70 +262,137 @@ def parse_error(
 
 
 def parse_network(
-    model: onnx.ModelProto, static_check: StaticCheck | None = None, base_dir: Path | None = None
+    model: onnx.ModelProto,
+    static_check: StaticCheck | None = None,
+    base_dir: Path | None = None,
+    library: TrtLibrary = TENSORRT,
 ) -> tuple[Any, Any, Any]:
     """(builder, network, parser) for the final graph, strongly typed; keep the tuple alive until the build.
 
-    Polygraphy's ``NetworkFromOnnxBytes`` turns the parser's errors into log lines and a generic exception, so
-    the parse is done here, on a network from Polygraphy's ``CreateNetwork``, to report each failing node.
-    ``base_dir`` is where external weights live, if the graph has any (default: the pipeline's weights directory).
+    A graph the parser rejects is a BuildError with one line per failing node (see :func:`parse_onnx`).
     """
-    import tensorrt as trt
-    from polygraphy.backend.trt import CreateNetwork, get_trt_logger
+    parsed, failures = parse_onnx(model, base_dir, library)
+    if failures:
+        raise parse_error(failures, model, static_check, library)
+    return parsed
 
+
+def parse_onnx(
+    model: onnx.ModelProto, base_dir: Path | None = None, library: TrtLibrary = TENSORRT, *, for_build: bool = True
+) -> tuple[tuple[Any, Any, Any], list[ParseFailure]]:
+    """Parse the graph with ``library``'s ONNX parser: ``((builder, network, parser), failures)``, no failures when
+    it was accepted.
+
+    Polygraphy's ``NetworkFromOnnxBytes`` turns the parser's errors into log lines and a generic exception, so
+    the parse is done here, with the library's own API, to report each failing node; no Polygraphy loader is used,
+    so parsing serves TensorRT and TensorRT-RTX in one process (building binds Polygraphy to one, see
+    ``pipeline.backends.tensorrt.library``). ``base_dir`` is where external weights live, if the graph has any
+    (default: the pipeline's weights directory). Plugin nodes given to TensorRT-RTX are a BuildError ``for_build``;
+    otherwise its parser judges them (it finds no plugin creator).
+    """
+    tensorrt = library.import_module()
     from pipeline.backends.plugin_runtime import register_tensorrt_plugins
 
-    builder, network = CreateNetwork(strongly_typed=True)()
-    trt.init_libnvinfer_plugins(get_trt_logger(), "")
-    register_tensorrt_plugins(model)  # the parser finds a plugin node's creator by name: it must exist first
-    parser: trt.OnnxParser = trt.OnnxParser(network, get_trt_logger())
+    plugins = plugin_nodes(model)
+    if plugins and library.rtx and for_build:
+        raise rtx_plugin_error([n.name for n in plugins])
+    logger = library_logger(library)
+    builder: trt.Builder = tensorrt.Builder(logger)
+    network: trt.INetworkDefinition = builder.create_network(
+        1 << int(tensorrt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    )
+    tensorrt.init_libnvinfer_plugins(logger, "")
+    if plugins and not library.rtx:
+        register_tensorrt_plugins(model)  # the parser finds a plugin node's creator by name: it must exist first
+    parser: trt.OnnxParser = tensorrt.OnnxParser(network, logger)
     base_dir = base_dir or base_dir_of(model)  # the parser finds external weights beside the path it is given
     parsed = parser.parse(model.SerializeToString(), None if base_dir is None else str(base_dir / "model.onnx"))
     failures = [_parse_failure(parser.get_error(i), model) for i in range(parser.num_errors)]
-    if failures or not parsed:
-        raise parse_error(failures, model, static_check)
-    return builder, network, parser
+    if not parsed and not failures:
+        failures.append(ParseFailure("", "", "the parser failed without reporting an error", "UNKNOWN"))
+    return (builder, network, parser), failures
+
+
+def library_logger(library: TrtLibrary = TENSORRT) -> Any:
+    """One ``ILogger`` per library and process for parsing, into Python logging (stdout stays the caller's): the
+    parser's errors become the per-node report, so they are logged at INFO; internal errors at ERROR."""
+    if library.module_name not in _LOGGERS:
+        tensorrt = library.import_module()
+        severity = tensorrt.ILogger.Severity
+        levels = {severity.INTERNAL_ERROR: logging.ERROR, severity.ERROR: logging.INFO, severity.WARNING: logging.INFO}
+
+        class ParserLogger(tensorrt.ILogger):  # type: ignore[name-defined]
+            def __init__(self) -> None:
+                tensorrt.ILogger.__init__(self)
+
+            def log(self, level: trt.ILogger.Severity, msg: str) -> None:
+                logger.log(levels.get(level, logging.DEBUG), "%s: %s", library.title, msg)
+
+        _LOGGERS[library.module_name] = ParserLogger()
+    return _LOGGERS[library.module_name]
+
+
+_LOGGERS: dict[str, Any] = {}
 
 
 def _parse_failure(error: trt.ParserError, model: onnx.ModelProto) -> ParseFailure:
     name, op, index = error.node_name(), error.node_operator(), error.node()
     if not name and 0 <= index < len(model.graph.node):
         name, op = model.graph.node[index].name, model.graph.node[index].op_type
-    return ParseFailure(node=name, op=op, message=error.desc(), code=error.code().name)
+    message = error.desc()
+    where = f"{error.func()} at {Path(error.file()).name}:{error.line()}" if error.func() else ""
+    if where and (len(message) < 20 or message in ("false", "true")):  # a bare check: the checker's name says more
+        message = f"{message} ({where})"
+    return ParseFailure(node=name, op=op, message=message, code=error.code().name)
 
 
 def build_engine(
     model: onnx.ModelProto,
     io: IOSpec,
     settings: Settings,
-    timing_cache: Path,
+    timing_cache: Path | None,
     static_check: StaticCheck | None = None,
+    library: TrtLibrary = TENSORRT,
 ) -> bytes:
-    """Serialized engine for the final graph; the timing cache is loaded from and merged back into ``timing_cache``."""
-    return engine_from_network(parse_network(model, static_check), io, settings, timing_cache)
+    """Serialized engine for the final graph; the timing cache is loaded from and merged back into ``timing_cache``
+    (None: no timing cache, as for TensorRT-RTX)."""
+    parsed = parse_network(model, static_check, library=library)
+    return engine_from_network(parsed, io, settings, timing_cache, library)
 
 
-def engine_from_network(network: tuple[Any, Any, Any], io: IOSpec, settings: Settings, timing_cache: Path) -> bytes:
+def engine_from_network(
+    network: tuple[Any, Any, Any],
+    io: IOSpec,
+    settings: Settings,
+    timing_cache: Path | None,
+    library: TrtLibrary = TENSORRT,
+) -> bytes:
     """Serialized engine for a parsed ``(builder, network, parser)``; see :func:`build_engine`."""
-    from polygraphy.backend.trt import EngineBytesFromNetwork
+    config = create_config(io, settings, timing_cache, library)
+    from polygraphy.backend.trt import EngineBytesFromNetwork  # bound to ``library`` by create_config
 
-    timing_cache.parent.mkdir(parents=True, exist_ok=True)
-    config = create_config(io, settings, timing_cache)
+    if timing_cache is not None:
+        timing_cache.parent.mkdir(parents=True, exist_ok=True)
     try:
-        engine = EngineBytesFromNetwork(network, config, save_timing_cache=str(timing_cache))()
+        engine = EngineBytesFromNetwork(
+            network, config, save_timing_cache=None if timing_cache is None else str(timing_cache)
+        )()
     except Exception as exc:
         raise BuildError(
-            f"TensorRT could not build an engine from the final graph: {exc}",
-            fix="read TensorRT's log above for the failing layer; raise trt_workspace_bytes if it ran out of "
+            f"{library.title} could not build an engine from the final graph: {exc}",
+            fix=f"read {library.title}'s log above for the failing layer; raise trt_workspace_bytes if it ran out of "
             "memory, or convert with backend='onnxruntime'",
         ) from exc
     return bytes(engine)
 
 
-def timing_cache_path(settings: Settings) -> Path:
-    """The timing cache file: ``trt_timing_cache``, else the engine cache's one for this TensorRT and GPU."""
+def timing_cache_path(settings: Settings, library: TrtLibrary = TENSORRT) -> Path | None:
+    """The timing cache file: ``trt_timing_cache``, else the engine cache's one for this TensorRT and GPU. None for
+    TensorRT-RTX, whose timing cache has no effect on the engine and would make the build query a GPU."""
     from pipeline.backends.tensorrt.engine_cache import EngineCache
 
+    if library.rtx:
+        return None
     if settings.trt_timing_cache:
         return Path(settings.trt_timing_cache)
     return EngineCache(settings.cache_dir).timing_cache_path(device_identity())
@@ -295,63 +438,6 @@ class MarkedOutputEngines:
         network: trt.INetworkDefinition = self._parsed[1]
         mark_outputs(network, names)
         return engine_from_network(self._parsed, self.io, self.settings, self._timing_cache)
-
-
-class TensorRTExecutor:
-    """An engine and the runner that executes it on torch CUDA tensors (see ``pipeline.backends.tensorrt.runtime``)."""
-
-    backend = "tensorrt"
-
-    def __init__(self, engine: bytes, io: IOSpec, settings: Settings, cache_status: str = "not cached") -> None:
-        from pipeline.backends.tensorrt.runtime import EngineRunner
-
-        self._engine_bytes = engine
-        self.cache_status = cache_status
-        self.input_names = [t.name for t in io.inputs]
-        self.output_names = [t.name for t in io.outputs]
-        self._runner: EngineRunner = EngineRunner(engine, allow_host_code=settings.trt_version_compatible)
-        self._runner.check_io(io)
-
-    @classmethod
-    def build(
-        cls, model: onnx.ModelProto, io: IOSpec, settings: Settings, static_check: StaticCheck | None = None
-    ) -> TensorRTExecutor:
-        """Build the engine, or take it from the engine cache (``settings.cache_dir``) when it was built before."""
-        from pipeline.backends.tensorrt.engine_cache import EngineCache, cache_key, graph_digest
-
-        device = device_identity()
-        cache = EngineCache(settings.cache_dir)
-        timing = timing_cache_path(settings)
-
-        def build() -> bytes:
-            return build_engine(model, io, settings, timing, static_check)
-
-        if not settings.trt_engine_cache:
-            return cls(build(), io, settings)
-        key = cache_key(graph_digest(model), device, build_options(io, settings))
-        try:
-            result = cache.get_or_build(key, build)
-        except OSError as exc:
-            raise BuildError(
-                f"the engine cache in {cache.directory} cannot be used: {exc}",
-                fix="set PIPELINE_CACHE_DIR to a writable directory, or pass trt_engine_cache=False",
-            ) from exc
-        logger.info("engine: %s (%s)", result.status, result.path)
-        return cls(result.engine, io, settings, cache_status=result.status)
-
-    @property
-    def engine_bytes(self) -> bytes | None:
-        return self._engine_bytes
-
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        outputs = self._runner.run(dict(zip(self.input_names, inputs, strict=True)))
-        return [outputs[name] for name in self.output_names]
-
-    def polygraphy_runner(self, name: str) -> Any:
-        """Polygraphy's ``TrtRunner`` on the same engine (its own execution context), for validation."""
-        from polygraphy.backend.trt import TrtRunner
-
-        return TrtRunner(self._runner.engine, name=name)
 
 
 def _version(text: str) -> tuple[int, ...]:

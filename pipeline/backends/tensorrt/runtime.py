@@ -6,18 +6,23 @@ contiguous), outputs are new torch tensors (data-dependent ones are sized by Ten
 ``IOutputAllocator``), and the work is enqueued on the current torch CUDA stream, so it is ordered with the
 caller's torch work without a synchronisation. A runner is not thread-safe (one context).
 
+The same code runs TensorRT-RTX engines (``library=TENSORRT_RTX``), whose just-in-time compiled kernels are kept
+in a runtime cache file between runs (``pipeline.backends.tensorrt.rtx``).
+
 Untested without a GPU; its TensorRT names are checked against TensorRT 10.16 and 11.4 like the rest of the
-backend (see ``pipeline.backends.tensorrt.build`` for the conventions).
+backend (see ``pipeline.backends.tensorrt.build`` for the conventions), and against TensorRT-RTX 1.7.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from converters.errors import BuildError, InputError
+from pipeline.backends.tensorrt.library import TENSORRT, TrtLibrary
 from pipeline.module.io_spec import IOSpec
 
 if TYPE_CHECKING:
@@ -26,25 +31,26 @@ if TYPE_CHECKING:
 Shape = tuple[int, ...]
 
 
-def _dtype_pairs() -> list[tuple[trt.DataType, torch.dtype]]:
+def _dtype_pairs(library: TrtLibrary = TENSORRT) -> list[tuple[trt.DataType, torch.dtype]]:
     """TensorRT dtype <-> torch dtype. INT4, FP4 and E8M0 are packed or scale types with no torch twin."""
-    import tensorrt as trt
+    tensorrt = library.import_module()
 
     return [
-        (trt.DataType.FLOAT, torch.float32),
-        (trt.DataType.HALF, torch.float16),
-        (trt.DataType.BF16, torch.bfloat16),
-        (trt.DataType.FP8, torch.float8_e4m3fn),
-        (trt.DataType.INT8, torch.int8),
-        (trt.DataType.UINT8, torch.uint8),
-        (trt.DataType.INT32, torch.int32),
-        (trt.DataType.INT64, torch.int64),
-        (trt.DataType.BOOL, torch.bool),
+        (tensorrt.DataType.FLOAT, torch.float32),
+        (tensorrt.DataType.HALF, torch.float16),
+        (tensorrt.DataType.BF16, torch.bfloat16),
+        (tensorrt.DataType.FP8, torch.float8_e4m3fn),
+        (tensorrt.DataType.INT8, torch.int8),
+        (tensorrt.DataType.UINT8, torch.uint8),
+        (tensorrt.DataType.INT32, torch.int32),
+        (tensorrt.DataType.INT64, torch.int64),
+        (tensorrt.DataType.BOOL, torch.bool),
     ]
 
 
-def torch_dtype(dtype: trt.DataType) -> torch.dtype:
-    for ours, theirs in _dtype_pairs():
+def torch_dtype(dtype: trt.DataType, library: TrtLibrary = TENSORRT) -> torch.dtype:
+    """The torch dtype of a TensorRT (or TensorRT-RTX, with ``library``) data type."""
+    for ours, theirs in _dtype_pairs(library):
         if ours == dtype:
             return theirs
     raise BuildError(
@@ -53,8 +59,9 @@ def torch_dtype(dtype: trt.DataType) -> torch.dtype:
     )
 
 
-def trt_dtype(dtype: torch.dtype) -> trt.DataType:
-    for ours, theirs in _dtype_pairs():
+def trt_dtype(dtype: torch.dtype, library: TrtLibrary = TENSORRT) -> trt.DataType:
+    """The TensorRT (or TensorRT-RTX, with ``library``) data type of a torch dtype."""
+    for ours, theirs in _dtype_pairs(library):
         if theirs == dtype:
             return ours
     raise BuildError(f"torch dtype {dtype} has no TensorRT type", fix="use a float, integer or bool dtype")
@@ -63,12 +70,24 @@ def trt_dtype(dtype: torch.dtype) -> trt.DataType:
 class EngineRunner:
     """A deserialized engine and one execution context; ``run`` takes and returns ``{name: tensor}``."""
 
-    def __init__(self, plan: bytes, *, allow_host_code: bool = False) -> None:
-        import tensorrt as trt
+    def __init__(
+        self,
+        plan: bytes,
+        *,
+        allow_host_code: bool = False,
+        library: TrtLibrary = TENSORRT,
+        runtime_cache: Path | None = None,
+    ) -> None:
+        from pipeline.backends.tensorrt.library import bind_polygraphy
+
+        tensorrt = library.import_module()
+        bind_polygraphy(library)
         from polygraphy.backend.trt import get_trt_logger  # one TensorRT logger per process, shared with the build
 
-        trt.init_libnvinfer_plugins(get_trt_logger(), "")
-        self._runtime: trt.Runtime = trt.Runtime(get_trt_logger())
+        self.library = library
+
+        tensorrt.init_libnvinfer_plugins(get_trt_logger(), "")
+        self._runtime: trt.Runtime = tensorrt.Runtime(get_trt_logger())
         # A version-compatible engine carries its own lean runtime, which is host code TensorRT must be allowed to run.
         self._runtime.engine_host_code_allowed = allow_host_code
         self.engine: trt.ICudaEngine = self._runtime.deserialize_cuda_engine(plan)
@@ -78,20 +97,27 @@ class EngineRunner:
                 fix="the engine was built by another TensorRT version or GPU, or is damaged: load the artifact "
                 "with rebuild=True, or convert again (with trt_engine_cache=False if it came from the cache)",
             )
-        self._context: trt.IExecutionContext = self.engine.create_execution_context()
+        self._runtime_cache = None
+        if library.rtx and runtime_cache is not None:
+            from pipeline.backends.tensorrt.rtx import RuntimeCache
+
+            self._runtime_cache = RuntimeCache(self.engine, runtime_cache)
+            self._context: trt.IExecutionContext = self._runtime_cache.create_execution_context()
+        else:
+            self._context = self.engine.create_execution_context()
         self.device = torch.device("cuda", torch.cuda.current_device())
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        self.dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n)) for n in names}
+        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == tensorrt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == tensorrt.TensorIOMode.OUTPUT]
+        self.dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), library) for n in names}
         self.profile = {n: self._profile(n) for n in self.inputs}
         self._on_host = {n: self.engine.is_shape_inference_io(n) for n in self.inputs}  # shape tensors: host memory
-        self._allocator = _make_output_allocator(self.device)
+        self._allocator = _make_output_allocator(self.device, library)
 
     def check_io(self, io: IOSpec) -> None:
         """The engine's inputs and outputs are the graph's: same names, same dtypes. (TensorRT drops graph inputs
         that nothing uses, so the engine may have fewer inputs.)"""
-        graph = {t.name: trt_dtype(t.torch_dtype) for t in (*io.inputs, *io.outputs)}
+        graph = {t.name: trt_dtype(t.torch_dtype, self.library) for t in (*io.inputs, *io.outputs)}
         engine = {n: self.engine.get_tensor_dtype(n) for n in (*self.inputs, *self.outputs)}
         wrong = [n for n in engine if graph.get(n) != engine[n]] + [t.name for t in io.outputs if t.name not in engine]
         if wrong:
@@ -123,6 +149,8 @@ class EngineRunner:
                 if name not in outputs:
                     outputs[name] = self._allocated_output(name)
             del keep_alive
+        if self._runtime_cache is not None:
+            self._runtime_cache.save_if_new(tuple(tuple(inputs[n].shape) for n in self.inputs))
         return outputs
 
     def _set_input(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -167,13 +195,13 @@ class EngineRunner:
         return lo, opt, hi
 
 
-def _make_output_allocator(device: torch.device) -> Any:
+def _make_output_allocator(device: torch.device, library: TrtLibrary = TENSORRT) -> Any:
     """An ``IOutputAllocator`` handing TensorRT fresh torch memory for each data-dependent output, every run."""
-    import tensorrt as trt
+    tensorrt = library.import_module()
 
-    class TorchOutputAllocator(trt.IOutputAllocator):
+    class TorchOutputAllocator(tensorrt.IOutputAllocator):  # type: ignore[name-defined]
         def __init__(self) -> None:
-            trt.IOutputAllocator.__init__(self)
+            tensorrt.IOutputAllocator.__init__(self)
             self.buffers: dict[str, torch.Tensor] = {}
             self.shapes: dict[str, Shape] = {}
 

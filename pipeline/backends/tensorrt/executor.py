@@ -1,0 +1,169 @@
+"""Executors of the TensorRT backends: an engine built (or taken from the engine cache) and run.
+
+:class:`TensorRTExecutor` runs the engine on the GPU with ``pipeline.backends.tensorrt.runtime`` (TensorRT, or
+TensorRT-RTX with its runtime cache in the cache directory). :class:`EngineOnOnnxRuntime` is a TensorRT-RTX engine
+built ahead of time where it cannot run (no CUDA, a GPU TensorRT-RTX does not support): the engine is kept (module,
+artifact, engine cache) and the same final graph runs on ONNX Runtime, as the report says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import onnx
+import torch
+
+from converters.errors import BuildError
+from converters.settings import Settings
+from pipeline.backends.tensorrt.build import (
+    StaticCheck,
+    build_engine,
+    build_options,
+    device_identity,
+    timing_cache_path,
+)
+from pipeline.backends.tensorrt.library import TENSORRT, TrtLibrary
+from pipeline.module.io_spec import IOSpec
+
+if TYPE_CHECKING:
+    from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
+    from pipeline.backends.tensorrt.runtime import EngineRunner
+
+logger = logging.getLogger(__name__)
+
+
+def cached_engine(
+    model: onnx.ModelProto,
+    io: IOSpec,
+    settings: Settings,
+    static_check: StaticCheck | None = None,
+    library: TrtLibrary = TENSORRT,
+) -> tuple[bytes, str]:
+    """``(engine, how)``: built, or taken from the engine cache (``settings.cache_dir``) when it was built before.
+
+    The key holds the graph, the library and its version, the GPU (TensorRT) or the target compute capabilities
+    (TensorRT-RTX), the optimization profile and every engine setting (``build_options``).
+    """
+    from pipeline.backends.tensorrt.engine_cache import EngineCache, cache_key, graph_digest
+
+    timing = timing_cache_path(settings, library)
+
+    def build() -> bytes:
+        return build_engine(model, io, settings, timing, static_check, library)
+
+    if not settings.trt_engine_cache:
+        return build(), "not cached"
+    cache = EngineCache(settings.cache_dir)
+    key = cache_key(graph_digest(model), device_identity(library, settings), build_options(io, settings))
+    try:
+        result = cache.get_or_build(key, build)
+    except OSError as exc:
+        raise BuildError(
+            f"the engine cache in {cache.directory} cannot be used: {exc}",
+            fix="set PIPELINE_CACHE_DIR to a writable directory, or pass trt_engine_cache=False",
+        ) from exc
+    logger.info("engine: %s (%s)", result.status, result.path)
+    return result.engine, result.status
+
+
+def runtime_cache_path(engine: bytes, settings: Settings) -> Path:
+    """Where TensorRT-RTX keeps the JIT results for one engine between runs: the cache directory, by engine digest."""
+    return Path(settings.cache_dir).expanduser() / f"runtime-rtx-{hashlib.sha256(engine).hexdigest()[:32]}.cache"
+
+
+class TensorRTExecutor:
+    """An engine and the runner that executes it on torch CUDA tensors (see ``pipeline.backends.tensorrt.runtime``)."""
+
+    runs_on = "engine"
+
+    def __init__(
+        self,
+        engine: bytes,
+        io: IOSpec,
+        settings: Settings,
+        cache_status: str = "not cached",
+        library: TrtLibrary = TENSORRT,
+    ) -> None:
+        from pipeline.backends.tensorrt.runtime import EngineRunner
+
+        self.backend = library.backend
+        self.library = library
+        self._engine_bytes = engine
+        self.cache_status = cache_status
+        self.input_names = [t.name for t in io.inputs]
+        self.output_names = [t.name for t in io.outputs]
+        runtime_cache = runtime_cache_path(engine, settings) if library.rtx else None
+        self._runner: EngineRunner = EngineRunner(
+            engine, allow_host_code=settings.trt_version_compatible, library=library, runtime_cache=runtime_cache
+        )
+        self._runner.check_io(io)
+
+    @classmethod
+    def build(
+        cls,
+        model: onnx.ModelProto,
+        io: IOSpec,
+        settings: Settings,
+        static_check: StaticCheck | None = None,
+        library: TrtLibrary = TENSORRT,
+    ) -> TensorRTExecutor:
+        """Build the engine, or take it from the engine cache when it was built before."""
+        engine, status = cached_engine(model, io, settings, static_check, library)
+        return cls(engine, io, settings, status, library)
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        return self._engine_bytes
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        outputs = self._runner.run(dict(zip(self.input_names, inputs, strict=True)))
+        return [outputs[name] for name in self.output_names]
+
+    def polygraphy_runner(self, name: str) -> Any:
+        """Polygraphy's ``TrtRunner`` on the same engine (its own execution context), for validation."""
+        from polygraphy.backend.trt import TrtRunner  # bound to this library by the build (bind_polygraphy)
+
+        return TrtRunner(self._runner.engine, name=name)
+
+
+class EngineOnOnnxRuntime:
+    """A TensorRT-RTX engine that cannot run here, kept beside the same final graph running on ONNX Runtime.
+
+    ``engine_bytes`` is the engine (saved in the artifact); ``run`` and ``polygraphy_runner`` are ONNX Runtime's.
+    ``reason`` says why the engine does not run here.
+    """
+
+    runs_on = "onnxruntime"
+
+    def __init__(
+        self,
+        engine: bytes,
+        model: onnx.ModelProto,
+        io: IOSpec,
+        settings: Settings,
+        reason: str,
+        cache_status: str = "not cached",
+        library: TrtLibrary = TENSORRT,
+    ) -> None:
+        from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
+
+        self.backend = library.backend
+        self.library = library
+        self.reason = reason
+        self.cache_status = cache_status
+        self._engine_bytes = engine
+        self.onnxruntime: OnnxRuntimeExecutor = OnnxRuntimeExecutor(model, io, settings)
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        return self._engine_bytes
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.onnxruntime.run(inputs)
+
+    def polygraphy_runner(self, name: str) -> Any:
+        """ONNX Runtime's runner on the final graph (the engine itself cannot run here)."""
+        return self.onnxruntime.polygraphy_runner(name)

@@ -1,0 +1,67 @@
+"""``pipeline.load``: an artifact written by ``ConvertedModule.save`` back to a module.
+
+It sits above :mod:`pipeline.module.converted` (it makes a ``ConvertedModule``), which is why it is not beside
+``save_artifact`` in :mod:`pipeline.module.artifact`: the module's ``save`` calls that one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from converters.errors import ArtifactError
+from converters.settings import Settings
+from pipeline.backends import build_executor, select_backend
+from pipeline.backends.plugin_runtime import restore_plugins
+from pipeline.module.artifact import read_artifact
+from pipeline.module.converted import ConvertedModule
+from pipeline.module.report import ConversionReport
+
+
+def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:
+    """Load an artifact written by ``ConvertedModule.save``.
+
+    ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even
+    when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
+    TensorRT version or GPU.
+    """
+    artifact = read_artifact(Path(path))
+    settings, io = artifact.settings, artifact.io
+    chosen = backend or artifact.metadata["backend"]
+    engine = None
+    if chosen == "tensorrt":
+        engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild, settings)
+    elif chosen == "tensorrt-rtx" and not rebuild:
+        engine = artifact.engine  # runs where TensorRT-RTX supports the GPU, else kept beside ONNX Runtime
+    # raises with the reason when TensorRT was asked for and cannot run; warns when a TensorRT-RTX engine cannot
+    choice = select_backend(chosen, settings)
+    # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
+    restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
+    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
+    report = ConversionReport.from_dict(artifact.metadata["report"])
+    if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
+        report = dataclasses.replace(report, backend_reason=choice.reason)
+    return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+
+
+def _usable_engine(
+    engine: bytes | None, built_for: dict[str, str], path: Path, rebuild: bool, settings: Settings
+) -> bytes | None:
+    """The saved engine if it can run with this TensorRT and GPU; None (build anew) if ``rebuild``."""
+    if engine is None or rebuild:
+        return None
+    from pipeline.backends.tensorrt.build import device_identity, engine_mismatch, tensorrt_status
+
+    available, why = tensorrt_status()
+    if not available:
+        raise ArtifactError(
+            f"{path} holds a TensorRT engine but TensorRT cannot run here: {why}",
+            fix="load it with backend='onnxruntime' to run its ONNX graph on the CPU",
+        )
+    mismatch = engine_mismatch(built_for, device_identity(), settings)
+    if mismatch is not None:
+        raise ArtifactError(
+            f"{path} holds an engine that cannot run here: {mismatch}",
+            fix="load it with rebuild=True to build a new engine from the saved ONNX graph",
+        )
+    return engine

@@ -1,0 +1,51 @@
+"""Shared CLI parsing: trtexec-style shapes become dynamic dims, tolerances and bad text give clear InputErrors."""
+
+from __future__ import annotations
+
+import pytest
+
+from converters.errors import InputError
+from pipeline.cli import build_parser
+from pipeline.cli.common import conversion_options, read_tolerances, shapes_to_dynamic
+
+
+def test_trtexec_shapes_make_the_differing_axes_dynamic_and_share_names_across_inputs() -> None:
+    dims = shapes_to_dynamic(
+        "input_ids:1x8,attention_mask:1x8", "input_ids:4x64,attention_mask:4x64", "input_ids:8x128,attention_mask:8x128"
+    )
+    assert dims == {
+        "input_ids": {0: ("dim0_1_8", 1, 4, 8), 1: ("dim1_8_128", 8, 64, 128)},
+        "attention_mask": {0: ("dim0_1_8", 1, 4, 8), 1: ("dim1_8_128", 8, 64, 128)},
+    }
+    assert shapes_to_dynamic("x:1x3x224x224", "x:8x3x224x224", "x:32x3x224x224") == {"x": {0: ("dim0_1_32", 1, 8, 32)}}
+    assert shapes_to_dynamic(None, None, None) == {}
+
+
+@pytest.mark.parametrize(
+    ("shapes", "cause"),
+    [
+        (("x:1x3", None, "x:4x3"), "go together"),
+        (("x:1x3", "y:2x3", "x:4x3"), "different inputs"),
+        (("x:1x3", "x:2x3x1", "x:4x3"), "different ranks"),
+        (("x:1xthree", "x:2x3", "x:4x3"), "cannot read --min-shapes"),
+        (("1x3", "x:2x3", "x:4x3"), "cannot read --min-shapes"),
+        (("x:0x3", "x:2x3", "x:4x3"), "size below 1"),
+    ],
+)
+def test_bad_shape_flags_are_input_errors(shapes: tuple[str | None, ...], cause: str) -> None:
+    with pytest.raises(InputError, match=cause):
+        shapes_to_dynamic(*shapes)
+
+
+def test_tolerances_and_conversion_options_from_the_command_line() -> None:
+    assert read_tolerances(["float32:1e-4:1e-3", "logits:0.01:0.1"]) == {"float32": (1e-4, 1e-3), "logits": (0.01, 0.1)}
+    with pytest.raises(InputError, match="cannot read --tolerance"):
+        read_tolerances(["logits:a:b"])
+    args = build_parser().parse_args(
+        ["compare", "m.py:f", "-o", "out", "--precision", "fp16", "--tolerance", "out:1e-3:1e-2",
+         "--min-shapes", "x:1x4", "--opt-shapes", "x:2x4", "--max-shapes", "x:8x4", "--keep-fp32", "op:Softmax"]
+    )
+    options = conversion_options(args)
+    assert options["precision"] == "fp16" and options["keep_fp32"] == ("op:Softmax",)
+    assert options["tolerances"] == {"out": (1e-3, 1e-2)}
+    assert options["dynamic"] == {"x": {0: ("dim0_1_8", 1, 2, 8)}}

@@ -1,0 +1,217 @@
+"""backend="tensorrt-rtx" on this CPU-only machine: the real TensorRT-RTX parser and builder make the engine (ahead
+of time), which is kept in the module, the artifact and the engine cache; the engine cannot run here (no CUDA), so the
+same final graph runs on ONNX Runtime, as the warning, the report and the CLI say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from onnx_models import onnx_model
+
+import pipeline
+from converters.settings import Settings
+from pipeline.backends import EngineNotRunnableWarning
+from pipeline.backends.tensorrt.build import build_engine, build_options, device_identity
+from pipeline.backends.tensorrt.library import TENSORRT_RTX, bind_polygraphy
+from pipeline.module.io_spec import IOSpec, TensorSpec
+
+trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra: pip install tensorrt-rtx")
+ROOT = Path(__file__).resolve().parents[2]
+DYNAMIC = {name: {0: ("batch", 1, 2, 4), 1: ("seq", 4, 16, 32)} for name in ("input_ids", "attention_mask")}
+
+
+def engine_is_tensorrt_rtx(plan: bytes) -> bool:
+    """A TensorRT-RTX plan starts with its magic ``vtrt`` (TensorRT's are ``ftrt``); its runtime cannot say more
+    without a GPU (``get_engine_validity`` fails with "CUDA driver version is insufficient")."""
+    return plan[:4] == b"vtrt"
+
+
+def tiny_bert() -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 500, (2, 16))
+    return model, ((), {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, pipeline.ConvertedModule, list[str]]:
+    model, sample = tiny_bert()
+    cache = tmp_path_factory.mktemp("cache")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = pipeline.convert(model, sample, backend="tensorrt-rtx", dynamic=DYNAMIC, cache_dir=str(cache))
+    return model, module, [str(w.message) for w in caught if issubclass(w.category, EngineNotRunnableWarning)]
+
+
+def test_bert_builds_a_tensorrt_rtx_engine_and_says_where_it_runs(bert: Any, tmp_path: Path) -> None:
+    model, module, warned = bert
+    assert module.backend == "tensorrt-rtx"
+    assert module.engine_bytes is not None and len(module.engine_bytes) > 100_000
+    reason = module.report.backend_reason
+    assert "engine built for compute capabilities 8.0, 8.6, 8.9, 12.0" in reason
+    assert "not runnable here: no CUDA device" in reason and "running the same graph on ONNX Runtime" in reason
+    assert warned and "not runnable here" in warned[0]
+    assert module.report.compatibility is not None
+    assert module.report.compatibility["parser"] == f"TensorRT-RTX {trt.__version__} ONNX parser"
+    assert module.report.accuracy is not None and module.report.accuracy.passed
+    # the artifact holds the same engine, and records the library and its targets
+    path = module.save(tmp_path / "bert.ptrt")
+    with zipfile.ZipFile(path) as archive:
+        assert archive.read("engine.plan") == module.engine_bytes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = pipeline.load(path)
+    assert any(issubclass(w.category, EngineNotRunnableWarning) for w in caught)
+    assert loaded.backend == "tensorrt-rtx" and loaded.engine_bytes == module.engine_bytes
+    assert "not runnable here: no CUDA device" in loaded.report.backend_reason
+    ids = torch.randint(0, 500, (3, 24))  # another batch and sequence length inside the profile
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        got = loaded(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_engine_has_the_declared_profile(bert: Any) -> None:
+    """The engine is real: TensorRT-RTX's builder took the profile from the declared dynamic dimensions."""
+    _, module, _ = bert
+    options = build_options(module.io, module.settings)
+    assert options["profile"]["input_ids"] == [[1, 4], [2, 16], [4, 32]]
+    assert module.engine_bytes is not None and engine_is_tensorrt_rtx(module.engine_bytes)
+
+
+def small_graph() -> tuple[onnx.ModelProto, IOSpec]:
+    model = onnx_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        [("x", TensorProto.FLOAT, [2, 3])],
+        [("y", TensorProto.FLOAT, None)],
+    )
+    io = IOSpec((TensorSpec("x", "float32", (2, 3)),), (TensorSpec("y", "float32", (2, 3)),), "", (), "", (), ())
+    return model, io
+
+
+def test_engine_cache_is_keyed_on_library_version_and_targets(tmp_path: Path) -> None:
+    from pipeline.backends.tensorrt.executor import cached_engine
+
+    model, io = small_graph()
+    default = Settings(backend="tensorrt-rtx", cache_dir=str(tmp_path))
+    ada = Settings(backend="tensorrt-rtx", cache_dir=str(tmp_path), trt_compute_capabilities=("8.9",))
+    assert cached_engine(model, io, default, library=TENSORRT_RTX)[1] == "built"
+    assert cached_engine(model, io, default, library=TENSORRT_RTX)[1] == "hit"
+    engine, status = cached_engine(model, io, ada, library=TENSORRT_RTX)
+    assert status == "built"  # another target: another entry
+    assert device_identity(TENSORRT_RTX, ada) == {"tensorrt_rtx": trt.__version__, "compute_capability": "8.9"}
+    assert device_identity(TENSORRT_RTX, default)["compute_capability"] == "8.0,8.6,8.9,12.0"
+    assert len(list(tmp_path.glob("*.plan"))) == 2
+
+
+def test_unknown_target_is_an_input_error() -> None:
+    model, io = small_graph()
+    with pytest.raises(pipeline.InputError, match=r"(?s)trt_compute_capabilities \['9.0'\].*fix: use some of"):
+        build_engine(model, io, Settings(trt_compute_capabilities=("9.0",)), None, library=TENSORRT_RTX)
+
+
+def test_require_engine_runtime_makes_it_an_error() -> None:
+    with pytest.raises(pipeline.BuildError, match="require_engine_runtime=True, but the engine cannot run here"):
+        pipeline.convert(torch.nn.ReLU(), torch.randn(2, 3), backend="tensorrt-rtx", require_engine_runtime=True)
+
+
+def test_plugin_nodes_are_a_build_error_naming_the_limitation() -> None:
+    node = helper.make_node("MyOp", ["x"], ["y"], name="plugin", domain="mine", plugin_namespace="mine")
+    model = onnx_model([node], [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, None)])
+    _, io = small_graph()
+    with pytest.raises(
+        pipeline.BuildError, match=r"plugin node\(s\) \['plugin'\], which TensorRT-RTX cannot build"
+    ) as e:
+        build_engine(model, io, Settings(), None, library=TENSORRT_RTX)
+    assert "tensorrt_rtx_bindings.plugin" in str(e.value) and "fix:" in str(e.value)
+
+
+def test_polygraphy_serves_one_library_per_process() -> None:
+    """This process built with TensorRT-RTX: Polygraphy's loaders are bound to it; TensorRT is refused clearly."""
+    bind_polygraphy(TENSORRT_RTX)
+    from polygraphy.backend.trt import loader
+
+    assert loader.trt.__name__ == "tensorrt_rtx"
+
+
+def test_cli_convert_tensorrt_rtx(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "convert",
+            "examples/cnn.py:build",
+            "--backend",
+            "tensorrt-rtx",
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "backend   tensorrt-rtx" in done.stdout
+    assert (
+        "not runnable here: no CUDA device" in done.stdout and "running the same graph on ONNX Runtime" in done.stdout
+    )
+    assert "MB tensorrt-rtx engine in the artifact" in done.stdout
+    with zipfile.ZipFile(tmp_path / "model.ptrt") as archive:
+        assert engine_is_tensorrt_rtx(archive.read("engine.plan"))
+
+
+BLOCKED = """
+import sys
+sys.modules["tensorrt_rtx"] = None  # as on a machine without TensorRT-RTX (and without TensorRT)
+sys.modules["tensorrt"] = None
+import onnx, torch, pipeline
+from onnx import TensorProto, helper
+x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "xy")
+g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y])
+print(pipeline.check(helper.make_model(g)).parser)
+try:
+    pipeline.convert(torch.nn.ReLU(), torch.randn(2), backend="tensorrt-rtx")
+except pipeline.BuildError as exc:
+    print(str(exc).replace(chr(10), " "))
+"""
+
+
+def test_without_the_library_check_uses_the_table_and_the_backend_says_how_to_install() -> None:
+    done = subprocess.run([sys.executable, "-c", BLOCKED], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    parser, error = done.stdout.splitlines()[-2:]
+    assert parser == "static table (TensorRT 11.1 operator matrix)"
+    assert "TensorRT-RTX is needed here but `import tensorrt_rtx` fails" in error
+    assert "fix: pip install 'tensorrt-rtx'" in error
+
+
+@pytest.mark.parametrize(("tf32", "targets"), [(False, ()), (True, ("8.9",)), (False, ("8.6", "12.0"))])
+def test_settings_become_the_real_tensorrt_rtx_builder_config(tf32: bool, targets: tuple[str, ...]) -> None:
+    from pipeline.backends.tensorrt.build import create_config, parse_onnx
+
+    model, io = small_graph()
+    (builder, network, _), failures = parse_onnx(model, library=TENSORRT_RTX)
+    assert failures == []
+    settings = Settings(trt_tf32=tf32, trt_compute_capabilities=targets, trt_workspace_bytes=1 << 28)
+    config = create_config(io, settings, None, TENSORRT_RTX)(builder, network)
+    assert config.get_flag(trt.BuilderFlag.TF32) is tf32  # on by default in TensorRT-RTX: cleared unless asked for
+    assert config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE) == 1 << 28
+    assert config.num_compute_capabilities == len(targets)
+    chosen = [config.get_compute_capability(i) for i in range(len(targets))]
+    assert chosen == [getattr(trt.ComputeCapability, "SM" + cc.replace(".", "")) for cc in targets]
