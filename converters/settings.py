@@ -6,6 +6,7 @@ object; ``pipeline`` re-exports it. Environment variables are read here, once, a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -239,6 +240,15 @@ class Settings:
             return self.tolerances[output_name]
         merged = {**DEFAULT_TOLERANCES, **self.tolerances}
         return merged.get(dtype, DEFAULT_TOLERANCES["float32"])
+
+    def with_input_ranks(self, ranks: Mapping[str, int]) -> Settings:
+        """These settings with every negative dynamic axis counted from the end of its input's rank (``-2`` of a
+        2-D input is axis 0), so that every later stage, the module's range check and the artifact agree."""
+        dims = tuple(
+            dataclasses.replace(d, axis=d.axis + ranks[d.input]) if d.axis < 0 and d.input in ranks else d
+            for d in self.dynamic
+        )
+        return self if dims == self.dynamic else dataclasses.replace(self, dynamic=dims)
 
     def dims_of(self, input_name: str) -> dict[int, DynamicDim]:
         """The declared dynamic dimensions of one graph input, by axis."""

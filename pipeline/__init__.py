@@ -15,11 +15,10 @@ from converters.errors import (
     PipelineError,
 )
 from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
-from pipeline.check.judge import check
 from pipeline.check.real import ParserVerdict, parse_with
 from pipeline.check.static import CompatibilityReport, NodeCheck
 from pipeline.compare.report import ComparisonReport
-from pipeline.conversion import compare, convert, run_passes
+from pipeline.conversion import check, compare, convert, run_passes
 from pipeline.export import ExportedGraph, export
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import IOSpec, TensorSpec

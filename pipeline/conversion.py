@@ -22,8 +22,10 @@ from passes import GraphPass, PassManager, PassRecord, default_passes, insert_pa
 from passes.base import Placement
 from passes.model_io.external_data import check_model, remove_unused_files
 from pipeline.backends import build_executor, select_backend
+from pipeline.check.judge import check as judge_check
 from pipeline.check.ops import DEFAULT_TRT_VERSION
-from pipeline.check.static import CompatibilityReport, check
+from pipeline.check.static import CompatibilityReport
+from pipeline.check.static import check as static_check
 from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET
 from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import check_reference_dtype, split_samples
@@ -79,6 +81,7 @@ def convert(
     choice = select_backend(config.backend, config)
     with _stage("export", stages):
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
+    config = config.with_input_ranks({t.name: len(t.shape) for t in exported.io.inputs})  # axis -1 -> rank - 1
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
     with _stage("passes", stages):
         debug = _debug_inputs(model, exported, sample) if config.debug_passes else None
@@ -144,6 +147,38 @@ def _debug_inputs(model: torch.nn.Module, exported: ExportedGraph, sample: Any) 
         return feed, torch_references(model, exported.io, [feed])[0]
 
 
+def check(
+    model: torch.nn.Module | onnx.ModelProto | str | Path,
+    trt_version: str | None = None,
+    *,
+    sample: Any = None,
+    parser: str = "auto",
+    build: bool = False,
+    converters: ConverterRegistry | None = None,
+    **settings: Any,
+) -> CompatibilityReport:
+    """``pipeline.check``: will TensorRT take this graph? ``model`` is an ONNX ModelProto, a path to an ``.onnx``
+    file or a ``.ptrt`` artifact, or an ``nn.Module`` with ``sample=``, converted first (on ONNX Runtime, without
+    validation; ``converters`` and ``settings`` go to :func:`convert`) so that the graph judged is the one
+    ``convert`` would build. See :func:`pipeline.check.judge.check` for ``trt_version``, ``parser`` and ``build``.
+
+    >>> pipeline.check(model, sample=torch.randn(1, 3, 224, 224), parser="tensorrt-rtx", build=True)  # doctest: +SKIP
+    """
+    if isinstance(model, torch.nn.Module):
+        if sample is None:
+            raise InputError(
+                "pipeline.check of an nn.Module needs the sample to export it with",
+                fix="pass sample=..., as to pipeline.convert, or check an .onnx file or artifact",
+            )
+        kept = {k: v for k, v in settings.items() if k not in ("backend", "validate")}
+        module = convert(model, sample, backend="onnxruntime", validate=False, converters=converters, **kept)
+        build_settings = {k: v for k, v in kept.items() if k == "dynamic" or k.startswith("trt_")}
+        return judge_check(module.onnx, trt_version, parser=parser, build=build, **build_settings)
+    if sample is not None:
+        raise InputError("sample= is only for an nn.Module", fix="drop sample= when checking an ONNX graph")
+    return judge_check(model, trt_version, parser=parser, build=build, **settings)
+
+
 def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) -> CompatibilityReport:
     """The parser check of the final graph: an error before a TensorRT build, a report entry otherwise. The judge
     is the backend's own parser for a TensorRT backend, else ``check_parser`` (auto: a real parser when one imports,
@@ -161,7 +196,11 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
     library = LIBRARIES[backend] if auto else judge_library(settings.check_parser, settings.trt_check_version)
     if backend == "tensorrt-rtx" and plugin_nodes(final):
         raise rtx_plugin_error([n.name for n in plugin_nodes(final)])
-    report = check(final, trt_version=version or DEFAULT_TRT_VERSION) if library is None else real_check(final, library)
+    report = (
+        static_check(final, trt_version=version or DEFAULT_TRT_VERSION)
+        if library is None
+        else real_check(final, library)
+    )
     if report.problems and trt_backend:
         raise BuildError(
             f"{report.parser} would reject {len(report.problems)} node(s):\n"

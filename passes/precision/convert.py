@@ -135,7 +135,34 @@ def _decide(graph: gs.Graph, ctx: RuleContext, islands: set[str], low_io: bool =
     graph_outputs = {t.name for t in graph.outputs}
     for node in reversed(open_nodes):
         decisions[node.name] = _consumers_want(node, decisions, graph_outputs, boundary)
+    _narrow_at_island_edges(graph, ctx, decisions, islands, graph_outputs if boundary == "fp32" else set())
     return decisions
+
+
+def _narrow_at_island_edges(
+    graph: gs.Graph, ctx: RuleContext, decisions: dict[str, Decision], islands: set[str], keep: set[str]
+) -> None:
+    """A float32 follower whose consumers all run low runs low too (backward, so whole chains do): the narrowing
+    cast sits at the float32 island's edge instead of after the followers. Exact: followers only move, select or
+    compare elements, and rounding to the low type commutes with that. ``keep`` names float32 graph outputs.
+
+    Why it matters: TensorRT-RTX 1.7's Myelin attention fusion recognises ``Softmax -> Where(IsNaN(p), 0, p) ->
+    MatMul`` (the NaN guard torch's scaled_dot_product_attention exports) and fails to build (``mha_fusion.cpp:3156:
+    CHECK(is_softmax(op->operands()[0]->tensor()->producer())) failed``) when a Cast sits between that float32 guard
+    and the float16 MatMul: the Softmax is a float32 island (it reads the float32 mask), the guard followed it, and
+    the cast came after the guard. Bisected on GPT-2 and Llama graphs: the same graph builds with the Cast between
+    Softmax and the guard (guard in float16), with no guard, with the guard replaced by Relu/Identity/Mul, with the
+    second MatMul in float32, or with Softmax in float16; only ``guard(float32) -> Cast -> MatMul(float16)`` fails.
+    """
+    for node in reversed(graph.nodes):
+        if decisions.get(node.name) != "fp32" or node.name in islands or _kind(node, ctx) != "follower":
+            continue
+        if any(t.name in keep for t in node.outputs):
+            continue
+        votes = [decisions.get(c.name) for t in node.outputs for c in t.outputs]
+        votes = [v for v in votes if v != "neutral"]
+        if votes and all(v == "low" for v in votes):
+            decisions[node.name] = "low"
 
 
 def _kind(node: gs.Node, ctx: RuleContext) -> str:

@@ -2,8 +2,9 @@
 
 Each rule is pure: it looks at the graph and returns ``{node name: reason}``. Type rules (TensorRT's parser, the ONNX
 schema, custom ops, control flow) always apply: breaking them makes a graph TensorRT or ONNX rejects. Accuracy
-rules (normalization statistics, large reductions, Exp/Pow/Log in fp16, cumulative sums, shape and index
-arithmetic, random generators, constants beyond the half type's range) apply unless ``precision_rules=False``.
+rules (normalization statistics and the normalized value, the residual stream a normalization reads, large
+reductions, Exp/Pow/Log in fp16, cumulative sums, shape and index arithmetic, random generators, constants beyond the
+half type's range) apply unless ``precision_rules=False``.
 """
 
 from __future__ import annotations
@@ -217,9 +218,66 @@ def _variance_statistics(ctx: RuleContext) -> dict[str, str]:
         if not _is_square(square):
             continue
         out[square.name] = out[node.name] = reason
+        last = node
         for follower in _chain(node, ("Add", "Sqrt", "Reciprocal", "Pow"), limit=3):
             out[follower.name] = reason
+            last = follower
+        # x * rsqrt(...) or x / sqrt(...): the normalized value, in float32 as LayerNormalization computes it (one
+        # rounding, of the result, instead of three: x, 1/std and their product; in Llama's RMSNorm the search
+        # found these Muls first)
+        for consumer in last.outputs[0].outputs if last is not node else ():
+            if consumer.op in ("Mul", "Div") and _reads(consumer, square.inputs[0]):
+                out.setdefault(consumer.name, "normalization: x / std in float32, as LayerNormalization computes it")
     return out
+
+
+def _reads(node: gs.Node, tensor: gs.Tensor) -> bool:
+    return any(t is tensor for t in node.inputs)
+
+
+def _residual_stream(ctx: RuleContext) -> dict[str, str]:
+    """The Add that makes a normalization's input (through followers) stays float32: the residual stream.
+
+    A normalization divides by the standard deviation, so it magnifies the absolute rounding of its input by
+    1/std: a residual stream of small values (GPT-2's embeddings are ~0.02) rounded to float16 at every block comes
+    out of the final LayerNorm a few float16 steps off, beyond the float16 tolerance. ``torch.autocast`` keeps that
+    stream float32 too (LayerNorm returns float32 and the residual Add promotes). The MatMuls stay low.
+    """
+    reason = "residual stream: the normalization after it magnifies its rounding by 1/std"
+    starts = [n.inputs[0] for n in ctx.graph.nodes if n.op in NORMALIZATIONS and n.inputs]
+    starts += [
+        n.inputs[0].inputs[0].inputs[0]
+        for n in ctx.graph.nodes
+        if n.op in ("ReduceMean", "ReduceSum") and n.inputs[0].inputs and _is_square(n.inputs[0].inputs[0])
+    ]
+    out = {}
+    for tensor in starts:
+        producer = _through_followers(tensor)
+        if producer is not None and _is_centering(producer):  # x - mean(x) of a decomposed norm: look above it
+            producer = _through_followers(producer.inputs[0])
+        if producer is not None and producer.op == "Add" and ctx.float_tensors(producer):
+            out[producer.name] = reason
+    return out
+
+
+def _is_centering(node: gs.Node) -> bool:
+    """``x - ReduceMean(x)``: the first step of a decomposed normalization."""
+    if node.op != "Sub" or len(node.inputs) != 2 or not node.inputs[1].inputs:
+        return False
+    mean = node.inputs[1].inputs[0]
+    return mean.op in ("ReduceMean", "ReduceSum") and mean.inputs[0] is node.inputs[0]
+
+
+def _through_followers(tensor: gs.Tensor, limit: int = 4) -> gs.Node | None:
+    """The first node above ``tensor`` that is not a follower (Reshape, Transpose...), if any."""
+    for _ in range(limit):
+        if not tensor.inputs:
+            return None
+        node = tensor.inputs[0]
+        if node.op not in FOLLOWER_OPS:
+            return node
+        tensor = node.inputs[0]
+    return None
 
 
 def _is_square(node: gs.Node) -> bool:
@@ -305,6 +363,7 @@ def _big(name: str, values: np.ndarray, low: LowType) -> Iterator[tuple[str, flo
 ACCURACY_RULES: tuple[Callable[[RuleContext], dict[str, str]], ...] = (
     _per_node,
     _variance_statistics,
+    _residual_stream,
     _out_of_range_constants,
     _shape_arithmetic,
     _index_arithmetic,

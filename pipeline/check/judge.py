@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import onnx
 
 from converters.errors import InputError
 from converters.settings import CHECK_PARSERS, Settings
+from passes.model_io.external_data import check_model
 from pipeline.backends.tensorrt.library import TENSORRT, TENSORRT_RTX, TrtLibrary
 from pipeline.check.ops import DEFAULT_TRT_VERSION, parse_version
 from pipeline.check.static import CompatibilityReport, load_model
@@ -32,12 +34,18 @@ def check(
     build: bool = False,
     **settings: Any,
 ) -> CompatibilityReport:
-    """Check every node of ``model`` (a ModelProto or a path to an ONNX file) with ``parser``.
+    """Check every node of ``model`` (a ModelProto, a path to an ONNX file or to a ``.ptrt`` artifact) with ``parser``.
 
-    ``trt_version`` asks about one TensorRT version: the static table answers unless the installed TensorRT is that
-    version. ``build=True`` also runs the real builder through the backend's build code (TensorRT-RTX builds without
-    a GPU); ``settings`` are :class:`Settings` fields for that build, e.g. ``dynamic={"x": {0: ("b", 1, 4, 8)}}``.
+    The graph must first pass ONNX's own checker (full, with shape inference): a graph ONNX itself rejects (a cycle,
+    a dangling input) is an InputError, not a verdict. ``trt_version`` asks about one TensorRT version (10.x or
+    11.x): the static table answers unless the installed TensorRT is that version. ``build=True`` also runs the real
+    builder through the backend's build code (TensorRT-RTX builds without a GPU); ``settings`` are
+    :class:`Settings` fields for that build, e.g. ``dynamic={"x": {0: ("b", 1, 4, 8)}}``.
     """
+    if trt_version is not None:
+        _check_version(trt_version)
+    graph, base_dir, keep = _graph_of(model)
+    _check_valid_onnx(graph, model)
     library = judge_library(parser, trt_version)
     if library is None:
         if build:
@@ -45,13 +53,62 @@ def check(
                 "build=True needs a real builder, but the static table was chosen (or no TensorRT imports)",
                 fix="pip install tensorrt-rtx (builds on the CPU) or pass parser='tensorrt-rtx'",
             )
-        return static_check(model, trt_version or DEFAULT_TRT_VERSION)
+        return static_check(graph, trt_version or DEFAULT_TRT_VERSION)
     from pipeline.check.real import real_check
 
-    base_dir = None if isinstance(model, onnx.ModelProto) else Path(model).parent  # external weights beside the file
-    return real_check(
-        load_model(model), library, build=build, settings=Settings.from_kwargs(settings), base_dir=base_dir
-    )
+    try:
+        return real_check(graph, library, build=build, settings=Settings.from_kwargs(settings), base_dir=base_dir)
+    finally:
+        del keep  # an artifact's unpacked weights live until the check is done
+
+
+def _graph_of(model: Any) -> tuple[onnx.ModelProto, Path | None, Any]:
+    """The graph to check, the directory of its external weights, and what keeps those alive."""
+    if isinstance(model, onnx.ModelProto):
+        return model, None, None
+    if not isinstance(model, str | Path):
+        raise InputError(
+            f"cannot check a {type(model).__name__}",
+            fix="pass an onnx.ModelProto, a path to an .onnx file or a .ptrt artifact, or an nn.Module with "
+            "sample= (pipeline.check(model, sample=x))",
+        )
+    path = Path(model)
+    if path.suffix == ".ptrt" or (path.is_file() and zipfile.is_zipfile(path)):
+        from pipeline.module.artifact import read_artifact
+
+        artifact = read_artifact(path)
+        return artifact.onnx_model, None, artifact
+    return load_model(path), path.parent, None  # external weights sit beside the file
+
+
+def _check_valid_onnx(graph: onnx.ModelProto, source: Any) -> None:
+    try:
+        if isinstance(source, str | Path) and not zipfile.is_zipfile(source):
+            onnx.checker.check_model(str(source), full_check=True)
+        else:
+            check_model(graph, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"the graph is not valid ONNX (onnx.checker, full check): {first}",
+            fix="fix the graph so that onnx.checker.check_model(model, full_check=True) passes; TensorRT's parser "
+            "assumes a valid graph",
+        ) from exc
+
+
+def _check_version(trt_version: str) -> None:
+    try:
+        major = parse_version(str(trt_version))[0]
+    except ValueError:
+        major = -1
+    if major not in SUPPORTED_MAJORS:
+        raise InputError(
+            f"trt_version={trt_version!r}: the parser's operator matrix covers TensorRT 10.x and 11.x",
+            fix="pass a version such as '10.16' or '11.1', or None for the installed TensorRT",
+        )
+
+
+SUPPORTED_MAJORS = (10, 11)
 
 
 def judge_library(parser: str, trt_version: str | None = None) -> TrtLibrary | None:

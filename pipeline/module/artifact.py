@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +35,12 @@ from passes.model_io.external_data import (
 from pipeline.module.io_spec import IOSpec
 from pipeline.module.report import ConversionReport
 
-FORMAT = "torch-trt-pipeline-artifact/1"
+FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member, the metadata too
 ONNX_MEMBER = "model.onnx"
 ENGINE_MEMBER = "engine.plan"
 DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
 METADATA_MEMBER = "metadata.json"
+MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
 
 
 @dataclass(frozen=True)
@@ -101,14 +103,14 @@ def save_artifact(
             if has_external_data(graph):  # write_compact's graph points at the member, not at this machine's files
                 with archive.open(DATA_MEMBER, "w", force_zip64=True) as out:
                     graph, digests[DATA_MEMBER] = write_compact(onnx_model, out, DATA_MEMBER)
-            members = {ONNX_MEMBER: graph.SerializeToString()}
+            members = {ONNX_MEMBER: graph.SerializeToString(), METADATA_MEMBER: json.dumps(metadata, indent=2).encode()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
-            digests.update((name, hashlib.sha256(data).hexdigest()) for name, data in members.items())
-            metadata["sha256"] = digests
             for name, data in members.items():
                 archive.writestr(name, data)
-            archive.writestr(METADATA_MEMBER, json.dumps(metadata, indent=2).encode())
+                digests[name] = hashlib.sha256(data).hexdigest()
+            manifest = {"format": FORMAT, "sha256": digests}  # every member, the metadata included
+            archive.writestr(MANIFEST_MEMBER, json.dumps(manifest, indent=2).encode())
 
     write_file_atomically(path, write_zip)
     return path
@@ -117,51 +119,146 @@ def save_artifact(
 def read_artifact(path: Path) -> Artifact:
     """Read and verify an artifact; anything missing, altered or unreadable is an ArtifactError.
 
-    External weights are unpacked (streamed, and checked against their SHA-256 on the way) into a private directory
-    that lives as long as the returned artifact's ``weights`` handle.
+    The manifest must cover exactly the members present, each must match its SHA-256 (the metadata too), the
+    metadata must be complete, and its I/O spec must agree with the graph. An artifact written with other library
+    versions loads with a warning (the engine, if any, is checked against this machine by ``pipeline.load``).
+    External weights are unpacked (streamed, and checked on the way) into a private directory that lives as long as
+    the returned artifact's ``weights`` handle.
     """
-    fix = "convert the model again and save a new artifact"
+    if not isinstance(path, str | Path):
+        raise ArtifactError(
+            f"cannot load an artifact from a {type(path).__name__}", fix="pass the path of a .ptrt file (str or Path)"
+        )
+    path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"no artifact at {path}", fix="check the path")
-    weights = None
+    weights = WeightFiles()
     try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            for member in (METADATA_MEMBER, ONNX_MEMBER):
-                if member not in names:
-                    raise ArtifactError(f"{path} has no {member}; it is incomplete or not an artifact", fix=fix)
-            metadata = json.loads(archive.read(METADATA_MEMBER))
-            _check_format(path, metadata)
-            digests: dict[str, str] = dict(metadata["sha256"])
-            data = {name: archive.read(name) for name in digests if name != DATA_MEMBER}
-            if DATA_MEMBER in digests:
-                weights = WeightFiles()
-                digest = _unpack(archive, DATA_MEMBER, weights.directory / DATA_MEMBER)
-                if digest != digests[DATA_MEMBER]:
-                    weights.cleanup()
-                    raise ArtifactError(f"{path}: member {DATA_MEMBER} does not match its recorded SHA-256", fix=fix)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, json.JSONDecodeError, KeyError, OSError) as exc:
-        if weights is not None:
-            weights.cleanup()
-        raise ArtifactError(f"{path} is corrupted or not an artifact: {exc}", fix=fix) from exc
-    for name, blob in data.items():
-        if hashlib.sha256(blob).hexdigest() != digests[name]:
-            raise ArtifactError(f"{path}: member {name} does not match its recorded SHA-256 (corrupted)", fix=fix)
+        data = _verified_members(path, weights)
+    except ArtifactError:
+        weights.cleanup()
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        weights.cleanup()
+        raise ArtifactError(f"{path} is corrupted or not an artifact: {exc}", fix=REWRITE_FIX) from exc
+    metadata = _metadata(path, data[METADATA_MEMBER])
     try:
         model = onnx.load_model_from_string(data[ONNX_MEMBER])
     except Exception as exc:
-        raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=fix) from exc
-    if weights is not None:
+        raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
+    _check_io_against_graph(path, metadata, model)
+    _warn_on_versions(path, metadata)
+    if (weights.directory / DATA_MEMBER).is_file():
         set_weights_dir(model, weights.directory)
-    return Artifact(metadata, model, data.get(ENGINE_MEMBER), weights)
+        kept: WeightFiles | None = weights
+    else:
+        weights.cleanup()
+        kept = None
+    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept)
 
 
-def _check_format(path: Path, metadata: dict[str, Any]) -> None:
-    if metadata.get("format") != FORMAT:
-        raise ArtifactError(
-            f"{path} has format {metadata.get('format')!r}; this version reads {FORMAT!r}",
-            fix="load it with the version that wrote it, or convert again",
+REWRITE_FIX = "convert the model again and save a new artifact"
+#: What the metadata must hold, and the JSON type of each entry.
+REQUIRED_METADATA = {"format": str, "backend": str, "versions": dict, "io": dict, "settings": dict, "report": dict}
+
+
+def _verified_members(path: Path, weights: WeightFiles) -> dict[str, bytes]:
+    """Every member but the weights (unpacked into ``weights``), each checked against the manifest."""
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        if MANIFEST_MEMBER not in names:
+            raise ArtifactError(
+                f"{path} has no {MANIFEST_MEMBER}: it is not an artifact of this format ({FORMAT})",
+                fix="load it with the version that wrote it, or convert the model again",
+            )
+        manifest = json.loads(archive.read(MANIFEST_MEMBER))
+        digests = manifest.get("sha256") if isinstance(manifest, dict) else None
+        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+            raise ArtifactError(f"{path}: {MANIFEST_MEMBER} is malformed", fix=REWRITE_FIX)
+        if manifest.get("format") != FORMAT:
+            raise ArtifactError(
+                f"{path} has format {manifest.get('format')!r}; this version reads {FORMAT!r}",
+                fix="load it with the version that wrote it, or convert again",
+            )
+        present = names - {MANIFEST_MEMBER}
+        for name in sorted(present - set(digests)):
+            raise ArtifactError(f"{path}: member {name} is not covered by the manifest (added later?)", fix=REWRITE_FIX)
+        for name in sorted(set(digests) - present):
+            raise ArtifactError(f"{path}: the manifest lists {name}, which the artifact lacks", fix=REWRITE_FIX)
+        for member in (METADATA_MEMBER, ONNX_MEMBER):
+            if member not in digests:
+                raise ArtifactError(f"{path} has no {member}; it is incomplete or not an artifact", fix=REWRITE_FIX)
+        data = {name: archive.read(name) for name in present if name != DATA_MEMBER}
+        got = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+        if DATA_MEMBER in present:
+            got[DATA_MEMBER] = _unpack(archive, DATA_MEMBER, weights.directory / DATA_MEMBER)
+    for name in sorted(present):
+        if got[name] != digests[name]:
+            raise ArtifactError(
+                f"{path}: member {name} does not match its SHA-256 in the manifest (corrupted or edited)",
+                fix=REWRITE_FIX,
+            )
+    return data
+
+
+def _metadata(path: Path, blob: bytes) -> dict[str, Any]:
+    try:
+        metadata = json.loads(blob)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: {METADATA_MEMBER} is not JSON: {exc}", fix=REWRITE_FIX) from exc
+    if not isinstance(metadata, dict):
+        raise ArtifactError(f"{path}: {METADATA_MEMBER} is not a JSON object", fix=REWRITE_FIX)
+    for key, kind in REQUIRED_METADATA.items():
+        if not isinstance(metadata.get(key), kind):
+            raise ArtifactError(
+                f"{path}: {METADATA_MEMBER} lacks {key!r} (or it is not a {kind.__name__})", fix=REWRITE_FIX
+            )
+    return metadata
+
+
+def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
+    """The I/O spec the module calls with must be the graph's: names, element types and ranks, in order."""
+    try:
+        io = IOSpec.from_json(metadata["io"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: the I/O spec in {METADATA_MEMBER} is malformed: {exc}", fix=REWRITE_FIX) from exc
+    for kind, specs, values in (("input", io.inputs, model.graph.input), ("output", io.outputs, model.graph.output)):
+        graph_side = [(v.name, _dtype_name(v), len(v.type.tensor_type.shape.dim)) for v in values]
+        spec_side = [(t.name, t.dtype, len(t.shape)) for t in specs]
+        if graph_side != spec_side:
+            raise ArtifactError(
+                f"{path}: the I/O spec's {kind}s {spec_side} do not match the graph's {graph_side}",
+                fix=REWRITE_FIX,
+            )
+
+
+def _dtype_name(value: onnx.ValueInfoProto) -> str:
+    elem = value.type.tensor_type.elem_type
+    return str(onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem != onnx.TensorProto.BFLOAT16 else "bfloat16"
+
+
+def _warn_on_versions(path: Path, metadata: dict[str, Any]) -> None:
+    """Other library versions than the ones that wrote the artifact: a warning (the graph is ONNX, it still runs;
+    accuracy was validated with the writer's versions)."""
+    from pipeline.versions import library_versions
+
+    here = library_versions()
+    differ = [
+        f"{name} {saved} (here {here[name]})"
+        for name, saved in sorted(metadata["versions"].items())
+        if name in here and here[name] != saved and name != "tensorrt"  # the engine check covers TensorRT
+    ]
+    if differ:
+        warnings.warn(
+            f"{path} was written with {', '.join(differ)}; it loads, but its validation was with those versions: "
+            "run module.compare(model, inputs) to check it here, or convert again",
+            ArtifactVersionWarning,
+            stacklevel=4,
         )
+
+
+class ArtifactVersionWarning(UserWarning):
+    """An artifact written with other library versions than this machine's."""
 
 
 def _unpack(archive: zipfile.ZipFile, member: str, target: Path) -> str:

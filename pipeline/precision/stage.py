@@ -33,6 +33,7 @@ from passes.precision.convert import ConvertPrecision, Island, plan_precision
 from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
 from pipeline.export import ExportedGraph
 from pipeline.module.io_spec import IOSpec, TensorSpec, normalise_sample
+from pipeline.precision.buildable import BuilderGate
 from pipeline.precision.emulation import emulate_low_precision, has_low_precision
 from pipeline.precision.measure import measured_islands, session_feed
 from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSummary, judge_share
@@ -158,6 +159,7 @@ class _Candidates:
             for o in exported.io.outputs
         }
         self.builds = 0
+        self.gate = BuilderGate(fp32_model, settings.dynamic)
 
     def build(self, islands: Sequence[Island]) -> tuple[onnx.ModelProto, list[PassRecord]]:
         graph, metadata = to_graph(self.fp32_model)
@@ -179,6 +181,16 @@ class _Candidates:
             dict(zip(names, session.run(names, session_feed(session, feed)), strict=True)) for feed in self.feeds
         ]
         return error_ratio(outputs, self.references, self.tolerances)
+
+    def accepted(self, model: onnx.ModelProto, error: float) -> bool:
+        """Within ``SEARCH_TARGET`` on the calibration inputs, and built by TensorRT-RTX when the gate is on (the
+        builder runs only for candidates accurate enough to be kept)."""
+        if error > SEARCH_TARGET:
+            return False
+        reason = self.gate.rejects(model)
+        if reason is not None:
+            logger.info("precision search: a candidate within the tolerance is rejected by TensorRT-RTX: %s", reason)
+        return reason is None
 
 
 def _session(model: onnx.ModelProto, settings: Settings) -> ort.InferenceSession:
@@ -212,8 +224,9 @@ def _search(
         ]
 
     def passes(k: int) -> bool:
-        errors[k] = candidates.score(candidates.build([*islands, *chosen(k)])[0])
-        return errors[k] <= SEARCH_TARGET
+        model = candidates.build([*islands, *chosen(k)])[0]
+        errors[k] = candidates.score(model)
+        return candidates.accepted(model, errors[k])
 
     head = shortest_passing_prefix(len(ranked), passes)
     if head is None:
@@ -234,8 +247,9 @@ def _prune(
     kept = list(selected)
     for index in order[:MAX_PRUNE]:
         trial = [i for i in kept if i is not selected[index]]
-        trial_error = candidates.score(candidates.build([*islands, *trial])[0])
-        if trial_error <= SEARCH_TARGET:
+        model = candidates.build([*islands, *trial])[0]
+        trial_error = candidates.score(model)
+        if candidates.accepted(model, trial_error):
             kept, error = trial, trial_error
     return kept, error
 
@@ -274,6 +288,8 @@ def convert_precision(
             final, records = candidates.build(islands)
             error = search.error_after
     _check_valid(final)
+    if search is None:  # a searched graph was built when the search accepted it
+        _check_builds(candidates.gate, final, low)
     report, share = _report(fp32_model, final, settings, [*base.islands, *islands], len(feeds), error, search)
     return final, records, judge_share(report, share, settings)
 
@@ -310,6 +326,16 @@ def _check_valid(model: onnx.ModelProto) -> None:
             f"the graph after the precision pass is not valid ONNX: {exc}",
             fix="convert with precision='fp32' to confirm, and report the model that triggers it",
         ) from exc
+
+
+def _check_builds(gate: BuilderGate, model: onnx.ModelProto, low: LowType) -> None:
+    reason = gate.rejects(model)
+    if reason is not None:
+        raise ConversionError(
+            f"TensorRT-RTX builds the float32 graph but not the {low.dtype_name} graph: {reason}",
+            fix="keep the nodes the error names in float32 (keep_fp32=[...]) or convert with precision='fp32', and "
+            "report the model: the precision rewrite should not emit a graph the builder rejects",
+        )
 
 
 def _report(

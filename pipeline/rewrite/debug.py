@@ -3,10 +3,13 @@
 After every pass that modified the graph, the graph runs on ONNX Runtime on the sample and its outputs are
 compared with PyTorch's on the same sample (not with the exported graph, which may hold opaque custom-op nodes no
 runtime can run), with the per-dtype tolerances of the settings. The first pass beyond tolerance is named in a
-ConversionError.
+ConversionError. When TensorRT-RTX imports, every such graph is also built with the real builder (CPU-only AOT
+build): the first pass after which it no longer builds a graph it built before is named the same way.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx
@@ -20,9 +23,14 @@ from passes.model_io.external_data import ort_session_bytes
 from passes.model_io.graphs import NodeMetadata, to_model
 from pipeline.backends.plugin_runtime import prepare_onnxruntime
 from pipeline.module.io_spec import IOSpec
+from pipeline.precision.buildable import build_error, rtx_available
+
+logger = logging.getLogger(__name__)
 
 
 class PassDebugger:
+    """The pass manager's observer in debug mode: checks the graph after every pass that changed it."""
+
     def __init__(
         self,
         exported: onnx.ModelProto,
@@ -34,10 +42,14 @@ class PassDebugger:
     ) -> None:
         self.template, self.metadata, self.io, self.feed, self.settings = exported, metadata, io, feed, settings
         self.reference = [np.asarray(reference[spec.name]) for spec in io.outputs]
+        self.built: bool | None = None  # did the real builder build the graph before this pass? (None: not asked)
+        if not rtx_available():
+            logger.info("debug mode: TensorRT-RTX is not installed, the passes' graphs are not built with it")
 
     def __call__(self, record: PassRecord, graph: gs.Graph) -> None:
+        model = to_model(graph.copy(), self.template, self.metadata)
         try:
-            outputs = self._run(to_model(graph.copy(), self.template, self.metadata))
+            outputs = self._run(model)
         except Exception as exc:
             raise ConversionError(
                 f"after pass {record.name!r} (iteration {record.iteration}) the graph no longer runs on ONNX "
@@ -60,6 +72,21 @@ class PassDebugger:
                     f"{float(np.nanmax(error)):.3g} on the sample",
                     fix=f"fix or remove pass {record.name!r} (passes=... without it)",
                 )
+        self._check_builds(record, model)
+
+    def _check_builds(self, record: PassRecord, model: onnx.ModelProto) -> None:
+        if not rtx_available():
+            return
+        if self.built is None:  # the exported graph (opaque custom ops and all): what the first pass started from
+            self.built = build_error(self.template, self.settings.dynamic) is None
+        error = build_error(model, self.settings.dynamic)
+        if error is not None and self.built:
+            raise ConversionError(
+                f"after pass {record.name!r} (iteration {record.iteration}) TensorRT-RTX no longer builds the graph, "
+                f"which it built before that pass: {error}",
+                fix=f"fix or remove pass {record.name!r} (passes=... without it)",
+            )
+        self.built = error is None
 
     def _run(self, model: onnx.ModelProto) -> list[np.ndarray]:
         options = ort.SessionOptions()

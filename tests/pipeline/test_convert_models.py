@@ -17,6 +17,22 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from model_zoo import (
+    CNN,
+    MLP,
+    DictOut,
+    Gated,
+    KeywordOnly,
+    ListOut,
+    TwoInTwoOut,
+    bert_inputs,
+    fresh,
+    hf_resnet_model,
+    hf_vit_model,
+    make_cnn,
+    tiny_bert_config,
+)
+from rtx_build import assert_builds
 from torch import nn
 
 import pipeline
@@ -33,20 +49,6 @@ BACKEND = "onnxruntime"
 
 def convert(model: nn.Module, sample: Any, **settings: Any) -> pipeline.ConvertedModule:
     return pipeline.convert(model, sample, backend=BACKEND, **settings)
-
-
-def fresh(*shape: int, seed: int) -> torch.Tensor:
-    """A float input drawn with its own generator: never the sample, never a validation input."""
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def fresh_ids(*shape: int, high: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def padding_mask(lengths: list[int], seq: int) -> torch.Tensor:
-    """An int64 attention mask, 1 for the first ``length`` tokens of each row, 0 after."""
-    return (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
 
 
 def reference(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -93,123 +95,6 @@ def assert_report_passed(module: pipeline.ConvertedModule, *, validation_inputs:
     for o in report.accuracy.outputs:
         assert o.passed, o
         assert np.isfinite(o.max_abs) and o.max_abs >= 0, o
-
-
-# -- models --------------------------------------------------------------------------------------------------------
-
-
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class CNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1),
-            nn.BatchNorm2d(8),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1, bias=False),
-            nn.BatchNorm2d(16),
-            nn.ReLU(),
-            nn.AvgPool2d(2),
-        )
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-
-def make_cnn(seed: int = 0) -> CNN:
-    """A CNN whose batch norms have non-trivial running statistics and affine parameters."""
-    torch.manual_seed(seed)
-    model = CNN()
-    with torch.no_grad():
-        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 2.0)
-            bn.weight.uniform_(0.5, 1.5)
-            bn.bias.uniform_(-0.2, 0.2)
-    return model.eval()
-
-
-class TwoInTwoOut(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(6, 6)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.proj(x) + y
-        return torch.relu(h), (x * y).sum(-1)
-
-
-class DictOut(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(5, 8)
-        self.cls = nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> dict[str, Any]:
-        h = torch.tanh(self.body(x))
-        return {"logits": self.cls(h), "hidden": [h, h.mean(-1)], "attentions": None}
-
-
-class ListOut(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(5, 2)
-        self.b = nn.Linear(5, 3)
-
-    def forward(self, x: torch.Tensor) -> list[Any]:
-        return [self.a(x), None, self.b(x).softmax(-1)]
-
-
-class Gated(nn.Module):
-    """Three tensor arguments that may be passed positionally or by keyword."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        return self.lin(x) * mask + bias
-
-
-class KeywordOnly(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
-        return self.lin(x) * scale
-
-
-def tiny_bert_config(**overrides: Any) -> Any:
-    settings: dict[str, Any] = {
-        "vocab_size": 100,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 64,
-        "type_vocab_size": 2,
-    }
-    return transformers.BertConfig(**(settings | overrides))
-
-
-def bert_inputs(batch: int, seq: int, seed: int, lengths: list[int] | None = None) -> dict[str, torch.Tensor]:
-    lengths = lengths if lengths is not None else [max(1, seq - i) for i in range(batch)]
-    return {
-        "input_ids": fresh_ids(batch, seq, high=100, seed=seed),
-        "attention_mask": padding_mask(lengths, seq),
-        "token_type_ids": (torch.arange(seq)[None, :] >= seq // 2).long().expand(batch, seq).contiguous(),
-    }
 
 
 # -- fixtures: one conversion per model, shared by the tests that use it -------------------------------------------
@@ -367,6 +252,7 @@ def test_transformer_encoder_layer_batch_first() -> None:
     module = convert(model, torch.randn(2, 5, 16))
     assert [t.name for t in module.io.inputs] == ["src"]
     assert_report_passed(module)
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     for seed in (41, 42):
         src = fresh(2, 5, 16, seed=seed)
         assert_same_tree(module(src), reference(model, src))
@@ -445,6 +331,7 @@ def test_dict_output_with_nested_list_and_none() -> None:
     model = DictOut().eval()
     module = convert(model, torch.randn(3, 5))
     assert_report_passed(module)
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     x = fresh(3, 5, seed=71)
     got = module(x)
     assert type(got) is dict
@@ -461,6 +348,7 @@ def test_list_output_with_none() -> None:
     model = ListOut().eval()
     module = convert(model, torch.randn(3, 5))
     assert_report_passed(module)
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     x = fresh(3, 5, seed=72)
     got = module(x)
     assert type(got) is list and len(got) == 3
@@ -526,39 +414,16 @@ def test_bert_inputs_sharing_a_dimension_must_agree(bert_dynamic: tuple[nn.Modul
 Case = tuple[nn.Module, pipeline.ConvertedModule, Callable[[int], dict[str, torch.Tensor]]]
 
 
-def _randomise_batch_norms(model: nn.Module) -> None:
-    with torch.no_grad():
-        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.3, 0.3)
-            bn.running_var.uniform_(0.5, 1.5)
-
-
 @pytest.fixture(scope="module")
 def hf_resnet() -> Case:
-    torch.manual_seed(0)
-    config = transformers.ResNetConfig(
-        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=5
-    )
-    model = transformers.ResNetForImageClassification(config).eval()
-    _randomise_batch_norms(model)
+    model = hf_resnet_model()
     module = convert(model, {"pixel_values": torch.randn(2, 3, 32, 32)})
     return model, module, lambda seed: {"pixel_values": fresh(2, 3, 32, 32, seed=seed)}
 
 
 @pytest.fixture(scope="module")
 def hf_vit() -> Case:
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(
-        image_size=16,
-        patch_size=4,
-        num_channels=3,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=5,
-    )
-    model = transformers.ViTForImageClassification(config).eval()
+    model = hf_vit_model()
     module = convert(model, {"pixel_values": torch.randn(2, 3, 16, 16)})
     return model, module, lambda seed: {"pixel_values": fresh(2, 3, 16, 16, seed=seed)}
 
@@ -629,6 +494,7 @@ def test_keyword_only_argument() -> None:
     torch.manual_seed(0)
     model = KeywordOnly().eval()
     module = convert(model, ((torch.randn(2, 4),), {"scale": torch.rand(4)}))
+    assert_builds(module)
     x, scale = fresh(2, 4, seed=131), fresh(4, seed=132)
     torch.testing.assert_close(module(x, scale=scale), reference(model, x, scale=scale), rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(module(scale=scale, x=x), reference(model, x, scale=scale), rtol=RTOL, atol=ATOL)
@@ -650,6 +516,32 @@ def test_dynamic_bert_converts_from_a_padded_sample() -> None:
     model = transformers.BertModel(tiny_bert_config()).eval()
     module = convert(model, bert_inputs(2, 8, seed=1, lengths=[8, 6]), dynamic=BERT_DYNAMIC)
     assert_report_passed(module, validation_inputs=6)
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     for batch, seq in ((1, 5), (3, 12)):
         inputs = bert_inputs(batch, seq, seed=95 + seq)
         assert_same_tree(module(**inputs), reference(model, **inputs))
+
+
+# -- the real builder --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "mlp",
+        "cnn",
+        "cnn_dynamic",
+        "bert",
+        "bert_dynamic",
+        "two_in_two_out",
+        "gated",
+        "hf_resnet",
+        "hf_vit",
+        "hf_bert_mlm",
+    ],
+)
+def test_final_fp32_graph_builds_with_tensorrt_rtx(case: str, request: pytest.FixtureRequest) -> None:
+    """module.onnx, dynamic dims and all, is what the real TensorRT-RTX builder builds (fp16 and bf16 graphs of the
+    same models: tests/pipeline/test_rtx_builds.py)."""
+    module = request.getfixturevalue(case)[1]
+    assert_builds(module)

@@ -156,7 +156,7 @@ def test_artifact_missing_member(tmp_path: Path) -> None:
     path = tmp_path / "empty.ptrt"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("metadata.json", "{}")
-    with pytest.raises(pipeline.ArtifactError, match=r"(?s)has no model.onnx"):
+    with pytest.raises(pipeline.ArtifactError, match=r"(?s)has no manifest.json: it is not an artifact"):
         pipeline.load(path)
 
 

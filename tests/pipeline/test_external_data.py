@@ -70,10 +70,11 @@ def test_artifact_streams_the_weights_and_loads_them_back(mlp: Mlp, tmp_path: Pa
     module = pipeline.convert(mlp, x, backend="onnxruntime", external_data_threshold=0)
     path = module.save(tmp_path / "mlp.ptrt")
     with zipfile.ZipFile(path) as archive:
-        assert sorted(archive.namelist()) == ["metadata.json", "model.onnx", "model.onnx.data"]
+        assert sorted(archive.namelist()) == ["manifest.json", "metadata.json", "model.onnx", "model.onnx.data"]
         metadata = json.loads(archive.read("metadata.json"))
+        manifest = json.loads(archive.read("manifest.json"))
         stored = onnx.load_model_from_string(archive.read("model.onnx"))
-    assert set(metadata["sha256"]) == {"model.onnx", "model.onnx.data"}
+    assert set(manifest["sha256"]) == {"model.onnx", "model.onnx.data", "metadata.json"}
     assert weights_dir(stored) is None  # no path of this machine in the artifact
     assert "weights_dir" not in metadata["settings"]
     loaded = pipeline.load(path)
@@ -91,7 +92,7 @@ def test_artifact_with_altered_weights_is_rejected(mlp: Mlp, tmp_path: Path) -> 
             if name == "model.onnx.data":
                 data[100] ^= 0xFF
             target.writestr(name, bytes(data))
-    with pytest.raises(pipeline.ArtifactError, match=r"model\.onnx\.data does not match its recorded SHA-256"):
+    with pytest.raises(pipeline.ArtifactError, match=r"model\.onnx\.data does not match its SHA-256 in the manifest"):
         pipeline.load(altered)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 import pytest
 import torch
+from rtx_build import assert_builds
 from torch import nn
 
 import pipeline
@@ -145,6 +146,7 @@ def test_cnn_computes_all_convolutions_low_and_passes_the_tensorrt_check(
     assert report.share == 1.0 and report.islands == () and report.casts_added == 2  # one in, one out
     assert module.report.accuracy is not None and module.report.accuracy.passed
     assert check(module.onnx).ok
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     if precision == "bf16":
         assert module.onnx.opset_import[0].version == 22  # Conv and pooling take bfloat16 from opset 22
 
@@ -191,6 +193,7 @@ def test_bert_report_shows_share_islands_and_error(bert: tuple[nn.Module, pipeli
     assert f"precision {precision}: 100.0% of MatMul/Gemm/Conv FLOPs in {DTYPES[precision]}" in summary
     assert f"validated against PyTorch fp32 with the {DTYPES[precision]} tolerance" in summary
     assert check(module.onnx).ok
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
 
 
 # -- user islands by module path ------------------------------------------------------------------------------------
@@ -223,6 +226,7 @@ def test_user_islands_by_module_path(caplog: pytest.LogCaptureFixture) -> None:
     assert report.unmatched_keep_fp32 == ("blocks.9",)
     assert "keep_fp32 entry 'blocks.9' matched no node" in caplog.text
     assert 0.3 < report.share < 0.7  # blocks.0 and head low, blocks.1 float32
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     x = fresh(4, 16, seed=1)
     with torch.no_grad():
         assert_within(module(x), model(x), "float16")
@@ -266,6 +270,7 @@ def test_activations_beyond_float16_need_measured_islands() -> None:
     islands = island_nodes(measured, "measured")
     assert islands and all("float16's largest" in reason for reason in islands.values())
     assert measured.report.precision is not None and measured.report.precision.calibration_inputs == 3
+    assert_builds(measured)  # the real TensorRT-RTX builder builds the final graph
 
 
 # -- accuracy-driven search, saved and reused ------------------------------------------------------------------------
@@ -293,6 +298,7 @@ def test_search_finds_the_cancelling_nodes_and_its_result_can_be_reused(tmp_path
     assert sorted(i.op for i in report.islands if i.source == "search") == ["Add", "Sub"]
     assert report.share == 1.0  # pruning put the Linear layers back in float16
     assert report.search.error_before > 1.0 >= report.search.error_after
+    assert_builds(module)  # the real TensorRT-RTX builder builds the final graph
     saved = report.save_keep_fp32(tmp_path / "islands.json")
     again = pipeline.convert(
         model, sample, backend=BACKEND, precision="fp16", keep_fp32=load_keep_fp32(saved), precision_search=False

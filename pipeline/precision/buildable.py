@@ -1,0 +1,143 @@
+"""Does the real builder build this graph? TensorRT-RTX's ONNX parser and builder, run on the CPU (AOT build).
+
+TensorRT-RTX parses and builds engines without a GPU, so a candidate graph of the precision search, or the graph
+after a pass in debug mode, can be held to what the real builder accepts: a float16 graph that parses may still
+fail inside the builder's fusions (see :mod:`passes.precision.convert`). The library is optional: :func:`rtx_available`
+says whether it imports (one lazy import), and callers skip the check with a log line when it does not.
+
+This is a stop-gap beside the TensorRT-RTX backend (``pipeline/backends/``): the two build functions are to be merged.
+
+>>> build_error(model, settings.dynamic)   # doctest: +SKIP
+"build: ... mha_fusion.cpp:3156: CHECK(...) failed"
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import onnx
+
+from converters.errors import BuildError
+from converters.settings import DynamicDim
+from passes.model_io.external_data import base_dir_of
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def _tensorrt_rtx() -> ModuleType | None:
+    try:
+        import tensorrt_rtx
+    except ImportError as exc:  # an optional extra: the caller logs that the check is skipped
+        logger.debug("tensorrt_rtx does not import: %s", exc)
+        return None
+    return tensorrt_rtx
+
+
+def rtx_available() -> bool:
+    """True when ``tensorrt_rtx`` imports (``pip install tensorrt-rtx``)."""
+    return _tensorrt_rtx() is not None
+
+
+def build_error(model: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> str | None:
+    """None when TensorRT-RTX parses and builds ``model``; otherwise the parser's per-node errors or the builder's
+    error text. ``dynamic`` gives each symbolic input dimension its (min, opt, max) for the optimization profile.
+
+    Raises BuildError when ``tensorrt_rtx`` does not import: check :func:`rtx_available` first.
+    """
+    trt = _tensorrt_rtx()
+    if trt is None:
+        raise BuildError("TensorRT-RTX does not import", fix="pip install 'tensorrt-rtx==1.7.1.116'")
+    logger_ = _error_logger(trt)
+    builder = trt.Builder(logger_)
+    network = builder.create_network(0)  # always strongly typed: the graph's types are the engine's
+    parser = trt.OnnxParser(network, logger_)
+    directory = base_dir_of(model)
+    path = None if directory is None else str(directory / "model.onnx")  # the parser reads weights beside it
+    if not parser.parse(model.SerializeToString(), path):
+        return "parse: " + "; ".join(_parser_error(parser.get_error(i)) for i in range(parser.num_errors))
+    config = builder.create_builder_config()
+    profile_error = _add_profile(trt, builder, network, config, dynamic)
+    if profile_error:
+        return profile_error
+    if builder.build_serialized_network(network, config) is None:
+        return "build: " + ("; ".join(logger_.errors) or "build_serialized_network returned None")
+    return None
+
+
+def _parser_error(error: Any) -> str:
+    where = f"node {error.node_name()!r} ({error.node_operator()})" if error.node_name() else "model"
+    return f"{where}: {error.desc()}"
+
+
+def _add_profile(trt: ModuleType, builder: Any, network: Any, config: Any, dynamic: Sequence[DynamicDim]) -> str:
+    """One optimization profile when an input has symbolic dims; an error text when a dim has no declared range."""
+    ranges = {(d.input, d.axis): d for d in dynamic}
+    profile = None
+    for index in range(network.num_inputs):
+        tensor = network.get_input(index)
+        shape = list(tensor.shape)
+        if all(s >= 0 for s in shape):
+            continue
+        low, opt, high = list(shape), list(shape), list(shape)
+        for axis, size in enumerate(shape):
+            if size >= 0:
+                continue
+            dim = ranges.get((tensor.name, axis))
+            if dim is None:
+                return f"profile: input {tensor.name!r} axis {axis} is dynamic but has no declared range"
+            low[axis], opt[axis], high[axis] = dim.min, dim.opt, dim.max
+        profile = profile or builder.create_optimization_profile()
+        profile.set_shape(tensor.name, low, opt, high)
+    if profile is not None:
+        config.add_optimization_profile(profile)
+    return ""
+
+
+def _error_logger(trt: ModuleType) -> Any:
+    """A TensorRT logger that keeps error messages (the builder's reason for returning None)."""
+
+    class Logger(trt.ILogger):  # type: ignore[name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if severity in (trt.ILogger.ERROR, trt.ILogger.INTERNAL_ERROR):
+                self.errors.append(msg)
+
+    return Logger()
+
+
+class BuilderGate:
+    """Holds low-precision candidates to the real builder, when that means something: TensorRT-RTX imports and
+    builds the float32 graph (a graph with plugin nodes or ops the builder lacks is not the precision's fault).
+
+    >>> gate = BuilderGate(fp32_model, settings.dynamic)    # doctest: +SKIP
+    >>> gate.rejects(candidate)                             # None, or the builder's reason
+    """
+
+    def __init__(self, reference: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> None:
+        self.dynamic = tuple(dynamic)
+        self.enabled = False
+        self.builds = 0
+        if not rtx_available():
+            logger.info("TensorRT-RTX is not installed: candidate graphs are not checked with its builder")
+            return
+        error = build_error(reference, self.dynamic)
+        self.builds += 1
+        if error is not None:
+            logger.info("TensorRT-RTX does not build the float32 graph; candidates are not held to it: %s", error)
+            return
+        self.enabled = True
+
+    def rejects(self, model: onnx.ModelProto) -> str | None:
+        """None when the builder builds ``model`` (or the gate is off); otherwise the builder's reason."""
+        if not self.enabled:
+            return None
+        self.builds += 1
+        return build_error(model, self.dynamic)
