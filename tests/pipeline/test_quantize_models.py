@@ -57,9 +57,9 @@ def test_resnet_quantizes_every_convolution_and_builds(precision: str) -> None:
     assert build_with_tensorrt_rtx(module.onnx, sm89=precision == "fp8") > 0
 
 
-@pytest.mark.parametrize("precision", ["int8", "fp8"])
-def test_bert_quantizes_every_weighted_matmul_and_builds_with_fp32_elsewhere(precision: str) -> None:
-    module = convert(make_bert(), bert_sample(0), precision=precision, quantize_fallback="fp32")
+@pytest.mark.parametrize(("precision", "fallback"), [("int8", "fp16"), ("int8", "fp32"), ("fp8", "fp16")])
+def test_bert_quantizes_every_weighted_matmul_and_builds(precision: str, fallback: str) -> None:
+    module = convert(make_bert(), bert_sample(0), precision=precision, quantize_fallback=fallback)
     report = module.report.quantization
     assert report is not None
     assert report.weight_share == 1.0  # every constant weight of MatMul/Gemm is 8-bit
@@ -70,14 +70,3 @@ def test_bert_quantizes_every_weighted_matmul_and_builds_with_fp32_elsewhere(pre
         out = module(**bert_sample(5))
     assert out["last_hidden_state"].shape == (2, 8, 32)
     assert build_with_tensorrt_rtx(module.onnx, sm89=precision == "fp8") > 0
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="TensorRT-RTX 1.7.1 fails to build BERT attention with float16 around Softmax (Myelin mha_fusion.cpp CHECK "
-    "is_softmax), as it does for precision='fp16' graphs (shared/reference/TENSORRT_RTX.md); quantize_fallback='fp32' "
-    "builds",
-)
-def test_bert_int8_with_fp16_elsewhere_builds() -> None:
-    module = convert(make_bert(), bert_sample(0), precision="int8")
-    build_with_tensorrt_rtx(module.onnx)
