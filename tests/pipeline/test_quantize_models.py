@@ -70,3 +70,20 @@ def test_bert_quantizes_every_weighted_matmul_and_builds(precision: str, fallbac
         out = module(**bert_sample(5))
     assert out["last_hidden_state"].shape == (2, 8, 32)
     assert build_with_tensorrt_rtx(module.onnx, sm89=precision == "fp8") > 0
+
+
+@pytest.mark.parametrize(("precision", "capabilities"), [("int8", ()), ("fp8", ("8.9",))])
+def test_the_tensorrt_rtx_backend_builds_quantized_engines(precision: str, capabilities: tuple[str, ...]) -> None:
+    pytest.importorskip("tensorrt_rtx")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 10)
+    ).eval()
+    module = convert(
+        model,
+        torch.randn(4, 3, 16, 16),
+        precision=precision,
+        backend="tensorrt-rtx",
+        trt_compute_capabilities=capabilities,
+    )
+    assert module.engine_bytes is not None and len(module.engine_bytes) > 0
