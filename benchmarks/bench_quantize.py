@@ -39,6 +39,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def cnn() -> tuple[torch.nn.Module, Any, list[Any]]:
+    """The bundled SmallResNet, a 16x3x64x64 sample and four calibration batches."""
     import cnn as example
 
     model, _ = example.build()
@@ -47,6 +48,7 @@ def cnn() -> tuple[torch.nn.Module, Any, list[Any]]:
 
 
 def bert() -> tuple[torch.nn.Module, Any, list[Any]]:
+    """A 4-layer BERT, an 8x128 token sample and four calibration samples."""
     import transformers
 
     torch.manual_seed(0)
@@ -56,6 +58,7 @@ def bert() -> tuple[torch.nn.Module, Any, list[Any]]:
     model = transformers.BertModel(config).eval()
 
     def draw(seed: int) -> Any:
+        """One (args, kwargs) sample of random token ids."""
         ids = torch.randint(0, 1000, (8, 128), generator=torch.Generator().manual_seed(seed))
         return ((), {"input_ids": ids, "attention_mask": torch.ones(8, 128, dtype=torch.long)})
 
@@ -66,12 +69,14 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Any, list[Any]]]] = {"cnn"
 
 
 def call(module: Callable[..., Any], sample: Any) -> Any:
+    """Call ``module`` on a tensor or an (args, kwargs) sample."""
     if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
         return module(*sample[0], **sample[1])
     return module(sample)
 
 
 def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
+    """Convert ``name`` every way of :data:`VARIANTS`; median latency and artifact size of each."""
     model, sample, calibration = MODELS[name]()
     modules, sizes = {}, {}
     with tempfile.TemporaryDirectory() as directory:
@@ -98,6 +103,7 @@ def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Run the benchmark and print the table (and write JSON with ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)

@@ -18,7 +18,7 @@ the histograms (not needed for ``max``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -150,8 +150,3 @@ def _mse_amax(histogram: np.ndarray, peak: float, fmt: QuantFormat) -> float:
         float(np.sum(histogram * (fmt.fake_quantize(centers, fmt.scale_for(c)) - centers) ** 2)) for c in candidates
     ]
     return float(candidates[int(np.argmin(errors))])
-
-
-def activation_ranges(amax: Mapping[str, float], node_inputs: Mapping[str, str]) -> dict[str, float]:
-    """``amax`` by tensor -> by node (``node_inputs``: node name -> the tensor it quantizes)."""
-    return {node: amax[tensor] for node, tensor in node_inputs.items()}

@@ -47,6 +47,7 @@ class QuantizationReport:
 
     @property
     def weight_share(self) -> float:
+        """The share of MatMul/Gemm/Conv constant weight elements stored in 8 bits (1.0 when there are none)."""
         return self.quantized_weights / self.total_weights if self.total_weights else 1.0
 
     def scales(self) -> dict[str, float]:
@@ -54,10 +55,12 @@ class QuantizationReport:
         return {op.activation: op.activation_scale for op in self.quantized}
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what the artifact's metadata holds)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizationReport:
+        """The report back from :meth:`to_dict`'s data."""
         values = dict(data)
         values["quantized"] = tuple(QuantizedOp(**q) for q in values["quantized"])
         values["skipped"] = tuple(Skipped(**s) for s in values["skipped"])
@@ -67,6 +70,7 @@ class QuantizationReport:
         return cls(**values)
 
     def summary_lines(self, limit: int = 8) -> list[str]:
+        """The lines ``module.report.summary()`` prints for the quantize stage (at most ``limit`` skipped ops)."""
         lines = [
             f"quantize  {self.precision} ({self.dtype}, calibration {self.method} on {self.calibration_inputs} "
             f"inputs, opset {self.opset}): {len(self.quantized)} ops quantized, {len(self.skipped)} left in "
