@@ -1,0 +1,1 @@
+"""Constant folding with a size threshold (fold), evaluated on ONNX Runtime in bounded sessions (evaluation)."""

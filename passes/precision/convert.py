@@ -46,6 +46,7 @@ class PrecisionPlan:
 
     @property
     def low_nodes(self) -> frozenset[str]:
+        """The nodes the plan runs in the low type."""
         return frozenset(name for name, d in self.decisions.items() if d == "low")
 
 
@@ -215,6 +216,7 @@ class ConvertPrecision:
         self.islands = tuple(islands)
 
     def with_islands(self, islands: Sequence[Island]) -> ConvertPrecision:
+        """This pass with more float32 islands (measured or searched ones)."""
         return ConvertPrecision((*self.islands, *islands))
 
     def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:

@@ -90,6 +90,8 @@ class Island:
 
 @dataclass(frozen=True)
 class RuleContext:
+    """What a precision rule reads: the graph, the low type, the inferred types and shapes, and the dynamic dims'
+    maxima."""
     graph: gs.Graph
     low: LowType
     inferred: Inferred
@@ -97,6 +99,7 @@ class RuleContext:
     dim_max: Mapping[str, int]  # symbolic dimension name -> its declared maximum
 
     def float_tensors(self, node: gs.Node) -> list[gs.Tensor]:
+        """The node's float32 inputs and outputs."""
         return [t for t in (*node.inputs, *node.outputs) if t is not None and t.name and is_float32(t, self.inferred)]
 
 

@@ -99,6 +99,7 @@ FOLLOWER_OPS = frozenset(_FOLLOWER_OPS.split())
 
 
 def is_standard(node: gs.Node) -> bool:
+    """Is the node in the standard ONNX domain?"""
     return node.domain in ("", None, "ai.onnx")
 
 
@@ -143,6 +144,7 @@ def float_slots(op: str, opset: int, low: LowType) -> tuple[frozenset[int], froz
 
 
 def onnx_opset(graph: gs.Graph) -> int:
+    """The graph's default-domain opset."""
     return int(graph.opset or 1)
 
 
@@ -175,6 +177,7 @@ class Inferred:
 
 
 def infer(graph: gs.Graph) -> Inferred:
+    """Element types and shapes of every tensor, from ONNX shape inference on the graph as it is now."""
     model = gs.export_onnx(graph, do_type_check=False)
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -193,10 +196,12 @@ def _dims(tensor_type: onnx.TypeProto.Tensor) -> tuple[int | str | None, ...]:
 
 
 def shape_of(tensor: gs.Tensor, inferred: Inferred) -> tuple[int | str | None, ...] | None:
+    """The tensor's shape: its own, else the inferred one, else None."""
     if tensor.shape is not None:
         return tuple(tensor.shape)
     return inferred.shapes.get(tensor.name)
 
 
 def is_float32(tensor: gs.Tensor, inferred: Inferred) -> bool:
+    """Is the tensor float32 (by its own or its inferred type)?"""
     return dtype_of(tensor, inferred) == FLOAT

@@ -40,12 +40,18 @@ class Executor(Protocol):
 
     backend: str
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the graph on the flat inputs, in graph order; the outputs in graph order."""
+        ...
 
-    def polygraphy_runner(self, name: str) -> Any: ...
+    def polygraphy_runner(self, name: str) -> Any:
+        """A Polygraphy runner of the same graph or engine (validation and comparison use it)."""
+        ...
 
     @property
-    def engine_bytes(self) -> bytes | None: ...
+    def engine_bytes(self) -> bytes | None:
+        """The serialized engine, or None when the backend has none (ONNX Runtime)."""
+        ...
 
 
 class EngineNotRunnableWarning(UserWarning):

@@ -19,6 +19,8 @@ from pipeline.precision.stage import runnable_model
 
 
 class OnnxRuntimeExecutor:
+    """The final graph in an ONNX Runtime session (with the float32 emulation of a half graph on the CPU, and plugin CPU
+    references)."""
     backend = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
@@ -56,14 +58,17 @@ class OnnxRuntimeExecutor:
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """None: ONNX Runtime runs the graph itself."""
         return None
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the session on the flat inputs; the outputs as CPU tensors."""
         feed = {name: _to_numpy(name, t) for name, t in zip(self.input_names, inputs, strict=True)}
         outputs = self.session.run(self.output_names, feed)
         return [torch.from_numpy(np.asarray(o)) for o in outputs]
 
     def polygraphy_runner(self, name: str) -> Any:
+        """Polygraphy's ONNX Runtime runner on the same session."""
         from polygraphy.backend.onnxrt import OnnxrtRunner
 
         return OnnxrtRunner(self.session, name=name)

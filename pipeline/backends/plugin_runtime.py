@@ -207,6 +207,7 @@ class PluginSession:
         return getattr(self._current(), name)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the session; an exception raised inside a plugin's CPU reference comes back as itself."""
         session = self._current()
         _failures.take()
         try:

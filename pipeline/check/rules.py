@@ -57,6 +57,8 @@ class GraphFacts:
 
     @classmethod
     def of(cls, model: onnx.ModelProto, version: tuple[int, ...]) -> GraphFacts:
+        """The facts of ``model`` for TensorRT ``version``: tensor types and ranks, constants, graph inputs and
+        outputs."""
         graph = model.graph
         types: dict[str, int] = {}
         ranks: dict[str, int] = {}
@@ -79,6 +81,7 @@ class GraphFacts:
         return cls(types, ranks, constants, io, consumed, version)
 
     def constant(self, name: str) -> np.ndarray | None:
+        """The value of tensor ``name`` when it is a constant, else None."""
         return self.constants.get(name)
 
 

@@ -61,16 +61,20 @@ class CompatibilityReport:
 
     @property
     def problems(self) -> tuple[NodeCheck, ...]:
+        """The nodes the parser rejects (or the builder, with a real parser and build=True)."""
         return tuple(n for n in self.nodes if n.status in (UNSUPPORTED, RESTRICTED, BUILD_FAILED))
 
     @property
     def ok(self) -> bool:
+        """No node rejected."""
         return not self.problems
 
     def counts(self) -> dict[str, int]:
+        """How many nodes have each status."""
         return dict(Counter(n.status for n in self.nodes))
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
         return {
             "trt_version": self.trt_version,
             "parser": self.parser,
@@ -80,6 +84,7 @@ class CompatibilityReport:
         }
 
     def summary(self) -> str:
+        """The report for people: the judge, the counts, and each rejected node with its reason and fix."""
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
         lines = [f"{self.parser} check: {len(self.nodes)} nodes ({counts or 'none'})"]
         for n in self.problems:

@@ -86,7 +86,8 @@ class ModuleOutputRunner(TorchRunner):
         def record(module: torch.nn.Module, args: Any, output: Any) -> None:
             tensor = first_tensor(output)
             if tensor is not None:
-                self._recorded[path] = tensor.detach().cpu().numpy()
+                # a copy now: a later in-place op (``hidden += residual``) must not change what was recorded
+                self._recorded[path] = tensor.detach().cpu().clone().numpy()
 
         return record
 

@@ -116,7 +116,7 @@ def save_artifact(
     return path
 
 
-def read_artifact(path: Path) -> Artifact:
+def read_artifact(path: str | Path) -> Artifact:
     """Read and verify an artifact; anything missing, altered or unreadable is an ArtifactError.
 
     The manifest must cover exactly the members present, each must match its SHA-256 (the metadata too), the

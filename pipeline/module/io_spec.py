@@ -90,6 +90,21 @@ class IOSpec:
 
     def flatten_call(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """The graph inputs for one call of the converted module, in graph order; a mismatch is an InputError."""
+        try:
+            given = self._signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            given = None  # bind_call below says why
+        missing = [
+            p.name
+            for p in self._signature.parameters.values()
+            if given is not None and p.default is _NO_DEFAULT and p.name not in given
+        ]
+        if missing:
+            raise InputError(
+                f"the call is missing the required argument(s) {', '.join(map(repr, missing))} of "
+                f"forward({_param_list(self._signature)})",
+                fix="pass every argument the sample had",
+            )
         args, kwargs = bind_call(self._signature, args, kwargs)
         leaves, tree = pytree.tree_flatten((tuple(args), kwargs))
         if tree != self._input_treespec:

@@ -25,7 +25,7 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
     TensorRT version or GPU.
     """
-    artifact = read_artifact(Path(path))
+    artifact = read_artifact(path)
     settings, io = artifact.settings, artifact.io
     chosen = backend or artifact.metadata["backend"]
     engine = None

@@ -26,6 +26,8 @@ SEARCH_TARGET = 0.5
 
 @dataclass(frozen=True)
 class SearchSummary:
+    """What the accuracy-driven search did: candidates tried, builds, nodes kept in float32, and the error it
+    reached."""
     candidates: int
     builds: int
     kept: int  # nodes the search keeps in float32, after pruning
@@ -60,6 +62,7 @@ class PrecisionReport:
 
     @property
     def casts_added(self) -> int:
+        """Casts the precision rewrite added to the graph."""
         return self.casts_after - self.casts_before
 
     def keep_fp32(self) -> tuple[str, ...]:
@@ -73,10 +76,12 @@ class PrecisionReport:
         return target
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrecisionReport:
+        """A report from :meth:`to_dict` data."""
         values = dict(data)
         values["islands"] = tuple(Island(**i) for i in values["islands"])
         values["tolerance"] = Tolerance(**values["tolerance"])
@@ -86,6 +91,7 @@ class PrecisionReport:
         return cls(**values)
 
     def summary_lines(self, limit: int = 12) -> list[str]:
+        """The report's lines in the conversion summary (islands up to ``limit``)."""
         sources = Counter(i.source for i in self.islands)
         lines = [
             f"precision {self.precision}: {self.share:.1%} of {self.basis} in {self.dtype} "

@@ -22,6 +22,7 @@ _NOT_COMPUTE = FOLLOWER_OPS | {"Cast", "Constant", "ConstantOfShape", "Shape", "
 
 @dataclass(frozen=True)
 class ComputeShare:
+    """How much compute runs in the low type: FLOPs of MatMul/Gemm/Conv (or node counts when there are none)."""
     low_flops: float
     total_flops: float
     low_nodes: int
@@ -38,10 +39,12 @@ class ComputeShare:
 
     @property
     def basis(self) -> str:
+        """What the share is measured in."""
         return "MatMul/Gemm/Conv FLOPs" if self.total_flops else "float compute nodes (no MatMul/Gemm/Conv)"
 
 
 def compute_share(model: onnx.ModelProto, low: LowType, dims: Mapping[str, int] | None = None) -> ComputeShare:
+    """The share of ``model``'s MatMul/Gemm/Conv FLOPs in ``low``, with symbolic dims at ``dims`` (their opt sizes)."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
     typed = {v.name: v.type.tensor_type for v in [*inferred.input, *inferred.output, *inferred.value_info]}
     for tensor in model.graph.initializer:

@@ -91,6 +91,7 @@ def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> 
 
 
 def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
+    """Does ONNX Runtime run this half graph through the float32 emulation (CPU provider only)?"""
     cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
     return settings.precision != "fp32" and cpu_only and has_low_precision(model)
 
@@ -115,6 +116,7 @@ def _feed(io: IOSpec, item: Any) -> Feed:
 
 
 def torch_references(model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed]) -> list[dict[str, np.ndarray]]:
+    """PyTorch's outputs on each feed (the references of calibration and search)."""
     runner = TorchRunner(model, io)
     return [runner.infer_impl(dict(feed)) for feed in feeds]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from hypothesis import HealthCheck, given, settings
 from random_graphs import feeds, random_graph
+from rtx_build import rtx_build_error
 
 from converters.settings import Settings
 from passes import PassManager, default_passes, to_graph, to_model
@@ -69,31 +69,6 @@ def check_low(model: onnx.ModelProto, precision: str) -> None:
         # a loose bound: a few roundings of every operand's magnitude (the graphs are at most a dozen ops deep)
         scale = float(np.abs(want).max(initial=0.0)) + 1.0
         np.testing.assert_allclose(got, want, atol=64 * eps * scale, rtol=16 * eps, err_msg=name)
-
-
-def rtx_build_error(model: onnx.ModelProto) -> str | None:
-    """None when TensorRT-RTX parses and builds ``model`` (CPU-only AOT build), else its error text."""
-    trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra; pip install tensorrt-rtx")
-
-    class Logger(trt.ILogger):  # type: ignore[misc]
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity: object, msg: str) -> None:
-            if severity in (trt.ILogger.ERROR, trt.ILogger.INTERNAL_ERROR):
-                self.errors.append(msg)
-
-    logger = Logger()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(model.SerializeToString()):
-        return "; ".join(str(parser.get_error(i).desc()) for i in range(parser.num_errors))
-    config = builder.create_builder_config()
-    if builder.build_serialized_network(network, config) is None:
-        return "; ".join(logger.errors) or "build failed"
-    return None
 
 
 @PROFILE

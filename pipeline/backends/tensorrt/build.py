@@ -431,10 +431,12 @@ class MarkedOutputEngines:
         self._timing_cache = timing_cache_path(settings)
 
     def tensor_names(self) -> list[str]:
+        """Every tensor of the parsed network that can be marked as an output."""
         network: trt.INetworkDefinition = self._parsed[1]
         return list(network_tensors(network))
 
     def build(self, names: Sequence[str]) -> bytes:
+        """An engine of the parsed network with ``names`` marked as outputs."""
         network: trt.INetworkDefinition = self._parsed[1]
         mark_outputs(network, names)
         return engine_from_network(self._parsed, self.io, self.settings, self._timing_cache)

@@ -96,6 +96,7 @@ class EngineCache:
         self.directory = Path(directory).expanduser()
 
     def entry_path(self, key: str) -> Path:
+        """The engine file of ``key``."""
         return self.directory / f"{key}.plan"
 
     def timing_cache_path(self, device: Mapping[str, str]) -> Path:

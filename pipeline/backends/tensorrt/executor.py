@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
 import torch
 
-from converters.errors import BuildError
+from converters.errors import ArtifactError
 from converters.settings import Settings
 from pipeline.backends.tensorrt.build import (
     StaticCheck,
@@ -50,23 +51,33 @@ def cached_engine(
     from pipeline.backends.tensorrt.engine_cache import EngineCache, cache_key, graph_digest
 
     timing = timing_cache_path(settings, library)
+    built: list[bytes] = []
 
-    def build() -> bytes:
-        return build_engine(model, io, settings, timing, static_check, library)
+    def build() -> bytes:  # at most once, also when the cache fails after the build
+        if not built:
+            built.append(build_engine(model, io, settings, timing, static_check, library))
+        return built[0]
 
     if not settings.trt_engine_cache:
         return build(), "not cached"
     cache = EngineCache(settings.cache_dir)
-    key = cache_key(graph_digest(model), device_identity(library, settings), build_options(io, settings))
     try:
+        key = cache_key(graph_digest(model), device_identity(library, settings), build_options(io, settings))
         result = cache.get_or_build(key, build)
-    except OSError as exc:
-        raise BuildError(
-            f"the engine cache in {cache.directory} cannot be used: {exc}",
-            fix="set PIPELINE_CACHE_DIR to a writable directory, or pass trt_engine_cache=False",
-        ) from exc
+    except (OSError, ArtifactError) as exc:  # a cache directory that is a file, read-only, full: no cache, said so
+        warnings.warn(
+            f"the engine cache in {cache.directory} cannot be used ({exc}); the engine is built without it. "
+            "Set PIPELINE_CACHE_DIR (or cache_dir=) to a writable directory, or pass trt_engine_cache=False",
+            EngineCacheWarning,
+            stacklevel=2,
+        )
+        return build(), "built (engine cache unusable)"
     logger.info("engine: %s (%s)", result.status, result.path)
     return result.engine, result.status
+
+
+class EngineCacheWarning(UserWarning):
+    """The engine cache could not be used; the conversion went on without it."""
 
 
 def runtime_cache_path(engine: bytes, settings: Settings) -> Path:
@@ -116,9 +127,11 @@ class TensorRTExecutor:
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """The serialized engine."""
         return self._engine_bytes
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the engine on CUDA tensors; the outputs in graph order."""
         outputs = self._runner.run(dict(zip(self.input_names, inputs, strict=True)))
         return [outputs[name] for name in self.output_names]
 
@@ -159,9 +172,11 @@ class EngineOnOnnxRuntime:
 
     @property
     def engine_bytes(self) -> bytes | None:
+        """The engine that was built (saved with the artifact), though it does not run here."""
         return self._engine_bytes
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the same final graph on ONNX Runtime."""
         return self.onnxruntime.run(inputs)
 
     def polygraphy_runner(self, name: str) -> Any:

@@ -34,6 +34,7 @@ class TrtLibrary:
 
     @property
     def rtx(self) -> bool:
+        """Is this TensorRT-RTX?"""
         return self.module_name == "tensorrt_rtx"
 
     def import_module(self) -> ModuleType:

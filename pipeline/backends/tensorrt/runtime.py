@@ -127,6 +127,7 @@ class EngineRunner:
             )
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the engine on named CUDA tensors; the outputs by name."""
         with torch.cuda.device(self.device):
             # The tensors TensorRT reads must live until the work is enqueued; after that, torch's stream-aware
             # allocator will not hand their memory to anything that runs before this work on the stream.
