@@ -25,8 +25,12 @@ CheckParser = Literal["auto", "tensorrt", "tensorrt-rtx", "static"]
 CHECK_PARSERS: tuple[str, ...] = ("auto", "tensorrt", "tensorrt-rtx", "static")
 HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
 HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
-Precision = Literal["fp32", "fp16", "bf16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8")
+QuantizeFallback = Literal["fp16", "fp32"]
+QUANTIZE_FALLBACKS: tuple[str, ...] = ("fp16", "fp32")
+CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse"]
+CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse")
 PrecisionIO = Literal["model", "low"]
 PRECISION_IO: tuple[str, ...] = ("model", "low")
 
@@ -181,6 +185,13 @@ class Settings:
     # "model": graph inputs and outputs keep the model's types (casts at the boundary); "low": float32 inputs and
     # outputs become the low type (float16), so the module takes and returns float16 tensors.
     precision_io: PrecisionIO = option("precision", "model")
+    # Quantization (README "Quantization (INT8, FP8)"): precision="int8"/"fp8" puts Q/DQ pairs at the inputs of
+    # MatMul/Gemm/Conv/ConvTranspose (weights per channel, activations per tensor); the other ops run in
+    # quantize_fallback. calibration_method "auto" is "entropy" for int8 and "max" for fp8; "percentile" clips at
+    # calibration_percentile. Calibration inputs are those of fp16 (calibration_inputs, convert(calibration=...)).
+    quantize_fallback: QuantizeFallback = option("precision", "fp16")
+    calibration_method: CalibrationMethod = option("precision", "auto")
+    calibration_percentile: float = option("precision", 99.99)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -380,7 +391,23 @@ def _check_precision(settings: Settings) -> None:
         raise InputError("precision_range_margin must be >= 1", fix="pass e.g. precision_range_margin=4.0")
     if not 0 <= settings.precision_min_share <= 1:
         raise InputError("precision_min_share must be within [0, 1]", fix="pass e.g. precision_min_share=0.5")
+    _check_quantization(settings)
     _check_precision_io(settings)
+
+
+def _check_quantization(settings: Settings) -> None:
+    for name, choices in (("quantize_fallback", QUANTIZE_FALLBACKS), ("calibration_method", CALIBRATION_METHODS)):
+        if getattr(settings, name) not in choices:
+            raise InputError(
+                f"unknown {name} {getattr(settings, name)!r}", fix=f"use one of {', '.join(map(repr, choices))}"
+            )
+    if not 0 < settings.calibration_percentile <= 100:
+        raise InputError("calibration_percentile must be within (0, 100]", fix="pass e.g. calibration_percentile=99.99")
+    if settings.precision in ("int8", "fp8") and settings.precision_io == "low":
+        raise InputError(
+            f"precision_io='low' is not supported with precision={settings.precision!r}: graph inputs stay float32",
+            fix="leave precision_io='model' with int8/fp8",
+        )
 
 
 def _check_precision_io(settings: Settings) -> None:

@@ -42,6 +42,7 @@ from pipeline.precision.stage import (
     torch_references,
     validation_settings,
 )
+from pipeline.quantize.stage import is_quantized, quantize_precision, quantize_settings, quantized_validation_settings
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.validate import AccuracyReport, as_io_types, validate, validation_feeds
 from pipeline.versions import library_versions
@@ -66,14 +67,15 @@ def convert(
     converter registry (:func:`converters.default_registry`); ``passes`` replaces the default pass list
     (:func:`passes.default_passes` with those converters); ``extra_passes`` places your own passes at named
     points, ``[("after", "fold_constants", MyPass())]``; ``custom_translation_table`` goes to the exporter.
-    ``calibration`` (samples like ``sample``) feeds the precision stage when ``precision`` is "fp16" or "bf16".
+    ``calibration`` (samples like ``sample``) feeds the precision stage when ``precision`` is "fp16" or "bf16", and
+    the quantize stage's calibration when it is "int8" or "fp8".
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
     >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
-    config = effective_settings(Settings.from_kwargs(settings))
+    config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
     registry = default_registry() if converters is None else converters
     stages: list[tuple[str, float]] = []
     choice = select_backend(config.backend, config)
@@ -84,9 +86,15 @@ def convert(
     with _stage("passes", stages):
         debug = _debug_inputs(model, exported, sample) if config.debug_passes else None
         final, records = run_passes(exported, config, passes_before_precision(pass_list, config), debug)
-    precision = None
+    precision = quantization = None
     io = exported.io  # what the converted module takes and returns: the model's types, or half with precision_io
-    if config.precision != "fp32":
+    if is_quantized(config):  # int8/fp8: Q/DQ at weighted ops, the rest in fp16 (the precision stage) or fp32
+        with _stage("quantize", stages), eval_mode(model, warn=False):
+            final, more, precision, quantization = quantize_precision(
+                final, exported, model, sample, calibration, config, pass_list
+            )
+        records += more
+    elif config.precision != "fp32":
         with _stage("precision", stages), eval_mode(model, warn=False):
             final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
         records += more
@@ -106,7 +114,12 @@ def convert(
             sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
             feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), io)
             runner = executor.polygraphy_runner(choice.name)
-            accuracy = validate(model, exported.io, runner, feeds, validation_settings(config), backend_io=io)
+            checked = (
+                quantized_validation_settings(config, quantization)
+                if is_quantized(config)
+                else validation_settings(config)
+            )
+            accuracy = validate(model, exported.io, runner, feeds, checked, backend_io=io)
     report = ConversionReport(
         backend=choice.name,
         backend_reason=choice.reason,
@@ -118,6 +131,7 @@ def convert(
         versions=library_versions(),
         compatibility=compatibility.to_dict(),
         precision=precision,
+        quantization=quantization,
     )
     return ConvertedModule(executor, io, final, config, report, exported.weights)
 

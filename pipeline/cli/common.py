@@ -163,7 +163,10 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opt-shapes", default=None, metavar="NAME:SHAPE,...", help="the shapes to optimise for")
     parser.add_argument("--max-shapes", default=None, metavar="NAME:SHAPE,...", help="the largest shape of each input")
     parser.add_argument(
-        "--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute type of the graph (fp32 islands)"
+        "--precision",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16", "int8", "fp8"],
+        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
     )
     parser.add_argument(
         "--keep-fp32",

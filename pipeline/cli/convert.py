@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from converters.errors import InputError
 from pipeline.cli.common import (
     add_conversion_arguments,
     add_model_arguments,
+    call_factory,
     conversion_options,
     load_spec,
     random_inputs,
@@ -45,6 +48,14 @@ def add_convert_command(commands: Any) -> None:
     )
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     add_conversion_arguments(convert)
+    convert.add_argument(
+        "--calibration",
+        metavar="FILE.pt|FILE.py:FACTORY",
+        help="calibration samples for fp16/int8/fp8: a torch.save'd list of samples, or a factory returning them",
+    )
+    convert.add_argument(
+        "--calibration-method", default="auto", choices=["auto", "max", "percentile", "entropy", "mse"]
+    )
     convert.set_defaults(run=_convert)
 
 
@@ -69,6 +80,8 @@ def _convert(args: argparse.Namespace) -> int:
             validate=not args.no_validate,
             trt_compute_capabilities=tuple(args.compute_capability),
             require_engine_runtime=args.require_engine_runtime,
+            calibration=_calibration(args.calibration),
+            calibration_method=args.calibration_method,
             **conversion_options(args),
         )
         module.save(staging / ARTIFACT_NAME)
@@ -81,3 +94,22 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"engine    {len(engine) / 1e6:.1f} MB {module.backend} engine in the artifact")
     print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
     return 0
+
+
+def _calibration(spec: str | None) -> list[Any] | None:
+    """``--calibration``: a ``.pt`` file holding a list of samples, or ``file.py:factory`` returning an iterable."""
+    if spec is None:
+        return None
+    if spec.endswith(".pt"):
+        path = Path(spec)
+        if not path.is_file():
+            raise InputError(f"--calibration {spec}: no such file", fix="give a file written by torch.save([...])")
+        samples = torch.load(path, weights_only=True)
+    else:
+        samples = call_factory(spec)
+    if isinstance(samples, torch.Tensor) or not hasattr(samples, "__iter__"):
+        raise InputError(
+            f"--calibration {spec} gave {type(samples).__name__}, not a list of samples",
+            fix="save or return a list of samples, each like the model's sample (a tensor, a tuple, or (args, kwargs))",
+        )
+    return list(samples)

@@ -7,6 +7,7 @@ from typing import Any
 
 from passes.base import PassRecord
 from pipeline.precision.report import PrecisionReport
+from pipeline.quantize.report import QuantizationReport
 from pipeline.validate import AccuracyReport, OutputAccuracy
 
 
@@ -23,6 +24,7 @@ class ConversionReport:
     versions: dict[str, str] = field(default_factory=dict)
     compatibility: dict[str, Any] | None = None  # pipeline.check's report of the final graph, as a dict
     precision: PrecisionReport | None = None  # the precision stage (fp16/bf16): islands, casts, share, error
+    quantization: QuantizationReport | None = None  # the quantize stage (int8/fp8): scales, ops, share, error
 
     @property
     def total_seconds(self) -> float:
@@ -42,6 +44,7 @@ class ConversionReport:
             "versions": dict(self.versions),
             "compatibility": self.compatibility,
             "precision": self.precision.to_dict() if self.precision else None,
+            "quantization": self.quantization.to_dict() if self.quantization else None,
         }
 
     @classmethod
@@ -65,6 +68,7 @@ class ConversionReport:
             versions=dict(data.get("versions", {})),
             compatibility=data.get("compatibility"),
             precision=PrecisionReport.from_dict(data["precision"]) if data.get("precision") else None,
+            quantization=QuantizationReport.from_dict(data["quantization"]) if data.get("quantization") else None,
         )
 
     def summary(self) -> str:
@@ -81,6 +85,8 @@ class ConversionReport:
             lines.append(f"          {p.name:<20} {p.nodes_before:>6} -> {p.nodes_after:<6} {p.seconds:.3f}s")
         if self.precision is not None:
             lines.extend(self.precision.summary_lines())
+        if self.quantization is not None:
+            lines.extend(self.quantization.summary_lines())
         if self.compatibility is not None:
             problems = self.compatibility["problems"]
             lines.append(

@@ -338,7 +338,7 @@ def test_cli_takes_precision_and_keep_fp32() -> None:
 
 def test_precision_values_are_checked() -> None:
     with pytest.raises(pipeline.InputError, match="unknown precision"):
-        pipeline.Settings(precision="int8")  # type: ignore[arg-type]
+        pipeline.Settings(precision="int4")  # type: ignore[arg-type]
     assert pipeline.Settings(precision="fp16", keep_fp32="head").keep_fp32 == ("head",)  # one entry, not letters
 
 

@@ -1,0 +1,128 @@
+"""INT8 against fp32 on ONNX Runtime's CPU provider: median latency of the converted modules and artifact size.
+
+Models (random weights, nothing downloaded): ``cnn``, the bundled ``examples/cnn.py`` SmallResNet on a 16x3x64x64
+batch (Conv-heavy), and ``bert``, a 4-layer BERT (hidden 256, intermediate 1024) on 8x128 tokens (MatMul-heavy).
+Each is converted three ways: fp32, ``precision="int8", quantize_fallback="fp32"`` (ONNX Runtime fuses
+DequantizeLinear -> MatMul/Gemm into integer kernels: MatMulIntegerToFloat, QGemm), and ``precision="int8"``
+with the default fp16 fallback (on the CPU its fp16 part runs as the float32 emulation with a rounding per tensor:
+slower by design, shown for completeness). Runners are called in turn each round, so a busy machine slows all.
+
+    python benchmarks/bench_quantize.py                # 50 rounds per model
+    python benchmarks/bench_quantize.py --rounds 10 --models cnn --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import pipeline  # noqa: E402
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "int8 (fp32 elsewhere)": {"precision": "int8", "quantize_fallback": "fp32"},
+    "int8 (fp16 elsewhere, emulated)": {"precision": "int8"},
+}
+
+
+def cnn() -> tuple[torch.nn.Module, Any, list[Any]]:
+    """The bundled SmallResNet, a 16x3x64x64 sample and four calibration batches."""
+    import cnn as example
+
+    model, _ = example.build()
+    sample = torch.randn(16, 3, 64, 64)
+    return model.eval(), sample, [torch.randn(16, 3, 64, 64) for _ in range(4)]
+
+
+def bert() -> tuple[torch.nn.Module, Any, list[Any]]:
+    """A 4-layer BERT, an 8x128 token sample and four calibration samples."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024, vocab_size=1000
+    )
+    model = transformers.BertModel(config).eval()
+
+    def draw(seed: int) -> Any:
+        """One (args, kwargs) sample of random token ids."""
+        ids = torch.randint(0, 1000, (8, 128), generator=torch.Generator().manual_seed(seed))
+        return ((), {"input_ids": ids, "attention_mask": torch.ones(8, 128, dtype=torch.long)})
+
+    return model, draw(0), [draw(s) for s in range(1, 5)]
+
+
+MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Any, list[Any]]]] = {"cnn": cnn, "bert": bert}
+
+
+def call(module: Callable[..., Any], sample: Any) -> Any:
+    """Call ``module`` on a tensor or an (args, kwargs) sample."""
+    if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
+        return module(*sample[0], **sample[1])
+    return module(sample)
+
+
+def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
+    """Convert ``name`` every way of :data:`VARIANTS`; median latency and artifact size of each."""
+    model, sample, calibration = MODELS[name]()
+    modules, sizes = {}, {}
+    with tempfile.TemporaryDirectory() as directory:
+        for label, settings in VARIANTS.items():
+            module = pipeline.convert(
+                model, sample, calibration=calibration, ort_intra_op_threads=threads, validate=False, **settings
+            )
+            path = module.save(Path(directory) / f"{name}-{len(modules)}.ptrt")
+            sizes[label] = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")))
+            modules[label] = module
+    times: dict[str, list[float]] = {label: [] for label in modules}
+    with torch.inference_mode():
+        for module in modules.values():
+            for _ in range(3):
+                call(module, sample)
+        for _ in range(rounds):
+            for label, module in modules.items():
+                start = time.perf_counter()
+                call(module, sample)
+                times[label].append(time.perf_counter() - start)
+    return {
+        label: {"median_ms": 1e3 * statistics.median(times[label]), "artifact_bytes": sizes[label]} for label in modules
+    }
+
+
+def main() -> None:
+    """Run the benchmark and print the table (and write JSON with ``--json``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = {name: measure(name, args.rounds, args.threads) for name in args.models}
+    print(f"| model | variant | median latency (ms) | vs fp32 | artifact (MB) |  ({args.rounds} rounds)")
+    print("| --- | --- | --- | --- | --- |")
+    for name, variants in results.items():
+        base = variants["fp32"]["median_ms"]
+        for label, row in variants.items():
+            print(
+                f"| {name} | {label} | {row['median_ms']:.2f} | {base / row['median_ms']:.2f}x | "
+                f"{row['artifact_bytes'] / 1e6:.2f} |"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

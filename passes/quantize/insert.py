@@ -1,0 +1,166 @@
+"""The Q/DQ rewrite: per-channel quantized weights (8-bit initializer -> DequantizeLinear) and per-tensor activation
+Q -> DQ pairs at the inputs of the planned weighted ops (:mod:`passes.quantize.placement`).
+
+Scales take the float type of the tensor they scale (float16 in a graph whose unquantized ops run in float16, else
+float32): QuantizeLinear and DequantizeLinear take float16 scales from opset 19, and the DequantizeLinear output
+then has the type the weighted op already reads, so no Cast is needed around the pair.
+
+>>> ops = quantize_graph(graph, FORMATS["int8"], targets, {"conv1": 2.5})   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from converters.errors import ConversionError
+from passes.precision.types import infer
+from passes.quantize.formats import QuantFormat
+from passes.quantize.placement import Target
+
+_FLOAT_TYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
+
+
+@dataclass(frozen=True)
+class QuantizedOp:
+    """One quantized weighted op: its activation's calibrated range and scale, and its weight's scales."""
+
+    node: str
+    op: str
+    activation: str  # the activation tensor as named in the quantized graph
+    activation_amax: float
+    activation_scale: float
+    weight: str | None
+    weight_channels: int  # scales of the weight (1: per tensor)
+    weight_scale_min: float
+    weight_scale_max: float
+    weight_elements: int
+
+
+def quantize_graph(
+    graph: gs.Graph, fmt: QuantFormat, targets: Sequence[Target], amax: Mapping[str, float]
+) -> list[QuantizedOp]:
+    """Insert the Q/DQ pairs and quantized weights for ``targets`` (``amax``: node name -> calibrated range of its
+    activation input). Raises :class:`ConversionError` when the graph's opset predates ``fmt``'s Q/DQ."""
+    opset = int(graph.opset or 1)
+    if opset < fmt.min_opset:
+        raise ConversionError(
+            f"stage quantize: {fmt.name} QuantizeLinear/DequantizeLinear need ONNX opset >= {fmt.min_opset}, the "
+            f"graph has opset {opset}",
+            fix=f"export with opset >= {fmt.min_opset} (leave opset=None: {fmt.name} exports at opset 21)",
+        )
+    types = infer(graph).types
+    nodes = {n.name: n for n in graph.nodes}
+    pairs: dict[str, tuple[gs.Variable, float]] = {}  # activation name -> (its DQ output, scale)
+    weights: dict[str, tuple[gs.Variable, np.ndarray]] = {}  # weight name -> (its DQ output, scales)
+    done = []
+    for target in targets:
+        node = nodes[target.node]
+        if target.node not in amax:
+            raise ConversionError(
+                f"stage quantize: node {target.node!r} ({target.op}) has no calibrated range",
+                fix="calibrate on the graph being quantized (the node names must match)",
+            )
+        source = node.inputs[target.activation]
+        if source.name not in pairs:
+            pairs[source.name] = _activation_pair(graph, source, fmt, amax[target.node], _float_type(source, types))
+        node.inputs[target.activation] = pairs[source.name][0]
+        weight = node.inputs[target.weight] if target.weight is not None else None
+        scales = np.ones(0, np.float32)
+        if isinstance(weight, gs.Constant):
+            if weight.name not in weights:
+                weights[weight.name] = _weight_pair(graph, weight, fmt, target.axis)
+            node.inputs[target.weight] = weights[weight.name][0]
+            scales = weights[weight.name][1].astype(np.float32)
+        done.append(
+            QuantizedOp(
+                target.node,
+                target.op,
+                source.name,
+                float(amax[target.node]),
+                pairs[source.name][1],
+                weight.name if weight is not None else None,
+                int(scales.size),
+                float(scales.min()) if scales.size else 0.0,
+                float(scales.max()) if scales.size else 0.0,
+                int(np.prod(weight.shape)) if weight is not None else 0,
+            )
+        )
+    graph.cleanup().toposort()
+    return done
+
+
+def _float_type(tensor: gs.Tensor, types: Mapping[str, int]) -> type:
+    elem = (
+        types.get(tensor.name)
+        if tensor.dtype is None
+        else int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(tensor.dtype)))
+    )
+    if elem is None or elem not in _FLOAT_TYPES:
+        raise ConversionError(
+            f"stage quantize: tensor {tensor.name!r} is {onnx.TensorProto.DataType.Name(elem or 0)}, not float32 "
+            "or float16",
+            fix="quantize a float32 or float16 graph (precision fallback 'fp16' or 'fp32'); add its consumer to "
+            "keep_fp32 to leave it unquantized",
+        )
+    return _FLOAT_TYPES[elem]
+
+
+def _activation_pair(
+    graph: gs.Graph, source: gs.Tensor, fmt: QuantFormat, amax: float, float_type: type
+) -> tuple[gs.Variable, float]:
+    """``source -> QuantizeLinear -> DequantizeLinear``: one scale for the tensor (per-tensor activations)."""
+    wanted: np.ndarray = np.asarray(fmt.scale_for(amax), dtype=float_type)
+    scale: np.ndarray = np.asarray(
+        max(wanted, np.finfo(float_type).tiny), dtype=float_type
+    )  # a scale rounded to 0 divides by 0
+    base = source.name
+    scale_c = gs.Constant(f"{base}/quant_scale", scale)
+    zero = gs.Constant(f"{base}/quant_zero_point", fmt.zero_point())
+    quantized = gs.Variable(f"{base}/quantized", dtype=fmt.numpy_type, shape=source.shape)
+    restored = gs.Variable(f"{base}/dequantized", dtype=float_type, shape=source.shape)
+    graph.nodes.append(
+        gs.Node("QuantizeLinear", f"{base}/QuantizeLinear", inputs=[source, scale_c, zero], outputs=[quantized])
+    )
+    graph.nodes.append(
+        gs.Node("DequantizeLinear", f"{base}/DequantizeLinear", inputs=[quantized, scale_c, zero], outputs=[restored])
+    )
+    return restored, float(scale)
+
+
+def _weight_pair(
+    graph: gs.Graph, weight: gs.Constant, fmt: QuantFormat, axis: int | None
+) -> tuple[gs.Variable, np.ndarray]:
+    """The weight stored quantized, then ``DequantizeLinear`` (per channel along ``axis``, else per tensor)."""
+    values = np.asarray(weight.values)
+    float_type = _FLOAT_TYPES.get(onnx.helper.np_dtype_to_tensor_dtype(values.dtype), np.float32)
+    wide = values.astype(np.float32)
+    if axis is None:
+        amax = np.abs(wide).max(initial=0.0)
+        scales: np.ndarray = np.asarray(fmt.scale_for(amax)).astype(float_type)
+        broadcast = scales.astype(np.float32)
+    else:
+        others = tuple(i for i in range(wide.ndim) if i != axis)
+        amax = np.abs(wide).max(axis=others, initial=0.0)
+        scales = fmt.scale_for(amax).astype(float_type)
+        scales = np.where(scales > 0, scales, np.ones_like(scales))  # a scale that underflows the type: harmless 1
+        shape = [1] * wide.ndim
+        shape[axis] = -1
+        broadcast = scales.astype(np.float32).reshape(shape)
+    stored = fmt.quantize(wide, broadcast)  # with the scale as the graph holds it: DQ(stored) is exact
+    base = weight.name
+    q = gs.Constant(f"{base}/quantized_{fmt.name}", stored)
+    scale_c = gs.Constant(f"{base}/weight_scale", scales)
+    zero = gs.Constant(f"{base}/weight_zero_point", fmt.zero_point(scales.shape))
+    restored = gs.Variable(f"{base}/dequantized", dtype=float_type, shape=list(values.shape))
+    attrs = {} if axis is None else {"axis": axis}
+    graph.nodes.append(
+        gs.Node(
+            "DequantizeLinear", f"{base}/DequantizeLinear", attrs=attrs, inputs=[q, scale_c, zero], outputs=[restored]
+        )
+    )
+    return restored, np.atleast_1d(scales)

@@ -1,0 +1,106 @@
+"""What the quantize stage reports (``module.report.quantization``, saved in the artifact's metadata): the format,
+the calibration method, every quantized op with its activation range and scale and its weight's scales, the ops left
+in float with reasons, the share of MatMul/Gemm/Conv FLOPs and of their weights that is quantized, and the output
+error on the calibration inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from converters.errors import ConversionError
+from converters.settings import Settings
+from passes.quantize.insert import QuantizedOp
+from passes.quantize.placement import Skipped
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QuantizationReport:
+    """What the quantize stage did; ``module.report.quantization``."""
+
+    precision: str  # "int8" | "fp8"
+    dtype: str  # "int8" | "float8e4m3fn"
+    fallback: str  # the type of the unquantized ops: "fp16" | "fp32"
+    method: str  # the calibration method used
+    opset: int
+    quantized: tuple[QuantizedOp, ...]
+    skipped: tuple[Skipped, ...]
+    quantized_flops: float
+    total_flops: float
+    quantized_weights: int  # weight elements stored in the 8-bit type
+    total_weights: int  # weight elements of all MatMul/Gemm/Conv/ConvTranspose constants
+    calibration_inputs: int
+    relative_error: float  # ||got - PyTorch|| / ||PyTorch|| over the calibration inputs, worst output
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    tolerances: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # output -> (atol, rtol)
+
+    @property
+    def share(self) -> float:
+        """The FLOP-weighted share of MatMul/Gemm/Conv quantized (1.0 for a graph without them)."""
+        return self.quantized_flops / self.total_flops if self.total_flops else 1.0
+
+    @property
+    def weight_share(self) -> float:
+        """The share of MatMul/Gemm/Conv constant weight elements stored in 8 bits (1.0 when there are none)."""
+        return self.quantized_weights / self.total_weights if self.total_weights else 1.0
+
+    def scales(self) -> dict[str, float]:
+        """The activation scale of every quantized tensor, by tensor name."""
+        return {op.activation: op.activation_scale for op in self.quantized}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what the artifact's metadata holds)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QuantizationReport:
+        """The report back from :meth:`to_dict`'s data."""
+        values = dict(data)
+        values["quantized"] = tuple(QuantizedOp(**q) for q in values["quantized"])
+        values["skipped"] = tuple(Skipped(**s) for s in values["skipped"])
+        values["notes"] = tuple(values.get("notes", ()))
+        values["warnings"] = tuple(values.get("warnings", ()))
+        values["tolerances"] = {k: (float(a), float(r)) for k, (a, r) in values.get("tolerances", {}).items()}
+        return cls(**values)
+
+    def summary_lines(self, limit: int = 8) -> list[str]:
+        """The lines ``module.report.summary()`` prints for the quantize stage (at most ``limit`` skipped ops)."""
+        lines = [
+            f"quantize  {self.precision} ({self.dtype}, calibration {self.method} on {self.calibration_inputs} "
+            f"inputs, opset {self.opset}): {len(self.quantized)} ops quantized, {len(self.skipped)} left in "
+            f"{self.fallback}; {self.share:.1%} of MatMul/Gemm/Conv FLOPs and {self.weight_share:.1%} of their "
+            f"weights in 8 bits; output error {self.relative_error:.3g} (relative L2 vs PyTorch fp32)"
+        ]
+        for skipped in self.skipped[:limit]:
+            lines.append(f"          float {skipped.op:<14} {skipped.node}: {skipped.reason}")
+        if len(self.skipped) > limit:
+            lines.append(f"          ... {len(self.skipped) - limit} more in report.quantization.skipped")
+        lines.extend(f"          {note}" for note in self.notes)
+        lines.extend(f"          WARNING {warning}" for warning in self.warnings)
+        return lines
+
+
+def judge_quantized_share(report: QuantizationReport, settings: Settings) -> QuantizationReport:
+    """No silent degradation: little of the MatMul/Gemm/Conv compute quantized is a loud warning (an error with
+    ``precision_strict``), with the heaviest reasons."""
+    if report.share >= settings.precision_min_share:
+        return report
+    reasons = sorted({f"{s.op} {s.node}: {s.reason}" for s in report.skipped})[:5]
+    message = (
+        f"precision={report.precision!r} was asked, but only {report.share:.1%} of MatMul/Gemm/Conv FLOPs are "
+        f"quantized (precision_min_share={settings.precision_min_share:g}); the rest runs in {report.fallback}. "
+        f"Skipped: {'; '.join(reasons) or 'none'}"
+    )
+    if settings.precision_strict:
+        raise ConversionError(
+            f"stage quantize: {message}",
+            fix="drop keep_fp32 entries, or lower precision_min_share; precision_strict=False makes this a warning",
+        )
+    logger.warning("%s", message)
+    return dataclasses.replace(report, warnings=(*report.warnings, message))

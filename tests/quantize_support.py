@@ -1,0 +1,112 @@
+"""Shared by the quantization tests: the real TensorRT-RTX parser and builder on a quantized graph, and a small CNN
+trained on scikit-learn's digits (1,797 8x8 images, shipped with scikit-learn) in a few seconds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+
+def build_with_tensorrt_rtx(model: onnx.ModelProto, sm89: bool = False) -> int:
+    """Parse and build ``model`` with TensorRT-RTX on this CPU (ahead of time); the plan's size in bytes.
+    ``sm89`` targets compute capability 8.9 only, as FP8 needs (the default targets include 8.0 and 8.6)."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(model.SerializeToString()):
+        errors = [f"{parser.get_error(i).node_name()}: {parser.get_error(i).desc()}" for i in range(parser.num_errors)]
+        raise AssertionError(f"TensorRT-RTX's parser rejected the graph: {errors}")
+    config = builder.create_builder_config()
+    dynamic = [network.get_input(i) for i in range(network.num_inputs) if -1 in tuple(network.get_input(i).shape)]
+    if dynamic:  # every dynamic dimension from 1 to 8
+        profile = builder.create_optimization_profile()
+        for tensor in dynamic:
+            shape = tuple(tensor.shape)
+            low, high = tuple(1 if d == -1 else d for d in shape), tuple(8 if d == -1 else d for d in shape)
+            profile.set_shape(tensor.name, low, high, high)
+        config.add_optimization_profile(profile)
+    if sm89:
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(trt.ComputeCapability.SM89, 0)
+    plan = builder.build_serialized_network(network, config)
+    assert plan is not None, "TensorRT-RTX's builder failed (see its log)"
+    return int(plan.nbytes)
+
+
+class DigitsCNN(nn.Module):
+    """Two convolutions, pooling and a linear head: 8x8 grey digits -> 10 logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+        )
+        self.head = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Train and test splits (80/20, fixed seed), pixels scaled to [0, 1]."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    data = datasets.load_digits()
+    images = torch.tensor(data.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    labels = torch.tensor(data.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    images, labels = images[order], labels[order]
+    split = int(0.8 * len(labels))
+    return images[:split], labels[:split], images[split:], labels[split:]
+
+
+def trained_digits_cnn(x: torch.Tensor, y: torch.Tensor, epochs: int = 6) -> DigitsCNN:
+    """Adam on minibatches of 128: about 97% test accuracy in a few seconds on a CPU."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
+    model = DigitsCNN()
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(epochs):
+        for index in torch.randperm(len(y)).split(128):
+            optimiser.zero_grad()
+            nn.functional.cross_entropy(model(x[index]), y[index]).backward()
+            optimiser.step()
+    torch.set_num_threads(threads)
+    return model.eval()
+
+
+def accuracy(logits: torch.Tensor | np.ndarray, labels: torch.Tensor) -> float:
+    return float((torch.as_tensor(logits).argmax(dim=1) == labels).float().mean())
+
+
+def conv_gemm_model(opset: int = 21) -> onnx.ModelProto:
+    """x -> Conv -> Relu -> Flatten -> Gemm(transB=1) -> y, and a second Gemm reading the same Flatten output."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 2, 3, 3)).astype(np.float32) * np.array([1, 0.1, 3, 0.01], np.float32)[:, None, None, None]
+    b = rng.normal(size=4).astype(np.float32)
+    g = rng.normal(size=(5, 4 * 4 * 4)).astype(np.float32)
+    h = rng.normal(size=(4 * 4 * 4, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "g"], ["y"], name="gemm", transB=1),
+        helper.make_node("MatMul", ["f", "h"], ["z"], name="matmul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 4, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3]),
+        ],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (g, "g"), (h, "h"))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
