@@ -20,7 +20,7 @@ import torch
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
-from pipeline.cli.common import add_conversion_arguments, conversion_options, load_spec, random_inputs
+from pipeline.cli.common import add_conversion_arguments, conversion_options, model_and_sample, random_inputs
 
 
 def add_bench_command(commands: Any) -> None:
@@ -103,15 +103,8 @@ def _targets(args: argparse.Namespace) -> tuple[Any, torch.nn.Module | None, tup
                 fix="pass --input NAME:SHAPE[:DTYPE] for each input (`pipeline inspect` lists them)",
             )
         return pipeline.load(Path(args.target)), None, ((), dict(random_inputs(args.input, args.seed)))
-    model, sample = load_spec(args.target)
+    model, sample = model_and_sample(args.target, args.input, args.seed)
     model = model.eval()
-    if args.input:
-        sample = ((), dict(random_inputs(args.input, args.seed)))
-    if sample is None:
-        raise InputError(
-            f"{args.target} returned a module but no sample, and no --input was given",
-            fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
-        )
     module = pipeline.convert(model, sample, backend=args.backend, **conversion_options(args))
     from pipeline.module.io_spec import normalise_sample
 

@@ -53,6 +53,19 @@ def load_spec(spec: str) -> tuple[torch.nn.Module, Any]:
     )
 
 
+def model_and_sample(spec: str, inputs: list[str], seed: int) -> tuple[torch.nn.Module, Any]:
+    """The model of ``spec`` and the sample to call it with: ``--input`` tensors when given, else the factory's."""
+    model, sample = load_spec(spec)
+    if inputs:
+        sample = ((), dict(random_inputs(inputs, seed)))
+    if sample is None:
+        raise InputError(
+            f"{spec} returned a module but no sample, and no --input was given",
+            fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
+        )
+    return model, sample
+
+
 _SOURCES: dict[str, Any] = {}  # a file is executed once, so the model and its converters share custom ops
 
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from converters.errors import InputError
 from pipeline.cli.common import (
     add_conversion_arguments,
     add_model_arguments,
     conversion_options,
-    load_spec,
-    random_inputs,
+    model_and_sample,
 )
 
 
@@ -64,14 +62,7 @@ def run_compare(args: argparse.Namespace) -> int:
     """``pipeline compare``: convert, compare, print the table, write the report; 0 when every output passes."""
     from pipeline.conversion import compare
 
-    model, sample = load_spec(args.spec)
-    if args.input:
-        sample = ((), dict(random_inputs(args.input, args.seed)))
-    if sample is None:
-        raise InputError(
-            f"{args.spec} returned a module but no sample, and no --input was given",
-            fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
-        )
+    model, sample = model_and_sample(args.spec, args.input, args.seed)
     report = compare(
         model,
         sample,

@@ -15,8 +15,7 @@ from pipeline.cli.common import (
     add_model_arguments,
     call_factory,
     conversion_options,
-    load_spec,
-    random_inputs,
+    model_and_sample,
     staged_output,
 )
 
@@ -63,14 +62,7 @@ def _convert(args: argparse.Namespace) -> int:
     from converters.files import write_file_atomically
     from pipeline.conversion import convert
 
-    model, sample = load_spec(args.spec)
-    if args.input:
-        sample = ((), {name: tensor for name, tensor in random_inputs(args.input, args.seed)})
-    if sample is None:
-        raise InputError(
-            f"{args.spec} returned a module but no sample, and no --input was given",
-            fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
-        )
+    model, sample = model_and_sample(args.spec, args.input, args.seed)
     out: Path = args.output
     with staged_output(out, OUTPUTS) as staging:  # checked before converting; all three files, or none
         module = convert(
