@@ -227,7 +227,7 @@ def apply(
     ctx = RewriteContext(graph, node, settings, names)
     result = rule.rewrite(plan, ctx)
     if result is None:
-        logger.info("rule %s: edited %s node %r in place", rule.name, node.op, node.name)
+        logger.debug("rule %s: edited %s node %r in place", rule.name, node.op, node.name)
         return
     outputs = [result] if isinstance(result, gs.Tensor) else list(result)
     if len(outputs) != len(node.outputs) or not all(isinstance(t, gs.Tensor) for t in outputs):
@@ -239,7 +239,7 @@ def apply(
     for created in ctx.created:
         created.metadata = getattr(node, "metadata", {})
     replace_outputs(graph, node, outputs, ctx)
-    logger.info("rule %s: rewrote %s node %r into %d nodes", rule.name, node.op, node.name, len(ctx.created))
+    logger.debug("rule %s: rewrote %s node %r into %d nodes", rule.name, node.op, node.name, len(ctx.created))
 
 
 def explain(rule_or_pass: RewriteRule[Any] | RulePass, graph: gs.Graph, node_name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 
 from converters.errors import PipelineError
@@ -52,6 +53,8 @@ def _version() -> str:
         return "unknown (not installed)"
 
 def _configure_logging(verbose: int) -> None:
+    # our warnings (engine not runnable here, low fp16 share, ...) read as messages, not as Python source lines
+    warnings.formatwarning = lambda message, category, *_args, **_kwargs: f"warning: {message}\n"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("  %(message)s" if verbose < 2 else "%(levelname)s %(name)s: %(message)s"))
     for name in ("pipeline", "passes", "converters"):
