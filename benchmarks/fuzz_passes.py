@@ -28,7 +28,7 @@ def check_rtx(model: onnx.ModelProto) -> None:
     """The builder property: it builds the passes' fp32 and fp16 results whenever it built the input."""
     if rtx_build_error(model) is not None:
         return
-    for precision in ("fp32", "fp16"):
+    for precision in ("fp32", "fp16", "bf16"):
         error = rtx_build_error(run_passes(model, precision))
         assert error is None, f"{precision}: {error}"
 

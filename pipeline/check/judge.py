@@ -95,9 +95,8 @@ def _check_valid_onnx(graph: onnx.ModelProto, source: Any) -> None:
     problem = None if SHAPELESS in message else message
     problem = problem or _structure_problem(graph.graph)
     if problem:
-        first = problem.splitlines()[0] if problem else "invalid"
         raise InputError(
-            f"the graph is not valid ONNX (onnx.checker, full check): {first}",
+            f"the graph is not valid ONNX (onnx.checker, full check): {problem.splitlines()[0]}",
             fix="fix the graph so that onnx.checker.check_model(model, full_check=True) passes; TensorRT's parser "
             "assumes a valid graph",
         )

@@ -4,7 +4,7 @@ For every graph ``random_graphs.random_graph`` draws (elementwise and broadcasti
 Transpose/Squeeze chains, reductions, Concat/Split/Slice, constants and identities, dead branches, several outputs):
 the passes' result passes ``onnx.checker`` (full), runs on ONNX Runtime, and gives exactly the outputs of the input
 graph (fp32 passes); the fp16 and bf16 rewrites give a valid graph whose CPU emulation runs and stays near the fp32
-outputs; and the real TensorRT-RTX builder builds the result whenever it built the input.
+outputs; and the real TensorRT-RTX builder builds the fp32, fp16 and bf16 results whenever it built the input.
 ``benchmarks/fuzz_passes.py`` runs the same properties on thousands of graphs.
 """
 
@@ -95,7 +95,7 @@ def test_real_builder_builds_what_the_passes_give_when_it_built_the_input(model:
     before = rtx_build_error(model)
     if before is not None:
         return  # the input itself is out of the builder's reach: nothing to hold the passes to
-    for precision in ("fp32", "fp16"):
+    for precision in ("fp32", "fp16", "bf16"):
         error = rtx_build_error(run_passes(model, precision))
         assert error is None, f"{precision}: the real builder built the input but not the passes' result: {error}"
 

@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 import pytest
 import torch
+from model_zoo import tiny_bert_config
 from rtx_build import assert_builds
 from torch import nn
 
@@ -80,16 +81,7 @@ def make_cnn() -> CNN:
 
 def make_bert() -> nn.Module:
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-    )
-    return transformers.BertModel(config).eval()
+    return transformers.BertModel(tiny_bert_config()).eval()
 
 
 def bert_inputs(batch: int, seq: int, seed: int, lengths: list[int]) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from model_zoo import tiny_bert_config
 from quantize_support import build_with_tensorrt_rtx
 
 import pipeline
@@ -24,15 +25,7 @@ def make_resnet() -> torch.nn.Module:
 
 def make_bert() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return transformers.BertModel(config).eval()
+    return transformers.BertModel(tiny_bert_config()).eval()
 
 
 def bert_sample(seed: int) -> dict[str, torch.Tensor]:
