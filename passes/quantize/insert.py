@@ -1,5 +1,13 @@
 """The Q/DQ rewrite: per-channel quantized weights (8-bit initializer -> DequantizeLinear) and per-tensor activation
-Q -> DQ pairs at the inputs of the planned weighted ops (:mod:`passes.quantize.placement`).
+Q -> DQ pairs at the inputs of the planned weighted ops (:mod:`passes.quantize.placement`) and at the residual
+inputs of Adds after them (:mod:`passes.quantize.residual`).
+
+Every quantized input gets its own QuantizeLinear -> DequantizeLinear pair, with its own scale and zero-point
+initializers (equal values for one tensor): TensorRT merges equal pairs itself (its builder's "dupe layer removal"),
+and ONNX Runtime needs them apart. Its CPU provider fuses ``DQ -> Conv -> Q`` into QLinearConv only for uint8
+activations on x86 (``QDQIsInt8Allowed()`` is false there, ``qdq_selector_action_transformer.h``), and it turns an
+int8 pair into uint8 only when the QuantizeLinear has exactly one consumer (``QDQS8ToU8Transformer``,
+``qdq_s8_to_u8.cc``); shared scale initializers would let its common-subexpression elimination merge the pairs back.
 
 Scales take the float type of the tensor they scale (float16 in a graph whose unquantized ops run in float16, else
 float32): QuantizeLinear and DequantizeLinear take float16 scales from opset 19, and the DequantizeLinear output
@@ -20,7 +28,7 @@ import onnx_graphsurgeon as gs
 from converters.errors import ConversionError
 from passes.precision.types import infer
 from passes.quantize.formats import QuantFormat
-from passes.quantize.placement import Target
+from passes.quantize.placement import QUANTIZED_OPS, Target
 
 _FLOAT_TYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
 
@@ -45,7 +53,9 @@ def quantize_graph(
     graph: gs.Graph, fmt: QuantFormat, targets: Sequence[Target], amax: Mapping[str, float]
 ) -> list[QuantizedOp]:
     """Insert the Q/DQ pairs and quantized weights for ``targets`` (``amax``: node name -> calibrated range of its
-    activation input). Raises :class:`ConversionError` when the graph's opset predates ``fmt``'s Q/DQ."""
+    activation input; a target without a weight, such as a residual Add, gets only its activation pair). INT8 graphs
+    then get the exact output quantization of :func:`quantize_relu_inputs`. Raises :class:`ConversionError` when the
+    graph's opset predates ``fmt``'s Q/DQ."""
     opset = int(graph.opset or 1)
     if opset < fmt.min_opset:
         raise ConversionError(
@@ -55,7 +65,7 @@ def quantize_graph(
         )
     types = infer(graph).types
     nodes = {n.name: n for n in graph.nodes}
-    pairs: dict[str, tuple[gs.Variable, float]] = {}  # activation name -> (its DQ output, scale)
+    readers: dict[str, int] = {}  # activation name -> pairs made so far (each reader gets its own)
     weights: dict[str, tuple[gs.Variable, np.ndarray]] = {}  # weight name -> (its DQ output, scales)
     done = []
     for target in targets:
@@ -66,9 +76,10 @@ def quantize_graph(
                 fix="calibrate on the graph being quantized (the node names must match)",
             )
         source = node.inputs[target.activation]
-        if source.name not in pairs:
-            pairs[source.name] = _activation_pair(graph, source, fmt, amax[target.node], _float_type(source, types))
-        node.inputs[target.activation] = pairs[source.name][0]
+        copy = readers.get(source.name, 0)
+        readers[source.name] = copy + 1
+        restored, scale = activation_pair(graph, source, fmt, amax[target.node], _float_type(source, types), copy)
+        node.inputs[target.activation] = restored
         weight = node.inputs[target.weight] if target.weight is not None else None
         scales = np.ones(0, np.float32)
         if isinstance(weight, gs.Constant):
@@ -82,7 +93,7 @@ def quantize_graph(
                 target.op,
                 source.name,
                 float(amax[target.node]),
-                pairs[source.name][1],
+                scale,
                 weight.name if weight is not None else None,
                 int(scales.size),
                 float(scales.min()) if scales.size else 0.0,
@@ -90,8 +101,78 @@ def quantize_graph(
                 int(np.prod(weight.shape)) if weight is not None else 0,
             )
         )
+    if fmt.name == "int8":
+        quantize_relu_inputs(graph)
     graph.cleanup().toposort()
     return done
+
+
+def quantize_relu_inputs(graph: gs.Graph) -> int:
+    """``Conv -> Relu -> Q(s)`` becomes ``Conv -> Q(s) -> DQ -> Relu -> Q(s)`` where that changes no value; the
+    number of Relus so treated.
+
+    Exact: with zero point 0, ``Q(Relu(x)) == Relu(Q(x))`` (quantization is monotonic and maps 0 to 0), and
+    ``Q(DQ(q)) == q``; so when every reader of the Relu's output quantizes it with one scale ``s``, the Conv's output
+    may be quantized with ``s`` first. TensorRT fuses a weighted op whose inputs and output are quantized into one
+    8-bit-in, 8-bit-out kernel ("Q/DQ Layer-Placement Recommendations", the convolution fusion with quantized inputs
+    and output), and its advice to keep weighted outputs unquantized by default is about precision, which this
+    form keeps bit for bit. ONNX Runtime's CPU provider needs it: it fuses ``DQ -> Conv -> Q`` into QLinearConv,
+    and a Relu between the Conv and the Q blocks that unless the zero point is the type's minimum
+    (``IsClipMadeRedundantByQ``), never the case for TensorRT's symmetric quantization. Applies to Conv,
+    ConvTranspose, MatMul and Gemm whose activation input is already dequantized (a quantized op) and whose only
+    reader is the Relu."""
+    done = 0
+    for relu in [n for n in graph.nodes if n.op == "Relu"]:
+        tensor = relu.inputs[0]
+        if len(tensor.inputs) != 1 or len(tensor.outputs) != 1:
+            continue
+        producer = tensor.inputs[0]
+        if producer.op not in QUANTIZED_OPS or not _reads_dequantized(producer):
+            continue
+        scale = _common_scale(relu.outputs[0])
+        if scale is None:
+            continue
+        restored = _pair(graph, tensor, scale, f"{tensor.name}/relu_input")
+        relu.inputs[0] = restored
+        done += 1
+    return done
+
+
+def _reads_dequantized(node: gs.Node) -> bool:
+    data = node.inputs[0]
+    return bool(data.inputs) and data.inputs[0].op == "DequantizeLinear"
+
+
+def _common_scale(tensor: gs.Tensor) -> gs.Constant | None:
+    """The scale every reader of ``tensor`` quantizes it with (per tensor, zero point 0), or None."""
+    readers = list(tensor.outputs)
+    if not readers or any(r.op != "QuantizeLinear" or len(r.inputs) < 3 for r in readers):
+        return None
+    scales = [r.inputs[1] for r in readers]
+    zeros = [r.inputs[2] for r in readers]
+    if not all(isinstance(c, gs.Constant) and np.asarray(c.values).size == 1 for c in scales + zeros):
+        return None
+    first = np.asarray(scales[0].values)
+    same = all(np.array_equal(np.asarray(c.values), first) for c in scales)
+    zero = all(not np.asarray(z.values).astype(np.float32).any() for z in zeros)
+    return scales[0] if same and zero else None
+
+
+def _pair(graph: gs.Graph, source: gs.Tensor, like: gs.Constant, base: str) -> gs.Variable:
+    """``source -> Q -> DQ`` with a copy of the scale ``like`` (and its zero point's type)."""
+    reader = next(r for r in like.outputs if r.op == "QuantizeLinear")
+    zero_values = np.asarray(reader.inputs[2].values)
+    scale_c = gs.Constant(f"{base}/quant_scale", np.array(like.values))
+    zero = gs.Constant(f"{base}/quant_zero_point", np.zeros_like(zero_values))
+    quantized = gs.Variable(f"{base}/quantized", dtype=zero_values.dtype, shape=source.shape)
+    restored = gs.Variable(f"{base}/dequantized", dtype=np.asarray(like.values).dtype, shape=source.shape)
+    graph.nodes.append(
+        gs.Node("QuantizeLinear", f"{base}/QuantizeLinear", inputs=[source, scale_c, zero], outputs=[quantized])
+    )
+    graph.nodes.append(
+        gs.Node("DequantizeLinear", f"{base}/DequantizeLinear", inputs=[quantized, scale_c, zero], outputs=[restored])
+    )
+    return restored
 
 
 def _float_type(tensor: gs.Tensor, types: Mapping[str, int]) -> type:
@@ -110,15 +191,16 @@ def _float_type(tensor: gs.Tensor, types: Mapping[str, int]) -> type:
     return _FLOAT_TYPES[elem]
 
 
-def _activation_pair(
-    graph: gs.Graph, source: gs.Tensor, fmt: QuantFormat, amax: float, float_type: type
+def activation_pair(
+    graph: gs.Graph, source: gs.Tensor, fmt: QuantFormat, amax: float, float_type: type, copy: int = 0
 ) -> tuple[gs.Variable, float]:
-    """``source -> QuantizeLinear -> DequantizeLinear``: one scale for the tensor (per-tensor activations)."""
+    """``source -> QuantizeLinear -> DequantizeLinear`` for one reader: one scale for the tensor (per-tensor
+    activations); ``copy`` numbers the pairs of one tensor (each with its own initializers, see the module doc)."""
     wanted: np.ndarray = np.asarray(fmt.scale_for(amax), dtype=float_type)
     scale: np.ndarray = np.asarray(
         max(wanted, np.finfo(float_type).tiny), dtype=float_type
     )  # a scale rounded to 0 divides by 0
-    base = source.name
+    base = source.name if copy == 0 else f"{source.name}/{copy}"
     scale_c = gs.Constant(f"{base}/quant_scale", scale)
     zero = gs.Constant(f"{base}/quant_zero_point", fmt.zero_point())
     quantized = gs.Variable(f"{base}/quantized", dtype=fmt.numpy_type, shape=source.shape)

@@ -6,20 +6,22 @@ Recommendations", and from ModelOpt's ONNX Q/DQ graph policy, ``modelopt.onnx.qu
 * Quantize all inputs of weighted operations (Convolution, Transposed Convolution, GEMM: ONNX Conv, ConvTranspose,
   MatMul, Gemm): the activation per tensor, the weight per output channel. TensorRT then runs the op in the 8-bit
   type and fuses the DequantizeLinear pair into it.
-* Do not quantize the outputs of weighted operations: TensorRT's kernels write the float type when no Q follows,
-  and a Q on an output adds an extra requantization when the consumer is not itself quantized.
+* Do not quantize the outputs of weighted operations by default: TensorRT's guide keeps them in the higher type
+  so that a following activation (its example: SiLU) reads precise values. The one exception
+  (:func:`passes.quantize.insert.quantize_relu_inputs`) is exact: ``Conv -> Relu -> Q(s)`` may become
+  ``Conv -> Q(s) -> DQ -> Relu -> Q(s)`` without changing a value, and ONNX Runtime needs that form to fuse the
+  convolution (INT8 only).
 * Weights are symmetric and per channel along the output-channel axis: axis 0 of a Conv weight (K, C/g, kH, kW),
   axis 1 of a ConvTranspose weight (C, K/g, kH, kW), the last axis of a MatMul's constant (K, N) right-hand side,
   and for Gemm axis 0 with ``transB=1`` (N, K), else 1. TensorRT takes weights already quantized (an int8/fp8
   initializer followed by DequantizeLinear) and stores them as they are.
-* A residual Add: quantize both of its inputs or neither, so that TensorRT can fuse it into the preceding
-  convolution's epilogue. We quantize neither (Q/DQ go only to weighted ops' inputs), so the Add runs in the
-  float type after an 8-bit Conv with a float output: always correct, and never a half-quantized Add that would
-  force a reformat.
+* A residual Add after a quantized convolution: its skip input is quantized and its convolution input is not
+  (:mod:`passes.quantize.residual`), so that TensorRT fuses the Add into the convolution with an 8-bit output.
 * No Q/DQ between data-movement ops (pooling, Concat, Reshape, Transpose): TensorRT commutes Q/DQ across them and
   a pair in between forces a reformat; placing pairs only directly at weighted inputs never creates one.
-* A tensor that feeds several quantized ops is quantized once (one QuantizeLinear, one DequantizeLinear shared by
-  its quantized consumers), so all of them read the same 8-bit tensor.
+* A tensor that feeds several quantized ops gets one Q/DQ pair per reader, all with the tensor's one scale: the
+  same 8-bit values for every reader (TensorRT merges the copies), and the form ONNX Runtime fuses
+  (:mod:`passes.quantize.insert`).
 """
 
 from __future__ import annotations

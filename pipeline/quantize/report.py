@@ -39,6 +39,7 @@ class QuantizationReport:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     tolerances: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # output -> (atol, rtol)
+    residuals: tuple[QuantizedOp, ...] = ()  # residual Add inputs quantized so TensorRT fuses the Add (op "Add")
 
     @property
     def share(self) -> float:
@@ -52,7 +53,7 @@ class QuantizationReport:
 
     def scales(self) -> dict[str, float]:
         """The activation scale of every quantized tensor, by tensor name."""
-        return {op.activation: op.activation_scale for op in self.quantized}
+        return {op.activation: op.activation_scale for op in (*self.quantized, *self.residuals)}
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (what the artifact's metadata holds)."""
@@ -63,6 +64,7 @@ class QuantizationReport:
         """The report back from :meth:`to_dict`'s data."""
         values = dict(data)
         values["quantized"] = tuple(QuantizedOp(**q) for q in values["quantized"])
+        values["residuals"] = tuple(QuantizedOp(**q) for q in values.get("residuals", ()))
         values["skipped"] = tuple(Skipped(**s) for s in values["skipped"])
         values["notes"] = tuple(values.get("notes", ()))
         values["warnings"] = tuple(values.get("warnings", ()))
@@ -73,7 +75,8 @@ class QuantizationReport:
         """The lines ``module.report.summary()`` prints for the quantize stage (at most ``limit`` skipped ops)."""
         lines = [
             f"quantize  {self.precision} ({self.dtype}, calibration {self.method} on {self.calibration_inputs} "
-            f"inputs, opset {self.opset}): {len(self.quantized)} ops quantized, {len(self.skipped)} left in "
+            f"inputs, opset {self.opset}): {len(self.quantized)} ops quantized (and {len(self.residuals)} residual Add "
+            f"inputs), {len(self.skipped)} left in "
             f"{self.fallback}; {self.share:.1%} of MatMul/Gemm/Conv FLOPs and {self.weight_share:.1%} of their "
             f"weights in 8 bits; output error {self.relative_error:.3g} (relative L2 vs PyTorch fp32)"
         ]

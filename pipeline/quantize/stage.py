@@ -32,7 +32,8 @@ from passes.model_io.external_data import check_model, ort_session_bytes
 from passes.precision.types import LOW_TYPES
 from passes.quantize.formats import FORMATS, QuantFormat
 from passes.quantize.insert import quantize_graph
-from passes.quantize.placement import Skipped, Target, plan_targets
+from passes.quantize.placement import QUANTIZED_OPS, Skipped, Target, plan_targets
+from passes.quantize.residual import plan_residuals
 from pipeline.export import ExportedGraph
 from pipeline.precision.measure import Feed, session_feed
 from pipeline.precision.report import PrecisionReport
@@ -120,8 +121,10 @@ def quantize_precision(
         )
         base, records, precision = convert_precision(fp32_model, exported, model, sample, calibration, half, passes)
     start = time.perf_counter()
-    fp32_targets, _ = plan_targets(to_graph(fp32_model)[0], settings.keep_fp32)
-    inputs = _activation_tensors(fp32_model, fp32_targets)
+    fp32_graph = to_graph(fp32_model)[0]
+    fp32_targets, _ = plan_targets(fp32_graph, settings.keep_fp32)
+    residuals = plan_residuals(fp32_graph, fp32_targets)
+    inputs = _activation_tensors(fp32_model, [*fp32_targets, *residuals])
     amax_by_tensor = calibrate(
         fp32_model,
         feeds,
@@ -134,6 +137,8 @@ def quantize_precision(
     graph, metadata = to_graph(base)
     targets, skipped = plan_targets(graph, settings.keep_fp32)
     targets = [t for t in targets if t.node in inputs]
+    present = {n.name for n in graph.nodes}
+    targets += [r for r in residuals if r.node in present]
     before = len(graph.nodes)
     done = quantize_graph(graph, fmt, targets, {node: amax_by_tensor[t] for node, t in inputs.items()})
     final = to_model(graph, base, {**exported.node_metadata, **metadata})
@@ -197,7 +202,8 @@ def _report(
 ) -> QuantizationReport:
     # every heavy node of the float32 graph counts as "not fp16" there: its FLOPs by node, from the shared counter
     flops = compute_share(fp32_model, LOW_TYPES["fp16"], {d.name: d.opt for d in settings.dynamic}).fp32_flops
-    quantized = {op.node for op in done}
+    weighted = [op for op in done if op.op in QUANTIZED_OPS]
+    quantized = {op.node for op in weighted}
     weights = _weight_elements(fp32_model)
     opset = next((o.version for o in final.opset_import if o.domain in ("", "ai.onnx")), 0)
     notes = [
@@ -215,7 +221,8 @@ def _report(
         fallback=settings.quantize_fallback,
         method=method,
         opset=int(opset),
-        quantized=tuple(done),
+        quantized=tuple(weighted),
+        residuals=tuple(op for op in done if op.op not in QUANTIZED_OPS),
         skipped=tuple(skipped),
         quantized_flops=sum(f for n, f in flops.items() if n in quantized),
         total_flops=sum(flops.values()),

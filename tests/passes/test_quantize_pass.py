@@ -68,8 +68,12 @@ def test_weighted_ops_read_dequantized_inputs_and_match_the_numpy_reference(fmt_
     out = gs.export_onnx(graph)
     onnx.checker.check_model(out, full_check=True)
     ops = [n.op_type for n in out.graph.node]
-    assert ops.count("QuantizeLinear") == 2  # x, and f once for both of its quantized readers
-    assert ops.count("DequantizeLinear") == 2 + 3  # two activations, three weights
+    assert ops.count("QuantizeLinear") == 3  # x, and f once per quantized reader (ONNX Runtime fuses only those)
+    assert ops.count("DequantizeLinear") == 3 + 3  # three activation pairs, three weights
+    readers = {i: [n for n in out.graph.node if i in n.input] for n in out.graph.node for i in n.input}
+    pairs = [n for n in out.graph.node if n.op_type == "QuantizeLinear"]
+    assert all(len(readers[q.output[0]]) == 1 for q in pairs)  # each pair has one reader
+    assert len({q.input[1] for q in pairs}) == 3  # and its own scale initializer (no merging by ORT's CSE)
     producers = {o: n for n in out.graph.node for o in n.output}
     for node in out.graph.node:
         if node.op_type in ("Conv", "Gemm", "MatMul"):
