@@ -50,12 +50,17 @@ class QuantizedOp:
 
 
 def quantize_graph(
-    graph: gs.Graph, fmt: QuantFormat, targets: Sequence[Target], amax: Mapping[str, float]
+    graph: gs.Graph,
+    fmt: QuantFormat,
+    targets: Sequence[Target],
+    amax: Mapping[str, float],
+    relu_inputs: bool = True,
 ) -> list[QuantizedOp]:
     """Insert the Q/DQ pairs and quantized weights for ``targets`` (``amax``: node name -> calibrated range of its
     activation input; a target without a weight, such as a residual Add, gets only its activation pair). INT8 graphs
-    then get the exact output quantization of :func:`quantize_relu_inputs`. Raises :class:`ConversionError` when the
-    graph's opset predates ``fmt``'s Q/DQ."""
+    then get the exact output quantization of :func:`quantize_relu_inputs` (``relu_inputs=False``: not, so that
+    each rounding stays at the input of the op it belongs to, as the sensitivity ranking needs). Raises
+    :class:`ConversionError` when the graph's opset predates ``fmt``'s Q/DQ."""
     opset = int(graph.opset or 1)
     if opset < fmt.min_opset:
         raise ConversionError(
@@ -101,7 +106,7 @@ def quantize_graph(
                 int(np.prod(weight.shape)) if weight is not None else 0,
             )
         )
-    if fmt.name == "int8":
+    if fmt.name == "int8" and relu_inputs:
         quantize_relu_inputs(graph)
     graph.cleanup().toposort()
     return done

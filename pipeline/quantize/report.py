@@ -40,6 +40,8 @@ class QuantizationReport:
     warnings: tuple[str, ...] = ()
     tolerances: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # output -> (atol, rtol)
     residuals: tuple[QuantizedOp, ...] = ()  # residual Add inputs quantized so TensorRT fuses the Add (op "Add")
+    unquantized: tuple[str, ...] = ()  # ops the accuracy search returned to the fallback type, most sensitive first
+    error_bound: float = 0.0  # the largest relative_error accepted (pipeline.quantize.tolerance)
 
     @property
     def share(self) -> float:
@@ -68,6 +70,7 @@ class QuantizationReport:
         values["skipped"] = tuple(Skipped(**s) for s in values["skipped"])
         values["notes"] = tuple(values.get("notes", ()))
         values["warnings"] = tuple(values.get("warnings", ()))
+        values["unquantized"] = tuple(values.get("unquantized", ()))
         values["tolerances"] = {k: (float(a), float(r)) for k, (a, r) in values.get("tolerances", {}).items()}
         return cls(**values)
 

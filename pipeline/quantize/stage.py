@@ -17,30 +17,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 
 from converters.errors import ConversionError
 from converters.settings import Settings, Tolerance
-from passes import GraphPass, PassRecord, to_graph, to_model
-from passes.model_io.external_data import check_model, ort_session_bytes
+from passes import GraphPass, PassRecord, to_graph
+from passes.model_io.external_data import check_model
 from passes.precision.types import LOW_TYPES
 from passes.quantize.formats import FORMATS, QuantFormat
-from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import QUANTIZED_OPS, Skipped, Target, plan_targets
 from passes.quantize.residual import plan_residuals
 from pipeline.export import ExportedGraph
-from pipeline.precision.measure import Feed, session_feed
 from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
-from pipeline.precision.stage import calibration_feeds, convert_precision, runnable_model, torch_references
+from pipeline.precision.stage import calibration_feeds, convert_precision, torch_references
 from pipeline.quantize.calibrate import calibrate, method_for
 from pipeline.quantize.report import QuantizationReport, judge_quantized_share
+from pipeline.quantize.search import QuantizedGraphs, SearchResult, measure_errors, relative_error
+from pipeline.quantize.tolerance import describe, error_bound, output_tolerances
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +47,6 @@ QUANTIZED_PRECISIONS = tuple(FORMATS)
 #: The opset quantized graphs export at (unless ``opset`` is given): float8 and float16 scales need 19, and
 #: TensorRT-RTX's INT8/FP8 Q/DQ support was verified at 21.
 QUANT_OPSET = 21
-#: Validation of a quantized graph's float outputs (unless the user gives ``tolerances`` for the output or for
-#: "float32"): atol is this fraction of the output's largest |value| in PyTorch fp32 on the calibration inputs, rtol
-#: the same fraction: a coarse check that catches broken graphs (wrong scales, a mis-fused Q/DQ: 50% errors), not a
-#: measure of accuracy. 8-bit activations carry ~0.5-2% error of their range per layer, more on inputs unlike the
-#: calibration data (validation inputs are random, drawn like the sample); judge accuracy on your task's metric.
-QUANT_TOLERANCE_FRACTION = 0.2
 
 
 def is_quantized(settings: Settings) -> bool:
@@ -70,7 +63,7 @@ def quantize_settings(settings: Settings) -> Settings:
 
 def quantized_validation_settings(settings: Settings, report: QuantizationReport | None) -> Settings:
     """Float outputs of a quantized graph are judged by the report's per-output tolerances (see
-    :data:`QUANT_TOLERANCE_FRACTION`), unless the user gave one for the output or for "float32"."""
+    :mod:`pipeline.quantize.tolerance`), unless the user gave one for the output or for "float32"."""
     if report is None or "float32" in settings.tolerances:
         return settings
     derived = {
@@ -79,18 +72,6 @@ def quantized_validation_settings(settings: Settings, report: QuantizationReport
         if name not in settings.tolerances
     }
     return dataclasses.replace(settings, tolerances={**settings.tolerances, **derived})
-
-
-def output_tolerances(references: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
-    """Per float output: (atol, rtol) = :data:`QUANT_TOLERANCE_FRACTION` x (its largest |value|, 1)."""
-    peaks: dict[str, float] = {}
-    for outputs in references:
-        for name, value in outputs.items():
-            array = np.asarray(value)
-            if np.issubdtype(array.dtype, np.floating) and array.size:
-                peaks[name] = max(peaks.get(name, 0.0), float(np.nanmax(np.abs(array))))
-    fraction = QUANT_TOLERANCE_FRACTION
-    return {name: (max(fraction * peak, 1e-6), fraction) for name, peak in peaks.items()}
 
 
 def quantize_precision(
@@ -111,7 +92,11 @@ def quantize_precision(
     precision = None
     base = fp32_model
     references = torch_references(model, exported.io, feeds)
-    tolerances = output_tolerances(references)
+    fp32_graph = to_graph(fp32_model)[0]
+    planned, _ = plan_targets(fp32_graph, settings.keep_fp32)
+    residuals = plan_residuals(fp32_graph, planned)
+    layers = len(planned) + len(residuals)
+    tolerances = output_tolerances(references, fmt, layers)
     if settings.quantize_fallback == "fp16":
         # the float16 part is judged by the quantized graph's tolerance (the 8-bit error dominates the fp16 one);
         # islands come from the rules and measured overflow, not from an accuracy search
@@ -121,10 +106,7 @@ def quantize_precision(
         )
         base, records, precision = convert_precision(fp32_model, exported, model, sample, calibration, half, passes)
     start = time.perf_counter()
-    fp32_graph = to_graph(fp32_model)[0]
-    fp32_targets, _ = plan_targets(fp32_graph, settings.keep_fp32)
-    residuals = plan_residuals(fp32_graph, fp32_targets)
-    inputs = _activation_tensors(fp32_model, [*fp32_targets, *residuals])
+    inputs = _activation_tensors(fp32_model, [*planned, *residuals])
     amax_by_tensor = calibrate(
         fp32_model,
         feeds,
@@ -134,18 +116,32 @@ def quantize_precision(
         settings.calibration_percentile,
         settings.ort_providers,
     )
-    graph, metadata = to_graph(base)
-    targets, skipped = plan_targets(graph, settings.keep_fp32)
-    targets = [t for t in targets if t.node in inputs]
-    present = {n.name for n in graph.nodes}
-    targets += [r for r in residuals if r.node in present]
-    before = len(graph.nodes)
-    done = quantize_graph(graph, fmt, targets, {node: amax_by_tensor[t] for node, t in inputs.items()})
-    final = to_model(graph, base, {**exported.node_metadata, **metadata})
+    graph = to_graph(base)[0]
+    in_base, skipped = plan_targets(graph, settings.keep_fp32)
+    names = {t.node for t in in_base}
+    graphs = QuantizedGraphs(
+        fp32_model,
+        base,
+        exported.node_metadata,
+        [t for t in planned if t.node in names],
+        {node: amax_by_tensor[t] for node, t in inputs.items()},
+        fmt,
+        settings,
+        lambda candidate: relative_error(candidate, settings, feeds, references),
+    )
+    result = graphs.search(settings.precision_search, feeds)
+    final = result.chosen.model
     _check_valid(final, fmt)
-    records.append(PassRecord("quantize", 0, time.perf_counter() - start, before, len(final.graph.node), True))
-    error = _relative_error(final, settings, feeds, references)
-    report = _report(fp32_model, final, settings, fmt, method, done, skipped, len(feeds), error)
+    records.append(
+        PassRecord("quantize", 0, time.perf_counter() - start, len(graph.nodes), len(final.graph.node), True)
+    )
+    searched = [
+        Skipped(node, "", f"accuracy search: adds relative error {added:.3g}") for node, added in result.unquantized
+    ]
+    report = _report(fp32_model, final, settings, fmt, method, result, [*skipped, *searched], len(feeds))
+    layers = len(result.chosen.done)
+    largest = measure_errors(final, settings, feeds, references)[1]
+    tolerances = output_tolerances(references, fmt, layers, largest)
     report = dataclasses.replace(report, tolerances=tolerances)
     return final, records, precision, judge_quantized_share(report, settings)
 
@@ -166,42 +162,19 @@ def _check_valid(model: onnx.ModelProto, fmt: QuantFormat) -> None:
         ) from exc
 
 
-def _relative_error(
-    final: onnx.ModelProto, settings: Settings, feeds: Sequence[Feed], references: Sequence[dict[str, np.ndarray]]
-) -> float:
-    """The worst ``||got - want|| / ||want||`` over float outputs and calibration inputs, on ONNX Runtime."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    runnable = runnable_model(final, "onnxruntime", settings)
-    session = ort.InferenceSession(
-        ort_session_bytes(runnable, options), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-    names = [o.name for o in session.get_outputs()]
-    worst = 0.0
-    for feed, want in zip(feeds, references, strict=True):
-        got = dict(zip(names, session.run(names, session_feed(session, feed)), strict=True))
-        for name in names:
-            a, b = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
-            if a.dtype.kind != "f" or not np.issubdtype(np.asarray(want[name]).dtype, np.floating):
-                continue
-            norm = float(np.linalg.norm(b))
-            worst = max(worst, float(np.linalg.norm(a - b)) / (norm if norm > 0 else 1.0))
-    return worst
-
-
 def _report(
     fp32_model: onnx.ModelProto,
     final: onnx.ModelProto,
     settings: Settings,
     fmt: QuantFormat,
     method: str,
-    done: Sequence[Any],
+    result: SearchResult,
     skipped: Sequence[Skipped],
     calibration_inputs: int,
-    error: float,
 ) -> QuantizationReport:
     # every heavy node of the float32 graph counts as "not fp16" there: its FLOPs by node, from the shared counter
     flops = compute_share(fp32_model, LOW_TYPES["fp16"], {d.name: d.opt for d in settings.dynamic}).fp32_flops
+    done = result.chosen.done
     weighted = [op for op in done if op.op in QUANTIZED_OPS]
     quantized = {op.node for op in weighted}
     weights = _weight_elements(fp32_model)
@@ -209,10 +182,21 @@ def _report(
     notes = [
         f"activations per tensor, weights per output channel, symmetric; zero points 0; unquantized ops in "
         f"{settings.quantize_fallback}",
-        f"float outputs are validated against PyTorch fp32 with atol = {QUANT_TOLERANCE_FRACTION:g} x the output's "
-        f"largest |value| on the calibration inputs and rtol {QUANT_TOLERANCE_FRACTION:g} (report.quantization."
-        "tolerances), unless tolerances= names the output or 'float32'",
+        describe(fmt, len(done)),
     ]
+    if result.unquantized:
+        names = ", ".join(node for node, _ in result.unquantized)
+        notes.append(
+            f"accuracy search: relative error {result.first_error:.3g} with every op quantized exceeded "
+            f"{error_bound(fmt, len(done) + len(result.unquantized)):.3g}; {len(result.unquantized)} most sensitive "
+            f"ops returned to {settings.quantize_fallback}: {names}"
+        )
+    warnings = []
+    if not result.chosen.passed:
+        warnings.append(
+            f"output error {result.chosen.error:.3g} exceeds the quantization bound {result.chosen.bound:.3g}"
+            + ("" if settings.precision_search else " (precision_search=False: no ops were un-quantized)")
+        )
     if fmt.name == "fp8":
         notes.append("FP8 engines need compute capability >= 8.9 (Ada, Hopper, Blackwell)")
     return QuantizationReport(
@@ -222,15 +206,18 @@ def _report(
         method=method,
         opset=int(opset),
         quantized=tuple(weighted),
-        residuals=tuple(op for op in done if op.op not in QUANTIZED_OPS),
         skipped=tuple(skipped),
         quantized_flops=sum(f for n, f in flops.items() if n in quantized),
         total_flops=sum(flops.values()),
         quantized_weights=sum(w for n, w in weights.items() if n in quantized),
         total_weights=sum(weights.values()),
         calibration_inputs=calibration_inputs,
-        relative_error=error,
+        relative_error=result.chosen.error,
         notes=tuple(notes),
+        warnings=tuple(warnings),
+        residuals=tuple(op for op in done if op.op not in QUANTIZED_OPS),
+        unquantized=tuple(node for node, _ in result.unquantized),
+        error_bound=result.chosen.bound,
     )
 
 
