@@ -33,6 +33,8 @@ from passes.quantize.formats import FORMATS, QuantFormat
 from passes.quantize.placement import QUANTIZED_OPS, Skipped, Target, plan_targets
 from passes.quantize.residual import plan_residuals
 from pipeline.export import ExportedGraph
+from pipeline.module.io_spec import normalise_sample
+from pipeline.precision.measure import Feed
 from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
 from pipeline.precision.stage import calibration_feeds, convert_precision, torch_references
@@ -40,6 +42,7 @@ from pipeline.quantize.calibrate import calibrate, method_for
 from pipeline.quantize.report import QuantizationReport, judge_quantized_share
 from pipeline.quantize.search import QuantizedGraphs, SearchResult, measure_errors, relative_error
 from pipeline.quantize.tolerance import describe, error_bound, output_tolerances
+from pipeline.validate import validation_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +143,28 @@ def quantize_precision(
     ]
     report = _report(fp32_model, final, settings, fmt, method, result, [*skipped, *searched], len(feeds))
     layers = len(result.chosen.done)
-    largest = measure_errors(final, settings, feeds, references)[1]
+    largest = _envelope(final, exported, model, sample, settings, feeds, references)
     tolerances = output_tolerances(references, fmt, layers, largest)
     report = dataclasses.replace(report, tolerances=tolerances)
     return final, records, precision, judge_quantized_share(report, settings)
+
+
+def _envelope(
+    final: onnx.ModelProto,
+    exported: ExportedGraph,
+    model: torch.nn.Module,
+    sample: Any,
+    settings: Settings,
+    feeds: Sequence[Feed],
+    references: Sequence[dict[str, np.ndarray]],
+) -> dict[str, float]:
+    """Each float output's largest absolute error, as ONNX Runtime runs the quantized graph, on the calibration
+    inputs and on the validation inputs (drawn like the sample, they may leave the calibrated ranges and clip):
+    the envelope validation then holds the backend to (:mod:`pipeline.quantize.tolerance`)."""
+    checks = validation_feeds(exported.io, exported.io.flatten_call(*normalise_sample(sample)), settings)
+    on_checks = measure_errors(final, settings, checks, torch_references(model, exported.io, checks))[1]
+    on_feeds = measure_errors(final, settings, feeds, references)[1]
+    return {name: max(on_feeds.get(name, 0.0), value) for name, value in on_checks.items()}
 
 
 def _activation_tensors(model: onnx.ModelProto, targets: Sequence[Target]) -> dict[str, str]:

@@ -15,11 +15,14 @@ add in quadrature, so an output's expected relative RMS error is ``u * sqrt(L)``
 * **Accuracy** (:func:`error_bound`, the un-quantization search's target): the worst output's relative RMS error on
   the calibration inputs must stay within ``Z * u * sqrt(L)``, :data:`Z` standard deviations of that estimate.
 * **Validation** (:func:`output_tolerances`, what Polygraphy checks element by element on the validation inputs):
-  ``rtol = 0`` and ``atol`` the larger of :data:`ENVELOPE_MARGIN` x the largest absolute error the quantized graph
-  showed on the calibration inputs (its measured envelope, with room for inputs unlike them) and
+  ``rtol = 0`` and ``atol`` the larger of :data:`ENVELOPE_MARGIN` x the largest absolute error the quantized graph,
+  run by ONNX Runtime, shows on the calibration and the validation inputs (its measured envelope: validation inputs
+  are drawn like the sample and may leave the calibrated ranges and clip, which is no fault of the engine) and
   :data:`ELEMENT_SIGMAS` x ``u * sqrt(L)`` x the output's RMS there (the largest of ``n`` Gaussian errors is about
   ``sqrt(2 ln n)`` standard deviations, under 5.5 up to 10**6 elements). An element beyond that is a broken engine
-  (a wrong scale, a mis-fused pair), not the rounding the graph was measured to have.
+  (a wrong scale, a mis-fused pair), not the rounding and clipping the graph was measured to have. Validation so
+  judges whether the backend computes the quantized graph; whether the quantized graph is accurate enough is the
+  accuracy bound's question, asked on the calibration inputs, which stand for the data.
 
 Both are stated in the report (``report.quantization.notes`` and ``tolerances``).
 """
@@ -93,6 +96,7 @@ def describe(fmt: QuantFormat, layers: int) -> str:
         f"tolerance: {layers} quantized inputs x {fmt.name} unit noise {unit_noise(fmt):.3g} -> expected relative "
         f"RMS error {expected_error(fmt, layers):.3g}; accepted up to {error_bound(fmt, layers):.3g} ({Z:g} sigma, "
         f"the un-quantization search's target); validation: rtol 0, atol = max({ENVELOPE_MARGIN:g} x the largest "
-        f"error on the calibration inputs, {ELEMENT_SIGMAS:g} x the expected error x the output's RMS) "
-        "(report.quantization.tolerances), unless tolerances= names the output or 'float32'"
+        "error of the graph on ONNX Runtime on the calibration and validation inputs, "
+        f"{ELEMENT_SIGMAS:g} x the expected error x the output's RMS) (report.quantization.tolerances), unless "
+        "tolerances= names the output or 'float32'"
     )
