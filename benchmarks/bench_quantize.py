@@ -3,9 +3,10 @@
 Models (random weights, nothing downloaded): ``cnn``, the bundled ``examples/cnn.py`` SmallResNet on a 16x3x64x64
 batch (Conv-heavy), and ``bert``, a 4-layer BERT (hidden 256, intermediate 1024) on 8x128 tokens (MatMul-heavy).
 Each is converted three ways: fp32, ``precision="int8", quantize_fallback="fp32"`` (ONNX Runtime fuses
-DequantizeLinear -> MatMul/Gemm into integer kernels: MatMulIntegerToFloat, QGemm), and ``precision="int8"``
-with the default fp16 fallback (on the CPU its fp16 part runs as the float32 emulation with a rounding per tensor:
-slower by design, shown for completeness). Runners are called in turn each round, so a busy machine slows all.
+``DQ -> Conv -> Q`` into QLinearConv and ``DQ -> MatMul`` into MatMulIntegerToFloat; the column "integer kernels"
+counts them in ONNX Runtime's optimized graph), and ``precision="int8"`` with the default fp16 fallback (on the CPU
+its fp16 part runs as the float32 emulation with a rounding per tensor: slower by design, shown for completeness).
+Runners are called in turn each round, so a busy machine slows all alike; the table gives medians.
 
     python benchmarks/bench_quantize.py                # 50 rounds per model
     python benchmarks/bench_quantize.py --rounds 10 --models cnn --json out.json
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import onnx
+import onnxruntime as ort
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,10 +78,33 @@ def call(module: Callable[..., Any], sample: Any) -> Any:
     return module(sample)
 
 
+INTEGER_KERNELS = (
+    "QLinearConv",
+    "QLinearMatMul",
+    "MatMulIntegerToFloat",
+    "QGemm",
+    "QLinearAdd",
+    "DynamicQuantizeMatMul",
+)
+
+
+def integer_kernels(module: pipeline.ConvertedModule, directory: Path) -> str:
+    """The integer kernels ONNX Runtime's CPU provider fuses the module's graph into, counted by op."""
+    from pipeline.precision.stage import runnable_model
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(directory / "optimized.onnx")
+    runnable = runnable_model(module.onnx, "onnxruntime", module.settings)
+    ort.InferenceSession(runnable.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    return ", ".join(f"{ops.count(k)} {k}" for k in INTEGER_KERNELS if ops.count(k)) or "none"
+
+
 def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
     """Convert ``name`` every way of :data:`VARIANTS`; median latency and artifact size of each."""
     model, sample, calibration = MODELS[name]()
-    modules, sizes = {}, {}
+    modules, sizes, kernels = {}, {}, {}
     with tempfile.TemporaryDirectory() as directory:
         for label, settings in VARIANTS.items():
             module = pipeline.convert(
@@ -86,6 +112,7 @@ def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
             )
             path = module.save(Path(directory) / f"{name}-{len(modules)}.ptrt")
             sizes[label] = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")))
+            kernels[label] = integer_kernels(module, Path(directory))
             modules[label] = module
     times: dict[str, list[float]] = {label: [] for label in modules}
     with torch.inference_mode():
@@ -98,7 +125,12 @@ def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
                 call(module, sample)
                 times[label].append(time.perf_counter() - start)
     return {
-        label: {"median_ms": 1e3 * statistics.median(times[label]), "artifact_bytes": sizes[label]} for label in modules
+        label: {
+            "median_ms": 1e3 * statistics.median(times[label]),
+            "artifact_bytes": sizes[label],
+            "integer_kernels": kernels[label],
+        }
+        for label in modules
     }
 
 
@@ -111,14 +143,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = {name: measure(name, args.rounds, args.threads) for name in args.models}
-    print(f"| model | variant | median latency (ms) | vs fp32 | artifact (MB) |  ({args.rounds} rounds)")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"| model | variant | median latency (ms) | vs fp32 | artifact (MB) | integer kernels |  ({args.rounds} rounds)"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, variants in results.items():
         base = variants["fp32"]["median_ms"]
         for label, row in variants.items():
             print(
                 f"| {name} | {label} | {row['median_ms']:.2f} | {base / row['median_ms']:.2f}x | "
-                f"{row['artifact_bytes'] / 1e6:.2f} |"
+                f"{row['artifact_bytes'] / 1e6:.2f} | {row['integer_kernels']} |"
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -214,6 +214,12 @@ def _report(
         )
     warnings = []
     if not result.chosen.passed:
+        logger.warning(
+            "stage quantize: %s output error %.3g exceeds the quantization bound %.3g",
+            fmt.name,
+            result.chosen.error,
+            result.chosen.bound,
+        )
         warnings.append(
             f"output error {result.chosen.error:.3g} exceeds the quantization bound {result.chosen.bound:.3g}"
             + ("" if settings.precision_search else " (precision_search=False: no ops were un-quantized)")
