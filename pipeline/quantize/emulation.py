@@ -10,7 +10,9 @@ emulation spells each FP8 pair out with ops that optimization leaves alone:
   the same bit for bit;
 * a weight's ``DequantizeLinear`` becomes the initializer it computes (E4M3 value x scale, in the scale's type).
 
-``module.onnx`` stays the real FP8 Q/DQ graph that TensorRT builds. INT8 graphs run as they are.
+``module.onnx`` stays the real FP8 Q/DQ graph that TensorRT builds. INT8 graphs run as they are, but for the
+weights of the convolutions ONNX Runtime does not fuse, which it gets already dequantized
+(:func:`fold_unfused_weights`, exact).
 """
 
 from __future__ import annotations
@@ -86,3 +88,57 @@ def _dequantized_weight(node: onnx.NodeProto, initializers: dict[str, onnx.Tenso
         scale = scale.reshape(shape)
     float_type = helper.tensor_dtype_to_np_dtype(scale_tensor.data_type)
     return numpy_helper.from_array((values * scale).astype(float_type), node.output[0])
+
+
+def has_int8_weights(model: onnx.ModelProto) -> bool:
+    """Does ``model`` hold an INT8 initializer read by a DequantizeLinear (a quantized weight)?"""
+    int8 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    return any(n.op_type == "DequantizeLinear" and n.input[0] in int8 for n in model.graph.node)
+
+
+def fold_unfused_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The INT8 graph as ONNX Runtime's CPU provider runs it fastest, computing the same values: the quantized weight
+    of every Conv that ONNX Runtime will not fuse into QLinearConv becomes the float32 initializer its
+    DequantizeLinear computes (``q * scale`` in float32, as the kernel does: exact).
+
+    ONNX Runtime fuses ``DQ -> Conv -> Q`` only when the Conv's one reader is a QuantizeLinear
+    (``NodeGroupSelector::CheckQDQNodes``); any other Conv runs in float, and with a DequantizeLinear output as its
+    weight it gets neither pre-packed weights nor the blocked NCHWc layout (which want a constant weight), so it
+    runs 1.5-3x slower than the same Conv in the float32 graph. TensorRT's placement leaves three kinds unfused:
+    Convs before a residual Add, the first Conv before a pooling, and Convs whose output is a graph output.
+    ``module.onnx`` keeps the real Q/DQ graph; only float32 scales are folded (a float16 scale's product would round
+    differently)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    producers = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        if node.op_type != "Conv" or len(node.input) < 2:
+            continue
+        after = readers.get(node.output[0], [])
+        if len(after) == 1 and after[0].op_type == "QuantizeLinear" and node.output[0] not in outputs:
+            continue  # ONNX Runtime fuses this one into QLinearConv
+        weight = producers.get(node.input[1])
+        if weight is None or weight.op_type != "DequantizeLinear" or weight.input[0] not in initializers:
+            continue
+        if initializers[weight.input[1]].data_type != onnx.TensorProto.FLOAT:
+            continue
+        folded = _dequantized_weight(weight, initializers)
+        folded.name = f"{weight.output[0]}/folded"
+        graph.initializer.append(folded)
+        node.input[1] = folded.name
+    read = {name for n in graph.node for name in n.input} | outputs
+    kept_nodes = [n for n in graph.node if n.op_type != "DequantizeLinear" or any(o in read for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    used = {name for n in graph.node for name in n.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return out

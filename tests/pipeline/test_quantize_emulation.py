@@ -16,7 +16,7 @@ from converters.settings import Settings
 from passes.quantize.formats import FORMATS
 from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import plan_targets
-from pipeline.quantize.emulation import emulate_fp8, has_fp8
+from pipeline.quantize.emulation import emulate_fp8, fold_unfused_weights, has_fp8, has_int8_weights
 
 
 def run(model: onnx.ModelProto, x: np.ndarray, level: ort.GraphOptimizationLevel) -> list[np.ndarray]:
@@ -50,6 +50,28 @@ def test_int8_graphs_are_not_emulated() -> None:
     targets, _ = plan_targets(graph)
     quantize_graph(graph, FORMATS["int8"], targets, {"conv": 1.5, "gemm": 2.0, "matmul": 2.0})
     assert not has_fp8(gs.export_onnx(graph))
+
+
+def test_int8_weights_of_convolutions_onnx_runtime_does_not_fuse_are_folded_exactly() -> None:
+    graph = gs.import_onnx(conv_gemm_model())
+    targets, _ = plan_targets(graph)
+    quantize_graph(graph, FORMATS["int8"], targets, {"conv": 1.5, "gemm": 2.0, "matmul": 2.0})
+    model = gs.export_onnx(graph)
+    assert has_int8_weights(model)
+    folded = fold_unfused_weights(model)
+    onnx.checker.check_model(folded, full_check=True)
+    producers = {o: n.op_type for n in folded.graph.node for o in n.output}
+    conv = next(n for n in folded.graph.node if n.op_type == "Conv")
+    # the Conv's output goes to a Relu and a Flatten, no QuantizeLinear: ONNX Runtime runs it in float, so it reads
+    # a float32 initializer; the Gemm and MatMul keep their DequantizeLinear weights (integer kernels)
+    assert conv.input[1] not in producers and conv.input[1] in {t.name for t in folded.graph.initializer}
+    for node in folded.graph.node:
+        if node.op_type in ("Gemm", "MatMul"):
+            assert producers[node.input[1]] == "DequantizeLinear"
+    x = np.random.default_rng(4).normal(scale=2.0, size=(2, 2, 4, 4)).astype(np.float32)
+    plain = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for got, want in zip(run(folded, x, plain), run(model, x, plain), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(
