@@ -6,7 +6,8 @@ Each is converted three ways: fp32, ``precision="int8", quantize_fallback="fp32"
 ``DQ -> Conv -> Q`` into QLinearConv and ``DQ -> MatMul`` into MatMulIntegerToFloat; the column "integer kernels"
 counts them in ONNX Runtime's optimized graph), and ``precision="int8"`` with the default fp16 fallback (on the CPU
 its fp16 part runs as the float32 emulation with a rounding per tensor: slower by design, shown for completeness).
-Runners are called in turn each round, so a busy machine slows all alike; the table gives medians.
+Runners are called in turn each round, so a busy machine slows all alike; the table gives medians of the wall time
+and of the process's CPU time (all threads; on a shared machine the wall time also holds the waits for a core).
 
     python benchmarks/bench_quantize.py                # 50 rounds per model
     python benchmarks/bench_quantize.py --rounds 10 --models cnn --json out.json
@@ -115,18 +116,21 @@ def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
             kernels[label] = integer_kernels(module, Path(directory))
             modules[label] = module
     times: dict[str, list[float]] = {label: [] for label in modules}
+    cpu: dict[str, list[float]] = {label: [] for label in modules}
     with torch.inference_mode():
         for module in modules.values():
             for _ in range(3):
                 call(module, sample)
         for _ in range(rounds):
             for label, module in modules.items():
-                start = time.perf_counter()
+                start, used = time.perf_counter(), time.process_time()
                 call(module, sample)
                 times[label].append(time.perf_counter() - start)
+                cpu[label].append(time.process_time() - used)
     return {
         label: {
             "median_ms": 1e3 * statistics.median(times[label]),
+            "median_cpu_ms": 1e3 * statistics.median(cpu[label]),
             "artifact_bytes": sizes[label],
             "integer_kernels": kernels[label],
         }
@@ -144,14 +148,16 @@ def main() -> None:
     args = parser.parse_args()
     results = {name: measure(name, args.rounds, args.threads) for name in args.models}
     print(
-        f"| model | variant | median latency (ms) | vs fp32 | artifact (MB) | integer kernels |  ({args.rounds} rounds)"
+        f"| model | variant | median latency (ms) | vs fp32 | median CPU time (ms) | vs fp32 | artifact (MB) | "
+        f"integer kernels |  ({args.rounds} rounds)"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, variants in results.items():
-        base = variants["fp32"]["median_ms"]
+        base, base_cpu = variants["fp32"]["median_ms"], variants["fp32"]["median_cpu_ms"]
         for label, row in variants.items():
             print(
                 f"| {name} | {label} | {row['median_ms']:.2f} | {base / row['median_ms']:.2f}x | "
+                f"{row['median_cpu_ms']:.2f} | {base_cpu / row['median_cpu_ms']:.2f}x | "
                 f"{row['artifact_bytes'] / 1e6:.2f} | {row['integer_kernels']} |"
             )
     if args.json:
