@@ -109,16 +109,7 @@ def quantize_precision(
         )
         base, records, precision = convert_precision(fp32_model, exported, model, sample, calibration, half, passes)
     start = time.perf_counter()
-    inputs = _activation_tensors(fp32_model, [*planned, *residuals])
-    amax_by_tensor = calibrate(
-        fp32_model,
-        feeds,
-        sorted(set(inputs.values())),
-        fmt,
-        method,
-        settings.calibration_percentile,
-        settings.ort_providers,
-    )
+    amax = _calibrated_ranges(fp32_model, [*planned, *residuals], feeds, fmt, method, settings)
     graph = to_graph(base)[0]
     in_base, skipped = plan_targets(graph, settings.keep_fp32)
     names = {t.node for t in in_base}
@@ -127,7 +118,7 @@ def quantize_precision(
         base,
         exported.node_metadata,
         [t for t in planned if t.node in names],
-        {node: amax_by_tensor[t] for node, t in inputs.items()},
+        amax,
         fmt,
         settings,
         lambda candidate: relative_error(candidate, settings, feeds, references),
@@ -138,8 +129,10 @@ def quantize_precision(
     records.append(
         PassRecord("quantize", 0, time.perf_counter() - start, len(graph.nodes), len(final.graph.node), True)
     )
+    ops = {t.node: t.op for t in planned}
     searched = [
-        Skipped(node, "", f"accuracy search: adds relative error {added:.3g}") for node, added in result.unquantized
+        Skipped(node, ops.get(node, ""), f"accuracy search: adds relative error {added:.3g}")
+        for node, added in result.unquantized
     ]
     report = _report(fp32_model, final, settings, fmt, method, result, [*skipped, *searched], len(feeds))
     layers = len(result.chosen.done)
@@ -165,6 +158,28 @@ def _envelope(
     on_checks = measure_errors(final, settings, checks, torch_references(model, exported.io, checks))[1]
     on_feeds = measure_errors(final, settings, feeds, references)[1]
     return {name: max(on_feeds.get(name, 0.0), value) for name, value in on_checks.items()}
+
+
+def _calibrated_ranges(
+    fp32_model: onnx.ModelProto,
+    targets: Sequence[Target],
+    feeds: Sequence[Feed],
+    fmt: QuantFormat,
+    method: str,
+    settings: Settings,
+) -> dict[str, float]:
+    """Node name -> the calibrated range (amax) of the activation each target quantizes."""
+    inputs = _activation_tensors(fp32_model, targets)
+    by_tensor = calibrate(
+        fp32_model,
+        feeds,
+        sorted(set(inputs.values())),
+        fmt,
+        method,
+        settings.calibration_percentile,
+        settings.ort_providers,
+    )
+    return {node: by_tensor[tensor] for node, tensor in inputs.items()}
 
 
 def _activation_tensors(model: onnx.ModelProto, targets: Sequence[Target]) -> dict[str, str]:
