@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from pipeline.precision.measure import OBSERVE_CHUNK, Feed, observe
-from pipeline.progress import progress
+from pipeline.progress import progress, track
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ def rank_by_sensitivity(
     def compare(name: str, index: int, value: np.ndarray) -> None:
         errors.add(name, value, held.pop((name, index)))
 
-    for start in range(0, len(tensors), OBSERVE_CHUNK):
+    starts = range(0, len(tensors), OBSERVE_CHUNK)
+    for start in track(starts, len(starts), "precision search: ranking", unit="chunk"):
         chunk = tensors[start : start + OBSERVE_CHUNK]
         observe(reference, feeds, chunk, hold, providers)
         observe(candidate, feeds, chunk, compare, providers)
