@@ -137,6 +137,10 @@ class Settings:
     max_pass_iterations: int = option("passes", 4)
     ort_providers: tuple[str, ...] = option("onnxruntime", ("CPUExecutionProvider",))
     ort_intra_op_threads: int | None = option("onnxruntime", None)
+    # ONNX Runtime's intra-op threads spin-wait between ops (and calls) by default: lower latency on an idle machine,
+    # a busy core per thread under load, taken from anything else running (PyTorch eager in `pipeline bench`).
+    # False lets them sleep ("session.intra_op.allow_spinning" = "0"); None keeps ONNX Runtime's default.
+    ort_allow_spinning: bool | None = option("onnxruntime", None)
     # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
     # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
     ort_prepack_weights: bool | None = option("onnxruntime", None)

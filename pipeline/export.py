@@ -24,6 +24,7 @@ from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weigh
 from passes.model_io.graphs import to_graph, to_model
 from pipeline.module import io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.noise import quiet_third_party
 
 logger = logging.getLogger(__name__)
 
@@ -397,15 +398,7 @@ def eval_mode(model: torch.nn.Module, *, warn: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """The exporter warns about missing torchvision and prints progress; keep that at DEBUG level."""
-    noisy = logging.getLogger("torch.onnx")
-    level = noisy.level
-    if not logger.isEnabledFor(logging.DEBUG):
-        noisy.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            if not logger.isEnabledFor(logging.DEBUG):
-                warnings.simplefilter("ignore")
-            yield
-    finally:
-        noisy.setLevel(level)
+    """The exporter warns about missing torchvision and prints progress, onnxscript's optimizer logs every constant
+    it could not fold: third-party chatter, shown with ``pipeline -v`` (:mod:`pipeline.noise`)."""
+    with quiet_third_party():
+        yield

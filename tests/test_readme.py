@@ -1,8 +1,14 @@
-"""The README's quick start stays true: CI runs its test line verbatim, and its API example runs."""
+"""The README stays true: CI runs its quick-start test line verbatim, its examples run, and each of its Python and
+command-line examples, run as a user runs it (a fresh interpreter), prints no third-party warning to stderr."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +82,130 @@ def test_pattern_rewrite_example_runs() -> None:
     exec(compile(block, "README.md", "exec"), scope)
     ops = [n.op_type for n in scope["module"].onnx.graph.node]  # type: ignore[attr-defined]
     assert "Div" not in ops and "Mul" in ops
+
+
+# -- every example as a user runs it: a fresh interpreter, stderr captured ------------------------------------------
+
+#: Python examples, by section and block index (the "Graph passes" block 0 uses a user's own MyPass; block 1 needs a
+#: model and a sample, given by PRELUDES). The converter section's blocks run together, in one interpreter.
+PYTHON_EXAMPLES: dict[str, tuple[str, tuple[int, ...]]] = {
+    "python-api": ("Python API", (0,)),
+    "writing-a-converter": ("Writing a converter", (0, 1)),
+    "rewrite-rule": ("Graph passes and the TensorRT parser check", (1,)),
+    "compare": ("Comparing with PyTorch", (0,)),
+    "precision": ("Precision (fp16, bf16)", (0,)),
+    "quantization": ("Quantization (INT8, FP8)", (0,)),
+    "plugins": ("Plugins", (0,)),
+}
+PRELUDES = {
+    "rewrite-rule": "import torch\nimport pipeline\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()\nsample = torch.randn(2, 4)\n",
+}
+#: Our own warnings that an example is expected to print (the first words of the message).
+EXPECTED_WARNINGS: dict[str, tuple[str, ...]] = {}
+
+
+def section_blocks(title: str, language: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
+
+
+def cli_examples() -> list[str]:
+    """The command lines of the README's "Command line" block that run on files the repository has."""
+    lines = section_blocks("Command line", "bash")[0].replace("\\\n", " ").splitlines()
+    return [" ".join(line.split()) for line in lines if line.strip() and "my_models.py" not in line]
+
+
+#: Python examples run with log records named (the format is the only change to a user's run): "log NAME: message".
+NAMED_LOGS = "import logging\nlogging.basicConfig(format='log %(name)s: %(message)s')\n"
+OURS = r"(pipeline|passes|converters)"
+
+
+def third_party_lines(stderr: str, expected: tuple[str, ...] = ()) -> list[str]:
+    """The lines of ``stderr`` a default run should not print: anything from a third party (another library's log
+    record, a Python warning raised outside our packages, a raw print) and our own warnings that the example does not
+    expect (``expected``: their first words). Always allowed: the CLI's stage lines (two spaces, then a message of
+    our loggers: no other logger has that handler)."""
+    own_log = re.compile(rf"^log {OURS}(\.\w+)*: (.*)")
+    own_warning = re.compile(rf"/{OURS}/[\w/]+\.py:\d+: \w*Warning: (.*)")
+    lines = stderr.splitlines()
+    foreign = []
+    for index, line in enumerate(lines):
+        previous = lines[index - 1] if index else ""
+        message = next(
+            (m.group(m.lastindex or 0) for m in (own_log.match(line), own_warning.search(line)) if m),
+            line[len("warning: ") :] if line.startswith("warning: ") else None,
+        )
+        if message is not None:  # ours, or a Python warning as the CLI prints it: say-so needed
+            if not any(message.startswith(e) for e in expected):
+                foreign.append(line)
+        elif own_warning.search(previous) and line.startswith("  "):
+            continue  # the source line Python prints under our warning
+        elif not re.match(r"^  \S", line) or re.match(r"^  (TensorRT|Polygraphy|onnxscript|torch)\b", line):
+            foreign.append(line)
+    return foreign
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the repository's examples/, as a user's checkout does (outputs land in its out/)."""
+    directory = tmp_path_factory.mktemp("readme")
+    shutil.copytree(ROOT / "examples", directory / "examples")
+    return directory
+
+
+@pytest.mark.parametrize("name", list(PYTHON_EXAMPLES))
+def test_python_examples_print_no_third_party_warnings(name: str, workdir: Path) -> None:
+    title, indices = PYTHON_EXAMPLES[name]
+    blocks = section_blocks(title, "python")
+    source = NAMED_LOGS + PRELUDES.get(name, "") + "\n".join(blocks[i] for i in indices)
+    run = subprocess.run(
+        [sys.executable, "-c", source], cwd=workdir, capture_output=True, text=True, timeout=900, env=_env()
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert third_party_lines(run.stderr, EXPECTED_WARNINGS.get(name, ())) == [], run.stderr
+
+
+@pytest.mark.parametrize("command", cli_examples())
+def test_cli_examples_print_no_third_party_warnings(command: str, workdir: Path) -> None:
+    words = shlex.split(command)
+    executable = [sys.executable, "-m", "pipeline"] if words[0] == "pipeline" else [sys.executable]
+    words = words[1:] if words[0] == "pipeline" else words[1:]
+    run = subprocess.run([*executable, *words], cwd=workdir, capture_output=True, text=True, timeout=900, env=_env())
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert third_party_lines(run.stderr) == [], run.stderr
+
+
+def test_the_stderr_check_catches_third_party_noise() -> None:
+    """The check itself: onnxscript's reshape message, a torch warning, a TensorRT line and our own unexpected
+    notice are caught; the CLI's stage lines and an expected warning are not."""
+    stderr = "\n".join(
+        [
+            "  export ...",
+            "  export done in 1.20 s",
+            "warning: precision fp16: only 12% of MatMul FLOPs in float16",
+            "Evaluation failed: cannot reshape array of size 4 into shape (2,3)",
+            "log onnxscript.optimizer._constant_folding: Evaluation failed: cannot reshape array",
+            "/x/site-packages/torch/onnx/_internal/exporter/_core.py:12: UserWarning: something",
+            "  warnings.warn(",
+            "  TensorRT-RTX: ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.",
+            "log pipeline.export: the model is in training mode; converting it in eval mode",
+            "/x/pipeline/conversion.py:40: UserWarning: the sample requires grad",
+            "  warnings.warn(",
+        ]
+    )
+    assert third_party_lines(stderr, ("precision fp16", "the sample requires grad")) == [
+        "Evaluation failed: cannot reshape array of size 4 into shape (2,3)",
+        "log onnxscript.optimizer._constant_folding: Evaluation failed: cannot reshape array",
+        "/x/site-packages/torch/onnx/_internal/exporter/_core.py:12: UserWarning: something",
+        "  TensorRT-RTX: ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.",
+        "log pipeline.export: the model is in training mode; converting it in eval mode",
+    ]
+
+
+def _env() -> dict[str, str]:
+    """The user's environment, minus what would make the run unlike a user's (pytest's warning filters)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.pop("PYTHONWARNINGS", None)
+    return env

@@ -31,6 +31,9 @@ class OnnxRuntimeExecutor:
             options.log_severity_level = 3
             if settings.ort_intra_op_threads is not None:
                 options.intra_op_num_threads = settings.ort_intra_op_threads
+            if settings.ort_allow_spinning is not None:
+                spinning = "1" if settings.ort_allow_spinning else "0"
+                options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
             prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
             return ort.InferenceSession(
                 ort_session_bytes(model, options, settings.ort_prepack_weights),

@@ -14,6 +14,7 @@ from pipeline.cli.check import add_check_command
 from pipeline.cli.compare import add_compare_command
 from pipeline.cli.convert import add_convert_command
 from pipeline.cli.inspect import add_inspect_command
+from pipeline.noise import show_third_party
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-VERBOSE_HELP = "more log output (-vv: debug), before or after the command"
+VERBOSE_HELP = "-v: third-party warnings too; -vv: debug logs; before or after the command"
 
 
 def _version() -> str:
@@ -61,3 +62,5 @@ def _configure_logging(verbose: int) -> None:
         log = logging.getLogger(name)
         log.addHandler(handler)
         log.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    if verbose >= 1:  # -v: what torch's exporter, onnxscript and the other libraries say too
+        show_third_party()

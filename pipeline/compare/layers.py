@@ -29,6 +29,7 @@ from passes.model_io.graphs import module_path
 from pipeline.compare.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
 from pipeline.compare.stats import ErrorAccumulator, ErrorStats
 from pipeline.module.io_spec import IOSpec
+from pipeline.progress import track
 from pipeline.validate import Feed, polygraphy_quiet
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def compare_layers(
     matches, hidden = backend.markable(matches)
     chunks = chunk_matches(matches, memory_budget)
     accumulators = {m.module: ErrorAccumulator(settings.tolerance_for(m.module, m.dtype)) for m in matches}
-    for index, chunk in enumerate(chunks):
+    for index, chunk in enumerate(track(chunks, len(chunks), "per-layer comparison", unit="chunk")):
         logger.info("per-layer chunk %d/%d: %d tensors", index + 1, len(chunks), len({m.tensor for m in chunk}))
         runner = backend.runner(list(dict((m.tensor, m.dtype) for m in chunk).items()))
         _run_chunk(chunk, runner, reference, io, feeds, accumulators, float64)

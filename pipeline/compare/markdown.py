@@ -53,8 +53,11 @@ def render_markdown(data: Data) -> str:
             f"| {n['median_rel']:.3g} | {n['p99_rel']:.3g} | {n['cosine']:.6f} | {o['outside']} / {o['elements']} "
             f"| {o['atol']:g} | {o['rtol']:g} | {_verdict(o)} |"
         )
+    if data.get("plots_missing"):
+        lines += ["", f"*{data['plots_missing']}*"]
     for output in dict.fromkeys(o["output"] for o in data["outputs"]):
-        lines += ["", f"![absolute error histogram of {output}]({files['histogram:' + output]})"]
+        if "histogram:" + output in files:
+            lines += ["", f"![absolute error histogram of {output}]({files['histogram:' + output]})"]
     if data["per_layer"] is not None:
         lines += _layers_markdown(data["per_layer"], data["reference"]["runner"], files)
     lines += [
@@ -159,6 +162,8 @@ def render_table(data: Data) -> str:
         files = data["files"]
         plots = sum(path.endswith(".png") for path in files.values())
         lines.append(f"report      {files['markdown']}  (report.json, {plots} PNG plots)")
+        if data.get("plots_missing"):
+            lines.append(f"            {data['plots_missing']}")
         lines.append(f"reproduce   {data['polygraphy_command']}")
     return "\n".join(lines)
 

@@ -135,6 +135,9 @@ class ComparisonReport:
             "per_layer": _layers_dict(self.layers) if self.layers else None,
             "versions": dict(self.versions),
         }
+        from pipeline.compare.plots import missing_reason
+
+        data["plots_missing"] = missing_reason()
         if directory is not None:
             data["polygraphy_command"] = shlex.join(self.polygraphy_command(directory))
             data["polygraphy_command_onnxruntime"] = shlex.join(self.polygraphy_command(directory, tensorrt=False))
@@ -148,7 +151,9 @@ class ComparisonReport:
             del names["layers_plot"]
         for output in dict.fromkeys(o.output for o in self.outputs):
             names[f"histogram:{output}"] = f"histogram_{_safe(output)}.png"
-        return names
+        from pipeline.compare.plots import available
+
+        return names if available() else {k: v for k, v in names.items() if not v.endswith(".png")}
 
     # -- Markdown and the terminal ---------------------------------------------------------------------------
 

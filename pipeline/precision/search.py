@@ -8,12 +8,17 @@ that ranking which, kept in float32, meets the tolerance: about log2(n) builds i
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
 
 from pipeline.precision.measure import OBSERVE_CHUNK, Feed, observe
+from pipeline.progress import progress, track
+
+logger = logging.getLogger(__name__)
 
 
 class _Errors:
@@ -62,7 +67,8 @@ def rank_by_sensitivity(
     def compare(name: str, index: int, value: np.ndarray) -> None:
         errors.add(name, value, held.pop((name, index)))
 
-    for start in range(0, len(tensors), OBSERVE_CHUNK):
+    starts = range(0, len(tensors), OBSERVE_CHUNK)
+    for start in track(starts, len(starts), "precision search: ranking", unit="chunk"):
         chunk = tensors[start : start + OBSERVE_CHUNK]
         observe(reference, feeds, chunk, hold, providers)
         observe(candidate, feeds, chunk, compare, providers)
@@ -82,16 +88,40 @@ def _tensor_names(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def shortest_passing_prefix(count: int, passes: Callable[[int], bool]) -> int | None:
+def most_tries(count: int) -> int:
+    """How many times :func:`shortest_passing_prefix` calls ``passes`` at most for ``count`` candidates."""
+    return 1 + math.ceil(math.log2(count)) if count > 1 else count
+
+
+def shortest_passing_prefix(
+    count: int, passes: Callable[[int], bool], description: str = "precision search"
+) -> int | None:
     """The smallest ``k`` in ``1..count`` with ``passes(k)``, assuming more is never worse; None if even ``count``
-    fails. ``passes(0)`` is taken as known to fail."""
-    if count == 0 or not passes(count):
+    fails. ``passes(0)`` is taken as known to fail. On a terminal a progress bar labelled ``description`` counts the
+    tries (at most :func:`most_tries`); each try is logged at debug level."""
+    if count == 0:
         return None
-    low, high = 1, count
-    while low < high:
-        middle = (low + high) // 2
-        if passes(middle):
-            high = middle
-        else:
-            low = middle + 1
+    total = most_tries(count)
+    with progress(total, description, unit="try") as bar:
+        tries = 0
+
+        def attempt(k: int) -> bool:
+            nonlocal tries
+            tries += 1
+            bar.status(f"try {tries} of {total}: {k} of {count} nodes in float32")
+            ok = passes(k)
+            verdict = "within the target" if ok else "above it"
+            logger.debug("%s: try %d of %d (float32: %d of %d): %s", description, tries, total, k, count, verdict)
+            bar.update()
+            return ok
+
+        if not attempt(count):
+            return None
+        low, high = 1, count
+        while low < high:
+            middle = (low + high) // 2
+            if attempt(middle):
+                high = middle
+            else:
+                low = middle + 1
     return low

@@ -1,8 +1,10 @@
 """How much of a graph's compute runs in the low type: FLOP-weighted over MatMul, Gemm, Conv and ConvTranspose (the
 ops that dominate time on a GPU), with the count of float compute nodes beside it.
 
-Symbolic dimensions count at the size given in ``dims`` (the pipeline passes each dynamic dimension's ``opt``),
-unknown ones as 1.
+Symbolic dimensions count at the size given in ``dims`` (the pipeline passes each dynamic dimension's ``opt``):
+the graph's inputs are fixed at those sizes and shapes inferred again, with ONNX's data propagation through
+Shape/Gather/Concat/Reshape, so every intermediate gets its size at the opt shape (the exporter's own symbols for
+intermediates, ``s0*s1`` and the like, are not in ``dims``). Dimensions still unknown after that count as 1.
 """
 
 from __future__ import annotations
@@ -45,8 +47,7 @@ class ComputeShare:
 
 def compute_share(model: onnx.ModelProto, low: LowType, dims: Mapping[str, int] | None = None) -> ComputeShare:
     """The share of ``model``'s MatMul/Gemm/Conv FLOPs in ``low``, with symbolic dims at ``dims`` (their opt sizes)."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
-    typed = {v.name: v.type.tensor_type for v in [*inferred.input, *inferred.output, *inferred.value_info]}
+    typed = _tensor_types(model, dims or {})
     for tensor in model.graph.initializer:
         typed[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)).tensor_type
     sizes = dict(dims or {})
@@ -73,6 +74,25 @@ def compute_share(model: onnx.ModelProto, low: LowType, dims: Mapping[str, int] 
             float_nodes += 1
             low_nodes += is_low
     return ComputeShare(low_flops, total, low_nodes, float_nodes, casts, fp32_flops)
+
+
+def _tensor_types(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, onnx.TypeProto.Tensor]:
+    """Every value's tensor type, inferred with the graph's inputs fixed at ``dims`` (what inference leaves unknown
+    there keeps the type the graph declares)."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    typed = {v.name: v.type.tensor_type for v in [*inferred.input, *inferred.output, *inferred.value_info]}
+    if not dims:
+        return typed
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    del fixed.graph.value_info[:]  # their symbolic intermediates would win over the sizes propagated from dims
+    for value in fixed.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in dims:
+                dim.dim_value = int(dims[dim.dim_param])
+    at_opt = onnx.shape_inference.infer_shapes(fixed, strict_mode=False, data_prop=True).graph
+    typed.update({v.name: v.type.tensor_type for v in [*at_opt.input, *at_opt.output, *at_opt.value_info]})
+    return typed
 
 
 def _flops(node: onnx.NodeProto, shape: Callable[[str], list[int] | None]) -> float:

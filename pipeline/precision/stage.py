@@ -39,6 +39,7 @@ from pipeline.precision.measure import measured_islands, session_feed
 from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSummary, judge_share
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
 from pipeline.precision.share import ComputeShare, compute_share
+from pipeline.progress import progress, quiet_info
 from pipeline.quantize.emulation import emulate_fp8, fold_unfused_weights, has_fp8, has_int8_weights
 from pipeline.validate import Feed, TorchRunner, validation_feeds
 
@@ -233,7 +234,7 @@ def _search(
         errors[k] = candidates.score(model)
         return candidates.accepted(model, errors[k])
 
-    head = shortest_passing_prefix(len(ranked), passes)
+    head = shortest_passing_prefix(len(ranked), passes, f"precision search ({settings.precision})")
     if head is None:
         logger.warning(
             "precision search: with all %d ranked nodes in float32 the error stays above target", len(ranked)
@@ -250,12 +251,14 @@ def _prune(
     heavy = ("MatMul", "Gemm", "Conv", "ConvTranspose")
     order = sorted(range(len(selected)), key=lambda i: (selected[i].op not in heavy, -i))
     kept = list(selected)
-    for index in order[:MAX_PRUNE]:
-        trial = [i for i in kept if i is not selected[index]]
-        model = candidates.build([*islands, *trial])[0]
-        trial_error = candidates.score(model)
-        if candidates.accepted(model, trial_error):
-            kept, error = trial, trial_error
+    with progress(len(order[:MAX_PRUNE]), "precision search: pruning", unit="try") as bar:
+        for index in order[:MAX_PRUNE]:
+            trial = [i for i in kept if i is not selected[index]]
+            model = candidates.build([*islands, *trial])[0]
+            trial_error = candidates.score(model)
+            if candidates.accepted(model, trial_error):
+                kept, error = trial, trial_error
+            bar.update()
     return kept, error
 
 
@@ -287,7 +290,8 @@ def convert_precision(
     search = None
     if error > 1 and settings.precision_search:
         logger.info("precision: error %.3g x the tolerance on the calibration inputs; searching", error)
-        searched, search = _search(candidates, islands, final, error)
+        with quiet_info(logging.getLogger("passes.precision.convert")):  # one pass summary per try: the bar instead
+            searched, search = _search(candidates, islands, final, error)
         if search is not None:
             islands = [*islands, *searched]
             final, records = candidates.build(islands)

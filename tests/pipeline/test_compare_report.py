@@ -15,7 +15,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import pytest
 import torch
-from test_compare_stats import count_color, decode_png
+from test_compare_plots import count_color, decode_png
 from torch import nn
 
 import pipeline
@@ -130,7 +130,7 @@ def test_plots_exist_and_show_data(planted: tuple[pipeline.ComparisonReport, Pat
         pixels = decode_png((directory / name).read_bytes())
         assert pixels.shape == (420, 720, 3) and count_color(pixels, plots.SERIES[0]) > 200
     depth = decode_png((directory / "layers.png").read_bytes())
-    assert count_color(depth, plots.FAIL) > 100 and count_color(depth, plots.SERIES[0]) > 50
+    assert count_color(depth, plots.FAIL_COLOR) > 50 and count_color(depth, plots.PASS_COLOR) > 50
 
 
 def polygraphy(report: pipeline.ComparisonReport, directory: Path) -> subprocess.CompletedProcess[str]:

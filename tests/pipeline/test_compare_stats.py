@@ -1,38 +1,12 @@
-"""Error statistics of the comparison and the numpy PNG renderer, on hand-made arrays."""
+"""Error statistics of the comparison, on hand-made arrays (the plots: test_compare_plots.py)."""
 
 from __future__ import annotations
-
-import struct
-import zlib
 
 import numpy as np
 import pytest
 
 from converters.settings import Tolerance
-from pipeline.compare import plots
 from pipeline.compare.stats import HIST_BINS, HIST_EDGES, ErrorAccumulator, cosine_similarity, error_histogram
-
-
-def decode_png(data: bytes) -> np.ndarray:
-    """An 8-bit RGB PNG (filter type 0, as plots writes it) back to a (height, width, 3) array."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    position, chunks = 8, {}
-    while position < len(data):
-        (length,) = struct.unpack(">I", data[position : position + 4])
-        tag, body = data[position + 4 : position + 8], data[position + 8 : position + 8 + length]
-        (crc,) = struct.unpack(">I", data[position + 8 + length : position + 12 + length])
-        assert zlib.crc32(tag + body) & 0xFFFFFFFF == crc
-        chunks[tag] = chunks.get(tag, b"") + body
-        position += 12 + length
-    width, height, depth, color_type = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, color_type) == (8, 2) and b"IEND" in chunks
-    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), dtype=np.uint8).reshape(height, 1 + 3 * width)
-    assert not rows[:, 0].any()  # filter type 0 on every row
-    return rows[:, 1:].reshape(height, width, 3)
-
-
-def count_color(pixels: np.ndarray, color: tuple[int, int, int]) -> int:
-    return int(np.all(pixels == np.array(color, dtype=np.uint8), axis=-1).sum())
 
 
 def test_statistics_and_the_rule() -> None:
@@ -89,22 +63,3 @@ def test_histogram_bins() -> None:
     counts = error_histogram(np.array([0.0, 1e-12, 1e-9, 1e-3, 0.9e2, 1e3, np.nan]))
     assert len(counts) == HIST_BINS + 2 == len(HIST_EDGES) + 1
     assert counts[0] == 2 and counts[-1] == 2 and counts.sum() == 7
-
-
-def test_png_round_trip_and_text() -> None:
-    canvas = plots.Canvas(40, 20)
-    canvas.rect(2, 2, 10, 8, plots.FAIL)
-    canvas.text(12, 2, "1E-5 OK", plots.BLACK)
-    pixels = decode_png(canvas.png())
-    assert np.array_equal(pixels, canvas.pixels)
-    assert count_color(pixels, plots.FAIL) == 8 * 6 and count_color(pixels, plots.BLACK) > 20
-
-
-def test_plots_show_data() -> None:
-    counts = [0] * (HIST_BINS + 2)
-    counts[10], counts[20] = 40, 7
-    histogram = decode_png(plots.histogram_png("logits", [("onnxruntime", counts)], HIST_EDGES, 1e-5))
-    assert count_color(histogram, plots.SERIES[0]) > 500  # two bars
-    assert count_color(histogram, plots.FAIL) > 50  # the atol line and its label
-    depth = decode_png(plots.depth_png(["a", "b", "c"], [1e-7, 1e-6, 1e-2], [True, True, False], "DEPTH"))
-    assert count_color(depth, plots.FAIL) > 100 and count_color(depth, plots.SERIES[0]) > 100

@@ -45,6 +45,7 @@ from pipeline.backends.tensorrt.library import (
     rtx_targets,
 )
 from pipeline.module.io_spec import IOSpec
+from pipeline.noise import third_party_shown
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -326,7 +327,10 @@ def library_logger(library: TrtLibrary = TENSORRT) -> Any:
                 tensorrt.ILogger.__init__(self)
 
             def log(self, level: trt.ILogger.Severity, msg: str) -> None:
-                logger.log(levels.get(level, logging.DEBUG), "%s: %s", library.title, msg)
+                python_level = levels.get(level, logging.DEBUG)
+                if level == severity.WARNING and not third_party_shown():  # its advice ("Make sure input x has
+                    python_level = logging.DEBUG  # Int64 binding") is for TensorRT's users: pipeline -v shows it
+                logger.log(python_level, "%s: %s", library.title, msg)
 
         _LOGGERS[library.module_name] = ParserLogger()
     return _LOGGERS[library.module_name]
