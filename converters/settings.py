@@ -57,6 +57,12 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
     "bool": Tolerance(atol=0.0, rtol=0.0),
 }
 
+#: The type a graph converted with ``precision=...`` computes its float values in; their outputs are judged with
+#: that type's tolerance (a float32 output of an fp16 graph carries float16's error). float64 values compute in
+#: float32 on TensorRT, which has no float64 arithmetic: :data:`FLOAT64_COMPUTED_IN`.
+COMPUTE_TYPES: Mapping[str, str] = {"fp16": "float16", "bf16": "bfloat16"}
+FLOAT64_COMPUTED_IN = "float32"
+
 
 @dataclass(frozen=True)
 class DynamicDim:

@@ -29,7 +29,7 @@ from passes.model_io.graphs import module_path
 from pipeline.compare.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
 from pipeline.compare.stats import ErrorAccumulator, ErrorStats
 from pipeline.module.io_spec import IOSpec
-from pipeline.validate import Feed, polygraphy_quiet
+from pipeline.validate import Feed, polygraphy_quiet, tensor_from_array
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def record_module_outputs(model: torch.nn.Module, io: IOSpec, feed: Feed) -> dic
 
     handles = [m.register_forward_hook(hook(path)) for path, m in model.named_modules() if path]
     try:
-        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feed.items()}
+        tensors = {k: tensor_from_array(v) for k, v in feed.items()}
         args, kwargs = io.feed_to_call(tensors)
         with torch.no_grad():
             model(*args, **kwargs)

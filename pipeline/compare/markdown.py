@@ -48,12 +48,15 @@ def render_markdown(data: Data) -> str:
     for o in data["outputs"]:
         n = _numbers(o)
         lines.append(
-            f"| `{o['runner']}` | `{o['output']}` | {o['dtype']} | {n['max_abs']:.3g} | {n['mean_abs']:.3g} "
+            f"| `{o['runner']}` | `{o['output']}` | {_dtype(o)} | {n['max_abs']:.3g} | {n['mean_abs']:.3g} "
             f"| {n['median_abs']:.3g} | {n['p99_abs']:.3g} | {n['max_rel']:.3g} | {n['mean_rel']:.3g} "
             f"| {n['median_rel']:.3g} | {n['p99_rel']:.3g} | {n['cosine']:.6f} | {o['outside']} / {o['elements']} "
             f"| {o['atol']:g} | {o['rtol']:g} | {_verdict(o)} |"
         )
+    lines += _notes(data["outputs"])
     for output in dict.fromkeys(o["output"] for o in data["outputs"]):
+        if "histogram:" + output not in files:
+            continue
         lines += ["", f"![absolute error histogram of {output}]({files['histogram:' + output]})"]
     if data["per_layer"] is not None:
         lines += _layers_markdown(data["per_layer"], data["reference"]["runner"], files)
@@ -200,7 +203,8 @@ def _node_list(nodes: Sequence[Data], limit: int = _MAX_NODES, code: bool = True
 def _numbers(stats: Data) -> dict[str, float]:
     """The error statistics as floats (JSON writes inf and NaN as strings)."""
     keys = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "median_rel", "p99_rel", "cosine")
-    return {k: float(stats[k]) for k in keys if k in stats}
+    # a random output is judged by distribution: no element figures (NaN, printed "nan")
+    return {k: float(stats.get(k, "nan")) for k in keys}
 
 
 def _pass(passed: bool) -> str:
@@ -209,4 +213,16 @@ def _pass(passed: bool) -> str:
 
 def _verdict(row: Data) -> str:
     mismatch = row.get("shape_mismatch")
-    return "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
+    verdict = "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
+    return verdict + (" (random: by distribution)" if row.get("judged_by") == "distribution" else "")
+
+
+def _dtype(row: Data) -> str:
+    computed = row.get("computed_in")
+    return row["dtype"] if not computed or computed == row["dtype"] else f"{row['dtype']} (as {computed})"
+
+
+def _notes(outputs: list[Data]) -> list[str]:
+    """One line per output comparison with a note (random outputs, types computed in another type)."""
+    notes = [f"- `{o['runner']}` `{o['output']}`: {o['note']}" for o in outputs if o.get("note")]
+    return ["", *notes] if notes else []

@@ -1,8 +1,12 @@
-"""Error statistics of one tensor against its PyTorch reference, accumulated over inputs in bounded memory.
+"""Error statistics of one tensor against its PyTorch reference, accumulated over inputs in bounded memory, and
+the policy that picks each tensor's rule and tolerance (one policy for ``convert``, ``compare`` and per-layer).
 
 The rule is the validation rule (and Polygraphy's ``elemwise`` check): an element passes when
-``|x - ref| <= atol`` or ``|x - ref| <= rtol * |ref|``. Matching infinities and matching NaNs compare equal;
-any other NaN fails. A relative error against a zero reference divides by 2.22e-16, as Polygraphy does.
+``|x - ref| <= atol`` or ``|x - ref| <= rtol * |ref|``. Matching infinities and NaNs at the same places compare
+equal; a NaN on one side only fails (and is counted). A relative error against a zero reference divides by
+2.22e-16, as Polygraphy does. The tolerance is that of the type the graph computes the tensor in
+(:func:`judgement`); a tensor that depends on a random node is judged by distribution
+(:mod:`pipeline.compare.distribution`).
 """
 
 from __future__ import annotations
@@ -12,12 +16,76 @@ from typing import Any
 
 import numpy as np
 
-from converters.settings import Tolerance
-
-RULE = (
-    "an element passes when |x - ref| <= atol or |x - ref| <= rtol * |ref| (ref: the PyTorch reference); "
-    "matching infinities and NaNs compare equal; median and p99 are per input, the worst over inputs"
+from converters.settings import (
+    COMPUTE_TYPES,
+    DEFAULT_TOLERANCES,
+    FLOAT64_COMPUTED_IN,
+    Settings,
+    Tolerance,
 )
+from pipeline.compare.distribution import RULE as RANDOM_RULE
+from pipeline.compare.distribution import DistributionAccumulator
+
+ELEMENTWISE_RULE = (
+    "an element passes when |x - ref| <= atol or |x - ref| <= rtol * |ref| (ref: the PyTorch reference); "
+    "infinities and NaNs at the same places compare equal, a NaN on one side only fails"
+)
+TOLERANCE_RULE = (
+    "the tolerance is that of the type the graph computes the tensor in (float16 or bfloat16 for float tensors of "
+    "an fp16 or bf16 conversion; float32 for float64 tensors, which TensorRT computes in float32), unless "
+    "tolerances= names the tensor or that type"
+)
+RULE = f"{ELEMENTWISE_RULE}; {TOLERANCE_RULE}; {RANDOM_RULE}; median and p99 are per input, the worst over inputs"
+
+_FLOATS = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How one tensor is judged: its tolerance, the type the graph computes it in, and why (for the report)."""
+
+    tolerance: Tolerance
+    computed_in: str
+    note: str = ""
+
+
+def judgement(name: str, dtype: str, settings: Settings) -> Judgement:
+    """The tolerance of the tensor ``name`` (an output, or a module path in per-layer comparisons) of ``dtype``.
+
+    By name if ``settings.tolerances`` has it; else by the type the graph computes it in (the user's, then the
+    default); else by its own dtype's user tolerance.
+
+    >>> judgement("out", "float64", Settings()).computed_in
+    'float32'
+    """
+    computed = computed_type(dtype, settings)
+    note = _computed_note(dtype, computed, settings)
+    if name in settings.tolerances:
+        return Judgement(settings.tolerances[name], computed, f"tolerance given for {name!r}")
+    for key in (computed, dtype):
+        if key in settings.tolerances:
+            return Judgement(settings.tolerances[key], computed, note)
+    return Judgement(DEFAULT_TOLERANCES.get(computed, DEFAULT_TOLERANCES["float32"]), computed, note)
+
+
+def computed_type(dtype: str, settings: Settings) -> str:
+    """The type a graph converted with ``settings`` computes a ``dtype`` tensor in."""
+    if dtype in _FLOATS and settings.precision in COMPUTE_TYPES:
+        return COMPUTE_TYPES[settings.precision]
+    return FLOAT64_COMPUTED_IN if dtype == "float64" else dtype
+
+
+def _computed_note(dtype: str, computed: str, settings: Settings) -> str:
+    if computed == dtype:
+        return ""
+    if dtype == "float64" and computed == FLOAT64_COMPUTED_IN:
+        return "a float64 tensor: TensorRT computes it in float32 (no float64 arithmetic), judged as float32"
+    return f"a {dtype} tensor computed in {computed} (precision={settings.precision!r}), judged as {computed}"
+
+
+def accumulator(tolerance: Tolerance, random_sources: tuple[str, ...] | None = None) -> Accumulator:
+    """The accumulator for one tensor: by distribution when it depends on random nodes, else element by element."""
+    return DistributionAccumulator(random_sources) if random_sources else ErrorAccumulator(tolerance)
 
 #: Histogram of absolute errors: log10 bins from 1e-10 to 1e2, plus "below" (including exact 0) and "above".
 HIST_LOW, HIST_HIGH, HIST_BINS = -10.0, 2.0, 48
@@ -42,6 +110,8 @@ class ErrorStats:
     p99_rel: float
     cosine: float
     shape_mismatch: str | None = None
+    #: elements NaN on one side only (they fail, and are among ``outside``)
+    one_sided_nan: int = 0
     #: counts of |x - ref| per bin: [below 1e-10, HIST_BINS log bins, at or above 1e2 (and NaN)]
     histogram: tuple[int, ...] = field(default=(), repr=False)
 
@@ -76,6 +146,7 @@ class ErrorAccumulator:
         self.worst.update(dict.fromkeys(("max_rel", "median_rel", "p99_rel"), 0.0))
         self.cosine = 1.0
         self.mismatch: str | None = None
+        self.one_sided_nan = 0
         self.histogram = np.zeros(HIST_BINS + 2, dtype=np.int64)
 
     def add(self, actual: np.ndarray, reference: np.ndarray) -> None:
@@ -86,9 +157,12 @@ class ErrorAccumulator:
             self.elements += int(reference.size)
             self.outside += int(reference.size)
             return
-        absdiff, reldiff = _differences(actual.astype(np.float64), reference.astype(np.float64))
+        # flat: element statistics need no shape, and numpy turns 0-d results into scalars
+        actual, reference = actual.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
+        absdiff, reldiff = _differences(actual, reference)
         passing = (absdiff <= self.tolerance.atol) | (reldiff <= self.tolerance.rtol)
         self.elements += int(absdiff.size)
+        self.one_sided_nan += int(np.count_nonzero(np.isnan(actual) != np.isnan(reference)))
         self.outside += int(absdiff.size - np.count_nonzero(passing))
         if absdiff.size == 0:
             return
@@ -120,8 +194,13 @@ class ErrorAccumulator:
             p99_rel=self.worst["p99_rel"],
             cosine=self.cosine,
             shape_mismatch=self.mismatch,
+            one_sided_nan=self.one_sided_nan,
             histogram=tuple(int(c) for c in self.histogram),
         )
+
+
+#: What :func:`accumulator` gives: both have ``add(actual, reference)`` and ``result()``.
+Accumulator = ErrorAccumulator | DistributionAccumulator
 
 
 def cosine_similarity(actual: np.ndarray, reference: np.ndarray) -> float:

@@ -104,5 +104,6 @@ class ConversionReport:
                 lines.append(
                     f"          {o.name:<20} {o.dtype:<8} max abs {o.max_abs:.2e} (atol {o.atol:g})  "
                     f"max rel {o.max_rel:.2e} (rtol {o.rtol:g})  {'ok' if o.passed else 'FAIL'}"
+                    + (f"  [{o.note}]" if o.note else "")
                 )
         return "\n".join(lines)
