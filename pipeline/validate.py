@@ -61,8 +61,8 @@ class OutputAccuracy:
         if self.note.startswith("random"):
             return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
         text = (
-            f"{self.name}: {self.outside} of {self.elements} elements outside (max abs {self.max_abs:.3g}, atol "
-            f"{self.atol:g}; max rel {self.max_rel:.3g}, rtol {self.rtol:g})"
+            f"{self.name}: max abs {self.max_abs:.3g} (atol {self.atol:g}), max rel {self.max_rel:.3g} (rtol "
+            f"{self.rtol:g}): {self.outside} of {self.elements} elements outside"
         )
         return text + (f" [{self.note}]" if self.note else "")
 

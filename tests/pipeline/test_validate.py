@@ -59,7 +59,7 @@ def test_zero_dimensional_output_that_differs_fails_with_its_figures() -> None:
     def add_as_sub(ctx: converters.ConverterContext) -> object:  # a wrong converter
         return ctx.op.Sub(ctx.inputs[0], ctx.inputs[1])
 
-    with pytest.raises(AccuracyError, match=r"out: 4 of 4 elements outside \(max abs") as info:
+    with pytest.raises(AccuracyError, match=r"out: max abs .*: 4 of 4 elements outside") as info:
         pipeline.convert(Add().eval(), (torch.tensor(1.5), torch.tensor(-0.25)), converters=registry)
     assert "fix:" in str(info.value)
 
@@ -82,7 +82,7 @@ def test_infinity_against_a_finite_value_fails() -> None:
         return ctx.op.Mul(ctx.inputs[0], ctx.inputs[1])
 
     x, y = torch.tensor([4.0, 9.0]), torch.tensor([2.0, 0.0])
-    with pytest.raises(AccuracyError, match=r"out: 2 of 2 elements outside \(max abs inf"):
+    with pytest.raises(AccuracyError, match=r"out: max abs inf .*: 2 of 2 elements outside"):
         pipeline.convert(Ratio().eval(), (x, y), converters=registry, validation_inputs=0)
 
 
