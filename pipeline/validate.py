@@ -55,15 +55,29 @@ class OutputAccuracy:
     elements: int = 0
     outside: int = 0
     note: str = ""
+    #: the magnitude-relative rule of low precision (0: none): atol grows to rms_atol * RMS(torch) (the largest
+    #: atol so used is atol_used), and RMS(error) / RMS(torch) (worst: relative_rms) must stay <= rms
+    rms_atol: float = 0.0
+    rms: float = 0.0
+    atol_used: float = 0.0
+    relative_rms: float = 0.0
+    rms_failed: int = 0
 
     def summary(self) -> str:
         """One line: the figures and the verdict, consistent with each other."""
         if self.note.startswith("random"):
             return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
+        atol = f"atol {self.atol:g}"
+        if self.rms_atol:
+            atol = f"atol max({self.atol:g}, {self.rms_atol:g} x RMS) = {self.atol_used:.3g}"
         text = (
-            f"{self.name}: max abs {self.max_abs:.3g} (atol {self.atol:g}), max rel {self.max_rel:.3g} (rtol "
+            f"{self.name}: max abs {self.max_abs:.3g} ({atol}), max rel {self.max_rel:.3g} (rtol "
             f"{self.rtol:g}): {self.outside} of {self.elements} elements outside"
         )
+        if self.rms:
+            text += (
+                f"; RMS error {self.relative_rms:.3g} x RMS (rms {self.rms:g}): beyond on {self.rms_failed} input(s)"
+            )
         return text + (f" [{self.note}]" if self.note else "")
 
 
@@ -227,7 +241,14 @@ def validate(
             "outputs differ from PyTorch beyond tolerance: "
             + "; ".join(o.summary() for o in report.outputs if not o.passed),
             per_output={
-                o.name: {"max_abs": o.max_abs, "max_rel": o.max_rel, "atol": o.atol, "rtol": o.rtol}
+                o.name: {
+                    "max_abs": o.max_abs,
+                    "max_rel": o.max_rel,
+                    "atol": o.atol,
+                    "rtol": o.rtol,
+                    "relative_rms": o.relative_rms,
+                    "rms": o.rms,
+                }
                 for o in report.outputs
             },
             fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
@@ -306,6 +327,11 @@ def _summarise(spec: Any, judged: Judgement, stats: ErrorStats | DistributionSta
         elements=stats.elements,
         outside=stats.outside,
         note=note,
+        rms_atol=tolerance.rms_atol,
+        rms=tolerance.rms,
+        atol_used=stats.atol_used,
+        relative_rms=stats.relative_rms,
+        rms_failed=stats.rms_failed,
     )
 
 

@@ -51,7 +51,7 @@ def render_markdown(data: Data) -> str:
             f"| `{o['runner']}` | `{o['output']}` | {_dtype(o)} | {n['max_abs']:.3g} | {n['mean_abs']:.3g} "
             f"| {n['median_abs']:.3g} | {n['p99_abs']:.3g} | {n['max_rel']:.3g} | {n['mean_rel']:.3g} "
             f"| {n['median_rel']:.3g} | {n['p99_rel']:.3g} | {n['cosine']:.6f} | {o['outside']} / {o['elements']} "
-            f"| {o['atol']:g} | {o['rtol']:g} | {_verdict(o)} |"
+            f"| {_atol(o)} | {o['rtol']:g} | {_verdict(o)} |"
         )
     lines += _notes(data["outputs"])
     for output in dict.fromkeys(o["output"] for o in data["outputs"]):
@@ -105,7 +105,7 @@ def _layers_markdown(layers: Data, reference: str, files: Mapping[str, str]) -> 
         lines.append(
             f"| {i} | `{r['module']}` | {r['type']} | `{r['tensor']}` | `{r['node']}` ({r['op_type']}) "
             f"| {n['max_abs']:.3g} | {n['max_rel']:.3g} | {n['p99_abs']:.3g} | {n['cosine']:.6f} "
-            f"| {r['outside']} / {r['elements']} | {r['atol']:g} | {r['rtol']:g} | {_verdict(r)} |"
+            f"| {r['outside']} / {r['elements']} | {_atol(r)} | {r['rtol']:g} | {_verdict(r)} |"
         )
     unmatched = layers["unmatched"]
     lines += ["", f"### Not matched ({len(unmatched)} modules)", ""]
@@ -150,7 +150,7 @@ def render_table(data: Data) -> str:
     ]
     for o in data["outputs"]:
         n = _numbers(o)
-        outside, tolerance = f"{o['outside']}/{o['elements']}", f"{o['atol']:g}/{o['rtol']:g}"
+        outside, tolerance = f"{o['outside']}/{o['elements']}", f"{_atol(o)}/{o['rtol']:g}"
         lines.append(
             f"  {o['runner']:<22} {o['output']:<22} {n['max_abs']:>9.2e} {n['p99_abs']:>9.2e} {n['max_rel']:>9.2e} "
             f"{n['cosine']:>9.6f} {outside:>15}  {tolerance:<14} {_verdict(o)}"
@@ -211,9 +211,18 @@ def _pass(passed: bool) -> str:
     return "PASS" if passed else "FAIL"
 
 
+def _atol(row: Data) -> str:
+    """The atol used: for a magnitude-relative tolerance, the largest ``max(atol, rms_atol x RMS)`` over inputs."""
+    if row.get("rms_atol"):
+        return f"{float(row['atol_used']):.3g} ({row['rms_atol']:g} x RMS)"
+    return f"{row['atol']:g}"
+
+
 def _verdict(row: Data) -> str:
     mismatch = row.get("shape_mismatch")
     verdict = "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
+    if row.get("rms_failed"):  # elements may all be inside while the tensor's RMS error is not
+        verdict += f" (RMS error {float(row['relative_rms']):.3g} x RMS > {row['rms']:g})"
     return verdict + (" (random: by distribution)" if row.get("judged_by") == "distribution" else "")
 
 

@@ -52,6 +52,8 @@ class OutputComparison:
     #: the type the graph computes the output in (its tolerance's), and why the rule is not the plain one
     computed_in: str = ""
     note: str = ""
+    rms_atol: float = 0.0
+    rms: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -67,6 +69,8 @@ class OutputComparison:
             "computed_in": self.computed_in,
             "atol": self.atol,
             "rtol": self.rtol,
+            "rms_atol": self.rms_atol,
+            "rms": self.rms,
             "passed": self.passed,
             "note": self.note,
             "judged_by": "distribution" if isinstance(self.stats, DistributionStats) else "elementwise",
@@ -203,10 +207,14 @@ class ComparisonReport:
         from pipeline.compare import plots
 
         if kind == "layers_plot":
-            rows = self.layers.layers if self.layers else ()
+            # rows judged by distribution (random tensors) have no element errors to plot
+            rows = [r for r in (self.layers.layers if self.layers else ()) if isinstance(r.stats, ErrorStats)]
             title = f"MAX ABS ERROR ALONG DEPTH ({len(rows)} MODULES)"
             return plots.depth_png(
-                [r.module for r in rows], [r.stats.max_abs for r in rows], [r.passed for r in rows], title
+                [r.module for r in rows],
+                [r.stats.max_abs for r in rows if isinstance(r.stats, ErrorStats)],
+                [r.passed for r in rows],
+                title,
             )
         output = kind.partition(":")[2]
         mine = [o for o in self.outputs if o.output == output and isinstance(o.stats, ErrorStats)]
@@ -234,7 +242,9 @@ def _layers_dict(layers: LayerReport) -> dict[str, Any]:
         "chunks": layers.chunks,
         "memory_budget_bytes": layers.memory_budget,
         "matching": "each module's output is compared with the tensor of the last ONNX node (topological order) "
-        "under its name scope whose dtype and shape fit; a module run several times is compared at its last call",
+        "under its name scope whose shape fits and whose type can hold it (the graph's own: any float type for a "
+        "float output), under the tolerance of the type the graph computes it in; a module run several times is "
+        "compared at its last call",
     }
 
 
@@ -246,9 +256,12 @@ def _layer_dict(layer: LayerComparison) -> dict[str, Any]:
         "node": layer.node,
         "op_type": layer.op_type,
         "dtype": layer.dtype,
+        "computed_in": layer.computed_in,
         "calls": layer.calls,
         "atol": layer.atol,
         "rtol": layer.rtol,
+        "rms_atol": layer.rms_atol,
+        "rms": layer.rms,
         "passed": layer.passed,
         **{k: v for k, v in layer.stats.to_dict().items() if k != "histogram"},
     }

@@ -204,7 +204,16 @@ def compare_outputs(
         note = stats.note if isinstance(stats, DistributionStats) else j.note
         comparisons.append(
             OutputComparison(
-                runner, output, spec.dtype, j.tolerance.atol, j.tolerance.rtol, stats, j.computed_in, note
+                runner,
+                output,
+                spec.dtype,
+                j.tolerance.atol,
+                j.tolerance.rtol,
+                stats,
+                j.computed_in,
+                note,
+                j.tolerance.rms_atol,
+                j.tolerance.rms,
             )
         )
     return comparisons, reference_outputs
