@@ -17,7 +17,7 @@ from passes.model_io.external_data import save_onnx
 from pipeline.compare.distribution import DistributionStats
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
 from pipeline.compare.markdown import render_markdown, render_table
-from pipeline.compare.stats import HIST_EDGES, ErrorStats
+from pipeline.compare.stats import HIST_EDGES, ErrorStats, judgement
 from pipeline.module.io_spec import IOSpec
 from pipeline.validate import Feed
 
@@ -126,10 +126,16 @@ class ComparisonReport:
                     args += [flag, *(f"{name}:[{','.join(map(str, s[index]))}]" for name, s in profiles.items())]
         args += ["--onnxrt", "--load-inputs", str(d / FILES["inputs"]), "--load-outputs", str(d / FILES["reference"])]
         args += ["--check-error-stat", "elemwise", "--infinities-compare-equal"]
-        tolerances = [(s.name, self.settings.tolerance_for(s.name, s.dtype)) for s in self.io.outputs]
-        args += ["--atol", *(f"{name}:{t.atol!r}" for name, t in tolerances)]
+        tolerances = [(s.name, judgement(s.name, s.dtype, self.settings).tolerance) for s in self.io.outputs]
+        args += ["--atol", *(f"{name}:{self._atol_used(name, t.atol)!r}" for name, t in tolerances)]
         args += ["--rtol", *(f"{name}:{t.rtol!r}" for name, t in tolerances)]
         return args
+
+    def _atol_used(self, output: str, atol: float) -> float:
+        """The largest atol the comparison used for ``output`` (a magnitude-relative tolerance scales it with the
+        output's RMS; Polygraphy's elementwise check takes one number, and has no RMS rule)."""
+        used = [o.stats.atol_used for o in self.outputs if o.output == output and isinstance(o.stats, ErrorStats)]
+        return max([atol, *used])
 
     # -- JSON --------------------------------------------------------------------------------------------------
 

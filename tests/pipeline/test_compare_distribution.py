@@ -107,3 +107,31 @@ def test_compare_judges_random_outputs_by_distribution_and_others_elementwise(tm
     assert by_output["out_1"]["judged_by"] == "elementwise" and by_output["out_1"]["elements"] == 4  # 0-d, 4 inputs
     markdown = (tmp_path / "report.md").read_text()  # type: ignore[operator]
     assert "(random: by distribution)" in markdown and "Kolmogorov-Smirnov" in markdown
+
+
+class NoiseBlock(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.randn_like(x)
+
+
+class WithNoiseBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+        self.noise = NoiseBlock()
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.noise(self.lin(x)))
+
+
+def test_per_layer_judges_modules_after_a_random_node_by_distribution(tmp_path: object) -> None:
+    torch.manual_seed(0)
+    report = pipeline.compare(
+        WithNoiseBlock().eval(), torch.randn(64, 32), per_layer=True, random_inputs=1, output_dir=tmp_path
+    )
+    assert report.layers is not None and report.first_divergence is None and report.passed
+    rows = {layer.module: layer for layer in report.layers.layers}
+    assert rows["lin"].stats.max_abs < 1e-4  # type: ignore[union-attr]  # before the noise: element by element
+    assert "RandomNormalLike" in rows["noise"].stats.note  # type: ignore[union-attr]
+    assert "(random: by distribution)" in (tmp_path / "report.md").read_text()  # type: ignore[operator]
