@@ -97,6 +97,8 @@ class DistributionAccumulator:
         self.actual: list[np.ndarray] = []
         self.reference: list[np.ndarray] = []
         self.mismatch: str | None = None
+        self.counts = [0, 0]
+        self.rng = np.random.default_rng(0)
 
     def add(self, actual: np.ndarray, reference: np.ndarray) -> None:
         """Keep one pair's values (after checking shapes and kinds)."""
@@ -105,19 +107,21 @@ class DistributionAccumulator:
             self.mismatch = f"shape {list(actual.shape)} against the reference's {list(reference.shape)}"
         elif _kind(actual) != _kind(reference):
             self.mismatch = f"{_kind(actual)} values against the reference's {_kind(reference)} values"
-        self.actual.append(_values(actual))
-        self.reference.append(_values(reference))
+        self.counts[0] += int(actual.size)
+        self.counts[1] += int(reference.size)
+        # bounded memory: a seeded subsample of a large tensor is as good a sample of its distribution
+        self.actual.append(_subsample(_values(actual), self.rng))
+        self.reference.append(_subsample(_values(reference), self.rng))
 
     def result(self) -> DistributionStats:
         """The pooled samples' figures and the KS verdict."""
-        rng = np.random.default_rng(0)
-        a = _subsample(np.concatenate(self.actual) if self.actual else np.zeros(0), rng)
-        b = _subsample(np.concatenate(self.reference) if self.reference else np.zeros(0), rng)
+        a = _subsample(np.concatenate(self.actual) if self.actual else np.zeros(0), self.rng)
+        b = _subsample(np.concatenate(self.reference) if self.reference else np.zeros(0), self.rng)
         distance = ks_distance(a, b) if a.size and b.size else 0.0
         bound = KS_COEFFICIENT * math.sqrt((a.size + b.size) / (a.size * b.size)) if a.size and b.size else 1.0
         return DistributionStats(
-            elements=int(sum(v.size for v in self.actual)),
-            reference_elements=int(sum(v.size for v in self.reference)),
+            elements=self.counts[0],
+            reference_elements=self.counts[1],
             mean=_moment(a, np.mean),
             std=_moment(a, np.std),
             reference_mean=_moment(b, np.mean),
