@@ -119,7 +119,7 @@ def convert(
                 if is_quantized(config)
                 else validation_settings(config)
             )
-            accuracy = validate(model, exported.io, runner, feeds, checked, backend_io=io)
+            accuracy = validate(model, exported.io, runner, feeds, checked, backend_io=io, graph=final)
     report = ConversionReport(
         backend=choice.name,
         backend_reason=choice.reason,

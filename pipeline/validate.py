@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 import torch.utils._pytree as pytree
 from polygraphy.backend.base import BaseRunner
@@ -25,6 +26,8 @@ from polygraphy.logger import G_LOGGER
 
 from converters.errors import AccuracyError, InputError
 from converters.settings import DEFAULT_TOLERANCES, Settings
+from pipeline.compare.distribution import DistributionStats, random_outputs
+from pipeline.compare.stats import RULE, ErrorStats, Judgement, accumulator, judgement
 from pipeline.module.io_spec import IOSpec
 
 logger = logging.getLogger(__name__)
@@ -34,7 +37,11 @@ Feed = dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class OutputAccuracy:
-    """The worst error of one output over all validation inputs, and the rule it was judged by."""
+    """The worst error of one output over all validation inputs, and the rule it was judged by.
+
+    ``computed_in`` is the type the graph computes the output in, whose tolerance judged it; ``outside`` counts
+    the elements outside the rule (NaN on one side only among them); ``note`` says why the rule or tolerance is
+    not the plain one (a random output judged by distribution, a float64 output judged as float32, ...)."""
 
     name: str
     dtype: str
@@ -44,6 +51,34 @@ class OutputAccuracy:
     atol: float
     rtol: float
     passed: bool
+    computed_in: str = ""
+    elements: int = 0
+    outside: int = 0
+    note: str = ""
+    #: the magnitude-relative rule of low precision (0: none): atol grows to rms_atol * RMS(torch) (the largest
+    #: atol so used is atol_used), and RMS(error) / RMS(torch) (worst: relative_rms) must stay <= rms
+    rms_atol: float = 0.0
+    rms: float = 0.0
+    atol_used: float = 0.0
+    relative_rms: float = 0.0
+    rms_failed: int = 0
+
+    def summary(self) -> str:
+        """One line: the figures and the verdict, consistent with each other."""
+        if self.note.startswith("random"):
+            return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
+        atol = f"atol {self.atol:g}"
+        if self.rms_atol:
+            atol = f"atol max({self.atol:g}, {self.rms_atol:g} x RMS) = {self.atol_used:.3g}"
+        text = (
+            f"{self.name}: max abs {self.max_abs:.3g} ({atol}), max rel {self.max_rel:.3g} (rtol "
+            f"{self.rtol:g}): {self.outside} of {self.elements} elements outside"
+        )
+        if self.rms:
+            text += (
+                f"; RMS error {self.relative_rms:.3g} x RMS (rms {self.rms:g}): beyond on {self.rms_failed} input(s)"
+            )
+        return text + (f" [{self.note}]" if self.note else "")
 
 
 @dataclass(frozen=True)
@@ -52,7 +87,7 @@ class AccuracyReport:
 
     inputs: int
     outputs: tuple[OutputAccuracy, ...]
-    rule: str = "an element passes when |backend - torch| <= atol or <= rtol * |torch|"
+    rule: str = RULE
 
     @property
     def passed(self) -> bool:
@@ -85,7 +120,7 @@ class TorchRunner(BaseRunner):
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """Call the model on one feed (rebuilt into its Python call) and return its tensor outputs by name."""
-        feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
+        feed = {k: tensor_from_array(v).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(feed)
         start = time.perf_counter()
         with torch.no_grad():
@@ -93,6 +128,11 @@ class TorchRunner(BaseRunner):
         self.inference_time = time.perf_counter() - start
         tensors = [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
         return {spec.name: t.detach().cpu().numpy() for spec, t in zip(self.io.outputs, tensors, strict=True)}
+
+
+def tensor_from_array(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor of ``array``'s shape, 0-d included (``np.ascontiguousarray`` would make a 0-d array 1-d)."""
+    return torch.from_numpy(np.asarray(array, order="C"))
 
 
 def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Settings) -> list[Feed]:
@@ -154,7 +194,7 @@ def _is_mask(sample: np.ndarray) -> bool:
 def _resize_like(sample: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The sample cropped or extended (repeating its last entry along each axis) to ``shape``."""
     grown = np.pad(sample, [(0, max(0, new - old)) for old, new in zip(sample.shape, shape, strict=True)], mode="edge")
-    return np.ascontiguousarray(grown[tuple(slice(0, n) for n in shape)])
+    return np.asarray(grown[tuple(slice(0, n) for n in shape)], order="C")
 
 
 def validate(
@@ -164,47 +204,51 @@ def validate(
     feeds: list[Feed],
     settings: Settings,
     backend_io: IOSpec | None = None,
+    graph: onnx.ModelProto | None = None,
 ) -> AccuracyReport:
     """Compare the backend with PyTorch on ``feeds``; raise AccuracyError when an output is out of tolerance.
 
     ``io`` is the model's; ``backend_io`` the backend's when its types differ (``precision_io="low"``): ``feeds``
     are then in the backend's types, PyTorch gets the same values in the model's (Polygraphy casts each feed to a
-    runner's input metadata), and half outputs are compared as float32 with their own type's tolerance."""
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    runner's input metadata), and half outputs are compared as float32. Each output is judged by
+    :func:`pipeline.compare.stats.judgement` (the tolerance of the type the graph computes it in); outputs that
+    depend on random nodes of ``graph`` (the graph the backend runs) by their distribution."""
+    from polygraphy.comparator import Comparator
 
     _check_tolerance_keys(settings, io, model)
     outputs = io.outputs
     if backend_io is not None and backend_io != io:
         backend_runner = _FloatOutputs(backend_runner)
         outputs = backend_io.outputs  # the backend's output dtypes pick the tolerance
-    tolerances = {o.name: settings.tolerance_for(o.name, o.dtype) for o in outputs}
-    compare = SimpleCompareFunc(
-        atol={name: t.atol for name, t in tolerances.items()},
-        rtol={name: t.rtol for name, t in tolerances.items()},
-        check_error_stat="elemwise",
-        infinities_compare_equal=True,
-        find_output_func=lambda name, index, result: [name] if name in result else [],
-    )
-    torch_runner = TorchRunner(model, io)
-    # rtol is relative to the second runner's output: PyTorch is the reference, so it comes second.
+    random = random_outputs(graph) if graph is not None else {}
+    judged = {o.name: judgement(o.name, o.dtype, settings) for o in outputs}
+    accumulators = {o.name: accumulator(judged[o.name].tolerance, random.get(o.name)) for o in outputs}
     with polygraphy_quiet():
-        results = Comparator.run([backend_runner, torch_runner], data_loader=feeds)
-        _equal_nans(results)
-        # Polygraphy divides by the reference for relative errors; 0/0 is its own business, not a user's warning
-        with np.errstate(divide="ignore", invalid="ignore"):
-            accuracy = Comparator.compare_accuracy(results, compare_func=compare)
-    per_iteration = next(iter((accuracy[0] if hasattr(accuracy, "lst") else accuracy).values()))
-    report = AccuracyReport(len(feeds), tuple(_summarise(o, tolerances[o.name], per_iteration) for o in outputs))
+        for single in Comparator.run([TorchRunner(model, io), backend_runner], data_loader=feeds, streaming=True):
+            (_, expected), (_, actual) = [(name, iterations[0]) for name, iterations in single.items()]
+            for o in outputs:
+                if o.name not in actual:
+                    raise AccuracyError(
+                        f"output {o.name!r} is missing from the backend's results",
+                        fix="a pass renamed or removed a graph output; graph outputs must be kept",
+                    )
+                accumulators[o.name].add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
+    report = AccuracyReport(
+        len(feeds), tuple(_summarise(o, judged[o.name], accumulators[o.name].result()) for o in outputs)
+    )
     if not report.passed:
-        failing = [o for o in report.outputs if not o.passed]
         raise AccuracyError(
             "outputs differ from PyTorch beyond tolerance: "
-            + "; ".join(
-                f"{o.name}: max abs {o.max_abs:.3g} (atol {o.atol:g}), max rel {o.max_rel:.3g} (rtol {o.rtol:g})"
-                for o in failing
-            ),
+            + "; ".join(o.summary() for o in report.outputs if not o.passed),
             per_output={
-                o.name: {"max_abs": o.max_abs, "max_rel": o.max_rel, "atol": o.atol, "rtol": o.rtol}
+                o.name: {
+                    "max_abs": o.max_abs,
+                    "max_rel": o.max_rel,
+                    "atol": o.atol,
+                    "rtol": o.rtol,
+                    "relative_rms": o.relative_rms,
+                    "rms": o.rms,
+                }
                 for o in report.outputs
             },
             fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
@@ -225,24 +269,6 @@ def _check_tolerance_keys(settings: Settings, io: IOSpec, model: torch.nn.Module
             "the model",
             fix=f"the outputs are: {', '.join(outputs)}; the dtypes: {', '.join(DEFAULT_TOLERANCES)}",
         )
-
-
-def _equal_nans(results: Any) -> None:
-    """NaN where both PyTorch and the backend give NaN is agreement (``log`` of a negative sample, a NaN in the
-    sample): both are set to 0 there, so only NaNs in different places, or on one side only, count as errors."""
-    (_, backend), (_, reference) = results[0], results[1]
-    for ours, theirs in zip(backend, reference, strict=True):
-        for name in list(theirs.keys()):
-            if name not in ours:
-                continue
-            got, expected = ours[name], theirs[name]
-            comparable = isinstance(got, np.ndarray) and got.shape == expected.shape
-            if not comparable or not np.issubdtype(expected.dtype, np.floating):
-                continue
-            both = np.isnan(got) & np.isnan(expected)
-            if both.any():
-                ours[name] = np.where(both, 0, got).astype(got.dtype)
-                theirs[name] = np.where(both, 0, expected).astype(expected.dtype)
 
 
 class _FloatOutputs(BaseRunner):
@@ -274,22 +300,38 @@ class _FloatOutputs(BaseRunner):
         return {name: v.astype(np.float32) if v.dtype == np.float16 else v for name, v in outputs.items()}
 
 
-def _summarise(spec: Any, tolerance: Any, per_iteration: list[Any]) -> OutputAccuracy:
-    results = [it[spec.name] for it in per_iteration if spec.name in it]
-    if len(results) != len(per_iteration):
-        raise AccuracyError(
-            f"output {spec.name!r} is missing from the backend's results",
-            fix="a pass renamed or removed a graph output; graph outputs must be kept",
-        )
+def _summarise(spec: Any, judged: Judgement, stats: ErrorStats | DistributionStats) -> OutputAccuracy:
+    """One output's figures from its statistics: the verdict is the statistics' own, so they agree."""
+    tolerance = judged.tolerance
+    if isinstance(stats, DistributionStats):
+        nan = float("nan")
+        return OutputAccuracy(
+            spec.name, spec.dtype, nan, nan, nan, tolerance.atol, tolerance.rtol, stats.passed,
+            judged.computed_in, stats.elements, stats.outside, stats.note,
+        )  # fmt: skip
+    note = judged.note
+    if stats.shape_mismatch is not None:
+        note = "; ".join(filter(None, [stats.shape_mismatch, note]))
+    if stats.one_sided_nan:
+        note = "; ".join(filter(None, [f"{stats.one_sided_nan} elements NaN on one side only", note]))
     return OutputAccuracy(
         name=spec.name,
         dtype=spec.dtype,
-        max_abs=float(max(r.max_absdiff for r in results)),
-        max_rel=float(max(r.max_reldiff for r in results)),
-        mean_abs=float(np.mean([r.mean_absdiff for r in results])),
+        max_abs=stats.max_abs,
+        max_rel=stats.max_rel,
+        mean_abs=stats.mean_abs,
         atol=tolerance.atol,
         rtol=tolerance.rtol,
-        passed=all(bool(r) for r in results),
+        passed=stats.passed,
+        computed_in=judged.computed_in,
+        elements=stats.elements,
+        outside=stats.outside,
+        note=note,
+        rms_atol=tolerance.rms_atol,
+        rms=tolerance.rms,
+        atol_used=stats.atol_used,
+        relative_rms=stats.relative_rms,
+        rms_failed=stats.rms_failed,
     )
 
 

@@ -35,7 +35,11 @@ logger = logging.getLogger(__name__)
 #: IR version 10 (onnx 1.16) is read by every ONNX Runtime this project supports.
 FOLDING_IR_VERSION = 10
 
-_NO_FOLD_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+# Q/DQ stay for TensorRT; random draws must stay draws (folded, every call would return the same sample)
+_NO_FOLD_OPS = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+    | {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+)
 _CONSTANT_ATTRS = frozenset({"value", "value_float", "value_floats", "value_int", "value_ints"})
 _CAST_ELISION_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Greater", "Less", "Concat"})
 

@@ -3,7 +3,10 @@
 PyTorch runs with forward hooks recording each submodule's output. The exporter records on every ONNX node the
 PyTorch module it came from (``passes.model_io.graphs.module_path``); for each module the ONNX tensor compared with its
 output is the one produced by the *last* node (topological order) under that module path or any of its
-submodules whose dtype and shape fit the module's output. Modules are listed in topological order (a module and
+submodules whose shape fits the module's output and whose type does: the graph's own type (a float output matches
+any float tensor: float16 or bfloat16 in a low-precision graph), compared under the tolerance of the type the
+graph computes it in (:func:`pipeline.compare.stats.judgement`, the policy of ``convert`` and ``compare``);
+a tensor that depends on a random node is judged by distribution. Modules are listed in topological order (a module and
 its last submodule, which share a tensor, child first); the first one outside tolerance is the first divergence.
 
 Intermediates are observed in chunks: each chunk marks as many tensors as graph outputs as fit the memory budget
@@ -26,15 +29,18 @@ import torch
 
 from converters.settings import Settings
 from passes.model_io.graphs import module_path
+from pipeline.compare.distribution import DistributionStats, random_tensors
 from pipeline.compare.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
-from pipeline.compare.stats import ErrorAccumulator, ErrorStats
+from pipeline.compare.stats import Accumulator, ErrorStats, Judgement, accumulator, judgement
 from pipeline.module.io_spec import IOSpec
 from pipeline.progress import track
-from pipeline.validate import Feed, polygraphy_quiet
+from pipeline.validate import Feed, polygraphy_quiet, tensor_from_array
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_BUDGET = 512 << 20
+
+_FLOAT_TYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 
 _ONNX_TYPE = {
     "float32": onnx.TensorProto.FLOAT,
@@ -62,9 +68,12 @@ class ModuleOutput:
     dtype: str | None
 
 
+_DTYPE_NAME: dict[int, str] = {int(v): k for k, v in _ONNX_TYPE.items()}
+
+
 @dataclass(frozen=True)
 class LayerMatch:
-    """A PyTorch module output matched to a tensor of the final graph (same shape, the graph's type)."""
+    """A PyTorch module output matched to a tensor of the final graph (same shape; ``dtype`` is the graph's)."""
     module: str
     type_name: str
     tensor: str
@@ -90,7 +99,10 @@ class LayerComparison:
     calls: int
     atol: float
     rtol: float
-    stats: ErrorStats
+    stats: ErrorStats | DistributionStats
+    computed_in: str = ""
+    rms_atol: float = 0.0
+    rms: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -184,12 +196,14 @@ def compare_layers(
     matches, unmatched = match_modules(final, outputs)
     matches, hidden = backend.markable(matches)
     chunks = chunk_matches(matches, memory_budget)
-    accumulators = {m.module: ErrorAccumulator(settings.tolerance_for(m.module, m.dtype)) for m in matches}
+    random = random_tensors(final)
+    judged = {m.module: judgement(m.module, m.dtype, settings) for m in matches}
+    accumulators = {m.module: accumulator(judged[m.module].tolerance, random.get(m.tensor)) for m in matches}
     for index, chunk in enumerate(track(chunks, len(chunks), "per-layer comparison", unit="chunk")):
         logger.info("per-layer chunk %d/%d: %d tensors", index + 1, len(chunks), len({m.tensor for m in chunk}))
         runner = backend.runner(list(dict((m.tensor, m.dtype) for m in chunk).items()))
         _run_chunk(chunk, runner, reference, io, feeds, accumulators, float64)
-    layers, mismatched = _results(matches, accumulators)
+    layers, mismatched = _results(matches, accumulators, judged)
     return LayerReport(
         backend=backend.name,
         layers=tuple(layers),
@@ -220,7 +234,7 @@ def record_module_outputs(model: torch.nn.Module, io: IOSpec, feed: Feed) -> dic
 
     handles = [m.register_forward_hook(hook(path)) for path, m in model.named_modules() if path]
     try:
-        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feed.items()}
+        tensors = {k: tensor_from_array(v) for k, v in feed.items()}
         args, kwargs = io.feed_to_call(tensors)
         with torch.no_grad():
             model(*args, **kwargs)
@@ -253,6 +267,7 @@ def match_modules(
             continue
         position, tensor = found
         node = final.graph.node[position]
+        graph_dtype = _DTYPE_NAME.get(int(types[tensor][0]), out.dtype or "float32")
         nbytes = int(np.prod(out.shape, dtype=np.int64)) * torch.empty((), dtype=getattr(torch, out.dtype)).itemsize
         matches.append(
             LayerMatch(
@@ -264,7 +279,7 @@ def match_modules(
                 position,
                 out.order,
                 out.calls,
-                out.dtype,
+                graph_dtype,
                 nbytes,
             )
         )
@@ -312,7 +327,7 @@ def first_divergence(layers: Sequence[LayerComparison], final: onnx.ModelProto) 
 
 
 def _results(
-    matches: Sequence[LayerMatch], accumulators: dict[str, ErrorAccumulator]
+    matches: Sequence[LayerMatch], accumulators: dict[str, Accumulator], judged: dict[str, Judgement]
 ) -> tuple[list[LayerComparison], list[tuple[str, str, str]]]:
     """The compared layers, and the matches whose tensor turned out to have another shape at run time (so it was
     not the module's output after all: listed as unmatched)."""
@@ -322,7 +337,7 @@ def _results(
         if stats.shape_mismatch is not None:
             mismatched.append((m.module, m.type_name, f"its matched tensor {m.tensor} has {stats.shape_mismatch}"))
             continue
-        tolerance = accumulators[m.module].tolerance
+        tolerance = judged[m.module].tolerance
         layers.append(
             LayerComparison(
                 m.module,
@@ -335,6 +350,9 @@ def _results(
                 tolerance.atol,
                 tolerance.rtol,
                 stats,
+                judged[m.module].computed_in,
+                tolerance.rms_atol,
+                tolerance.rms,
             )
         )
     return layers, mismatched
@@ -346,7 +364,7 @@ def _run_chunk(
     reference: torch.nn.Module,
     io: IOSpec,
     feeds: Sequence[Feed],
-    accumulators: dict[str, ErrorAccumulator],
+    accumulators: dict[str, Accumulator],
     float64: bool,
 ) -> None:
     """Run the backend runner and the hooked model on every feed and add each module's errors. The backend gets
@@ -374,16 +392,25 @@ def _last_fitting(
             "no ONNX node carries its name scope (folded into a constant, removed as an identity such as "
             "dropout in eval mode, or computed by its parent)"
         )
-    wanted = _ONNX_TYPE.get(out.dtype or "")
+    wanted = _fitting_types(out.dtype or "")
     for position in reversed(positions):
         for tensor in reversed(final.graph.node[position].output):
             if not tensor or tensor not in types:
                 continue
             elem_type, static = types[tensor]
-            if elem_type == wanted and _shape_fits(static, out.shape or ()):
+            if elem_type in wanted and _shape_fits(static, out.shape or ()):
                 return position, tensor
     shape = list(out.shape or ())
-    return f"none of the {len(positions)} ONNX nodes under it produces a {out.dtype} tensor of shape {shape}"
+    kind = "float" if out.dtype in _FLOAT_TYPES else out.dtype
+    return f"none of the {len(positions)} ONNX nodes under it produces a {kind} tensor of shape {shape}"
+
+
+def _fitting_types(dtype: str) -> set[int]:
+    """The graph types that can hold a module output of ``dtype``: any float type for a float (the graph's own
+    precision), else exactly ``dtype``."""
+    if dtype in _FLOAT_TYPES:
+        return {_ONNX_TYPE[t] for t in _FLOAT_TYPES}
+    return {_ONNX_TYPE[dtype]} if dtype in _ONNX_TYPE else set()
 
 
 def _shape_fits(static: tuple[int | None, ...] | None, actual: tuple[int, ...]) -> bool:

@@ -48,16 +48,18 @@ def render_markdown(data: Data) -> str:
     for o in data["outputs"]:
         n = _numbers(o)
         lines.append(
-            f"| `{o['runner']}` | `{o['output']}` | {o['dtype']} | {n['max_abs']:.3g} | {n['mean_abs']:.3g} "
+            f"| `{o['runner']}` | `{o['output']}` | {_dtype(o)} | {n['max_abs']:.3g} | {n['mean_abs']:.3g} "
             f"| {n['median_abs']:.3g} | {n['p99_abs']:.3g} | {n['max_rel']:.3g} | {n['mean_rel']:.3g} "
             f"| {n['median_rel']:.3g} | {n['p99_rel']:.3g} | {n['cosine']:.6f} | {o['outside']} / {o['elements']} "
-            f"| {o['atol']:g} | {o['rtol']:g} | {_verdict(o)} |"
+            f"| {_atol(o)} | {o['rtol']:g} | {_verdict(o)} |"
         )
+    lines += _notes(data["outputs"])
     if data.get("plots_missing"):
         lines += ["", f"*{data['plots_missing']}*"]
     for output in dict.fromkeys(o["output"] for o in data["outputs"]):
-        if "histogram:" + output in files:
-            lines += ["", f"![absolute error histogram of {output}]({files['histogram:' + output]})"]
+        if "histogram:" + output not in files:
+            continue
+        lines += ["", f"![absolute error histogram of {output}]({files['histogram:' + output]})"]
     if data["per_layer"] is not None:
         lines += _layers_markdown(data["per_layer"], data["reference"]["runner"], files)
     lines += [
@@ -105,7 +107,7 @@ def _layers_markdown(layers: Data, reference: str, files: Mapping[str, str]) -> 
         lines.append(
             f"| {i} | `{r['module']}` | {r['type']} | `{r['tensor']}` | `{r['node']}` ({r['op_type']}) "
             f"| {n['max_abs']:.3g} | {n['max_rel']:.3g} | {n['p99_abs']:.3g} | {n['cosine']:.6f} "
-            f"| {r['outside']} / {r['elements']} | {r['atol']:g} | {r['rtol']:g} | {_verdict(r)} |"
+            f"| {r['outside']} / {r['elements']} | {_atol(r)} | {r['rtol']:g} | {_verdict(r)} |"
         )
     unmatched = layers["unmatched"]
     lines += ["", f"### Not matched ({len(unmatched)} modules)", ""]
@@ -150,7 +152,7 @@ def render_table(data: Data) -> str:
     ]
     for o in data["outputs"]:
         n = _numbers(o)
-        outside, tolerance = f"{o['outside']}/{o['elements']}", f"{o['atol']:g}/{o['rtol']:g}"
+        outside, tolerance = f"{o['outside']}/{o['elements']}", f"{_atol(o)}/{o['rtol']:g}"
         lines.append(
             f"  {o['runner']:<22} {o['output']:<22} {n['max_abs']:>9.2e} {n['p99_abs']:>9.2e} {n['max_rel']:>9.2e} "
             f"{n['cosine']:>9.6f} {outside:>15}  {tolerance:<14} {_verdict(o)}"
@@ -205,13 +207,35 @@ def _node_list(nodes: Sequence[Data], limit: int = _MAX_NODES, code: bool = True
 def _numbers(stats: Data) -> dict[str, float]:
     """The error statistics as floats (JSON writes inf and NaN as strings)."""
     keys = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "mean_rel", "median_rel", "p99_rel", "cosine")
-    return {k: float(stats[k]) for k in keys if k in stats}
+    # a random output is judged by distribution: no element figures (NaN, printed "nan")
+    return {k: float(stats.get(k, "nan")) for k in keys}
 
 
 def _pass(passed: bool) -> str:
     return "PASS" if passed else "FAIL"
 
 
+def _atol(row: Data) -> str:
+    """The atol used: for a magnitude-relative tolerance, the largest ``max(atol, rms_atol x RMS)`` over inputs."""
+    if row.get("rms_atol"):
+        return f"{float(row['atol_used']):.3g} ({row['rms_atol']:g} x RMS)"
+    return f"{row['atol']:g}"
+
+
 def _verdict(row: Data) -> str:
     mismatch = row.get("shape_mismatch")
-    return "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
+    verdict = "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
+    if row.get("rms_failed"):  # elements may all be inside while the tensor's RMS error is not
+        verdict += f" (RMS error {float(row['relative_rms']):.3g} x RMS > {row['rms']:g})"
+    return verdict + (" (random: by distribution)" if row.get("judged_by") == "distribution" else "")
+
+
+def _dtype(row: Data) -> str:
+    computed = row.get("computed_in")
+    return row["dtype"] if not computed or computed == row["dtype"] else f"{row['dtype']} (as {computed})"
+
+
+def _notes(outputs: list[Data]) -> list[str]:
+    """One line per output comparison with a note (random outputs, types computed in another type)."""
+    notes = [f"- `{o['runner']}` `{o['output']}`: {o['note']}" for o in outputs if o.get("note")]
+    return ["", *notes] if notes else []

@@ -14,9 +14,10 @@ import onnx
 
 from converters.settings import Settings
 from passes.model_io.external_data import save_onnx
+from pipeline.compare.distribution import DistributionStats
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
 from pipeline.compare.markdown import render_markdown, render_table
-from pipeline.compare.stats import HIST_EDGES, ErrorStats
+from pipeline.compare.stats import HIST_EDGES, ErrorStats, judgement
 from pipeline.module.io_spec import IOSpec
 from pipeline.validate import Feed
 
@@ -47,11 +48,16 @@ class OutputComparison:
     dtype: str
     atol: float
     rtol: float
-    stats: ErrorStats
+    stats: ErrorStats | DistributionStats
+    #: the type the graph computes the output in (its tolerance's), and why the rule is not the plain one
+    computed_in: str = ""
+    note: str = ""
+    rms_atol: float = 0.0
+    rms: float = 0.0
 
     @property
     def passed(self) -> bool:
-        """Within tolerance on every compared element."""
+        """Within tolerance on every compared element (a random output: its distribution matches)."""
         return self.stats.passed
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,9 +66,14 @@ class OutputComparison:
             "runner": self.runner,
             "output": self.output,
             "dtype": self.dtype,
+            "computed_in": self.computed_in,
             "atol": self.atol,
             "rtol": self.rtol,
+            "rms_atol": self.rms_atol,
+            "rms": self.rms,
             "passed": self.passed,
+            "note": self.note,
+            "judged_by": "distribution" if isinstance(self.stats, DistributionStats) else "elementwise",
             **self.stats.to_dict(),
         }
 
@@ -115,10 +126,16 @@ class ComparisonReport:
                     args += [flag, *(f"{name}:[{','.join(map(str, s[index]))}]" for name, s in profiles.items())]
         args += ["--onnxrt", "--load-inputs", str(d / FILES["inputs"]), "--load-outputs", str(d / FILES["reference"])]
         args += ["--check-error-stat", "elemwise", "--infinities-compare-equal"]
-        tolerances = [(s.name, self.settings.tolerance_for(s.name, s.dtype)) for s in self.io.outputs]
-        args += ["--atol", *(f"{name}:{t.atol!r}" for name, t in tolerances)]
+        tolerances = [(s.name, judgement(s.name, s.dtype, self.settings).tolerance) for s in self.io.outputs]
+        args += ["--atol", *(f"{name}:{self._atol_used(name, t.atol)!r}" for name, t in tolerances)]
         args += ["--rtol", *(f"{name}:{t.rtol!r}" for name, t in tolerances)]
         return args
+
+    def _atol_used(self, output: str, atol: float) -> float:
+        """The largest atol the comparison used for ``output`` (a magnitude-relative tolerance scales it with the
+        output's RMS; Polygraphy's elementwise check takes one number, and has no RMS rule)."""
+        used = [o.stats.atol_used for o in self.outputs if o.output == output and isinstance(o.stats, ErrorStats)]
+        return max([atol, *used])
 
     # -- JSON --------------------------------------------------------------------------------------------------
 
@@ -149,7 +166,7 @@ class ComparisonReport:
         names = dict(FILES)
         if self.layers is None or not self.layers.layers:
             del names["layers_plot"]
-        for output in dict.fromkeys(o.output for o in self.outputs):
+        for output in dict.fromkeys(o.output for o in self.outputs if isinstance(o.stats, ErrorStats)):
             names[f"histogram:{output}"] = f"histogram_{_safe(output)}.png"
         from pipeline.compare.plots import available
 
@@ -201,14 +218,21 @@ class ComparisonReport:
         from pipeline.compare import plots
 
         if kind == "layers_plot":
-            rows = self.layers.layers if self.layers else ()
+            # rows judged by distribution (random tensors) have no element errors to plot
+            rows = [r for r in (self.layers.layers if self.layers else ()) if isinstance(r.stats, ErrorStats)]
             title = f"MAX ABS ERROR ALONG DEPTH ({len(rows)} MODULES)"
             return plots.depth_png(
-                [r.module for r in rows], [r.stats.max_abs for r in rows], [r.passed for r in rows], title
+                [r.module for r in rows],
+                [r.stats.max_abs for r in rows if isinstance(r.stats, ErrorStats)],
+                [r.passed for r in rows],
+                title,
             )
         output = kind.partition(":")[2]
-        mine = [o for o in self.outputs if o.output == output]
-        return plots.histogram_png(output, [(o.runner, o.stats.histogram) for o in mine], HIST_EDGES, mine[0].atol)
+        mine = [o for o in self.outputs if o.output == output and isinstance(o.stats, ErrorStats)]
+        return plots.histogram_png(
+            output, [(o.runner, o.stats.histogram) for o in mine if isinstance(o.stats, ErrorStats)], HIST_EDGES,
+            mine[0].atol,
+        )
 
 
 def _layers_dict(layers: LayerReport) -> dict[str, Any]:
@@ -229,7 +253,9 @@ def _layers_dict(layers: LayerReport) -> dict[str, Any]:
         "chunks": layers.chunks,
         "memory_budget_bytes": layers.memory_budget,
         "matching": "each module's output is compared with the tensor of the last ONNX node (topological order) "
-        "under its name scope whose dtype and shape fit; a module run several times is compared at its last call",
+        "under its name scope whose shape fits and whose type can hold it (the graph's own: any float type for a "
+        "float output), under the tolerance of the type the graph computes it in; a module run several times is "
+        "compared at its last call",
     }
 
 
@@ -241,9 +267,12 @@ def _layer_dict(layer: LayerComparison) -> dict[str, Any]:
         "node": layer.node,
         "op_type": layer.op_type,
         "dtype": layer.dtype,
+        "computed_in": layer.computed_in,
         "calls": layer.calls,
         "atol": layer.atol,
         "rtol": layer.rtol,
+        "rms_atol": layer.rms_atol,
+        "rms": layer.rms,
         "passed": layer.passed,
         **{k: v for k, v in layer.stats.to_dict().items() if k != "histogram"},
     }

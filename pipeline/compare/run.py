@@ -26,6 +26,7 @@ import torch
 from converters.errors import InputError
 from converters.settings import Settings
 from pipeline.backends import Executor
+from pipeline.compare.distribution import DistributionStats, random_outputs
 from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET, LayerBackend, OnnxRuntimeLayers, compare_layers
 from pipeline.compare.report import ComparisonReport, OutputComparison, RunnerInfo
 from pipeline.compare.runners import (
@@ -35,7 +36,7 @@ from pipeline.compare.runners import (
     TorchReference,
     plan_runners,
 )
-from pipeline.compare.stats import RULE, ErrorAccumulator
+from pipeline.compare.stats import RULE, accumulator, judgement
 from pipeline.export import eval_mode
 from pipeline.module.io_spec import IOSpec, normalise_sample
 from pipeline.validate import Feed, polygraphy_quiet, validation_feeds
@@ -98,7 +99,7 @@ def compare_graphs(
         logger.info(
             "comparing %s with %s on %d inputs", ", ".join(r.name for r in runners[1:]), runners[0].name, len(feeds)
         )
-        outputs, reference_outputs = compare_outputs(runners, io, feeds, settings)
+        outputs, reference_outputs = compare_outputs(runners, io, feeds, settings, final)
         layers = None
         if per_layer:
             logger.info("per-layer comparison (memory budget %d MiB)", memory_budget >> 20)
@@ -165,15 +166,24 @@ def _reference_runners(model: torch.nn.Module, io: IOSpec, float64: bool) -> lis
 
 
 def compare_outputs(
-    runners: Sequence[Any], io: IOSpec, feeds: Sequence[Feed], settings: Settings
+    runners: Sequence[Any],
+    io: IOSpec,
+    feeds: Sequence[Feed],
+    settings: Settings,
+    final: onnx.ModelProto | None = None,
 ) -> tuple[list[OutputComparison], list[Feed]]:
-    """Every runner after the first against the first (the reference), output by output, one input at a time.
-    Also returns the reference's outputs per input, cast to the graph's output dtypes (for Polygraphy)."""
+    """Every runner after the first against the first (the reference), output by output, one input at a time,
+    under :func:`pipeline.compare.stats.judgement` (the validation's policy); outputs that depend on a random node
+    of ``final`` are judged by distribution. Also returns the reference's outputs per input, cast to the graph's
+    output dtypes (for Polygraphy)."""
     from polygraphy.comparator import Comparator
 
-    tolerances = {spec.name: settings.tolerance_for(spec.name, spec.dtype) for spec in io.outputs}
+    random = random_outputs(final) if final is not None else {}
+    judged = {spec.name: judgement(spec.name, spec.dtype, settings) for spec in io.outputs}
     accumulators = {
-        (r.name, spec.name): ErrorAccumulator(tolerances[spec.name]) for r in runners[1:] for spec in io.outputs
+        (r.name, spec.name): accumulator(judged[spec.name].tolerance, random.get(spec.name))
+        for r in runners[1:]
+        for spec in io.outputs
     }
     reference_outputs: list[Feed] = []
     with polygraphy_quiet():
@@ -187,11 +197,24 @@ def compare_outputs(
                 for spec in io.outputs:
                     accumulators[(name, spec.name)].add(np.asarray(actual[spec.name]), np.asarray(expected[spec.name]))
     comparisons = []
-    for (runner, output), accumulator in accumulators.items():
+    for (runner, output), acc in accumulators.items():
         spec = next(s for s in io.outputs if s.name == output)
-        tolerance = tolerances[output]
+        j = judged[output]
+        stats = acc.result()
+        note = stats.note if isinstance(stats, DistributionStats) else j.note
         comparisons.append(
-            OutputComparison(runner, output, spec.dtype, tolerance.atol, tolerance.rtol, accumulator.result())
+            OutputComparison(
+                runner,
+                output,
+                spec.dtype,
+                j.tolerance.atol,
+                j.tolerance.rtol,
+                stats,
+                j.computed_in,
+                note,
+                j.tolerance.rms_atol,
+                j.tolerance.rms,
+            )
         )
     return comparisons, reference_outputs
 

@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from converters.errors import BuildError, InputError
 from converters.settings import Settings
 from pipeline.module.io_spec import IOSpec
-from pipeline.validate import Feed, TorchRunner
+from pipeline.validate import Feed, TorchRunner, tensor_from_array
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class ModuleOutputRunner(TorchRunner):
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """Run the model and return its outputs and every hooked module's output, by tensor name."""
         self._recorded = {}
-        feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
+        feed = {k: tensor_from_array(v).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(cast_feed(feed) if self.float64 else feed)
         start = time.perf_counter()
         with torch.no_grad():

@@ -92,9 +92,16 @@ class ConvertedModule(torch.nn.Module):
         """Compare this module's graph (ONNX Runtime) and engine (TensorRT) with ``model`` on ``inputs``; the
         options are those of :func:`pipeline.compare` (``per_layer=True``, ``output_dir=...``, ...) and
         ``tolerances=`` (merged over the module's settings). The exported graph is not kept by a converted module,
-        so it is not compared."""
+        so it is not compared. Outputs are judged as ``convert`` judged them: by the tolerance of the type the graph
+        computes in (:func:`pipeline.compare.stats.judgement`), and a quantized graph's by its per-output
+        tolerances."""
+        from pipeline.quantize.stage import is_quantized, quantized_validation_settings
+
+        settings = self.settings
+        if is_quantized(settings):
+            settings = quantized_validation_settings(settings, self.report.quantization)
         return compare_built(
-            model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=self.settings, **options
+            model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=settings, **options
         )
 
     def _check(self, inputs: list[torch.Tensor]) -> None:

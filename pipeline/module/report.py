@@ -102,7 +102,10 @@ class ConversionReport:
             lines.append(f"accuracy  {verdict} on {self.accuracy.inputs} inputs ({self.accuracy.rule})")
             for o in self.accuracy.outputs:
                 lines.append(
-                    f"          {o.name:<20} {o.dtype:<8} max abs {o.max_abs:.2e} (atol {o.atol:g})  "
-                    f"max rel {o.max_rel:.2e} (rtol {o.rtol:g})  {'ok' if o.passed else 'FAIL'}"
+                    f"          {o.name:<20} {o.dtype:<8} max abs {o.max_abs:.2e} (atol {o.atol_used or o.atol:.3g})  "
+                    f"max rel {o.max_rel:.2e} (rtol {o.rtol:g})  {o.outside}/{o.elements} outside"
+                    + (f"  RMS error {o.relative_rms:.2e} x RMS (rms {o.rms:g})" if o.rms else "")
+                    + f"  {'ok' if o.passed else 'FAIL'}"
+                    + (f"  [{o.note}]" if o.note else "")
                 )
         return "\n".join(lines)

@@ -130,18 +130,14 @@ def error_ratio(
     references: Sequence[dict[str, np.ndarray]],
     tolerances: dict[str, Tolerance],
 ) -> float:
-    """The worst ``|got - want| / max(atol, rtol * |want|)`` over every output element: at most 1 passes (the
-    validation rule); inf or NaN where PyTorch is finite is inf."""
+    """The worst :func:`pipeline.compare.stats.tolerance_ratio` over every output and input: at most 1 passes (the
+    validation rule, magnitude-relative for float16/bfloat16); inf or NaN where PyTorch is finite is inf."""
+    from pipeline.compare.stats import tolerance_ratio
+
     worst = 0.0
     for got, want in zip(outputs, references, strict=True):
         for name, tolerance in tolerances.items():
-            a, b = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
-            same = (a == b) | (np.isnan(a) & np.isnan(b))
-            allowed = np.maximum(tolerance.atol, tolerance.rtol * np.abs(b))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(same, 0.0, np.abs(a - b) / allowed)
-            ratio = np.where(np.isnan(ratio), np.inf, ratio)
-            worst = max(worst, float(ratio.max()) if ratio.size else 0.0)
+            worst = max(worst, tolerance_ratio(got[name], want[name], tolerance))
     return worst
 
 
