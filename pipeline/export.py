@@ -100,9 +100,13 @@ def export(
                 f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",
                 fix="check the sample's shapes and dtypes against what forward() expects",
             ) from exc
-        out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
+        try:
+            out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
+        except ExportError as exc:
+            raise _python_value_error(exc, model, args, kwargs) from exc
+        complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         program = _torch_export(
-            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops
+            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops, complex_outputs
         )
 
     weights = None
@@ -147,6 +151,7 @@ def _torch_export(
     settings: Settings,
     translations: dict[Any, Callable[..., Any]] | None,
     converter_ops: Iterable[torch._ops.OpOverload],
+    complex_outputs: list[str],
 ) -> Any:
     """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque."""
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
@@ -155,7 +160,9 @@ def _torch_export(
         try:
             exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as exc:
-            raise ExportError(f"torch.export failed: {_reason(exc)}", fix=_EXPORT_FIXES) from exc
+            raise _torch_export_error(exc) from exc
+        if complex_outputs:
+            raise _complex_output_error(exported, complex_outputs)
         # Ops with a converter get an opaque translation whether or not they show yet: built-in ops often appear
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
@@ -187,6 +194,86 @@ def _torch_export(
     if program is None or program.model is None:
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     return program
+
+
+#: ops that turn tensor data into a Python value (a graph output cannot be one)
+_PYTHON_VALUE_OPS = ("aten._local_scalar_dense", "aten.equal", "aten.is_nonzero", "aten.allclose")
+
+
+def _python_value_error(
+    exc: ExportError, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ExportError:
+    """An output that is not a tensor: name the op that made a Python value of tensor data (``.item()``,
+    ``torch.equal``, ...), found by running the model once more and watching the ops it calls."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), k: Any = None) -> Any:
+            if str(func.overloadpacket) in _PYTHON_VALUE_OPS:
+                seen.append(str(func))
+            return func(*a, **(k or {}))
+
+    try:
+        with _Watch():
+            model(*args, **kwargs)
+    except Exception:  # only a better message is at stake: the original error stands
+        return exc
+    if not seen:
+        return exc
+    return ExportError(
+        f"{exc.message}: {seen[-1]} turned tensor data into a Python value",
+        node=seen[-1],
+        fix="return a tensor: (a == b).all() for torch.equal, torch.isclose(a, b).all() for torch.allclose, the "
+        "tensor itself instead of .item() / bool(t)",
+    )
+
+
+def _torch_export_error(exc: BaseException) -> ExportError:
+    """torch.export's failure, with the op and a specific fix when a value depends on the tensors' data."""
+    text = f"{_reason(exc)}\n{_all_text(exc)}"
+    op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
+    if op is not None or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
+        return ExportError(
+            "torch.export cannot trace the model: a Python value (a bool, a number or a shape) is computed from the "
+            f"tensors' data, which a graph cannot hold: {_reason(exc)}",
+            node=op.group(1) if op else _failing_line(text),
+            fix="compute with tensors instead: torch.where(...) for `if`, a tensor result for torch.equal / "
+            "allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is valid; "
+            "or move that part out of forward()",
+        )
+    return ExportError(f"torch.export failed: {_reason(exc)}", fix=_EXPORT_FIXES)
+
+
+def _failing_line(text: str) -> str | None:
+    """The user's source line torch.export points at ("... at /path/model.py:12 in forward"), if any."""
+    match = re.search(r"(\S+\.py:\d+ in \w+)", text)
+    return match.group(1) if match else None
+
+
+def _complex_output_error(exported: torch.export.ExportedProgram, outputs: list[str]) -> ExportError:
+    """Complex outputs: the op that first makes a complex tensor from real ones, and what to return instead."""
+    first = None
+    for node in exported.graph_module.graph.nodes:
+        if node.op == "call_function" and _is_complex(node.meta.get("val")):
+            inputs = [a.meta.get("val") for a in node.all_input_nodes]
+            if not any(_is_complex(v) for v in inputs):
+                first = str(node.target)
+                break
+    return ExportError(
+        f"output(s) {', '.join(outputs)} are complex; ONNX graphs for TensorRT have no complex type (the exporter "
+        "would give float32 [..., 2] tensors that no longer match the model)",
+        node=first,
+        fix="return torch.view_as_real(z) from forward() (call torch.view_as_complex on the converted module's "
+        "output), or return z.real and z.imag, or z.abs()",
+    )
+
+
+def _is_complex(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.is_complex()
+    return isinstance(value, list | tuple) and any(_is_complex(v) for v in value)
 
 
 def _weight_bytes(program: Any) -> int:
@@ -258,6 +345,13 @@ def _check_sample_tensors(names: list[str], tensors: list[torch.Tensor]) -> None
                 f"sample input {name!r} has no elements (shape {list(tensor.shape)}): the graph would be specialised "
                 "to that empty shape and validation would compare nothing",
                 fix="pass a sample with at least one element per input (size >= 2 on axes you declare dynamic)",
+            )
+        if tensor.is_complex():
+            raise InputError(
+                f"sample input {name!r} is {str(tensor.dtype).removeprefix('torch.')}; ONNX graphs for TensorRT have "
+                "no complex type",
+                fix="pass torch.view_as_real(z) (a float tensor [..., 2]) and call torch.view_as_complex on it inside "
+                "forward()",
             )
     grads = [name for name, tensor in zip(names, tensors, strict=True) if tensor.requires_grad]
     if grads:
