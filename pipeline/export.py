@@ -236,12 +236,12 @@ def _torch_export_error(exc: BaseException) -> ExportError:
     op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
     if op is not None or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
         return ExportError(
-            "torch.export cannot trace the model: a Python value (a bool, a number or a shape) is computed from the "
-            f"tensors' data, which a graph cannot hold: {_reason(exc)}",
+            f"torch.export failed: {_reason(exc)}\n    (a Python value, a bool, number or shape, is computed from the "
+            "tensors' data, which a graph cannot hold)",
             node=op.group(1) if op else _failing_line(text),
-            fix="compute with tensors instead: torch.where(...) for `if`, a tensor result for torch.equal / "
-            "allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is valid; "
-            "or move that part out of forward()",
+            fix="compute with tensors instead: torch.where(...) or torch.cond for an `if` on data, a tensor result "
+            "for torch.equal / allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is "
+            "valid; or move that part out of forward()",
         )
     return ExportError(f"torch.export failed: {_reason(exc)}", fix=_EXPORT_FIXES)
 
