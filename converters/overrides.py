@@ -344,6 +344,66 @@ def convert_aminmax(ctx: ConverterContext) -> list[gs.Tensor]:
     return [ctx.op.ReduceMin(x, axes, keepdims=keepdim), ctx.op.ReduceMax(x, axes, keepdims=keepdim)]
 
 
+# -- batch norm in training mode ----------------------------------------------------------------------------------
+
+
+class _BatchNormTraining(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))
+        self.bias = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 4))
+
+    def forward(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        stats = (mean.clone(), var.abs() + 0.5)
+        return F.batch_norm(x, *stats, self.weight, self.bias, training=True, momentum=0.3, eps=0.1)
+
+
+@converter_case(_BatchNormTraining, inputs=[((3, 4, 5), "float32"), ((4,), "float32"), ((4,), "float32")])
+def convert_batch_norm_functional(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::_native_batch_norm_legit_functional``. In training mode (``F.batch_norm(training=True)``, which
+    the exporter translates as inference with the running statistics) the statistics of the batch over every axis
+    but 1: output, saved mean and 1/std, and the updated running mean and (unbiased) variance."""
+    x, weight, bias, running_mean, running_var = ctx.inputs[:5]
+    dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
+    rank = len(ctx.input_shapes[0] or ())
+    eps, momentum = float(ctx.attrs["eps"]), float(ctx.attrs["momentum"])
+    per_channel = ctx.constant(_ints([1, -1] + [1] * (rank - 2)))
+    flat = ctx.constant(_ints([-1]))
+    if ctx.attrs["training"]:
+        axes = ctx.constant(_ints([0, *range(2, rank)]))
+        mean = ctx.op.ReduceMean(x, axes, keepdims=1)
+        centered = ctx.op.Sub(x, mean)
+        var = ctx.op.ReduceMean(ctx.op.Mul(centered, centered), axes, keepdims=1)
+    else:
+        mean, var = ctx.op.Reshape(running_mean, per_channel), ctx.op.Reshape(running_var, per_channel)
+        centered = ctx.op.Sub(x, mean)
+    rstd = ctx.op.Reciprocal(ctx.op.Sqrt(ctx.op.Add(var, _scalar(ctx, eps, dtype))))
+    out = ctx.op.Mul(centered, rstd)
+    if weight is not None:
+        out = ctx.op.Mul(out, ctx.op.Reshape(weight, per_channel))
+    if bias is not None:
+        out = ctx.op.Add(out, ctx.op.Reshape(bias, per_channel))
+    if not ctx.attrs["training"]:
+        empty = np.zeros(0, dtype)
+        return [
+            out,
+            ctx.constant(empty),
+            ctx.constant(empty),
+            ctx.op.Identity(running_mean),
+            ctx.op.Identity(running_var),
+        ]
+    count = ctx.op.Cast(
+        ctx.op.Div(ctx.op.Size(x), ctx.op.Gather(ctx.op.Shape(x), ctx.constant(np.array(1, np.int64)))),
+        to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+    )
+    unbiased = ctx.op.Mul(ctx.op.Reshape(var, flat), ctx.op.Div(count, ctx.op.Sub(count, _scalar(ctx, 1.0, dtype))))
+    keep, take = _scalar(ctx, 1.0 - momentum, dtype), _scalar(ctx, momentum, dtype)
+    save_mean = ctx.op.Reshape(mean, flat)
+    new_mean = ctx.op.Add(ctx.op.Mul(running_mean, keep), ctx.op.Mul(save_mean, take))
+    new_var = ctx.op.Add(ctx.op.Mul(running_var, keep), ctx.op.Mul(unbiased, take))
+    return [out, save_mean, ctx.op.Reshape(rstd, flat), new_mean, new_var]
+
+
 def register_override_converters(registry: ConverterRegistry) -> None:
     """Register the converters that replace the exporter's translation of these ATen ops, one call each."""
     registry.register("aten::avg_pool2d.default", validator=pool_sizes_known)(convert_avg_pool)
@@ -352,3 +412,4 @@ def register_override_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::scatter_reduce.two", validator=_known_reduction)(convert_scatter_reduce)
     registry.register("aten::logcumsumexp.default")(convert_logcumsumexp)
     registry.register("aten::aminmax.default")(convert_aminmax)
+    registry.register("aten::_native_batch_norm_legit_functional.default")(convert_batch_norm_functional)

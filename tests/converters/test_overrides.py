@@ -78,6 +78,10 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]
         lambda x: torch.logcumsumexp(torch.cat([x - 200.0, x], dim=1), dim=1),
         lambda: (_rows(3, 5),),
     ),
+    "batch_norm-training": (
+        lambda x, w, b: F.batch_norm(x, torch.zeros(4), torch.ones(4), w, b, training=True, momentum=0.3, eps=0.1),
+        lambda: (torch.randn(3, 4, 5, 2) * 3 + 2, torch.randn(4), torch.randn(4)),
+    ),
 }
 
 
@@ -154,3 +158,11 @@ def test_ceil_mode_divisor_override_needs_static_spatial_sizes() -> None:
     assert not pool_sizes_known(node([1, 2, "h", 9], ceil_mode=1, divisor_override=2), settings)
     assert pool_sizes_known(node([1, 2, "h", 9], ceil_mode=0, divisor_override=2), settings)
     assert pool_sizes_known(node([1, 2, "h", 9], ceil_mode=1), settings)
+
+
+def test_batch_norm_in_eval_mode_keeps_the_exporters_translation() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    model[1].running_mean.uniform_(-1, 1)
+    module = pipeline.convert(model, torch.randn(2, 3, 8, 8), backend="onnxruntime")
+    fresh = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(module(fresh), model(fresh))
