@@ -404,6 +404,44 @@ def convert_batch_norm_functional(ctx: ConverterContext) -> list[gs.Tensor]:
     return [out, save_mean, ctx.op.Reshape(rstd, flat), new_mean, new_var]
 
 
+# -- diagonal_scatter ----------------------------------------------------------------------------------------------
+
+
+def diagonal_sizes_known(node: gs.Node, settings: object) -> bool:
+    """Validator: the two axes that hold the diagonal have static sizes (the diagonal's map is a constant)."""
+    shape = node.inputs[0].shape
+    if shape is None:
+        return False
+    rank = len(shape)
+    dims = (int(node.attrs.get("dim1", 0)) % max(rank, 1), int(node.attrs.get("dim2", 1)) % max(rank, 1))
+    return rank >= 2 and all(isinstance(shape[d], int) for d in dims)
+
+
+@converter_case(lambda: _Returns(lambda x: torch.diagonal_scatter(x, x[0, :4] * 10)), inputs=[((6, 4), "float32")])
+@converter_case(
+    lambda: _Returns(lambda x: torch.diagonal_scatter(x, x[:, 0, :3] + 7, offset=-1, dim1=2, dim2=1)),
+    inputs=[((2, 3, 4), "float32")],
+)
+def convert_diagonal_scatter(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::diagonal_scatter`` (whose decomposition the exporter fails on): ``src``'s last axis gathered onto
+    the ``(dim1, dim2)`` plane by a constant index map, moved into place, and selected on the diagonal."""
+    x, src = ctx.inputs[0], ctx.inputs[1]
+    shape = list(ctx.input_shapes[0] or ())
+    rank = len(shape)
+    d1, d2, offset = int(ctx.attrs["dim1"]) % rank, int(ctx.attrs["dim2"]) % rank, int(ctx.attrs["offset"])
+    rows, cols = np.indices((int(shape[d1]), int(shape[d2])))
+    on_diagonal = cols - rows == offset
+    position = np.minimum(rows, cols) if offset == 0 else (rows if offset > 0 else cols)
+    position = np.where(on_diagonal, position, 0).astype(np.int64)
+    gathered = ctx.op.Gather(src, ctx.constant(position), axis=-1)  # [other axes..., size d1, size d2]
+    order = [a for a in range(rank) if a not in (d1, d2)] + [d1, d2]
+    placed = ctx.op.Transpose(gathered, perm=[order.index(a) for a in range(rank)])
+    mask_shape = [1] * rank
+    mask_shape[d1], mask_shape[d2] = int(shape[d1]), int(shape[d2])
+    mask = on_diagonal if d1 < d2 else on_diagonal.T
+    return ctx.op.Where(ctx.constant(mask.reshape(mask_shape)), placed, x)
+
+
 def register_override_converters(registry: ConverterRegistry) -> None:
     """Register the converters that replace the exporter's translation of these ATen ops, one call each."""
     registry.register("aten::avg_pool2d.default", validator=pool_sizes_known)(convert_avg_pool)
@@ -413,3 +451,4 @@ def register_override_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::logcumsumexp.default")(convert_logcumsumexp)
     registry.register("aten::aminmax.default")(convert_aminmax)
     registry.register("aten::_native_batch_norm_legit_functional.default")(convert_batch_norm_functional)
+    registry.register("aten::diagonal_scatter.default", validator=diagonal_sizes_known)(convert_diagonal_scatter)
