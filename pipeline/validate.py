@@ -85,7 +85,8 @@ class TorchRunner(BaseRunner):
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """Call the model on one feed (rebuilt into its Python call) and return its tensor outputs by name."""
-        feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feed_dict.items()}
+        # np.require keeps a 0-d feed 0-d (np.ascontiguousarray makes it 1-d, and the model fails on it)
+        feed = {k: torch.from_numpy(np.require(v, requirements="C")).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(feed)
         start = time.perf_counter()
         with torch.no_grad():
@@ -153,6 +154,8 @@ def _is_mask(sample: np.ndarray) -> bool:
 
 def _resize_like(sample: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The sample cropped or extended (repeating its last entry along each axis) to ``shape``."""
+    if sample.ndim == 0:  # nothing to resize (np.pad refuses the empty pad list of a 0-d array)
+        return sample.copy()
     grown = np.pad(sample, [(0, max(0, new - old)) for old, new in zip(sample.shape, shape, strict=True)], mode="edge")
     return np.ascontiguousarray(grown[tuple(slice(0, n) for n in shape)])
 
