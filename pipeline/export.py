@@ -24,6 +24,7 @@ from passes.model_io.graphs import to_graph, to_model
 from pipeline import export_errors
 from pipeline.module import io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.program_fixes import fix_program
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ def _torch_export(
             raise export_errors.torch_export_error(exc) from exc
         if complex_outputs:
             raise export_errors.complex_output_error(exported, complex_outputs)
+        exported = fix_program(exported)
         # Ops with a converter get an opaque translation whether or not they show yet: built-in ops often appear
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
