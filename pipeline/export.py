@@ -119,7 +119,16 @@ def export(
         )
     _rename_io(exported, names, out_names)
     _name_dynamic_dims(exported, settings.dynamic)
-    proto = to_model(exported, original, metadata)
+    try:
+        proto = to_model(exported, original, metadata)
+    except Exception as exc:  # e.g. an attribute graph-surgeon cannot write back (an empty list: no type)
+        raise ExportError(
+            f"the exported graph could not be written back after renaming its inputs and outputs: "
+            f"{type(exc).__name__}: {exc}",
+            node=_node_with_empty_list_attribute(exported),
+            fix="report this model; meanwhile pass custom_translation_table={op: function} for that op, or register "
+            "a converter for it",
+        ) from exc
     spec = IOSpec(
         inputs=tuple(_tensor_spec(v) for v in proto.graph.input),
         outputs=tuple(_tensor_spec(v) for v in proto.graph.output),
@@ -336,6 +345,14 @@ def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
             )
         shape[d.axis] = d.name
         tensor.shape = shape
+
+
+def _node_with_empty_list_attribute(graph: gs.Graph) -> str | None:
+    """``name (domain::op)`` of the first node with an empty list attribute (which has no type to write)."""
+    for node in graph.nodes:
+        if any(isinstance(v, list | tuple) and not v for v in node.attrs.values()):
+            return f"{node.name} ({node.domain or ''}::{node.op})"
+    return None
 
 
 def _tensor_spec(value: onnx.ValueInfoProto) -> TensorSpec:

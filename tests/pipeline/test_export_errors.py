@@ -81,3 +81,24 @@ def test_data_dependent_values_inside_the_model_name_the_op() -> None:
     error = _convert_error(fn, torch.randn(3), torch.randn(3))
     assert isinstance(error, pipeline.ExportError) and "data" in error.message
     assert error.node is not None and "equal" in error.node
+
+
+_LIBRARY = torch.library.Library("export_errors_test", "DEF")
+_LIBRARY.define("scale_dims(Tensor x, int[] dims=[1]) -> Tensor")
+
+
+@torch.library.impl(_LIBRARY, "scale_dims", "CompositeExplicitAutograd")
+def _scale_dims(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    return x * (len(dims) + 1)
+
+
+@torch.library.register_fake("export_errors_test::scale_dims")
+def _scale_dims_fake(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_an_attribute_the_graph_cannot_hold_names_the_node() -> None:
+    # dims=[] differs from the schema default [1]: an empty list attribute has no type to be written with
+    error = _convert_error(lambda x: torch.ops.export_errors_test.scale_dims(x, []), torch.randn(3))
+    assert isinstance(error, pipeline.ExportError)
+    assert error.node is not None and "scale_dims" in error.node
