@@ -365,6 +365,11 @@ def convert_batch_norm_functional(ctx: ConverterContext) -> list[gs.Tensor]:
     but 1: output, saved mean and 1/std, and the updated running mean and (unbiased) variance."""
     x, weight, bias, running_mean, running_var = ctx.inputs[:5]
     dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
+    if dtype.itemsize < 4:  # half types: statistics in float32, as PyTorch computes them
+        dtype = np.dtype(np.float32)
+        x, weight, bias, running_mean, running_var = (
+            None if t is None else ctx.op.Cast(t, to=onnx.TensorProto.FLOAT) for t in ctx.inputs[:5]
+        )
     rank = len(ctx.input_shapes[0] or ())
     eps, momentum = float(ctx.attrs["eps"]), float(ctx.attrs["momentum"])
     per_channel = ctx.constant(_ints([1, -1] + [1] * (rank - 2)))
@@ -385,23 +390,34 @@ def convert_batch_norm_functional(ctx: ConverterContext) -> list[gs.Tensor]:
         out = ctx.op.Add(out, ctx.op.Reshape(bias, per_channel))
     if not ctx.attrs["training"]:
         empty = np.zeros(0, dtype)
-        return [
-            out,
-            ctx.constant(empty),
-            ctx.constant(empty),
-            ctx.op.Identity(running_mean),
-            ctx.op.Identity(running_var),
-        ]
+        stats = [ctx.constant(empty), ctx.constant(empty), ctx.op.Identity(running_mean), ctx.op.Identity(running_var)]
+        return _as_declared(ctx, [out, *stats], dtype)
+    # n / (n - 1) computed in float32 (n itself may exceed float16's range), then in the input's type
     count = ctx.op.Cast(
         ctx.op.Div(ctx.op.Size(x), ctx.op.Gather(ctx.op.Shape(x), ctx.constant(np.array(1, np.int64)))),
-        to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+        to=onnx.TensorProto.FLOAT,
     )
-    unbiased = ctx.op.Mul(ctx.op.Reshape(var, flat), ctx.op.Div(count, ctx.op.Sub(count, _scalar(ctx, 1.0, dtype))))
+    ratio = ctx.op.Div(count, ctx.op.Sub(count, ctx.constant(np.array(1.0, np.float32))))
+    ratio = ctx.op.Cast(ratio, to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    unbiased = ctx.op.Mul(ctx.op.Reshape(var, flat), ratio)
     keep, take = _scalar(ctx, 1.0 - momentum, dtype), _scalar(ctx, momentum, dtype)
     save_mean = ctx.op.Reshape(mean, flat)
     new_mean = ctx.op.Add(ctx.op.Mul(running_mean, keep), ctx.op.Mul(save_mean, take))
     new_var = ctx.op.Add(ctx.op.Mul(running_var, keep), ctx.op.Mul(unbiased, take))
-    return [out, save_mean, ctx.op.Reshape(rstd, flat), new_mean, new_var]
+    return _as_declared(ctx, [out, save_mean, ctx.op.Reshape(rstd, flat), new_mean, new_var], dtype)
+
+
+def _as_declared(ctx: ConverterContext, outputs: list[gs.Tensor], computed: np.dtype) -> list[gs.Tensor]:
+    """Each output in the type the node declares for it (float32 statistics of a float16 input, ...)."""
+    cast: list[gs.Tensor] = []
+    for value, declared in zip(outputs, ctx.node.outputs, strict=True):
+        if declared.dtype is None or np.dtype(declared.dtype) == computed:
+            cast.append(value)
+        elif isinstance(value, gs.Constant):
+            cast.append(ctx.constant(value.values.astype(declared.dtype)))
+        else:
+            cast.append(ctx.op.Cast(value, to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(declared.dtype))))
+    return cast
 
 
 # -- diagonal_scatter ----------------------------------------------------------------------------------------------

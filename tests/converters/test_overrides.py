@@ -170,3 +170,21 @@ def test_batch_norm_in_eval_mode_keeps_the_exporters_translation() -> None:
     module = pipeline.convert(model, torch.randn(2, 3, 8, 8), backend="onnxruntime")
     fresh = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(module(fresh), model(fresh))
+
+
+def test_overrides_in_float16() -> None:
+    """Half inputs: batch norm keeps its statistics in float32 as PyTorch does; the others compute in float16."""
+    cases: list[tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = [
+        (
+            lambda x, w, b: F.batch_norm(x, torch.zeros(4, dtype=x.dtype), torch.ones(4, dtype=x.dtype), w, b, True),
+            (torch.randn(3, 4, 5), torch.randn(4), torch.randn(4)),
+        ),
+        (lambda x: F.avg_pool2d(x, 3, 2, 1, divisor_override=2), (torch.randn(2, 3, 9, 8),)),
+        (lambda x, src: x.scatter_reduce(1, INDEX, src, "mean", include_self=False), (_rows(2, 4), _rows(2, 6))),
+    ]
+    for fn, args in cases:
+        half = tuple(a.half() for a in args)
+        module = pipeline.convert(Op(fn), half, backend="onnxruntime")
+        got, want = module(*half), Op(fn)(*half)
+        assert got.dtype == torch.float16
+        torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
