@@ -3,9 +3,11 @@
 The exporter translates these ops, but not as PyTorch computes them: ``avg_pool2d``/``avg_pool3d`` ignore
 ``divisor_override``; ``log_sigmoid`` is ``Log(Sigmoid(x))`` (``-inf`` for x below about -88, where the answer
 is x); ``scatter_reduce(reduce="mean")`` scatters with no reduction (repeated indices keep one value);
-``logcumsumexp`` shifts by the global maximum (a prefix far below it underflows to ``-inf``); ``aminmax`` without
-``dim`` fails to export. Registering a converter for an ATen op makes the exporter write it as an opaque node
-for the converter, so each converter here handles every form of its op, not just the one the exporter gets wrong.
+``logcumsumexp`` shifts by the global maximum (a prefix far below it underflows to ``-inf``); batch norm in
+training mode uses the running statistics; ``aminmax`` without ``dim`` and ``diagonal_scatter`` fail to export;
+``scatter_reduce``'s ``ScatterElements`` reductions are rejected by TensorRT-RTX. Registering a converter for an
+ATen op makes the exporter write it as an opaque node for the converter, so each converter here handles every
+form of its op, not just the one the exporter gets wrong.
 """
 
 from __future__ import annotations
@@ -189,8 +191,10 @@ def _identity(reduce: str, dtype: np.dtype) -> np.ndarray:
         return np.array(0, dtype)
     if reduce == "prod":
         return np.array(1, dtype)
-    big = np.inf if dtype.kind == "f" else np.iinfo(dtype).max
-    return np.array(-big if reduce == "amax" else big, dtype)
+    if dtype.kind == "f":
+        return np.array(-np.inf if reduce == "amax" else np.inf, dtype)
+    info = np.iinfo(dtype)
+    return np.array(info.min if reduce == "amax" else info.max, dtype)
 
 
 def _known_reduction(node: gs.Node, settings: object) -> bool:
