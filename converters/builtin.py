@@ -15,6 +15,7 @@ import torch
 
 from converters.cases import converter_case
 from converters.context import ConverterContext
+from converters.overrides import register_override_converters
 from converters.registry import ConverterRegistry
 
 _LAST_AXIS = np.array([-1], np.int64)
@@ -90,3 +91,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     """Register every built-in converter on ``registry``, one explicit call each."""
     registry.register("aten::bucketize.Tensor")(convert_bucketize)
     registry.register("aten::_cdist_forward.default", validator=_finite_positive_p)(convert_cdist)
+    register_override_converters(registry)

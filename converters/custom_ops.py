@@ -84,6 +84,8 @@ def opaque_translation(op: torch._ops.OpOverload) -> Callable[..., Any]:
     onnx_op = Op(Opset(key.domain, 1), key.op_type, schema)
     arguments = op._schema.arguments
 
+    defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
+
     def translate(*args: Any, **kwargs: Any) -> Any:
         values = {a.name: (a.default_value if a.has_default_value() else None) for a in arguments}
         values.update(zip((a.name for a in arguments), args, strict=False))
@@ -91,7 +93,13 @@ def opaque_translation(op: torch._ops.OpOverload) -> Callable[..., Any]:
         tensors = [values[name] for name in tensor_args]
         while tensors and tensors[-1] is None:  # trailing omitted optional inputs are simply left out
             tensors.pop()
-        attrs = {name: _attribute_value(values[name]) for name in attr_args if values[name] is not None}
+        # an empty list cannot be written as an attribute (its type is unknown); left out, a converter's ctx.attrs
+        # reads the schema default, which is exact when that default is the same empty list (avg_pool3d's stride=[])
+        attrs = {
+            name: _attribute_value(values[name])
+            for name in attr_args
+            if values[name] is not None and not (_empty_list(values[name]) and _empty_list(defaults.get(name)))
+        }
         return onnx_op(*tensors, **attrs)
 
     translate.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -159,6 +167,10 @@ def _attribute_value(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [int(v) if isinstance(v, bool) else v for v in value]
     return value
+
+
+def _empty_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) and len(value) == 0
 
 
 def _exporter_translates(op: torch._ops.OpOverload) -> bool:

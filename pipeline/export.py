@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -22,9 +21,11 @@ from converters.errors import ExportError, InputError
 from converters.settings import DynamicDim, Settings
 from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
 from passes.model_io.graphs import to_graph, to_model
+from pipeline import export_errors
 from pipeline.module import io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.noise import quiet_third_party
+from pipeline.program_fixes import fix_program
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +41,6 @@ _ONNX_TO_TORCH: dict[int, str] = {
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.BOOL: "bool",
 }
-
-_EXPORT_FIXES = (
-    "usual fixes: (1) data-dependent Python control flow (`if x.sum() > 0:`) -> torch.cond or a tensor op "
-    "such as torch.where; (2) calls torch.export cannot trace (numpy, .item(), print of tensors, external "
-    "libraries) -> move them out of forward(); (3) a dynamic dimension the model forces to one value -> drop it "
-    "from dynamic=; (4) an op without an ONNX translation -> register a converter; "
-    "run torch.export.export(model, args) alone to see the full trace"
-)
 
 
 @dataclass(frozen=True)
@@ -101,9 +94,13 @@ def export(
                 f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",
                 fix="check the sample's shapes and dtypes against what forward() expects",
             ) from exc
-        out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
+        try:
+            out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
+        except ExportError as exc:
+            raise export_errors.python_value_error(exc, model, args, kwargs) from exc
+        complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         program = _torch_export(
-            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops
+            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops, complex_outputs
         )
 
     weights = None
@@ -123,7 +120,16 @@ def export(
         )
     _rename_io(exported, names, out_names)
     _name_dynamic_dims(exported, settings.dynamic)
-    proto = to_model(exported, original, metadata)
+    try:
+        proto = to_model(exported, original, metadata)
+    except Exception as exc:  # e.g. an attribute graph-surgeon cannot write back (an empty list: no type)
+        raise ExportError(
+            f"the exported graph could not be written back after renaming its inputs and outputs: "
+            f"{type(exc).__name__}: {exc}",
+            node=_node_with_empty_list_attribute(exported),
+            fix="report this model; meanwhile pass custom_translation_table={op: function} for that op, or register "
+            "a converter for it",
+        ) from exc
     spec = IOSpec(
         inputs=tuple(_tensor_spec(v) for v in proto.graph.input),
         outputs=tuple(_tensor_spec(v) for v in proto.graph.output),
@@ -148,6 +154,7 @@ def _torch_export(
     settings: Settings,
     translations: dict[Any, Callable[..., Any]] | None,
     converter_ops: Iterable[torch._ops.OpOverload],
+    complex_outputs: list[str],
 ) -> Any:
     """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque."""
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
@@ -156,7 +163,10 @@ def _torch_export(
         try:
             exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as exc:
-            raise ExportError(f"torch.export failed: {_reason(exc)}", fix=_EXPORT_FIXES) from exc
+            raise export_errors.torch_export_error(exc) from exc
+        if complex_outputs:
+            raise export_errors.complex_output_error(exported, complex_outputs)
+        exported = fix_program(exported)
         # Ops with a converter get an opaque translation whether or not they show yet: built-in ops often appear
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
@@ -172,10 +182,10 @@ def _torch_export(
                 report=False,
             )
         except Exception as exc:
-            missing = _untranslated_op(exc)
+            missing = export_errors.untranslated_op(exc)
             raise ExportError(
-                f"the ONNX translation of the exported program failed: {_reason(exc)}",
-                node=_failing_op(exc),
+                f"the ONNX translation of the exported program failed: {export_errors.reason(exc)}",
+                node=export_errors.failing_op(exc),
                 fix=(
                     f"{missing} has no ONNX translation: register a converter for it, "
                     f"@converters.register({missing!r}) (README, 'Writing a converter'), and it is exported as an "
@@ -260,6 +270,13 @@ def _check_sample_tensors(names: list[str], tensors: list[torch.Tensor]) -> None
                 "to that empty shape and validation would compare nothing",
                 fix="pass a sample with at least one element per input (size >= 2 on axes you declare dynamic)",
             )
+        if tensor.is_complex():
+            raise InputError(
+                f"sample input {name!r} is {str(tensor.dtype).removeprefix('torch.')}; ONNX graphs for TensorRT have "
+                "no complex type",
+                fix="pass torch.view_as_real(z) (a float tensor [..., 2]) and call torch.view_as_complex on it inside "
+                "forward()",
+            )
     grads = [name for name, tensor in zip(names, tensors, strict=True) if tensor.requires_grad]
     if grads:
         warnings.warn(
@@ -331,6 +348,14 @@ def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
         tensor.shape = shape
 
 
+def _node_with_empty_list_attribute(graph: gs.Graph) -> str | None:
+    """``name (domain::op)`` of the first node with an empty list attribute (which has no type to write)."""
+    for node in graph.nodes:
+        if any(isinstance(v, list | tuple) and not v for v in node.attrs.values()):
+            return f"{node.name} ({node.domain or ''}::{node.op})"
+    return None
+
+
 def _tensor_spec(value: onnx.ValueInfoProto) -> TensorSpec:
     tensor_type = value.type.tensor_type
     dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
@@ -342,42 +367,6 @@ def _tensor_spec(value: onnx.ValueInfoProto) -> TensorSpec:
         )
     shape = tuple(d.dim_param if d.HasField("dim_param") else int(d.dim_value) for d in tensor_type.shape.dim)
     return TensorSpec(value.name, dtype, shape)
-
-
-def _reason(exc: BaseException) -> str:
-    """The most specific line of an exporter error: the innermost cause's first lines."""
-    inner: BaseException = exc
-    while inner.__cause__ is not None:
-        inner = inner.__cause__
-    text = f"{type(inner).__name__}: {inner}".strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    return "\n    ".join(lines[:8])
-
-
-def _untranslated_op(exc: BaseException) -> str | None:
-    """``ns::op.overload`` of the op the exporter found no translation for, from its error text."""
-    match = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)', overload='(\w+)'\)>", _all_text(exc))
-    if match is None:
-        return None
-    namespace, _, name = match.group(1).partition(".")
-    return f"{namespace}::{name}.{match.group(2)}"
-
-
-def _all_text(exc: BaseException) -> str:
-    parts = []
-    inner: BaseException | None = exc
-    while inner is not None:
-        parts.append(str(inner))
-        inner = inner.__cause__
-    return "\n".join(parts)
-
-
-def _failing_op(exc: BaseException) -> str | None:
-    text = str(exc)
-    marker = "Error when translating node "
-    if marker in text:
-        return text.split(marker, 1)[1].split(".", 1)[0][:120]
-    return None
 
 
 @contextlib.contextmanager

@@ -193,6 +193,8 @@ def _is_mask(sample: np.ndarray) -> bool:
 
 def _resize_like(sample: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The sample cropped or extended (repeating its last entry along each axis) to ``shape``."""
+    if sample.ndim == 0:  # nothing to resize (np.pad refuses the empty pad list of a 0-d array)
+        return sample.copy()
     grown = np.pad(sample, [(0, max(0, new - old)) for old, new in zip(sample.shape, shape, strict=True)], mode="edge")
     return np.asarray(grown[tuple(slice(0, n) for n in shape)], order="C")
 

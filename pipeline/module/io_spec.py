@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from converters.errors import ExportError, InputError
+from pipeline.module import return_types
 
 TENSOR = "tensor"
 CONSTANT = "constant"
@@ -276,7 +277,7 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
 def dump_tree(tree: pytree.TreeSpec) -> str:
     """A pytree spec as a JSON string (saved in artifacts)."""
     try:
-        return pytree.treespec_dumps(tree)
+        return return_types.dumps(tree)
     except Exception as exc:  # a container type torch's pytree can flatten but not serialise
         raise ExportError(
             f"cannot record the structure {describe_tree(tree)}: {exc}",
@@ -287,13 +288,13 @@ def dump_tree(tree: pytree.TreeSpec) -> str:
 def load_tree(text: str) -> pytree.TreeSpec:
     """Deserialise a tree, importing the module of a registered container type (e.g. transformers outputs)."""
     try:
-        return pytree.treespec_loads(text)
+        return return_types.loads(text)
     except Exception:
         for type_name in _type_names(json.loads(text)):
             module = type_name.rpartition(".")[0]
             if module:
                 __import__(module)
-        return pytree.treespec_loads(text)
+        return return_types.loads(text)
 
 
 def describe_tree(tree: pytree.TreeSpec) -> str:

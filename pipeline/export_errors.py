@@ -1,0 +1,135 @@
+"""What went wrong in stage 1 (export), in words: the exporter's innermost reason, the op, and a fix."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from converters.errors import ExportError
+
+EXPORT_FIXES = (
+    "usual fixes: (1) data-dependent Python control flow (`if x.sum() > 0:`) -> torch.cond or a tensor op "
+    "such as torch.where; (2) calls torch.export cannot trace (numpy, .item(), print of tensors, external "
+    "libraries) -> move them out of forward(); (3) a dynamic dimension the model forces to one value -> drop it "
+    "from dynamic=; (4) an op without an ONNX translation -> register a converter; "
+    "run torch.export.export(model, args) alone to see the full trace"
+)
+
+
+#: ops that turn tensor data into a Python value (a graph output cannot be one)
+_PYTHON_VALUE_OPS = ("aten._local_scalar_dense", "aten.equal", "aten.is_nonzero", "aten.allclose")
+
+
+def python_value_error(
+    exc: ExportError, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ExportError:
+    """An output that is not a tensor: name the op that made a Python value of tensor data (``.item()``,
+    ``torch.equal``, ...), found by running the model once more and watching the ops it calls."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), k: Any = None) -> Any:
+            if str(func.overloadpacket) in _PYTHON_VALUE_OPS:
+                seen.append(str(func))
+            return func(*a, **(k or {}))
+
+    try:
+        with _Watch():
+            model(*args, **kwargs)
+    except Exception:  # only a better message is at stake: the original error stands
+        return exc
+    if not seen:
+        return exc
+    return ExportError(
+        f"{exc.message}: {seen[-1]} turned tensor data into a Python value",
+        node=seen[-1],
+        fix="return a tensor: (a == b).all() for torch.equal, torch.isclose(a, b).all() for torch.allclose, the "
+        "tensor itself instead of .item() / bool(t)",
+    )
+
+
+def torch_export_error(exc: BaseException) -> ExportError:
+    """torch.export's failure, with the op and a specific fix when a value depends on the tensors' data."""
+    text = f"{reason(exc)}\n{_all_text(exc)}"
+    op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
+    if op is not None or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (a Python value, a bool, number or shape, is computed from the "
+            "tensors' data, which a graph cannot hold)",
+            node=op.group(1) if op else _failing_line(text),
+            fix="compute with tensors instead: torch.where(...) or torch.cond for an `if` on data, a tensor result "
+            "for torch.equal / allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is "
+            "valid; or move that part out of forward()",
+        )
+    return ExportError(f"torch.export failed: {reason(exc)}", fix=EXPORT_FIXES)
+
+
+def _failing_line(text: str) -> str | None:
+    """The user's source line torch.export points at ("... at /path/model.py:12 in forward"), if any."""
+    match = re.search(r"(\S+\.py:\d+ in \w+)", text)
+    return match.group(1) if match else None
+
+
+def complex_output_error(exported: torch.export.ExportedProgram, outputs: list[str]) -> ExportError:
+    """Complex outputs: the op that first makes a complex tensor from real ones, and what to return instead."""
+    first = None
+    for node in exported.graph_module.graph.nodes:
+        if node.op == "call_function" and _is_complex(node.meta.get("val")):
+            inputs = [a.meta.get("val") for a in node.all_input_nodes]
+            if not any(_is_complex(v) for v in inputs):
+                first = str(node.target)
+                break
+    return ExportError(
+        f"output(s) {', '.join(outputs)} are complex; ONNX graphs for TensorRT have no complex type (the exporter "
+        "would give float32 [..., 2] tensors that no longer match the model)",
+        node=first,
+        fix="return torch.view_as_real(z) from forward() (call torch.view_as_complex on the converted module's "
+        "output), or return z.real and z.imag, or z.abs()",
+    )
+
+
+def _is_complex(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.is_complex()
+    return isinstance(value, list | tuple) and any(_is_complex(v) for v in value)
+
+
+def reason(exc: BaseException) -> str:
+    """The most specific line of an exporter error: the innermost cause's first lines."""
+    inner: BaseException = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = f"{type(inner).__name__}: {inner}".strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n    ".join(lines[:8])
+
+
+def untranslated_op(exc: BaseException) -> str | None:
+    """``ns::op.overload`` of the op the exporter found no translation for, from its error text."""
+    match = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)', overload='(\w+)'\)>", _all_text(exc))
+    if match is None:
+        return None
+    namespace, _, name = match.group(1).partition(".")
+    return f"{namespace}::{name}.{match.group(2)}"
+
+
+def _all_text(exc: BaseException) -> str:
+    parts = []
+    inner: BaseException | None = exc
+    while inner is not None:
+        parts.append(str(inner))
+        inner = inner.__cause__
+    return "\n".join(parts)
+
+
+def failing_op(exc: BaseException) -> str | None:
+    """The FX node the exporter names in "Error when translating node ...", if it does."""
+    text = str(exc)
+    marker = "Error when translating node "
+    if marker in text:
+        return text.split(marker, 1)[1].split(".", 1)[0][:120]
+    return None

@@ -1,0 +1,60 @@
+"""Rewrites of the torch.export program before its ONNX translation, where the exporter refuses a form of an op
+that an equivalent form it takes can express exactly.
+
+- ``scaled_dot_product_attention`` on 3-d ``[batch, length, embedding]`` tensors: the exporter takes only 4-d
+  ones, so each 3-d input gets a head axis of one (``unsqueeze(1)``) and the result loses it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with every rewrite applied (in place; returned for chaining)."""
+    changed = _attention_to_4d(program.graph_module.graph)
+    if changed:
+        program.graph_module.recompile()
+        logger.debug("3-d scaled_dot_product_attention given a head axis at %d node(s)", changed)
+    return program
+
+
+def _attention_to_4d(graph: torch.fx.Graph) -> int:
+    """3-d attention nodes rewritten as 4-d with one head; returns how many."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not _SDPA or _rank(node.args[0]) != 3:
+            continue
+        with graph.inserting_before(node):
+            args = [_unsqueezed(graph, a) if i < 4 and _rank(a) == 3 else a for i, a in enumerate(node.args)]
+            attention = graph.call_function(_SDPA, tuple(args), dict(node.kwargs))
+            attention.meta = {**node.meta, "val": _SDPA(*_vals(args), **node.kwargs)}
+        with graph.inserting_after(attention):
+            squeezed = graph.call_function(torch.ops.aten.squeeze.dim, (attention, 1))
+            squeezed.meta = {**node.meta, "val": attention.meta["val"].squeeze(1)}
+        node.replace_all_uses_with(squeezed)
+        graph.erase_node(node)
+        count += 1
+    return count
+
+
+def _rank(value: Any) -> int | None:
+    val = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    return val.dim() if isinstance(val, torch.Tensor) else None
+
+
+def _unsqueezed(graph: torch.fx.Graph, value: torch.fx.Node) -> torch.fx.Node:
+    node = graph.call_function(torch.ops.aten.unsqueeze.default, (value, 1))
+    node.meta = {**value.meta, "val": value.meta["val"].unsqueeze(1)}
+    return node
+
+
+def _vals(args: list[Any]) -> list[Any]:
+    return [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]

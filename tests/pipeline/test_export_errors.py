@@ -1,0 +1,104 @@
+"""Export-stage failures that cannot be converted say so clearly: the stage, the op, and a fix (never a raw
+exception): complex tensors, Python values computed from tensor data, data-dependent control flow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import pipeline
+
+
+class Op(nn.Module):
+    """forward(*tensors) = fn(*tensors)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        return self.fn(*tensors)
+
+
+def _convert_error(fn: Callable[..., Any], *sample: torch.Tensor) -> pipeline.PipelineError:
+    with pytest.raises(pipeline.PipelineError) as info:
+        pipeline.convert(Op(fn), sample, backend="onnxruntime")
+    text = str(info.value)
+    assert "fix:" in text, text
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("fn", "op"),
+    [
+        (lambda x: torch.view_as_complex(x), "aten.view_as_complex"),
+        (lambda x: torch.complex(x[..., 0], x[..., 1]) * 2, "aten.complex"),
+    ],
+    ids=["view_as_complex", "complex"],
+)
+def test_complex_outputs_name_the_op_that_makes_them(fn: Callable[..., Any], op: str) -> None:
+    error = _convert_error(fn, torch.randn(3, 4, 2))
+    assert isinstance(error, pipeline.ExportError)
+    assert error.node is not None and error.node.startswith(op)
+    assert "complex" in error.message and "view_as_real" in str(error.fix)
+
+
+def test_a_complex_output_of_real_math_still_converts_when_returned_as_real() -> None:
+    model = Op(lambda x: torch.view_as_real(torch.view_as_complex(x) * (1 + 2j)))
+    module = pipeline.convert(model, torch.randn(3, 4, 2), backend="onnxruntime")
+    x = torch.randn(3, 4, 2)
+    torch.testing.assert_close(module(x), model(x))
+
+
+def test_complex_inputs_are_an_input_error() -> None:
+    error = _convert_error(lambda z: z.abs(), torch.randn(3, 4, dtype=torch.complex64))
+    assert isinstance(error, pipeline.InputError) and "complex64" in error.message
+
+
+@pytest.mark.parametrize(
+    ("fn", "op", "kind"),
+    [
+        (lambda a, b: torch.equal(a, b), "aten.equal", "bool"),
+        (lambda a, b: torch.allclose(a, b), "aten.allclose", "bool"),
+        (lambda a, b: (a * b).sum().item(), "aten._local_scalar_dense", "float"),
+    ],
+    ids=["equal", "allclose", "item"],
+)
+def test_python_value_outputs_name_the_op(fn: Callable[..., Any], op: str, kind: str) -> None:
+    error = _convert_error(fn, torch.randn(3), torch.randn(3))
+    assert isinstance(error, pipeline.ExportError) and f"is a {kind}" in error.message
+    assert error.node is not None and error.node.startswith(op)
+
+
+def test_data_dependent_values_inside_the_model_name_the_op() -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + 1 if torch.equal(a, b) else a - 1
+
+    error = _convert_error(fn, torch.randn(3), torch.randn(3))
+    assert isinstance(error, pipeline.ExportError) and "data" in error.message
+    assert error.node is not None and "equal" in error.node
+
+
+_LIBRARY = torch.library.Library("export_errors_test", "DEF")
+_LIBRARY.define("scale_dims(Tensor x, int[] dims=[1]) -> Tensor")
+
+
+@torch.library.impl(_LIBRARY, "scale_dims", "CompositeExplicitAutograd")
+def _scale_dims(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    return x * (len(dims) + 1)
+
+
+@torch.library.register_fake("export_errors_test::scale_dims")
+def _scale_dims_fake(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_an_attribute_the_graph_cannot_hold_names_the_node() -> None:
+    # dims=[] differs from the schema default [1]: an empty list attribute has no type to be written with
+    error = _convert_error(lambda x: torch.ops.export_errors_test.scale_dims(x, []), torch.randn(3))
+    assert isinstance(error, pipeline.ExportError)
+    assert error.node is not None and "scale_dims" in error.node
