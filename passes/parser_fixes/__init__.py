@@ -18,6 +18,7 @@ from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
+from passes.parser_fixes.low_rank import LiftLowRank
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.rules import Facts, RewriteRule
 
@@ -28,6 +29,7 @@ __all__ = [
     "Col2ImToGather",
     "CompressToGather",
     "DftToMatMul",
+    "LiftLowRank",
     "MaxUnpoolToScatter",
     "ReduceAxesToInitializers",
     "declined_fixes",
@@ -46,6 +48,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         AffineGridToMatMul(),
         MaxUnpoolToScatter(),
         CompressToGather(),
+        LiftLowRank(),
         ReduceAxesToInitializers(),
     )
 
