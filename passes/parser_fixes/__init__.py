@@ -19,6 +19,7 @@ from passes.parser_fixes.dft import DftToMatMul
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.low_rank import LiftLowRank
+from passes.parser_fixes.max_pool import MaxPoolByWindows
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.rules import Facts, RewriteRule
 
@@ -30,6 +31,7 @@ __all__ = [
     "CompressToGather",
     "DftToMatMul",
     "LiftLowRank",
+    "MaxPoolByWindows",
     "MaxUnpoolToScatter",
     "ReduceAxesToInitializers",
     "declined_fixes",
@@ -49,6 +51,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         MaxUnpoolToScatter(),
         CompressToGather(),
         LiftLowRank(),
+        MaxPoolByWindows(),
         ReduceAxesToInitializers(),
     )
 
