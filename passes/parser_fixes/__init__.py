@@ -18,6 +18,7 @@ from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
+from passes.parser_fixes.losses import ClassLossToGather
 from passes.parser_fixes.low_rank import LiftLowRank
 from passes.parser_fixes.max_pool import MaxPoolByWindows
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
@@ -27,6 +28,7 @@ __all__ = [
     "AffineGridToMatMul",
     "BitwiseToArithmetic",
     "CenterCropPadToSlicePad",
+    "ClassLossToGather",
     "Col2ImToGather",
     "CompressToGather",
     "DftToMatMul",
@@ -50,6 +52,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         AffineGridToMatMul(),
         MaxUnpoolToScatter(),
         CompressToGather(),
+        ClassLossToGather(),
         LiftLowRank(),
         MaxPoolByWindows(),
         ReduceAxesToInitializers(),
