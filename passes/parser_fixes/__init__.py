@@ -21,6 +21,7 @@ from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.losses import ClassLossToGather
 from passes.parser_fixes.low_rank import LiftLowRank
 from passes.parser_fixes.max_pool import MaxPoolByWindows
+from passes.parser_fixes.normalization import LayerNormStatistics
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.rules import Facts, RewriteRule
 
@@ -32,6 +33,7 @@ __all__ = [
     "Col2ImToGather",
     "CompressToGather",
     "DftToMatMul",
+    "LayerNormStatistics",
     "LiftLowRank",
     "MaxPoolByWindows",
     "MaxUnpoolToScatter",
@@ -55,6 +57,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         ClassLossToGather(),
         LiftLowRank(),
         MaxPoolByWindows(),
+        LayerNormStatistics(),
         ReduceAxesToInitializers(),
     )
 
