@@ -1,9 +1,10 @@
 """Ops on tensors of too low a rank for TensorRT's parser, computed on the input with leading axes of size 1 added.
 
 The parser (TensorRT-RTX 1.7 measured) rejects ``Softmax``, ``LogSoftmax``, ``Hardmax``, ``ArgMax`` and ``ArgMin``
-on inputs of rank 0 or 1 ("at least 2 dimensions are required for input"), and every ``Reduce*``, ``CumSum`` and
-``LpNormalization`` on a 0-d input ("at least 1 dimensions are required"). PyTorch writes these for a vector's
-softmax or argmax and for any reduction of a scalar.
+on a vector ("at least 2 dimensions are required for input"; ONNX defines them from rank 1), and every ``Reduce*``
+on a 0-d input ("at least 1 dimensions are required"). PyTorch writes these for a vector's softmax or argmax and
+for any reduction of a scalar (``x.mean()`` of a loss). CumSum and LpNormalization, which the parser rejects on 0-d
+inputs too, are left: ONNX Runtime does not run them there either, so no graph that validates has them.
 
 The rewrite: ``Unsqueeze`` the input to the rank the parser wants (new axes in front), run the same op with its axis
 moved by the number of added axes, ``Squeeze`` the added axes off the output. A size-1 axis changes no value: the
@@ -12,9 +13,9 @@ along the kept axis is unchanged). Leading axes are the ones added because an ON
 end (``-1``) still names the same axis, and the kept output axes stay in front for the ``Squeeze``. Unsqueeze and
 Squeeze with constant axes keep dynamic dimensions dynamic.
 
-A reduction of a 0-d tensor reduces its one element whatever ``axes`` says (``[]``, ``[0]`` or ``[-1]``), except
-when ``noop_with_empty_axes`` makes empty axes an identity: then it becomes an ``Identity``. The lifted reduction
-always reduces axis 0 of the 1-element vector without ``keepdims``, so its output is 0-d as the original's was.
+A reduction of a 0-d tensor reduces its one element whatever ``axes`` says (``[]``, ``[0]`` or ``[-1]``); the
+lifted reduction reduces axis 0 of the 1-element vector without ``keepdims``, so its output is 0-d as the
+original's was. A no-op reduction (``noop_with_empty_axes`` and no axes) is left: the parser takes it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from passes.rules import Facts, RewriteContext, RewriteRule
 
 #: The rank the parser needs for each op's (first) input.
 MIN_RANK: dict[str, int] = {
-    "Softmax": 2, "LogSoftmax": 2, "Hardmax": 2, "ArgMax": 2, "ArgMin": 2,
-    "CumSum": 1, "LpNormalization": 1, **dict.fromkeys(REDUCE_OPS, 1),
+    "Softmax": 2, "LogSoftmax": 2, "Hardmax": 2, "ArgMax": 2, "ArgMin": 2, **dict.fromkeys(REDUCE_OPS, 1),
 }  # fmt: skip
-_AXIS_DEFAULTS = {"Softmax": -1, "LogSoftmax": -1, "Hardmax": -1, "ArgMax": 0, "ArgMin": 0, "LpNormalization": -1}
+_AXIS_DEFAULTS = {"Softmax": -1, "LogSoftmax": -1, "Hardmax": -1, "ArgMax": 0, "ArgMin": 0}
 _ARG_OPS = frozenset({"ArgMax", "ArgMin"})
 #: Opsets from which ReduceX takes ``axes`` as an input (before: an attribute).
 _AXES_INPUT_FROM = {**dict.fromkeys(REDUCE_OPS, 18), "ReduceSum": 13}
@@ -42,18 +42,17 @@ _AXES_INPUT_FROM = {**dict.fromkeys(REDUCE_OPS, 18), "ReduceSum": 13}
 
 @dataclass(frozen=True)
 class LiftPlan:
-    """How to lift one node: leading axes to add, the op's new attributes and (for CumSum and Reduce) new inputs."""
+    """How to lift one node: leading axes to add, the op's new attributes and (Reduce from opset 18) the axes."""
 
     added: int  # leading size-1 axes added to the input and squeezed off every output
     dtype: np.dtype  # the input's (and, but for ArgMax/ArgMin, the output's) dtype
     attrs: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[Any, ...] = ()  # the lifted node's inputs after the first (numpy arrays become constants)
-    identity: bool = False  # a no-op reduction: the output is the input
 
 
 class LiftLowRank(RewriteRule[LiftPlan]):
-    """``Softmax``/``LogSoftmax``/``Hardmax``/``ArgMax``/``ArgMin`` on rank < 2, ``Reduce*``/``CumSum``/
-    ``LpNormalization`` on rank 0 -> ``Squeeze(op(Unsqueeze(x)))`` with leading size-1 axes (module doc)."""
+    """``Softmax``/``LogSoftmax``/``Hardmax``/``ArgMax``/``ArgMin`` on a vector and ``Reduce*`` on a 0-d input ->
+    ``Squeeze(op(Unsqueeze(x)))`` with leading size-1 axes (module doc)."""
 
     name = "lift_low_rank"
     ops = frozenset(MIN_RANK)
@@ -72,29 +71,21 @@ class LiftLowRank(RewriteRule[LiftPlan]):
         added = wanted - rank
         if node.op in REDUCE_OPS:
             return _reduce_plan(node, facts, dtype)
-        if node.op == "CumSum":
-            return LiftPlan(added, dtype, dict(node.attrs), (np.zeros((), _index_dtype(node.inputs[1])),))
         if node.op in ("Softmax", "LogSoftmax", "Hardmax") and facts.opset < 13:
             return f"opset {facts.opset}: {node.op} before opset 13 flattens to 2-D around its axis (not rewritten)"
         axis = int(node.attrs.get("axis", _AXIS_DEFAULTS[node.op]))
-        if not -max(rank, 1) <= axis < max(rank, 1):
+        if not -rank <= axis < rank:
             return f"axis {axis} is out of range for rank {rank}"
-        if rank == 0 and (node.op in _ARG_OPS and not node.attrs.get("keepdims", 1)):
-            return "ArgMax/ArgMin without keepdims on a 0-d input has no output rank"
-        attrs = dict(node.attrs)
-        attrs["axis"] = (axis % max(rank, 1)) + added if rank else wanted - 1
-        return LiftPlan(added, dtype, attrs)
+        return LiftPlan(added, dtype, {**node.attrs, "axis": axis % rank + added})
 
     def rewrite(self, plan: LiftPlan, ctx: RewriteContext) -> list[gs.Tensor]:
         """Unsqueeze the input, run the op lifted, Squeeze the added axes off (module doc)."""
         node = ctx.node
         x = node.inputs[0]
-        if plan.identity:
-            return [ctx.typed(plan.dtype).Identity(x)]
         front = ctx.constant(np.arange(plan.added, dtype=np.int64), "added_axes")
         lifted = ctx.typed(plan.dtype).Unsqueeze(x, front)
         out_dtype = np.dtype(np.int64) if node.op in _ARG_OPS else plan.dtype
-        inputs = [ctx.constant(v, "axis") if isinstance(v, np.ndarray) else v for v in plan.inputs]
+        inputs = [ctx.constant(v, "axes") for v in plan.inputs]
         (y,) = ctx.make_node(node.op, [lifted, *inputs], plan.attrs, 1, dtype=out_dtype)
         if node.op in REDUCE_OPS:
             return [y]  # reduced without keepdims: 0-d already
@@ -102,7 +93,7 @@ class LiftLowRank(RewriteRule[LiftPlan]):
 
 
 def _reduce_plan(node: gs.Node, facts: Facts, dtype: np.dtype) -> LiftPlan | str:
-    """A 0-d reduction: its one element reduced along axis 0 of a 1-element vector, or an identity."""
+    """A 0-d reduction: its one element reduced along axis 0 of a 1-element vector."""
     if len(node.inputs) > 1 and not is_omitted(node.inputs[1]):
         resolved = facts.memo("value_resolver", lambda: ValueResolver(facts.opset)).resolve(node.inputs[1])
         if resolved is None:
@@ -113,7 +104,7 @@ def _reduce_plan(node: gs.Node, facts: Facts, dtype: np.dtype) -> LiftPlan | str
     if any(a not in (0, -1) for a in axes):
         return f"axes {axes} are out of range for a 0-d input"
     if not axes and node.attrs.get("noop_with_empty_axes", 0):
-        return LiftPlan(1, dtype, identity=True)
+        return "a no-op reduction (noop_with_empty_axes, no axes): the parser takes it"
     attrs = {k: v for k, v in node.attrs.items() if k not in ("axes", "keepdims", "noop_with_empty_axes")}
     attrs["keepdims"] = 0
     axis = np.zeros(1, np.int64)
@@ -122,8 +113,3 @@ def _reduce_plan(node: gs.Node, facts: Facts, dtype: np.dtype) -> LiftPlan | str
     attrs["axes"] = [0]
     return LiftPlan(1, dtype, attrs)
 
-
-def _index_dtype(tensor: gs.Tensor) -> np.dtype:
-    """CumSum's axis keeps its integer type (int32 or int64)."""
-    dtype = dtype_of(tensor)
-    return dtype if dtype is not None and dtype == np.int32 else np.dtype(np.int64)
