@@ -23,6 +23,7 @@ from passes.parser_fixes.low_rank import LiftLowRank
 from passes.parser_fixes.max_pool import MaxPoolByWindows
 from passes.parser_fixes.normalization import LayerNormStatistics
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
+from passes.parser_fixes.scatter_reduce import ScatterReductionToMask
 from passes.rules import Facts, RewriteRule
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "MaxPoolByWindows",
     "MaxUnpoolToScatter",
     "ReduceAxesToInitializers",
+    "ScatterReductionToMask",
     "declined_fixes",
     "parser_fix_passes",
 ]
@@ -58,6 +60,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         LiftLowRank(),
         MaxPoolByWindows(),
         LayerNormStatistics(),
+        ScatterReductionToMask(),
         ReduceAxesToInitializers(),
     )
 
