@@ -16,6 +16,10 @@ Squeeze with constant axes keep dynamic dimensions dynamic.
 A reduction of a 0-d tensor reduces its one element whatever ``axes`` says (``[]``, ``[0]`` or ``[-1]``); the
 lifted reduction reduces axis 0 of the 1-element vector without ``keepdims``, so its output is 0-d as the
 original's was. A no-op reduction (``noop_with_empty_axes`` and no axes) is left: the parser takes it.
+
+``RandomNormalLike`` and ``RandomUniformLike`` of a 0-d tensor (``torch.randn_like`` of a scalar) parse but fail in
+the builder ("Copy operation '..._shape_concat' has 1 inputs"); lifted the same way, they draw one value from the
+same distribution.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from passes.rules import Facts, RewriteContext, RewriteRule
 #: The rank the parser needs for each op's (first) input.
 MIN_RANK: dict[str, int] = {
     "Softmax": 2, "LogSoftmax": 2, "Hardmax": 2, "ArgMax": 2, "ArgMin": 2, **dict.fromkeys(REDUCE_OPS, 1),
+    "RandomNormalLike": 1, "RandomUniformLike": 1,
 }  # fmt: skip
 _AXIS_DEFAULTS = {"Softmax": -1, "LogSoftmax": -1, "Hardmax": -1, "ArgMax": 0, "ArgMin": 0}
 _ARG_OPS = frozenset({"ArgMax", "ArgMin"})
+_RANDOM_OPS = frozenset({"RandomNormalLike", "RandomUniformLike"})
 #: Opsets from which ReduceX takes ``axes`` as an input (before: an attribute).
 _AXES_INPUT_FROM = {**dict.fromkeys(REDUCE_OPS, 18), "ReduceSum": 13}
 
@@ -45,13 +51,15 @@ class LiftPlan:
     """How to lift one node: leading axes to add, the op's new attributes and (Reduce from opset 18) the axes."""
 
     added: int  # leading size-1 axes added to the input and squeezed off every output
-    dtype: np.dtype  # the input's (and, but for ArgMax/ArgMin, the output's) dtype
+    dtype: np.dtype  # the input's dtype
+    out_dtype: np.dtype  # the output's
     attrs: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[Any, ...] = ()  # the lifted node's inputs after the first (numpy arrays become constants)
 
 
 class LiftLowRank(RewriteRule[LiftPlan]):
-    """``Softmax``/``LogSoftmax``/``Hardmax``/``ArgMax``/``ArgMin`` on a vector and ``Reduce*`` on a 0-d input ->
+    """``Softmax``/``LogSoftmax``/``Hardmax``/``ArgMax``/``ArgMin`` on a vector, ``Reduce*`` and ``Random*Like`` on a
+    0-d input ->
     ``Squeeze(op(Unsqueeze(x)))`` with leading size-1 axes (module doc)."""
 
     name = "lift_low_rank"
@@ -71,12 +79,15 @@ class LiftLowRank(RewriteRule[LiftPlan]):
         added = wanted - rank
         if node.op in REDUCE_OPS:
             return _reduce_plan(node, facts, dtype)
+        if node.op in _RANDOM_OPS:
+            return LiftPlan(added, dtype, dtype_of(node.outputs[0]) or dtype, dict(node.attrs))
         if node.op in ("Softmax", "LogSoftmax", "Hardmax") and facts.opset < 13:
             return f"opset {facts.opset}: {node.op} before opset 13 flattens to 2-D around its axis (not rewritten)"
         axis = int(node.attrs.get("axis", _AXIS_DEFAULTS[node.op]))
         if not -rank <= axis < rank:
             return f"axis {axis} is out of range for rank {rank}"
-        return LiftPlan(added, dtype, {**node.attrs, "axis": axis % rank + added})
+        out_dtype = np.dtype(np.int64) if node.op in _ARG_OPS else dtype
+        return LiftPlan(added, dtype, out_dtype, {**node.attrs, "axis": axis % rank + added})
 
     def rewrite(self, plan: LiftPlan, ctx: RewriteContext) -> list[gs.Tensor]:
         """Unsqueeze the input, run the op lifted, Squeeze the added axes off (module doc)."""
@@ -84,7 +95,7 @@ class LiftLowRank(RewriteRule[LiftPlan]):
         x = node.inputs[0]
         front = ctx.constant(np.arange(plan.added, dtype=np.int64), "added_axes")
         lifted = ctx.typed(plan.dtype).Unsqueeze(x, front)
-        out_dtype = np.dtype(np.int64) if node.op in _ARG_OPS else plan.dtype
+        out_dtype = plan.out_dtype
         inputs = [ctx.constant(v, "axes") for v in plan.inputs]
         (y,) = ctx.make_node(node.op, [lifted, *inputs], plan.attrs, 1, dtype=out_dtype)
         if node.op in REDUCE_OPS:
@@ -109,7 +120,7 @@ def _reduce_plan(node: gs.Node, facts: Facts, dtype: np.dtype) -> LiftPlan | str
     attrs["keepdims"] = 0
     axis = np.zeros(1, np.int64)
     if facts.opset >= _AXES_INPUT_FROM[node.op]:
-        return LiftPlan(1, dtype, attrs, (axis,))
+        return LiftPlan(1, dtype, dtype, attrs, (axis,))
     attrs["axes"] = [0]
-    return LiftPlan(1, dtype, attrs)
+    return LiftPlan(1, dtype, dtype, attrs)
 

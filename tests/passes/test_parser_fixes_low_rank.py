@@ -130,3 +130,14 @@ def test_pytorch_vector_softmax_with_a_dynamic_length() -> None:
     x = torch.randn(11)
     torch.testing.assert_close(module(x), model(x), rtol=1e-5, atol=1e-6)
     assert_builds(module)
+
+
+@pytest.mark.parametrize("op", ["RandomNormalLike", "RandomUniformLike"])
+def test_random_like_of_a_scalar_builds(op: str) -> None:
+    """The builder fails on a 0-d Random*Like; lifted, it draws one value of the same type (random: not compared)."""
+    model = parse(f"{header()}g (float x) => (float y) {{ y = {op}<seed=1.0>(x) }}")
+    assert "build" in (rtx_build_error(model) or "")
+    after, _ = apply(LiftLowRank(), model)
+    assert sorted(ops(after)) == [op, "Squeeze", "Unsqueeze"]
+    assert_same_outputs(model, after, {"x": np.array(0.5, np.float32)})  # same seed: the same draw on ORT
+    assert rtx_build_error(after) is None
