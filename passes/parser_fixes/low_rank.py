@@ -65,6 +65,18 @@ class LiftLowRank(RewriteRule[LiftPlan]):
     name = "lift_low_rank"
     ops = frozenset(MIN_RANK)
 
+    def looks_at(self, node: gs.Node) -> bool:
+        """One of the ops, on an input of too low (or unknown) a rank: a Reduce on a matrix is none of its business
+        (so the check report does not list this fix beside every Reduce it flags)."""
+        return super().looks_at(node) and _too_low(node) is not None
+
+    def reason(self, node: gs.Node, facts: Facts) -> str | None:
+        """Why the rule leaves ``node`` (None: it would rewrite it), the input's rank included."""
+        if super().looks_at(node) and _too_low(node) is None:
+            rank = rank_of(node.inputs[0])
+            return f"the input has rank {rank}; the parser takes {node.op} from rank {MIN_RANK[node.op]}"
+        return super().reason(node, facts)
+
     def check(self, node: gs.Node, facts: Facts) -> LiftPlan | str:
         """A plan when the input's rank is known and below what the parser needs; else the reason."""
         x = node.inputs[0]
@@ -124,3 +136,10 @@ def _reduce_plan(node: gs.Node, facts: Facts, dtype: np.dtype) -> LiftPlan | str
     attrs["axes"] = [0]
     return LiftPlan(1, dtype, dtype, attrs)
 
+
+def _too_low(node: gs.Node) -> int | None:
+    """The input's rank when it is unknown (-1) or below what the parser needs; None when the parser takes it."""
+    rank = rank_of(node.inputs[0]) if node.inputs else None
+    if rank is None:
+        return -1
+    return rank if rank < MIN_RANK[node.op] else None
