@@ -18,18 +18,28 @@ from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
+from passes.parser_fixes.losses import ClassLossToGather
+from passes.parser_fixes.low_rank import LiftLowRank
+from passes.parser_fixes.max_pool import MaxPoolByWindows
+from passes.parser_fixes.normalization import LayerNormStatistics
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
+from passes.parser_fixes.scatter_reduce import ScatterReductionToMask
 from passes.rules import Facts, RewriteRule
 
 __all__ = [
     "AffineGridToMatMul",
     "BitwiseToArithmetic",
     "CenterCropPadToSlicePad",
+    "ClassLossToGather",
     "Col2ImToGather",
     "CompressToGather",
     "DftToMatMul",
+    "LayerNormStatistics",
+    "LiftLowRank",
+    "MaxPoolByWindows",
     "MaxUnpoolToScatter",
     "ReduceAxesToInitializers",
+    "ScatterReductionToMask",
     "declined_fixes",
     "parser_fix_passes",
 ]
@@ -46,6 +56,11 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         AffineGridToMatMul(),
         MaxUnpoolToScatter(),
         CompressToGather(),
+        ClassLossToGather(),
+        LiftLowRank(),
+        MaxPoolByWindows(),
+        LayerNormStatistics(),
+        ScatterReductionToMask(),
         ReduceAxesToInitializers(),
     )
 
