@@ -7,9 +7,11 @@ polynomials live in :mod:`converters.aten_polynomials`.
 from __future__ import annotations
 
 from converters.aten_polynomials import register_polynomial_converters
+from converters.aten_special import register_special_converters
 from converters.registry import ConverterRegistry
 
 
 def register_aten1_converters(registry: ConverterRegistry) -> None:
     """Register every pointwise and numeric ATen/prims converter on ``registry``."""
     register_polynomial_converters(registry)
+    register_special_converters(registry)

@@ -104,7 +104,8 @@ def _loop(ctx: ConverterContext, m: Math, y: Expr, degree: Expr, family: Recurre
         name=ctx.fresh_name("recurrence"),
         opset=ctx.opset,
     )
-    outputs = ctx.op.Loop(trips, ctx.constant(np.array(True)), one.tensor, first.tensor, initial.tensor, body=body, outputs=3)
+    carried = (one.tensor, first.tensor, initial.tensor)
+    outputs = ctx.op.Loop(trips, ctx.constant(np.array(True)), *carried, body=body, outputs=3)
     return m.wrap(outputs[2])
 
 
@@ -115,18 +116,16 @@ def _typed(tensor: gs.Tensor, dtype: np.dtype) -> gs.Tensor:
 
 
 def convert_polynomial(ctx: ConverterContext) -> gs.Tensor:
-    """``aten::special_<family>(x, n)`` (tensor, tensor; or one of them a Scalar): ``P_n(x)`` by the family's
-    recurrence in an ONNX ``Loop`` (see the module docstring)."""
+    """``aten::special_<family>(x, n)`` (two tensors, or ``n`` a Scalar): ``P_n(x)`` by the family's recurrence
+    in an ONNX ``Loop`` (see the module docstring)."""
     family = FAMILIES[ctx.key.op_type.split(".")[0].removeprefix("special_")]
     dtype = next((d for d in ctx.input_dtypes if d is not None and d.kind == "f"), np.dtype(np.float32))
     m = Math(ctx, dtype)
-    x = m.wrap(ctx.inputs[0]) if ctx.attrs.get("x") is None else m.const(float(ctx.attrs["x"]))
-    n_input = ctx.inputs[1] if ctx.attrs.get("x") is None else ctx.inputs[0]
-    n = m.const(float(ctx.attrs["n"])) if ctx.attrs.get("n") is not None else m.wrap(n_input)
-    if n.tensor.dtype is not None and np.dtype(n.tensor.dtype) != m.dtype:
-        n = m.cast(n, onnx.helper.np_dtype_to_tensor_dtype(m.dtype))
-    if x.tensor.dtype is not None and np.dtype(x.tensor.dtype) != m.dtype:
-        x = m.cast(x, onnx.helper.np_dtype_to_tensor_dtype(m.dtype))
+    x = m.wrap(ctx.inputs[0])
+    n = m.const(float(ctx.attrs["n"])) if ctx.attrs.get("n") is not None else m.wrap(ctx.inputs[1])
+    to = onnx.helper.np_dtype_to_tensor_dtype(m.dtype)
+    n = n if n.tensor.dtype is not None and np.dtype(n.tensor.dtype) == m.dtype else m.cast(n, to)
+    x = x if x.tensor.dtype is not None and np.dtype(x.tensor.dtype) == m.dtype else m.cast(x, to)
     degree = _degree(m, n, family)
     result = _loop(ctx, m, family.argument(x), degree, family)
     if family.max_degree is not None:
@@ -135,31 +134,41 @@ def convert_polynomial(ctx: ConverterContext) -> gs.Tensor:
 
 
 class _Polynomial(torch.nn.Module):
-    def __init__(self, name: str) -> None:
+    """``P_n(x)`` with a tensor degree (0..7 and below zero, whatever the random input) or a fixed one."""
+
+    def __init__(self, name: str, degree: int | None = None) -> None:
         super().__init__()
         self.function = getattr(torch.special, name)
+        self.degree = degree
 
-    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        # degrees 0..7 and below zero, whatever the random input
+    def forward(self, x: torch.Tensor, n: torch.Tensor | None = None) -> torch.Tensor:
+        if self.degree is not None:
+            return self.function(x, self.degree)
+        assert n is not None
         return self.function(x, torch.floor(n * 3.0))
 
 
-for _name in FAMILIES:
-    convert_polynomial = converter_case(
-        lambda name=_name: _Polynomial(name),
-        inputs=[((3, 4), "float32"), ((4,), "float32")],
-        name=f"polynomial_{_name}",
-    )(convert_polynomial)
-convert_polynomial = converter_case(
-    lambda: _Polynomial("legendre_polynomial_p"),
-    inputs=[((2, 5), "float32"), ((2, 5), "float32")],
-    dynamic={"x": {0: ("batch", 1, 2, 4)}, "n": {0: ("batch", 1, 2, 4)}},
-    name="polynomial_dynamic",
-)(convert_polynomial)
+def polynomial_converter(name: str, overload: str) -> Callable[[ConverterContext], gs.Tensor]:
+    """A converter (its own function, with its own test case) for ``special_<name>.<overload>``."""
+
+    def convert(ctx: ConverterContext) -> gs.Tensor:
+        return convert_polynomial(ctx)
+
+    convert.__name__ = convert.__qualname__ = f"convert_{name}_{overload}"
+    convert.__doc__ = convert_polynomial.__doc__
+    if overload == "n_scalar":
+        return converter_case(lambda: _Polynomial(name, 5), inputs=[((3, 4), "float32")], name=f"{name}_n5")(convert)
+    dynamic = {"x": {0: ("batch", 1, 2, 4)}, "n": {0: ("batch", 1, 2, 4)}}
+    return converter_case(
+        lambda: _Polynomial(name),
+        inputs=[((2, 5), "float32"), ((2, 5), "float32")],
+        dynamic=dynamic if name == "legendre_polynomial_p" else None,
+        name=name,
+    )(convert)
 
 
 def register_polynomial_converters(registry: ConverterRegistry) -> None:
-    """Every family, for its tensor-tensor overload and its Scalar-x and Scalar-n overloads."""
+    """Every family, for its tensor-tensor overload and its Scalar-n overload."""
     for name in FAMILIES:
-        for overload in ("default", "x_scalar", "n_scalar"):
-            registry.register(f"aten::special_{name}.{overload}")(convert_polynomial)
+        for overload in ("default", "n_scalar"):
+            registry.register(f"aten::special_{name}.{overload}")(polynomial_converter(name, overload))

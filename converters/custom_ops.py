@@ -43,7 +43,9 @@ _ATTRIBUTE_TYPES = {
     "number": OpSchema.AttrType.FLOAT,  # a Scalar argument
 }
 #: Arguments that say where or how a tensor is made, not what it holds: not written to the node.
-_DROPPED_TYPES = frozenset({"Device", "Optional[Device]", "Generator", "Optional[Generator]", "Layout", "Optional[Layout]"})
+_DROPPED_TYPES = frozenset(
+    {"Device", "Optional[Device]", "Generator", "Optional[Generator]", "Layout", "Optional[Layout]"}
+)
 
 
 def custom_ops_in(program: torch.export.ExportedProgram) -> list[torch._ops.OpOverload]:
