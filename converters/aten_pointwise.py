@@ -1,17 +1,163 @@
 """Built-in converters for pointwise and numeric ATen and prims ops the torch exporter cannot translate.
 
-``register_aten1_converters`` is the one list of what this module adds to the default registry; the orthogonal
-polynomials live in :mod:`converters.aten_polynomials`.
+``register_aten1_converters`` is the one list of what this module and its siblings add to the default registry:
+elementwise ops here, the ``Math.h`` special functions in :mod:`converters.aten_special`, the orthogonal
+polynomials in :mod:`converters.aten_polynomials`.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+
 from converters.aten_polynomials import register_polynomial_converters
 from converters.aten_special import register_special_converters
+from converters.cases import converter_case
+from converters.context import ConverterContext
+from converters.math_builder import Math
 from converters.registry import ConverterRegistry
+
+
+def _math(ctx: ConverterContext) -> Math:
+    dtype = next((d for d in ctx.input_dtypes if d is not None), np.dtype(np.float32))
+    return Math(ctx, dtype)
+
+
+class _Binary(torch.nn.Module):
+    """``function(a, b)`` with a few NaNs planted in both inputs (at different places)."""
+
+    def __init__(self, function: object) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a = torch.where(a > 1.2, torch.nan, a)
+        b = torch.where((b < -1.2) & ~a.isnan(), torch.nan, b)
+        return self.function(a, b)  # type: ignore[operator]
+
+
+@converter_case(lambda: _Binary(torch.fmax), inputs=[((6, 7), "float32"), ((7,), "float32")])
+def convert_fmax(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::fmax``: the larger value, ignoring a NaN on one side (NaN only where both are)."""
+    m = _math(ctx)
+    a, b = m.wrap(ctx.inputs[0]), m.wrap(ctx.inputs[1])
+    both = m.apply("Max", a, b)
+    return m.where(m.isnan(a), b, m.where(m.isnan(b), a, both)).tensor
+
+
+@converter_case(
+    lambda: _Binary(torch.fmin),
+    inputs=[((2, 6, 7), "float32"), ((2, 6, 7), "float32")],
+    dynamic={"a": {0: ("batch", 1, 2, 4)}, "b": {0: ("batch", 1, 2, 4)}},
+)
+def convert_fmin(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::fmin``: the smaller value, ignoring a NaN on one side (NaN only where both are)."""
+    m = _math(ctx)
+    a, b = m.wrap(ctx.inputs[0]), m.wrap(ctx.inputs[1])
+    both = m.apply("Min", a, b)
+    return m.where(m.isnan(a), b, m.where(m.isnan(b), a, both)).tensor
+
+
+class _Copysign(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        b = torch.where(b.abs() < 0.3, torch.zeros_like(b), b)  # zeros among the signs (-0.0: the test module)
+        return torch.copysign(a, b)
+
+
+@converter_case(lambda: _Copysign(), inputs=[((5, 8), "float32"), ((5, 8), "float32")])
+def convert_signbit(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::signbit`` (``copysign`` decomposes to it): negative, or a negative zero (``1/x == -inf``).
+
+    The prim's meta gives its output the input's dtype (the decomposition casts it to bool after): 0 or 1."""
+    m = _math(ctx)
+    x = m.wrap(ctx.inputs[0])
+    negative = x < 0
+    if m.dtype.kind == "f":
+        negative = negative | (x.eq(0.0) & ((1.0 / x) < 0.0))
+    want = ctx.node.outputs[0].dtype
+    if want is None or np.dtype(want) == np.bool_:
+        return negative.tensor
+    return ctx.op.Cast(negative.tensor, to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(want)))
+
+
+class _Cumprod(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumprod(x, self.dim) + torch.prod(x)
+
+
+@converter_case(lambda: _Cumprod(1), inputs=[((3, 6, 2), "float32")])
+@converter_case(lambda: _Cumprod(0), inputs=[((5, 4), "float32")], dynamic={"x": {1: ("n", 1, 4, 8)}})
+def convert_prod(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::prod(inp, dims)``: ``ReduceProd`` over ``dims`` (all axes when None), ``cumprod``'s lowering."""
+    dims = ctx.attrs.get("dims")
+    x = ctx.inputs[0]
+    out_type = ctx.attrs.get("output_dtype")
+    if out_type is not None:
+        x = ctx.op.Cast(x, to=int(out_type))
+    if dims is None:
+        return ctx.op.ReduceProd(x, keepdims=0)
+    if len(dims) == 0:
+        return ctx.op.Identity(x)
+    return ctx.op.ReduceProd(x, ctx.constant(np.array(dims, np.int64)), keepdims=0)
+
+
+class _Hypot(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.hypot(a * 1e20, b * 1e20) * 1e-20 + torch.hypot(a, torch.zeros_like(a))
+
+
+@converter_case(lambda: _Hypot(), inputs=[((4, 9), "float32"), ((4, 9), "float32")])
+def convert_hypot(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::hypot``: ``big * sqrt(1 + (small/big)^2)``, which neither overflows nor underflows where
+    ``sqrt(a^2 + b^2)`` would; 0 where both are 0, inf where either is infinite (as ``std::hypot``)."""
+    m = _math(ctx)
+    a, b = m.wrap(ctx.inputs[0]).abs(), m.wrap(ctx.inputs[1]).abs()
+    big, small = m.apply("Max", a, b), m.apply("Min", a, b)
+    ratio = small / m.where(big.eq(0.0), 1.0, big)
+    value = big * m.sqrt(1.0 + ratio * ratio)
+    infinite = m.apply("IsInf", a) | m.apply("IsInf", b)
+    return m.where(infinite, float("inf"), value).tensor
+
+
+class _Uniform(torch.nn.Module):
+    """Whether every draw lies in [low, high): deterministic, whatever the generator."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = torch.empty(4, 100, dtype=x.dtype).uniform_(-2.0, 3.0)
+        return x + ((u >= -2.0) & (u < 3.0)).to(x.dtype)
+
+
+def _static_shape(node: gs.Node, settings: object) -> bool:
+    return all(isinstance(d, int) for d in node.attrs.get("shape", []))
+
+
+@converter_case(lambda: _Uniform(), inputs=[((4, 100), "float32")])
+def convert_uniform(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::uniform(shape, low, high, dtype)``: ``RandomUniform`` (TensorRT ignores the seed, as PyTorch's
+    generator state cannot travel into the graph: the values differ from PyTorch's, their distribution does not)."""
+    dtype = ctx.attrs.get("dtype")
+    to = int(dtype) if isinstance(dtype, int) and dtype in onnx.TensorProto.DataType.values() else 1
+    return ctx.op.RandomUniform(
+        shape=[int(d) for d in ctx.attrs["shape"]],
+        low=float(ctx.attrs["low"]),
+        high=float(ctx.attrs["high"]),
+        dtype=to,
+    )
 
 
 def register_aten1_converters(registry: ConverterRegistry) -> None:
     """Register every pointwise and numeric ATen/prims converter on ``registry``."""
-    register_polynomial_converters(registry)
+    registry.register("prims::fmax")(convert_fmax)
+    registry.register("prims::fmin")(convert_fmin)
+    registry.register("prims::signbit")(convert_signbit)
+    registry.register("prims::prod")(convert_prod)
+    registry.register("prims::hypot")(convert_hypot)
+    registry.register("prims::uniform", validator=_static_shape, supports_dynamic_shapes=False)(convert_uniform)
     register_special_converters(registry)
+    register_polynomial_converters(registry)

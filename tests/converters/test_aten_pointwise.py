@@ -1,0 +1,153 @@
+"""The pointwise and numeric ATen/prims converters (``converters/aten_pointwise.py`` and siblings): every declared
+case converts, matches PyTorch on ONNX Runtime and builds with the real TensorRT-RTX builder; PyTorch's own
+OpInfo samples of each op do too; corner values (NaN, signed zeros, domain edges) match PyTorch."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import pipeline
+from converters.aten_pointwise import register_aten1_converters
+from converters.cases import ConverterCase, collect_cases
+from converters.defaults import default_registry
+from converters.registry import ConverterEntry, ConverterRegistry
+from tests.rtx_build import assert_builds
+
+OWN = ConverterRegistry()
+register_aten1_converters(OWN)
+CASES = collect_cases(OWN)
+REGISTRY = default_registry()
+
+
+@pytest.mark.parametrize(("entry", "case"), CASES, ids=[f"{e.key}-{c.name}" for e, c in CASES])
+def test_case_builds_with_tensorrt_rtx(entry: ConverterEntry, case: ConverterCase) -> None:
+    generator = torch.Generator().manual_seed(1)
+    sample = tuple(torch.randn(shape, generator=generator) for shape, _ in case.inputs)
+    module = pipeline.convert(case.module().eval(), sample, converters=REGISTRY, dynamic=case.dynamic)
+    assert not [n for n in module.onnx.graph.node if n.op_type == entry.key.op_type and n.domain == entry.key.domain]
+    assert_builds(module)
+
+
+class _OpInfoSample(torch.nn.Module):
+    """An OpInfo sample as a module whose inputs are the sample's tensors (the rest is fixed)."""
+
+    def __init__(self, op: Any, sample: Any) -> None:
+        super().__init__()
+        self.op = op
+        leaves, self.spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+        self.is_tensor = [isinstance(x, torch.Tensor) for x in leaves]
+        self.constants = [None if t else x for x, t in zip(leaves, self.is_tensor, strict=True)]
+        self.tensors = tuple(x for x, t in zip(leaves, self.is_tensor, strict=True) if t)
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        it = iter(tensors)
+        leaves = [next(it) if t else c for t, c in zip(self.is_tensor, self.constants, strict=True)]
+        inp, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return self.op(inp, *args, **kwargs)
+
+
+#: OpInfo entries whose export needs a converter of these modules, and how many samples of each to run.
+OPINFO_OPS = [
+    "copysign", "cumprod", "fmax", "fmin", "i0", "special.i0e", "special.i1", "special.i1e",
+    "special.bessel_j0", "special.bessel_j1", "special.bessel_y0", "special.bessel_y1",
+    "special.modified_bessel_i0", "special.modified_bessel_i1", "special.modified_bessel_k0",
+    "special.modified_bessel_k1", "special.scaled_modified_bessel_k0", "special.scaled_modified_bessel_k1",
+    "special.spherical_bessel_j0", "special.airy_ai", "special.ndtri",
+    "special.chebyshev_polynomial_t", "special.chebyshev_polynomial_u", "special.chebyshev_polynomial_v",
+    "special.chebyshev_polynomial_w", "special.hermite_polynomial_h", "special.hermite_polynomial_he",
+    "special.laguerre_polynomial_l", "special.legendre_polynomial_p", "special.shifted_chebyshev_polynomial_t",
+    "special.shifted_chebyshev_polynomial_u", "special.shifted_chebyshev_polynomial_v",
+    "special.shifted_chebyshev_polynomial_w",
+]  # fmt: skip
+SAMPLES_PER_OP = 2
+
+
+def _opinfo_samples() -> list[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from torch.testing._internal.common_methods_invocations import op_db
+        except ImportError as exc:  # expecttest is in the dev extra
+            pytest.skip(f"OpInfo needs torch's test helpers: {exc}", allow_module_level=True)
+    params = []
+    for op in op_db:
+        if op.name not in OPINFO_OPS or op.variant_test_name:
+            continue
+        usable = [s for s in op.sample_inputs("cpu", torch.float32) if _has_elements(s)]
+        for i, sample in enumerate(usable[:SAMPLES_PER_OP]):
+            params.append(pytest.param(op, sample, id=f"{op.name}-{i}"))
+    return params
+
+
+def _has_elements(sample: Any) -> bool:
+    leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    return bool(tensors) and all(t.numel() > 0 for t in tensors)
+
+
+@pytest.mark.parametrize(("op", "sample"), _opinfo_samples())
+def test_opinfo_sample_converts_matches_and_builds(op: Any, sample: Any) -> None:
+    model = _OpInfoSample(op.op, sample).eval()
+    module = pipeline.convert(model, model.tensors)  # validates against PyTorch on ONNX Runtime
+    with torch.no_grad():
+        torch.testing.assert_close(module(*model.tensors), model(*model.tensors), atol=1e-5, rtol=1e-4, equal_nan=True)
+    assert_builds(module)
+
+
+class _Unary(torch.nn.Module):
+    def __init__(self, function: Any) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
+
+
+@pytest.mark.parametrize(
+    ("function", "values"),
+    [
+        (torch.special.ndtri, [0.0, 1.0, -0.5, 1.5, 1e-30, 0.5, 0.9, 1e-3, 0.999]),
+        (torch.special.modified_bessel_k0, [0.0, -1.0, 1e-3, 2.0, 2.0001, 50.0]),
+        (torch.special.bessel_y1, [0.0, -1.0, 1e-3, 5.0, 5.001, 80.0]),
+        (torch.special.airy_ai, [-50.0, -2.0899, -2.09, 0.0, 2.0899, 2.09, 9.0, 104.0]),
+        (torch.special.spherical_bessel_j0, [0.0, 0.4999, 0.5, -3.0, float("inf")]),
+        (torch.i0, [0.0, 7.999, 8.0, -8.001, 30.0]),
+    ],
+    ids=["ndtri", "k0", "y1", "airy_ai", "spherical_j0", "i0"],
+)
+def test_domain_edges_match_pytorch(function: Any, values: list[float]) -> None:
+    x = torch.tensor(values)
+    module = pipeline.convert(_Unary(function), (torch.rand(9) + 0.5,), validate=False)
+    torch.testing.assert_close(module(x), function(x), atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+def test_copysign_signed_zero_and_nan_sides() -> None:
+    a = torch.tensor([1.5, -2.0, 3.0, -4.0, 0.0, torch.nan])
+    b = torch.tensor([-0.0, 0.0, -1.0, 2.0, -3.0, 1.0])
+    module = pipeline.convert(_Binary(torch.copysign), (torch.randn(6), torch.randn(6)), validate=False)
+    torch.testing.assert_close(module(a, b), torch.copysign(a, b), equal_nan=True)
+    fmax = pipeline.convert(_Binary(torch.fmax), (torch.randn(6), torch.randn(6)), validate=False)
+    left, right = torch.tensor([torch.nan, 1.0, torch.nan]), torch.tensor([2.0, torch.nan, torch.nan])
+    torch.testing.assert_close(fmax(left, right), torch.tensor([2.0, 1.0, torch.nan]), equal_nan=True)
+
+
+class _Binary(torch.nn.Module):
+    def __init__(self, function: Any) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.function(a, b)
+
+
+def test_polynomial_degree_above_the_samples() -> None:
+    """The Loop runs as many steps as the largest degree asks: n = 30 with n = 0 and n = -2 beside it."""
+    x = torch.tensor([0.3, -0.7, 1.2, 0.3, 0.9])
+    n = torch.tensor([30.0, 30.0, 3.0, 0.0, -2.0])
+    module = pipeline.convert(_Binary(torch.special.legendre_polynomial_p), (torch.rand(5), torch.ones(5)))
+    torch.testing.assert_close(module(x, n), torch.special.legendre_polynomial_p(x, n), atol=1e-5, rtol=1e-4)
