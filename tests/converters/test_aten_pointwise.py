@@ -87,7 +87,8 @@ def _opinfo_samples() -> list[Any]:
 def _has_elements(sample: Any) -> bool:
     leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    return bool(tensors) and all(t.numel() > 0 for t in tensors)
+    # 0-d samples wait for the validation fix of issue 14 (a 0-d output crashes the comparison today)
+    return bool(tensors) and all(t.numel() > 0 and t.ndim > 0 for t in tensors)
 
 
 @pytest.mark.parametrize(("op", "sample"), _opinfo_samples())
