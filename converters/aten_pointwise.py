@@ -13,6 +13,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.aten_gamma import register_gamma_converters
+from converters.aten_order_stats import register_order_stat_converters
 from converters.aten_polynomials import register_polynomial_converters
 from converters.aten_special import register_special_converters
 from converters.cases import converter_case
@@ -162,4 +163,5 @@ def register_aten1_converters(registry: ConverterRegistry) -> None:
     registry.register("prims::uniform", validator=_static_shape, supports_dynamic_shapes=False)(convert_uniform)
     register_special_converters(registry)
     register_gamma_converters(registry)
+    register_order_stat_converters(registry)
     register_polynomial_converters(registry)

@@ -1,0 +1,136 @@
+"""Order statistics: ``median``, ``nanmedian`` and ``kthvalue`` (values and indices) by one ascending ``TopK``.
+
+The reduced axis is sorted whole (``TopK`` with ``k`` = its length, smallest first, NaN moved to the end as
++inf), and the wanted rank is gathered per slice: a fixed rank for ``median``/``kthvalue``, ``(count - 1) // 2``
+of the non-NaN values for ``nanmedian``. ``median`` and ``kthvalue`` return NaN where the slice holds one, as
+PyTorch does. The axis must have a static length (TensorRT's ``TopK`` needs a build-time ``k``, below 3840):
+the validators decline other nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+
+from converters.cases import converter_case
+from converters.context import ConverterContext
+from converters.math_builder import Math
+from converters.registry import ConverterRegistry
+
+_MAX_TOPK = 3840
+
+
+def _axis_and_length(node: gs.Node, dim: Any) -> tuple[int, int] | None:
+    """The normalised axis and its static length, or None when unknown or too long for TensorRT's TopK."""
+    shape = node.inputs[0].shape
+    if shape is None:
+        return None
+    if dim is None:
+        if not all(isinstance(d, int) for d in shape):
+            return None
+        length = int(np.prod(shape, dtype=np.int64))
+        return (0, length) if 0 < length < _MAX_TOPK else None
+    rank = len(shape)
+    axis = int(dim) % max(rank, 1)
+    if rank == 0:
+        return (0, 1)
+    length = shape[axis]
+    return (axis, length) if isinstance(length, int) and 0 < length < _MAX_TOPK else None
+
+
+def _static_axis(node: gs.Node, settings: object) -> bool:
+    return _axis_and_length(node, node.attrs.get("dim") if "dim" in node.attrs else None) is not None
+
+
+def _sorted(ctx: ConverterContext, x: gs.Tensor, axis: int, length: int) -> tuple[Any, Any]:
+    """Values ascending along ``axis`` (NaN as +inf at the end) and their original indices."""
+    m = Math(ctx, ctx.input_dtypes[0] or np.float32)
+    xe = m.wrap(x)
+    keyed = m.where(m.isnan(xe), float("inf"), xe) if m.dtype.kind == "f" else xe
+    k = ctx.constant(np.array([length], np.int64))
+    values, indices = ctx.op.TopK(keyed.tensor, k, axis=axis, largest=0, sorted=1, outputs=2)
+    return values, indices
+
+
+def _select(
+    ctx: ConverterContext, axis: int, length: int, rank_index: int | gs.Tensor, keepdim: bool, propagate_nan: bool
+) -> tuple[gs.Tensor, gs.Tensor]:
+    """The element of sorted rank ``rank_index`` (a number, or a per-slice tensor with 1 at ``axis``) along
+    ``axis`` of the node's input: (value, index)."""
+    x = ctx.inputs[0]
+    _, indices = _sorted(ctx, x, axis, length)
+    if isinstance(rank_index, gs.Tensor):
+        index = ctx.op.GatherElements(indices, rank_index, axis=axis)
+    else:
+        bounds = [ctx.constant(np.array([v], np.int64)) for v in (rank_index, rank_index + 1, axis)]
+        index = ctx.op.Slice(indices, *bounds)
+    value = ctx.op.GatherElements(x, index, axis=axis)
+    dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
+    if propagate_nan and dtype.kind == "f":
+        m = Math(ctx, dtype)
+        nan = m.cast(m.isnan(m.wrap(x)), onnx.TensorProto.INT32)
+        axes = ctx.constant(np.array([axis], np.int64))
+        has_nan = m.cast(m.wrap(ctx.op.ReduceMax(nan.tensor, axes, keepdims=1)), onnx.TensorProto.BOOL)
+        first_nan = ctx.op.ArgMax(nan.tensor, axis=axis, keepdims=1, select_last_index=0)
+        value = m.where(has_nan, float("nan"), m.wrap(value)).tensor
+        index = ctx.op.Where(has_nan.tensor, first_nan, index)
+    if not keepdim:
+        axes = ctx.constant(np.array([axis], np.int64))
+        value, index = ctx.op.Squeeze(value, axes), ctx.op.Squeeze(index, axes)
+    return value, index
+
+
+class _Reduce(torch.nn.Module):
+    def __init__(self, function: str, *args: Any) -> None:
+        super().__init__()
+        self.function, self.args = function, args
+
+    def forward(self, x: torch.Tensor) -> Any:
+        x = torch.where(x > 1.8, torch.nan, x) if "nan" in self.function else x
+        result = getattr(torch, self.function)(x, *self.args)
+        return (result.values, result.indices) if hasattr(result, "values") else result
+
+
+@converter_case(lambda: _Reduce("median", 1, False), inputs=[((4, 7, 3), "float32")])
+@converter_case(lambda: _Reduce("median", -1, True), inputs=[((5, 6), "float32")])
+def convert_median_dim(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::median.dim``: the lower median ((n-1)//2 in sorted order); NaN (and its index) where the slice has
+    one."""
+    axis, length = _axis_and_length(ctx.node, ctx.attrs["dim"]) or (0, 1)
+    return list(_select(ctx, axis, length, (length - 1) // 2, bool(ctx.attrs["keepdim"]), True))
+
+
+@converter_case(lambda: _Reduce("kthvalue", 3, 1, False), inputs=[((4, 7, 3), "float32")])
+def convert_kthvalue(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::kthvalue``: the k-th smallest (1-based) along ``dim``; NaN sorts last."""
+    axis, length = _axis_and_length(ctx.node, ctx.attrs["dim"]) or (0, 1)
+    return list(_select(ctx, axis, length, int(ctx.attrs["k"]) - 1, bool(ctx.attrs["keepdim"]), False))
+
+
+def _valid_k(node: gs.Node, settings: object) -> bool:
+    found = _axis_and_length(node, node.attrs.get("dim", -1))
+    return found is not None and 1 <= int(node.attrs.get("k", 0)) <= found[1]
+
+
+@converter_case(lambda: _Reduce("nanmedian", 1, False), inputs=[((4, 9, 3), "float32")])
+def convert_nanmedian_dim(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::nanmedian.dim``: the lower median of each slice's non-NaN values (NaN where all are NaN)."""
+    axis, length = _axis_and_length(ctx.node, ctx.attrs["dim"]) or (0, 1)
+    m = Math(ctx, ctx.input_dtypes[0] or np.float32)
+    x = m.wrap(ctx.inputs[0])
+    valid = m.cast(~m.isnan(x), onnx.TensorProto.INT64)
+    count = ctx.op.ReduceSum(valid.tensor, ctx.constant(np.array([axis], np.int64)), keepdims=1)
+    one, zero, two = (ctx.constant(np.array(v, np.int64)) for v in (1, 0, 2))
+    position = ctx.op.Div(ctx.op.Max(ctx.op.Sub(count, one), zero), two)
+    return list(_select(ctx, axis, length, position, bool(ctx.attrs["keepdim"]), False))
+
+
+def register_order_stat_converters(registry: ConverterRegistry) -> None:
+    """median.dim, nanmedian.dim, kthvalue (static reduced axis)."""
+    registry.register("aten::median.dim", validator=_static_axis)(convert_median_dim)
+    registry.register("aten::nanmedian.dim", validator=_static_axis)(convert_nanmedian_dim)
+    registry.register("aten::kthvalue.default", validator=_valid_k)(convert_kthvalue)
