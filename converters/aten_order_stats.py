@@ -57,11 +57,17 @@ def _sorted(ctx: ConverterContext, x: gs.Tensor, axis: int, length: int) -> tupl
 
 
 def _select(
-    ctx: ConverterContext, axis: int, length: int, rank_index: int | gs.Tensor, keepdim: bool, propagate_nan: bool
+    ctx: ConverterContext,
+    axis: int,
+    length: int,
+    rank_index: int | gs.Tensor,
+    keepdim: bool,
+    propagate_nan: bool,
+    x: gs.Tensor | None = None,
 ) -> tuple[gs.Tensor, gs.Tensor]:
     """The element of sorted rank ``rank_index`` (a number, or a per-slice tensor with 1 at ``axis``) along
-    ``axis`` of the node's input: (value, index)."""
-    x = ctx.inputs[0]
+    ``axis`` of ``x`` (the node's input by default): (value, index)."""
+    x = ctx.inputs[0] if x is None else x
     _, indices = _sorted(ctx, x, axis, length)
     if isinstance(rank_index, gs.Tensor):
         index = ctx.op.GatherElements(indices, rank_index, axis=axis)
@@ -129,8 +135,50 @@ def convert_nanmedian_dim(ctx: ConverterContext) -> list[gs.Tensor]:
     return list(_select(ctx, axis, length, position, bool(ctx.attrs["keepdim"]), False))
 
 
+def _flat(ctx: ConverterContext) -> gs.Tensor:
+    return ctx.op.Reshape(ctx.inputs[0], ctx.constant(np.array([-1], np.int64)))
+
+
+class _Whole(torch.nn.Module):
+    def __init__(self, function: str) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.where(x > 1.5, torch.nan, x) if self.function == "nanmedian" else x
+        return getattr(torch, self.function)(x).reshape(1)
+
+
+@converter_case(lambda: _Whole("median"), inputs=[((4, 7), "float32")])
+def convert_median(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::median`` (no dim): the lower median of all elements, NaN if any is NaN; a 0-d tensor."""
+    _, length = _axis_and_length(ctx.node, None) or (0, 1)
+    value, _ = _select(ctx, 0, length, (length - 1) // 2, False, True, x=_flat(ctx))
+    return value
+
+
+@converter_case(lambda: _Whole("nanmedian"), inputs=[((5, 6), "float32")])
+def convert_nanmedian(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::nanmedian`` (no dim): the lower median of the non-NaN elements; a 0-d tensor."""
+    _, length = _axis_and_length(ctx.node, None) or (0, 1)
+    flat = _flat(ctx)
+    m = Math(ctx, ctx.input_dtypes[0] or np.float32)
+    valid = m.cast(~m.isnan(m.wrap(flat)), onnx.TensorProto.INT64)
+    count = ctx.op.ReduceSum(valid.tensor, ctx.constant(np.array([0], np.int64)), keepdims=1)
+    one, zero, two = (ctx.constant(np.array(v, np.int64)) for v in (1, 0, 2))
+    position = ctx.op.Div(ctx.op.Max(ctx.op.Sub(count, one), zero), two)
+    value, _ = _select(ctx, 0, length, position, False, False, x=flat)
+    return value
+
+
+def _static_input(node: gs.Node, settings: object) -> bool:
+    return _axis_and_length(node, None) is not None
+
+
 def register_order_stat_converters(registry: ConverterRegistry) -> None:
-    """median.dim, nanmedian.dim, kthvalue (static reduced axis)."""
+    """median and nanmedian (whole tensor or along a dim), kthvalue (static reduced axis)."""
+    registry.register("aten::median.default", validator=_static_input)(convert_median)
+    registry.register("aten::nanmedian.default", validator=_static_input)(convert_nanmedian)
     registry.register("aten::median.dim", validator=_static_axis)(convert_median_dim)
     registry.register("aten::nanmedian.dim", validator=_static_axis)(convert_nanmedian_dim)
     registry.register("aten::kthvalue.default", validator=_valid_k)(convert_kthvalue)
