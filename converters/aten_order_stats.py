@@ -175,6 +175,65 @@ def _static_input(node: gs.Node, settings: object) -> bool:
     return _axis_and_length(node, None) is not None
 
 
+class _Cumulative(torch.nn.Module):
+    def __init__(self, function: str, dim: int) -> None:
+        super().__init__()
+        self.function, self.dim = function, dim
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.round(x * 2.0)  # ties (NaN: tests/converters/test_aten_pointwise.py)
+        result = getattr(torch, self.function)(x, self.dim)
+        return result.values, result.indices
+
+
+def _cumulative(ctx: ConverterContext, largest: bool) -> list[gs.Tensor]:
+    """Running max/min and the index where it was (last) reached, by comparing every pair ``j <= i``: as
+    PyTorch's loop ``if (isnan(x) || x >=/<= out) { out = x; idx = j }`` (a NaN, once seen, stays)."""
+    axis, length = _axis_and_length(ctx.node, ctx.attrs["dim"]) or (0, 1)
+    rank = max(len(ctx.input_shapes[0] or ()), 1)
+    m = Math(ctx, ctx.input_dtypes[0] or np.float32)
+    x = m.wrap(ctx.inputs[0])
+    if not (ctx.input_shapes[0] or ()):
+        x = m.wrap(ctx.op.Reshape(x.tensor, ctx.constant(np.array([1], np.int64))))
+    trailing = [1] * (rank - 1 - axis)
+    earlier = np.tril(np.ones((length, length), bool)).reshape([length, length, *trailing])
+    positions = np.arange(length, dtype=np.int64).reshape([1, length, *trailing])
+    other = m.wrap(ctx.op.Unsqueeze(x.tensor, ctx.constant(np.array([axis], np.int64))))  # x_j
+    mask = m.wrap(ctx.constant(earlier))
+    fill = float("-inf") if largest else float("inf")
+    candidates = m.where(mask, m.where(m.isnan(other), fill, other), fill)
+    reduce_axis = ctx.constant(np.array([axis + 1], np.int64))
+    best = m.apply("ReduceMax" if largest else "ReduceMin", candidates, reduce_axis, keepdims=1)
+    nan_before = mask & m.isnan(other)
+    index_of = m.wrap(ctx.constant(positions))
+    hit = mask & other.eq(best)
+    minus_one = m.wrap(ctx.constant(np.array(-1, np.int64)))
+    last_hit = m.apply("ReduceMax", m.where(hit, index_of, minus_one), reduce_axis, keepdims=0)
+    big = ctx.constant(np.array(length, np.int64))
+    first_nan = m.apply("ReduceMin", m.where(nan_before, index_of, m.wrap(big)), reduce_axis, keepdims=0)
+    seen_nan = m.apply("ReduceMax", m.cast(nan_before, onnx.TensorProto.INT32), reduce_axis, keepdims=0)
+    seen = m.cast(seen_nan, onnx.TensorProto.BOOL)
+    squeezed = m.wrap(ctx.op.Squeeze(best.tensor, reduce_axis))
+    values = m.where(seen, float("nan"), squeezed)
+    indices = m.where(seen, first_nan, last_hit)
+    if not (ctx.input_shapes[0] or ()):
+        scalar = ctx.constant(np.array([], np.int64))
+        return [ctx.op.Reshape(values.tensor, scalar), ctx.op.Reshape(indices.tensor, scalar)]
+    return [values.tensor, indices.tensor]
+
+
+@converter_case(lambda: _Cumulative("cummax", 1), inputs=[((3, 6, 2), "float32")])
+def convert_cummax(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::cummax``: running maximum and its (last) index; NaN propagates from where it appears."""
+    return _cumulative(ctx, largest=True)
+
+
+@converter_case(lambda: _Cumulative("cummin", 0), inputs=[((7, 3), "float32")])
+def convert_cummin(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::cummin``: running minimum and its (last) index; NaN propagates from where it appears."""
+    return _cumulative(ctx, largest=False)
+
+
 def register_order_stat_converters(registry: ConverterRegistry) -> None:
     """median and nanmedian (whole tensor or along a dim), kthvalue (static reduced axis)."""
     registry.register("aten::median.default", validator=_static_input)(convert_median)
@@ -182,3 +241,5 @@ def register_order_stat_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::median.dim", validator=_static_axis)(convert_median_dim)
     registry.register("aten::nanmedian.dim", validator=_static_axis)(convert_nanmedian_dim)
     registry.register("aten::kthvalue.default", validator=_valid_k)(convert_kthvalue)
+    registry.register("aten::cummax.default", validator=_static_axis)(convert_cummax)
+    registry.register("aten::cummin.default", validator=_static_axis)(convert_cummin)
