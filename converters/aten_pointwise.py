@@ -7,6 +7,8 @@ polynomials in :mod:`converters.aten_polynomials`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -153,6 +155,37 @@ def convert_uniform(ctx: ConverterContext) -> gs.Tensor:
     )
 
 
+class _Frexp(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = torch.cat([x * 1e-30, x, x * 1e30, torch.tensor([0.0, 0.5, 1.0, -2.0, 3e38, 1e-38])])
+        mantissa, exponent = torch.frexp(scaled)
+        return mantissa, exponent
+
+
+@converter_case(lambda: _Frexp(), inputs=[((40,), "float32")])
+def convert_frexp(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``prims::frexp``: ``x = mantissa * 2^exponent`` with ``0.5 <= |mantissa| < 1`` (0 for 0; infinities and
+    NaN keep their value, exponent 0). The exponent comes from ``log2``, corrected by one either way where the
+    logarithm rounds across a power of two; the division by ``2^exponent`` (in two halves, so neither overflows)
+    is exact."""
+    m = _math(ctx)
+    x = m.wrap(ctx.inputs[0])
+    a = x.abs()
+    finite = ~(m.isnan(x) | m.apply("IsInf", x)) & ~a.eq(0.0)
+    safe = m.where(finite, a, 1.0)
+    guess = m.floor(m.log(safe) * (1.0 / np.log(2.0))) + 1.0
+
+    def scaled(exponent: Any) -> Any:
+        half = m.floor(exponent * 0.5)
+        return safe / m.apply("Pow", 2.0, half) / m.apply("Pow", 2.0, exponent - half)
+
+    guess = m.where(scaled(guess) >= 1.0, guess + 1.0, guess)
+    exponent = m.where(scaled(guess) < 0.5, guess - 1.0, guess)
+    mantissa = m.where(finite, m.where(x < 0.0, -scaled(exponent), scaled(exponent)), x)
+    exponent = m.where(finite, exponent, 0.0)
+    return [mantissa.tensor, ctx.op.Cast(exponent.tensor, to=onnx.TensorProto.INT32)]
+
+
 def register_aten1_converters(registry: ConverterRegistry) -> None:
     """Register every pointwise and numeric ATen/prims converter on ``registry``."""
     registry.register("prims::fmax")(convert_fmax)
@@ -160,6 +193,7 @@ def register_aten1_converters(registry: ConverterRegistry) -> None:
     registry.register("prims::signbit")(convert_signbit)
     registry.register("prims::prod")(convert_prod)
     registry.register("prims::hypot")(convert_hypot)
+    registry.register("prims::frexp")(convert_frexp)
     registry.register("prims::uniform", validator=_static_shape, supports_dynamic_shapes=False)(convert_uniform)
     register_special_converters(registry)
     register_gamma_converters(registry)

@@ -62,9 +62,13 @@ OPINFO_OPS = [
     "special.chebyshev_polynomial_w", "special.hermite_polynomial_h", "special.hermite_polynomial_he",
     "special.laguerre_polynomial_l", "special.legendre_polynomial_p", "special.shifted_chebyshev_polynomial_t",
     "special.shifted_chebyshev_polynomial_u", "special.shifted_chebyshev_polynomial_v",
-    "special.shifted_chebyshev_polynomial_w",
+    "special.shifted_chebyshev_polynomial_w", "lgamma", "digamma", "erfinv", "hypot", "special.zeta",
+    "mvlgamma.mvlgamma_p_1", "mvlgamma.mvlgamma_p_3", "mvlgamma.mvlgamma_p_5", "polygamma.polygamma_n_0",
+    "polygamma.polygamma_n_1", "polygamma.polygamma_n_2", "polygamma.polygamma_n_3", "polygamma.polygamma_n_4",
+    "special.polygamma.special_polygamma_n_0", "median", "nanmedian", "kthvalue", "cummax", "cummin",
+    "masked.median", "masked.cumprod",
 ]  # fmt: skip
-SAMPLES_PER_OP = 2
+SAMPLES_PER_OP = 1
 
 
 def _opinfo_samples() -> list[Any]:
@@ -76,11 +80,12 @@ def _opinfo_samples() -> list[Any]:
             pytest.skip(f"OpInfo needs torch's test helpers: {exc}", allow_module_level=True)
     params = []
     for op in op_db:
-        if op.name not in OPINFO_OPS or op.variant_test_name:
+        name = f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+        if name not in OPINFO_OPS:
             continue
         usable = [s for s in op.sample_inputs("cpu", torch.float32) if _has_elements(s)]
         for i, sample in enumerate(usable[:SAMPLES_PER_OP]):
-            params.append(pytest.param(op, sample, id=f"{op.name}-{i}"))
+            params.append(pytest.param(op, sample, id=f"{name}-{i}"))
     return params
 
 
@@ -118,8 +123,11 @@ class _Unary(torch.nn.Module):
         (torch.special.airy_ai, [-50.0, -2.0899, -2.09, 0.0, 2.0899, 2.09, 9.0, 104.0]),
         (torch.special.spherical_bessel_j0, [0.0, 0.4999, 0.5, -3.0, float("inf")]),
         (torch.i0, [0.0, 7.999, 8.0, -8.001, 30.0]),
+        (torch.lgamma, [0.0, -1.0, -2.5, 1.0, 2.0, 0.5, 1e-3, 30.0, -7.3]),
+        (torch.digamma, [0.0, -0.0, -1.0, -2.5, 1.0, 10.0, 9.99, 1e-3, -7.3]),
+        (torch.erfinv, [-1.0, 1.0, 1.5, 0.0, 0.7, 0.7001, -0.99, 0.999]),
     ],
-    ids=["ndtri", "k0", "y1", "airy_ai", "spherical_j0", "i0"],
+    ids=["ndtri", "k0", "y1", "airy_ai", "spherical_j0", "i0", "lgamma", "digamma", "erfinv"],
 )
 def test_domain_edges_match_pytorch(function: Any, values: list[float]) -> None:
     x = torch.tensor(values)
@@ -144,6 +152,29 @@ class _Binary(torch.nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.function(a, b)
+
+
+def test_zeta_poles_and_domain() -> None:
+    x = torch.tensor([1.0, 0.5, 2.0, 3.0, 2.5, 4.0, 2.0])
+    q = torch.tensor([1.0, 1.0, 0.0, -2.0, -1.5, -1.5, 30.0])
+    module = pipeline.convert(_Binary(torch.special.zeta), (torch.rand(7) + 2.0, torch.rand(7) + 1.0))
+    torch.testing.assert_close(module(x, q), torch.special.zeta(x, q), atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+class _Stats(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        running = torch.cummax(x, 1)
+        middle = torch.median(x, 1)
+        return running.values, running.indices, middle.values, torch.nanmedian(x, 1).values
+
+
+def test_nan_in_running_max_and_medians() -> None:
+    """A NaN stays in cummax from where it appears (index: its first position); median is NaN in its row;
+    nanmedian skips it."""
+    x = torch.tensor([[1.0, 3.0, torch.nan, 5.0, 2.0], [2.0, 2.0, 1.0, 4.0, 4.0]])
+    module = pipeline.convert(_Stats(), (torch.randn(2, 5),))
+    for got, want in zip(module(x), _Stats()(x), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)
 
 
 def test_polynomial_degree_above_the_samples() -> None:
