@@ -48,7 +48,9 @@ class _OpInfoSample(torch.nn.Module):
         it = iter(tensors)
         leaves = [next(it) if t else c for t, c in zip(self.is_tensor, self.constants, strict=True)]
         inp, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        return self.op(inp, *args, **kwargs)
+        out = self.op(inp, *args, **kwargs)
+        # namedtuples (cummax, median.dim, ...) as plain tuples: their export is the export stage's fix of issue 14
+        return tuple(out) if isinstance(out, tuple) else out
 
 
 #: OpInfo entries whose export needs a converter of these modules, and how many samples of each to run.
