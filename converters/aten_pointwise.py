@@ -155,6 +155,20 @@ def convert_uniform(ctx: ConverterContext) -> gs.Tensor:
     )
 
 
+def _scaled(m: Math, a: Any, exponent: Any) -> Any:
+    """``a / 2^exponent``, exact: by two powers of two (neither overflows where one would)."""
+    half = m.floor(exponent * 0.5)
+    return a / m.apply("Pow", 2.0, half) / m.apply("Pow", 2.0, exponent - half)
+
+
+def _binary_exponent(m: Math, a: Any) -> Any:
+    """``e`` with ``0.5 <= a / 2^e < 1`` for a positive finite ``a`` (as a float): ``floor(log2 a) + 1``, moved
+    by one where the logarithm rounded across a power of two."""
+    guess = m.floor(m.log(a) * (1.0 / np.log(2.0))) + 1.0
+    guess = m.where(_scaled(m, a, guess) >= 1.0, guess + 1.0, guess)
+    return m.where(_scaled(m, a, guess) < 0.5, guess - 1.0, guess)
+
+
 class _Frexp(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scaled = torch.cat([x * 1e-30, x, x * 1e30, torch.tensor([0.0, 0.5, 1.0, -2.0, 3e38, 1e-38])])
@@ -170,20 +184,42 @@ def convert_frexp(ctx: ConverterContext) -> list[gs.Tensor]:
     is exact."""
     m = _math(ctx)
     x = m.wrap(ctx.inputs[0])
-    a = x.abs()
-    finite = ~(m.isnan(x) | m.apply("IsInf", x)) & ~a.eq(0.0)
-    safe = m.where(finite, a, 1.0)
-    guess = m.floor(m.log(safe) * (1.0 / np.log(2.0))) + 1.0
-
-    def scaled(exponent: Any) -> Any:
-        half = m.floor(exponent * 0.5)
-        return safe / m.apply("Pow", 2.0, half) / m.apply("Pow", 2.0, exponent - half)
-
-    guess = m.where(scaled(guess) >= 1.0, guess + 1.0, guess)
-    exponent = m.where(scaled(guess) < 0.5, guess - 1.0, guess)
-    mantissa = m.where(finite, m.where(x < 0.0, -scaled(exponent), scaled(exponent)), x)
+    finite = ~(m.isnan(x) | m.apply("IsInf", x)) & ~x.eq(0.0)
+    safe = m.where(finite, x.abs(), 1.0)
+    exponent = _binary_exponent(m, safe)
+    mantissa = m.where(finite, m.where(x < 0.0, -_scaled(m, safe, exponent), _scaled(m, safe, exponent)), x)
     exponent = m.where(finite, exponent, 0.0)
     return [mantissa.tensor, ctx.op.Cast(exponent.tensor, to=onnx.TensorProto.INT32)]
+
+
+class _Nextafter(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a = torch.cat([a, a * 1e30, torch.tensor([1.0, 1.0, -0.5, 2.0, 3e38, 1.0, float("inf")])])
+        b = torch.cat([b, b, torch.tensor([1.0, 0.0, -1.0, 5.0, float("inf"), 1.0, 0.0])])
+        return torch.nextafter(a, b)
+
+
+@converter_case(lambda: _Nextafter(), inputs=[((20,), "float32"), ((20,), "float32")])
+def convert_nextafter(ctx: ConverterContext) -> gs.Tensor:
+    """``prims::nextafter(x, y)``: the next representable value after ``x`` toward ``y``: ``x +- ulp``, the ulp
+    being ``2^(e - digits)`` from ``x``'s binary exponent (half that stepping toward zero from a power of two;
+    the smallest subnormal below the normal range and from 0); +-max from +-inf; ``y`` where they are equal, NaN
+    where either is."""
+    m = _math(ctx)
+    x, y = m.wrap(ctx.inputs[0]), m.wrap(ctx.inputs[1])
+    digits, lowest = (53.0, -1074.0) if m.dtype == np.float64 else (24.0, -149.0)
+    a = x.abs()
+    safe = m.where(a.eq(0.0) | m.apply("IsInf", x), 1.0, a)
+    exponent = _binary_exponent(m, safe)
+    toward_zero = (y > x).eq(x < 0.0) & ~a.eq(0.0)
+    power_of_two = _scaled(m, safe, exponent).eq(0.5)
+    step = exponent - digits - m.where(toward_zero & power_of_two, 1.0, 0.0)
+    ulp = m.apply("Pow", 2.0, m.where(a.eq(0.0), lowest, m.apply("Max", step, lowest)))
+    moved = m.where(y > x, x + ulp, x - ulp)
+    largest = float(np.finfo(m.dtype).max)
+    moved = m.where(m.apply("IsInf", x), m.where(x > 0.0, largest, -largest), moved)
+    undefined = m.isnan(x) | m.isnan(y)
+    return m.where(undefined, float("nan"), m.where(x.eq(y), y, moved)).tensor
 
 
 def register_aten1_converters(registry: ConverterRegistry) -> None:
@@ -194,6 +230,7 @@ def register_aten1_converters(registry: ConverterRegistry) -> None:
     registry.register("prims::prod")(convert_prod)
     registry.register("prims::hypot")(convert_hypot)
     registry.register("prims::frexp")(convert_frexp)
+    registry.register("prims::nextafter")(convert_nextafter)
     registry.register("prims::uniform", validator=_static_shape, supports_dynamic_shapes=False)(convert_uniform)
     register_special_converters(registry)
     register_gamma_converters(registry)

@@ -185,3 +185,18 @@ def test_polynomial_degree_above_the_samples() -> None:
     n = torch.tensor([30.0, 30.0, 3.0, 0.0, -2.0])
     module = pipeline.convert(_Binary(torch.special.legendre_polynomial_p), (torch.rand(5), torch.ones(5)))
     torch.testing.assert_close(module(x, n), torch.special.legendre_polynomial_p(x, n), atol=1e-5, rtol=1e-4)
+
+
+class _FrexpAndNext(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mantissa, exponent = torch.frexp(a)
+        return mantissa, exponent, torch.nextafter(a, b)
+
+
+def test_frexp_and_nextafter_are_bit_exact() -> None:
+    """One ulp is inside any tolerance: these compare exactly (zeros, subnormals, powers of two, infinities)."""
+    a = torch.tensor([0.0, 1.0, 1.0, -0.5, 2.0, 3e38, 0.3, -7.0, 1e-40, float("inf"), 0.75, -1e-30])
+    b = torch.tensor([1.0, 1.0, 0.0, -1.0, 5.0, float("inf"), -1.0, 3.0, 1.0, 0.0, 0.75, 0.0])
+    module = pipeline.convert(_FrexpAndNext(), (torch.rand(12) + 0.1, torch.rand(12)))
+    for got, want in zip(module(a, b), _FrexpAndNext()(a, b), strict=True):
+        assert torch.equal(got, want), (got, want)
