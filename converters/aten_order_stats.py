@@ -1,8 +1,9 @@
-"""Order statistics: ``median``, ``nanmedian`` and ``kthvalue`` (values and indices) by one ascending ``TopK``.
+"""Order statistics: ``median`` and ``nanmedian`` (values and indices) by one ascending ``TopK``; ``cummax`` and
+``cummin`` by pairwise comparison. (``kthvalue`` and ``mode`` are in :mod:`converters.aten_tensor`.)
 
 The reduced axis is sorted whole (``TopK`` with ``k`` = its length, smallest first, NaN moved to the end as
-+inf), and the wanted rank is gathered per slice: a fixed rank for ``median``/``kthvalue``, ``(count - 1) // 2``
-of the non-NaN values for ``nanmedian``. ``median`` and ``kthvalue`` return NaN where the slice holds one, as
++inf), and the wanted rank is gathered per slice: a fixed rank for ``median``, ``(count - 1) // 2``
+of the non-NaN values for ``nanmedian``. ``median`` returns NaN (and its index) where the slice holds one, as
 PyTorch does. The axis must have a static length (TensorRT's ``TopK`` needs a build-time ``k``, below 3840):
 the validators decline other nodes.
 """
@@ -108,18 +109,6 @@ def convert_median_dim(ctx: ConverterContext) -> list[gs.Tensor]:
     one."""
     axis, length = _axis_and_length(ctx.node, ctx.attrs["dim"]) or (0, 1)
     return list(_select(ctx, axis, length, (length - 1) // 2, bool(ctx.attrs["keepdim"]), True))
-
-
-@converter_case(lambda: _Reduce("kthvalue", 3, 1, False), inputs=[((4, 7, 3), "float32")])
-def convert_kthvalue(ctx: ConverterContext) -> list[gs.Tensor]:
-    """``aten::kthvalue``: the k-th smallest (1-based) along ``dim``; NaN sorts last."""
-    axis, length = _axis_and_length(ctx.node, ctx.attrs["dim"]) or (0, 1)
-    return list(_select(ctx, axis, length, int(ctx.attrs["k"]) - 1, bool(ctx.attrs["keepdim"]), False))
-
-
-def _valid_k(node: gs.Node, settings: object) -> bool:
-    found = _axis_and_length(node, node.attrs.get("dim", -1))
-    return found is not None and 1 <= int(node.attrs.get("k", 0)) <= found[1]
 
 
 @converter_case(lambda: _Reduce("nanmedian", 1, False), inputs=[((4, 9, 3), "float32")])
@@ -235,11 +224,10 @@ def convert_cummin(ctx: ConverterContext) -> list[gs.Tensor]:
 
 
 def register_order_stat_converters(registry: ConverterRegistry) -> None:
-    """median and nanmedian (whole tensor or along a dim), kthvalue (static reduced axis)."""
+    """median and nanmedian (whole tensor or along a dim), cummax and cummin (static reduced axis)."""
     registry.register("aten::median.default", validator=_static_input)(convert_median)
     registry.register("aten::nanmedian.default", validator=_static_input)(convert_nanmedian)
     registry.register("aten::median.dim", validator=_static_axis)(convert_median_dim)
     registry.register("aten::nanmedian.dim", validator=_static_axis)(convert_nanmedian_dim)
-    registry.register("aten::kthvalue.default", validator=_valid_k)(convert_kthvalue)
     registry.register("aten::cummax.default", validator=_static_axis)(convert_cummax)
     registry.register("aten::cummin.default", validator=_static_axis)(convert_cummin)

@@ -67,7 +67,7 @@ OPINFO_OPS = [
     "special.shifted_chebyshev_polynomial_w", "lgamma", "digamma", "erfinv", "hypot", "special.zeta",
     "mvlgamma.mvlgamma_p_1", "mvlgamma.mvlgamma_p_3", "mvlgamma.mvlgamma_p_5", "polygamma.polygamma_n_0",
     "polygamma.polygamma_n_1", "polygamma.polygamma_n_2", "polygamma.polygamma_n_3", "polygamma.polygamma_n_4",
-    "special.polygamma.special_polygamma_n_0", "median", "nanmedian", "kthvalue", "cummax", "cummin",
+    "special.polygamma.special_polygamma_n_0", "median", "nanmedian", "cummax", "cummin",
     "masked.median", "masked.cumprod", "frexp", "nextafter",
 ]  # fmt: skip
 SAMPLES_PER_OP = 1
