@@ -108,7 +108,8 @@ class ConverterContext:
         array = np.asarray(value)
         if array.dtype == np.float64 and not isinstance(value, np.ndarray):
             array = array.astype(np.float32)
-        return gs.Constant(self.fresh_name(name), np.ascontiguousarray(array))
+        # np.ascontiguousarray would turn a 0-d array into shape [1], changing the rank of everything it touches
+        return gs.Constant(self.fresh_name(name), np.ascontiguousarray(array).reshape(array.shape))
 
     def fresh_name(self, hint: str) -> str:
         """A name for a new node or tensor, unique in the graph and named after the replaced node."""

@@ -40,7 +40,12 @@ _ATTRIBUTE_TYPES = {
     "float[]": OpSchema.AttrType.FLOATS,
     "bool[]": OpSchema.AttrType.INTS,
     "str[]": OpSchema.AttrType.STRINGS,
+    "number": OpSchema.AttrType.FLOAT,  # a Scalar argument
 }
+#: Arguments that say where or how a tensor is made, not what it holds: not written to the node.
+_DROPPED_TYPES = frozenset(
+    {"Device", "Optional[Device]", "Generator", "Optional[Generator]", "Layout", "Optional[Layout]"}
+)
 
 
 def custom_ops_in(program: torch.export.ExportedProgram) -> list[torch._ops.OpOverload]:
@@ -132,6 +137,8 @@ def _onnx_schema(op: torch._ops.OpOverload) -> tuple[OpSchema, list[str], list[s
             )
             inputs.append(OpSchema.FormalParameter(arg.name, f"T{len(inputs)}", param_option=option))
             tensor_args.append(arg.name)
+            continue
+        if type_text in _DROPPED_TYPES:
             continue
         base = type_text.removeprefix("Optional[").removesuffix("]") if type_text.startswith("Optional[") else type_text
         base = base.replace("List[int]", "int[]").replace("List[float]", "float[]").replace("List[bool]", "bool[]")
