@@ -92,6 +92,8 @@ def batch_filled(ctx: ConverterContext, like: gs.Tensor, core_rank: int, value: 
     zeros = ctx.op.Cast(ctx.op.And(same, ctx.op.Not(same)), to=7)
     if value.ndim < core_rank:
         zeros = ctx.op.Squeeze(zeros, axes(ctx, *range(-core_rank, -value.ndim if value.ndim else 0)))
+    elif value.ndim > core_rank:
+        zeros = ctx.op.Unsqueeze(zeros, axes(ctx, *range(core_rank - value.ndim, 0)))
     filled = ctx.op.Add(zeros, const(ctx, value.astype(np.int64), "value"))
     return (
         filled if value.dtype == np.int64 else ctx.op.Cast(filled, to=onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
