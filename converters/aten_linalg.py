@@ -19,10 +19,10 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters import linalg_steps as steps
-from converters.linalg_steps import const
 from converters.case_modules import Binary, Unary, spd, tri, tri_second
 from converters.cases import converter_case
 from converters.context import ConverterContext
+from converters.linalg_steps import const
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 

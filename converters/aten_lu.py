@@ -113,9 +113,7 @@ def unpacks_all(node: gs.Node, settings: Settings) -> bool:
     return keeps and matrix_input(node, settings)
 
 
-@converter_case(
-    lambda: Unary(lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a))), inputs=[((2, 5, 4), "float32")]
-)
+@converter_case(lambda: Unary(lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a))), inputs=[((2, 5, 4), "float32")])
 def convert_lu_unpack(ctx: ConverterContext) -> list[gs.Tensor]:
     """``aten::lu_unpack``: ``(P, L, U)`` from packed factors and 1-based pivots (applied swap by swap)."""
     m, n, _ = _dims(ctx)

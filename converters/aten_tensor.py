@@ -1,16 +1,125 @@
 """Built-in converters for ATen ops outside pointwise math that the exporter has no ONNX translation for.
 
-``register_aten2_converters`` is the one list of them (linear algebra lives in ``converters/aten_linalg.py``).
+``register_aten2_converters`` is the one list of them (linear algebra lives in ``converters/aten_linalg.py`` and
+``converters/aten_lu.py``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import torch
+
 from converters.aten_linalg import register_linalg_converters
 from converters.aten_lu import register_lu_converters
+from converters.cases import converter_case
+from converters.context import ConverterContext
+from converters.linalg_steps import axes, const, scalar
 from converters.registry import ConverterRegistry
+from converters.settings import Settings
+
+_REDUCTIONS = ("prod", "mean", "amax", "amin")
+
+
+def _rank(tensor: gs.Tensor | None) -> int | None:
+    return None if tensor is None or tensor.shape is None else len(tensor.shape)
+
+
+def index_reducible(node: gs.Node, settings: Settings) -> bool:
+    """``index_reduce`` on a floating ``self`` of known rank with a 1-D index of static length and a known
+    reduction."""
+    values, index = node.inputs[0], node.inputs[1]
+    floating = values.dtype is not None and np.issubdtype(np.dtype(values.dtype), np.floating)
+    static_index = index.shape is not None and len(index.shape) == 1 and isinstance(index.shape[0], int)
+    return floating and static_index and _rank(values) is not None and str(node.attrs.get("reduce")) in _REDUCTIONS
+
+
+class _IndexReduce(torch.nn.Module):
+    def __init__(self, dim: int, reduce: str, include_self: bool) -> None:
+        super().__init__()
+        self.dim, self.reduce, self.include_self = dim, reduce, include_self
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        index = (b.abs() * 3).long().clamp(max=a.shape[self.dim] - 1).flatten()[: c.shape[self.dim]]
+        return a.index_reduce(self.dim, index, c, self.reduce, include_self=self.include_self)
+
+
+@converter_case(
+    lambda: _IndexReduce(0, "amax", True), inputs=[((5, 3), "float32"), ((4,), "float32"), ((4, 3), "float32")]
+)
+@converter_case(
+    lambda: _IndexReduce(1, "amin", False), inputs=[((2, 5, 3), "float32"), ((6,), "float32"), ((2, 6, 3), "float32")]
+)
+@converter_case(
+    lambda: _IndexReduce(-1, "prod", True), inputs=[((3, 4), "float32"), ((5,), "float32"), ((3, 5), "float32")]
+)
+@converter_case(
+    lambda: _IndexReduce(0, "prod", False), inputs=[((4, 2), "float32"), ((6,), "float32"), ((6, 2), "float32")]
+)
+@converter_case(
+    lambda: _IndexReduce(0, "mean", True), inputs=[((5, 3), "float32"), ((7,), "float32"), ((7, 3), "float32")]
+)
+@converter_case(
+    lambda: _IndexReduce(1, "mean", False), inputs=[((2, 4), "float32"), ((6,), "float32"), ((2, 6), "float32")]
+)
+def convert_index_reduce(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::index_reduce``: ``self[index[j]] (reduce)= source[j]`` along ``dim``, without a scatter: a
+    ``(..., n, k)`` mask ``index[j] == i`` selects, for every row ``i`` of ``self``, the source rows reduced
+    into it (``Where`` + ``ReduceMax/Min/Prod/Sum``). Rows no index hits keep ``self``; ``include_self=False``
+    leaves ``self`` out of the rows it hits. Same reductions as PyTorch; a sum in another order for ``mean``."""
+    values, index, source = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
+    rank = _rank(values) or 0
+    if rank == 0:
+        values, source = (ctx.op.Unsqueeze(t, axes(ctx, 0)) for t in (values, source))
+    rank = max(rank, 1)
+    dim = int(ctx.attrs["dim"]) % rank
+    perm = [*(i for i in range(rank) if i != dim), dim]
+    inverse = [perm.index(i) for i in range(rank)]
+    moved, moved_source = (ctx.op.Transpose(t, perm=perm) for t in (values, source))
+    n = ctx.op.Shape(moved, start=-1)  # the length of dim, as a 1-element shape
+    rows = ctx.op.Unsqueeze(
+        ctx.op.Range(
+            const(ctx, np.array(0, np.int64)), ctx.op.Squeeze(n, axes(ctx, 0)), const(ctx, np.array(1, np.int64))
+        ),
+        axes(ctx, -1),
+    )
+    hits = ctx.op.Equal(rows, ctx.op.Unsqueeze(index, axes(ctx, 0)))  # (n, k)
+    result = _reduce_rows(ctx, moved, ctx.op.Unsqueeze(moved_source, axes(ctx, -2)), hits)
+    result = ctx.op.Transpose(result, perm=inverse)
+    return ctx.op.Squeeze(result, axes(ctx, 0)) if _rank(ctx.inputs[0]) == 0 else result
+
+
+def _reduce_rows(ctx: ConverterContext, values: gs.Tensor, source: gs.Tensor, hits: gs.Tensor) -> gs.Tensor:
+    """``values`` (``(..., n)``) with the rows of ``source`` (``(..., 1, k)``) selected by ``hits`` (``(n, k)``)
+    reduced into each of its ``n`` entries."""
+    reduce, include_self = str(ctx.attrs["reduce"]), bool(ctx.attrs["include_self"])
+    dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
+    last = axes(ctx, -1)
+    hit_any = ctx.op.Cast(ctx.op.ReduceMax(ctx.op.Cast(hits, to=6), last, keepdims=0), to=9)  # (n,) bool
+    if reduce == "mean":
+        total = ctx.op.ReduceSum(ctx.op.Where(hits, source, scalar(ctx, 0.0, dtype)), last, keepdims=0)
+        count = ctx.op.ReduceSum(ctx.op.Cast(hits, to=_float_type(dtype)), last, keepdims=0)
+        if include_self:
+            return ctx.op.Div(ctx.op.Add(values, total), ctx.op.Add(count, scalar(ctx, 1.0, dtype)))
+        return ctx.op.Where(hit_any, ctx.op.Div(total, count), values)
+    neutral = {"prod": 1.0, "amax": float("-inf"), "amin": float("inf")}[reduce]
+    reducer = {"prod": ctx.op.ReduceProd, "amax": ctx.op.ReduceMax, "amin": ctx.op.ReduceMin}[reduce]
+    reduced = reducer(ctx.op.Where(hits, source, scalar(ctx, neutral, dtype)), last, keepdims=0)
+    if include_self:
+        combine = {"prod": ctx.op.Mul, "amax": ctx.op.Max, "amin": ctx.op.Min}[reduce]
+        reduced = combine(values, reduced)
+    return ctx.op.Where(hit_any, reduced, values)
+
+
+def _float_type(dtype: Any) -> int:
+    return {np.dtype(np.float16): 10, np.dtype(np.float64): 11}.get(np.dtype(dtype), 1)
 
 
 def register_aten2_converters(registry: ConverterRegistry) -> None:
-    """Register every converter of this module and of ``converters/aten_linalg.py`` on ``registry``."""
+    """Register every converter of this module, ``converters/aten_linalg.py`` and ``converters/aten_lu.py`` on
+    ``registry``, one explicit call each."""
     register_linalg_converters(registry)
     register_lu_converters(registry)
+    registry.register("aten::index_reduce.default", validator=index_reducible)(convert_index_reduce)

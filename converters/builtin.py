@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
+from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
 from converters.registry import ConverterRegistry
@@ -90,3 +91,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     """Register every built-in converter on ``registry``, one explicit call each."""
     registry.register("aten::bucketize.Tensor")(convert_bucketize)
     registry.register("aten::_cdist_forward.default", validator=_finite_positive_p)(convert_cdist)
+    register_aten2_converters(registry)
