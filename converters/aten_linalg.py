@@ -196,6 +196,41 @@ def convert_triangular_solve(ctx: ConverterContext) -> list[gs.Tensor]:
     return [x, ctx.op.Identity(a)]
 
 
+# ---------------------------------------------------------------------------------------------- matrix_exp
+
+#: Scaling and squaring: A / 2^s has 1-norm <= _EXP_NORM, where a degree-18 Taylor polynomial is exact to float32
+#: (even at twice that norm, if rounding in log2 picks one squaring too few); at most _EXP_SQUARINGS squarings
+#: (1-norms up to 1.5 * 2^24, far past where exp overflows float32 for any matrix with a positive eigenvalue).
+_EXP_NORM = 1.5
+_EXP_DEGREE = 18
+_EXP_SQUARINGS = 24
+
+
+@converter_case(lambda: Unary(torch.linalg.matrix_exp), inputs=[((5, 5), "float32")])
+@converter_case(lambda: Unary(lambda a: torch.matrix_exp(3 * a)), inputs=[((3, 4, 4), "float32")])
+def convert_matrix_exp(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::linalg_matrix_exp`` / ``matrix_exp``: scaling and squaring. ``s = ceil(log2(|A|_1 / 1.5))``
+    (per matrix, at least 0), ``exp(A / 2^s)`` by a degree-18 Taylor polynomial (Horner), then ``s`` squarings
+    (a fixed number of ``MatMul`` each kept or not by ``Where``)."""
+    a, n, dtype = ctx.inputs[0], _side(ctx), _dtype(ctx)
+    norm = ctx.op.ReduceMax(
+        ctx.op.ReduceSum(ctx.op.Abs(a), steps.axes(ctx, -2), keepdims=1), steps.axes(ctx, -1), keepdims=1
+    )
+    log2 = ctx.op.Div(
+        ctx.op.Log(ctx.op.Div(norm, steps.scalar(ctx, _EXP_NORM, dtype))), steps.scalar(ctx, np.log(2.0), dtype)
+    )
+    squarings = ctx.op.Clip(ctx.op.Ceil(log2), steps.scalar(ctx, 0.0, dtype), steps.scalar(ctx, _EXP_SQUARINGS, dtype))
+    scaled = ctx.op.Div(a, ctx.op.Pow(steps.scalar(ctx, 2.0, dtype), squarings))  # a power of two: exact
+    eye = _eye(ctx, n, dtype)
+    result = eye
+    for k in range(_EXP_DEGREE, 0, -1):
+        result = ctx.op.Add(eye, ctx.op.Div(ctx.op.MatMul(scaled, result), steps.scalar(ctx, float(k), dtype)))
+    for i in range(_EXP_SQUARINGS):
+        keep = ctx.op.Less(steps.scalar(ctx, float(i), dtype), squarings)
+        result = ctx.op.Where(keep, ctx.op.MatMul(result, result), result)
+    return result
+
+
 def register_linalg_converters(registry: ConverterRegistry) -> None:
     """Register the Cholesky and triangular-solve converters on ``registry``, one explicit call each."""
     registry.register("aten::cholesky.default", validator=square_input)(convert_cholesky)
@@ -207,3 +242,5 @@ def register_linalg_converters(registry: ConverterRegistry) -> None:
         convert_linalg_solve_triangular
     )
     registry.register("aten::triangular_solve.default", validator=matrix_then_square)(convert_triangular_solve)
+    registry.register("aten::linalg_matrix_exp.default", validator=square_input)(convert_matrix_exp)
+    registry.register("aten::matrix_exp.default", validator=square_input)(convert_matrix_exp)
