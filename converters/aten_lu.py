@@ -274,6 +274,32 @@ def convert_logdet(ctx: ConverterContext) -> gs.Tensor:
     return ctx.op.Where(negative, steps.scalar(ctx, float("nan"), dtype), log_abs)
 
 
+def tensor_invertible(node: gs.Node, settings: Settings) -> bool:
+    """``linalg_tensorinv`` of a static shape whose first ``ind`` dimensions multiply to the product of the
+    rest, within ``MAX_SIDE``."""
+    shape, ind = _shape(node.inputs[0]), int(node.attrs.get("ind", 2))
+    if shape is None or not all(isinstance(d, int) for d in shape) or not 0 < ind < len(shape):
+        return False
+    rows, cols = int(np.prod(shape[:ind])), int(np.prod(shape[ind:]))
+    return rows == cols and 0 < rows <= steps.MAX_SIDE
+
+
+@converter_case(lambda: Unary(lambda a: torch.linalg.tensorinv(a, ind=2), regular), inputs=[((4, 2, 8), "float32")])
+def convert_linalg_tensorinv(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::linalg_tensorinv``: the inverse of the ``(prod(shape[:ind]), prod(shape[ind:]))`` matrix, reshaped
+    to ``shape[ind:] + shape[:ind]``."""
+    shape = [int(d) for d in ctx.input_shapes[0] or ()]
+    ind = int(ctx.attrs["ind"])
+    n, dtype = int(np.prod(shape[:ind])), _dtype(ctx)
+    matrix = ctx.op.Reshape(ctx.inputs[0], const(ctx, np.array([n, n], np.int64), "square"))
+    factors = steps.lu_factor(ctx, matrix, n, n, dtype)
+    y = steps.solve_triangular(
+        ctx, factors.packed, _pivot_order(ctx, factors.permutation, n, dtype), n, lower=True, unit=True
+    )
+    inverse = steps.solve_triangular(ctx, factors.packed, y, n, lower=False, unit=False)
+    return ctx.op.Reshape(inverse, const(ctx, np.array(shape[ind:] + shape[:ind], np.int64), "shape"))
+
+
 def register_lu_converters(registry: ConverterRegistry) -> None:
     """Register the LU-based converters on ``registry``, one explicit call each."""
     for target in ("linalg_lu_factor", "linalg_lu_factor_ex", "_lu_with_info"):
@@ -290,3 +316,4 @@ def register_lu_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::det.default", validator=square_input)(convert_linalg_det)
     registry.register("aten::linalg_slogdet.default", validator=square_input)(convert_linalg_slogdet)
     registry.register("aten::logdet.default", validator=square_input)(convert_logdet)
+    registry.register("aten::linalg_tensorinv.default", validator=tensor_invertible)(convert_linalg_tensorinv)

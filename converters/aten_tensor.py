@@ -113,6 +113,71 @@ def _reduce_rows(ctx: ConverterContext, values: gs.Tensor, source: gs.Tensor, hi
     return ctx.op.Where(hit_any, reduced, values)
 
 
+# ---------------------------------------------------------------------------------------------- searching
+
+
+def searchable(node: gs.Node, settings: Settings) -> bool:
+    """``searchsorted`` with inputs of known rank: a 1-D sequence, or one with the values' batch dimensions."""
+    sequence, values = _rank(node.inputs[0]), _rank(node.inputs[1])
+    return sequence is not None and values is not None and (sequence == 1 or sequence == values)
+
+
+class _SearchSorted(torch.nn.Module):
+    def __init__(self, right: bool, sort: bool = True) -> None:
+        super().__init__()
+        self.right, self.sort = right, sort
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not self.sort:
+            return torch.searchsorted(a, b, right=self.right, sorter=torch.argsort(a))
+        return torch.searchsorted(torch.sort(a).values, b, right=self.right)
+
+
+@converter_case(lambda: _SearchSorted(right=False), inputs=[((8,), "float32"), ((3, 5), "float32")])
+@converter_case(lambda: _SearchSorted(right=True), inputs=[((2, 6), "float32"), ((2, 4), "float32")])
+@converter_case(lambda: _SearchSorted(right=False, sort=False), inputs=[((7,), "float32"), ((9,), "float32")])
+def convert_searchsorted(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::searchsorted.Tensor``: the insertion index of each value = how many boundaries lie below it
+    (``<=`` for ``right``/``side="right"``), counted over a ``(..., M, B)`` comparison like ``bucketize``; a
+    ``sorter`` first gathers the sequence into sorted order."""
+    sequence, values = ctx.inputs[0], ctx.inputs[1]
+    sorter = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    if sorter is not None:
+        sequence = ctx.op.GatherElements(sequence, sorter, axis=-1)
+    if _rank(ctx.inputs[0]) != 1:
+        sequence = ctx.op.Unsqueeze(sequence, axes(ctx, -2))  # (..., 1, B) against (..., M, 1)
+    expanded = ctx.op.Unsqueeze(values, axes(ctx, -1))
+    right = bool(ctx.attrs.get("right")) or ctx.attrs.get("side") == "right"
+    below = ctx.op.LessOrEqual(sequence, expanded) if right else ctx.op.Less(sequence, expanded)
+    counts = ctx.op.ReduceSum(ctx.op.Cast(below, to=7), axes(ctx, -1), keepdims=0)
+    return ctx.op.Cast(counts, to=6) if ctx.attrs.get("out_int32") else counts
+
+
+class _IsIn(torch.nn.Module):
+    def __init__(self, invert: bool) -> None:
+        super().__init__()
+        self.invert = invert
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.isin(a.round(), b.round(), invert=self.invert)
+
+
+@converter_case(lambda: _IsIn(invert=False), inputs=[((4, 5), "float32"), ((6,), "float32")])
+@converter_case(lambda: _IsIn(invert=True), inputs=[((7,), "float32"), ((2, 3), "float32")])
+def convert_isin(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::isin.Tensor_Tensor``: is each element equal to any test element (every pair compared; ``invert``
+    negates)."""
+    elements, tests = ctx.inputs[0], ctx.inputs[1]
+    flat = ctx.op.Reshape(tests, const(ctx, np.array([-1], np.int64), "flat"))
+    equal = ctx.op.Equal(ctx.op.Unsqueeze(elements, axes(ctx, -1)), flat)
+    found = ctx.op.Cast(ctx.op.ReduceMax(ctx.op.Cast(equal, to=6), axes(ctx, -1), keepdims=0), to=9)
+    return ctx.op.Not(found) if ctx.attrs.get("invert") else found
+
+
+def _known_ranks(node: gs.Node, settings: Settings) -> bool:
+    return all(_rank(t) is not None for t in node.inputs[:2])
+
+
 def _float_type(dtype: Any) -> int:
     return {np.dtype(np.float16): 10, np.dtype(np.float64): 11}.get(np.dtype(dtype), 1)
 
@@ -123,3 +188,5 @@ def register_aten2_converters(registry: ConverterRegistry) -> None:
     register_linalg_converters(registry)
     register_lu_converters(registry)
     registry.register("aten::index_reduce.default", validator=index_reducible)(convert_index_reduce)
+    registry.register("aten::searchsorted.Tensor", validator=searchable)(convert_searchsorted)
+    registry.register("aten::isin.Tensor_Tensor", validator=_known_ranks)(convert_isin)
