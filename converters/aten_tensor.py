@@ -78,11 +78,9 @@ def convert_index_reduce(ctx: ConverterContext) -> gs.Tensor:
     perm = [*(i for i in range(rank) if i != dim), dim]
     inverse = [perm.index(i) for i in range(rank)]
     moved, moved_source = (ctx.op.Transpose(t, perm=perm) for t in (values, source))
-    n = ctx.op.Shape(moved, start=-1)  # the length of dim, as a 1-element shape
+    n = _last_length(ctx, moved)
     rows = ctx.op.Unsqueeze(
-        ctx.op.Range(
-            const(ctx, np.array(0, np.int64)), ctx.op.Squeeze(n, axes(ctx, 0)), const(ctx, np.array(1, np.int64))
-        ),
+        ctx.op.Range(const(ctx, np.array(0, np.int64)), n, const(ctx, np.array(1, np.int64))),
         axes(ctx, -1),
     )
     hits = ctx.op.Equal(rows, ctx.op.Unsqueeze(index, axes(ctx, 0)))  # (n, k)
@@ -178,6 +176,97 @@ def _known_ranks(node: gs.Node, settings: Settings) -> bool:
     return all(_rank(t) is not None for t in node.inputs[:2])
 
 
+# ---------------------------------------------------------------------------------------------- order statistics
+
+
+def _known_rank(node: gs.Node, settings: Settings) -> bool:
+    """The first input's rank is known."""
+    return _rank(node.inputs[0]) is not None
+
+
+def _along_last(ctx: ConverterContext, compute: Any) -> list[gs.Tensor]:
+    """``compute(moved)`` on the input with ``dim`` moved last (``(..., n)`` -> ``(..., 1)`` values and indices),
+    put back where ``dim`` was (``keepdim``) or squeezed; a 0-d input is treated as one element."""
+    x, rank = ctx.inputs[0], _rank(ctx.inputs[0]) or 0
+    if rank == 0:
+        x = ctx.op.Unsqueeze(x, axes(ctx, 0))
+    dim = int(ctx.attrs.get("dim", -1)) % max(rank, 1)
+    perm = [*(i for i in range(max(rank, 1)) if i != dim), dim]
+    moved = ctx.op.Transpose(x, perm=perm) if perm != sorted(perm) else x
+    results = compute(moved)
+    if rank == 0 or not ctx.attrs.get("keepdim"):
+        return [ctx.op.Squeeze(r, axes(ctx, -1)) for r in results]
+    inverse = [perm.index(i) for i in range(rank)]
+    return [ctx.op.Transpose(r, perm=inverse) if perm != sorted(perm) else r for r in results]
+
+
+class _KthValue(torch.nn.Module):
+    def __init__(self, k: int, dim: int, keepdim: bool) -> None:
+        super().__init__()
+        self.k, self.dim, self.keepdim = k, dim, keepdim
+
+    def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = torch.kthvalue(a, self.k, self.dim, self.keepdim)
+        return values, indices
+
+
+@converter_case(lambda: _KthValue(2, -1, False), inputs=[((4, 6), "float32")])
+@converter_case(lambda: _KthValue(3, 1, True), inputs=[((2, 5, 3), "float32")])
+def convert_kthvalue(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::kthvalue``: the k-th smallest value along ``dim`` and its index: ``TopK(largest=0)``'s last entry
+    (ties: the lower index, where PyTorch's selection may pick another)."""
+    k = int(ctx.attrs["k"])
+
+    def kth(moved: gs.Tensor) -> list[gs.Tensor]:
+        values, indices = ctx.op.TopK(
+            moved, const(ctx, np.array([k], np.int64), "k"), axis=-1, largest=0, sorted=1, outputs=2
+        )
+        return [ctx.op.Slice(t, axes(ctx, k - 1), axes(ctx, k), axes(ctx, -1)) for t in (values, indices)]
+
+    return _along_last(ctx, kth)
+
+
+def kth_in_range(node: gs.Node, settings: Settings) -> bool:
+    """``kthvalue`` with a known rank and ``k`` below TensorRT's TopK limit."""
+    return _known_rank(node, settings) and 0 < int(node.attrs.get("k", 1)) < 3840
+
+
+class _Mode(torch.nn.Module):
+    def __init__(self, dim: int, keepdim: bool) -> None:
+        super().__init__()
+        self.dim, self.keepdim = dim, keepdim
+
+    def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = torch.mode((a * 2).round(), self.dim, self.keepdim)
+        return values, indices
+
+
+@converter_case(lambda: _Mode(-1, False), inputs=[((3, 9), "float32")])
+@converter_case(lambda: _Mode(0, True), inputs=[((7, 2, 3), "float32")])
+def convert_mode(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::mode``: the most frequent value along ``dim`` (ties: the smallest) and the index of its last
+    occurrence, as PyTorch; counts from an ``(..., n, n)`` equality."""
+    dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
+    last = axes(ctx, -1)
+
+    def mode(moved: gs.Tensor) -> list[gs.Tensor]:
+        equal = ctx.op.Equal(ctx.op.Unsqueeze(moved, axes(ctx, -1)), ctx.op.Unsqueeze(moved, axes(ctx, -2)))
+        counts = ctx.op.ReduceSum(ctx.op.Cast(equal, to=6), last, keepdims=0)
+        best = ctx.op.Equal(counts, ctx.op.ReduceMax(counts, last, keepdims=1))
+        value = ctx.op.ReduceMin(ctx.op.Where(best, moved, scalar(ctx, float("inf"), dtype)), last, keepdims=1)
+        n = _last_length(ctx, moved)
+        positions = ctx.op.Range(const(ctx, np.array(0, np.int64)), n, const(ctx, np.array(1, np.int64)))
+        hits = ctx.op.Where(ctx.op.Equal(moved, value), positions, const(ctx, np.array(-1, np.int64)))
+        return [value, ctx.op.ReduceMax(hits, last, keepdims=1)]
+
+    return _along_last(ctx, mode)
+
+
+def _last_length(ctx: ConverterContext, x: gs.Tensor) -> gs.Tensor:
+    """The length of ``x``'s last dimension as a 0-d int64 tensor."""
+    return ctx.op.Gather(ctx.op.Shape(x), const(ctx, np.array(-1, np.int64), "last"), axis=0)
+
+
 def _float_type(dtype: Any) -> int:
     return {np.dtype(np.float16): 10, np.dtype(np.float64): 11}.get(np.dtype(dtype), 1)
 
@@ -190,3 +279,5 @@ def register_aten2_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::index_reduce.default", validator=index_reducible)(convert_index_reduce)
     registry.register("aten::searchsorted.Tensor", validator=searchable)(convert_searchsorted)
     registry.register("aten::isin.Tensor_Tensor", validator=_known_ranks)(convert_isin)
+    registry.register("aten::kthvalue.default", validator=kth_in_range)(convert_kthvalue)
+    registry.register("aten::mode.default", validator=_known_rank)(convert_mode)
