@@ -201,7 +201,7 @@ def convert_triangular_solve(ctx: ConverterContext) -> list[gs.Tensor]:
 #: Scaling and squaring: A / 2^s has 1-norm <= _EXP_NORM, where a degree-18 Taylor polynomial is exact to float32
 #: (even at twice that norm, if rounding in log2 picks one squaring too few); at most _EXP_SQUARINGS squarings
 #: (1-norms up to 1.5 * 2^24, far past where exp overflows float32 for any matrix with a positive eigenvalue).
-_EXP_NORM = 1.5
+_EXP_NORM = 3.010066362817634  # PyTorch's bound for its degree-18 polynomial: the same number of squarings
 _EXP_DEGREE = 18
 _EXP_SQUARINGS = 24
 

@@ -262,6 +262,99 @@ def convert_mode(ctx: ConverterContext) -> list[gs.Tensor]:
     return _along_last(ctx, mode)
 
 
+# ---------------------------------------------------------------------------------------------- pooling
+
+
+def _spatial(node: gs.Node) -> tuple[list[int], list[int]] | None:
+    """(input spatial sizes, output sizes) of an adaptive pool with static sizes, or None."""
+    shape, sizes = _shape_of(node.inputs[0]), node.attrs.get("output_size")
+    if shape is None or sizes is None:
+        return None
+    sizes = [int(v) for v in sizes]
+    spatial = list(shape[len(shape) - len(sizes) :])
+    if len(shape) <= len(sizes) or not all(isinstance(d, int) and d > 0 for d in spatial):
+        return None
+    return [int(d) for d in spatial], sizes
+
+
+def _shape_of(tensor: gs.Tensor | None) -> tuple[Any, ...] | None:
+    return None if tensor is None or tensor.shape is None else tuple(tensor.shape)
+
+
+_MAX_CELLS = 1024
+
+
+def adaptive_static(node: gs.Node, settings: Settings) -> bool:
+    """Adaptive max pooling with static spatial sizes and at most ``_MAX_CELLS`` output cells (one small group of
+    nodes each)."""
+    found = _spatial(node)
+    return found is not None and all(o > 0 for o in found[1]) and int(np.prod(found[1])) <= _MAX_CELLS
+
+
+class _AdaptiveMax(torch.nn.Module):
+    def __init__(self, size: tuple[int, ...]) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pool = (
+            torch.nn.functional.adaptive_max_pool2d if len(self.size) == 2 else torch.nn.functional.adaptive_max_pool3d
+        )
+        values, indices = pool(a, self.size, return_indices=True)
+        return values, indices
+
+
+@converter_case(lambda: _AdaptiveMax((2, 3)), inputs=[((1, 4, 5, 7), "float32")])
+@converter_case(lambda: _AdaptiveMax((3, 3)), inputs=[((2, 6, 6), "float32")], dynamic={"a": {0: ("c", 1, 2, 4)}})
+@converter_case(lambda: _AdaptiveMax((2, 1, 3)), inputs=[((1, 2, 4, 3, 5), "float32")])
+def convert_adaptive_max_pool(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::adaptive_max_pool2d`` / ``3d``: ``(values, indices)``, one region per output cell (rows
+    ``floor(i*H/oh)`` to ``ceil((i+1)*H/oh)``, likewise for the other axes): its maximum and the flat index of
+    its first maximum in the input plane (``ReduceMax`` and ``ArgMax`` of the flattened region), as PyTorch."""
+    found = _spatial(ctx.node)
+    assert found is not None
+    spatial, sizes = found
+    x, nd = ctx.inputs[0], len(sizes)
+    lead = len(_shape_of(x) or ()) - nd
+    values, indices = [], []
+    for cell in np.ndindex(*sizes):
+        starts = [(i * d) // o for i, d, o in zip(cell, spatial, sizes, strict=True)]
+        ends = [-((-(i + 1) * d) // o) for i, d, o in zip(cell, spatial, sizes, strict=True)]
+        region = ctx.op.Slice(
+            x,
+            const(ctx, np.array(starts, np.int64)),
+            const(ctx, np.array(ends, np.int64)),
+            axes(ctx, *range(lead, lead + nd)),
+        )
+        flat = ctx.op.Reshape(region, const(ctx, np.array([0] * lead + [-1], np.int64), "flat"))
+        values.append(ctx.op.ReduceMax(flat, axes(ctx, -1), keepdims=1))
+        local = ctx.op.ArgMax(flat, axis=-1, keepdims=1)
+        indices.append(_global_index(ctx, local, starts, ends, spatial))
+    shape = const(ctx, np.array([0] * lead + sizes, np.int64), "shape")
+    joined = [ctx.op.Concat(*t, axis=-1) if len(t) > 1 else t[0] for t in (values, indices)]
+    return [ctx.op.Reshape(t, shape) for t in joined]
+
+
+def _global_index(
+    ctx: ConverterContext, local: gs.Tensor, starts: list[int], ends: list[int], spatial: list[int]
+) -> gs.Tensor:
+    """The flat index in the input plane of a flat index ``local`` in the region ``starts:ends``."""
+    extents = [e - b for b, e in zip(starts, ends, strict=True)]
+    total: gs.Tensor | None = None
+    remaining = local
+    for axis in range(len(extents) - 1, -1, -1):  # peel coordinates off the last axis first
+        coordinate = ctx.op.Add(
+            ctx.op.Mod(remaining, const(ctx, np.array(extents[axis], np.int64))),
+            const(ctx, np.array(starts[axis], np.int64)),
+        )
+        remaining = ctx.op.Div(remaining, const(ctx, np.array(extents[axis], np.int64)))
+        stride = int(np.prod(spatial[axis + 1 :]))
+        term = ctx.op.Mul(coordinate, const(ctx, np.array(stride, np.int64)))
+        total = term if total is None else ctx.op.Add(total, term)
+    assert total is not None
+    return total
+
+
 def _last_length(ctx: ConverterContext, x: gs.Tensor) -> gs.Tensor:
     """The length of ``x``'s last dimension as a 0-d int64 tensor."""
     return ctx.op.Gather(ctx.op.Shape(x), const(ctx, np.array(-1, np.int64), "last"), axis=0)
@@ -281,3 +374,5 @@ def register_aten2_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::isin.Tensor_Tensor", validator=_known_ranks)(convert_isin)
     registry.register("aten::kthvalue.default", validator=kth_in_range)(convert_kthvalue)
     registry.register("aten::mode.default", validator=_known_rank)(convert_mode)
+    registry.register("aten::adaptive_max_pool2d.default", validator=adaptive_static)(convert_adaptive_max_pool)
+    registry.register("aten::adaptive_max_pool3d.default", validator=adaptive_static)(convert_adaptive_max_pool)

@@ -66,6 +66,9 @@ _OPINFO = [
     "cholesky_inverse",
     "index_reduce.amax",
     "index_reduce.mean",
+    "isin",
+    "linalg.lu_factor",
+    "linalg.tensorinv",
 ]
 
 
@@ -80,6 +83,8 @@ def _opinfo_samples(name: str, count: int) -> list[tuple[_Plain, tuple[torch.Ten
         others = tuple(a for a in sample.args if not isinstance(a, torch.Tensor))
         if len(tensors) != 1 + len(sample.args) - len(others) or any(t.numel() == 0 for t in tensors):
             continue
+        if tensors[0].dim() == 0:
+            continue  # 0-d outputs: validation's own case (issue 14, "validate"), not these converters
         if any(not isinstance(a, torch.Tensor) for a in sample.args[: len(tensors) - 1]):
             continue  # a tensor after a non-tensor argument: not a plain positional module call
         found.append((_Plain(op.op, others, dict(sample.kwargs)), tuple(tensors)))
