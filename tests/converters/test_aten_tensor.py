@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from rtx_build import assert_builds
+from torch.utils import _pytree as pytree
 
 import pipeline
 from converters.aten_tensor import register_aten2_converters
@@ -44,14 +45,21 @@ def test_case_matches_pytorch_and_builds(entry: ConverterEntry, case: ConverterC
 
 
 class _Plain(torch.nn.Module):
-    """An OpInfo sample as a module (``tests/opinfo_support.py`` does the same for the whole suite)."""
+    """An OpInfo sample as a module whose inputs are the sample's tensors (the other arguments are constants)."""
 
-    def __init__(self, function: object, args: tuple, kwargs: dict) -> None:
+    def __init__(self, function: object, sample: object) -> None:
         super().__init__()
-        self.function, self.args, self.kwargs = function, args, kwargs
+        self.function = function
+        leaves, self.spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))  # type: ignore[attr-defined]
+        self.is_tensor = [isinstance(x, torch.Tensor) for x in leaves]
+        self.constants = [None if t else x for x, t in zip(leaves, self.is_tensor, strict=True)]
+        self.tensors = tuple(x for x, t in zip(leaves, self.is_tensor, strict=True) if t)
 
     def forward(self, *tensors: torch.Tensor) -> object:
-        result = self.function(*tensors, *self.args, **self.kwargs)  # type: ignore[operator]
+        given = iter(tensors)
+        leaves = [next(given) if t else c for t, c in zip(self.is_tensor, self.constants, strict=True)]
+        first, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        result = self.function(first, *args, **kwargs)  # type: ignore[operator]
         return tuple(result) if isinstance(result, tuple) else result
 
 
@@ -79,15 +87,10 @@ def _opinfo_samples(name: str, count: int) -> list[tuple[_Plain, tuple[torch.Ten
     op = next(o for o in op_db if (o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")) == name)
     found = []
     for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
-        tensors = [sample.input, *(a for a in sample.args if isinstance(a, torch.Tensor))]
-        others = tuple(a for a in sample.args if not isinstance(a, torch.Tensor))
-        if len(tensors) != 1 + len(sample.args) - len(others) or any(t.numel() == 0 for t in tensors):
-            continue
-        if tensors[0].dim() == 0:
-            continue  # 0-d outputs: validation's own case (issue 14, "validate"), not these converters
-        if any(not isinstance(a, torch.Tensor) for a in sample.args[: len(tensors) - 1]):
-            continue  # a tensor after a non-tensor argument: not a plain positional module call
-        found.append((_Plain(op.op, others, dict(sample.kwargs)), tuple(tensors)))
+        module = _Plain(op.op, sample)
+        if not module.tensors or any(t.numel() == 0 for t in module.tensors) or module.tensors[0].dim() == 0:
+            continue  # empty and 0-d samples: the OpInfo suite's and validation's cases, not these converters
+        found.append((module, module.tensors))
         if len(found) == count:
             break
     return found
