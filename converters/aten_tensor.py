@@ -14,6 +14,7 @@ import torch
 
 from converters.aten_linalg import register_linalg_converters
 from converters.aten_lu import register_lu_converters
+from converters.aten_qr import register_qr_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
 from converters.linalg_steps import axes, const, scalar
@@ -369,6 +370,7 @@ def register_aten2_converters(registry: ConverterRegistry) -> None:
     ``registry``, one explicit call each."""
     register_linalg_converters(registry)
     register_lu_converters(registry)
+    register_qr_converters(registry)
     registry.register("aten::index_reduce.default", validator=index_reducible)(convert_index_reduce)
     registry.register("aten::searchsorted.Tensor", validator=searchable)(convert_searchsorted)
     registry.register("aten::isin.Tensor_Tensor", validator=_known_ranks)(convert_isin)

@@ -1,6 +1,6 @@
-"""The ATen converters of ``converters/aten_tensor.py``, ``aten_linalg.py`` and ``aten_lu.py``: every declared
-case against PyTorch on ONNX Runtime and built by the real TensorRT-RTX builder; PyTorch's own OpInfo samples;
-singular inputs; and the clear error for what the validators decline."""
+"""The ATen converters of ``converters/aten_tensor.py``, ``aten_linalg.py``, ``aten_lu.py`` and ``aten_qr.py``:
+every declared case against PyTorch on ONNX Runtime and built by the real TensorRT-RTX builder; PyTorch's own
+OpInfo samples; singular inputs; and the clear error for what the validators decline."""
 
 from __future__ import annotations
 
@@ -77,6 +77,8 @@ _OPINFO = [
     "isin",
     "linalg.lu_factor",
     "linalg.tensorinv",
+    "linalg.qr",
+    "linalg.householder_product",
 ]
 
 
