@@ -122,6 +122,49 @@ def convert_linalg_qr(ctx: ConverterContext) -> list[gs.Tensor]:
     return [q, r]
 
 
+def _ormqr_shapes(node: gs.Node, settings: Settings) -> bool:
+    tau, other = (node.inputs[i].shape if len(node.inputs) > i else None for i in (1, 2))
+    known = tau is not None and isinstance(tau[-1], int) and other is not None and len(other) >= 2
+    return matrix_input(node, settings) and known
+
+
+@converter_case(lambda: Unary(lambda a: torch.ormqr(*torch.geqrf(a), a.mT @ a)), inputs=[((4, 4), "float32")])
+@converter_case(
+    lambda: Unary(lambda a: torch.ormqr(*torch.geqrf(a), a.mT, left=False, transpose=True)),
+    inputs=[((2, 5, 3), "float32")],
+)
+def convert_ormqr(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::ormqr``: ``Q C``, ``Q^T C``, ``C Q`` or ``C Q^T`` (``left``, ``transpose``) with ``Q = H_0 ...
+    H_{k-1}`` from ``geqrf``'s factors, one reflection at a time (``C - u (tau u^T C)`` or ``C - (C u) tau u^T``)."""
+    m, _, dtype = _dims(ctx)
+    a, tau, c = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
+    count = int((ctx.input_shapes[1] or (0,))[-1])
+    left, transpose = bool(ctx.attrs["left"]), bool(ctx.attrs["transpose"])
+    rows = np.arange(m).reshape(m, 1)
+    order = range(count) if left == transpose else range(count - 1, -1, -1)
+    for i in order:
+        column = steps.take(ctx, a, i, i + 1, -1)
+        u = ctx.op.Where(
+            const(ctx, rows == i, "head"),
+            scalar(ctx, 1.0, dtype),
+            ctx.op.Where(const(ctx, rows > i, "below"), column, scalar(ctx, 0.0, dtype)),
+        )
+        scale = ctx.op.Unsqueeze(steps.take(ctx, tau, i, i + 1, -1), steps.axes(ctx, -1))
+        if left:  # (m, 1) against C (m, p)
+            c = ctx.op.Sub(
+                c, ctx.op.Mul(u, ctx.op.Mul(ctx.op.ReduceSum(ctx.op.Mul(u, c), steps.axes(ctx, -2), keepdims=1), scale))
+            )
+        else:  # C (p, m) against u as a row (1, m)
+            row = steps.swap_last(ctx, u, len(ctx.input_shapes[0] or ()))
+            c = ctx.op.Sub(
+                c,
+                ctx.op.Mul(
+                    ctx.op.Mul(ctx.op.ReduceSum(ctx.op.Mul(c, row), steps.axes(ctx, -1), keepdims=1), scale), row
+                ),
+            )
+    return c
+
+
 def register_qr_converters(registry: ConverterRegistry) -> None:
     """Register the Householder QR converters on ``registry``, one explicit call each."""
     registry.register("aten::geqrf.default", validator=matrix_input)(convert_geqrf)
@@ -130,3 +173,4 @@ def register_qr_converters(registry: ConverterRegistry) -> None:
     )
     registry.register("aten::linalg_qr.default", validator=qr_mode_known)(convert_linalg_qr)
     registry.register("aten::qr.default", validator=matrix_input)(convert_linalg_qr)
+    registry.register("aten::ormqr.default", validator=_ormqr_shapes)(convert_ormqr)
