@@ -356,6 +356,57 @@ def _global_index(
     return total
 
 
+# ---------------------------------------------------------------------------------------------- strided views
+
+
+def _strided_positions(node: gs.Node) -> np.ndarray | None:
+    """The flat positions in ``self`` (contiguous) of the strided view's elements, or None when ``self``'s shape
+    is not static or the view is out of range or overlaps itself (PyTorch leaves the write order open there)."""
+    shape = node.inputs[0].shape
+    size, stride = node.attrs.get("size"), node.attrs.get("stride")
+    if shape is None or size is None or stride is None or not all(isinstance(d, int) for d in shape):
+        return None
+    offset = int(node.attrs.get("storage_offset") or 0)
+    positions = np.full([int(v) for v in size], offset, np.int64)
+    for axis, (length, step) in enumerate(zip(size, stride, strict=True)):
+        view = [1] * len(size)
+        view[axis] = int(length)
+        positions = positions + np.arange(int(length), dtype=np.int64).reshape(view) * int(step)
+    numel = int(np.prod(shape))
+    flat = positions.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= numel or np.unique(flat).size != flat.size):
+        return None
+    return flat
+
+
+def strided_scatterable(node: gs.Node, settings: Settings) -> bool:
+    """``as_strided_scatter`` into a static ``self`` through a view that stays inside it and does not overlap."""
+    return _strided_positions(node) is not None
+
+
+class _StridedScatter(torch.nn.Module):
+    def __init__(self, size: list[int], stride: list[int], offset: int) -> None:
+        super().__init__()
+        self.size, self.stride, self.offset = size, stride, offset
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(a, b, self.size, self.stride, self.offset)
+
+
+@converter_case(lambda: _StridedScatter([2, 2], [1, 2], 1), inputs=[((3, 3), "float32"), ((2, 2), "float32")])
+@converter_case(lambda: _StridedScatter([3, 2], [4, 1], 2), inputs=[((4, 4), "float32"), ((3, 2), "float32")])
+def convert_as_strided_scatter(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::as_strided_scatter``: ``src`` written into ``self`` at the strided view's positions, computed at
+    conversion time from the static sizes and strides (one ``ScatterElements`` on the flattened tensor)."""
+    positions = _strided_positions(ctx.node)
+    assert positions is not None
+    shape = [int(d) for d in ctx.input_shapes[0] or ()]
+    flat = ctx.op.Reshape(ctx.inputs[0], const(ctx, np.array([-1], np.int64), "flat"))
+    updates = ctx.op.Reshape(ctx.inputs[1], const(ctx, np.array([-1], np.int64), "flat"))
+    written = ctx.op.ScatterElements(flat, const(ctx, positions, "positions"), updates, axis=0)
+    return ctx.op.Reshape(written, const(ctx, np.array(shape, np.int64), "shape"))
+
+
 def _last_length(ctx: ConverterContext, x: gs.Tensor) -> gs.Tensor:
     """The length of ``x``'s last dimension as a 0-d int64 tensor."""
     return ctx.op.Gather(ctx.op.Shape(x), const(ctx, np.array(-1, np.int64), "last"), axis=0)
@@ -378,3 +429,4 @@ def register_aten2_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::mode.default", validator=_known_rank)(convert_mode)
     registry.register("aten::adaptive_max_pool2d.default", validator=adaptive_static)(convert_adaptive_max_pool)
     registry.register("aten::adaptive_max_pool3d.default", validator=adaptive_static)(convert_adaptive_max_pool)
+    registry.register("aten::as_strided_scatter.default", validator=strided_scatterable)(convert_as_strided_scatter)

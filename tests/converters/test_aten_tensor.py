@@ -79,6 +79,10 @@ _OPINFO = [
     "linalg.tensorinv",
     "linalg.qr",
     "linalg.householder_product",
+    "ormqr",
+    "as_strided_scatter",
+    "nn.functional.adaptive_max_pool2d",
+    "kthvalue",
 ]
 
 
