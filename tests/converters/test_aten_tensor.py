@@ -94,7 +94,11 @@ def _opinfo_samples(name: str, count: int) -> list[tuple[_Plain, tuple[torch.Ten
     found = []
     for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
         module = _Plain(op.op, sample)
-        if not module.tensors or any(t.numel() == 0 for t in module.tensors) or module.tensors[0].dim() == 0:
+        if (
+            not module.tensors
+            or any(t.numel() == 0 for t in module.tensors)
+            or any(t.dim() == 0 for t in module.tensors)
+        ):
             continue  # empty and 0-d samples: the OpInfo suite's and validation's cases, not these converters
         found.append((module, module.tensors))
         if len(found) == count:
