@@ -92,7 +92,9 @@ def _environment() -> Mapping[str, str]:
 
 
 #: The groups settings belong to, in the order of the flow (``Settings.grouped()``, the artifact's metadata).
-GROUPS: tuple[str, ...] = ("backend", "export", "passes", "precision", "check", "tensorrt", "onnxruntime", "validation")
+GROUPS: tuple[str, ...] = (
+    "backend", "export", "passes", "precision", "check", "tensorrt", "onnxruntime", "validation"
+)
 
 
 def option(group: str, default: Any = MISSING, *, engine: bool = False, default_factory: Any = MISSING) -> Any:
@@ -310,7 +312,9 @@ def _normalise_dynamic(dynamic: Any) -> tuple[DynamicDim, ...]:
         dims = dynamic
     elif isinstance(dynamic, Mapping):
         dims = tuple(
-            _dim_from_user(str(inp), axis, spec) for inp, axes in dynamic.items() for axis, spec in dict(axes).items()
+            _dim_from_user(str(inp), axis, spec)
+            for inp, axes in dynamic.items()
+            for axis, spec in dict(axes).items()
         )
     else:
         raise InputError(
