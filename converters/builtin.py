@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.aten_pointwise import register_aten1_converters
+from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
 from converters.overrides import register_override_converters
@@ -94,3 +95,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::_cdist_forward.default", validator=_finite_positive_p)(convert_cdist)
     register_override_converters(registry)
     register_aten1_converters(registry)
+    register_aten2_converters(registry)
