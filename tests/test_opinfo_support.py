@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ def _coverage_script():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("opinfo_coverage", ROOT / "benchmarks" / "opinfo_coverage.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("opinfo_coverage", module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
