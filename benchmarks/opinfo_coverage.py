@@ -28,6 +28,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import re
+import resource
 import sys
 import time
 from collections import Counter
@@ -48,6 +49,11 @@ def _worker(conn: Any, options: dict[str, Any]) -> None:
     log = os.open(options["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)  # the exporter and TensorRT print: keep the parent's terminal for progress
     os.dup2(log, 2)
+    # one thread per worker: --jobs processes share the cores, and idle OpenMP threads spin on a busy machine
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
     import opinfo_support as support
 
     support.all_ops()
@@ -280,10 +286,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="path without suffix (default docs/op_coverage[_float16])")
     parser.add_argument("--no-plain", action="store_true", help="skip plain torch.onnx.export")
     parser.add_argument("--fresh", action="store_true", help="ignore a partial run and the existing table")
+    parser.add_argument("--update-readme", action="store_true", help="put the headline into README.md's section")
     parser.add_argument("--render-only", action="store_true", help="run nothing: write the table from a partial run")
     parser.add_argument("--ops-per-worker", type=int, default=100, help="restart a worker after this many ops")
     parser.add_argument("--log", default=os.devnull, help="where the workers' stdout/stderr go")
     return parser.parse_args(argv)
+
+
+def update_readme(path: Path, line: str) -> None:
+    """Replace the bold headline line of ``path``'s "## Op coverage" section with ``**line.**`` (atomically)."""
+    text = path.read_text()
+    head, marker, rest = text.partition("## Op coverage\n")
+    section, sep, tail = rest.partition("\n## ")
+    new_section, count = re.subn(r"(?m)^\*\*.*\*\*$", lambda _: f"**{line}.**", section, count=1)
+    if not marker or count != 1:
+        raise SystemExit(f"{path} has no '## Op coverage' section with a **headline** line")
+    _write_atomically(path, head + marker + new_section + sep + tail)
 
 
 def _run(names: list[str], partial: Path, done: dict[str, dict[str, str]], options: dict[str, Any], jobs: int) -> None:
@@ -334,9 +352,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = [merged[n] for n in support.all_ops() if n in merged]
     _write_atomically(table, csv_text(rows))
     _write_atomically(out.with_suffix(".md"), markdown(rows, _command(args), args.dtype, args.samples))
+    if args.update_readme:
+        update_readme(ROOT / "README.md", headline(rows))
     if not args.render_only:
         partial.unlink(missing_ok=True)
-    print(f"{headline(rows)} ({seconds / 60:.1f} min); wrote {table} and {out.with_suffix('.md')}", flush=True)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, all joined by now
+    print(
+        f"{headline(rows)}; {len(todo)} ops in {seconds / 60:.1f} min wall, {(cpu.ru_utime + cpu.ru_stime) / 60:.1f} "
+        f"min CPU of the workers; wrote {table} and {out.with_suffix('.md')}",
+        flush=True,
+    )
     return 0
 
 

@@ -121,3 +121,15 @@ def test_resume_from_a_partial_run(tmp_path: Path) -> None:
     assert "**1 of 2 (50%) convert, match and build; plain export builds 2 (100%).**" in page
     assert "| `add` | crash |" in page
     assert not partial.exists()
+
+
+def test_update_readme_replaces_only_the_sections_headline(tmp_path: Path) -> None:
+    """--update-readme rewrites the bold line of the Op coverage section and nothing else."""
+    script = _coverage_script()
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n**keep.**\n\n## Op coverage\n\ntext\n\n**old.**\n\nmore\n\n## Next\n\n**keep too.**\n")
+    script.update_readme(readme, "3 of 4 (75%) convert, match and build")
+    assert readme.read_text() == (
+        "# x\n\n**keep.**\n\n## Op coverage\n\ntext\n\n**3 of 4 (75%) convert, match and build.**\n\nmore\n\n"
+        "## Next\n\n**keep too.**\n"
+    )
