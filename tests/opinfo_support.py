@@ -217,7 +217,7 @@ def op_names(op: Any) -> set[str]:
     return {n.lower().strip("_") for n in names if n and n != "<lambda>" and len(n.strip("_")) > 1}
 
 
-_NODE_REFERENCE = re.compile(r"\b(aten|prims)[.:]+\w+|node '[^']+'|\(at [^)]+\)|\bops? [`'\"]?\w+", re.IGNORECASE)
+_NODE_REFERENCE = re.compile(r"\b(aten|prims)[.:]+\w+|node '[^']+'|\(at [^)]+\)|\bop [`'\"]\w+", re.IGNORECASE)
 
 
 def names_op(message: str, op: Any) -> bool:
