@@ -3,7 +3,8 @@
 Each case wraps one op on its usable samples (``tests/opinfo_support.py``) and asserts what a user relies on:
 
 - every sample ends in "ok" (converts, matches PyTorch, builds) or in one of OUR errors whose message names the op;
-  never a raw exception (class "crash") or a hang (class "timeout");
+  never a raw exception (class "crash") or a hang (class "timeout"). (A TensorRT-RTX *builder* failure is the
+  builder's own log, which names layers, not ops; the parser's names the node.)
 - an op the committed table (``docs/op_coverage.csv``, written by ``benchmarks/opinfo_coverage.py``) lists as ok is
   still ok on the table's sample (its first usable one): a regression test against the table.
 
@@ -77,6 +78,13 @@ FP32_OPS, FP16_OPS, SAMPLES, SLOW = _selection()
 # all match these ends as xfail with the reason; any other failure fails. Remove an entry when its fix is merged.
 KNOWN_BUGS: dict[str, str] = {
     r"'bool' object has no attribute 'max_absdiff'": "validation crashes on 0-d outputs (issue 14 item 2, validate)",
+    r"AccuracyError: \[validate\] outputs differ": "AccuracyError names the outputs, not the op (item 2, validate)",
+    r"all elements of input should be between 0 and 1|Non-zero status code returned while running": (
+        "a raw error while validating on drawn inputs (item 2, validate)"
+    ),
+    r"ONNX Runtime could not load the final graph": "BuildError from ONNX Runtime names no node (issue 14, other)",
+    r"`pad_width` must be of integral type": "a raw numpy TypeError (issue 14, other)",
+    r"linspace only supports 0-dimensional": "a raw RuntimeError of the export stage (item 3, export)",
 }
 
 
@@ -104,7 +112,7 @@ def _check(name: str, dtype: str, samples: int) -> None:
             regressions.append(f"{where}: docs/op_coverage.csv lists it as ok, now {outcome.status}: {outcome.reason}")
         if outcome.status in ("crash", "timeout"):
             failures.append(f"{where}: {outcome.status}, a bug: {outcome.reason}")
-        elif not outcome.ok and not outcome.names_op:
+        elif not outcome.ok and not outcome.names_op and not outcome.reason.startswith("TensorRT-RTX build:"):
             failures.append(f"{where}: the {outcome.status} error does not name the op: {outcome.reason}")
     known = [_known(f) for f in failures]
     if failures and all(known) and not regressions:
