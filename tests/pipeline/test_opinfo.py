@@ -36,7 +36,7 @@ FP16_STRIDE = 4
 DEFAULT_SAMPLES = 2
 CASE_TIMEOUT = 120.0
 
-pytestmark = pytest.mark.skipif(not rtx_available(), reason=SKIP_REASON)
+needs_rtx = pytest.mark.skipif(not rtx_available(), reason=SKIP_REASON)
 
 
 def _table() -> dict[str, dict[str, str]]:
@@ -120,12 +120,14 @@ def _check(name: str, dtype: str, samples: int) -> None:
     assert not failures + regressions, "\n".join(failures + regressions)
 
 
+@needs_rtx
 @pytest.mark.parametrize("name", _params(FP32_OPS))
 def test_opinfo_float32(name: str) -> None:
     """float32: ours on ONNX Runtime and the TensorRT-RTX build, on several samples of the op."""
     _check(name, "float32", SAMPLES)
 
 
+@needs_rtx
 @pytest.mark.parametrize("name", _params(FP16_OPS))
 def test_opinfo_float16(name: str) -> None:
     """float16 (``precision="fp16"`` on the float32 sample): ok, or our error naming the op."""
