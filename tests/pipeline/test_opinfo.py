@@ -85,6 +85,10 @@ KNOWN_BUGS: dict[str, str] = {
     r"ONNX Runtime could not load the final graph": "BuildError from ONNX Runtime names no node (issue 14, other)",
     r"`pad_width` must be of integral type": "a raw numpy TypeError (issue 14, other)",
     r"linspace only supports 0-dimensional": "a raw RuntimeError of the export stage (item 3, export)",
+    r"offsets\[0\] has to be 0|Number of dimensions of repeat dims": (
+        "a raw PyTorch error on validation inputs drawn without the op's constraints (item 2, validate)"
+    ),
+    r"No corresponding Numpy type for Tensor Type\. bfloat16": "a raw error on a bfloat16 output (issue 14, other)",
 }
 
 
