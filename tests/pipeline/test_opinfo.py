@@ -3,8 +3,8 @@
 Each case wraps one op on its usable samples (``tests/opinfo_support.py``) and asserts what a user relies on:
 
 - every sample ends in "ok" (converts, matches PyTorch, builds) or in one of OUR errors whose message names the op;
-  never a raw exception (class "crash") or a hang (class "timeout"). (A TensorRT-RTX *builder* failure is the
-  builder's own log, which names layers, not ops; the parser's names the node.)
+  never a raw exception (class "crash") or a hang (class "timeout"). (A TensorRT-RTX rejection is TensorRT's own
+  text, which usually names the node but not always: "model: Unsupported reduction type"; it is not held to this.)
 - an op the committed table (``docs/op_coverage.csv``, written by ``benchmarks/opinfo_coverage.py``) lists as ok is
   still ok on the table's sample (its first usable one): a regression test against the table.
 
@@ -116,7 +116,7 @@ def _check(name: str, dtype: str, samples: int) -> None:
             regressions.append(f"{where}: docs/op_coverage.csv lists it as ok, now {outcome.status}: {outcome.reason}")
         if outcome.status in ("crash", "timeout"):
             failures.append(f"{where}: {outcome.status}, a bug: {outcome.reason}")
-        elif not outcome.ok and not outcome.names_op and not outcome.reason.startswith("TensorRT-RTX build:"):
+        elif not outcome.ok and not outcome.names_op and not outcome.reason.startswith("TensorRT-RTX "):
             failures.append(f"{where}: the {outcome.status} error does not name the op: {outcome.reason}")
     known = [_known(f) for f in failures]
     if failures and all(known) and not regressions:
