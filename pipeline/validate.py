@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,7 +25,7 @@ import torch.utils._pytree as pytree
 from polygraphy.backend.base import BaseRunner
 from polygraphy.logger import G_LOGGER
 
-from converters.errors import AccuracyError, InputError
+from converters.errors import AccuracyError, BuildError, InputError, PipelineError
 from converters.settings import DEFAULT_TOLERANCES, Settings
 from pipeline.compare.distribution import DistributionStats, random_outputs
 from pipeline.compare.stats import RULE, ErrorStats, Judgement, accumulator, judgement
@@ -123,11 +124,29 @@ class TorchRunner(BaseRunner):
         feed = {k: tensor_from_array(v).to(self.device) for k, v in feed_dict.items()}
         args, kwargs = self.io.feed_to_call(feed)
         start = time.perf_counter()
-        with torch.no_grad():
-            result = self.model(*args, **kwargs)
+        try:
+            with torch.no_grad():
+                result = self.model(*args, **kwargs)
+        except Exception as error:  # PyTorch itself refuses a drawn input: say so, never a raw error
+            raise InputError(
+                f"PyTorch itself raised{_raised_in(error)} on a validation input drawn like the sample: "
+                f"{type(error).__name__}: {' '.join(str(error).split())[:300]}",
+                fix="the model accepts only some inputs (a positive-definite matrix, values in [0, 1], ...): "
+                "validation_inputs=0 validates on the sample only; or give a sample whose drawn neighbours it takes",
+            ) from error
         self.inference_time = time.perf_counter() - start
         tensors = [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
         return {spec.name: t.detach().cpu().numpy() for spec, t in zip(self.io.outputs, tensors, strict=True)}
+
+
+def _raised_in(error: BaseException) -> str:
+    """The text `` in torch function 'name'`` for the innermost frame of torch's Python code that raised, or ""."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if "/torch/" in f.filename and "/torch/nn/modules/module.py" not in f.filename and not f.name.startswith("_")
+    ]
+    return f" in torch function {frames[-1].name!r}" if frames else ""
 
 
 def tensor_from_array(array: np.ndarray) -> torch.Tensor:
@@ -225,7 +244,7 @@ def validate(
     random = random_outputs(graph) if graph is not None else {}
     judged = {o.name: judgement(o.name, o.dtype, settings) for o in outputs}
     accumulators = {o.name: accumulator(judged[o.name].tolerance, random.get(o.name)) for o in outputs}
-    with polygraphy_quiet():
+    with polygraphy_quiet(), _backend_errors(backend_runner):
         for single in Comparator.run([TorchRunner(model, io), backend_runner], data_loader=feeds, streaming=True):
             (_, expected), (_, actual) = [(name, iterations[0]) for name, iterations in single.items()]
             for o in outputs:
@@ -257,6 +276,23 @@ def validate(
             "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
         )
     return report
+
+
+@contextlib.contextmanager
+def _backend_errors(runner: Any) -> Iterator[None]:
+    """A backend that fails to run the converted graph on a validation input raises BuildError, never a raw error."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as error:
+        name = getattr(runner, "name", type(runner).__name__)
+        raise BuildError(
+            f"the backend ({name}) failed to run the converted graph on a validation input: "
+            f"{type(error).__name__}: {' '.join(str(error).split())[:400]}",
+            fix="the node named in the message is where it failed: inspect module.onnx there (pipeline inspect, or "
+            "convert with validate=False and run module.onnx yourself); please report it with the model",
+        ) from error
 
 
 def _check_tolerance_keys(settings: Settings, io: IOSpec, model: torch.nn.Module) -> None:

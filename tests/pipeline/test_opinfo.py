@@ -77,17 +77,8 @@ FP32_OPS, FP16_OPS, SAMPLES, SLOW = _selection()
 # Known bugs, by the signature of the failure they cause, with the work item that fixes them. A case whose failures
 # all match these ends as xfail with the reason; any other failure fails. Remove an entry when its fix is merged.
 KNOWN_BUGS: dict[str, str] = {
-    r"'bool' object has no attribute 'max_absdiff'": "validation crashes on 0-d outputs (issue 14 item 2, validate)",
     r"AccuracyError: \[validate\] outputs differ": "AccuracyError names the outputs, not the op (item 2, validate)",
-    r"all elements of input should be between 0 and 1|Non-zero status code returned while running": (
-        "a raw error while validating on drawn inputs (item 2, validate)"
-    ),
     r"ONNX Runtime could not load the final graph": "BuildError from ONNX Runtime names no node (issue 14, other)",
-    r"`pad_width` must be of integral type": "a raw numpy TypeError (issue 14, other)",
-    r"linspace only supports 0-dimensional": "a raw RuntimeError of the export stage (item 3, export)",
-    r"offsets\[0\] has to be 0|Number of dimensions of repeat dims": (
-        "a raw PyTorch error on validation inputs drawn without the op's constraints (item 2, validate)"
-    ),
     r"No corresponding Numpy type for Tensor Type\. bfloat16": "a raw error on a bfloat16 output (issue 14, other)",
 }
 

@@ -12,7 +12,7 @@ from torch import nn
 
 import converters
 import pipeline
-from converters.errors import AccuracyError
+from converters.errors import AccuracyError, InputError
 from pipeline.validate import AccuracyReport
 
 
@@ -131,3 +131,19 @@ def test_report_round_trips_with_random_outputs() -> None:
     again = type(module.report).from_dict(data)
     assert again.accuracy is not None and again.accuracy.outputs[0].note == _accuracy(module).outputs[0].note
     assert "random" in again.summary()
+
+
+class _BinaryCrossEntropy(torch.nn.Module):
+    def forward(self, p: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.binary_cross_entropy(p, target)
+
+
+def test_pytorch_refusing_a_drawn_input_is_a_clear_error_and_the_sample_alone_validates() -> None:
+    """Inputs drawn like the sample leave [0, 1]: PyTorch itself raises; the user gets our InputError naming the torch
+    function and the way out (validation_inputs=0), never the raw RuntimeError."""
+    p, target = torch.tensor([0.2, 0.7, 0.9, 0.4]), torch.tensor([0.0, 1.0, 1.0, 0.0])
+    with pytest.raises(InputError, match="PyTorch itself raised in torch function 'binary_cross_entropy'") as info:
+        pipeline.convert(_BinaryCrossEntropy().eval(), (p, target), validation_inputs=8, seed=3)
+    assert "validation_inputs=0" in str(info.value)
+    module = pipeline.convert(_BinaryCrossEntropy().eval(), (p, target), validation_inputs=0)
+    assert torch.allclose(module(p, target), torch.nn.functional.binary_cross_entropy(p, target), atol=1e-6)
