@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.aten_pointwise import register_aten1_converters
+from converters.aten_reductions import register_reduction_converters
 from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
@@ -96,3 +97,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_override_converters(registry)
     register_aten1_converters(registry)
     register_aten2_converters(registry)
+    register_reduction_converters(registry)

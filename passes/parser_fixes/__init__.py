@@ -21,6 +21,7 @@ from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.losses import ClassLossToGather
 from passes.parser_fixes.low_rank import LiftLowRank
 from passes.parser_fixes.max_pool import MaxPoolByWindows
+from passes.parser_fixes.mixed_types import MixedTypeArithmetic
 from passes.parser_fixes.normalization import LayerNormStatistics
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.parser_fixes.scatter_reduce import ScatterReductionToMask
@@ -38,6 +39,7 @@ __all__ = [
     "LiftLowRank",
     "MaxPoolByWindows",
     "MaxUnpoolToScatter",
+    "MixedTypeArithmetic",
     "ReduceAxesToInitializers",
     "ScatterReductionToMask",
     "declined_fixes",
@@ -61,6 +63,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         MaxPoolByWindows(),
         LayerNormStatistics(),
         ScatterReductionToMask(),
+        MixedTypeArithmetic(),
         ReduceAxesToInitializers(),
     )
 
