@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
+from converters.aten_misc import register_misc_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
 from converters.aten_tensor import register_aten2_converters
@@ -60,13 +61,15 @@ class _Cdist(torch.nn.Module):
         return torch.cdist(x, y, p=self.p)
 
 
-def _finite_positive_p(node: gs.Node, settings: object) -> bool:
+def _valid_p(node: gs.Node, settings: object) -> bool:
     p = float(node.attrs.get("p", 2.0))
-    return p > 0 and math.isfinite(p)
+    return p >= 0 and not math.isnan(p)
 
 
 @converter_case(lambda: _Cdist(2.0), inputs=[((2, 6, 8), "float32"), ((2, 5, 8), "float32")])
 @converter_case(lambda: _Cdist(1.0), inputs=[((7, 3), "float32"), ((4, 3), "float32")])
+@converter_case(lambda: _Cdist(0.0), inputs=[((2, 5, 3), "float32"), ((2, 4, 3), "float32")])
+@converter_case(lambda: _Cdist(math.inf), inputs=[((6, 3), "float32"), ((4, 3), "float32")])
 @converter_case(
     lambda: _Cdist(3.0),
     inputs=[((2, 6, 4), "float32"), ((2, 5, 4), "float32")],
@@ -81,6 +84,11 @@ def convert_cdist(ctx: ConverterContext) -> gs.Tensor:
         ctx.op.Unsqueeze(x, ctx.constant(np.array([-2], np.int64))),
         ctx.op.Unsqueeze(y, ctx.constant(np.array([-3], np.int64))),
     )
+    if p == 0.0:  # how many coordinates differ
+        differs = ctx.op.Not(ctx.op.Equal(diff, ctx.constant(np.array(0, ctx.input_dtypes[0] or np.float32))))
+        return ctx.op.ReduceSum(ctx.op.CastLike(differs, x), ctx.constant(_LAST_AXIS), keepdims=0)
+    if math.isinf(p):
+        return ctx.op.ReduceMax(ctx.op.Abs(diff), ctx.constant(_LAST_AXIS), keepdims=0)
     if p == 2.0:
         return ctx.op.Sqrt(ctx.op.ReduceSumSquare(diff, ctx.constant(_LAST_AXIS), keepdims=0))
     if p == 1.0:
@@ -93,8 +101,9 @@ def convert_cdist(ctx: ConverterContext) -> gs.Tensor:
 def register_builtin_converters(registry: ConverterRegistry) -> None:
     """Register every built-in converter on ``registry``, one explicit call each."""
     registry.register("aten::bucketize.Tensor")(convert_bucketize)
-    registry.register("aten::_cdist_forward.default", validator=_finite_positive_p)(convert_cdist)
+    registry.register("aten::_cdist_forward.default", validator=_valid_p)(convert_cdist)
     register_override_converters(registry)
     register_aten1_converters(registry)
     register_aten2_converters(registry)
     register_reduction_converters(registry)
+    register_misc_converters(registry)
