@@ -3,6 +3,9 @@ that an equivalent form it takes can express exactly.
 
 - ``scaled_dot_product_attention`` on 3-d ``[batch, length, embedding]`` tensors: the exporter takes only 4-d
   ones, so each 3-d input gets a head axis of one (``unsqueeze(1)``) and the result loses it again.
+- ``hstack``/``vstack``/``dstack``/``column_stack`` and ``atleast_{1,2,3}d`` of a list: the exporter translates
+  them with ONNX sequence ops (``SequenceConstruct``/``SequenceMap``), which TensorRT's parser has no importer for.
+  Decomposed first (PyTorch's own decompositions), they are ``unsqueeze``/``view`` and one ``cat``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_A = torch.ops.aten
+#: Ops the exporter writes with sequence ops; PyTorch's decompositions of them (and of what they decompose into).
+_SEQUENCE_OPS = (
+    _A.hstack.default, _A.vstack.default, _A.dstack.default, _A.column_stack.default,
+    _A.atleast_1d.Sequence, _A.atleast_2d.Sequence, _A.atleast_3d.Sequence,
+    _A.atleast_1d.default, _A.atleast_2d.default, _A.atleast_3d.default,
+)  # fmt: skip
 
 
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
@@ -23,7 +33,23 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     if changed:
         program.graph_module.recompile()
         logger.debug("3-d scaled_dot_product_attention given a head axis at %d node(s)", changed)
-    return program
+    return _without_sequence_ops(program)
+
+
+def _without_sequence_ops(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with the stacking ops decomposed (a new program), or ``program`` itself when it has none."""
+    found = {n.target for n in program.graph_module.graph.nodes if n.op == "call_function"} & set(_SEQUENCE_OPS)
+    if not found:
+        return program
+    defaults = torch.export.default_decompositions()
+    table: dict[Any, Any] = {}
+    for op in _SEQUENCE_OPS:  # the export table holds the list forms; the per-tensor forms decompose themselves
+        if op in defaults:
+            table[op] = defaults[op]
+        else:
+            table[op] = op.decompose
+    logger.debug("decomposed before translation (no sequence ops): %s", sorted(str(op) for op in found))
+    return program.run_decompositions(table)
 
 
 def _attention_to_4d(graph: torch.fx.Graph) -> int:

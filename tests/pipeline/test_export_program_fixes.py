@@ -72,3 +72,26 @@ def test_4d_attention_is_left_to_the_exporter() -> None:
     program = torch.export.export(model, (q, q, q))
     before = [str(n.target) for n in program.graph.nodes]
     assert [str(n.target) for n in fix_program(program).graph.nodes] == before
+
+
+class _Stacks(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.hstack([a, b]),
+            torch.vstack([a, b]),
+            torch.dstack([a, b]),
+            torch.column_stack([a, b]),
+            torch.atleast_3d(a) * 2,
+        )
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 3)], ids=["vectors", "matrices"])
+def test_stacks_export_without_sequence_ops_match_and_build(shape: tuple[int, ...]) -> None:
+    """hstack/vstack/dstack/column_stack/atleast_3d: decomposed before translation, so no sequence op (which
+    TensorRT's parser has no importer for) reaches the graph; the same values as PyTorch; the real builder builds."""
+    a, b = torch.randn(shape), torch.randn(shape)
+    module = pipeline.convert(_Stacks().eval(), (a, b))
+    assert not {n.op_type for n in module.onnx.graph.node} & {"SequenceConstruct", "SequenceMap", "ConcatFromSequence"}
+    for got, want in zip(module(a, b), _Stacks()(a, b), strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert_builds(module)
