@@ -35,8 +35,8 @@ def static_matrix(shape: Any, *, square: bool = True) -> tuple[int, int] | None:
 
 
 def const(ctx: ConverterContext, value: Any, name: str = "const") -> gs.Constant:
-    """A constant named after the node that keeps ``value``'s shape, 0-d included (``ctx.constant`` returns
-    0-d values as shape ``(1,)``, which would give 0-d results a dimension)."""
+    """A constant named after the node, exactly ``np.array(value)``: unlike ``ctx.constant``, a Python float stays
+    float64 (callers pass arrays of the matrix's own dtype)."""
     array = np.array(value)
     return gs.Constant(ctx.fresh_name(name), array)
 

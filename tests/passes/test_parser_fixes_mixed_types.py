@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from rtx_build import assert_builds, rtx_build_error
@@ -33,13 +34,9 @@ def test_integer_operand_cast_to_the_float_type(op: str, reference: object) -> N
     x = np.array([[1.5, -2.0, 7.0], [0.25, 3.0, -9.5]], np.float32)
     n = np.array([[3], [4]], np.int64)
     with pytest.raises(Exception, match="bound to different types|Type Error"):
-        import onnxruntime as ort
-
         ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     after, _ = apply(FIX, model)
     assert ops(after) == ["Cast", op]
-    import onnxruntime as ort
-
     session = ort.InferenceSession(after.SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": x, "n": n})
     np.testing.assert_array_equal(y, reference(x, n.astype(np.float32)))  # type: ignore[operator]
