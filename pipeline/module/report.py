@@ -99,7 +99,8 @@ class ConversionReport:
             lines.append("accuracy  not validated (validate=False)")
         else:
             verdict = "PASS" if self.accuracy.passed else "FAIL"
-            lines.append(f"accuracy  {verdict} on {self.accuracy.inputs} inputs ({self.accuracy.rule})")
+            # the rule is a paragraph: the report (report.json, accuracy.rule) carries it; the summary points to it
+            lines.append(f"accuracy  {verdict} on {self.accuracy.inputs} inputs (the rule: report.accuracy.rule)")
             for o in self.accuracy.outputs:
                 lines.append(
                     f"          {o.name:<20} {o.dtype:<8} max abs {o.max_abs:.2e} (atol {o.atol_used or o.atol:.3g})  "
