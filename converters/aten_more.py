@@ -12,6 +12,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
+from converters.aten_grid3d import register_grid3d_converters
 from converters.aten_histogram import register_histogram_converters
 from converters.aten_losses import register_loss_converters
 from converters.case_modules import Binary, Ternary, Unary
@@ -287,3 +288,4 @@ def register_more_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::resize.default", validator=_resize_shrinks)(convert_resize)
     register_histogram_converters(registry)
     register_loss_converters(registry)
+    register_grid3d_converters(registry)
