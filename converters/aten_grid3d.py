@@ -55,7 +55,7 @@ class _GridSample3d(torch.nn.Module):
         )
 
 
-_INPUTS = [((2, 3, 4, 5, 3), "float32"), ((2, 2, 3, 4, 3), "float32")]
+_INPUTS: list[tuple[tuple[int, ...], str]] = [((2, 3, 4, 5, 3), "float32"), ((2, 2, 3, 4, 3), "float32")]
 
 
 @converter_case(lambda: _GridSample3d("bilinear", "zeros", False), inputs=_INPUTS)
