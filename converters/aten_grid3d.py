@@ -14,7 +14,7 @@ import torch
 
 from converters.cases import converter_case
 from converters.context import ConverterContext
-from converters.linalg_steps import axes, const, scalar
+from converters.linalg_steps import const, scalar
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 
@@ -74,11 +74,10 @@ def convert_grid_sampler_3d(ctx: ConverterContext) -> gs.Tensor:
     points = int(np.prod(plan.points))
     flat_input = ctx.op.Reshape(ctx.inputs[0], const(ctx, np.array([batch, channels, -1], np.int64), "flat"))
     grid = ctx.op.Reshape(ctx.inputs[1], const(ctx, np.array([batch, 1, points, 3], np.int64), "points"))
-    gx, gy, gz = ctx.op.Split(grid, axis=3, outputs=3)
-    squeeze = axes(ctx, 3)
-    ix = _source_index(ctx, ctx.op.Squeeze(gx, squeeze), width, plan)
-    iy = _source_index(ctx, ctx.op.Squeeze(gy, squeeze), height, plan)
-    iz = _source_index(ctx, ctx.op.Squeeze(gz, squeeze), depth, plan)
+    gx, gy, gz = (ctx.op.Gather(grid, const(ctx, np.array(i, np.int64), "coordinate"), axis=3) for i in range(3))
+    ix = _source_index(ctx, gx, width, plan)
+    iy = _source_index(ctx, gy, height, plan)
+    iz = _source_index(ctx, gz, depth, plan)
 
     def voxel(x: gs.Tensor, y: gs.Tensor, z: gs.Tensor) -> tuple[gs.Tensor, gs.Tensor]:
         """The gathered input at float indices ``(x, y, z)`` (``(N, C, P)``) and whether they lie inside."""
