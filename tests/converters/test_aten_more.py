@@ -51,6 +51,7 @@ _OPS = [
     "nn.functional.rrelu",
     "resize_as_",
     "histogram",
+    "histogramdd",
     "grid_sampler_3d",
     "nn.functional.linear_cross_entropy",
     "nn.functional.linear_cross_entropy.chunked",
