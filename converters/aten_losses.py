@@ -73,7 +73,7 @@ def _chunked_supported(node: gs.Node, settings: Settings) -> bool:
     return float(node.attrs.get("label_smoothing", 0.0)) == 0.0 and not grads and reduction in ("mean", "sum", "none")
 
 
-_LINEAR_INPUTS = [((5, 4), "float32"), ((6, 4), "float32"), ((5,), "float32")]
+_LINEAR_INPUTS: list[tuple[tuple[int, ...], str]] = [((5, 4), "float32"), ((6, 4), "float32"), ((5,), "float32")]
 
 
 class _LinearCrossEntropy(torch.nn.Module):
@@ -88,6 +88,9 @@ class _LinearCrossEntropy(torch.nn.Module):
         return torch.nn.functional.linear_cross_entropy(x, w, target, reduction=self.reduction, options=options)
 
 
+@converter_case(lambda: _LinearCrossEntropy("mean", 6), inputs=_LINEAR_INPUTS)
+@converter_case(lambda: _LinearCrossEntropy("sum", 6), inputs=_LINEAR_INPUTS)
+@converter_case(lambda: _LinearCrossEntropy("none", 6), inputs=_LINEAR_INPUTS)
 def convert_linear_cross_entropy(ctx: ConverterContext) -> Any:
     """``torch_nn::_linear_cross_entropy_batch_chunked[_no_reduction]``: ``cross_entropy(input @ linear_weight.T
     + linear_bias, target, weight, ignore_index, reduction)`` in one ``MatMul`` and one
