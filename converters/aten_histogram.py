@@ -54,40 +54,78 @@ def _histogram_supported(node: gs.Node, settings: Settings) -> bool:
 )
 @converter_case(lambda: Unary(lambda a: torch.histogram(a, 1)), inputs=[((), "float32")])
 def convert_histogram(ctx: ConverterContext) -> list[gs.Tensor]:
-    """``aten::histogram.bin_ct``: ``(hist, bin_edges)``, the one-dimensional case of :func:`histogram_counts`."""
+    """``aten::histogram.bin_ct``: ``(hist, bin_edges)``, the one-dimensional case of :func:`uniform_edges` and
+    :func:`histogram_counts`."""
     values = ctx.op.Reshape(ctx.inputs[0], axes(ctx, -1, 1))
     given = ctx.attrs.get("range")
-    hist, edges = histogram_counts(ctx, values, [int(ctx.attrs["bins"])], None if given is None else list(given))
-    return [hist, edges[0]]
+    bins = [int(ctx.attrs["bins"])]
+    edges = uniform_edges(ctx, values, bins, None if given is None else list(given))
+    return [histogram_counts(ctx, values, edges, bins), edges[0]]
 
 
-def histogram_counts(
+def _given_edges(node: gs.Node, settings: Settings) -> bool:
+    """A float input and 1-D float edges of a static length of at least 2."""
+    values, edges = node.inputs[0], node.inputs[1]
+    floating = all(t.dtype is not None and np.issubdtype(np.dtype(t.dtype), np.floating) for t in (values, edges))
+    shape = edges.shape
+    return floating and shape is not None and len(shape) == 1 and isinstance(shape[0], int) and shape[0] >= 2
+
+
+@converter_case(
+    lambda: Binary(lambda a, e: torch.histogram(a, e.sort().values, density=True)),
+    inputs=[((4, 9), "float32"), ((5,), "float32")],
+)
+@converter_case(
+    lambda: Binary(lambda a, e: torch.histogram(a, e.abs().cumsum(0) - 1.5)),
+    inputs=[((30,), "float32"), ((2,), "float32")],
+)
+def convert_histogram_edges(ctx: ConverterContext) -> list[gs.Tensor]:
+    """``aten::histogram.bins_tensor``: ``(hist, bin_edges)`` for edges given as a (sorted) tensor, counted by
+    :func:`histogram_counts` like PyTorch's binary search; the edges are returned unchanged."""
+    values = ctx.op.Reshape(ctx.inputs[0], axes(ctx, -1, 1))
+    edges = ctx.inputs[1]
+    bins = [int(ctx.input_shapes[1][0]) - 1]  # type: ignore[index]
+    return [histogram_counts(ctx, values, [edges], bins), ctx.op.Identity(edges)]
+
+
+def uniform_edges(
     ctx: ConverterContext, points: gs.Tensor, bins: list[int], given: list[float] | None
-) -> tuple[gs.Tensor, list[gs.Tensor]]:
-    """The histogram (shape ``bins``) of ``points`` (``(n, D)``, ``D = len(bins)``) and each dimension's edges.
-
-    A dimension's edges are ``linspace(lo, hi, bins + 1)`` computed as PyTorch's scalar kernel does (``lo + step *
-    i`` for the first half, ``hi - step * (bins - i)`` for the rest), ``lo, hi`` the given range or the column's
-    min and max (an empty range widened by 0.5 each side). A point with every coordinate in ``[lo, hi]`` falls in
-    the bin counted by the interior edges at or below each coordinate (the last bin includes ``hi``); the bins sum
-    ones or the node's ``weight`` over a one-hot ``(n, bins...)`` comparison. The node's ``density`` divides by
-    the total, then by each dimension's bin widths, in PyTorch's order."""
+) -> list[gs.Tensor]:
+    """Each dimension's edges for ``points`` (``(n, D)``, ``D = len(bins)``): ``linspace(lo, hi, bins + 1)``
+    computed as PyTorch's scalar kernel does (``lo + step * i`` for the first half, ``hi - step * (bins - i)``
+    for the rest), ``lo, hi`` the given range or the column's min and max (an empty range widened by 0.5 each
+    side)."""
     dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
-    cells = int(np.prod(bins))
-    flat: gs.Tensor | None = None
-    inside: gs.Tensor | None = None
-    edges: list[gs.Tensor] = []
+    edges = []
     for dim, count in enumerate(bins):
         column = ctx.op.Gather(points, const(ctx, np.array([dim], np.int64), "dim"), axis=1)  # (n, 1)
         limits = None if given is None else (float(given[2 * dim]), float(given[2 * dim + 1]))
         low, high = _outer_edges(ctx, column, limits, dtype)
         edges.append(_linspace(ctx, low, high, count, dtype))
-        interior = ctx.op.Slice(edges[-1], axes(ctx, 1), axes(ctx, count), axes(ctx, 0))  # (count - 1,)
+    return edges
+
+
+def histogram_counts(ctx: ConverterContext, points: gs.Tensor, edges: list[gs.Tensor], bins: list[int]) -> gs.Tensor:
+    """The histogram (shape ``bins``) of ``points`` (``(n, D)``) over each dimension's ``edges`` (``bins[d] + 1``).
+
+    A point with every coordinate within its dimension's first and last edge falls in the bin counted by the
+    interior edges at or below each coordinate (the last bin includes the last edge); the bins sum ones or the
+    node's ``weight`` over a one-hot ``(n, bins...)`` comparison. The node's ``density`` divides by the total,
+    then by each dimension's bin widths, in PyTorch's order."""
+    dtype = ctx.input_dtypes[0] or np.dtype(np.float32)
+    cells = int(np.prod(bins))
+    flat: gs.Tensor | None = None
+    inside: gs.Tensor | None = None
+    for dim, (count, dim_edges) in enumerate(zip(bins, edges, strict=True)):
+        column = ctx.op.Gather(points, const(ctx, np.array([dim], np.int64), "dim"), axis=1)  # (n, 1)
+        interior = ctx.op.Slice(dim_edges, axes(ctx, 1), axes(ctx, count), axes(ctx, 0))  # (count - 1,)
         # an empty sum (one bin) is 0
         position = ctx.op.ReduceSum(ctx.op.Cast(ctx.op.LessOrEqual(interior, column), to=7), axes(ctx, -1))
         stride = int(np.prod(bins[dim + 1 :]))
         term = ctx.op.Mul(position, const(ctx, np.array(stride, np.int64), "stride"))
         flat = term if flat is None else ctx.op.Add(flat, term)
+        low = ctx.op.Slice(dim_edges, axes(ctx, 0), axes(ctx, 1), axes(ctx, 0))
+        high = ctx.op.Slice(dim_edges, axes(ctx, count), axes(ctx, count + 1), axes(ctx, 0))
         within = ctx.op.And(ctx.op.GreaterOrEqual(column, low), ctx.op.LessOrEqual(column, high))
         inside = within if inside is None else ctx.op.And(inside, within)
     assert flat is not None and inside is not None
@@ -109,7 +147,7 @@ def histogram_counts(
             shape = [1] * len(bins)
             shape[dim] = count
             hist = ctx.op.Div(hist, ctx.op.Reshape(widths, const(ctx, np.array(shape, np.int64), "widths")))
-    return hist, edges
+    return hist
 
 
 @converter_case(lambda: Unary(lambda a: torch.histogramdd(a, [3, 2]).hist), inputs=[((20, 2), "float32")])
@@ -128,7 +166,7 @@ def convert_histogramdd_counts(ctx: ConverterContext) -> gs.Tensor:
     bins = [int(b) for b in ctx.attrs["bins"]]
     points = ctx.op.Reshape(ctx.inputs[0], const(ctx, np.array([-1, len(bins)], np.int64), "points"))
     given = ctx.attrs.get("range")
-    return histogram_counts(ctx, points, bins, None if given is None else list(given))[0]
+    return histogram_counts(ctx, points, uniform_edges(ctx, points, bins, None if given is None else list(given)), bins)
 
 
 def _outer_edges(
@@ -162,6 +200,7 @@ def _linspace(ctx: ConverterContext, low: gs.Tensor, high: gs.Tensor, bins: int,
 def register_histogram_converters(registry: ConverterRegistry) -> None:
     """Register the histogram converters on ``registry``."""
     registry.register("aten::histogram.bin_ct", validator=_histogram_supported)(convert_histogram)
+    registry.register("aten::histogram.bins_tensor", validator=_given_edges)(convert_histogram_edges)
     registry.register("aten::_histogramdd_from_bin_cts.default", validator=_histogramdd_supported)(
         convert_histogramdd_counts
     )
