@@ -1,6 +1,8 @@
 """Built-in converters for ATen ops the exporter has no ONNX translation for: ``pdist``, ``put``, ``rrelu`` (random
-in training), ``segment_reduce``, ``resize`` and ``histogram`` (``register_more_converters`` is the one list;
-``converters/aten_losses.py`` holds the cross-entropy ones and ``converters/aten_grid3d.py`` ``grid_sampler_3d``).
+in training), ``segment_reduce`` and ``resize``. ``register_more_converters`` is the one list, with those of
+``converters/aten_histogram.py`` (``histogram``, ``histogramdd``'s counts), ``converters/aten_losses.py``
+(``linear_cross_entropy``'s chunked ops, unbatched class losses) and ``converters/aten_grid3d.py``
+(``grid_sampler_3d``).
 """
 
 from __future__ import annotations
