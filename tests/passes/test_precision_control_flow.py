@@ -130,6 +130,41 @@ def scan_reading_outer() -> onnx.ModelProto:
     return model(middle, "sums")
 
 
+def loop_in_if() -> onnx.ModelProto:
+    """An If whose then-branch computes ``g = h * 2`` and runs a Loop reading ``g`` (the branch's value) and ``h``
+    (the outer graph's) by name; the else-branch negates ``h``."""
+    step = body(
+        "step",
+        [
+            helper.make_node("Identity", ["cond"], ["cond_out"], name="keep_going"),
+            helper.make_node("Mul", ["acc", "g"], ["scaled"], name="scale"),
+            helper.make_node("Add", ["scaled", "h"], ["acc_out"], name="shift"),
+        ],
+        [("i", T.INT64), ("cond", T.BOOL), ("acc", T.FLOAT)],
+        [("cond_out", T.BOOL), ("acc_out", T.FLOAT)],
+    )
+    then = body(
+        "then",
+        [
+            const("two", 2.0),
+            helper.make_node("Mul", ["h", "two"], ["g"], name="double"),
+            const("trips", 2, np.int64),
+            const("go", True, np.bool_),
+            helper.make_node("Loop", ["trips", "go", "g"], ["t"], body=step, name="inner_loop"),
+        ],
+        [],
+        [("t", T.FLOAT)],
+    )
+    other = body("else", [helper.make_node("Neg", ["h"], ["e"], name="negate")], [], [("e", T.FLOAT)])
+    middle = [
+        helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0, name="top"),
+        const("zero", 0.0),
+        helper.make_node("Greater", ["top", "zero"], ["positive"], name="positive"),
+        helper.make_node("If", ["positive"], ["chosen"], then_branch=then, else_branch=other, name="choose"),
+    ]
+    return model(middle, "chosen")
+
+
 def nested_reading_outer() -> onnx.ModelProto:
     """A Loop whose body holds an If whose branch reads ``h`` two scopes out."""
     then = body("then", [helper.make_node("Mul", ["acc", "h"], ["t"], name="times_h")], [], [("t", T.FLOAT)])
@@ -180,6 +215,7 @@ def counting_loop() -> onnx.ModelProto:
 GRAPHS = {
     "loop": (loop_reading_outer, "recurrence"),
     "if": (if_reading_outer, "choose"),
+    "loop_in_if": (loop_in_if, "choose"),
     "scan": (scan_reading_outer, "running"),
     "nested": (nested_reading_outer, "outer_loop"),
     "no_float_io": (counting_loop, "counter"),
@@ -200,22 +236,41 @@ def convert(source: onnx.ModelProto, precision: str) -> onnx.ModelProto:
     return out
 
 
-def body_types(source: onnx.ModelProto) -> set[int]:
-    """The element type of every float-or-half value a node inside a subgraph reads or writes (any depth)."""
+def value_types(source: onnx.ModelProto) -> dict[str, int]:
+    """The element type of every value, in the graph and in its subgraphs at any depth (names are unique)."""
     inferred = onnx.shape_inference.infer_shapes(source, strict_mode=True)
-    found: set[int] = set()
+    found: dict[str, int] = {}
 
-    def visit(graph: onnx.GraphProto, inside: bool) -> None:
-        types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
-        if inside:
-            found.update(types.values())
+    def visit(graph: onnx.GraphProto) -> None:
+        found.update({v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]})
         for node in graph.node:
             for attribute in node.attribute:
                 if attribute.type == onnx.AttributeProto.GRAPH:
-                    visit(attribute.g, True)
+                    visit(attribute.g)
 
-    visit(inferred.graph, False)
-    return found & {T.FLOAT, T.FLOAT16, T.BFLOAT16}
+    visit(inferred.graph)
+    return found
+
+
+def body_values(source: onnx.ModelProto, op: str) -> set[str]:
+    """The names of the values inside the subgraphs of the ``op`` nodes (at any depth)."""
+    names: set[str] = set()
+
+    def visit(graph: onnx.GraphProto, inside: bool) -> None:
+        for node in graph.node:
+            if inside:
+                names.update(node.output)
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    visit(attribute.g, inside or node.op_type == op)
+
+    visit(source.graph, False)
+    return names
+
+
+def float_types(source: onnx.ModelProto, names: set[str]) -> set[int]:
+    types = value_types(source)
+    return {types[n] for n in names if n in types} & {T.FLOAT, T.FLOAT16, T.BFLOAT16}
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -225,19 +280,18 @@ def test_control_flow_runs_float32_bodies_and_matches_float32(kind: str, precisi
     source = build()
     out = convert(source, precision)
     assert any(n.op_type == "MatMul" and n.name == "fc1" for n in out.graph.node)
-    inferred = onnx.shape_inference.infer_shapes(out).graph
-    types = {v.name: v.type.tensor_type.elem_type for v in inferred.value_info}
-    assert types["h"] == LOW[precision], "the MatMul outside the control flow computes in the low type"
-    assert body_types(out) == {T.FLOAT}, "every value inside the bodies stays float32"
+    assert value_types(out)["h"] == LOW[precision], "the MatMul outside the control flow computes in the low type"
+    inside = body_values(out, "Loop") | body_values(out, "Scan") | body_values(out, "If")
+    assert float_types(out, inside) == {T.FLOAT}, "every value inside the bodies stays float32"
     # ONNX Runtime's CPU provider has float16 kernels but no bfloat16 MatMul: bf16 runs as float32 rounding to it
     got, want = run(out if precision == "fp16" else emulate_low_precision(out)), run(source)
     tolerance = pipeline.DEFAULT_TOLERANCES["float16" if precision == "fp16" else "bfloat16"]
-    np.testing.assert_allclose(got, want, atol=tolerance.atol * 4, rtol=tolerance.rtol)
+    np.testing.assert_allclose(got, want, atol=tolerance.atol, rtol=tolerance.rtol)
     graph, _ = to_graph(source)
     plan = plan_precision(graph, Settings(precision=precision))  # type: ignore[arg-type]
     if kind != "no_float_io":
-        reasons = {i.node: i.reason for i in plan.islands}
-        assert reasons[node].startswith(f"control flow ({graph_op(source, node)}): runs in float32")
+        reason = {i.node: i.reason for i in plan.islands}[node]
+        assert reason.startswith(f"control flow ({graph_op(source, node)}): runs in float32 with its bodies whole")
 
 
 def graph_op(source: onnx.ModelProto, name: str) -> str:
@@ -263,7 +317,9 @@ def test_fp16_loop_reads_the_outer_value_through_one_float32_cast() -> None:
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("kind", ["loop", "if", "nested"])
+# not loop_in_if: TensorRT-RTX 1.7 fails on a Loop inside an If even in float32 (graphScope.cpp:463, "Assertion
+# mScopedOp2Scopes.contains(childScopedOp) failed"), with or without this pass
+@pytest.mark.parametrize("kind", ["loop", "if", "nested", "scan"])
 def test_tensorrt_rtx_builds_the_converted_control_flow(kind: str, precision: str) -> None:
     error = rtx_build_error(convert(GRAPHS[kind][0](), precision))
     assert error is None, error
