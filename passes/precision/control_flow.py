@@ -1,13 +1,18 @@
 """Control flow under the precision pass: a Loop, If or Scan runs in float32 with its bodies whole, an island.
 
-Why an island, not retyped bodies: the bodies this project emits are recurrences (the orthogonal polynomials'
+Why an island, not retyped bodies: the Loop bodies this project emits are recurrences (the orthogonal polynomials'
 three-term recurrence, iterative eigen solvers, series for the incomplete gamma function) whose rounding grows with
-every step and whose stopping tests compare against float32 epsilons a half type cannot reach; a body retyped to
-the low type would also need every rule of this pass applied inside it, with carried values, scan outputs and both
-branches of an If agreeing on one type. So the node keeps float32 and the casts sit at its boundary: its explicit
-inputs and outputs (as for any float32 island), and the outer-scope values its bodies read by name, which the rest
-of the graph may have turned low. Those are the ones easy to miss: ONNX Runtime then refuses the graph (``Graph
-attribute inferencing failed ... Tensor element type mismatch. 1 != 10``).
+every step and whose stopping tests compare against float32 epsilons a half type cannot reach; a retyped body would
+also need every rule of this pass applied inside it, with carried values and scan outputs agreeing on one type
+across iterations. An If's branches run once, so converting each like the outer graph (its outer reads and outputs
+as a float32 boundary) would be sound and would speed up torch.cond models with heavy branches; it is not done
+because ONNX Runtime runs half graphs through a float32 emulation that rounds the outer graph's values only
+(``pipeline/precision/emulation.py``), so a bfloat16 branch would not run there (no bfloat16 Gemm kernel).
+
+So the node keeps float32 and the casts sit at its boundary: its explicit inputs and outputs (as for any float32
+island), and the outer-scope values its bodies read by name, which the rest of the graph may have turned low. Those
+are the ones easy to miss: ONNX Runtime then refuses the graph (``Graph attribute inferencing failed ... Tensor
+element type mismatch. 1 != 10``).
 
 >>> for tensor in outer_references(loop):   # doctest: +SKIP
 ...     replace_in_bodies(loop, tensor, cast_to_float32(tensor))

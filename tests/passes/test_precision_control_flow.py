@@ -323,3 +323,20 @@ def test_fp16_loop_reads_the_outer_value_through_one_float32_cast() -> None:
 def test_tensorrt_rtx_builds_the_converted_control_flow(kind: str, precision: str) -> None:
     error = rtx_build_error(convert(GRAPHS[kind][0](), precision))
     assert error is None, error
+
+
+@pytest.mark.parametrize("kind", ["if", "nested"])
+def test_low_graph_inputs_read_by_a_body_are_cast_back_to_float32(kind: str) -> None:
+    """With ``precision_io="low"`` the graph input ``x`` itself turns float16, and the bodies read it by name."""
+    source = GRAPHS[kind][0]()
+    graph, metadata = to_graph(source)
+    ConvertPrecision()(graph, Settings(precision="fp16", precision_io="low"))
+    out = to_model(graph, source, metadata)
+    onnx.checker.check_model(out, full_check=True)
+    assert out.graph.input[0].type.tensor_type.elem_type == T.FLOAT16
+    inside = body_values(out, "Loop") | body_values(out, "If")
+    assert float_types(out, inside) == {T.FLOAT}
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": FEED["x"].astype(np.float16)})[0].astype(np.float32)
+    tolerance = pipeline.DEFAULT_TOLERANCES["float16"]
+    np.testing.assert_allclose(got, run(source), atol=tolerance.atol, rtol=tolerance.rtol)
