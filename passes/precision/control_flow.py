@@ -6,8 +6,10 @@ every step and whose stopping tests compare against float32 epsilons a half type
 also need every rule of this pass applied inside it, with carried values and scan outputs agreeing on one type
 across iterations. An If's branches run once, so converting each like the outer graph (its outer reads and outputs
 as a float32 boundary) would be sound and would speed up torch.cond models with heavy branches; it is not done
-because ONNX Runtime runs half graphs through a float32 emulation that rounds the outer graph's values only
-(``pipeline/precision/emulation.py``), so a bfloat16 branch would not run there (no bfloat16 Gemm kernel).
+because the pipeline's safety nets see the outer graph only: range measurement and the accuracy search move
+top-level nodes, so a branch that overflows could not be rescued, and ONNX Runtime runs half graphs through a
+float32 emulation that rounds top-level values only (``pipeline/precision/emulation.py``), so a bfloat16 branch
+would not even run there (no bfloat16 Gemm kernel).
 
 So the node keeps float32 and the casts sit at its boundary: its explicit inputs and outputs (as for any float32
 island), and the outer-scope values its bodies read by name, which the rest of the graph may have turned low. Those
