@@ -74,9 +74,11 @@ def _vector(ctx: ConverterContext, x: gs.Tensor, axis: int) -> gs.Tensor:
 
 def _rotation(
     ctx: ConverterContext, diagonal: gs.Tensor, coupling: gs.Tensor, partner: gs.Tensor, sign: gs.Tensor, n: int
-) -> gs.Tensor:
-    """The round's rotation ``J`` (``(..., n, n)``) from the diagonal ``a_ii`` and the couplings ``a_i,partner(i)``
-    (``(..., n)`` each)."""
+) -> tuple[gs.Tensor, gs.Tensor]:
+    """``(K, t)``: the round's rotation as a correction ``J = I + K`` (``(..., n, n)``: ``c - 1 = -s^2 / (1 + c)``
+    on the diagonal, ``+-s`` at the pairs; Rutishauser's form, whose updates ``A + A K`` round relative to the
+    change, not to ``A``) and each index's ``t`` (``(..., n)``), from the diagonal ``a_ii`` and the couplings
+    ``a_i,partner(i)``."""
     dtype = np.float32
     other = ctx.op.ReduceSum(ctx.op.Mul(_vector(ctx, diagonal, -2), partner), steps.axes(ctx, -1), keepdims=0)
     # a coupling below float32 rounding of the two diagonal entries (a cosine below eps, one-sided) is not rotated:
@@ -94,9 +96,11 @@ def _rotation(
     t = ctx.op.Div(unit, ctx.op.Add(magnitude, hypotenuse))
     t = ctx.op.Where(uncoupled, steps.scalar(ctx, 0.0, dtype), t)
     c = ctx.op.Reciprocal(ctx.op.Sqrt(ctx.op.Add(ctx.op.Mul(t, t), steps.scalar(ctx, 1.0, dtype))))
-    s = ctx.op.Mul(ctx.op.Mul(t, c), sign)
+    s = ctx.op.Mul(t, c)
+    shrink = ctx.op.Neg(ctx.op.Div(ctx.op.Mul(s, s), ctx.op.Add(c, steps.scalar(ctx, 1.0, dtype))))
     eye = const(ctx, np.eye(n, dtype=np.float32), "eye")
-    return ctx.op.Add(ctx.op.Mul(_vector(ctx, c, -1), eye), ctx.op.Mul(_vector(ctx, s, -1), partner))
+    k = ctx.op.Add(ctx.op.Mul(_vector(ctx, shrink, -1), eye), ctx.op.Mul(_vector(ctx, ctx.op.Mul(s, sign), -1), partner))
+    return k, t
 
 
 def _typed(tensor: gs.Tensor) -> gs.Tensor:
@@ -105,18 +109,27 @@ def _typed(tensor: gs.Tensor) -> gs.Tensor:
     return tensor
 
 
+def _corrected(ctx: ConverterContext, x: gs.Tensor, k: gs.Tensor) -> gs.Tensor:
+    """``x J = x + x K``."""
+    return ctx.op.Add(x, ctx.op.MatMul(x, k))
+
+
 def _two_sided(
     ctx: ConverterContext, a: gs.Tensor, v: gs.Tensor, partner: gs.Tensor, sign: gs.Tensor, n: int, rank: int
 ) -> tuple[gs.Tensor, gs.Tensor]:
-    """One round of the symmetric eigensolver: ``(J^T A J, V J)``."""
+    """One round of the symmetric eigensolver: ``(J^T A J, V J)``; the new diagonal is Rutishauser's
+    ``a_pp - t a_pq`` / ``a_qq + t a_pq`` and the rotated couplings are exactly 0."""
     eye = const(ctx, np.eye(n, dtype=np.float32), "eye")
     diagonal = ctx.op.ReduceSum(ctx.op.Mul(a, eye), steps.axes(ctx, -1), keepdims=0)
     coupling = ctx.op.ReduceSum(ctx.op.Mul(a, partner), steps.axes(ctx, -1), keepdims=0)
-    j = _rotation(ctx, diagonal, coupling, partner, sign, n)
-    rotated = ctx.op.MatMul(ctx.op.MatMul(steps.swap_last(ctx, j, rank), a), j)
+    k, t = _rotation(ctx, diagonal, coupling, partner, sign, n)
+    right = _corrected(ctx, a, k)
+    rotated = ctx.op.Add(right, ctx.op.MatMul(steps.swap_last(ctx, k, rank), right))
     symmetric = ctx.op.Mul(ctx.op.Add(rotated, steps.swap_last(ctx, rotated, rank)), steps.scalar(ctx, 0.5, np.float32))
-    annihilated = ctx.op.Mul(symmetric, ctx.op.Sub(steps.scalar(ctx, 1.0, np.float32), partner))
-    return annihilated, ctx.op.MatMul(v, j)
+    off_pairs = ctx.op.Sub(steps.scalar(ctx, 1.0, np.float32), ctx.op.Add(partner, eye))
+    new_diagonal = ctx.op.Sub(diagonal, ctx.op.Mul(ctx.op.Mul(sign, t), coupling))
+    updated = ctx.op.Add(ctx.op.Mul(symmetric, off_pairs), ctx.op.Mul(_vector(ctx, new_diagonal, -1), eye))
+    return updated, _corrected(ctx, v, k)
 
 
 def _one_sided(
@@ -125,8 +138,8 @@ def _one_sided(
     """One round of the Hestenes SVD: ``(A J, V J)`` with ``J`` from the current columns' norms and products."""
     norms = ctx.op.ReduceSum(ctx.op.Mul(a, a), steps.axes(ctx, -2), keepdims=0)
     coupling = ctx.op.ReduceSum(ctx.op.Mul(a, ctx.op.MatMul(a, partner)), steps.axes(ctx, -2), keepdims=0)
-    j = _rotation(ctx, norms, coupling, partner, sign, n)
-    return ctx.op.MatMul(a, j), ctx.op.MatMul(v, j)
+    k, _ = _rotation(ctx, norms, coupling, partner, sign, n)
+    return _corrected(ctx, a, k), _corrected(ctx, v, k)
 
 
 def jacobi(
