@@ -33,7 +33,7 @@ def _matrix(ctx: ConverterContext) -> tuple[int, int, int]:
     dtype = ctx.input_dtypes[0]
     if shape is None or len(shape) < 2 or steps.static_matrix(shape, square=False) is None:
         raise ConversionError(
-            f"{ctx.key}: the matrix sides must be static and at most {steps.MAX_SIDE} (got shape {shape})",
+            f"{ctx.key}: the matrix sides must be static and at most {steps.MAX_SIDE}, not empty (got shape {shape})",
             node=ctx.name,
             fix=f"mark only batch dimensions dynamic, and keep the matrix within {steps.MAX_SIDE} x {steps.MAX_SIDE}"
             " (the Jacobi loop's tables and cost grow with the side), or compute this op outside the model",
