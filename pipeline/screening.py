@@ -37,7 +37,8 @@ class AheadRunner(Protocol):
 @dataclass(frozen=True)
 class DroppedInput:
     """A drawn validation input PyTorch itself refused, left out of the comparison: its index among the
-    validation inputs (0 is the sample), the torch function that raised (``""`` when not known) and why."""
+    validation inputs (0 is the sample), the torch function that raised (its innermost public Python function, else
+    the ATen op, ``"aten.op.overload"``; ``""`` when not known) and why."""
 
     index: int
     function: str
@@ -45,7 +46,8 @@ class DroppedInput:
 
     def summary(self) -> str:
         """One line: which input, where PyTorch raised, and what it said."""
-        where = f" in torch function {self.function!r}" if self.function else ""
+        kind = "ATen op" if self.function.startswith(("aten.", "prims.")) else "torch function"
+        where = f" in {kind} {self.function!r}" if self.function else ""
         return f"input {self.index} dropped: PyTorch raised{where}: {self.reason}"
 
 

@@ -32,6 +32,7 @@ from converters.errors import AccuracyError, BuildError, InputError, PipelineErr
 from converters.settings import DEFAULT_TOLERANCES, Settings
 from pipeline.compare.distribution import DistributionStats, random_outputs
 from pipeline.compare.stats import RULE, Accumulator, ErrorStats, Judgement, accumulator, judgement
+from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
 from pipeline.draws import draw_like
 from pipeline.module.io_spec import IOSpec
@@ -264,9 +265,12 @@ def validate(
                         fix="a pass renamed or removed a graph output; graph outputs must be kept",
                     )
                 accumulators[o.name].add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
+    results = {o.name: accumulators[o.name].result() for o in outputs}
+    shape_only = any(isinstance(r, ShapeStats) for r in results.values())
     report = AccuracyReport(
         len(feeds) - len(loader.dropped),
-        tuple(_summarise(o, judged[o.name], accumulators[o.name].result()) for o in outputs),
+        tuple(_summarise(o, judged[o.name], results[o.name]) for o in outputs),
+        rule=f"{RULE}; {UNINITIALISED_RULE}" if shape_only else RULE,
         dropped=tuple(loader.dropped),
     )
     if not report.inputs:  # possible only when no input is the user's: never a pass on nothing
