@@ -3,8 +3,9 @@
 A model often accepts only some inputs: ``cholesky`` a symmetric positive-definite matrix, ``binary_cross_entropy``
 probabilities, ``bucketize`` sorted boundaries, ``embedding_bag`` offsets that start at 0. A plain draw (a normal
 with the sample's mean and spread) breaks all of these, and PyTorch refuses the input or computes something
-undefined. So each property below is detected on the sample tensor itself and kept by its draws; the first that
-holds decides (:func:`properties` lists them for a sample):
+undefined. So each property below is detected on the sample tensor itself and kept by its draws
+(:func:`properties` lists them for a sample): ``mask``, ``offsets`` and ``spd`` stand alone; at most one of the
+value properties (``unit_interval``, ``positive``, ``non_negative``) combines with ``distinct`` and ``sorted``:
 
 ==================  =========================================================  ==================================
 property            detected when the sample is                                 draws
@@ -22,6 +23,11 @@ property            detected when the sample is                                 
                                                                                 mean and spread
 ``non_negative``    float, every value >= 0                                     |normal| with the sample's mean
                                                                                 and spread
+``distinct``        at least 2 values, no two equal (float or integer)          no two equal: float values that
+                                                                                collide after the cast are drawn
+                                                                                again; integers drawn without
+                                                                                replacement (when the range holds
+                                                                                enough); combined with the above
 ``sorted``          at least 2 along its last axis, non-decreasing along it,    the draws sorted along the last
                     not constant (float or integer)                             axis (combined with the above)
 ==================  =========================================================  ==================================
@@ -35,17 +41,27 @@ from __future__ import annotations
 
 import numpy as np
 
-#: The properties a draw keeps, in the order they are tried (``sorted`` combines with the value properties).
-PROPERTIES: tuple[str, ...] = ("mask", "offsets", "spd", "unit_interval", "positive", "non_negative", "sorted")
+#: The properties a draw keeps, in the order they are tried and listed.
+PROPERTIES: tuple[str, ...] = (
+    "mask",
+    "offsets",
+    "spd",
+    "unit_interval",
+    "positive",
+    "non_negative",
+    "distinct",
+    "sorted",
+)
 
 _LOGIT_CLIP = 1e-6  # a sample value of exactly 0 or 1 has an infinite logit: clip it for the fit only
+_DISTINCT_ROUNDS = 20  # redraws of colliding values (each round leaves a tiny fraction of the previous ties)
 
 
 def properties(sample: np.ndarray) -> tuple[str, ...]:
     """The properties of :data:`PROPERTIES` that ``sample`` has and its draws keep.
 
     >>> properties(np.array([0.0, 0.25, 0.5]))
-    ('unit_interval', 'sorted')
+    ('unit_interval', 'distinct', 'sorted')
     >>> properties(np.array([0, 3, 5], dtype=np.int64))
     ('offsets',)
     """
@@ -56,18 +72,24 @@ def properties(sample: np.ndarray) -> tuple[str, ...]:
     if np.issubdtype(sample.dtype, np.integer):
         if _is_sorted(sample) and bool((sample[..., 0] == 0).all()):
             return ("offsets",)
-        return ("sorted",) if _is_sorted(sample) else ()
-    if not np.issubdtype(sample.dtype, np.floating):
+        found: tuple[str, ...] = ()
+    elif not np.issubdtype(sample.dtype, np.floating):
         return ()
-    if _is_spd(sample):
+    elif _is_spd(sample):
         return ("spd",)
-    value = _value_property(sample)
-    found = (value,) if value else ()
+    else:
+        value = _value_property(sample)
+        found = (value,) if value else ()
+    if sample.size >= 2 and np.unique(sample).size == sample.size:
+        found = (*found, "distinct")
     return (*found, "sorted") if _is_sorted(sample) else found
 
 
-def draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """A random array of ``shape`` and ``sample``'s dtype that keeps ``sample``'s :func:`properties`.
+def draw_like(
+    sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator, kept: tuple[str, ...] | None = None
+) -> np.ndarray:
+    """A random array of ``shape`` and ``sample``'s dtype that keeps ``sample``'s :func:`properties` (``kept``,
+    when they are known already: several draws of one sample detect them once).
 
     >>> rng = np.random.default_rng(0)
     >>> p = draw_like(np.array([0.2, 0.9], dtype=np.float32), (1000,), rng)
@@ -75,7 +97,7 @@ def draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generat
     (True, dtype('float32'))
     """
     # np.asarray: for a 0-d shape numpy hands back a scalar, which Polygraphy's runners cannot take
-    return np.asarray(_draw(sample, shape, rng, properties(sample)))
+    return np.asarray(_draw(sample, shape, rng, properties(sample) if kept is None else kept))
 
 
 def _draw(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator, kept: tuple[str, ...]) -> np.ndarray:
@@ -87,21 +109,56 @@ def _draw(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator, 
         return drawn
     if "spd" in kept and len(shape) >= 2 and shape[-1] == shape[-2]:  # a dynamic dim may make it non-square
         return _spd(sample, shape, rng)
+    size = int(np.prod(shape))
     if np.issubdtype(sample.dtype, np.integer):
-        drawn = _integers(sample, shape, rng)
-    elif "unit_interval" in kept:
-        logit = np.log(np.clip(sample.astype(np.float64), _LOGIT_CLIP, 1 - _LOGIT_CLIP))
-        logit -= np.log1p(-np.clip(sample.astype(np.float64), _LOGIT_CLIP, 1 - _LOGIT_CLIP))
-        drawn = 1.0 / (1.0 + np.exp(-_normal(logit, shape, rng)))
-    elif "positive" in kept:
-        drawn = np.exp(_normal(np.log(sample.astype(np.float64)), shape, rng))
-    elif "non_negative" in kept:
-        drawn = np.abs(_normal(sample.astype(np.float64), shape, rng))
+        flat = _distinct_integers(sample, size, rng) if "distinct" in kept else _integers(sample, (size,), rng)
     else:
-        drawn = _normal(sample.astype(np.float64), shape, rng)
+        flat = _floats(sample, kept, size, rng)
+    drawn = flat.reshape(shape)
     if "sorted" in kept and drawn.ndim:
         drawn = np.sort(drawn, axis=-1)
-    return drawn.astype(sample.dtype)
+    return drawn
+
+
+def _floats(sample: np.ndarray, kept: tuple[str, ...], size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` floats in ``sample``'s dtype from the distribution its value property picks; with ``distinct``,
+    values that collide after the cast to the dtype are drawn again (float32 normals collide: 8,000 draws hold a
+    tie or two, and sort's indices then legitimately differ)."""
+    values = sample.astype(np.float64)
+    if "unit_interval" in kept:
+        clipped = np.clip(values, _LOGIT_CLIP, 1 - _LOGIT_CLIP)
+        logit = np.log(clipped) - np.log1p(-clipped)
+
+        def draw(n: int) -> np.ndarray:
+            return 1.0 / (1.0 + np.exp(-_normal(logit, (n,), rng)))
+    elif "positive" in kept:
+
+        def draw(n: int) -> np.ndarray:
+            return np.exp(_normal(np.log(values), (n,), rng))
+    elif "non_negative" in kept:
+
+        def draw(n: int) -> np.ndarray:
+            return np.abs(_normal(values, (n,), rng))
+    else:
+
+        def draw(n: int) -> np.ndarray:
+            return _normal(values, (n,), rng)
+
+    flat = draw(size).astype(sample.dtype)
+    for _ in range(_DISTINCT_ROUNDS if "distinct" in kept else 0):
+        repeated = _repeated(flat)
+        if not repeated.size:
+            break
+        flat[repeated] = draw(repeated.size).astype(sample.dtype)
+    return flat
+
+
+def _repeated(flat: np.ndarray) -> np.ndarray:
+    """Indices of the values of ``flat`` that repeat an earlier one."""
+    _, first = np.unique(flat, return_index=True)
+    keep = np.zeros(flat.size, dtype=bool)
+    keep[first] = True
+    return np.flatnonzero(~keep)
 
 
 def _normal(values: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -114,6 +171,14 @@ def _normal(values: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator
 def _integers(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     lo, hi = (int(sample.min()), int(sample.max())) if sample.size else (0, 1)
     return rng.integers(lo, hi + 1, size=shape).astype(sample.dtype)
+
+
+def _distinct_integers(sample: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` distinct integers from the sample's range, when the range holds that many."""
+    lo, hi = int(sample.min()), int(sample.max())
+    if hi - lo + 1 < size:  # a larger (dynamic) shape than the range allows: ties cannot be avoided
+        return _integers(sample, (size,), rng)
+    return (rng.choice(hi - lo + 1, size, replace=False) + lo).astype(sample.dtype)
 
 
 def _spd(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

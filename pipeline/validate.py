@@ -34,7 +34,7 @@ from pipeline.compare.distribution import DistributionStats, random_outputs
 from pipeline.compare.stats import RULE, Accumulator, ErrorStats, Judgement, accumulator, judgement
 from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
-from pipeline.draws import draw_like
+from pipeline.draws import draw_like, properties
 from pipeline.module.io_spec import IOSpec
 from pipeline.screening import DroppedInput, ScreenedFeeds, torch_function
 
@@ -202,11 +202,12 @@ def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Se
                 index = [spec.name for spec in io.inputs].index(d.input)
                 resized[index][d.axis] = getattr(d, which)
             shape_sets = [*shape_sets, resized]
+    kept = [properties(arr) for arr in sample]  # detected once per input, kept by every draw
     for shape_set in shape_sets:
         feeds.append(
             {
-                spec.name: draw_like(arr, tuple(shape), rng)
-                for spec, arr, shape in zip(io.inputs, sample, shape_set, strict=True)
+                spec.name: draw_like(arr, tuple(shape), rng, found)
+                for spec, arr, shape, found in zip(io.inputs, sample, shape_set, kept, strict=True)
             }
         )
     return feeds

@@ -20,7 +20,7 @@ def _draws(sample: np.ndarray, shape: tuple[int, ...] | None = None, count: int 
 
 def test_values_within_unit_interval_stay_within_it_and_spread_like_the_sample() -> None:
     sample = np.array([0.2, 0.7, 0.9, 0.4], dtype=np.float32)
-    assert properties(sample) == ("unit_interval",)
+    assert properties(sample) == ("unit_interval", "distinct")
     drawn = np.concatenate(_draws(sample, (50,)))
     assert drawn.dtype == np.float32 and ((drawn > 0) & (drawn < 1)).all()
     assert 0.3 < drawn.mean() < 0.8 and drawn.std() > 0.1  # random, not the sample repeated
@@ -29,19 +29,19 @@ def test_values_within_unit_interval_stay_within_it_and_spread_like_the_sample()
 def test_positive_and_non_negative_values_stay_so() -> None:
     positive = np.array([3.0, 0.5, 7.0, 12.0], dtype=np.float32)
     with_zero = np.array([0.0, 3.0, 7.0, 2.0], dtype=np.float32)
-    assert properties(positive) == ("positive",) and properties(with_zero) == ("non_negative",)
+    assert properties(positive) == ("positive", "distinct") and properties(with_zero) == ("non_negative", "distinct")
     assert all((d > 0).all() for d in _draws(positive, (100,)))
     assert all((d >= 0).all() for d in _draws(with_zero, (100,)))
-    assert properties(np.array([-1.0, 2.0, 0.5], dtype=np.float32)) == ()  # a plain normal
+    assert properties(np.array([-1.0, 2.0, 0.5, 2.0], dtype=np.float32)) == ()  # a plain normal
 
 
 def test_sorted_last_axis_stays_sorted_for_floats_and_integers() -> None:
     boundaries = np.array([[-7.9, -4.3, -2.4, 3.6], [-1.0, 0.0, 2.0, 2.5]], dtype=np.float32)
-    assert properties(boundaries) == ("sorted",)
+    assert properties(boundaries) == ("distinct", "sorted")
     for drawn in _draws(boundaries, (3, 6)):
         assert (np.diff(drawn, axis=-1) >= 0).all() and drawn.min() < 0  # sorted, still signed like the sample
     integers = np.array([2, 5, 9], dtype=np.int64)
-    assert properties(integers) == ("sorted",)
+    assert properties(integers) == ("distinct", "sorted")
     assert all((np.diff(d) >= 0).all() and d.min() >= 2 for d in _draws(integers))
 
 
@@ -62,7 +62,18 @@ def test_symmetric_positive_definite_matrices_stay_spd_and_scaled_like_the_sampl
         mean_diagonal = np.diagonal(drawn, axis1=-2, axis2=-1).mean()
         assert mean_diagonal == pytest.approx(np.diagonal(sample, axis1=-2, axis2=-1).mean(), rel=1e-5)
     not_definite = np.array([[1.0, -2.0], [-2.0, 1.0]], dtype=np.float32)  # symmetric, eigenvalues 3 and -1
-    assert properties(not_definite) == ()
+    assert properties(not_definite) == ()  # its values repeat: not distinct either
+
+
+def test_distinct_values_stay_distinct() -> None:
+    """8,000 float32 normals hold ties (about 2 in 3 such draws), and sort/argsort indices then legitimately differ
+    from PyTorch's; a sample without ties gets draws without ties, floats and integers."""
+    sample = np.random.default_rng(2).standard_normal(8000).astype(np.float32)
+    assert properties(sample) == ("distinct",)
+    assert all(np.unique(d).size == 8000 for d in _draws(sample, count=5))
+    ids = np.array([7, 2, 9, 4], dtype=np.int64)
+    assert properties(ids) == ("distinct",)
+    assert all(np.unique(d).size == 6 and d.min() >= 2 and d.max() <= 9 for d in _draws(ids, (6,)))
 
 
 def test_masks_keep_their_pattern() -> None:
