@@ -23,7 +23,7 @@ property            detected when the sample is                                 
                                                                                 mean and spread
 ``non_negative``    float, every value >= 0                                     |normal| with the sample's mean
                                                                                 and spread
-``distinct``        at least 2 values, no two equal (float or integer)          no two equal: float values that
+``distinct``        2 to 2**20 values, no two equal (float or integer)          no two equal: float values that
                                                                                 collide after the cast are drawn
                                                                                 again; integers drawn without
                                                                                 replacement (when the range holds
@@ -54,6 +54,8 @@ PROPERTIES: tuple[str, ...] = (
 )
 
 _LOGIT_CLIP = 1e-6  # a sample value of exactly 0 or 1 has an infinite logit: clip it for the fit only
+# past a million values a float32 sample rarely is without ties, and finding them costs a sort of every draw
+_DISTINCT_MAX_SIZE = 1 << 20
 _DISTINCT_ROUNDS = 20  # redraws of colliding values (each round leaves a tiny fraction of the previous ties)
 
 
@@ -80,7 +82,7 @@ def properties(sample: np.ndarray) -> tuple[str, ...]:
     else:
         value = _value_property(sample)
         found = (value,) if value else ()
-    if sample.size >= 2 and np.unique(sample).size == sample.size:
+    if 2 <= sample.size <= _DISTINCT_MAX_SIZE and np.unique(sample).size == sample.size:
         found = (*found, "distinct")
     return (*found, "sorted") if _is_sorted(sample) else found
 
