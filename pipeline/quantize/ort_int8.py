@@ -1,8 +1,9 @@
-"""The INT8 graph as ONNX Runtime's CPU provider runs it fastest, computing the same values: exact rewrites of the
-session's graph only (``module.onnx`` keeps TensorRT's Q/DQ placement, bit for bit).
+"""The INT8 graph as ONNX Runtime's CPU provider runs it fastest: rewrites of the session's graph only
+(``module.onnx`` keeps TensorRT's Q/DQ placement, bit for bit).
 
-Every rewrite below holds under ONNX's definitions of QuantizeLinear (``Q``: ``saturate(round_half_even(x / s) +
-z)``) and DequantizeLinear (``DQ``: ``(q - z) * s``), for every input, not approximately:
+Rewrites 1 to 5 hold under ONNX's definitions of QuantizeLinear (``Q``: ``saturate(round_half_even(x / s) + z)``)
+and DequantizeLinear (``DQ``: ``(q - z) * s``) for every input, bit for bit (the tests run both graphs on ONNX
+Runtime's reference kernels). Rewrites 6 and 7 are what an integer kernel needs, and change float32 rounding only:
 
 1. **Quantized outputs through monotonic ops** (:func:`quantize_weighted_outputs`). ``W -> Relu/MaxPool ... -> Q(s)``
    (every reader of the chain's end quantizing with one per-tensor scale ``s``, zero point 0) becomes ``W -> Q(s) ->
@@ -27,9 +28,13 @@ z)``) and DequantizeLinear (``DQ``: ``(q - z) * s``), for every input, not appro
    ``WeightBiasQuantization`` stores the bias as ``round(b / (s_x * s_w))`` in int32. That rewrite also requantizes
    any float weight of a Conv that reads a DequantizeLinear to int8 *per tensor* (measured: the stem of the bundled
    CNN, whose weight rewrite 5 had dequantized, lost its per-channel weights), so the backend disables it
-   (:data:`DISABLED_OPTIMIZERS`) and the biases are stored here, computed as it computes them. This is the one
-   change of value of the session's graph, and it is ONNX Runtime's: an integer convolution kernel has no float
-   bias. Each bias moves by at most half of ``s_x * s_w``, one unit of the accumulator.
+   (:data:`DISABLED_OPTIMIZERS`) and the biases are stored here, computed as it computes them (an integer
+   convolution kernel has no float bias). Each bias moves by at most half of ``s_x * s_w``, one unit of the
+   accumulator.
+7. **Integer convolutions with a float output** (:mod:`pipeline.quantize.integer_conv`): a ``DQ -> Conv`` whose
+   output is not quantized (before a residual Add) becomes im2col and ``MatMulIntegerToFloat``: the 8-bit products
+   summed exactly in int32 and scaled once, as TensorRT's INT8 kernels compute them, instead of ONNX Runtime's float
+   Conv over dequantized values.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import onnx_graphsurgeon as gs
 from passes import to_graph, to_model
 from passes.quantize.placement import QUANTIZED_OPS
 from pipeline.quantize.emulation import fold_unfused_weights
+from pipeline.quantize.integer_conv import MICROSOFT_DOMAIN, integer_float_convs
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +85,21 @@ def ort_int8_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     integer = integer_relu_and_pool(graph)
     shared = share_quantize(graph)
     biases = integer_biases(graph)
+    convs = integer_float_convs(graph)
     graph.cleanup().toposort()
     logger.debug(
         "onnxruntime int8 graph: %d outputs quantized, %d pairs in uint8, %d integer Relu/MaxPool, %d Q shared, "
-        "%d int32 biases",
+        "%d int32 biases, %d integer convolutions with a float output",
         outputs,
         switched,
         integer,
         shared,
         biases,
+        convs,
     )
     rewritten = to_model(graph, model, metadata)
+    if convs and not any(o.domain == MICROSOFT_DOMAIN for o in rewritten.opset_import):
+        rewritten.opset_import.append(onnx.helper.make_opsetid(MICROSOFT_DOMAIN, 1))
     return fold_unfused_weights(rewritten)
 
 

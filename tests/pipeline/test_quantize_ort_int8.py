@@ -1,0 +1,153 @@
+"""The INT8 graph ONNX Runtime's CPU backend runs (pipeline/quantize/ort_int8.py): its rewrites change no value (bit
+for bit on ONNX Runtime's reference kernels, saturation included), move Relu, MaxPool and convolutions into integer
+kernels, and never let ONNX Runtime requantize a float weight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from passes import to_graph, to_model
+from passes.quantize.formats import FORMATS
+from passes.quantize.insert import quantize_graph
+from passes.quantize.placement import plan_targets
+from pipeline.quantize.ort_int8 import (
+    disabled_optimizers,
+    integer_relu_and_pool,
+    ort_int8_graph,
+    quantize_weighted_outputs,
+    share_quantize,
+    switch_to_uint8,
+)
+
+PLAIN = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def stem_model() -> onnx.ModelProto:
+    """x (2x8x12x12) -> Conv -> Relu -> MaxPool -> {Conv -> Relu -> Conv, Conv} -> Add -> Relu -> two Convs (y, z):
+    a ResNet stem, a block and two heads, 8 input channels (enough for ONNX Runtime's integer kernel), float biases
+    as batch-norm folding leaves."""
+    rng = np.random.default_rng(0)
+
+    def conv(name: str, cin: int, cout: int, source: str, out: str, k: int = 3) -> onnx.NodeProto:
+        weights.append(numpy_helper.from_array(rng.normal(0, 0.3, (cout, cin, k, k)).astype(np.float32), f"{name}.w"))
+        weights.append(numpy_helper.from_array(rng.normal(0, 0.5, cout).astype(np.float32), f"{name}.b"))
+        return helper.make_node("Conv", [source, f"{name}.w", f"{name}.b"], [out], name, pads=[k // 2] * 4)
+
+    weights: list[onnx.TensorProto] = []
+    nodes = [
+        conv("stem", 8, 16, "x", "c0"),
+        helper.make_node("Relu", ["c0"], ["r0"], "stem_relu"),
+        helper.make_node("MaxPool", ["r0"], ["p0"], "pool", kernel_shape=[2, 2], strides=[2, 2]),
+        conv("conv1", 16, 16, "p0", "c1"),
+        helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        conv("conv2", 16, 16, "r1", "c2"),
+        conv("skip", 16, 16, "p0", "c3", k=1),
+        helper.make_node("Add", ["c2", "c3"], ["a"], "add"),
+        helper.make_node("Relu", ["a"], ["r2"], "relu2"),
+        conv("head1", 16, 4, "r2", "y"),
+        conv("head2", 16, 4, "r2", "z", k=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stem",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 12, 12])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4, 6, 6]) for n in ("y", "z")],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def quantized_stem() -> onnx.ModelProto:
+    """:func:`stem_model` as TensorRT gets it: INT8 Q/DQ at every convolution's inputs, small ranges so that the
+    inputs below saturate."""
+    graph = gs.import_onnx(stem_model())
+    targets, _ = plan_targets(graph)
+    quantize_graph(
+        graph,
+        FORMATS["int8"],
+        targets,
+        {"stem": 2.0, "conv1": 1.5, "conv2": 1.0, "skip": 1.5, "add": 1.5, "head1": 2.0, "head2": 2.0},
+    )
+    return gs.export_onnx(graph)
+
+
+def run(model: onnx.ModelProto, x: np.ndarray, level: ort.GraphOptimizationLevel, path: Path | None = None) -> Any:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    if path is not None:
+        options.optimized_model_filepath = str(path)
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, ["CPUExecutionProvider"], disabled_optimizers=disabled_optimizers(model)
+    )
+    return np.concatenate([o.ravel() for o in session.run(None, {"x": x})])
+
+
+def inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.normal(0, scale, (2, 8, 12, 12)).astype(np.float32) for scale in (0.5, 2.0, 8.0)]
+
+
+def test_value_preserving_rewrites_are_exact_bit_for_bit() -> None:
+    model = quantized_stem()
+    graph, metadata = to_graph(model)
+    assert quantize_weighted_outputs(graph) == 1  # the stem: Conv -> Relu -> MaxPool -> Q
+    assert switch_to_uint8(graph) > 0
+    assert integer_relu_and_pool(graph) == 3  # the stem's Relu and MaxPool, conv1's Relu
+    assert share_quantize(graph) == 1  # the two heads' pairs of the block's output share one Q
+    graph.cleanup().toposort()
+    rewritten = to_model(graph, model, metadata)
+    onnx.checker.check_model(rewritten, full_check=True)
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert ops.count("Relu") == 1 and ops.count("Max") == 2 and ops.count("MaxPool") == 1  # Relu: the block's
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(rewritten).graph.value_info
+    }
+    for node in rewritten.graph.node:
+        if node.op_type in ("Max", "MaxPool"):
+            assert types[node.input[0]] == TensorProto.UINT8, node.name  # integer kernels, no float round trip
+    for x in inputs():  # the largest scale saturates every quantized tensor
+        np.testing.assert_array_equal(run(rewritten, x, PLAIN), run(model, x, PLAIN))
+
+
+def test_onnx_runtime_fuses_every_convolution_with_a_quantized_output_and_keeps_float_weights_exact(
+    tmp_path: Path,
+) -> None:
+    model = quantized_stem()
+    session_graph = ort_int8_graph(model)
+    onnx.checker.check_model(session_graph, full_check=True)
+    x = inputs()[1]
+    run(session_graph, x, ALL, tmp_path / "optimized.onnx")
+    optimized = onnx.load(tmp_path / "optimized.onnx")
+    ops = [n.op_type for n in optimized.graph.node]
+    # stem, conv1 and skip run as QLinearConv; conv2 feeds the residual Add unquantized, so it stays float, and the
+    # heads' outputs are graph outputs (float)
+    assert ops.count("QLinearConv") == 3, ops
+    float_convs = [n for n in optimized.graph.node if n.op_type in ("Conv", "FusedConv")]
+    assert len(float_convs) == 3
+    initializers = {t.name: numpy_helper.to_array(t) for t in optimized.graph.initializer}
+    conv2 = next(n for n in float_convs if n.input[1] in initializers and initializers[n.input[1]].shape[1] == 16)
+    weight = initializers[conv2.input[1]]  # ONNX Runtime did not requantize it per tensor
+    stored = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "conv2.w/quantized_int8"))
+    scales = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "conv2.w/weight_scale"))
+    np.testing.assert_array_equal(weight, stored.astype(np.float32) * scales.reshape(-1, 1, 1, 1))
+
+
+def test_the_session_graph_computes_what_onnx_runtime_computes_for_the_tensorrt_graph() -> None:
+    model = quantized_stem()
+    session_graph = ort_int8_graph(model)
+    for x in inputs():
+        # the reference: TensorRT's graph on ONNX Runtime's float kernels (Q/DQ computed as ONNX defines them); the
+        # int32 biases of the integer convolutions are ONNX Runtime's one change (at most half an accumulator unit
+        # each), within one quantization step of the output
+        want = run(model, x, PLAIN)
+        got = run(session_graph, x, ALL)
+        step = 1.0 / 127
+        assert np.abs(got - want).max() <= 4 * step * np.abs(want).max() + 1e-6
