@@ -11,8 +11,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
+import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
+import pipeline
 from passes import to_graph, to_model
 from passes.quantize.formats import FORMATS
 from passes.quantize.insert import quantize_graph
@@ -194,3 +197,24 @@ def _conv64(x: np.ndarray, w: np.ndarray, b: np.ndarray, pad: int) -> np.ndarray
         for j in range(k):
             out += np.einsum("nchw,oc->nohw", padded[:, :, i : i + h, j : j + wd], w[:, :, i, j])
     return out + b.reshape(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("fallback", ["fp16", "fp32"])
+def test_int8_with_the_fp16_fallback_on_the_cpu_says_it_is_slow_and_how_to_be_fast(fallback: str) -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 4, 1))
+    module = pipeline.convert(
+        model.eval(),
+        torch.randn(2, 8, 8, 8),
+        precision="int8",
+        quantize_fallback=fallback,
+        backend="onnxruntime",
+        validate=False,
+    )
+    report = module.report.quantization
+    assert report is not None
+    slow = [w for w in report.warnings if "no fp16 kernels" in w]
+    if fallback == "fp16":
+        assert len(slow) == 1 and "quantize_fallback='fp32'" in slow[0]
+        assert "no fp16 kernels" in module.report.summary()
+    else:
+        assert not slow
