@@ -40,7 +40,7 @@ def integer_float_convs(graph: gs.Graph) -> int:
     return done
 
 
-def _operands(conv: gs.Node) -> tuple[gs.Node, gs.Node, tuple[int, int, int, int]] | None:
+def _operands(conv: gs.Node) -> tuple[gs.Node, gs.Node, tuple[object, int, int, int]] | None:
     """The activation and weight DequantizeLinears and the input shape of a convolution to rewrite, else None."""
     result = conv.outputs[0]
     if len(result.outputs) == 1 and result.outputs[0].op == "QuantizeLinear":
@@ -59,6 +59,8 @@ def _operands(conv: gs.Node) -> tuple[gs.Node, gs.Node, tuple[int, int, int, int
     zero, scale = activation.inputs[2], activation.inputs[1]
     if not (isinstance(zero, gs.Constant) and isinstance(scale, gs.Constant)) or np.asarray(scale.values).size != 1:
         return None
+    if np.asarray(scale.values).dtype != np.float32:
+        return None  # a float16 graph runs as its float32 emulation, which rounds every half tensor: left as it is
     if np.asarray(zero.values).dtype != np.uint8 or not isinstance(weights.inputs[0], gs.Constant):
         return None
     stored = np.asarray(weights.inputs[0].values)
@@ -67,8 +69,8 @@ def _operands(conv: gs.Node) -> tuple[gs.Node, gs.Node, tuple[int, int, int, int
     if not _symmetric_per_channel(weights, stored.shape[0]):
         return None
     shape = data.shape
-    if shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape):
-        return None
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+        return None  # channels and spatial size fixed (the patches' Slices); the batch may be dynamic
     if len(conv.inputs) > 2 and not isinstance(conv.inputs[2], gs.Constant):
         return None
     return activation, weights, (shape[0], shape[1], shape[2], shape[3])
@@ -79,6 +81,8 @@ def _symmetric_per_channel(weights: gs.Node, channels: int) -> bool:
     scale = weights.inputs[1]
     if not isinstance(scale, gs.Constant) or np.asarray(scale.values).size not in (1, channels):
         return False
+    if np.asarray(scale.values).dtype != np.float32:
+        return False
     if np.asarray(scale.values).size > 1 and int(weights.attrs.get("axis", 1)) != 0:
         return False
     zero = weights.inputs[2] if len(weights.inputs) > 2 else None
@@ -86,7 +90,7 @@ def _symmetric_per_channel(weights: gs.Node, channels: int) -> bool:
 
 
 def _rewrite(
-    graph: gs.Graph, conv: gs.Node, activation: gs.Node, weights: gs.Node, shape: tuple[int, int, int, int]
+    graph: gs.Graph, conv: gs.Node, activation: gs.Node, weights: gs.Node, shape: tuple[object, int, int, int]
 ) -> None:
     """Replace ``conv`` by im2col, ``MatMulIntegerToFloat`` and a Transpose to NCHW (see the module doc)."""
     stored = np.asarray(weights.inputs[0].values)
@@ -163,6 +167,6 @@ def _node(
     return output
 
 
-def _copy(constant: gs.Tensor, name: str) -> gs.Constant:
-    assert isinstance(constant, gs.Constant)
+def _copy(constant: gs.Constant, name: str) -> gs.Constant:
+    """A new constant with the values of ``constant`` (:func:`_operands` checked that it is one)."""
     return gs.Constant(name, np.array(constant.values))
