@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
+from converters.aten_eigen import register_eigen_converters
 from converters.aten_misc import register_misc_converters
 from converters.aten_more import register_more_converters
 from converters.aten_pointwise import register_aten1_converters
@@ -108,4 +109,5 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_aten2_converters(registry)
     register_reduction_converters(registry)
     register_misc_converters(registry)
+    register_eigen_converters(registry)
     register_more_converters(registry)
