@@ -46,6 +46,8 @@ def test_case_matches_pytorch_and_builds(entry: ConverterEntry, case: ConverterC
 _OPS = [
     "nn.functional.pdist",
     "put",
+    "_segment_reduce.lengths",
+    "_segment_reduce.offsets",
     "nn.functional.rrelu",
     "resize_as_",
     "histogram",
@@ -88,13 +90,12 @@ def test_rrelu_training_draws_slopes_in_range_and_validates_by_distribution() ->
 
 @pytest.mark.parametrize(("name", "segments"), [("lengths", [0, 3, 0, 2]), ("offsets", [0, 0, 3, 3, 5])])
 def test_segment_reduce_sample_matches_pytorch_and_builds(name: str, segments: list[int]) -> None:
-    # the OpInfo sample's lengths/offsets are graph inputs; validation would draw random ones PyTorch refuses
-    # (the harness's class for these ops is "input"), so this checks the sample and another valid segmentation
+    # the OpInfo sample's lengths/offsets are graph inputs: the converted graph must take another segmentation
     op = support.all_ops()[f"_segment_reduce.{name}"]
     samples, why = support.usable_samples(op)
     assert samples, why
     model = support.Wrap(op, samples[0]).eval()
-    module = pipeline.convert(model, model.tensors, converters=REGISTRY, validation_inputs=0)
+    module = pipeline.convert(model, model.tensors, converters=REGISTRY)
     data = torch.randn(5)
     torch.testing.assert_close(module(data, torch.tensor(segments)), model(data, torch.tensor(segments)))
     assert_builds(module)
