@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.aten_eigen import register_eigen_converters
+from converters.aten_embedding import register_embedding_converters
 from converters.aten_misc import register_misc_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
@@ -109,3 +110,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_reduction_converters(registry)
     register_misc_converters(registry)
     register_eigen_converters(registry)
+    register_embedding_converters(registry)
