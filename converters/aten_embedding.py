@@ -61,7 +61,6 @@ def embedding_bag_supported(node: gs.Node, settings: object) -> bool:
     return int(mode) in _MODES.values() and all(r in (None, 1) for r in ranks)
 
 
-@converter_case(lambda: _EmbeddingBag([0, 3, 3], mode="sum"), inputs=[((7,), "int64")])
 @converter_case(lambda: _EmbeddingBag([0, 2, 5], mode="mean", padding_idx=2), inputs=[((7,), "int64")])
 @converter_case(lambda: _EmbeddingBag([0, 0, 4], mode="max"), inputs=[((7,), "int64")])
 @converter_case(
@@ -71,50 +70,72 @@ def embedding_bag_supported(node: gs.Node, settings: object) -> bool:
 def convert_embedding_bag(ctx: ConverterContext) -> list[gs.Tensor]:
     """``aten::embedding_bag`` / ``_embedding_bag`` (sum, mean, max; ``per_sample_weights``,
     ``include_last_offset``, ``padding_idx``; an empty bag gives zeros): see the module docstring. With
-    ``include_last_offset`` the last offset closes the last bag (PyTorch's contract is that it equals the number of
-    indices; when it does not, PyTorch's own modes disagree: sum stops there, mean divides by the count to the end
-    of the indices, max runs to the end; this converter is exact where the contract holds). Only the
+    ``include_last_offset`` the last offset should be the number of indices (PyTorch's contract); when it is not,
+    this does what PyTorch's CPU kernels do: sum stops at it, mean divides that sum by the count to the end of the
+    indices, max runs to the end; with a ``padding_idx`` all three run to the end. Only the
     first output (the bags) is computed; ``offset2bag``, ``bag_size`` and ``max_indices`` (autograd's
     bookkeeping) must be unused, else a ConversionError."""
     _check_bookkeeping_unused(ctx)
     weight, indices, offsets, psw = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2], ctx.input("per_sample_weights")
     dtype = np.dtype(ctx.input_dtypes[0] or np.float32)
     mode = int(ctx.attrs.get("mode", _SUM))
-    as_int64 = onnx.TensorProto.INT64
-    indices = ctx.op.Cast(indices, to=as_int64)
-    inside = _membership(ctx, indices, ctx.op.Cast(offsets, to=as_int64), bool(ctx.attrs.get("include_last_offset")))
-    padding = ctx.attrs.get("padding_idx")
-    if padding is not None and int(padding) >= 0:  # F.embedding_bag passes -1 for "no padding index"
-        kept = ctx.op.Not(ctx.op.Equal(indices, ctx.constant(np.array(int(padding), np.int64))))
-        inside = ctx.op.And(inside, ctx.op.Unsqueeze(kept, ctx.constant(_ints(0))))
+    indices = ctx.op.Cast(indices, to=onnx.TensorProto.INT64)
+    offsets = ctx.op.Cast(offsets, to=onnx.TensorProto.INT64)
+    last_offset = bool(ctx.attrs.get("include_last_offset"))
+    kept = _kept(ctx, indices)
+    inside = _membership(ctx, indices, offsets, last_offset, kept)  # [B, N]
+    # PyTorch's last bag with include_last_offset when the last offset is not the number of indices (its contract):
+    # sum stops at the last offset, mean counts to the end of the indices and max runs there; with a padding_idx,
+    # all of them run to the end
+    to_end = _membership(ctx, indices, offsets, last_offset, kept, to_end=True) if last_offset else inside
+    inside = to_end if kept is not None else inside
     rows = ctx.op.Gather(weight, indices, axis=0)  # [N, D]
     if psw is not None:
         rows = ctx.op.Mul(rows, ctx.op.Unsqueeze(psw, ctx.constant(_ints(1))))
     over_positions = ctx.constant(_ints(1))
-    spread_mask = ctx.op.Unsqueeze(inside, ctx.constant(_ints(2)))  # [B, N, 1]
     spread_rows = ctx.op.Unsqueeze(rows, ctx.constant(_ints(0)))  # [1, N, D]
-    count = ctx.op.ReduceSum(ctx.op.Cast(inside, to=onnx.helper.np_dtype_to_tensor_dtype(dtype)), over_positions)
     zero = ctx.constant(np.array(0, dtype))
+    count = ctx.op.ReduceSum(ctx.op.Cast(to_end, to=onnx.helper.np_dtype_to_tensor_dtype(dtype)), over_positions)
     if mode == _MAX:
         lowest = ctx.constant(np.array(-np.inf, dtype))
-        reduced = ctx.op.ReduceMax(ctx.op.Where(spread_mask, spread_rows, lowest), over_positions, keepdims=0)
+        spread = ctx.op.Where(ctx.op.Unsqueeze(to_end, ctx.constant(_ints(2))), spread_rows, lowest)  # [B, N, D]
+        reduced = ctx.op.ReduceMax(spread, over_positions, keepdims=0)
         bags = ctx.op.Where(ctx.op.Greater(count, zero), reduced, zero)  # an empty bag is zeros, as in PyTorch
     else:
-        bags = ctx.op.ReduceSum(ctx.op.Where(spread_mask, spread_rows, zero), over_positions, keepdims=0)
+        spread = ctx.op.Where(ctx.op.Unsqueeze(inside, ctx.constant(_ints(2))), spread_rows, zero)
+        bags = ctx.op.ReduceSum(spread, over_positions, keepdims=0)
         if mode == _MEAN:
             bags = ctx.op.Div(bags, ctx.op.Max(count, ctx.constant(np.array(1, dtype))))
     return [bags, *(_placeholder(ctx, i) for i in range(1, len(ctx.node.outputs)))]
 
 
-def _membership(ctx: ConverterContext, indices: gs.Tensor, offsets: gs.Tensor, last_offset: bool) -> gs.Tensor:
-    """``inside[b, j]``: index position j belongs to bag b (``starts[b] <= j < ends[b]``), bool ``[B, N]``."""
+def _kept(ctx: ConverterContext, indices: gs.Tensor) -> gs.Tensor | None:
+    """``[1, N]`` bool: the index is not ``padding_idx``; None without one (F.embedding_bag passes -1 for none)."""
+    padding = ctx.attrs.get("padding_idx")
+    if padding is None or int(padding) < 0:
+        return None
+    kept = ctx.op.Not(ctx.op.Equal(indices, ctx.constant(np.array(int(padding), np.int64))))
+    return ctx.op.Unsqueeze(kept, ctx.constant(_ints(0)))
+
+
+def _membership(
+    ctx: ConverterContext,
+    indices: gs.Tensor,
+    offsets: gs.Tensor,
+    last_offset: bool,
+    kept: gs.Tensor | None,
+    to_end: bool = False,
+) -> gs.Tensor:
+    """``inside[b, j]``: index position j belongs to bag b (``starts[b] <= j < ends[b]``, and is ``kept``), bool
+    ``[B, N]``. With ``last_offset`` (B + 1 offsets) the last offset closes the last bag, or with ``to_end``
+    the end of the indices does; without, the last bag runs to the end of the indices."""
     size = ctx.op.Shape(indices)  # [N]
     following = ctx.op.Slice(offsets, ctx.constant(_ints(1)), ctx.constant(_ints(_INT64_MAX)))
-    if last_offset:  # B + 1 offsets: the last one closes the last bag
+    starts, ends = offsets, ctx.op.Concat(following, size, axis=0)
+    if last_offset:
         starts = ctx.op.Slice(offsets, ctx.constant(_ints(0)), ctx.constant(_ints(-1)))
-        ends = following
-    else:  # the last bag runs to the end of the indices
-        starts, ends = offsets, ctx.op.Concat(following, size, axis=0)
+        inner = ctx.op.Slice(offsets, ctx.constant(_ints(1)), ctx.constant(_ints(-1)))
+        ends = ctx.op.Concat(inner, size, axis=0) if to_end else following
     positions = ctx.op.Range(
         ctx.constant(np.array(0, np.int64)),
         ctx.op.Squeeze(size, ctx.constant(_ints(0))),
@@ -123,8 +144,8 @@ def _membership(ctx: ConverterContext, indices: gs.Tensor, offsets: gs.Tensor, l
     row = ctx.op.Unsqueeze(positions, ctx.constant(_ints(0)))  # [1, N]
     column = ctx.constant(_ints(1))
     after_start = ctx.op.GreaterOrEqual(row, ctx.op.Unsqueeze(starts, column))
-    before_end = ctx.op.Less(row, ctx.op.Unsqueeze(ends, column))
-    return ctx.op.And(after_start, before_end)
+    inside = ctx.op.And(after_start, ctx.op.Less(row, ctx.op.Unsqueeze(ends, column)))
+    return inside if kept is None else ctx.op.And(inside, kept)
 
 
 def _check_bookkeeping_unused(ctx: ConverterContext) -> None:
@@ -152,6 +173,3 @@ def register_embedding_converters(registry: ConverterRegistry) -> None:
     registry.register("aten::embedding_bag.default", validator=embedding_bag_supported)(convert_embedding_bag)
     registry.register("aten::embedding_bag.padding_idx", validator=embedding_bag_supported)(convert_embedding_bag)
     registry.register("aten::_embedding_bag.default", validator=embedding_bag_supported)(convert_embedding_bag)
-    registry.register("aten::_embedding_bag_forward_only.default", validator=embedding_bag_supported)(
-        convert_embedding_bag
-    )
