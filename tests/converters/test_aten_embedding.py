@@ -83,3 +83,13 @@ def test_opinfo_samples_convert_without_sequence_ops() -> None:
         assert not {n.op_type for n in module.onnx.graph.node} & SEQUENCE_OPS
         with torch.no_grad():
             torch.testing.assert_close(module(*model.tensors), model(*model.tensors), rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_numbers_of_indices_and_bags_match_pytorch_and_build() -> None:
+    model = _EmbeddingBag(mode="mean", padding_idx=2).eval()
+    dynamic = {"indices": {0: ("n", 6, 9, 16)}, "more": {0: ("bags", 1, 4, 5)}}  # ``more``: forward's *more
+    module = pipeline.convert(model, (INDICES, OFFSETS), backend="onnxruntime", dynamic=dynamic)
+    indices, offsets = torch.randint(0, 10, (14,), generator=torch.Generator().manual_seed(1)), torch.tensor([0, 3, 10])
+    with torch.no_grad():
+        torch.testing.assert_close(module(indices, offsets), model(indices, offsets), rtol=1e-4, atol=1e-5)
+    assert_builds(module)
