@@ -27,6 +27,7 @@ def render_markdown(data: Data) -> str:
         f"- **Reference**: `{data['reference']['runner']}` ({data['reference']['dtype']})",
         f"- **Rule**: {data['rule']}",
         "- **Tolerances**: per output in the tables (settings `tolerances=`, by dtype, output name or module path)",
+        *_dropped_markdown(data.get("dropped", [])),
         "",
         "## Runners",
         "",
@@ -68,6 +69,7 @@ def render_markdown(data: Data) -> str:
         "",
         "The saved final graph on the saved inputs, compared with the saved PyTorch outputs under the same rule "
         "(TensorRT against ONNX Runtime, then ONNX Runtime against PyTorch):",
+        *_shape_only_caveat(data["outputs"]),
         "",
         "```bash",
         data["polygraphy_command"],
@@ -83,6 +85,26 @@ def render_markdown(data: Data) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _dropped_markdown(dropped: Sequence[Data]) -> list[str]:
+    """The header bullet on drawn inputs PyTorch refused (none when every input was compared)."""
+    if not dropped:
+        return []
+    head = f"- **Dropped**: {len(dropped)} drawn input(s) PyTorch itself refused, not compared (JSON `dropped`):"
+    return [head, *(f"  - {d['summary']}" for d in dropped)]
+
+
+def _shape_only_caveat(outputs: Sequence[Data]) -> list[str]:
+    """Polygraphy compares every output by value: say which ones this comparison judged by shape only."""
+    names = list(dict.fromkeys(f"`{o['output']}`" for o in outputs if o.get("judged_by") == "shape"))
+    if not names:
+        return []
+    return [
+        "",
+        f"Polygraphy compares {', '.join(names)} by value too: they are uninitialised memory (judged here by shape "
+        "and dtype only), so a difference there is expected.",
+    ]
 
 
 def _layers_markdown(layers: Data, reference: str, files: Mapping[str, str]) -> list[str]:
@@ -158,6 +180,7 @@ def render_table(data: Data) -> str:
             f"{n['cosine']:>9.6f} {outside:>15}  {tolerance:<14} {_verdict(o)}"
         )
     lines += [f"skipped     {r['name']}: {r['skipped']}" for r in data["runners"] if r["skipped"]]
+    lines += [f"dropped     {d['summary']}" for d in data.get("dropped", [])]
     if data["per_layer"] is not None:
         lines += _layers_table(data["per_layer"])
     if "files" in data:
@@ -223,10 +246,13 @@ def _atol(row: Data) -> str:
 
 
 def _verdict(row: Data) -> str:
-    mismatch = row.get("shape_mismatch")
+    shape = row.get("judged_by") == "shape"
+    mismatch = row.get("mismatch" if shape else "shape_mismatch")
     verdict = "ok" if row["passed"] else ("FAIL (" + mismatch + ")" if mismatch else "FAIL")
     if row.get("rms_failed"):  # elements may all be inside while the tensor's RMS error is not
         verdict += f" (RMS error {float(row['relative_rms']):.3g} x RMS > {row['rms']:g})"
+    if shape:
+        return verdict + " (uninitialised: by shape and dtype)"
     return verdict + (" (random: by distribution)" if row.get("judged_by") == "distribution" else "")
 
 

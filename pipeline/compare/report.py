@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ from pipeline.compare.distribution import DistributionStats
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
 from pipeline.compare.markdown import render_markdown, render_table
 from pipeline.compare.stats import HIST_EDGES, ErrorStats, judgement
+from pipeline.compare.uninitialised import ShapeStats
 from pipeline.module.io_spec import IOSpec
+from pipeline.screening import DroppedInput
 from pipeline.validate import Feed
 
 FILES = {
@@ -48,7 +50,7 @@ class OutputComparison:
     dtype: str
     atol: float
     rtol: float
-    stats: ErrorStats | DistributionStats
+    stats: ErrorStats | DistributionStats | ShapeStats
     #: the type the graph computes the output in (its tolerance's), and why the rule is not the plain one
     computed_in: str = ""
     note: str = ""
@@ -57,7 +59,8 @@ class OutputComparison:
 
     @property
     def passed(self) -> bool:
-        """Within tolerance on every compared element (a random output: its distribution matches)."""
+        """Within tolerance on every compared element (a random output: its distribution matches; uninitialised
+        memory: its shape and dtype)."""
         return self.stats.passed
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,15 +76,24 @@ class OutputComparison:
             "rms": self.rms,
             "passed": self.passed,
             "note": self.note,
-            "judged_by": "distribution" if isinstance(self.stats, DistributionStats) else "elementwise",
+            "judged_by": _judged_by(self.stats),
+            "outside": self.stats.outside,
             **self.stats.to_dict(),
         }
+
+
+def _judged_by(stats: ErrorStats | DistributionStats | ShapeStats) -> str:
+    if isinstance(stats, ShapeStats):
+        return "shape"
+    return "distribution" if isinstance(stats, DistributionStats) else "elementwise"
 
 
 @dataclass(frozen=True)
 class ComparisonReport:
     """Everything a comparison found. ``write(directory)`` saves the report files; ``table()`` is the short
-    terminal summary; ``first_divergence`` is set by per-layer comparisons that found one."""
+    terminal summary; ``first_divergence`` is set by per-layer comparisons that found one. ``dropped`` lists the
+    drawn inputs PyTorch itself refused, which were not compared (``inputs``, ``feeds`` and
+    ``reference_outputs`` leave them out)."""
 
     model: str
     reference: str
@@ -98,6 +110,7 @@ class ComparisonReport:
     settings: Settings = field(repr=False, compare=False)
     feeds: list[Feed] = field(repr=False, compare=False)
     reference_outputs: list[Feed] = field(repr=False, compare=False)
+    dropped: tuple[DroppedInput, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -147,6 +160,7 @@ class ComparisonReport:
             "rule": self.rule,
             "reference": {"runner": self.reference, "dtype": self.reference_dtype},
             "inputs": {"count": self.inputs, "source": self.input_source},
+            "dropped": [{**asdict(d), "summary": d.summary()} for d in self.dropped],
             "runners": [{"name": r.name, "description": r.description, "skipped": r.skipped} for r in self.runners],
             "outputs": [o.to_dict() for o in self.outputs],
             "per_layer": _layers_dict(self.layers) if self.layers else None,

@@ -9,6 +9,11 @@ it can run. Every output of every backend gets max, mean, median and p99 of abso
 similarity and the count of elements outside tolerance (:mod:`pipeline.compare.stats`). ``per_layer=True`` adds
 the module-by-module comparison of :mod:`pipeline.compare.layers`, on TensorRT's intermediates where TensorRT
 runs (:mod:`pipeline.compare.tensorrt_layers`), else on ONNX Runtime's.
+
+As in validation (:mod:`pipeline.validate`): a drawn input PyTorch itself refuses is dropped (a WARNING, and the
+report's ``dropped``; :mod:`pipeline.screening`), a given sample refused is an InputError; outputs that depend on
+random nodes are judged by distribution, outputs that are uninitialised memory by shape and dtype
+(:mod:`pipeline.compare.uninitialised`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +38,17 @@ from pipeline.compare.report import ComparisonReport, OutputComparison, RunnerIn
 from pipeline.compare.runners import (
     REFERENCE_DTYPES,
     TENSORRT,
+    ReferenceScreen,
     RunnerPlan,
     TorchReference,
     plan_runners,
 )
-from pipeline.compare.stats import RULE, accumulator, judgement
+from pipeline.compare.stats import RULE, Accumulator, accumulator, judgement
+from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
+from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
 from pipeline.export import eval_mode
 from pipeline.module.io_spec import IOSpec, normalise_sample
+from pipeline.screening import DroppedInput, ScreenedFeeds
 from pipeline.validate import Feed, polygraphy_quiet, validation_feeds
 from pipeline.versions import library_versions
 
@@ -99,7 +109,7 @@ def compare_graphs(
         logger.info(
             "comparing %s with %s on %d inputs", ", ".join(r.name for r in runners[1:]), runners[0].name, len(feeds)
         )
-        outputs, reference_outputs = compare_outputs(runners, io, feeds, settings, final)
+        compared = compare_outputs(runners, io, feeds, settings, final, given=len(samples))
         layers = None
         if per_layer:
             logger.info("per-layer comparison (memory budget %d MiB)", memory_budget >> 20)
@@ -108,7 +118,7 @@ def compare_graphs(
                 references[0].model,
                 io,
                 final,
-                feeds,
+                compared.feeds,  # the inputs PyTorch took
                 settings,
                 float64=float64,
                 memory_budget=memory_budget,
@@ -116,22 +126,26 @@ def compare_graphs(
             )
     infos = [RunnerInfo(r.name, "PyTorch, float64 copy" if r.float64 else "PyTorch") for r in references]
     infos += [RunnerInfo(p.name, p.description, p.skipped) for p in plans]
+    if compared.dropped:
+        source += f"; {len(compared.dropped)} drawn input(s) dropped: PyTorch itself refused them"
+    shape_only = any(isinstance(o.stats, ShapeStats) for o in compared.outputs)
     report = ComparisonReport(
         model=type(model).__name__,
         reference=runners[0].name,
         reference_dtype=reference_dtype,
-        rule=RULE,
-        inputs=len(feeds),
+        rule=f"{RULE}; {UNINITIALISED_RULE}" if shape_only else RULE,
+        inputs=len(compared.feeds),
         input_source=source,
         runners=tuple(infos),
-        outputs=tuple(outputs),
+        outputs=tuple(compared.outputs),
         layers=layers,
         versions=library_versions(),
         final=final,
         io=io,
         settings=settings,
-        feeds=feeds,
-        reference_outputs=reference_outputs,
+        feeds=compared.feeds,
+        reference_outputs=compared.reference_outputs,
+        dropped=compared.dropped,
     )
     if output_dir is not None:
         report.write(Path(output_dir))
@@ -165,29 +179,49 @@ def _reference_runners(model: torch.nn.Module, io: IOSpec, float64: bool) -> lis
     return [TorchReference(model, io, "torch-float64", float64=True), TorchReference(model, io, "torch")]
 
 
+@dataclass(frozen=True)
+class ComparedOutputs:
+    """What :func:`compare_outputs` found: each output of each backend runner against the reference, the inputs
+    compared (the drawn ones PyTorch refused left out, and listed in ``dropped``) and the reference's outputs on
+    each of them, in the graph's output dtypes."""
+
+    outputs: list[OutputComparison]
+    feeds: list[Feed]
+    reference_outputs: list[Feed]
+    dropped: tuple[DroppedInput, ...] = ()
+
+
 def compare_outputs(
     runners: Sequence[Any],
     io: IOSpec,
     feeds: Sequence[Feed],
     settings: Settings,
     final: onnx.ModelProto | None = None,
-) -> tuple[list[OutputComparison], list[Feed]]:
+    given: int | None = None,
+) -> ComparedOutputs:
     """Every runner after the first against the first (the reference), output by output, one input at a time,
     under :func:`pipeline.compare.stats.judgement` (the validation's policy); outputs that depend on a random node
-    of ``final`` are judged by distribution. Also returns the reference's outputs per input, cast to the graph's
-    output dtypes (for Polygraphy)."""
+    of ``final`` are judged by distribution, outputs ``final`` records as uninitialised memory by shape and dtype.
+    The first ``given`` feeds (default: all) are the user's: PyTorch refusing one is an InputError; the
+    :class:`TorchReference` runners (leading ``runners``) run each later, drawn feed ahead, and one they refuse is
+    dropped (a WARNING, and in ``dropped``)."""
     from polygraphy.comparator import Comparator
 
-    random = random_outputs(final) if final is not None else {}
     judged = {spec.name: judgement(spec.name, spec.dtype, settings) for spec in io.outputs}
-    accumulators = {
-        (r.name, spec.name): accumulator(judged[spec.name].tolerance, random.get(spec.name))
+    random = random_outputs(final) if final is not None else {}
+    uninitialised = uninitialised_outputs(final) if final is not None else {}
+    references = [r for r in runners if isinstance(r, TorchReference)]
+    accumulators: dict[tuple[str, str], Accumulator | ShapeAccumulator] = {
+        (r.name, spec.name): ShapeAccumulator(uninitialised[spec.name])
+        if spec.name in uninitialised
+        else accumulator(judged[spec.name].tolerance, random.get(spec.name))
         for r in runners[1:]
         for spec in io.outputs
     }
+    loader = ScreenedFeeds(list(feeds), ReferenceScreen(references), len(feeds) if given is None else given)
     reference_outputs: list[Feed] = []
     with polygraphy_quiet():
-        for single in Comparator.run(list(runners), data_loader=list(feeds), streaming=True):
+        for single in Comparator.run(list(runners), data_loader=loader, streaming=True):
             results = [(name, iterations[0]) for name, iterations in single.items()]
             expected = results[0][1]
             reference_outputs.append(
@@ -201,7 +235,7 @@ def compare_outputs(
         spec = next(s for s in io.outputs if s.name == output)
         j = judged[output]
         stats = acc.result()
-        note = stats.note if isinstance(stats, DistributionStats) else j.note
+        note = stats.note if isinstance(stats, DistributionStats | ShapeStats) else j.note
         comparisons.append(
             OutputComparison(
                 runner,
@@ -216,7 +250,9 @@ def compare_outputs(
                 j.tolerance.rms,
             )
         )
-    return comparisons, reference_outputs
+    refused = {d.index for d in loader.dropped}
+    kept = [feed for index, feed in enumerate(feeds) if index not in refused]
+    return ComparedOutputs(comparisons, kept, reference_outputs, tuple(loader.dropped))
 
 
 def comparison_feeds(

@@ -48,15 +48,52 @@ class RunnerPlan:
 
 
 class TorchReference(TorchRunner):
-    """PyTorch on a Polygraphy feed; with ``float64`` a float64 copy of the model on float64 inputs."""
+    """PyTorch on a Polygraphy feed; with ``float64`` a float64 copy of the model on float64 inputs. Outputs put
+    in ``ready`` (computed ahead by :class:`ReferenceScreen`) are returned by the next ``infer`` instead of running
+    the model again."""
 
     def __init__(self, model: torch.nn.Module, io: IOSpec, name: str, float64: bool = False) -> None:
         super().__init__(float64_copy(model) if float64 else model, io, name=name)
         self.float64 = float64
+        self.ready: dict[str, np.ndarray] | None = None
+
+    def call(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """The model's outputs on one feed (in float64 when the reference is float64); PyTorch's errors as raised."""
+        return super().call(cast_feed(feed_dict) if self.float64 else feed_dict)
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
-        """Run the model on the feed (in float64 when the reference is float64)."""
-        return super().infer_impl(cast_feed(feed_dict) if self.float64 else feed_dict)
+        """The outputs computed ahead for this feed, else the model's on it (an InputError if PyTorch refuses)."""
+        ready, self.ready = self.ready, None
+        return ready if ready is not None else super().infer_impl(feed_dict)
+
+
+class ReferenceScreen:
+    """The PyTorch references of a comparison as one runner that :class:`pipeline.screening.ScreenedFeeds` runs
+    ahead on each drawn feed: every reference runs it (a float64 copy may refuse what float32 takes, or the other
+    way round), and one refusing drops the feed for all; the outputs wait in each reference's ``ready``."""
+
+    def __init__(self, references: Sequence[TorchReference]) -> None:
+        self.references = list(references)
+
+    @property
+    def ready(self) -> dict[str, np.ndarray] | None:
+        """The first reference's outputs computed ahead (the others' are in their own ``ready``)."""
+        return self.references[0].ready
+
+    @ready.setter
+    def ready(self, outputs: dict[str, np.ndarray] | None) -> None:
+        self.references[0].ready = outputs
+
+    def call(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """Every reference's outputs on the feed (the first's returned); whatever PyTorch raises is raised."""
+        outputs = [r.call(feed_dict) for r in self.references]  # all run before any is kept
+        for reference, ahead in zip(self.references[1:], outputs[1:], strict=True):
+            reference.ready = ahead
+        return outputs[0]
+
+    def get_input_metadata(self, use_numpy_dtypes: bool = True) -> Any:
+        """The first reference's input metadata (all references take the same inputs)."""
+        return self.references[0].get_input_metadata(use_numpy_dtypes=use_numpy_dtypes)
 
 
 class ModuleOutputRunner(TorchRunner):
