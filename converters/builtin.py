@@ -17,6 +17,7 @@ from converters.aten_eigen import register_eigen_converters
 from converters.aten_misc import register_misc_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
+from converters.aten_static import register_static_converters
 from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
@@ -109,3 +110,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_reduction_converters(registry)
     register_misc_converters(registry)
     register_eigen_converters(registry)
+    register_static_converters(registry)
