@@ -10,7 +10,12 @@ is known from the static shapes and arguments alone, the same computation writte
 - ``torch.combinations`` of a 1-d tensor of static length: the ``C(n, r)`` index tuples are a constant table,
   and the result a gather with it (PyTorch's goes through ``masked_select``, which has no static output size).
 
-Anything else (weights, empty results) is left to PyTorch, and fails or exports as before.
+- ``torch.stft`` of real input with ``return_complex=False``: frames (a gather with a constant index table), the
+  window, and one ``MatMul`` with the DFT matrix (cos and sin of ``2*pi*(k*n mod N)/N`` computed in float64), as
+  accurate as PyTorch's FFT. The exporter's ``STFT`` node runs on ONNX Runtime with errors of up to 1e-6 of the
+  spectrum's magnitude (4.2e-05 on a spectrum of 38, against PyTorch's 2.7e-06, both measured against float64).
+
+Anything else (weights, empty results, complex input or output) is left to PyTorch, and fails or exports as before.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from passes.parser_fixes.dft import MAX_DFT_MATRIX_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +68,64 @@ def _combinations(x: Any, r: int = 2, with_replacement: bool = False) -> Any:
     return x[torch.tensor(table, dtype=torch.long, device=x.device)]
 
 
+def _stft(  # noqa: PLR0913 -- torch.stft's own signature
+    x: Any,
+    n_fft: int,
+    hop_length: int | None = None,
+    win_length: int | None = None,
+    window: Any = None,
+    center: bool = True,
+    pad_mode: str = "reflect",
+    normalized: bool = False,
+    onesided: bool | None = None,
+    return_complex: bool | None = None,
+    align_to_window: bool | None = None,
+) -> Any:
+    real = isinstance(x, torch.Tensor) and not x.is_complex() and x.dim() in (1, 2)
+    if not real or return_complex is not False or align_to_window is not None or onesided is False:
+        return NotImplemented
+    if window is not None and (window.is_complex() or window.dim() != 1):
+        return NotImplemented
+    if n_fft * (n_fft // 2 + 1) * 2 * x.element_size() > MAX_DFT_MATRIX_BYTES:  # as the DFT rewrite: too large
+        return NotImplemented
+    hop = hop_length or n_fft // 4
+    signal = x.unsqueeze(0) if x.dim() == 1 else x
+    if center:
+        pad = n_fft // 2
+        signal = torch.nn.functional.pad(signal.unsqueeze(1), [pad, pad], mode=pad_mode).squeeze(1)
+    count = 1 + (signal.shape[-1] - n_fft) // hop
+    if count < 1:
+        return NotImplemented
+    starts = torch.arange(count).unsqueeze(1) * hop  # a constant: (frames, n_fft) positions
+    frames = signal[:, starts + torch.arange(n_fft)]
+    if window is not None:
+        left = (n_fft - window.shape[0]) // 2
+        frames = frames * torch.nn.functional.pad(window, [left, n_fft - window.shape[0] - left])
+    spectrum = torch.matmul(frames, _dft_matrix(n_fft, normalized, frames.dtype))  # (batch, frames, bins * 2)
+    result = spectrum.view(*spectrum.shape[:-1], -1, 2).transpose(1, 2)  # (batch, bins, frames, 2)
+    return result.squeeze(0) if x.dim() == 1 else result
+
+
+def _dft_matrix(n_fft: int, normalized: bool, dtype: torch.dtype) -> torch.Tensor:
+    """``[n_fft, bins * 2]``: for each one-sided bin ``k`` the columns ``cos`` and ``-sin`` of ``2*pi*k*n/n_fft``,
+    the argument reduced modulo ``n_fft`` in integers and the values computed in float64."""
+    n = torch.arange(n_fft, dtype=torch.int64)
+    k = torch.arange(n_fft // 2 + 1, dtype=torch.int64)
+    angle = (torch.outer(n, k) % n_fft).to(torch.float64) * (2 * math.pi / n_fft)
+    matrix = torch.stack((torch.cos(angle), -torch.sin(angle)), dim=-1).reshape(n_fft, -1)
+    if normalized:
+        matrix = matrix / math.sqrt(n_fft)
+    return matrix.to(dtype)
+
+
 _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.cov: _cov,
     torch.Tensor.cov: _cov,
     torch.corrcoef: _corrcoef,
     torch.Tensor.corrcoef: _corrcoef,
     torch.combinations: _combinations,
+    torch.stft: _stft,
+    torch.Tensor.stft: _stft,
 }
 
 
