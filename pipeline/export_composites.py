@@ -15,6 +15,11 @@ is known from the static shapes and arguments alone, the same computation writte
   accurate as PyTorch's FFT. The exporter's ``STFT`` node runs on ONNX Runtime with errors of up to 1e-6 of the
   spectrum's magnitude (4.2e-05 on a spectrum of 38, against PyTorch's 2.7e-06, both measured against float64).
 
+- ``torch.nn.functional.gaussian_nll_loss`` with a tensor variance: PyTorch raises when an entry is negative
+  (``torch.any(var < 0)``, a branch on the data); a graph cannot raise, so, as the linear algebra converters do
+  where PyTorch raises on the data, the loss is NaN there (and in a mean or sum over it). The same values
+  elsewhere.
+
 Anything else (weights, empty results, complex input or output) is left to PyTorch, and fails or exports as before.
 """
 
@@ -118,6 +123,33 @@ def _dft_matrix(n_fft: int, normalized: bool, dtype: torch.dtype) -> torch.Tenso
     return matrix.to(dtype)
 
 
+def _gaussian_nll_loss(  # noqa: PLR0913 -- the functional's own signature
+    input: Any,  # noqa: A002
+    target: Any,
+    var: Any,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> Any:
+    tensors = all(isinstance(t, torch.Tensor) for t in (input, target, var))
+    if not tensors or reduction not in ("none", "mean", "sum"):
+        return NotImplemented
+    if var.size() != input.size():  # PyTorch's size rules: one dimension short, or one dimension of 1
+        if input.size()[:-1] == var.size():
+            var = torch.unsqueeze(var, -1)
+        elif input.ndim != var.ndim or sum(y for x, y in zip(input.size(), var.size(), strict=True) if x != y) != 1:
+            return NotImplemented
+    negative = var < 0
+    var = var.clamp(min=eps)
+    loss = 0.5 * (torch.log(var) + (input - target) ** 2 / var)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    loss = torch.where(negative, math.nan, loss)
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
 _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.cov: _cov,
     torch.Tensor.cov: _cov,
@@ -125,6 +157,7 @@ _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.Tensor.corrcoef: _corrcoef,
     torch.combinations: _combinations,
     torch.stft: _stft,
+    torch.nn.functional.gaussian_nll_loss: _gaussian_nll_loss,
     torch.Tensor.stft: _stft,
 }
 

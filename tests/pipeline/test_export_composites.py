@@ -84,3 +84,42 @@ def test_stft_as_accurate_as_pytorch_and_builds(kwargs: dict[str, Any], shape: t
     assert (theirs - exact).abs().max() <= 2e-7 * exact.abs().max()  # the same bound holds for PyTorch's own
     torch.testing.assert_close(module(*sample), model(*sample), atol=1e-5, rtol=1e-4)
     assert_builds(module)
+
+
+class _GaussianNll(torch.nn.Module):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.loss = torch.nn.GaussianNLLLoss(**kwargs)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        return self.loss(x, target, var)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "var_shape"),
+    [({"reduction": "none"}, (4, 3)), ({"full": True}, (4,)), ({"reduction": "sum", "eps": 1e-3}, (4, 1))],
+    ids=["none", "mean-full-homoscedastic", "sum-broadcast"],
+)
+def test_gaussian_nll_loss_matches_and_builds(kwargs: dict[str, Any], var_shape: tuple[int, ...]) -> None:
+    """PyTorch checks ``torch.any(var < 0)`` on the data; traced without that branch, the same loss."""
+    model = _GaussianNll(**kwargs).eval()
+    sample = (torch.randn(4, 3), torch.randn(4, 3), torch.rand(var_shape) + 1)  # drawn neighbours stay positive
+    module = pipeline.convert(model, sample)
+    fresh = (torch.randn(4, 3), torch.randn(4, 3), torch.rand(var_shape) * 3)
+    fresh[2].view(-1)[0] = 0.0  # clamped to eps, as in PyTorch
+    torch.testing.assert_close(module(*fresh), model(*fresh), atol=1e-5, rtol=1e-4)
+    assert_builds(module)
+
+
+def test_gaussian_nll_loss_is_nan_where_pytorch_raises() -> None:
+    """A negative variance: PyTorch raises, the graph cannot; the loss is NaN at that entry and nowhere else."""
+    model = _GaussianNll(reduction="none").eval()
+    x, target, var = torch.randn(2, 3), torch.randn(2, 3), torch.rand(2, 3) + 1
+    module = pipeline.convert(model, (x, target, var))
+    var[1, 2] = -0.5
+    with pytest.raises(ValueError, match="negative"):
+        model(x, target, var)
+    loss = module(x, target, var)
+    assert torch.isnan(loss).nonzero().tolist() == [[1, 2]]
+    var[1, 2] = 0.5
+    torch.testing.assert_close(loss[0], model(x, target, var)[0], atol=1e-5, rtol=1e-4)
