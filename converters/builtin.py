@@ -15,6 +15,7 @@ import torch
 
 from converters.aten_eigen import register_eigen_converters
 from converters.aten_misc import register_misc_converters
+from converters.aten_more import register_more_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
 from converters.aten_static import register_static_converters
@@ -111,3 +112,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_misc_converters(registry)
     register_eigen_converters(registry)
     register_static_converters(registry)
+    register_more_converters(registry)
