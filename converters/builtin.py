@@ -19,6 +19,7 @@ from converters.aten_misc import register_misc_converters
 from converters.aten_more import register_more_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
+from converters.aten_static import register_static_converters
 from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
@@ -111,5 +112,6 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_reduction_converters(registry)
     register_misc_converters(registry)
     register_eigen_converters(registry)
+    register_static_converters(registry)
     register_more_converters(registry)
     register_embedding_converters(registry)

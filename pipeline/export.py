@@ -23,6 +23,7 @@ from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weigh
 from passes.model_io.graphs import to_graph, to_model
 from pipeline import export_errors
 from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
+from pipeline.export_composites import static_composites
 from pipeline.module import io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.noise import quiet_third_party
@@ -164,7 +165,8 @@ def _torch_export(
     start = time.perf_counter()
     with _quiet_exporter():
         try:
-            exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            with static_composites():
+                exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as exc:
             raise export_errors.torch_export_error(exc) from exc
         if complex_outputs:

@@ -6,6 +6,9 @@ that an equivalent form it takes can express exactly.
 - ``hstack``/``vstack``/``dstack``/``column_stack`` and ``atleast_{1,2,3}d`` of a list: the exporter translates
   them with ONNX sequence ops (``SequenceConstruct``/``SequenceMap``), which TensorRT's parser has no importer for.
   Decomposed first (PyTorch's own decompositions), they are ``unsqueeze``/``view`` and one ``cat``.
+- ``as_strided_scatter`` through a 0-d view (``size=[]``, ``stride=[]``): the empty lists have no type in ONNX, so
+  the node cannot be written; the same one element is the 1-d view ``size=[1]``, ``stride=[1]`` of ``src``
+  reshaped to ``[1]``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pipeline.histogram_edges import histogramdd_per_dimension
 logger = logging.getLogger(__name__)
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
 _A = torch.ops.aten
 #: Ops the exporter writes with sequence ops; PyTorch's decompositions of them (and of what they decompose into).
 _SEQUENCE_OPS = (
@@ -35,8 +39,12 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     if histogramdd_per_dimension(program.graph_module.graph):
         program.graph_module.recompile()
     if changed:
-        program.graph_module.recompile()
         logger.debug("3-d scaled_dot_product_attention given a head axis at %d node(s)", changed)
+    scattered = _scalar_strided_scatter_as_1d(program.graph_module.graph)
+    if scattered:
+        logger.debug("0-d as_strided_scatter written as 1-d at %d node(s)", scattered)
+    if changed or scattered:
+        program.graph_module.recompile()
     return _without_sequence_ops(program)
 
 
@@ -71,6 +79,22 @@ def _attention_to_4d(graph: torch.fx.Graph) -> int:
             squeezed.meta = {**node.meta, "val": attention.meta["val"].squeeze(1)}
         node.replace_all_uses_with(squeezed)
         graph.erase_node(node)
+        count += 1
+    return count
+
+
+def _scalar_strided_scatter_as_1d(graph: torch.fx.Graph) -> int:
+    """``as_strided_scatter(self, src, [], [], offset)`` nodes rewritten with ``src.view([1])``, ``[1]``, ``[1]``;
+    returns how many."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not _STRIDED_SCATTER or list(node.args[2]) != []:
+            continue
+        source = node.args[1]
+        with graph.inserting_before(node):
+            flat = graph.call_function(torch.ops.aten.view.default, (source, [1]))
+            flat.meta = {**source.meta, "val": source.meta["val"].view([1])}
+        node.args = (node.args[0], flat, [1], [1], *node.args[4:])
         count += 1
     return count
 

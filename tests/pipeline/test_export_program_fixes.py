@@ -95,3 +95,22 @@ def test_stacks_export_without_sequence_ops_match_and_build(shape: tuple[int, ..
     for got, want in zip(module(a, b), _Stacks()(a, b), strict=True):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert_builds(module)
+
+
+class _ScalarScatter(torch.nn.Module):
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, a: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(a, src, (), (), self.offset)
+
+
+@pytest.mark.parametrize(("shape", "offset"), [((1,), 0), ((3, 4), 7)], ids=["one", "matrix"])
+def test_0d_as_strided_scatter_converts_matches_and_builds(shape: tuple[int, ...], offset: int) -> None:
+    """A 0-d view (size=[], stride=[]: lists ONNX cannot type) writes the one element at ``offset``, as PyTorch."""
+    model = _ScalarScatter(offset).eval()
+    module = pipeline.convert(model, (torch.randn(shape), torch.randn(())))
+    a, src = torch.randn(shape), torch.randn(())
+    torch.testing.assert_close(module(a, src), model(a, src), atol=0, rtol=0)
+    assert_builds(module)
