@@ -276,7 +276,7 @@ def igamma_pair(m: Math, a: Expr, x: Expr) -> tuple[Expr, Expr]:
     SciPy's boundary values (NaN for negative arguments, ``a = 0``, ``x = 0`` and infinities); NaN where the
     fixed number of steps has not converged (``a`` beyond about 200 with ``x`` near ``a``, where PyTorch uses
     the uniform asymptotic expansion)."""
-    invalid = (x < 0.0) | (a < 0.0) | m.isnan(a) | m.isnan(x)
+    invalid = (x < 0.0) | (a < 0.0)  # a NaN argument gives NaN through the arithmetic, as in PyTorch
     a_inf, x_inf = m.apply("IsInf", a), m.apply("IsInf", x)
     edge = invalid | a.eq(0.0) | x.eq(0.0) | a_inf | x_inf
     a_safe, x_safe = m.where(edge, 1.0, a), m.where(edge, 1.0, x)
