@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
+from passes.parser_fixes.edge_pad import NegativeEdgePadToGather
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.losses import ClassLossToGather
@@ -40,6 +41,7 @@ __all__ = [
     "MaxPoolByWindows",
     "MaxUnpoolToScatter",
     "MixedTypeArithmetic",
+    "NegativeEdgePadToGather",
     "ReduceAxesToInitializers",
     "ScatterReductionToMask",
     "declined_fixes",
@@ -54,6 +56,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         DftToMatMul(),
         BitwiseToArithmetic(),
         CenterCropPadToSlicePad(),
+        NegativeEdgePadToGather(),
         Col2ImToGather(),
         AffineGridToMatMul(),
         MaxUnpoolToScatter(),
