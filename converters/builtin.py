@@ -16,6 +16,7 @@ import torch
 from converters.aten_misc import register_misc_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
+from converters.aten_sort import register_sort_converters
 from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
 from converters.context import ConverterContext
@@ -107,3 +108,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_aten2_converters(registry)
     register_reduction_converters(registry)
     register_misc_converters(registry)
+    register_sort_converters(registry)
