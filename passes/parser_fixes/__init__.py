@@ -56,7 +56,6 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         DftToMatMul(),
         BitwiseToArithmetic(),
         CenterCropPadToSlicePad(),
-        NegativeEdgePadToGather(),
         Col2ImToGather(),
         AffineGridToMatMul(),
         MaxUnpoolToScatter(),
@@ -66,6 +65,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         MaxPoolByWindows(),
         LayerNormStatistics(),
         ScatterReductionToMask(),
+        NegativeEdgePadToGather(),
         MixedTypeArithmetic(),
         ReduceAxesToInitializers(),
     )
