@@ -26,6 +26,7 @@ from passes.parser_fixes.mixed_types import MixedTypeArithmetic
 from passes.parser_fixes.normalization import LayerNormStatistics
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.parser_fixes.scatter_reduce import ScatterReductionToMask
+from passes.parser_fixes.uint8_constants import UInt8ConstantOutputsAsCasts
 from passes.rules import Facts, RewriteRule
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "NegativeEdgePadToGather",
     "ReduceAxesToInitializers",
     "ScatterReductionToMask",
+    "UInt8ConstantOutputsAsCasts",
     "declined_fixes",
     "parser_fix_passes",
 ]
@@ -66,6 +68,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         LayerNormStatistics(),
         ScatterReductionToMask(),
         NegativeEdgePadToGather(),
+        UInt8ConstantOutputsAsCasts(),
         MixedTypeArithmetic(),
         ReduceAxesToInitializers(),
     )
