@@ -1,5 +1,5 @@
-"""``aten::sort`` (``sort``, ``argsort``, ``msort``): a stable sort by ranks where ``TopK`` cannot be exact or
-cannot build, ``TopK`` elsewhere.
+"""``aten::sort`` (``sort``, ``argsort``, ``msort``): a stable sort by ranks where ``TopK``'s order of ties is not
+PyTorch's, chunked ``TopK`` merged by binary search where one ``TopK`` cannot build, ``TopK`` elsewhere.
 
 The exporter writes every sort as one ``TopK`` with ``k`` = the axis length. That has two limits:
 
@@ -7,16 +7,24 @@ The exporter writes every sort as one ``TopK`` with ``k`` = the axis length. Tha
   not build;
 - the order of tied values is unspecified, where PyTorch's is stable for ``stable=True`` and, for its default
   (unstable) sort on the CPU, for axes of up to 16 elements (insertion sort: measured equal to the stable order on
-  tied inputs; above 16 PyTorch's introsort order of ties follows no rule a graph can reproduce).
+  tied inputs; above 16 PyTorch's introsort order of ties follows no rule a graph can reproduce, and differs from
+  its own ``stable=True`` order).
 
-Where the order of ties is PyTorch's stable one (``stable=True``, or an axis of at most 16) or ``TopK`` cannot build
-(an axis above 3840), the converter sorts by ranks: ``rank_i = #{j: v_j before v_i} + #{j < i: v_j tied with v_i}``
-(NaN after every number ascending, before descending, NaNs tied with each other, as PyTorch orders them), then
-scatters each value and its index to its rank. Exact for every input and stable; its cost is an ``n x n`` comparison
-per sorted slice (``n`` the axis length), so it is taken only up to :data:`MAX_RANK_PAIRS` pairs in all: 8000 values
-compare 64 million pairs (256 MB of int32 counts on the way). Above that, or for a dynamic axis length, ``TopK`` as
-the exporter writes it (which TensorRT-RTX builds up to k = 3840). Values are exact either way; only the indices of
-ties may differ from PyTorch's unstable order above 16 elements, as they would between two PyTorch builds.
+Three constructions, chosen by :func:`sort_method`:
+
+- ``"ranks"`` (``stable=True``, or an axis of at most 16): ``rank_i = #{j: v_j before v_i} + #{j < i: v_j tied
+  with v_i}`` (NaN after every number ascending, before descending, NaNs tied, as PyTorch orders them), then each
+  value and index scattered to its rank. Exact and stable for every input; an ``n x n`` comparison per slice, so
+  only up to :data:`MAX_RANK_PAIRS` pairs in all (8000 values: 64 million pairs, 256 MB of int32 counts).
+- ``"chunks"`` (an axis above 3840 otherwise): ``TopK`` per chunk of at most 3840, then each element's rank = its
+  place in its chunk + how many elements of every other chunk sort before it (ties: the earlier chunk first),
+  counted by a binary search (12 ``GatherElements`` steps per pair of chunks): O(n log n), builds for any length.
+  Values exact; ties keep chunk order but ``TopK``'s order inside a chunk; NaN sorts as +inf (with +inf in the same
+  slice, their order among themselves is ``TopK``'s).
+- ``"topk"`` (16 < n <= 3840 unstable, or a dynamic length): ``TopK`` as the exporter writes it.
+
+Values are exact in all three; the indices of ties may differ from PyTorch's unstable order above 16 elements, as
+no graph can reproduce it.
 """
 
 from __future__ import annotations
@@ -44,11 +52,15 @@ def _ints(values: list[int]) -> np.ndarray:
     return np.array(values, np.int64)
 
 
-def uses_ranks(length: int | str | None, slices: int | None, stable: bool) -> bool:
-    """Whether a sort of ``slices`` slices of ``length`` takes the rank sort (module doc) rather than ``TopK``."""
-    if not isinstance(length, int) or slices is None or slices * length * length > MAX_RANK_PAIRS:
-        return False
-    return stable or length <= STABLE_IN_PRACTICE or length > TOPK_MAX
+def sort_method(length: int | str | None, slices: int | None, stable: bool) -> str:
+    """How a sort of ``slices`` slices of ``length`` is built: ``"ranks"``, ``"chunks"`` or ``"topk"`` (module
+    doc)."""
+    if not isinstance(length, int):
+        return "topk"
+    small = slices is not None and slices * length * length <= MAX_RANK_PAIRS
+    if small and (stable or length <= STABLE_IN_PRACTICE):
+        return "ranks"
+    return "chunks" if length > TOPK_MAX else "topk"
 
 
 def _order_before(ctx: ConverterContext, vj: gs.Tensor, vi: gs.Tensor, descending: bool) -> gs.Tensor:
@@ -79,6 +91,54 @@ def _rank_sort(ctx: ConverterContext, x: gs.Tensor, length: int, descending: boo
     values = ctx.op.ScatterElements(x, ranks, x, axis=-1)
     indices = ctx.op.ScatterElements(index, ranks, index, axis=-1)
     return [values, indices]
+
+
+def _count_before(
+    ctx: ConverterContext, keys: gs.Tensor, length: int, probe: gs.Tensor, descending: bool, inclusive: bool
+) -> gs.Tensor:
+    """How many of ``keys`` (sorted along the last axis, ``length`` of them) sort before each of ``probe`` (or tie
+    with it, ``inclusive``): a binary search of ``ceil(log2(length + 1))`` GatherElements steps."""
+    low = ctx.op.Expand(np.array(0, np.int64), ctx.op.Shape(probe))
+    high = ctx.op.Expand(np.array(length, np.int64), ctx.op.Shape(probe))
+    compare = ctx.op.Greater if descending else ctx.op.Less
+    for _ in range(math.ceil(math.log2(length + 1))):
+        middle = ctx.op.Div(ctx.op.Add(low, high), np.array(2, np.int64))
+        seen = ctx.op.GatherElements(keys, ctx.op.Min(middle, np.array(length - 1, np.int64)), axis=-1)
+        goes_before = compare(seen, probe)
+        if inclusive:
+            goes_before = ctx.op.Or(goes_before, ctx.op.Equal(seen, probe))
+        goes_before = ctx.op.And(goes_before, ctx.op.Less(middle, high))
+        low = ctx.op.Where(goes_before, ctx.op.Add(middle, np.array(1, np.int64)), low)
+        high = ctx.op.Where(goes_before, high, middle)
+    return low
+
+
+def _chunked_sort(ctx: ConverterContext, x: gs.Tensor, length: int, descending: bool) -> list[gs.Tensor]:
+    """Values and int64 indices of ``x`` sorted along its last axis (``length`` > TOPK_MAX): ``TopK`` per chunk of
+    at most TOPK_MAX, then each element's rank = its place in its chunk + how many of every other chunk sort before
+    it (ties: the earlier chunk first), found by binary search; scattered to those ranks. NaN sorts as +inf (its
+    order among +inf values is TopK's)."""
+    floating = np.dtype(ctx.input_dtypes[0] or np.float32).kind == "f"
+    keys = ctx.op.Where(ctx.op.IsNaN(x), np.array(np.inf, ctx.input_dtypes[0]), x) if floating else x
+    chunks = []
+    for start in range(0, length, TOPK_MAX):
+        size = min(TOPK_MAX, length - start)
+        piece = ctx.op.Slice(keys, _ints([start]), _ints([start + size]), _ints([-1]))
+        sorted_keys, local = ctx.op.TopK(piece, _ints([size]), axis=-1, largest=int(descending), sorted=1, outputs=2)
+        chunks.append((size, sorted_keys, ctx.op.Add(local, np.array(start, np.int64))))
+    ranks, indices = [], []
+    for c, (size, sorted_keys, index) in enumerate(chunks):
+        rank = ctx.op.Expand(np.arange(size, dtype=np.int64), ctx.op.Shape(index))
+        for d, (other_size, other_keys, _) in enumerate(chunks):
+            if d != c:
+                counted = _count_before(ctx, other_keys, other_size, sorted_keys, descending, inclusive=d < c)
+                rank = ctx.op.Add(rank, counted)
+        ranks.append(rank)
+        indices.append(index)
+    rank_all = ctx.op.Concat(*ranks, axis=-1)
+    index_all = ctx.op.Concat(*indices, axis=-1)
+    values = ctx.op.ScatterElements(x, rank_all, ctx.op.GatherElements(x, index_all, axis=-1), axis=-1)
+    return [values, ctx.op.ScatterElements(index_all, rank_all, index_all, axis=-1)]
 
 
 def _topk(ctx: ConverterContext, x: gs.Tensor, axis: int, descending: bool) -> list[gs.Tensor]:
@@ -116,11 +176,13 @@ def convert_sort(ctx: ConverterContext) -> list[gs.Tensor]:
     length = shape[axis]
     others = [d for a, d in enumerate(shape) if a != axis]
     slices = math.prod(int(d) for d in others) if all(isinstance(d, int) for d in others) else None
-    if not uses_ranks(length, slices, bool(ctx.attrs.get("stable"))):
+    method = sort_method(length, slices, bool(ctx.attrs.get("stable")))
+    if method == "topk":
         return _topk(ctx, x, axis, descending)
     perm = [a for a in range(rank) if a != axis] + [axis]
     moved = x if axis == rank - 1 else ctx.op.Transpose(x, perm=perm)
-    outputs = _rank_sort(ctx, moved, int(length), descending)
+    sort = _rank_sort if method == "ranks" else _chunked_sort
+    outputs = sort(ctx, moved, int(length), descending)
     if axis == rank - 1:
         return outputs
     back = [int(a) for a in np.argsort(perm)]

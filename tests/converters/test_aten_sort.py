@@ -13,7 +13,7 @@ from rtx_build import assert_builds
 from torch import nn
 
 import pipeline
-from converters.aten_sort import MAX_RANK_PAIRS, STABLE_IN_PRACTICE, TOPK_MAX, uses_ranks
+from converters.aten_sort import MAX_RANK_PAIRS, STABLE_IN_PRACTICE, TOPK_MAX, sort_method
 
 
 class Op(nn.Module):
@@ -58,13 +58,22 @@ def test_sort_is_pytorchs_order_on_ties_and_nan_and_builds(name: str) -> None:
 
 
 def test_msort_past_the_topk_limit_builds() -> None:
-    """8000 values: TensorRT-RTX refuses TopK with k > 3840; the rank sort builds and sorts exactly."""
+    """8000 values with ties and NaN: TensorRT-RTX refuses TopK with k > 3840; chunked TopK merged by binary search
+    builds and sorts exactly."""
     model = Op(torch.msort)
-    x = torch.randn(8000) * 100.0
-    module = pipeline.convert(model, (x,), backend="onnxruntime")
-    fresh = torch.randn(8000) * 100.0
-    assert torch.equal(module(fresh), model(fresh))
+    module = pipeline.convert(model, (torch.randn(8000) * 100.0,), backend="onnxruntime")
+    fresh = _tied(8000)
+    assert _same(module(fresh), model(fresh))
     assert_builds(module)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_long_sort_indices_are_exact_without_ties(descending: bool) -> None:
+    model = Op(lambda x: tuple(torch.sort(x, dim=0, descending=descending)))
+    module = pipeline.convert(model, (torch.randn(9000, 2),), backend="onnxruntime", validate=False)
+    fresh = torch.stack([torch.randperm(9000).float() for _ in range(2)], dim=1)
+    fresh[5, 0] = fresh[7000, 1] = torch.nan
+    assert _same(module(fresh), model(fresh))
 
 
 def test_topk_stays_where_pytorchs_tie_order_is_no_rule() -> None:
@@ -75,10 +84,10 @@ def test_topk_stays_where_pytorchs_tie_order_is_no_rule() -> None:
     assert _same(module(fresh), model(fresh))
 
 
-def test_which_sorts_take_ranks() -> None:
-    assert uses_ranks(STABLE_IN_PRACTICE, 1, stable=False)
-    assert not uses_ranks(STABLE_IN_PRACTICE + 1, 1, stable=False)
-    assert uses_ranks(100, 4, stable=True)
-    assert uses_ranks(TOPK_MAX + 1, 1, stable=False)
-    assert not uses_ranks(TOPK_MAX + 1, MAX_RANK_PAIRS, stable=True)
-    assert not uses_ranks("n", 1, stable=True)
+def test_which_sorts_take_which_construction() -> None:
+    assert sort_method(STABLE_IN_PRACTICE, 1, stable=False) == "ranks"
+    assert sort_method(STABLE_IN_PRACTICE + 1, 1, stable=False) == "topk"
+    assert sort_method(100, 4, stable=True) == "ranks"
+    assert sort_method(TOPK_MAX + 1, 1, stable=False) == "chunks"
+    assert sort_method(TOPK_MAX + 1, MAX_RANK_PAIRS, stable=True) == "chunks"
+    assert sort_method("n", 1, stable=True) == "topk"
