@@ -24,7 +24,9 @@ Three constructions, chosen by :func:`sort_method`:
 - ``"topk"`` (16 < n <= 3840 unstable, or a dynamic length): ``TopK`` as the exporter writes it.
 
 Values are exact in all three; the indices of ties may differ from PyTorch's unstable order above 16 elements, as
-no graph can reproduce it.
+no graph can reproduce it. With ``precision`` fp16/bf16, always ``"topk"``: the precision stage types each node on
+its own, and comparisons of one sort made in two types can disagree (measured: duplicate ranks, wrong values);
+``TopK``'s output is a permutation in any type (above 3840 TensorRT-RTX then refuses it: a build error).
 """
 
 from __future__ import annotations
@@ -177,6 +179,10 @@ def convert_sort(ctx: ConverterContext) -> list[gs.Tensor]:
     others = [d for a, d in enumerate(shape) if a != axis]
     slices = math.prod(int(d) for d in others) if all(isinstance(d, int) for d in others) else None
     method = sort_method(length, slices, bool(ctx.attrs.get("stable")))
+    if ctx.settings.precision != "fp32":
+        # the precision stage picks each node's type on its own: comparisons of one sort in two types can disagree
+        # and break the permutation. TopK's output is a permutation in any type (past 3840: a build error)
+        method = "topk"
     if method == "topk":
         return _topk(ctx, x, axis, descending)
     perm = [a for a in range(rank) if a != axis] + [axis]

@@ -91,3 +91,12 @@ def test_which_sorts_take_which_construction() -> None:
     assert sort_method(TOPK_MAX + 1, 1, stable=False) == "chunks"
     assert sort_method(TOPK_MAX + 1, MAX_RANK_PAIRS, stable=True) == "chunks"
     assert sort_method("n", 1, stable=True) == "topk"
+
+
+def test_half_precision_keeps_topk() -> None:
+    """fp16 picks each node's type on its own: the rank and chunk sorts' comparisons could disagree; TopK stays."""
+    model = Op(lambda x: tuple(torch.sort(x, dim=0, stable=True)))
+    module = pipeline.convert(model, (_tied(12, 3),), backend="onnxruntime", precision="fp16", validate=False)
+    assert "TopK" in {n.op_type for n in module.onnx.graph.node}
+    values, indices = module(_tied(12, 3))
+    assert torch.equal(torch.sort(indices, dim=0)[0], torch.arange(12).unsqueeze(1).expand(12, 3))
