@@ -8,6 +8,14 @@ counts them in ONNX Runtime's optimized graph), and ``precision="int8"`` with th
 its fp16 part runs as the float32 emulation with a rounding per tensor: slower by design, shown for completeness).
 Runners are called in turn each round, so a busy machine slows all alike; the table gives medians of the wall time
 and of the process's CPU time (all threads; on a shared machine the wall time also holds the waits for a core).
+Every variant runs with the same ONNX Runtime thread settings: ``--threads`` intra-op threads, and their spin-waiting
+off unless ``--spinning`` (``ort_allow_spinning``): on a machine shared with other work, spinning threads compete for
+the cores and the wall times measure the scheduler (measured here, 2 busy cores: 48 ms a call with spinning, 8 ms
+without, for the same fp32 session).
+
+The INT8 session graph is ONNX Runtime's own (:mod:`pipeline.quantize.ort_int8`): ``module.onnx`` keeps TensorRT's
+placement. Its convolutions run as QLinearConv (quantized output), or as im2col and MatMulIntegerToFloat (float output,
+before a residual Add); the few-channel stem stays float.
 
     python benchmarks/bench_quantize.py                # 50 rounds per model
     python benchmarks/bench_quantize.py --rounds 10 --models cnn --json out.json
@@ -90,26 +98,43 @@ INTEGER_KERNELS = (
 
 
 def integer_kernels(module: pipeline.ConvertedModule, directory: Path) -> str:
-    """The integer kernels ONNX Runtime's CPU provider fuses the module's graph into, counted by op."""
+    """The integer kernels ONNX Runtime's CPU provider fuses the module's graph into, counted by op, and the
+    convolutions left in float."""
     from pipeline.precision.stage import runnable_model
+    from pipeline.quantize.ort_int8 import disabled_optimizers
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(directory / "optimized.onnx")
     runnable = runnable_model(module.onnx, "onnxruntime", module.settings)
-    ort.InferenceSession(runnable.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(
+        runnable.SerializeToString(),
+        options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=disabled_optimizers(runnable),  # as the backend makes its session
+    )
     ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
-    return ", ".join(f"{ops.count(k)} {k}" for k in INTEGER_KERNELS if ops.count(k)) or "none"
+    found = [f"{ops.count(k)} {k}" for k in INTEGER_KERNELS if ops.count(k)]
+    floats = ops.count("Conv") + ops.count("FusedConv")
+    if found and floats:
+        found.append(f"{floats} float Conv")
+    return ", ".join(found) or "none"
 
 
-def measure(name: str, rounds: int, threads: int) -> dict[str, Any]:
+def measure(name: str, rounds: int, threads: int, spinning: bool) -> dict[str, Any]:
     """Convert ``name`` every way of :data:`VARIANTS`; median latency and artifact size of each."""
     model, sample, calibration = MODELS[name]()
     modules, sizes, kernels = {}, {}, {}
     with tempfile.TemporaryDirectory() as directory:
         for label, settings in VARIANTS.items():
             module = pipeline.convert(
-                model, sample, calibration=calibration, ort_intra_op_threads=threads, validate=False, **settings
+                model,
+                sample,
+                calibration=calibration,
+                ort_intra_op_threads=threads,
+                ort_allow_spinning=spinning,
+                validate=False,
+                **settings,
             )
             path = module.save(Path(directory) / f"{name}-{len(modules)}.ptrt")
             sizes[label] = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")))
@@ -143,13 +168,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--spinning", action="store_true", help="let ONNX Runtime's threads spin-wait (its default)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    results = {name: measure(name, args.rounds, args.threads) for name in args.models}
+    results = {name: measure(name, args.rounds, args.threads, args.spinning) for name in args.models}
     print(
         f"| model | variant | median latency (ms) | vs fp32 | median CPU time (ms) | vs fp32 | artifact (MB) | "
-        f"integer kernels |  ({args.rounds} rounds)"
+        f"integer kernels |  ({args.rounds} rounds, {args.threads} threads, spinning "
+        f"{'on' if args.spinning else 'off'})"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, variants in results.items():

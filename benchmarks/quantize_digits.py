@@ -1,6 +1,8 @@
 """Top-1 accuracy of a small CNN trained on scikit-learn's digits (1,797 8x8 images, 80/20 split), in PyTorch fp32
 and converted to INT8 and FP8 (ONNX Runtime's CPU provider; FP8 through the exact emulation): the accuracy table
-of issue 15. The model and data are the tests' (``tests/quantize_support.py``).
+of issue 15. INT8 twice: with the default fp16 fallback (as TensorRT runs it, emulated on the CPU) and with the fp32
+fallback (ONNX Runtime's integer kernels, the fast CPU module). The model and data are the tests'
+(``tests/quantize_support.py``).
 
     python benchmarks/quantize_digits.py
 """
@@ -29,13 +31,21 @@ def main() -> None:
     with torch.no_grad():
         rows = [("fp32 (PyTorch)", accuracy(model(x_test), y_test), "", "")]
     dynamic = {"x": {0: ("batch", 1, 64, 512)}}
-    for precision in ("int8", "fp8"):
-        module = pipeline.convert(model, x_test[:64], precision=precision, dynamic=dynamic, calibration=calibration)
+    for precision, fallback in (("int8", "fp16"), ("int8", "fp32"), ("fp8", "fp16")):
+        module = pipeline.convert(
+            model,
+            x_test[:64],
+            precision=precision,
+            quantize_fallback=fallback,
+            dynamic=dynamic,
+            calibration=calibration,
+        )
         report = module.report.quantization
         assert report is not None
         with torch.no_grad():
             top1 = accuracy(module(x_test), y_test)
-        rows.append((f"{precision} ({report.method})", top1, f"{report.share:.0%}", f"{report.relative_error:.4f}"))
+        name = f"{precision} ({report.method}, {fallback} elsewhere)"
+        rows.append((name, top1, f"{report.share:.0%}", f"{report.relative_error:.4f}"))
     base = rows[0][1]
     print(f"| precision | top-1 ({len(y_test)} test images) | vs fp32 (points) | FLOPs in 8 bits | logit error |")
     print("| --- | --- | --- | --- | --- |")

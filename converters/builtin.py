@@ -13,7 +13,9 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
+from converters.aten_eigen import register_eigen_converters
 from converters.aten_misc import register_misc_converters
+from converters.aten_more import register_more_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
 from converters.aten_sort import register_sort_converters
@@ -108,4 +110,6 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_aten2_converters(registry)
     register_reduction_converters(registry)
     register_misc_converters(registry)
+    register_eigen_converters(registry)
+    register_more_converters(registry)
     register_sort_converters(registry)

@@ -22,6 +22,7 @@ from converters.settings import DynamicDim, Settings
 from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
 from passes.model_io.graphs import to_graph, to_model
 from pipeline import export_errors
+from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.module import io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.noise import quiet_third_party
@@ -110,6 +111,7 @@ def export(
     else:
         original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
         _check_protobuf_limit(original)
+    uninitialised = uninitialised_in_program(program.exported_program, out_names)  # its outputs judged by shape
     del program  # it holds the torch weights only by reference, but nothing needs it now
     exported, metadata = to_graph(original)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
@@ -130,6 +132,7 @@ def export(
             fix="report this model; meanwhile pass custom_translation_table={op: function} for that op, or register "
             "a converter for it",
         ) from exc
+    mark_uninitialised(proto, uninitialised)
     spec = IOSpec(
         inputs=tuple(_tensor_spec(v) for v in proto.graph.input),
         outputs=tuple(_tensor_spec(v) for v in proto.graph.output),

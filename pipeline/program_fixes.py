@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from pipeline.histogram_edges import histogramdd_per_dimension
+
 logger = logging.getLogger(__name__)
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -30,6 +32,8 @@ _SEQUENCE_OPS = (
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` with every rewrite applied (in place; returned for chaining)."""
     changed = _attention_to_4d(program.graph_module.graph)
+    if histogramdd_per_dimension(program.graph_module.graph):
+        program.graph_module.recompile()
     if changed:
         program.graph_module.recompile()
         logger.debug("3-d scaled_dot_product_attention given a head axis at %d node(s)", changed)

@@ -1,11 +1,15 @@
 """Stage: validation. Polygraphy's Comparator runs PyTorch (our runner) and the backend on the same inputs.
 
-Inputs are the sample plus ``settings.validation_inputs`` random inputs drawn like it (seeded): floats from a
-normal with the sample's mean and spread, integers (token ids) uniformly within the sample's range. Masks
-(booleans, and integer inputs holding only 0 and 1) keep the sample's own pattern, cropped or edge-extended to
-the new shape: a random mask would produce fully padded rows, where PyTorch's attention kernels and the exported
-graph legitimately disagree. With dynamic dimensions, one more input at every dimension's ``min`` and one at
-its ``max``.
+Inputs are the sample plus ``settings.validation_inputs`` random inputs drawn like it (seeded) by
+:func:`pipeline.draws.draw_like`: floats from a normal with the sample's mean and spread, integers uniformly
+within its range, keeping what the sample tensor shows the model may require (masks keep their pattern; values in
+[0, 1], positive or non-negative values, sorted last axes, symmetric positive-definite matrices and offsets stay
+so). With dynamic dimensions, one more input at every dimension's ``min`` and one at its ``max``.
+
+A drawn input that PyTorch itself still refuses is dropped, with a WARNING and in the report
+(:attr:`AccuracyReport.dropped`): validation goes on with the others. The sample refused is an InputError.
+Outputs that depend on random nodes are judged by distribution (:mod:`pipeline.compare.distribution`), outputs
+that are uninitialised memory by shape and dtype (:mod:`pipeline.compare.uninitialised`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,8 +31,12 @@ from polygraphy.logger import G_LOGGER
 from converters.errors import AccuracyError, BuildError, InputError, PipelineError
 from converters.settings import DEFAULT_TOLERANCES, Settings
 from pipeline.compare.distribution import DistributionStats, random_outputs
-from pipeline.compare.stats import RULE, ErrorStats, Judgement, accumulator, judgement
+from pipeline.compare.stats import RULE, Accumulator, ErrorStats, Judgement, accumulator, judgement
+from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
+from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
+from pipeline.draws import draw_like, properties
 from pipeline.module.io_spec import IOSpec
+from pipeline.screening import DroppedInput, ScreenedFeeds, torch_function
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +73,7 @@ class OutputAccuracy:
 
     def summary(self) -> str:
         """One line: the figures and the verdict, consistent with each other."""
-        if self.note.startswith("random"):
+        if self.note.startswith(("random", "uninitialised")):
             return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
         atol = f"atol {self.atol:g}"
         if self.rms_atol:
@@ -84,11 +91,13 @@ class OutputAccuracy:
 
 @dataclass(frozen=True)
 class AccuracyReport:
-    """The validation stage's result: how many inputs were compared, each output's figures, and the rule."""
+    """The validation stage's result: how many inputs were compared, each output's figures, and the rule;
+    ``dropped`` lists the drawn inputs PyTorch refused, which were not compared (``inputs`` does not count them)."""
 
     inputs: int
     outputs: tuple[OutputAccuracy, ...]
     rule: str = RULE
+    dropped: tuple[DroppedInput, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -97,7 +106,32 @@ class AccuracyReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (``report.json``, the artifact's metadata)."""
-        return {"inputs": self.inputs, "rule": self.rule, "outputs": [asdict(o) for o in self.outputs]}
+        return {
+            "inputs": self.inputs,
+            "rule": self.rule,
+            "outputs": [asdict(o) for o in self.outputs],
+            "dropped": [asdict(d) for d in self.dropped],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AccuracyReport:
+        """A report from :meth:`to_dict` data (data saved before ``dropped`` existed has none)."""
+        return cls(
+            inputs=int(data["inputs"]),
+            outputs=tuple(OutputAccuracy(**o) for o in data["outputs"]),
+            rule=data["rule"],
+            dropped=tuple(DroppedInput(**d) for d in data.get("dropped", ())),
+        )
+
+    def dropped_lines(self) -> list[str]:
+        """The summary's lines about dropped inputs: none when every drawn input was compared."""
+        if not self.dropped:
+            return []
+        head = (
+            f"          {len(self.dropped)} drawn input(s) dropped: PyTorch itself refused them "
+            "(report.accuracy.dropped)"
+        )
+        return [head, *(f"          {d.summary()}" for d in self.dropped)]
 
 
 class TorchRunner(BaseRunner):
@@ -121,12 +155,8 @@ class TorchRunner(BaseRunner):
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """Call the model on one feed (rebuilt into its Python call) and return its tensor outputs by name."""
-        feed = {k: tensor_from_array(v).to(self.device) for k, v in feed_dict.items()}
-        args, kwargs = self.io.feed_to_call(feed)
-        start = time.perf_counter()
         try:
-            with torch.no_grad():
-                result = self.model(*args, **kwargs)
+            return self.call(feed_dict)
         except Exception as error:  # PyTorch itself refuses a drawn input: say so, never a raw error
             raise InputError(
                 f"PyTorch itself raised{_raised_in(error)} on a validation input drawn like the sample: "
@@ -134,6 +164,14 @@ class TorchRunner(BaseRunner):
                 fix="the model accepts only some inputs (a positive-definite matrix, values in [0, 1], ...): "
                 "validation_inputs=0 validates on the sample only; or give a sample whose drawn neighbours it takes",
             ) from error
+
+    def call(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """The model's outputs on one feed, by name; whatever PyTorch raises is raised as it is."""
+        feed = {k: tensor_from_array(v).to(self.device) for k, v in feed_dict.items()}
+        args, kwargs = self.io.feed_to_call(feed)
+        start = time.perf_counter()
+        with torch.no_grad():
+            result = self.model(*args, **kwargs)
         self.inference_time = time.perf_counter() - start
         tensors = [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
         return {spec.name: t.detach().cpu().numpy() for spec, t in zip(self.io.outputs, tensors, strict=True)}
@@ -141,12 +179,8 @@ class TorchRunner(BaseRunner):
 
 def _raised_in(error: BaseException) -> str:
     """The text `` in torch function 'name'`` for the innermost frame of torch's Python code that raised, or ""."""
-    frames = [
-        f
-        for f in traceback.extract_tb(error.__traceback__)
-        if "/torch/" in f.filename and "/torch/nn/modules/module.py" not in f.filename and not f.name.startswith("_")
-    ]
-    return f" in torch function {frames[-1].name!r}" if frames else ""
+    name = torch_function(error)
+    return f" in torch function {name!r}" if name else ""
 
 
 def tensor_from_array(array: np.ndarray) -> torch.Tensor:
@@ -168,11 +202,12 @@ def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Se
                 index = [spec.name for spec in io.inputs].index(d.input)
                 resized[index][d.axis] = getattr(d, which)
             shape_sets = [*shape_sets, resized]
+    kept = [properties(arr) for arr in sample]  # detected once per input, kept by every draw
     for shape_set in shape_sets:
         feeds.append(
             {
-                spec.name: _draw_like(arr, tuple(shape), rng)
-                for spec, arr, shape in zip(io.inputs, sample, shape_set, strict=True)
+                spec.name: draw_like(arr, tuple(shape), rng, found)
+                for spec, arr, shape, found in zip(io.inputs, sample, shape_set, kept, strict=True)
             }
         )
     return feeds
@@ -190,34 +225,6 @@ def _as_type(value: np.ndarray, dtype: str | None) -> np.ndarray:
     return value.astype(dtype)
 
 
-def _draw_like(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    # np.asarray: for a 0-d shape numpy hands back a scalar, which Polygraphy's runners cannot take
-    return np.asarray(_draw(sample, shape, rng))
-
-
-def _draw(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    if sample.size and (sample.dtype == np.bool_ or (np.issubdtype(sample.dtype, np.integer) and _is_mask(sample))):
-        return _resize_like(sample, shape)
-    if np.issubdtype(sample.dtype, np.integer):
-        lo, hi = (int(sample.min()), int(sample.max())) if sample.size else (0, 1)
-        return rng.integers(lo, hi + 1, size=shape).astype(sample.dtype)
-    mean = float(sample.mean()) if sample.size else 0.0
-    std = float(sample.std()) if sample.size else 1.0
-    return (rng.standard_normal(shape) * (std or 1.0) + mean).astype(sample.dtype)
-
-
-def _is_mask(sample: np.ndarray) -> bool:
-    return bool(np.isin(sample, (0, 1)).all())
-
-
-def _resize_like(sample: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """The sample cropped or extended (repeating its last entry along each axis) to ``shape``."""
-    if sample.ndim == 0:  # nothing to resize (np.pad refuses the empty pad list of a 0-d array)
-        return sample.copy()
-    grown = np.pad(sample, [(0, max(0, new - old)) for old, new in zip(sample.shape, shape, strict=True)], mode="edge")
-    return np.asarray(grown[tuple(slice(0, n) for n in shape)], order="C")
-
-
 def validate(
     model: torch.nn.Module,
     io: IOSpec,
@@ -226,6 +233,7 @@ def validate(
     settings: Settings,
     backend_io: IOSpec | None = None,
     graph: onnx.ModelProto | None = None,
+    given: int = 1,
 ) -> AccuracyReport:
     """Compare the backend with PyTorch on ``feeds``; raise AccuracyError when an output is out of tolerance.
 
@@ -233,7 +241,10 @@ def validate(
     are then in the backend's types, PyTorch gets the same values in the model's (Polygraphy casts each feed to a
     runner's input metadata), and half outputs are compared as float32. Each output is judged by
     :func:`pipeline.compare.stats.judgement` (the tolerance of the type the graph computes it in); outputs that
-    depend on random nodes of ``graph`` (the graph the backend runs) by their distribution."""
+    depend on random nodes of ``graph`` (the graph the backend runs) by their distribution; outputs ``graph``
+    records as uninitialised memory by shape and dtype. The first ``given`` feeds are the user's (the sample):
+    PyTorch refusing one is an InputError; a drawn feed it refuses is dropped, logged as a WARNING and listed in
+    the report's ``dropped``."""
     from polygraphy.comparator import Comparator
 
     _check_tolerance_keys(settings, io, model)
@@ -241,11 +252,12 @@ def validate(
     if backend_io is not None and backend_io != io:
         backend_runner = _FloatOutputs(backend_runner)
         outputs = backend_io.outputs  # the backend's output dtypes pick the tolerance
-    random = random_outputs(graph) if graph is not None else {}
     judged = {o.name: judgement(o.name, o.dtype, settings) for o in outputs}
-    accumulators = {o.name: accumulator(judged[o.name].tolerance, random.get(o.name)) for o in outputs}
+    accumulators = _accumulators(outputs, judged, graph)
+    torch_runner = _ScreeningTorchRunner(model, io)
+    loader = ScreenedFeeds(feeds, torch_runner, given)
     with polygraphy_quiet(), _backend_errors(backend_runner):
-        for single in Comparator.run([TorchRunner(model, io), backend_runner], data_loader=feeds, streaming=True):
+        for single in Comparator.run([torch_runner, backend_runner], data_loader=loader, streaming=True):
             (_, expected), (_, actual) = [(name, iterations[0]) for name, iterations in single.items()]
             for o in outputs:
                 if o.name not in actual:
@@ -254,28 +266,72 @@ def validate(
                         fix="a pass renamed or removed a graph output; graph outputs must be kept",
                     )
                 accumulators[o.name].add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
+    results = {o.name: accumulators[o.name].result() for o in outputs}
+    shape_only = any(isinstance(r, ShapeStats) for r in results.values())
     report = AccuracyReport(
-        len(feeds), tuple(_summarise(o, judged[o.name], accumulators[o.name].result()) for o in outputs)
+        len(feeds) - len(loader.dropped),
+        tuple(_summarise(o, judged[o.name], results[o.name]) for o in outputs),
+        rule=f"{RULE}; {UNINITIALISED_RULE}" if shape_only else RULE,
+        dropped=tuple(loader.dropped),
     )
-    if not report.passed:
-        raise AccuracyError(
-            "outputs differ from PyTorch beyond tolerance: "
-            + "; ".join(o.summary() for o in report.outputs if not o.passed),
-            per_output={
-                o.name: {
-                    "max_abs": o.max_abs,
-                    "max_rel": o.max_rel,
-                    "atol": o.atol,
-                    "rtol": o.rtol,
-                    "relative_rms": o.relative_rms,
-                    "rms": o.rms,
-                }
-                for o in report.outputs
-            },
-            fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
-            "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
+    if not report.inputs:  # possible only when no input is the user's: never a pass on nothing
+        raise InputError(
+            f"PyTorch itself refused every one of the {len(feeds)} validation inputs: "
+            + "; ".join(d.summary() for d in report.dropped),
+            fix="give a sample the model takes (it is always validated on), or convert with validate=False",
         )
+    if not report.passed:
+        _raise_accuracy_error(report)
     return report
+
+
+def _accumulators(
+    outputs: Any, judged: dict[str, Judgement], graph: onnx.ModelProto | None
+) -> dict[str, Accumulator | ShapeAccumulator]:
+    """One accumulator per output: by shape (uninitialised memory), by distribution (random) or by element."""
+    random = random_outputs(graph) if graph is not None else {}
+    uninitialised = uninitialised_outputs(graph) if graph is not None else {}
+    return {
+        o.name: ShapeAccumulator(uninitialised[o.name])
+        if o.name in uninitialised
+        else accumulator(judged[o.name].tolerance, random.get(o.name))
+        for o in outputs
+    }
+
+
+def _raise_accuracy_error(report: AccuracyReport) -> None:
+    dropped = f" ({len(report.dropped)} drawn input(s) dropped: PyTorch refused them)" if report.dropped else ""
+    raise AccuracyError(
+        f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: "
+        + "; ".join(o.summary() for o in report.outputs if not o.passed),
+        per_output={
+            o.name: {
+                "max_abs": o.max_abs,
+                "max_rel": o.max_rel,
+                "atol": o.atol,
+                "rtol": o.rtol,
+                "relative_rms": o.relative_rms,
+                "rms": o.rms,
+            }
+            for o in report.outputs
+        },
+        fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
+        "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
+    )
+
+
+class _ScreeningTorchRunner(TorchRunner):
+    """A TorchRunner whose outputs for the next feed may be computed ahead (by :class:`ScreenedFeeds`, to learn
+    whether PyTorch takes the feed): the Comparator's call then returns them instead of running the model again."""
+
+    def __init__(self, model: torch.nn.Module, io: IOSpec) -> None:
+        super().__init__(model, io)
+        self.ready: dict[str, np.ndarray] | None = None
+
+    def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """The outputs computed ahead for this feed, else the model's on it."""
+        ready, self.ready = self.ready, None
+        return ready if ready is not None else super().infer_impl(feed_dict)
 
 
 @contextlib.contextmanager
@@ -338,10 +394,10 @@ class _FloatOutputs(BaseRunner):
         return {name: v.astype(np.float32) if v.dtype == np.float16 else v for name, v in outputs.items()}
 
 
-def _summarise(spec: Any, judged: Judgement, stats: ErrorStats | DistributionStats) -> OutputAccuracy:
+def _summarise(spec: Any, judged: Judgement, stats: ErrorStats | DistributionStats | ShapeStats) -> OutputAccuracy:
     """One output's figures from its statistics: the verdict is the statistics' own, so they agree."""
     tolerance = judged.tolerance
-    if isinstance(stats, DistributionStats):
+    if isinstance(stats, DistributionStats | ShapeStats):
         nan = float("nan")
         return OutputAccuracy(
             spec.name, spec.dtype, nan, nan, nan, tolerance.atol, tolerance.rtol, stats.passed,

@@ -13,6 +13,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from converters.context import unique_name
+from passes.precision.control_flow import has_bodies, outer_references, replace_in_bodies
 from passes.precision.types import FLOAT, LowType, float_slots, onnx_opset
 
 Decision = Literal["low", "fp32", "neutral"]
@@ -26,7 +27,9 @@ def rewrite(
     """Rewrite ``graph`` in place: nodes decided "low" compute in ``low``; the rest read float32.
 
     ``float32`` names the tensors that were float32 before the rewrite (the only ones it touches). Graph inputs and
-    outputs stay float32 (casts at the boundary), or with ``low_io`` become ``low`` themselves (names kept).
+    outputs stay float32 (casts at the boundary), or with ``low_io`` become ``low`` themselves (names kept). Bodies
+    of control flow are not retyped: what they read from outside by name is cast back to float32
+    (:mod:`passes.precision.control_flow`).
     """
     opset = onnx_opset(graph)
     converted: set[str] = set()
@@ -54,12 +57,24 @@ def rewrite(
             elif (tensor.name in converted) != want_low:
                 node.inputs[index] = casts.get(tensor, want_low)
     _convert_constants(graph, constant_wants, low)
+    _cast_outer_references(graph, converted, casts)
     if low_io:
         _cast_graph_outputs(graph, {t.name for t in graph.outputs if t.name in float32} - converted, casts, to_low=True)
     else:
         _cast_graph_outputs(graph, converted, casts, to_low=False)
     graph.cleanup(remove_unused_graph_inputs=False)
     graph.toposort()
+
+
+def _cast_outer_references(graph: gs.Graph, converted: set[str], casts: _Casts) -> None:
+    """A value a Loop, If or Scan body reads from outside, now in the low type, is read through a float32 cast (the
+    same cast the node's explicit inputs share), whatever the node's own decision."""
+    for node in list(graph.nodes):
+        if not has_bodies(node):
+            continue
+        for tensor in outer_references(node):
+            if tensor.name in converted:
+                replace_in_bodies(node, tensor, casts.get(tensor, to_low=False))
 
 
 def _in_slots(node: gs.Node, low: LowType, opset: int) -> frozenset[int]:

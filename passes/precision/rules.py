@@ -18,6 +18,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from passes.model_io.external_data import constant_values
+from passes.precision.control_flow import has_bodies
 from passes.precision.types import (
     FOLLOWER_OPS,
     Inferred,
@@ -115,8 +116,8 @@ def type_islands(ctx: RuleContext) -> dict[str, str]:
 
 
 def _type_reason(node: gs.Node, ctx: RuleContext) -> str | None:
-    if any(isinstance(v, gs.Graph) for v in node.attrs.values()):
-        return f"control flow ({node.op}): subgraphs are not rewritten"
+    if has_bodies(node):
+        return f"control flow ({node.op}): runs in float32 with its bodies whole (see passes.precision.control_flow)"
     if not is_standard(node):
         return f"custom op {node.domain}::{node.op}: its types are its own"
     if node.op in FOLLOWER_OPS or node.op in ("Cast", "Constant", "ConstantOfShape", "Shape", "Size"):

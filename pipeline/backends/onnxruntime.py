@@ -16,6 +16,7 @@ from passes.model_io.external_data import ort_session_bytes
 from pipeline.backends.plugin_runtime import PluginSession, prepare_onnxruntime
 from pipeline.module.io_spec import IOSpec
 from pipeline.precision.stage import runnable_model
+from pipeline.quantize.ort_int8 import disabled_optimizers
 
 
 class OnnxRuntimeExecutor:
@@ -39,6 +40,7 @@ class OnnxRuntimeExecutor:
                 ort_session_bytes(model, options, settings.ort_prepack_weights),
                 sess_options=options,
                 providers=list(settings.ort_providers),
+                disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.quantize.ort_int8
             )
 
         try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear

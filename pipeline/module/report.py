@@ -8,7 +8,7 @@ from typing import Any
 from passes.base import PassRecord
 from pipeline.precision.report import PrecisionReport
 from pipeline.quantize.report import QuantizationReport
-from pipeline.validate import AccuracyReport, OutputAccuracy
+from pipeline.validate import AccuracyReport
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,7 @@ class ConversionReport:
             passes=tuple(PassRecord(**p) for p in data["passes"]),
             nodes_exported=int(data["nodes_exported"]),
             nodes_final=int(data["nodes_final"]),
-            accuracy=None
-            if accuracy is None
-            else AccuracyReport(
-                inputs=int(accuracy["inputs"]),
-                outputs=tuple(OutputAccuracy(**o) for o in accuracy["outputs"]),
-                rule=accuracy["rule"],
-            ),
+            accuracy=None if accuracy is None else AccuracyReport.from_dict(accuracy),
             versions=dict(data.get("versions", {})),
             compatibility=data.get("compatibility"),
             precision=PrecisionReport.from_dict(data["precision"]) if data.get("precision") else None,
@@ -109,4 +103,5 @@ class ConversionReport:
                     + f"  {'ok' if o.passed else 'FAIL'}"
                     + (f"  [{o.note}]" if o.note else "")
                 )
+            lines.extend(self.accuracy.dropped_lines())
         return "\n".join(lines)

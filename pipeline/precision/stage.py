@@ -40,7 +40,8 @@ from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSumm
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
 from pipeline.precision.share import ComputeShare, compute_share
 from pipeline.progress import progress, quiet_info
-from pipeline.quantize.emulation import emulate_fp8, fold_unfused_weights, has_fp8, has_int8_weights
+from pipeline.quantize.emulation import emulate_fp8, has_fp8, has_int8_weights
+from pipeline.quantize.ort_int8 import ort_int8_graph
 from pipeline.validate import Feed, TorchRunner, validation_feeds
 
 logger = logging.getLogger(__name__)
@@ -83,12 +84,12 @@ def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> 
 
 def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> onnx.ModelProto:
     """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, and
-    an FP8 graph's exact emulation, and an INT8 graph with the weights of the Convs it does not fuse already
-    dequantized (the last two exact, :mod:`pipeline.quantize.emulation`)."""
+    an FP8 graph's exact emulation (:mod:`pipeline.quantize.emulation`), and an INT8 graph rewritten so that more of
+    it runs in integer kernels, with the same quantization (:mod:`pipeline.quantize.ort_int8`)."""
     if backend == "onnxruntime" and has_fp8(model):
         model = emulate_fp8(model)
     if backend == "onnxruntime" and has_int8_weights(model):
-        model = fold_unfused_weights(model)  # exact: the Convs ONNX Runtime does not fuse get float32 weights
+        model = ort_int8_graph(model)  # more of it in integer kernels, the same Q/DQ arithmetic
     if backend == "onnxruntime" and emulated_on_cpu(model, settings):
         return emulate_low_precision(model)
     return model

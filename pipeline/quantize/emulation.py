@@ -10,9 +10,9 @@ emulation spells each FP8 pair out with ops that optimization leaves alone:
   the same bit for bit;
 * a weight's ``DequantizeLinear`` becomes the initializer it computes (E4M3 value x scale, in the scale's type).
 
-``module.onnx`` stays the real FP8 Q/DQ graph that TensorRT builds. INT8 graphs run as they are, but for the
-weights of the convolutions ONNX Runtime does not fuse, which it gets already dequantized
-(:func:`fold_unfused_weights`, exact).
+``module.onnx`` stays the real FP8 Q/DQ graph that TensorRT builds. INT8 graphs run as
+:mod:`pipeline.quantize.ort_int8` rewrites them for ONNX Runtime; its last step gives the convolutions ONNX Runtime
+does not fuse their weights already dequantized (:func:`fold_unfused_weights`, exact).
 """
 
 from __future__ import annotations

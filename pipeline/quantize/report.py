@@ -110,3 +110,21 @@ def judge_quantized_share(report: QuantizationReport, settings: Settings) -> Qua
         )
     logger.warning("%s", message)
     return dataclasses.replace(report, warnings=(*report.warnings, message))
+
+
+def judge_cpu_fallback(report: QuantizationReport, settings: Settings, backend: str) -> QuantizationReport:
+    """INT8 with the fp16 fallback on ONNX Runtime's CPU provider is slower than fp32, never silently: a loud warning
+    with the fix. The CPU provider has no fp16 kernels, so the fp16 part runs as its float32 emulation with a rounding
+    per tensor (exact, as TensorRT would compute it, and about 2x slower than fp32 on the bundled CNN; see the README's
+    INT8 section and ``benchmarks/bench_quantize.py``). fp16 stays the default: it is what TensorRT runs fastest, and
+    the emulation is what validates the artifact TensorRT will build."""
+    cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
+    if report.precision != "int8" or report.fallback != "fp16" or backend != "onnxruntime" or not cpu_only:
+        return report
+    message = (
+        "precision='int8' with quantize_fallback='fp16' runs on ONNX Runtime's CPU provider, which has no fp16 "
+        "kernels: the unquantized ops run as the exact float32 emulation of fp16, slower than the fp32 module. "
+        "Pass quantize_fallback='fp32' for INT8 speed on the CPU (keep 'fp16' for a TensorRT engine)"
+    )
+    logger.warning("%s", message)
+    return dataclasses.replace(report, warnings=(*report.warnings, message))

@@ -27,6 +27,7 @@ from passes.quantize.residual import plan_residuals
 from pipeline.precision.measure import Feed, session_feed
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
 from pipeline.precision.stage import runnable_model
+from pipeline.quantize.ort_int8 import disabled_optimizers
 from pipeline.quantize.tolerance import error_bound
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,10 @@ def measure_errors(
     options.log_severity_level = 3
     runnable = runnable_model(model, "onnxruntime", settings)
     session = ort.InferenceSession(
-        ort_session_bytes(runnable, options), sess_options=options, providers=["CPUExecutionProvider"]
+        ort_session_bytes(runnable, options),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=disabled_optimizers(runnable),  # as the backend runs it
     )
     names = [o.name for o in session.get_outputs()]
     worst, largest = 0.0, dict.fromkeys(names, 0.0)

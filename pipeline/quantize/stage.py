@@ -39,7 +39,7 @@ from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
 from pipeline.precision.stage import calibration_feeds, convert_precision, torch_references
 from pipeline.quantize.calibrate import calibrate, method_for
-from pipeline.quantize.report import QuantizationReport, judge_quantized_share
+from pipeline.quantize.report import QuantizationReport, judge_cpu_fallback, judge_quantized_share
 from pipeline.quantize.search import QuantizedGraphs, SearchResult, measure_errors, relative_error
 from pipeline.quantize.tolerance import describe, error_bound, output_tolerances
 from pipeline.validate import validation_feeds
@@ -138,8 +138,18 @@ def quantize_precision(
     layers = len(result.chosen.done)
     largest = _envelope(final, exported, model, sample, settings, feeds, references)
     tolerances = output_tolerances(references, fmt, layers, largest)
-    report = dataclasses.replace(report, tolerances=tolerances)
-    return final, records, precision, judge_quantized_share(report, settings)
+    report = judge_quantized_share(dataclasses.replace(report, tolerances=tolerances), settings)
+    return final, records, precision, judge_cpu_fallback(report, settings, _backend_name(settings))
+
+
+def _backend_name(settings: Settings) -> str:
+    """The backend that will run the graph, when it is known without building anything ("onnxruntime" for
+    ``backend="auto"`` where TensorRT cannot run), else the requested name."""
+    if settings.backend not in ("auto", "onnxruntime"):
+        return settings.backend
+    from pipeline.backends import select_backend
+
+    return select_backend(settings.backend, settings).name
 
 
 def _envelope(

@@ -80,9 +80,6 @@ KNOWN_BUGS: dict[str, str] = {
     r"AccuracyError: \[validate\] outputs differ": "AccuracyError names the outputs, not the op (item 2, validate)",
     r"ONNX Runtime could not load the final graph": "BuildError from ONNX Runtime names no node (issue 14, other)",
     r"No corresponding Numpy type for Tensor Type\. bfloat16": "a raw error on a bfloat16 output (issue 14, other)",
-    r"Loop\) \[TypeInferenceError\] Graph attribute inferencing failed": (
-        "precision='fp16' does not retype the body of a Loop (the orthogonal-polynomial converters' recurrence)"
-    ),
 }
 
 

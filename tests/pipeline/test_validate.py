@@ -12,7 +12,7 @@ from torch import nn
 
 import converters
 import pipeline
-from converters.errors import AccuracyError, InputError
+from converters.errors import AccuracyError
 from pipeline.validate import AccuracyReport
 
 
@@ -138,12 +138,11 @@ class _BinaryCrossEntropy(torch.nn.Module):
         return torch.nn.functional.binary_cross_entropy(p, target)
 
 
-def test_pytorch_refusing_a_drawn_input_is_a_clear_error_and_the_sample_alone_validates() -> None:
-    """Inputs drawn like the sample leave [0, 1]: PyTorch itself raises; the user gets our InputError naming the torch
-    function and the way out (validation_inputs=0), never the raw RuntimeError."""
+def test_probabilities_are_drawn_as_probabilities_and_every_input_validates() -> None:
+    """Inputs drawn like a sample of probabilities stay within [0, 1] (pipeline.draws): PyTorch takes all of them,
+    none is dropped. (Before, plain normal draws left [0, 1] and PyTorch raised.)"""
     p, target = torch.tensor([0.2, 0.7, 0.9, 0.4]), torch.tensor([0.0, 1.0, 1.0, 0.0])
-    with pytest.raises(InputError, match="PyTorch itself raised in torch function 'binary_cross_entropy'") as info:
-        pipeline.convert(_BinaryCrossEntropy().eval(), (p, target), validation_inputs=8, seed=3)
-    assert "validation_inputs=0" in str(info.value)
-    module = pipeline.convert(_BinaryCrossEntropy().eval(), (p, target), validation_inputs=0)
+    module = pipeline.convert(_BinaryCrossEntropy().eval(), (p, target), validation_inputs=8, seed=3)
+    accuracy = _accuracy(module)
+    assert accuracy.passed and accuracy.inputs == 9 and accuracy.dropped == ()
     assert torch.allclose(module(p, target), torch.nn.functional.binary_cross_entropy(p, target), atol=1e-6)

@@ -1,0 +1,123 @@
+"""Screening drawn validation inputs: each is run through PyTorch first, and one PyTorch itself refuses is dropped.
+
+Draws keep what the sample shows the model requires (:mod:`pipeline.draws`), but not every requirement shows on
+a sample. A drawn input PyTorch raises on is left out of the comparison, loudly: a WARNING naming the torch function
+(or ATen op) and PyTorch's message, and a :class:`DroppedInput` in the accuracy report. The inputs the user gave
+(the sample) are never dropped: PyTorch refusing one is an InputError, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+Feed = dict[str, np.ndarray]
+
+
+class AheadRunner(Protocol):
+    """A PyTorch runner (``pipeline.validate``'s) that can run a feed ahead of the Comparator: ``call`` raises what
+    PyTorch raises, and outputs put in ``ready`` are returned by its next ``infer``."""
+
+    ready: dict[str, np.ndarray] | None
+
+    def call(self, feed_dict: Feed) -> dict[str, np.ndarray]:
+        """The model's outputs on one feed; whatever PyTorch raises is raised as it is."""
+
+    def get_input_metadata(self, use_numpy_dtypes: bool = True) -> Any:
+        """Polygraphy's input metadata of the runner."""
+
+
+@dataclass(frozen=True)
+class DroppedInput:
+    """A drawn validation input PyTorch itself refused, left out of the comparison: its index among the
+    validation inputs (0 is the sample), the torch function that raised (its innermost public Python function, else
+    the ATen op, ``"aten.op.overload"``; ``""`` when not known) and why."""
+
+    index: int
+    function: str
+    reason: str
+
+    def summary(self) -> str:
+        """One line: which input, where PyTorch raised, and what it said."""
+        kind = "ATen op" if self.function.startswith(("aten.", "prims.")) else "torch function"
+        where = f" in {kind} {self.function!r}" if self.function else ""
+        return f"input {self.index} dropped: PyTorch raised{where}: {self.reason}"
+
+
+class ScreenedFeeds:
+    """The feeds, each first run through PyTorch (as the Comparator would cast it): a drawn feed PyTorch refuses
+    is dropped (a WARNING, and a :class:`DroppedInput` in ``dropped``); one of the first ``given`` is an
+    InputError. Iterated lazily, one feed ahead of the Comparator's runners."""
+
+    def __init__(self, feeds: list[Feed], runner: AheadRunner, given: int) -> None:
+        self.feeds = feeds
+        self.runner = runner
+        self.given = given
+        self.dropped: list[DroppedInput] = []
+
+    def __iter__(self) -> Iterator[Feed]:
+        from polygraphy.comparator.data_loader import coerce_feed_dict
+
+        metadata = self.runner.get_input_metadata(use_numpy_dtypes=False)
+        for index, feed in enumerate(self.feeds):
+            if index < self.given:  # the user's input: refused, it is an InputError (TorchRunner's)
+                yield feed
+                continue
+            coerced = coerce_feed_dict(feed, metadata)
+            try:
+                self.runner.ready = self.runner.call(coerced)
+            except Exception as error:  # PyTorch itself refuses the drawn input: drop it, loudly
+                self.dropped.append(self._dropped(index, coerced, error))
+                continue
+            yield feed
+
+    def _dropped(self, index: int, feed: Feed, error: Exception) -> DroppedInput:
+        dropped = DroppedInput(
+            index,
+            torch_function(error) or _failing_op(self.runner, feed),
+            f"{type(error).__name__}: {' '.join(str(error).split())[:300]}",
+        )
+        logger.warning(
+            "validation input %d of %d (drawn like the sample) dropped, %s; validating on the others. To validate "
+            "on inputs the model takes, give a sample whose drawn neighbours it takes, or validation_inputs=0",
+            index,
+            len(self.feeds),
+            dropped.summary().removeprefix(f"input {index} dropped: "),
+        )
+        return dropped
+
+
+def _failing_op(runner: AheadRunner, feed: Feed) -> str:
+    """The ATen op that raises when ``runner``'s model runs on ``feed`` (run again, recording each op), or ""."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _LastOp(TorchDispatchMode):
+        last = ""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            _LastOp.last = str(func)
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with _LastOp():
+            runner.call(feed)
+    except Exception:  # the failure is known: only where it happens is wanted
+        return _LastOp.last
+    return ""
+
+
+def torch_function(error: BaseException) -> str:
+    """The innermost public function of torch's Python code in ``error``'s traceback, or ""."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if "/torch/" in f.filename and "/torch/nn/modules/module.py" not in f.filename and not f.name.startswith("_")
+    ]
+    return frames[-1].name if frames else ""

@@ -1,0 +1,77 @@
+"""Drawn validation inputs PyTorch itself refuses are dropped loudly (a WARNING, the report's ``dropped``, the
+summary) and validation goes on with the others; the sample refused stays an InputError; never a pass on nothing."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+from torch import nn
+
+import pipeline
+from converters.errors import InputError
+from converters.settings import Settings
+from pipeline.module.report import ConversionReport
+from pipeline.validate import validate
+
+
+class _ShiftedCrossEntropy(nn.Module):
+    """Takes x in [-1, 1] only: the sample is, but it is signed, so its draws are plain normals."""
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.binary_cross_entropy((x + 1) / 2, target, reduction="none")
+
+
+class _LowerCholesky(nn.Module):
+    """linalg.cholesky reads the lower triangle only: a non-symmetric sample is taken, its draws are not."""
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.cholesky(a)
+
+
+_X, _TARGET = torch.tensor([-0.9, 0.8, 0.95, -0.7]), torch.tensor([0.0, 1.0, 1.0, 0.0])
+
+
+def test_refused_draws_are_dropped_loudly_and_the_rest_validated(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        module = pipeline.convert(
+            _ShiftedCrossEntropy().eval(), (_X, _TARGET), backend="onnxruntime", validation_inputs=6, seed=2
+        )
+    accuracy = module.report.accuracy
+    assert accuracy is not None and accuracy.passed
+    assert [d.index for d in accuracy.dropped] == [1, 4, 6] and accuracy.inputs == 4  # 7 inputs, 3 dropped
+    assert all(d.function == "binary_cross_entropy" and "between 0 and 1" in d.reason for d in accuracy.dropped)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "dropped" in r.getMessage()]
+    assert len(warnings) == 3 and "'binary_cross_entropy'" in warnings[0].getMessage()
+    summary = module.report.summary()
+    assert "accuracy  PASS on 4 inputs" in summary and "3 drawn input(s) dropped" in summary
+    again = ConversionReport.from_dict(module.report.to_dict())  # the artifact's metadata keeps them
+    assert again.accuracy is not None and again.accuracy.dropped == accuracy.dropped
+
+
+def test_a_refusal_outside_python_names_the_aten_op_and_the_sample_alone_is_validated() -> None:
+    a = torch.tensor([[4.0, 9.0, -3.0], [1.0, 5.0, 7.0], [0.5, 1.0, 6.0]])  # lower triangle: positive definite
+    module = pipeline.convert(_LowerCholesky().eval(), a, backend="onnxruntime", validation_inputs=2)
+    accuracy = module.report.accuracy
+    assert accuracy is not None and accuracy.passed and accuracy.inputs == 1
+    assert [d.index for d in accuracy.dropped] == [1, 2]
+    assert all(d.function.startswith("aten.") and "positive-definite" in d.reason for d in accuracy.dropped)
+    assert "in ATen op 'aten." in accuracy.dropped[0].summary()
+
+
+def test_the_users_input_refused_is_an_input_error_not_dropped() -> None:
+    model = _ShiftedCrossEntropy().eval()
+    module = pipeline.convert(model, (_X, _TARGET), backend="onnxruntime", validate=False)
+    runner = OnnxrtRunner(SessionFromOnnx(module.onnx.SerializeToString()))
+    refused = {"x": np.array([3.0, 0.0, 0.0, 0.0], np.float32), "target": _TARGET.numpy()}
+    taken = {"x": _X.numpy(), "target": _TARGET.numpy()}
+    with pytest.raises(InputError, match="PyTorch itself raised in torch function 'binary_cross_entropy'") as info:
+        validate(model, module.io, runner, [refused, taken], Settings(), graph=module.onnx, given=1)
+    assert "fix:" in str(info.value)
+    with pytest.raises(InputError, match="refused every one of the 2 validation inputs") as info:
+        # nothing the user gave, nothing PyTorch takes: an error, never a pass on zero inputs
+        validate(model, module.io, runner, [refused, refused], Settings(), graph=module.onnx, given=0)
+    assert "input 0 dropped" in str(info.value)
