@@ -1,8 +1,11 @@
-"""Bessel, Airy and normal-quantile functions (``torch.special``, ``torch.i0``) ported from PyTorch's kernels.
+"""Bessel, Airy, normal-quantile, ``erfcx`` and ``log_ndtr`` functions (``torch.special``, ``torch.i0``) ported
+from PyTorch's kernels.
 
 Each converter evaluates the same Cephes approximation as ``ATen/native/Math.h`` (the coefficient tables are in
 :mod:`converters.cephes_coefficients`), branch by branch, selecting with ``Where``: the same float32 rounding
-order up to ONNX's elementwise ops, so the results agree with PyTorch to a few ulp.
+order up to ONNX's elementwise ops, so the results agree with PyTorch to a few ulp. ``erfcx`` and ``log_ndtr``
+override the exporter's translations (``exp(x^2) erfc(x)`` overflows; ``log(ndtr(x))`` is -inf below about -14):
+they evaluate the Faddeeva package's ``erfcx`` table (:mod:`converters.erfcx_coefficients`) as ``Math.h`` does.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ import functools
 from collections.abc import Callable
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import torch
 
 from converters import cephes_coefficients as C
 from converters.cases import converter_case
 from converters.context import ConverterContext
+from converters.erfcx_coefficients import ERFCX_Y100
 from converters.math_builder import Expr, Math
+from converters.overrides import log1p
 from converters.registry import ConverterRegistry
 
 INF = float("inf")
@@ -26,6 +32,8 @@ _QUARTER_PI = 0.785398163397448309615660845819875721
 _THREE_QUARTER_PI = 2.356194490192344928846982537459627163
 _SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
 _TWO_OVER_PI = 0.636619772367581343075535053490057448
+_INV_SQRT_PI = 0.56418958354775628694807945156
+_INV_SQRT_2 = 0.707106781186547524400844362104849039
 
 
 def _horner(m: Math, x: Expr, coefficients: tuple[float, ...]) -> Expr:
@@ -211,6 +219,55 @@ def ndtri(m: Math, y0: Expr) -> Expr:
     return m.where((y0 > 0.0) & (y0 < 1.0), value, edges)
 
 
+def _erfcx_y100(m: Math, y100: Expr) -> Expr:
+    """``erfcx_y100``: row ``floor(y100)`` of the Chebyshev table (``Gather`` per coefficient), Horner in ``t``;
+    1 at ``y100 = 100`` (x = 0)."""
+    row = m.apply("Clip", m.floor(y100), 0.0, 99.0)
+    index = m.cast(row, onnx.TensorProto.INT64)
+    t = 2.0 * y100 - (2.0 * row + 1.0)
+    table = np.array(ERFCX_Y100, m.dtype)
+    columns = [m.apply("Gather", m.ctx.constant(table[:, i]), index) for i in range(table.shape[1])]
+    value = columns[-1]
+    for c in reversed(columns[:-1]):
+        value = c + value * t
+    return m.where(y100 >= 100.0, 1.0, value)
+
+
+def _erfcx_positive(m: Math, a: Expr) -> Expr:
+    """``calc_erfcx`` for ``a >= 0``: the table up to 50, the 5-term continued fraction above, ``1/(sqrt(pi) a)``
+    above 5e7 (where ``a^4`` would overflow)."""
+    square = a * a
+    fraction = _INV_SQRT_PI * (square * (square + 4.5) + 2.0) / (a * (square * (square + 5.0) + 3.75))
+    far = m.where(a > 5e7, _INV_SQRT_PI / a, fraction)
+    return m.where(a > 50.0, far, _erfcx_y100(m, 400.0 / (4.0 + m.where(a > 50.0, 0.0, a))))
+
+
+def erfcx(m: Math, x: Expr) -> Expr:
+    """``calc_erfcx``: ``exp(x^2) erfc(x)`` without overflow for large x (Faddeeva's table, as PyTorch); for
+    ``x < 0`` ``2 exp(x^2) - erfcx(-x)`` (inf below about -9.4 in float32, as in PyTorch); NaN stays NaN."""
+    nan = m.isnan(x)
+    safe = m.where(nan, 0.0, x)
+    positive = _erfcx_positive(m, safe.abs())
+    twice = 2.0 * m.exp(safe * safe)
+    negative = m.where(safe < -26.7, INF, m.where(safe < -6.1, twice, twice - positive))
+    return m.where(nan, x, m.where(safe >= 0.0, positive, negative))
+
+
+def log_ndtr(m: Math, x: Expr) -> Expr:
+    """``calc_log_ndtr``: ``log(erfcx(-t) / 2) - t^2`` below -1 (t = x / sqrt 2; never -inf for finite x),
+    ``log1p(-erfc(t) / 2)`` above, with ``erfc(t) = exp(-t^2) erfcx(t)`` (full relative precision in the tail).
+    One ``erfcx(|t|)`` serves both."""
+    nan = m.isnan(x)
+    t = m.where(nan, 0.0, x) * _INV_SQRT_2
+    scaled = _erfcx_positive(m, t.abs())
+    square = t * t
+    low = m.log(scaled / 2.0) - square
+    tail = m.exp(-square) * scaled
+    erfc = m.where(t >= 0.0, tail, 2.0 - tail)
+    high = m.wrap(log1p(m.ctx, (-erfc / 2.0).tensor, m.dtype))
+    return m.where(nan, x, m.where(x < -1.0, low, high))
+
+
 Kernel = Callable[[Math, Expr], Expr]
 
 KERNELS: dict[str, Kernel] = {
@@ -229,6 +286,8 @@ KERNELS: dict[str, Kernel] = {
     "spherical_j0": spherical_j0,
     "airy_ai": airy_ai,
     "ndtri": ndtri,
+    "erfcx": erfcx,
+    "log_ndtr": log_ndtr,
 }
 
 class _Special(torch.nn.Module):
@@ -243,6 +302,8 @@ class _Special(torch.nn.Module):
             return self.function(torch.sigmoid(x * 3.0))
         if self.domain == "positive":
             return self.function(x.abs() * 3.0 + 0.01)
+        if self.domain == "wide":  # the tails the exporter's formulas lose: below -9 (erfcx's inf), -20, 60
+            return self.function(x * 20.0)
         return self.function(x * 5.0)
 
 
@@ -267,6 +328,8 @@ TARGETS: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor], str]] = {
     "aten::special_bessel_y0.default": ("y0", torch.special.bessel_y0, "positive"),
     "aten::special_bessel_y1.default": ("y1", torch.special.bessel_y1, "positive"),
     "aten::special_airy_ai.default": ("airy_ai", torch.special.airy_ai, "real"),
+    "aten::special_erfcx.default": ("erfcx", torch.special.erfcx, "wide"),
+    "aten::special_log_ndtr.default": ("log_ndtr", torch.special.log_ndtr, "wide"),
 }
 
 

@@ -19,6 +19,7 @@ from converters.aten_misc import register_misc_converters
 from converters.aten_more import register_more_converters
 from converters.aten_pointwise import register_aten1_converters
 from converters.aten_reductions import register_reduction_converters
+from converters.aten_sort import register_sort_converters
 from converters.aten_static import register_static_converters
 from converters.aten_tensor import register_aten2_converters
 from converters.cases import converter_case
@@ -115,3 +116,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_static_converters(registry)
     register_more_converters(registry)
     register_embedding_converters(registry)
+    register_sort_converters(registry)

@@ -268,6 +268,8 @@ class _Analysis:
     def _foldable(self, node: gs.Node) -> bool:
         if node.op in _NO_FOLD_OPS:
             return False
+        if node.op == "Cast" and node.attrs.get("to") == onnx.TensorProto.UINT8:
+            return False  # TensorRT takes no UInt8 constant, only a Cast to it (parser_fixes.uint8_constants)
         if not all(t.name in self.constants for t in node.inputs if t.name):
             return False
         return not any(isinstance(v, gs.Node.AttributeRef) for v in node.attrs.values())

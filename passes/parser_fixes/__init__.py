@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
+from passes.parser_fixes.edge_pad import NegativeEdgePadToGather
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.losses import ClassLossToGather
@@ -25,6 +26,7 @@ from passes.parser_fixes.mixed_types import MixedTypeArithmetic
 from passes.parser_fixes.normalization import LayerNormStatistics
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.parser_fixes.scatter_reduce import ScatterReductionToMask
+from passes.parser_fixes.uint8_constants import UInt8ConstantOutputsAsCasts
 from passes.rules import Facts, RewriteRule
 
 __all__ = [
@@ -40,8 +42,10 @@ __all__ = [
     "MaxPoolByWindows",
     "MaxUnpoolToScatter",
     "MixedTypeArithmetic",
+    "NegativeEdgePadToGather",
     "ReduceAxesToInitializers",
     "ScatterReductionToMask",
+    "UInt8ConstantOutputsAsCasts",
     "declined_fixes",
     "parser_fix_passes",
 ]
@@ -63,6 +67,8 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         MaxPoolByWindows(),
         LayerNormStatistics(),
         ScatterReductionToMask(),
+        NegativeEdgePadToGather(),
+        UInt8ConstantOutputsAsCasts(),
         MixedTypeArithmetic(),
         ReduceAxesToInitializers(),
     )
