@@ -174,7 +174,13 @@ class TorchRunner(BaseRunner):
             result = self.model(*args, **kwargs)
         self.inference_time = time.perf_counter() - start
         tensors = [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
-        return {spec.name: t.detach().cpu().numpy() for spec, t in zip(self.io.outputs, tensors, strict=True)}
+        return {spec.name: _output_array(t) for spec, t in zip(self.io.outputs, tensors, strict=True)}
+
+
+def _output_array(tensor: torch.Tensor) -> np.ndarray:
+    """A model output as numpy: bfloat16 (which numpy has no type for) widened to float32, exactly."""
+    tensor = tensor.detach().cpu()
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 def _raised_in(error: BaseException) -> str:

@@ -60,6 +60,14 @@ class OnnxRuntimeExecutor:
                 f"the session's inputs {session_inputs} differ from the graph's {self.input_names}",
                 fix="a pass renamed or removed a graph input; graph inputs must be kept",
             )
+        bfloat16 = [o.name for o in self.session.get_outputs() if o.type == "tensor(bfloat16)"]
+        if bfloat16:
+            raise BuildError(
+                f"output(s) {bfloat16} are bfloat16, which the ONNX Runtime backend cannot hand back (numpy has no "
+                "bfloat16 type)",
+                fix="return float32 from the model (cast after the module), or build for TensorRT "
+                "(backend='tensorrt' or 'tensorrt-rtx')",
+            )
 
     @property
     def engine_bytes(self) -> bytes | None:

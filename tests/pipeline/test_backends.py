@@ -78,3 +78,18 @@ def test_real_tensorrt_api_without_gpu_is_not_picked(version: str) -> None:
     assert name == "onnxruntime"
     assert f"tensorrt {version} imports but no CUDA device is present" in reason
     assert "TensorRT cannot run here" in error and "torch.cuda.is_available()" in error
+
+
+def test_bfloat16_output_on_onnxruntime_is_a_build_error_naming_it() -> None:
+    import torch
+
+    import pipeline
+    from converters.errors import BuildError
+
+    class ToBfloat16(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.bfloat16()
+
+    with pytest.raises(BuildError, match=r"\['out'\] are bfloat16") as caught:
+        pipeline.convert(ToBfloat16(), torch.randn(3, 4))
+    assert "return float32" in str(caught.value)
