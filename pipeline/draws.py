@@ -180,7 +180,16 @@ def _distinct_integers(sample: np.ndarray, size: int, rng: np.random.Generator) 
     lo, hi = int(sample.min()), int(sample.max())
     if hi - lo + 1 < size:  # a larger (dynamic) shape than the range allows: ties cannot be avoided
         return _integers(sample, (size,), rng)
-    return (rng.choice(hi - lo + 1, size, replace=False) + lo).astype(sample.dtype)
+    if hi - lo < 2**31:
+        return (rng.choice(hi - lo + 1, size, replace=False) + lo).astype(sample.dtype)
+    # a range wider than numpy's choice takes (int64 edges): uniform draws, the rare repeats drawn again
+    drawn = _integers(sample, (size,), rng)
+    while True:
+        _, first = np.unique(drawn, return_index=True)
+        if len(first) == size:
+            return drawn
+        repeats = np.setdiff1d(np.arange(size), first)
+        drawn[repeats] = _integers(sample, (len(repeats),), rng)
 
 
 def _spd(sample: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

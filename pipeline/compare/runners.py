@@ -82,6 +82,7 @@ class ReferenceScreen:
 
     @ready.setter
     def ready(self, outputs: dict[str, np.ndarray] | None) -> None:
+        """Keep the first reference's outputs computed ahead."""
         self.references[0].ready = outputs
 
     def call(self, feed_dict: Feed) -> dict[str, np.ndarray]:
