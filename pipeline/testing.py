@@ -12,12 +12,14 @@ from converters.cases import ConverterCase
 from converters.registry import ConverterEntry, ConverterRegistry
 from converters.targets import node_key
 from pipeline.conversion import convert
+from pipeline.module.converted import ConvertedModule
 
 
 def check_converter_case(
     case: ConverterCase, registry: ConverterRegistry, entry: ConverterEntry | None = None, *, backend: str = "auto"
-) -> None:
-    """Convert the case's module with ``registry`` and assert it matches PyTorch on fresh inputs.
+) -> ConvertedModule:
+    """Convert the case's module with ``registry``, assert it matches PyTorch on fresh inputs, and return the
+    converted module (for further checks: a TensorRT build of ``module.onnx``, say).
 
     Conversion validates against PyTorch itself (and raises AccuracyError beyond tolerance); this also checks the
     converted op is gone from the final graph, and runs the module once more at the dynamic dimensions' max.
@@ -39,6 +41,7 @@ def check_converter_case(
     fresh = tuple(_random(tuple(s), dtype, case, generator) for s, (_, dtype) in zip(shapes, case.inputs, strict=True))
     with torch.no_grad():
         torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-4, atol=1e-5)
+    return module
 
 
 def _random(shape: tuple[int, ...], dtype: str, case: ConverterCase, generator: torch.Generator) -> torch.Tensor:

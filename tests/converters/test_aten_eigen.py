@@ -12,6 +12,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 import torch
+from converter_cases import assert_case_lowers_matches_and_builds
 from rtx_build import assert_builds
 
 import pipeline
@@ -25,7 +26,7 @@ from converters.errors import ConversionError
 from converters.jacobi import SWEEPS, jacobi, round_robin
 from converters.registry import ConverterEntry, ConverterRegistry
 from converters.settings import Settings
-from converters.targets import OpKey, node_key
+from converters.targets import OpKey
 
 OWN = ConverterRegistry()
 register_eigen_converters(OWN)
@@ -33,21 +34,9 @@ REGISTRY = default_registry()
 CASES = list({(e.function, c.name): (e, c) for e, c in collect_cases(OWN)}.values())
 
 
-def _random(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(shape, generator=generator)
-
-
 @pytest.mark.parametrize(("entry", "case"), CASES, ids=[c.name for _, c in CASES])
 def test_case_matches_pytorch_and_builds(entry: ConverterEntry, case: ConverterCase) -> None:
-    generator = torch.Generator().manual_seed(0)
-    model = case.module().eval()
-    sample = tuple(_random(shape, generator) for shape, _ in case.inputs)
-    module = pipeline.convert(model, sample, converters=REGISTRY, dynamic=case.dynamic)
-    assert [n.name for n in module.onnx.graph.node if node_key(n.domain, n.op_type) in set(OWN.op_keys())] == []
-    fresh = tuple(_random(shape, generator) for shape, _ in case.inputs)
-    with torch.no_grad():
-        torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-4, atol=1e-5)
-    assert_builds(module)
+    assert_case_lowers_matches_and_builds(entry, case, REGISTRY, OWN)
 
 
 # ---------------------------------------------------------------------------------------------- the loop

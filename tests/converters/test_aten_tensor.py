@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from converter_cases import assert_case_lowers_matches_and_builds
 from rtx_build import assert_builds
 from torch.utils import _pytree as pytree
 
@@ -16,7 +17,6 @@ from converters.aten_tensor import register_aten2_converters
 from converters.cases import ConverterCase, collect_cases
 from converters.defaults import default_registry
 from converters.registry import ConverterEntry, ConverterRegistry
-from converters.targets import node_key
 
 OWN = ConverterRegistry()
 register_aten2_converters(OWN)
@@ -26,22 +26,9 @@ REGISTRY.include(OWN)
 CASES = list({(e.function, c.name): (e, c) for e, c in collect_cases(OWN)}.values())
 
 
-def _random(shape: tuple[int, ...], dtype: str, generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(shape, generator=generator).to(getattr(torch, dtype))
-
-
 @pytest.mark.parametrize(("entry", "case"), CASES, ids=[c.name for _, c in CASES])
 def test_case_matches_pytorch_and_builds(entry: ConverterEntry, case: ConverterCase) -> None:
-    generator = torch.Generator().manual_seed(0)
-    model = case.module().eval()
-    sample = tuple(_random(shape, dtype, generator) for shape, dtype in case.inputs)
-    module = pipeline.convert(model, sample, converters=REGISTRY, dynamic=case.dynamic, tolerances=case.tolerances)
-    opaque = [n.name for n in module.onnx.graph.node if node_key(n.domain, n.op_type) in set(OWN.op_keys())]
-    assert opaque == []
-    fresh = tuple(_random(shape, dtype, generator) for shape, dtype in case.inputs)
-    with torch.no_grad():
-        torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-4, atol=1e-5)
-    assert_builds(module)
+    assert_case_lowers_matches_and_builds(entry, case, REGISTRY, OWN)
 
 
 class _Plain(torch.nn.Module):
