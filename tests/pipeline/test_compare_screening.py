@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from refusing_models import TARGET, LowerCholesky, ShiftedCrossEntropy, X
 from torch import nn
 
 import pipeline
@@ -18,30 +19,13 @@ from converters.errors import InputError
 _BACKENDS = ("onnxruntime-exported", "onnxruntime")
 
 
-class _ShiftedCrossEntropy(nn.Module):
-    """Takes x in [-1, 1] only: the sample is, but it is signed, so its draws are plain normals."""
-
-    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.binary_cross_entropy((x + 1) / 2, target, reduction="none")
-
-
-class _LowerCholesky(nn.Module):
-    """linalg.cholesky reads the lower triangle only: a non-symmetric sample is taken, its draws are not."""
-
-    def forward(self, a: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.cholesky(a)
-
-
-_X, _TARGET = torch.tensor([-0.9, 0.8, 0.95, -0.7]), torch.tensor([0.0, 1.0, 1.0, 0.0])
-
-
 def test_refused_draws_are_dropped_loudly_and_the_rest_compared(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Before: the first refused draw was an InputError and nothing was compared."""
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         report = pipeline.compare(
-            _ShiftedCrossEntropy().eval(), (_X, _TARGET), backends="onnxruntime", reference_dtype="float64",
+            ShiftedCrossEntropy().eval(), (X, TARGET), backends="onnxruntime", reference_dtype="float64",
             random_inputs=6, seed=2, output_dir=tmp_path,
         )  # fmt: skip
     assert report.passed and report.inputs == 4  # 7 inputs, 3 dropped (the draws validation drops too)
@@ -61,15 +45,15 @@ def test_refused_draws_are_dropped_loudly_and_the_rest_compared(
 
 def test_a_refusal_outside_python_names_the_aten_op_and_the_sample_alone_is_compared() -> None:
     a = torch.tensor([[4.0, 9.0, -3.0], [1.0, 5.0, 7.0], [0.5, 1.0, 6.0]])  # lower triangle: positive definite
-    report = pipeline.compare(_LowerCholesky().eval(), a, backends="onnxruntime", random_inputs=2)
+    report = pipeline.compare(LowerCholesky().eval(), a, backends="onnxruntime", random_inputs=2)
     assert report.passed and report.inputs == 1 and [d.index for d in report.dropped] == [1, 2]
     assert all(d.function.startswith("aten.") and "positive-definite" in d.reason for d in report.dropped)
 
 
 def test_a_given_sample_refused_is_an_input_error_not_dropped() -> None:
-    refused = (torch.tensor([3.0, 0.0, 0.0, 0.0]), _TARGET)
+    refused = (torch.tensor([3.0, 0.0, 0.0, 0.0]), TARGET)
     with pytest.raises(InputError, match="PyTorch itself raised in torch function 'binary_cross_entropy'") as info:
-        pipeline.compare(_ShiftedCrossEntropy().eval(), [(_X, _TARGET), refused], backends="onnxruntime")
+        pipeline.compare(ShiftedCrossEntropy().eval(), [(X, TARGET), refused], backends="onnxruntime")
     assert "fix:" in str(info.value)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-from torch import nn
+from refusing_models import TARGET, LowerCholesky, ShiftedCrossEntropy, X
 
 import pipeline
 from converters.errors import InputError
@@ -18,27 +18,10 @@ from pipeline.module.report import ConversionReport
 from pipeline.validate import validate
 
 
-class _ShiftedCrossEntropy(nn.Module):
-    """Takes x in [-1, 1] only: the sample is, but it is signed, so its draws are plain normals."""
-
-    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.binary_cross_entropy((x + 1) / 2, target, reduction="none")
-
-
-class _LowerCholesky(nn.Module):
-    """linalg.cholesky reads the lower triangle only: a non-symmetric sample is taken, its draws are not."""
-
-    def forward(self, a: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.cholesky(a)
-
-
-_X, _TARGET = torch.tensor([-0.9, 0.8, 0.95, -0.7]), torch.tensor([0.0, 1.0, 1.0, 0.0])
-
-
 def test_refused_draws_are_dropped_loudly_and_the_rest_validated(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         module = pipeline.convert(
-            _ShiftedCrossEntropy().eval(), (_X, _TARGET), backend="onnxruntime", validation_inputs=6, seed=2
+            ShiftedCrossEntropy().eval(), (X, TARGET), backend="onnxruntime", validation_inputs=6, seed=2
         )
     accuracy = module.report.accuracy
     assert accuracy is not None and accuracy.passed
@@ -54,7 +37,7 @@ def test_refused_draws_are_dropped_loudly_and_the_rest_validated(caplog: pytest.
 
 def test_a_refusal_outside_python_names_the_aten_op_and_the_sample_alone_is_validated() -> None:
     a = torch.tensor([[4.0, 9.0, -3.0], [1.0, 5.0, 7.0], [0.5, 1.0, 6.0]])  # lower triangle: positive definite
-    module = pipeline.convert(_LowerCholesky().eval(), a, backend="onnxruntime", validation_inputs=2)
+    module = pipeline.convert(LowerCholesky().eval(), a, backend="onnxruntime", validation_inputs=2)
     accuracy = module.report.accuracy
     assert accuracy is not None and accuracy.passed and accuracy.inputs == 1
     assert [d.index for d in accuracy.dropped] == [1, 2]
@@ -63,11 +46,11 @@ def test_a_refusal_outside_python_names_the_aten_op_and_the_sample_alone_is_vali
 
 
 def test_the_users_input_refused_is_an_input_error_not_dropped() -> None:
-    model = _ShiftedCrossEntropy().eval()
-    module = pipeline.convert(model, (_X, _TARGET), backend="onnxruntime", validate=False)
+    model = ShiftedCrossEntropy().eval()
+    module = pipeline.convert(model, (X, TARGET), backend="onnxruntime", validate=False)
     runner = OnnxrtRunner(SessionFromOnnx(module.onnx.SerializeToString()))
-    refused = {"x": np.array([3.0, 0.0, 0.0, 0.0], np.float32), "target": _TARGET.numpy()}
-    taken = {"x": _X.numpy(), "target": _TARGET.numpy()}
+    refused = {"x": np.array([3.0, 0.0, 0.0, 0.0], np.float32), "target": TARGET.numpy()}
+    taken = {"x": X.numpy(), "target": TARGET.numpy()}
     with pytest.raises(InputError, match="PyTorch itself raised in torch function 'binary_cross_entropy'") as info:
         validate(model, module.io, runner, [refused, taken], Settings(), graph=module.onnx, given=1)
     assert "fix:" in str(info.value)
