@@ -2,10 +2,12 @@
 
 Models (random weights, nothing downloaded): ``cnn``, the bundled ``examples/cnn.py`` SmallResNet on a 16x3x64x64
 batch (Conv-heavy), and ``bert``, a 4-layer BERT (hidden 256, intermediate 1024) on 8x128 tokens (MatMul-heavy).
-Each is converted three ways: fp32, ``precision="int8", quantize_fallback="fp32"`` (ONNX Runtime fuses
+Each is converted four ways: fp32; ``precision="int8", quantize_fallback="fp32"`` (ONNX Runtime fuses
 ``DQ -> Conv -> Q`` into QLinearConv and ``DQ -> MatMul`` into MatMulIntegerToFloat; the column "integer kernels"
-counts them in ONNX Runtime's optimized graph), and ``precision="int8"`` with the default fp16 fallback (on the CPU
-its fp16 part runs as the float32 emulation with a rounding per tensor: slower by design, shown for completeness).
+counts them in ONNX Runtime's optimized graph); the same with ``ort_int8_conv_outputs="exact"`` (the convolutions
+before residual Adds keep TensorRT's float output instead of the session's own calibrated INT8 one); and
+``precision="int8"`` with the default fp16 fallback (on the CPU its fp16 part runs as the float32 emulation with a
+rounding per tensor: slower by design, shown for completeness).
 Runners are called in turn each round, so a busy machine slows all alike; the table gives medians of the wall time
 and of the process's CPU time (all threads; on a shared machine the wall time also holds the waits for a core).
 Every variant runs with the same ONNX Runtime thread settings: ``--threads`` intra-op threads, and their spin-waiting
@@ -14,8 +16,9 @@ the cores and the wall times measure the scheduler (measured here, 2 busy cores:
 without, for the same fp32 session).
 
 The INT8 session graph is ONNX Runtime's own (:mod:`pipeline.quantize.ort_int8`): ``module.onnx`` keeps TensorRT's
-placement. Its convolutions run as QLinearConv (quantized output), or as im2col and MatMulIntegerToFloat (float output,
-before a residual Add); the few-channel stem stays float.
+placement. Its convolutions run as QLinearConv, the residual Adds as QLinearAdd (by default the convolution before
+the Add gets a calibrated INT8 output; with "exact" it runs as im2col and MatMulIntegerToFloat, or in float below 32
+channels); the few-channel stem stays float.
 
     python benchmarks/bench_quantize.py                # 50 rounds per model
     python benchmarks/bench_quantize.py --rounds 10 --models cnn --json out.json
@@ -46,6 +49,11 @@ import pipeline  # noqa: E402
 VARIANTS: dict[str, dict[str, Any]] = {
     "fp32": {},
     "int8 (fp32 elsewhere)": {"precision": "int8", "quantize_fallback": "fp32"},
+    "int8 (fp32 elsewhere, exact conv outputs)": {
+        "precision": "int8",
+        "quantize_fallback": "fp32",
+        "ort_int8_conv_outputs": "exact",
+    },
     "int8 (fp16 elsewhere, emulated)": {"precision": "int8"},
 }
 

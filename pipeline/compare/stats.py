@@ -70,7 +70,8 @@ def judgement(name: str, dtype: str, settings: Settings) -> Judgement:
     computed = computed_type(dtype, settings)
     note = _computed_note(dtype, computed, settings)
     if name in settings.tolerances:
-        return Judgement(settings.tolerances[name], computed, f"tolerance given for {name!r}")
+        given = settings.tolerances[name]
+        return Judgement(given, computed, given.source or f"tolerance given for {name!r}")
     tolerance = next(
         (settings.tolerances[key] for key in (computed, dtype) if key in settings.tolerances),
         DEFAULT_TOLERANCES.get(computed, DEFAULT_TOLERANCES["float32"]),

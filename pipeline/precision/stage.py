@@ -85,11 +85,12 @@ def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> 
 def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> onnx.ModelProto:
     """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, and
     an FP8 graph's exact emulation (:mod:`pipeline.quantize.emulation`), and an INT8 graph rewritten so that more of
-    it runs in integer kernels, with the same quantization (:mod:`pipeline.quantize.ort_int8`)."""
+    it runs in integer kernels (:mod:`pipeline.quantize.ort_int8`: the same quantization, plus the recorded
+    convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``)."""
     if backend == "onnxruntime" and has_fp8(model):
         model = emulate_fp8(model)
     if backend == "onnxruntime" and has_int8_weights(model):
-        model = ort_int8_graph(model)  # more of it in integer kernels, the same Q/DQ arithmetic
+        model = ort_int8_graph(model, settings.ort_int8_conv_outputs)  # more of it in integer kernels
     if backend == "onnxruntime" and emulated_on_cpu(model, settings):
         return emulate_low_precision(model)
     return model

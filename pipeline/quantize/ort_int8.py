@@ -35,11 +35,30 @@ Runtime's reference kernels). Rewrites 6 and 7 are what an integer kernel needs,
    output is not quantized (before a residual Add) becomes im2col and ``MatMulIntegerToFloat``: the 8-bit products
    summed exactly in int32 and scaled once, as TensorRT's INT8 kernels compute them, instead of ONNX Runtime's float
    Conv over dequantized values.
+
+Rewrite 0 is the one that changes values by more than float32 rounding, and the default
+(``Settings.ort_int8_conv_outputs="requantize"``; ``"exact"`` leaves it out). It runs after rewrite 1, whose exact
+form it must not take the place of:
+
+0. **Requantized convolution outputs** (:func:`requantize_conv_outputs`). TensorRT fuses a quantized convolution with
+   the residual Add after it and keeps the convolution's output in its accumulator (:mod:`passes.quantize.residual`),
+   so TensorRT's graph leaves that output float (a convolution read only by Adds). ONNX Runtime's CPU provider has no
+   fast integer convolution with a float output: rewrite 7's im2col costs as much as the integer product saves below
+   32 channels, and ORT's own
+   ``ConvInteger`` is 7x slower than its float Conv (measured, 16x16x32x32 -> 16 channels, 2 threads: 3.5 ms against
+   0.50 ms; QLinearConv 0.25 ms). Here the output gets a Q/DQ pair of its own, INT8 per tensor with the range the
+   quantize stage calibrated for it (:func:`record_conv_output_ranges`, the model's ``metadata_props``), as
+   ``onnxruntime.quantization`` places one: the convolution becomes QLinearConv and the residual Add QLinearAdd. That
+   is one 8-bit rounding per such convolution more than TensorRT computes (as large as the rounding of the Add's
+   quantized output); the quantize stage's accuracy search and validation tolerance are measured on this graph when
+   the module runs on ONNX Runtime, and on the exact one when it is built for TensorRT.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -64,6 +83,11 @@ DISABLED_OPTIMIZERS = ("WeightBiasQuantization", "QDQPropagationTransformer")
 #: U8S8 convolution is slower there (measured, 16x3x64x64 -> 16 channels, 2 threads: 12 ms against 1.3 ms in
 #: float32; from 8 input channels on it is as fast or faster).
 MIN_INTEGER_CHANNELS = 8
+#: The key of the model's ``metadata_props`` entry holding the calibrated ranges of convolution outputs (JSON: tensor
+#: name -> amax), which rewrite 0 quantizes in ONNX Runtime's session only; TensorRT ignores it.
+RANGES_KEY = "pipeline.ort_int8.conv_output_amax"
+#: ``Settings.ort_int8_conv_outputs``: requantize the float outputs of integer convolutions (rewrite 0) or not.
+CONV_OUTPUT_MODES = ("requantize", "exact")
 
 
 def disabled_optimizers(model: onnx.ModelProto) -> list[str]:
@@ -73,14 +97,40 @@ def disabled_optimizers(model: onnx.ModelProto) -> list[str]:
     return list(DISABLED_OPTIMIZERS) if quantized else []
 
 
-def ort_int8_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+def record_conv_output_ranges(model: onnx.ModelProto, ranges: Mapping[str, float]) -> onnx.ModelProto:
+    """A copy of ``model`` whose ``metadata_props`` hold ``ranges`` (tensor name -> calibrated amax of a quantized
+    convolution's output) for rewrite 0 of the module doc; an empty ``ranges`` removes the entry."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [p for p in out.metadata_props if p.key != RANGES_KEY]
+    del out.metadata_props[:]
+    out.metadata_props.extend(kept)
+    if ranges:
+        values = {name: float(amax) for name, amax in sorted(ranges.items())}
+        out.metadata_props.add(key=RANGES_KEY, value=json.dumps(values))
+    return out
+
+
+def conv_output_ranges(model: onnx.ModelProto) -> dict[str, float]:
+    """The ranges :func:`record_conv_output_ranges` stored in ``model`` (empty when there are none)."""
+    for prop in model.metadata_props:
+        if prop.key == RANGES_KEY:
+            return {str(name): float(amax) for name, amax in json.loads(prop.value).items()}
+    return {}
+
+
+def ort_int8_graph(model: onnx.ModelProto, conv_outputs: str = "requantize") -> onnx.ModelProto:
     """The INT8 Q/DQ graph rewritten for ONNX Runtime's CPU provider (see the module doc): the same values, more of
-    it in integer kernels. ``model`` is not changed.
+    it in integer kernels; with ``conv_outputs="requantize"`` (rewrite 0) also the float outputs of quantized
+    convolutions whose range the model records, in 8 bits. ``model`` is not changed.
 
     >>> session_graph = ort_int8_graph(module.onnx)   # doctest: +SKIP
     """
+    if conv_outputs not in CONV_OUTPUT_MODES:
+        raise ValueError(f"conv_outputs must be one of {CONV_OUTPUT_MODES}, not {conv_outputs!r}")
     graph, metadata = to_graph(model)
     outputs = quantize_weighted_outputs(graph)
+    requantized = requantize_conv_outputs(graph, conv_output_ranges(model)) if conv_outputs == "requantize" else []
     switched = switch_to_uint8(graph)
     integer = integer_relu_and_pool(graph)
     shared = share_quantize(graph)
@@ -88,8 +138,9 @@ def ort_int8_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     convs = integer_float_convs(graph)
     graph.cleanup().toposort()
     logger.debug(
-        "onnxruntime int8 graph: %d outputs quantized, %d pairs in uint8, %d integer Relu/MaxPool, %d Q shared, "
-        "%d int32 biases, %d integer convolutions with a float output",
+        "onnxruntime int8 graph: %d convolution outputs requantized, %d outputs quantized, %d pairs in uint8, "
+        "%d integer Relu/MaxPool, %d Q shared, %d int32 biases, %d integer convolutions with a float output",
+        len(requantized),
         outputs,
         switched,
         integer,
@@ -133,6 +184,48 @@ def quantize_weighted_outputs(graph: gs.Graph) -> int:
             reader.inputs[0] = _pair(graph, tensor, scale, zero, f"{tensor.name}/ort_output")
         done += 1
     return done
+
+
+def requantize_conv_outputs(graph: gs.Graph, ranges: Mapping[str, float]) -> list[str]:
+    """Rewrite 0 of the module doc: the float output of every ``DQ(per tensor, float32 scale) -> Conv(DQ(int8
+    weight))`` whose range ``ranges`` holds, read by Adds only (the residual Adds TensorRT fuses) and not a graph
+    output, is read through an INT8 Q/DQ pair with that range; the names of the outputs so quantized."""
+    from passes.quantize.formats import FORMATS
+
+    done = []
+    outputs = {t.name for t in graph.outputs}
+    for node in [n for n in graph.nodes if n.op == "Conv"]:
+        result = node.outputs[0]
+        amax = ranges.get(result.name, 0.0)
+        if amax <= 0 or not np.isfinite(amax) or result.name in outputs or not result.outputs:
+            continue
+        if any(reader.op != "Add" for reader in result.outputs) or _few_channels(node):
+            continue
+        if not _integer_conv_operands(node):
+            continue
+        scale = gs.Constant(f"{result.name}/ort_requantize_scale", np.asarray(FORMATS["int8"].scale_for(amax)))
+        zero = gs.Constant(f"{result.name}/ort_requantize_zero", np.array(0, np.int8))
+        readers = list(result.outputs)
+        restored = _pair(graph, result, scale, zero, f"{result.name}/ort_requantized")
+        for reader in readers:
+            reader.inputs = [restored if t is result else t for t in reader.inputs]
+        done.append(result.name)
+    return done
+
+
+def _integer_conv_operands(node: gs.Node) -> bool:
+    """Are a Conv's inputs a per-tensor ``DequantizeLinear`` with a float32 scale and a constant int8 weight's
+    ``DequantizeLinear`` (the ``DQ -> Conv`` ONNX Runtime fuses with a trailing Q)?"""
+    data, weight = node.inputs[0], node.inputs[1]
+    if len(data.inputs) != 1 or len(weight.inputs) != 1:
+        return False
+    activation, weights = data.inputs[0], weight.inputs[0]
+    if activation.op != "DequantizeLinear" or weights.op != "DequantizeLinear" or _axis_of(activation):
+        return False
+    scale, stored = activation.inputs[1], weights.inputs[0]
+    if not isinstance(scale, gs.Constant) or np.asarray(scale.values).dtype != np.float32:
+        return False  # a float16 graph runs as its float32 emulation: left as it is
+    return isinstance(stored, gs.Constant) and np.asarray(stored.values).dtype == np.int8
 
 
 def _few_channels(node: gs.Node) -> bool:

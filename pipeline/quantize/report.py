@@ -42,6 +42,9 @@ class QuantizationReport:
     residuals: tuple[QuantizedOp, ...] = ()  # residual Add inputs quantized so TensorRT fuses the Add (op "Add")
     unquantized: tuple[str, ...] = ()  # ops the accuracy search returned to the fallback type, most sensitive first
     error_bound: float = 0.0  # the largest relative_error accepted (pipeline.quantize.tolerance)
+    # tensor -> calibrated amax of a convolution output before a residual Add, which ONNX Runtime's session
+    # requantizes (pipeline.quantize.ort_int8, rewrite 0); module.onnx's metadata holds them too
+    ort_conv_output_ranges: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def share(self) -> float:
@@ -72,6 +75,7 @@ class QuantizationReport:
         values["warnings"] = tuple(values.get("warnings", ()))
         values["unquantized"] = tuple(values.get("unquantized", ()))
         values["tolerances"] = {k: (float(a), float(r)) for k, (a, r) in values.get("tolerances", {}).items()}
+        values["ort_conv_output_ranges"] = {k: float(v) for k, v in values.get("ort_conv_output_ranges", {}).items()}
         return cls(**values)
 
     def summary_lines(self, limit: int = 8) -> list[str]:

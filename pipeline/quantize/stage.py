@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import ConversionError
@@ -39,6 +40,7 @@ from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
 from pipeline.precision.stage import calibration_feeds, convert_precision, torch_references
 from pipeline.quantize.calibrate import calibrate, method_for
+from pipeline.quantize.ort_int8 import record_conv_output_ranges, requantize_conv_outputs
 from pipeline.quantize.report import QuantizationReport, judge_cpu_fallback, judge_quantized_share
 from pipeline.quantize.search import QuantizedGraphs, SearchResult, measure_errors, relative_error
 from pipeline.quantize.tolerance import describe, error_bound, output_tolerances
@@ -50,6 +52,8 @@ QUANTIZED_PRECISIONS = tuple(FORMATS)
 #: The opset quantized graphs export at (unless ``opset`` is given): float8 and float16 scales need 19, and
 #: TensorRT-RTX's INT8/FP8 Q/DQ support was verified at 21.
 QUANT_OPSET = 21
+#: How the accuracy report labels an output judged by the tolerance the quantize stage derived.
+DERIVED_TOLERANCE = "tolerance derived from the quantization (report.quantization.tolerances)"
 
 
 def is_quantized(settings: Settings) -> bool:
@@ -70,7 +74,7 @@ def quantized_validation_settings(settings: Settings, report: QuantizationReport
     if report is None or "float32" in settings.tolerances:
         return settings
     derived = {
-        name: Tolerance(atol, rtol)
+        name: Tolerance(atol, rtol, source=DERIVED_TOLERANCE)
         for name, (atol, rtol) in report.tolerances.items()
         if name not in settings.tolerances
     }
@@ -103,13 +107,22 @@ def quantize_precision(
     if settings.quantize_fallback == "fp16":
         # the float16 part is judged by the quantized graph's tolerance (the 8-bit error dominates the fp16 one);
         # islands come from the rules and measured overflow, not from an accuracy search
-        judged = {name: Tolerance(*pair) for name, pair in tolerances.items()}
+        judged = {name: Tolerance(*pair, source=DERIVED_TOLERANCE) for name, pair in tolerances.items()}
         half = dataclasses.replace(
             settings, precision="fp16", precision_search=False, tolerances={**judged, **settings.tolerances}
         )
         base, records, precision = convert_precision(fp32_model, exported, model, sample, calibration, half, passes)
     start = time.perf_counter()
-    amax = _calibrated_ranges(fp32_model, [*planned, *residuals], feeds, fmt, method, settings)
+    # ONNX Runtime's session requantizes the float outputs of convolutions before residual Adds (ort_int8 rewrite 0)
+    conv_outputs = _residual_conv_outputs(fp32_graph, planned) if fmt.name == "int8" else []
+    amax, output_ranges = _calibrated_ranges(
+        fp32_model, [*planned, *residuals], conv_outputs, feeds, fmt, method, settings
+    )
+    base = record_conv_output_ranges(base, output_ranges)
+    # the search and the tolerance measure the graph the backend runs: on ONNX Runtime its session graph, for TensorRT
+    # the Q/DQ graph as written
+    backend = _backend_name(settings)
+    measured = settings if backend == "onnxruntime" else dataclasses.replace(settings, ort_int8_conv_outputs="exact")
     graph = to_graph(base)[0]
     in_base, skipped = plan_targets(graph, settings.keep_fp32)
     names = {t.node for t in in_base}
@@ -120,8 +133,8 @@ def quantize_precision(
         [t for t in planned if t.node in names],
         amax,
         fmt,
-        settings,
-        lambda candidate: relative_error(candidate, settings, feeds, references),
+        measured,
+        lambda candidate: relative_error(candidate, measured, feeds, references),
     )
     result = graphs.search(settings.precision_search, feeds)
     final = result.chosen.model
@@ -135,11 +148,45 @@ def quantize_precision(
         for node, added in result.unquantized
     ]
     report = _report(fp32_model, final, settings, fmt, method, result, [*skipped, *searched], len(feeds))
+    final, report = _requantized_outputs(final, report, output_ranges, measured.ort_int8_conv_outputs)
     layers = len(result.chosen.done)
-    largest = _envelope(final, exported, model, sample, settings, feeds, references)
+    largest = _envelope(final, exported, model, sample, measured, feeds, references)
     tolerances = output_tolerances(references, fmt, layers, largest)
     report = judge_quantized_share(dataclasses.replace(report, tolerances=tolerances), settings)
-    return final, records, precision, judge_cpu_fallback(report, settings, _backend_name(settings))
+    return final, records, precision, judge_cpu_fallback(report, settings, backend)
+
+
+def _residual_conv_outputs(fp32_graph: gs.Graph, targets: Sequence[Target]) -> list[str]:
+    """The float32 outputs of the planned convolutions that are read by Adds only (TensorRT fuses the residual Add
+    and keeps them float; ONNX Runtime's session requantizes them: :mod:`pipeline.quantize.ort_int8`, rewrite 0)."""
+    planned = {t.node for t in targets if t.op == "Conv"}
+    return [
+        node.outputs[0].name
+        for node in fp32_graph.nodes
+        if node.name in planned
+        and node.outputs[0].outputs
+        and all(reader.op == "Add" for reader in node.outputs[0].outputs)
+    ]
+
+
+def _requantized_outputs(
+    final: onnx.ModelProto, report: QuantizationReport, ranges: dict[str, float], mode: str
+) -> tuple[onnx.ModelProto, QuantizationReport]:
+    """The final graph recording the ranges of the convolution outputs ONNX Runtime's session requantizes (those
+    that still feed residual Adds after the search), the report with them and, when ``mode`` requantizes, a note that
+    says so (it is one rounding more than TensorRT computes)."""
+    used = {name: ranges[name] for name in requantize_conv_outputs(to_graph(final)[0], ranges)}
+    final = record_conv_output_ranges(final, used)
+    report = dataclasses.replace(report, ort_conv_output_ranges=used)
+    if mode != "requantize" or not used:
+        return final, report
+    note = (
+        f"ONNX Runtime's session requantizes the float outputs of {len(used)} convolutions before residual Adds to "
+        "INT8 (QLinearConv + QLinearAdd; ranges in report.quantization.ort_conv_output_ranges): one 8-bit rounding "
+        "more than TensorRT's fused kernels, which module.onnx keeps; ort_int8_conv_outputs='exact' keeps them float "
+        "(slower)"
+    )
+    return final, dataclasses.replace(report, notes=(*report.notes, note))
 
 
 def _backend_name(settings: Settings) -> str:
@@ -173,23 +220,25 @@ def _envelope(
 def _calibrated_ranges(
     fp32_model: onnx.ModelProto,
     targets: Sequence[Target],
+    tensors: Sequence[str],
     feeds: Sequence[Feed],
     fmt: QuantFormat,
     method: str,
     settings: Settings,
-) -> dict[str, float]:
-    """Node name -> the calibrated range (amax) of the activation each target quantizes."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Node name -> the calibrated range (amax) of the activation each target quantizes, and tensor name -> the
+    calibrated range of each of ``tensors`` (one calibration run for both)."""
     inputs = _activation_tensors(fp32_model, targets)
     by_tensor = calibrate(
         fp32_model,
         feeds,
-        sorted(set(inputs.values())),
+        sorted(set(inputs.values()) | set(tensors)),
         fmt,
         method,
         settings.calibration_percentile,
         settings.ort_providers,
     )
-    return {node: by_tensor[tensor] for node, tensor in inputs.items()}
+    return {node: by_tensor[tensor] for node, tensor in inputs.items()}, {t: by_tensor[t] for t in tensors}
 
 
 def _activation_tensors(model: onnx.ModelProto, targets: Sequence[Target]) -> dict[str, str]:

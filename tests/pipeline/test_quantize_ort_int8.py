@@ -23,10 +23,13 @@ from passes.quantize.placement import plan_targets
 from passes.quantize.residual import plan_residuals
 from pipeline.quantize.integer_conv import integer_float_convs
 from pipeline.quantize.ort_int8 import (
+    conv_output_ranges,
     disabled_optimizers,
     integer_relu_and_pool,
     ort_int8_graph,
     quantize_weighted_outputs,
+    record_conv_output_ranges,
+    requantize_conv_outputs,
     share_quantize,
     switch_to_uint8,
 )
@@ -218,3 +221,36 @@ def test_int8_with_the_fp16_fallback_on_the_cpu_says_it_is_slow_and_how_to_be_fa
         assert "no fp16 kernels" in module.report.summary()
     else:
         assert not slow
+
+
+def test_recorded_convolution_output_ranges_round_trip_through_the_model_metadata() -> None:
+    model = record_conv_output_ranges(quantized_stem(), {"c2": 1.25, "c1": 0.5})
+    assert conv_output_ranges(model) == {"c1": 0.5, "c2": 1.25}
+    assert conv_output_ranges(quantized_stem()) == {}
+    assert conv_output_ranges(record_conv_output_ranges(model, {})) == {}  # an empty record removes the entry
+
+
+def test_requantized_convolution_output_makes_the_residual_block_integer(tmp_path: Path) -> None:
+    """Rewrite 0: conv2's float output (read by the residual Add only) gets its own INT8 pair with the recorded
+    range, so ONNX Runtime runs conv2 as QLinearConv and the Add as QLinearAdd; conv1 (read by a Relu, rewrite 1's
+    exact case) and the heads (graph outputs) are left alone; ``conv_outputs="exact"`` leaves conv2 float."""
+    model = record_conv_output_ranges(quantized_stem(), {"c2": 14.0, "c1": 3.0, "y": 3.0})  # c2 peaks at 13.6
+    graph, _ = to_graph(model)
+    quantize_weighted_outputs(graph)
+    assert requantize_conv_outputs(graph, conv_output_ranges(model)) == ["c2"]
+    session_graph = ort_int8_graph(model)
+    onnx.checker.check_model(session_graph, full_check=True)
+    x = inputs()[0]
+    got = run(session_graph, x, ALL, tmp_path / "optimized.onnx")
+    ops = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+    assert ops.count("QLinearConv") == 4 and ops.count("QLinearAdd") == 1, ops  # stem, conv1, skip, conv2
+    assert ops.count("MatMulIntegerToFloat") == 2 and "Conv" not in ops, ops  # the two heads
+    exact = run(ort_int8_graph(model, "exact"), x, ALL)
+    want = run(model, x, PLAIN)
+    step = 1.0 / 127
+    assert np.abs(exact - want).max() <= 4 * step * np.abs(want).max() + 1e-6
+    # one more rounding of conv2's output (half a step of 14 / 127) before the Add: visible, and bounded
+    assert np.abs(got - exact).max() > 1e-4
+    assert np.abs(got - want).max() <= 8 * step * np.abs(want).max() + 1e-6
+    with pytest.raises(ValueError, match="conv_outputs"):
+        ort_int8_graph(model, "fast")

@@ -8,6 +8,7 @@ artifact, engine cache) and the same final graph runs on ONNX Runtime, as the re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import warnings
@@ -168,7 +169,10 @@ class EngineOnOnnxRuntime:
         self.reason = reason
         self.cache_status = cache_status
         self._engine_bytes = engine
-        self.onnxruntime: OnnxRuntimeExecutor = OnnxRuntimeExecutor(model, io, settings)
+        # it stands in for the engine: the Q/DQ graph as TensorRT computes it, without ONNX Runtime's requantized
+        # convolution outputs (pipeline.quantize.ort_int8, rewrite 0)
+        exact = dataclasses.replace(settings, ort_int8_conv_outputs="exact")
+        self.onnxruntime: OnnxRuntimeExecutor = OnnxRuntimeExecutor(model, io, exact)
 
     @property
     def engine_bytes(self) -> bytes | None:
