@@ -1,7 +1,9 @@
 """INT8 against fp32 on ONNX Runtime's CPU provider: median latency of the converted modules and artifact size.
 
-Models (random weights, nothing downloaded): ``cnn``, the bundled ``examples/cnn.py`` SmallResNet on a 16x3x64x64
-batch (Conv-heavy), and ``bert``, a 4-layer BERT (hidden 256, intermediate 1024) on 8x128 tokens (MatMul-heavy).
+Models (nothing downloaded): ``cnn``, the bundled ``examples/cnn.py`` SmallResNet with random weights on a
+16x3x64x64 batch (Conv-heavy); ``digits-resnet``, the same network with one input channel trained on scikit-learn's
+digits resized to 32x32, on 64 test images (the model of ``benchmarks/quantize_digits.py``'s accuracy table); and
+``bert``, a 4-layer BERT (hidden 256, intermediate 1024) with random weights on 8x128 tokens (MatMul-heavy).
 Each is converted four ways: fp32; ``precision="int8", quantize_fallback="fp32"`` (ONNX Runtime fuses
 ``DQ -> Conv -> Q`` into QLinearConv and ``DQ -> MatMul`` into MatMulIntegerToFloat; the column "integer kernels"
 counts them in ONNX Runtime's optimized graph); the same with ``ort_int8_conv_outputs="exact"`` (the convolutions
@@ -85,7 +87,23 @@ def bert() -> tuple[torch.nn.Module, Any, list[Any]]:
     return model, draw(0), [draw(s) for s in range(1, 5)]
 
 
-MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Any, list[Any]]]] = {"cnn": cnn, "bert": bert}
+def digits_resnet() -> tuple[torch.nn.Module, Any, list[Any]]:
+    """The SmallResNet trained on scikit-learn's digits resized to 32x32 (``tests/quantize_support.py``; the model of
+    ``benchmarks/quantize_digits.py``'s accuracy table), 64 test images, four batches of training images."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from quantize_support import digits, trained_digits_resnet, upsampled
+
+    x_train, y_train, x_test, _ = digits()
+    x_train = upsampled(x_train)
+    model = trained_digits_resnet(x_train, y_train)
+    return model, upsampled(x_test[:64]), [x_train[i : i + 64] for i in range(0, 256, 64)]
+
+
+MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Any, list[Any]]]] = {
+    "cnn": cnn,
+    "digits-resnet": digits_resnet,
+    "bert": bert,
+}
 
 
 def call(module: Callable[..., Any], sample: Any) -> Any:

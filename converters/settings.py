@@ -217,7 +217,7 @@ class Settings:
     precision_io: PrecisionIO = option("precision", "model")
     # Quantization (README "Quantization (INT8, FP8)"): precision="int8"/"fp8" puts Q/DQ pairs at the inputs of
     # MatMul/Gemm/Conv/ConvTranspose (weights per channel, activations per tensor); the other ops run in
-    # quantize_fallback. calibration_method "auto" is "entropy" for int8 and "max" for fp8; "percentile" clips at
+    # quantize_fallback. calibration_method "auto" is "mse" for int8 and "max" for fp8; "percentile" clips at
     # calibration_percentile. Calibration inputs are those of fp16 (calibration_inputs, convert(calibration=...)).
     quantize_fallback: QuantizeFallback = option("precision", "fp16")
     calibration_method: CalibrationMethod = option("precision", "auto")

@@ -28,9 +28,11 @@ class Block(nn.Module):
 
 
 class SmallResNet(nn.Module):
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2)
+        )
         self.layers = nn.Sequential(Block(16, 16, 1), Block(16, 32, 2), Block(32, 64, 2))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(64, num_classes)

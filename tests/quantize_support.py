@@ -3,6 +3,9 @@ trained on scikit-learn's digits (1,797 8x8 images, shipped with scikit-learn) i
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -78,6 +81,28 @@ def trained_digits_cnn(x: torch.Tensor, y: torch.Tensor, epochs: int = 6) -> Dig
             nn.functional.cross_entropy(model(x[index]), y[index]).backward()
             optimiser.step()
     torch.set_num_threads(threads)
+    return model.eval()
+
+
+def upsampled(images: torch.Tensor, size: int = 32) -> torch.Tensor:
+    """Digits (N x 1 x 8 x 8) resized to ``size`` x ``size`` (bilinear): inputs a small ResNet can take."""
+    return nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def trained_digits_resnet(x: torch.Tensor, y: torch.Tensor, epochs: int = 4) -> nn.Module:
+    """The bundled SmallResNet (``examples/cnn.py``: a stem, three residual blocks with batch norm, a linear head) with
+    one input channel, trained on :func:`upsampled` digits: about 98% test accuracy in a few seconds on a CPU."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import cnn
+
+    torch.manual_seed(0)
+    model = cnn.SmallResNet(10, in_channels=1)
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(epochs):
+        for index in torch.randperm(len(y)).split(64):
+            optimiser.zero_grad()
+            nn.functional.cross_entropy(model(x[index]), y[index]).backward()
+            optimiser.step()
     return model.eval()
 
 

@@ -58,8 +58,8 @@ def test_mse_has_the_least_squared_error_of_all_methods(fmt_name: str) -> None:
     assert all(best <= error(a) * 1.05 for a in others)  # histogram bins approximate the values: 5% slack
 
 
-def test_auto_is_entropy_for_int8_and_max_for_fp8_and_entropy_is_int8_only() -> None:
-    assert method_for("auto", FORMATS["int8"]) == "entropy"
+def test_auto_is_mse_for_int8_and_max_for_fp8_and_entropy_is_int8_only() -> None:
+    assert method_for("auto", FORMATS["int8"]) == "mse"
     assert method_for("auto", FORMATS["fp8"]) == "max"
     with pytest.raises(InputError, match="fix:.*'max'"):
         method_for("entropy", FORMATS["fp8"])

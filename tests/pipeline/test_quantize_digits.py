@@ -50,7 +50,7 @@ def test_every_weighted_op_is_quantized_and_the_rest_runs_in_float16(quantized: 
     assert report is not None and report.precision == precision
     assert [op.op for op in report.quantized] == ["Conv", "Conv", "Gemm"] and not report.skipped
     assert report.share == 1.0 and report.weight_share == 1.0
-    assert report.method == {"int8": "entropy", "fp8": "max"}[precision]
+    assert report.method == {"int8": "mse", "fp8": "max"}[precision]
     assert report.opset == 21 and module.onnx.opset_import[0].version == 21
     assert [op.weight_channels for op in report.quantized] == [16, 32, 10]
     scales = report.scales()
