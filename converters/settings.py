@@ -407,7 +407,8 @@ def _normalise_tolerances(tolerances: Any) -> Mapping[str, Tolerance]:
             raise InputError(f"tolerance for {key!r} must be finite and >= 0, got atol={atol}, rtol={rtol}", fix=fix)
         if not all(math.isfinite(x) and x >= 0 for x in extra):
             raise InputError(f"tolerance for {key!r} must have finite rms_atol and rms >= 0, got {value!r}", fix=fix)
-        out[str(key)] = Tolerance(atol, rtol, *extra)
+        source = value.source if isinstance(value, Tolerance) else ""
+        out[str(key)] = Tolerance(atol, rtol, *extra, source=source)
     return out
 
 

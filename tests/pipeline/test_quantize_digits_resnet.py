@@ -52,7 +52,12 @@ def test_every_convolution_stays_quantized(quantized: pipeline.ConvertedModule) 
     assert report is not None and report.method == "mse"
     assert report.share == 1.0 and not report.unquantized, report.unquantized
     assert report.relative_error <= report.error_bound
-    assert quantized.report.accuracy is not None and quantized.report.accuracy.passed
+    accuracy_report = quantized.report.accuracy
+    assert accuracy_report is not None and accuracy_report.passed
+    # judged by the tolerance the quantize stage derived, and the report says so (the user gave none)
+    assert [o.note for o in accuracy_report.outputs] == [
+        "tolerance derived from the quantization (report.quantization.tolerances)"
+    ]
 
 
 def test_top1_accuracy_stays_within_one_point_of_fp32(quantized: pipeline.ConvertedModule, task: tuple) -> None:
