@@ -182,6 +182,19 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
     )
     parser.add_argument(
+        "--quantize-fallback",
+        default="fp16",
+        choices=["fp16", "fp32"],
+        help="int8/fp8: the type of the ops left unquantized (fp16 for TensorRT; fp32 for INT8 speed on the CPU)",
+    )
+    parser.add_argument(
+        "--ort-int8-conv-outputs",
+        default="requantize",
+        choices=["requantize", "exact"],
+        help="int8 on ONNX Runtime: requantize the convolutions before residual Adds (faster) or keep TensorRT's "
+        "float output (exact)",
+    )
+    parser.add_argument(
         "--keep-fp32",
         action="append",
         default=[],
@@ -208,6 +221,8 @@ def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
     """``pipeline.convert`` keyword arguments from :func:`add_conversion_arguments`'s options (and ``--dynamic``)."""
     options: dict[str, Any] = {
         "precision": args.precision,
+        "quantize_fallback": args.quantize_fallback,
+        "ort_int8_conv_outputs": args.ort_int8_conv_outputs,
         "keep_fp32": tuple(args.keep_fp32),
         "seed": args.seed,
         "dynamic": merge_dynamic(

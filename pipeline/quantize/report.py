@@ -128,7 +128,8 @@ def judge_cpu_fallback(report: QuantizationReport, settings: Settings, backend: 
     message = (
         "precision='int8' with quantize_fallback='fp16' runs on ONNX Runtime's CPU provider, which has no fp16 "
         "kernels: the unquantized ops run as the exact float32 emulation of fp16, slower than the fp32 module. "
-        "Pass quantize_fallback='fp32' for INT8 speed on the CPU (keep 'fp16' for a TensorRT engine)"
+        "Pass quantize_fallback='fp32' (CLI: --quantize-fallback fp32) for INT8 speed on the CPU (keep 'fp16' for a "
+        "TensorRT engine)"
     )
     logger.warning("%s", message)
     return dataclasses.replace(report, warnings=(*report.warnings, message))

@@ -39,12 +39,16 @@ def test_convert_int8_with_calibration_file(tmp_path: Path) -> None:
         str(samples),
         "--calibration-method",
         "percentile",
+        "--quantize-fallback",
+        "fp32",
     )
     assert done.returncode == 0, done.stderr
     assert "quantize  int8" in done.stdout and "calibration percentile on 4 inputs" in done.stdout
+    assert "unquantized ops in fp32" in done.stdout and "requantizes the float outputs of 3 convolutions" in done.stdout
     report = json.loads((out / "report.json").read_text())["quantization"]
-    assert report["precision"] == "int8" and report["quantized"]
+    assert report["precision"] == "int8" and report["quantized"] and report["fallback"] == "fp32"
     assert all(op["activation_scale"] > 0 for op in report["quantized"])
+    assert len(report["ort_conv_output_ranges"]) == 3
 
 
 def test_calibration_that_is_not_a_list_is_a_clear_error(tmp_path: Path) -> None:
@@ -55,3 +59,13 @@ def test_calibration_that_is_not_a_list_is_a_clear_error(tmp_path: Path) -> None
     )
     assert done.returncode != 0
     assert "not a list of samples" in done.stderr and "fix:" in done.stderr
+
+
+def test_exact_convolution_outputs_and_the_fp16_fallback_warning_name_the_cli_flags(tmp_path: Path) -> None:
+    done = run_cli(
+        "convert", "examples/cnn.py:build", "-o", str(tmp_path / "out"), "--precision", "int8",
+        "--ort-int8-conv-outputs", "exact", "--no-validate",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "requantizes" not in done.stdout  # exact: the session keeps TensorRT's float convolution outputs
+    assert "--quantize-fallback fp32" in done.stdout + done.stderr  # the default fp16 fallback on the CPU: loud
