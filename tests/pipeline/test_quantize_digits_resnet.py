@@ -85,3 +85,14 @@ def test_the_session_runs_the_residual_blocks_in_integer_kernels(
     else:
         assert ops.count("QLinearConv") == 5 and "QLinearAdd" not in ops and floats == 2, ops
         assert ops.count("MatMulIntegerToFloat") == 2, ops
+
+
+def test_the_saved_artifact_runs_the_same_session(
+    quantized: pipeline.ConvertedModule, task: tuple, tmp_path: Path
+) -> None:
+    """The recorded convolution-output ranges travel in the artifact's graph: the loaded module computes the same."""
+    _, x_test, _, _, _ = task
+    loaded = pipeline.load(quantized.save(tmp_path / "resnet"))
+    assert loaded.report.quantization == quantized.report.quantization
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x_test[:32]), quantized(x_test[:32]), rtol=0, atol=0)
