@@ -3,7 +3,7 @@
 Draws keep what the sample shows the model requires (:mod:`pipeline.draws`), but not every requirement shows on
 a sample. A drawn input PyTorch raises on is left out of the comparison, loudly: a WARNING naming the torch function
 (or ATen op) and PyTorch's message, and a :class:`DroppedInput` in the accuracy report. The inputs the user gave
-(the sample) are never dropped: PyTorch refusing one is an InputError, as before.
+(the sample) are never dropped: PyTorch refusing one is an InputError that says it is the user's input.
 """
 
 from __future__ import annotations
@@ -67,14 +67,13 @@ class ScreenedFeeds:
 
         metadata = self.runner.get_input_metadata(use_numpy_dtypes=False)
         for index, feed in enumerate(self.feeds):
-            if index < self.given:  # the user's input: refused, it is an InputError (TorchRunner's)
-                yield feed
-                continue
             coerced = coerce_feed_dict(feed, metadata)
             try:
                 self.runner.ready = self.runner.call(coerced)
-            except Exception as error:  # PyTorch itself refuses the drawn input: drop it, loudly
-                self.dropped.append(self._dropped(index, coerced, error))
+            except Exception as error:
+                if index < self.given:  # the user's own input: an InputError that says so
+                    raise _refused_given(error, index, self.given) from error
+                self.dropped.append(self._dropped(index, coerced, error))  # a drawn input: dropped, loudly
                 continue
             yield feed
 
@@ -92,6 +91,19 @@ class ScreenedFeeds:
             dropped.summary().removeprefix(f"input {index} dropped: "),
         )
         return dropped
+
+
+def _refused_given(error: Exception, index: int, given: int) -> Exception:
+    """The InputError for an input the user gave (one of the first ``given`` feeds) that PyTorch raises on."""
+    from converters.errors import InputError
+
+    function = torch_function(error)
+    where = f" in torch function {function!r}" if function else ""
+    which = "the sample you gave" if given == 1 else f"input {index} of those you gave"
+    return InputError(
+        f"PyTorch itself raised{where} on {which}: {type(error).__name__}: {' '.join(str(error).split())[:300]}",
+        fix="call the model on that input in PyTorch to see why; give an input the model takes",
+    )
 
 
 def _failing_op(runner: AheadRunner, feed: Feed) -> str:
