@@ -72,7 +72,7 @@ class ScreenedFeeds:
                 self.runner.ready = self.runner.call(coerced)
             except Exception as error:
                 if index < self.given:  # the user's own input: an InputError that says so
-                    raise _refused_given(error, index, self.given) from error
+                    raise refused_given_input(error, index, self.given) from error
                 self.dropped.append(self._dropped(index, coerced, error))  # a drawn input: dropped, loudly
                 continue
             yield feed
@@ -93,7 +93,7 @@ class ScreenedFeeds:
         return dropped
 
 
-def _refused_given(error: Exception, index: int, given: int) -> Exception:
+def refused_given_input(error: Exception, index: int, given: int) -> Exception:
     """The InputError for an input the user gave (one of the first ``given`` feeds) that PyTorch raises on."""
     from converters.errors import InputError
 

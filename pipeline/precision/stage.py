@@ -127,6 +127,46 @@ def torch_references(model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed]) 
     return [runner.infer_impl(dict(feed)) for feed in feeds]
 
 
+def screened_references(
+    model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed], given: int, what: str = "calibration"
+) -> tuple[list[Feed], list[dict[str, np.ndarray]]]:
+    """The feeds PyTorch takes and its outputs on them: a drawn feed it raises on is dropped with a WARNING (as
+    validation drops one, :mod:`pipeline.screening`; ``what="validation"``: at DEBUG, validation itself reports it);
+    one of the first ``given`` (the user's: the sample, or every ``calibration=`` input) is an InputError; none left
+    is an InputError."""
+    from pipeline.screening import refused_given_input, torch_function
+
+    runner = TorchRunner(model, io)
+    kept: list[Feed] = []
+    references: list[dict[str, np.ndarray]] = []
+    for index, feed in enumerate(feeds):
+        try:
+            references.append(runner.call(dict(feed)))
+        except Exception as error:
+            if index < given:
+                raise refused_given_input(error, index, given) from error
+            function = torch_function(error)
+            logger.log(
+                logging.WARNING if what == "calibration" else logging.DEBUG,
+                "%s input %d of %d (drawn like the sample) dropped, PyTorch raised%s: %s: %s; going on with the "
+                "others. To calibrate on inputs the model takes, pass convert(calibration=[...])",
+                what,
+                index,
+                len(feeds),
+                f" in torch function {function!r}" if function else "",
+                type(error).__name__,
+                " ".join(str(error).split())[:300],
+            )
+            continue
+        kept.append(feed)
+    if not kept:
+        raise InputError(
+            f"PyTorch refused every one of the {len(feeds)} {what} inputs",
+            fix="pass convert(calibration=[...]) with inputs the model takes",
+        )
+    return kept, references
+
+
 def error_ratio(
     outputs: Sequence[dict[str, np.ndarray]],
     references: Sequence[dict[str, np.ndarray]],
@@ -279,10 +319,12 @@ def convert_precision(
     feeds = calibration_feeds(exported.io, sample, calibration, settings)
     if settings.precision_io == "low":  # the graph takes low inputs: measure, search and compare on those values
         feeds = [{name: _rounded(value, low) for name, value in feed.items()} for feed in feeds]
+    given = len(feeds) if calibration is not None else 1
+    feeds, references = screened_references(model, exported.io, feeds, given)
     islands: list[Island] = []
     if settings.precision_measure:
         islands = measured_islands(fp32_model, feeds, low, settings.precision_range_margin, settings.ort_providers)
-    candidates = _Candidates(fp32_model, exported, settings, base, feeds, torch_references(model, exported.io, feeds))
+    candidates = _Candidates(fp32_model, exported, settings, base, feeds, references)
     final, records = candidates.build(islands)
     error = candidates.score(final)
     search = None

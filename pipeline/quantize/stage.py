@@ -38,7 +38,7 @@ from pipeline.module.io_spec import normalise_sample
 from pipeline.precision.measure import Feed
 from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
-from pipeline.precision.stage import calibration_feeds, convert_precision, torch_references
+from pipeline.precision.stage import calibration_feeds, convert_precision, screened_references
 from pipeline.quantize.calibrate import calibrate, method_for
 from pipeline.quantize.ort_int8 import record_conv_output_ranges, requantize_conv_outputs
 from pipeline.quantize.report import QuantizationReport, judge_cpu_fallback, judge_quantized_share
@@ -95,10 +95,11 @@ def quantize_precision(
     fmt = FORMATS[settings.precision]
     method = method_for(settings.calibration_method, fmt)
     feeds = list(calibration_feeds(exported.io, sample, calibration, settings))
+    given = len(feeds) if calibration is not None else 1
+    feeds, references = screened_references(model, exported.io, feeds, given)
     records: list[PassRecord] = []
     precision = None
     base = fp32_model
-    references = torch_references(model, exported.io, feeds)
     fp32_graph = to_graph(fp32_model)[0]
     planned, _ = plan_targets(fp32_graph, settings.keep_fp32)
     residuals = plan_residuals(fp32_graph, planned)
@@ -212,7 +213,8 @@ def _envelope(
     inputs and on the validation inputs (drawn like the sample, they may leave the calibrated ranges and clip):
     the envelope validation then holds the backend to (:mod:`pipeline.quantize.tolerance`)."""
     checks = validation_feeds(exported.io, exported.io.flatten_call(*normalise_sample(sample)), settings)
-    on_checks = measure_errors(final, settings, checks, torch_references(model, exported.io, checks))[1]
+    checks, check_references = screened_references(model, exported.io, checks, 1, "validation")
+    on_checks = measure_errors(final, settings, checks, check_references)[1]
     on_feeds = measure_errors(final, settings, feeds, references)[1]
     return {name: max(on_feeds.get(name, 0.0), value) for name, value in on_checks.items()}
 

@@ -59,3 +59,28 @@ def test_the_users_input_refused_is_an_input_error_not_dropped() -> None:
         # nothing the user gave, nothing PyTorch takes: an error, never a pass on zero inputs
         validate(model, module.io, runner, [refused, refused], Settings(), graph=module.onnx, given=0)
     assert "input 0 dropped" in str(info.value)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_refused_calibration_draws_are_dropped_loudly_and_the_conversion_goes_on(
+    precision: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The precision and quantize stages calibrate on inputs drawn like the sample: one PyTorch refuses is dropped
+    with a WARNING, as in validation, instead of failing the conversion that fp32 passes."""
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        module = pipeline.convert(
+            ShiftedCrossEntropy().eval(), (X, TARGET), backend="onnxruntime", precision=precision, calibration_inputs=4
+        )
+    assert module.report.accuracy is not None and module.report.accuracy.passed
+    dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("calibration input")]
+    assert dropped and all("'binary_cross_entropy'" in m and "calibration=" in m for m in dropped)
+
+
+def test_a_calibration_input_the_user_gave_and_pytorch_refuses_is_an_input_error() -> None:
+    refused = (torch.tensor([3.0, 0.0, 0.0, 0.0]), TARGET)
+    with pytest.raises(InputError, match="on input 1 of those you gave") as info:
+        pipeline.convert(
+            ShiftedCrossEntropy().eval(), (X, TARGET), backend="onnxruntime", precision="fp16",
+            calibration=[(X, TARGET), refused],
+        )  # fmt: skip
+    assert "fix:" in str(info.value)
