@@ -10,6 +10,7 @@ counts them in ONNX Runtime's optimized graph); the same with ``ort_int8_conv_ou
 before residual Adds keep TensorRT's float output instead of the session's own calibrated INT8 one); and
 ``precision="int8"`` with the default fp16 fallback (on the CPU its fp16 part runs as the float32 emulation with a
 rounding per tensor: slower by design, shown for completeness).
+The column "FLOPs in 8 bits" is the quantized share of MatMul/Gemm/Conv FLOPs (``report.quantization.share``).
 Runners are called in turn each round, so a busy machine slows all alike; the table gives medians of the wall time
 and of the process's CPU time (all threads; on a shared machine the wall time also holds the waits for a core).
 Every variant runs with the same ONNX Runtime thread settings: ``--threads`` intra-op threads, and their spin-waiting
@@ -150,7 +151,7 @@ def integer_kernels(module: pipeline.ConvertedModule, directory: Path) -> str:
 def measure(name: str, rounds: int, threads: int, spinning: bool) -> dict[str, Any]:
     """Convert ``name`` every way of :data:`VARIANTS`; median latency and artifact size of each."""
     model, sample, calibration = MODELS[name]()
-    modules, sizes, kernels = {}, {}, {}
+    modules, sizes, kernels, shares = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as directory:
         for label, settings in VARIANTS.items():
             module = pipeline.convert(
@@ -164,6 +165,8 @@ def measure(name: str, rounds: int, threads: int, spinning: bool) -> dict[str, A
             )
             path = module.save(Path(directory) / f"{name}-{len(modules)}.ptrt")
             sizes[label] = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")))
+            quantization = module.report.quantization
+            shares[label] = "" if quantization is None else f"{quantization.share:.0%}"
             kernels[label] = integer_kernels(module, Path(directory))
             modules[label] = module
     times: dict[str, list[float]] = {label: [] for label in modules}
@@ -183,6 +186,7 @@ def measure(name: str, rounds: int, threads: int, spinning: bool) -> dict[str, A
             "median_ms": 1e3 * statistics.median(times[label]),
             "median_cpu_ms": 1e3 * statistics.median(cpu[label]),
             "artifact_bytes": sizes[label],
+            "quantized_share": shares[label],
             "integer_kernels": kernels[label],
         }
         for label in modules
@@ -201,17 +205,17 @@ def main() -> None:
     results = {name: measure(name, args.rounds, args.threads, args.spinning) for name in args.models}
     print(
         f"| model | variant | median latency (ms) | vs fp32 | median CPU time (ms) | vs fp32 | artifact (MB) | "
-        f"integer kernels |  ({args.rounds} rounds, {args.threads} threads, spinning "
+        f"FLOPs in 8 bits | integer kernels |  ({args.rounds} rounds, {args.threads} threads, spinning "
         f"{'on' if args.spinning else 'off'})"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, variants in results.items():
         base, base_cpu = variants["fp32"]["median_ms"], variants["fp32"]["median_cpu_ms"]
         for label, row in variants.items():
             print(
                 f"| {name} | {label} | {row['median_ms']:.2f} | {base / row['median_ms']:.2f}x | "
                 f"{row['median_cpu_ms']:.2f} | {base_cpu / row['median_cpu_ms']:.2f}x | "
-                f"{row['artifact_bytes'] / 1e6:.2f} | {row['integer_kernels']} |"
+                f"{row['artifact_bytes'] / 1e6:.2f} | {row['quantized_share']} | {row['integer_kernels']} |"
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
