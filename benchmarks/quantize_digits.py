@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from quantize_support import accuracy, digits, trained_digits_cnn, trained_digits_resnet, upsampled  # noqa: E402
+from quantize_support import accuracy, digits_task  # noqa: E402
 
 import pipeline  # noqa: E402
 
@@ -45,16 +45,10 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
 
 def main() -> None:
     """Train both models, convert each every way of :data:`VARIANTS`, print the table."""
-    x_train, y_train, x_test, y_test = digits()
-    images = f"top-1 ({len(y_test)} test images)"
-    print(f"| model | precision | {images} | vs fp32 (points) | FLOPs in 8 bits | logit error |")
+    print("| model | precision | top-1 (360 test images) | vs fp32 (points) | FLOPs in 8 bits | logit error |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, variants in VARIANTS.items():
-        train, test = (x_train, x_test) if name == "cnn" else (upsampled(x_train), upsampled(x_test))
-        model = trained_digits_cnn(train, y_train) if name == "cnn" else trained_digits_resnet(train, y_train)
-        calibration = [train[i : i + 64] for i in range(0, 512, 64)]
-        with torch.no_grad():
-            base = accuracy(model(test), y_test)
+        model, test, y_test, calibration, base = digits_task(resnet=name == "resnet")
         print(f"| {name} | fp32 (PyTorch) | {base:.2%} | +0.00 | | |")
         for settings in variants:
             module = pipeline.convert(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -73,15 +74,9 @@ def trained_digits_cnn(x: torch.Tensor, y: torch.Tensor, epochs: int = 6) -> Dig
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
-    model = DigitsCNN()
-    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(epochs):
-        for index in torch.randperm(len(y)).split(128):
-            optimiser.zero_grad()
-            nn.functional.cross_entropy(model(x[index]), y[index]).backward()
-            optimiser.step()
+    model = _fit(DigitsCNN(), x, y, epochs, 1e-2, 128)
     torch.set_num_threads(threads)
-    return model.eval()
+    return model
 
 
 def upsampled(images: torch.Tensor, size: int = 32) -> torch.Tensor:
@@ -96,14 +91,32 @@ def trained_digits_resnet(x: torch.Tensor, y: torch.Tensor, epochs: int = 4) -> 
     import cnn
 
     torch.manual_seed(0)
-    model = cnn.SmallResNet(10, in_channels=1)
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    return _fit(cnn.SmallResNet(10, in_channels=1), x, y, epochs, 3e-3, 64)
+
+
+def _fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, batch: int) -> Any:
+    """Adam with cross-entropy on shuffled minibatches; the model in eval mode."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(epochs):
-        for index in torch.randperm(len(y)).split(64):
+        for index in torch.randperm(len(y)).split(batch):
             optimiser.zero_grad()
             nn.functional.cross_entropy(model(x[index]), y[index]).backward()
             optimiser.step()
     return model.eval()
+
+
+def digits_task(resnet: bool = False) -> tuple[nn.Module, torch.Tensor, torch.Tensor, list[torch.Tensor], float]:
+    """A model trained on the digits (:func:`trained_digits_cnn`, or :func:`trained_digits_resnet` on
+    :func:`upsampled` images), the test images and labels, eight calibration batches of 64 training images, and the
+    model's fp32 top-1 on the test split, checked to mean something (the task is learnt)."""
+    x_train, y_train, x_test, y_test = digits()
+    if resnet:
+        x_train, x_test = upsampled(x_train), upsampled(x_test)
+    model = (trained_digits_resnet if resnet else trained_digits_cnn)(x_train, y_train)
+    with torch.no_grad():
+        fp32 = accuracy(model(x_test), y_test)
+    assert fp32 > 0.94  # a point of accuracy means something
+    return model, x_test, y_test, [x_train[i : i + 64] for i in range(0, 512, 64)], fp32
 
 
 def accuracy(logits: torch.Tensor | np.ndarray, labels: torch.Tensor) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
-from quantize_support import DigitsCNN, accuracy, build_with_tensorrt_rtx, digits, trained_digits_cnn
+from quantize_support import accuracy, build_with_tensorrt_rtx, digits_task
 
 import pipeline
 from converters.errors import ConversionError
@@ -20,14 +20,8 @@ DYNAMIC = {"x": {0: ("batch", 1, 64, 512)}}
 
 
 @pytest.fixture(scope="module")
-def task() -> tuple[DigitsCNN, torch.Tensor, torch.Tensor, list[torch.Tensor], float]:
-    x_train, y_train, x_test, y_test = digits()
-    model = trained_digits_cnn(x_train, y_train)
-    with torch.no_grad():
-        fp32 = accuracy(model(x_test), y_test)
-    assert fp32 > 0.94  # the task is learnt: a point of accuracy means something
-    calibration = [x_train[i : i + 64] for i in range(0, 512, 64)]
-    return model, x_test, y_test, calibration, fp32
+def task() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, list[torch.Tensor], float]:
+    return digits_task(resnet=False)
 
 
 @pytest.fixture(scope="module", params=["int8", "fp8"])

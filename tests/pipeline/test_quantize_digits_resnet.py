@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from quantize_support import accuracy, digits, trained_digits_resnet, upsampled
+from quantize_support import accuracy, digits_task
 
 import pipeline
 from pipeline.precision.stage import runnable_model
@@ -23,14 +23,7 @@ DYNAMIC = {"x": {0: ("batch", 1, 64, 360)}}
 
 @pytest.fixture(scope="module")
 def task() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, list[torch.Tensor], float]:
-    x_train, y_train, x_test, y_test = digits()
-    x_train, x_test = upsampled(x_train), upsampled(x_test)
-    model = trained_digits_resnet(x_train, y_train)
-    with torch.no_grad():
-        fp32 = accuracy(model(x_test), y_test)
-    assert fp32 > 0.95  # the task is learnt: a point of accuracy means something
-    calibration = [x_train[i : i + 64] for i in range(0, 512, 64)]
-    return model, x_test, y_test, calibration, fp32
+    return digits_task(resnet=True)
 
 
 @pytest.fixture(scope="module", params=["requantize", "exact"])
