@@ -14,6 +14,7 @@ that are uninitialised memory by shape and dtype (:mod:`pipeline.compare.uniniti
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import time
@@ -287,7 +288,7 @@ def validate(
             fix="give a sample the model takes (it is always validated on), or convert with validate=False",
         )
     if not report.passed:
-        _raise_accuracy_error(report)
+        _raise_accuracy_error(report, output_origins(graph) if graph is not None else {})
     return report
 
 
@@ -305,11 +306,49 @@ def _accumulators(
     }
 
 
-def _raise_accuracy_error(report: AccuracyReport) -> None:
+def output_origins(model: onnx.ModelProto) -> dict[str, str]:
+    """Graph output name -> the PyTorch op that computes it and where, from the exporter's node metadata
+    (``pkg.torch.onnx.class_hierarchy`` and ``name_scopes``, kept by the passes on the nodes they make), e.g.
+    ``"aten._linalg_svd.default in module 'block' (__main__.B)"``; outputs without it are left out. A producer
+    without metadata (a Cast the precision stage added) is looked through to its first input, a few nodes deep."""
+    producers = {name: node for node in model.graph.node for name in node.output}
+    origins = {}
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        for _ in range(8):
+            if node is None:
+                break
+            origin = _origin(node)
+            if origin:
+                origins[output.name] = origin
+                break
+            node = producers.get(node.input[0]) if node.input else None
+    return origins
+
+
+def _origin(node: onnx.NodeProto) -> str:
+    meta = {p.key: p.value for p in node.metadata_props}
+    try:
+        classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
+        scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+    except (ValueError, SyntaxError):
+        return ""
+    if not classes or not isinstance(classes, list):
+        return ""
+    where = ".".join(str(s) for s in scopes[1:-1]) if isinstance(scopes, list) else ""
+    owner = f" ({classes[-2]})" if len(classes) > 1 else ""
+    return f"{classes[-1]} in module {where!r}{owner}" if where else f"{classes[-1]} in the model's forward{owner}"
+
+
+def _raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> None:
     dropped = f" ({len(report.dropped)} drawn input(s) dropped: PyTorch refused them)" if report.dropped else ""
+    failing = [
+        o.summary() + (f" [computed by {origins[o.name]}]" if o.name in origins else "")
+        for o in report.outputs
+        if not o.passed
+    ]
     raise AccuracyError(
-        f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: "
-        + "; ".join(o.summary() for o in report.outputs if not o.passed),
+        f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: " + "; ".join(failing),
         per_output={
             o.name: {
                 "max_abs": o.max_abs,

@@ -146,3 +146,24 @@ def test_probabilities_are_drawn_as_probabilities_and_every_input_validates() ->
     accuracy = _accuracy(module)
     assert accuracy.passed and accuracy.inputs == 9 and accuracy.dropped == ()
     assert torch.allclose(module(p, target), torch.nn.functional.binary_cross_entropy(p, target), atol=1e-6)
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Add()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.inner(x, y) * 2
+
+
+def test_an_output_out_of_tolerance_names_the_pytorch_op_and_module_that_computes_it() -> None:
+    registry = converters.ConverterRegistry()
+
+    @registry.register("Mul", priority=converters.Priority.HIGH)
+    def mul_as_add(ctx: converters.ConverterContext) -> object:  # a wrong converter
+        return ctx.op.Add(ctx.inputs[0], ctx.inputs[1])
+
+    with pytest.raises(AccuracyError, match=r"\[computed by aten\.mul\.Tensor in the model's forward") as info:
+        pipeline.convert(Outer().eval(), (torch.tensor([1.0, 2.0, 3.0]), torch.ones(3)), converters=registry)
+    assert "test_validate.Outer" in str(info.value)
