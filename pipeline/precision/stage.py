@@ -308,19 +308,24 @@ def convert_precision(
     calibration: Iterable[Any] | None,
     settings: Settings,
     passes: Sequence[GraphPass] = (),
+    screened: tuple[list[Feed], list[dict[str, np.ndarray]]] | None = None,
 ) -> tuple[onnx.ModelProto, list[PassRecord], PrecisionReport]:
     """The float32 graph after the passes -> the low-precision final graph, its pass records and the report.
 
     ``passes`` is the conversion's pass list: its :class:`ConvertPrecision` (with any islands it was given) is used,
-    or a default one.
+    or a default one. ``screened`` (the calibration feeds and PyTorch's outputs on them, as
+    :func:`screened_references` gives them) saves screening and running them again (the quantize stage's fp16 part).
     """
     low = LOW_TYPES[settings.precision]
     base = next((p for p in passes if isinstance(p, ConvertPrecision)), ConvertPrecision())
-    feeds = calibration_feeds(exported.io, sample, calibration, settings)
-    if settings.precision_io == "low":  # the graph takes low inputs: measure, search and compare on those values
-        feeds = [{name: _rounded(value, low) for name, value in feed.items()} for feed in feeds]
-    given = len(feeds) if calibration is not None else 1
-    feeds, references = screened_references(model, exported.io, feeds, given)
+    if screened is not None:
+        feeds, references = screened
+    else:
+        feeds = calibration_feeds(exported.io, sample, calibration, settings)
+        if settings.precision_io == "low":  # the graph takes low inputs: measure, search and compare on those values
+            feeds = [{name: _rounded(value, low) for name, value in feed.items()} for feed in feeds]
+        given = len(feeds) if calibration is not None else 1
+        feeds, references = screened_references(model, exported.io, feeds, given)
     islands: list[Island] = []
     if settings.precision_measure:
         islands = measured_islands(fp32_model, feeds, low, settings.precision_range_margin, settings.ort_providers)

@@ -112,7 +112,9 @@ def quantize_precision(
         half = dataclasses.replace(
             settings, precision="fp16", precision_search=False, tolerances={**judged, **settings.tolerances}
         )
-        base, records, precision = convert_precision(fp32_model, exported, model, sample, calibration, half, passes)
+        base, records, precision = convert_precision(
+            fp32_model, exported, model, sample, calibration, half, passes, (feeds, references)
+        )
     start = time.perf_counter()
     # ONNX Runtime's session requantizes the float outputs of convolutions before residual Adds (ort_int8 rewrite 0)
     conv_outputs = _residual_conv_outputs(fp32_graph, planned) if fmt.name == "int8" else []

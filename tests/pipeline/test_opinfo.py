@@ -77,7 +77,6 @@ FP32_OPS, FP16_OPS, SAMPLES, SLOW = _selection()
 # Known bugs, by the signature of the failure they cause, with the work item that fixes them. A case whose failures
 # all match these ends as xfail with the reason; any other failure fails. Remove an entry when its fix is merged.
 KNOWN_BUGS: dict[str, str] = {
-    r"AccuracyError: \[validate\] outputs differ": "AccuracyError names the outputs, not the op (item 2, validate)",
     r"ONNX Runtime could not load the final graph": "BuildError from ONNX Runtime names no node (issue 14, other)",
     r"No corresponding Numpy type for Tensor Type\. bfloat16": "a raw error on a bfloat16 output (issue 14, other)",
 }

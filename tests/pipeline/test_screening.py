@@ -74,6 +74,7 @@ def test_refused_calibration_draws_are_dropped_loudly_and_the_conversion_goes_on
     assert module.report.accuracy is not None and module.report.accuracy.passed
     dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("calibration input")]
     assert dropped and all("'binary_cross_entropy'" in m and "calibration=" in m for m in dropped)
+    assert len(dropped) == len(set(dropped))  # once each, also where INT8's fp16 part is calibrated on the same
 
 
 def test_a_calibration_input_the_user_gave_and_pytorch_refuses_is_an_input_error() -> None:
