@@ -44,14 +44,13 @@ form it must not take the place of:
    the residual Add after it and keeps the convolution's output in its accumulator (:mod:`passes.quantize.residual`),
    so TensorRT's graph leaves that output float (a convolution read only by Adds). ONNX Runtime's CPU provider has no
    fast integer convolution with a float output: rewrite 7's im2col costs as much as the integer product saves below
-   32 channels, and ORT's own
-   ``ConvInteger`` is 7x slower than its float Conv (measured, 16x16x32x32 -> 16 channels, 2 threads: 3.5 ms against
-   0.50 ms; QLinearConv 0.25 ms). Here the output gets a Q/DQ pair of its own, INT8 per tensor with the range the
-   quantize stage calibrated for it (:func:`record_conv_output_ranges`, the model's ``metadata_props``), as
-   ``onnxruntime.quantization`` places one: the convolution becomes QLinearConv and the residual Add QLinearAdd. That
-   is one 8-bit rounding per such convolution more than TensorRT computes (as large as the rounding of the Add's
-   quantized output); the quantize stage's accuracy search and validation tolerance are measured on this graph when
-   the module runs on ONNX Runtime, and on the exact one when it is built for TensorRT.
+   32 channels, and ONNX Runtime's own ``ConvInteger`` is 7x slower than its float Conv (measured, 16x16x32x32 -> 16
+   channels, 2 threads: 3.5 ms against 0.50 ms; QLinearConv 0.25 ms). Here the output gets a Q/DQ pair of its own,
+   INT8 per tensor with the range the quantize stage calibrated for it (:func:`record_conv_output_ranges`, the
+   model's ``metadata_props``), as ``onnxruntime.quantization`` places one: the convolution becomes QLinearConv and
+   the residual Add QLinearAdd. That is one 8-bit rounding per such convolution more than TensorRT computes (as large
+   as the rounding of the Add's quantized output); the quantize stage's accuracy search and validation tolerance are
+   measured on this graph when the module runs on ONNX Runtime, and on the exact one when it is built for TensorRT.
 """
 
 from __future__ import annotations
