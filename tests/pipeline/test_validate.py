@@ -52,13 +52,19 @@ def test_zero_dimensional_output_is_compared_not_a_crash() -> None:
     assert module(x, y).shape == () and float(module(x, y)) == pytest.approx(1.25)
 
 
-def test_zero_dimensional_output_that_differs_fails_with_its_figures() -> None:
+def _wrong_converter(op: str, instead: str) -> converters.ConverterRegistry:
+    """A registry whose converter for the two-input ONNX ``op`` emits ``instead``: a wrong converter."""
     registry = converters.ConverterRegistry()
 
-    @registry.register("Add", priority=converters.Priority.HIGH)
-    def add_as_sub(ctx: converters.ConverterContext) -> object:  # a wrong converter
-        return ctx.op.Sub(ctx.inputs[0], ctx.inputs[1])
+    @registry.register(op, priority=converters.Priority.HIGH)
+    def wrong(ctx: converters.ConverterContext) -> object:
+        return getattr(ctx.op, instead)(ctx.inputs[0], ctx.inputs[1])
 
+    return registry
+
+
+def test_zero_dimensional_output_that_differs_fails_with_its_figures() -> None:
+    registry = _wrong_converter("Add", "Sub")
     with pytest.raises(AccuracyError, match=r"out: max abs .*: 4 of 4 elements outside") as info:
         pipeline.convert(Add().eval(), (torch.tensor(1.5), torch.tensor(-0.25)), converters=registry)
     assert "fix:" in str(info.value)
@@ -158,12 +164,7 @@ class Outer(nn.Module):
 
 
 def test_an_output_out_of_tolerance_names_the_pytorch_op_and_module_that_computes_it() -> None:
-    registry = converters.ConverterRegistry()
-
-    @registry.register("Mul", priority=converters.Priority.HIGH)
-    def mul_as_add(ctx: converters.ConverterContext) -> object:  # a wrong converter
-        return ctx.op.Add(ctx.inputs[0], ctx.inputs[1])
-
+    registry = _wrong_converter("Mul", "Add")
     with pytest.raises(AccuracyError, match=r"\[computed by aten\.mul\.Tensor in the model's forward") as info:
         pipeline.convert(Outer().eval(), (torch.tensor([1.0, 2.0, 3.0]), torch.ones(3)), converters=registry)
     assert "test_validate.Outer" in str(info.value)
