@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rtx_build import assert_builds
 
-from converters.cases import ConverterCase
+from converters.cases import ConverterCase, collect_cases
+from converters.defaults import default_registry
 from converters.registry import ConverterEntry, ConverterRegistry
 from converters.targets import node_key
 from pipeline.testing import check_converter_case
+
+
+def own_cases(
+    register: Callable[[ConverterRegistry], object],
+) -> tuple[ConverterRegistry, ConverterRegistry, list[tuple[ConverterEntry, ConverterCase]]]:
+    """A converter module's own registry (``register`` run on an empty one), the default registry with it, and its
+    declared cases, one per (converter function, case): a function registered for several ops declares them once."""
+    own = ConverterRegistry()
+    register(own)
+    registry = default_registry()
+    registry.include(own)
+    cases = list({(e.function, c.name): (e, c) for e, c in collect_cases(own)}.values())
+    return own, registry, cases
 
 
 def assert_case_lowers_matches_and_builds(

@@ -12,26 +12,22 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 import torch
-from converter_cases import assert_case_lowers_matches_and_builds
+from converter_cases import assert_case_lowers_matches_and_builds, own_cases
 from rtx_build import assert_builds
 
 import pipeline
 from converters import linalg_steps as steps
 from converters.aten_eigen import register_eigen_converters
 from converters.case_modules import Unary
-from converters.cases import ConverterCase, collect_cases
+from converters.cases import ConverterCase
 from converters.context import ConverterContext
-from converters.defaults import default_registry
 from converters.errors import ConversionError
 from converters.jacobi import SWEEPS, jacobi, round_robin
-from converters.registry import ConverterEntry, ConverterRegistry
+from converters.registry import ConverterEntry
 from converters.settings import Settings
 from converters.targets import OpKey
 
-OWN = ConverterRegistry()
-register_eigen_converters(OWN)
-REGISTRY = default_registry()
-CASES = list({(e.function, c.name): (e, c) for e, c in collect_cases(OWN)}.values())
+OWN, REGISTRY, CASES = own_cases(register_eigen_converters)
 
 
 @pytest.mark.parametrize(("entry", "case"), CASES, ids=[c.name for _, c in CASES])

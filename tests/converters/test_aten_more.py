@@ -8,20 +8,15 @@ import onnx
 import opinfo_support as support
 import pytest
 import torch
-from converter_cases import assert_case_lowers_matches_and_builds
+from converter_cases import assert_case_lowers_matches_and_builds, own_cases
 from rtx_build import assert_builds
 
 import pipeline
 from converters.aten_more import register_more_converters
-from converters.cases import ConverterCase, collect_cases
-from converters.defaults import default_registry
-from converters.registry import ConverterEntry, ConverterRegistry
+from converters.cases import ConverterCase
+from converters.registry import ConverterEntry
 
-OWN = ConverterRegistry()
-register_more_converters(OWN)
-REGISTRY = default_registry()
-REGISTRY.include(OWN)
-CASES = list({(e.function, c.name): (e, c) for e, c in collect_cases(OWN)}.values())
+OWN, REGISTRY, CASES = own_cases(register_more_converters)
 
 
 @pytest.mark.parametrize(("entry", "case"), CASES, ids=[c.name for _, c in CASES])

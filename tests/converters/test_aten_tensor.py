@@ -8,22 +8,16 @@ import warnings
 
 import pytest
 import torch
-from converter_cases import assert_case_lowers_matches_and_builds
+from converter_cases import assert_case_lowers_matches_and_builds, own_cases
 from rtx_build import assert_builds
 from torch.utils import _pytree as pytree
 
 import pipeline
 from converters.aten_tensor import register_aten2_converters
-from converters.cases import ConverterCase, collect_cases
-from converters.defaults import default_registry
-from converters.registry import ConverterEntry, ConverterRegistry
+from converters.cases import ConverterCase
+from converters.registry import ConverterEntry
 
-OWN = ConverterRegistry()
-register_aten2_converters(OWN)
-REGISTRY = default_registry()
-REGISTRY.include(OWN)
-# one run per (converter function, case): a function registered for several ops declares its cases once
-CASES = list({(e.function, c.name): (e, c) for e, c in collect_cases(OWN)}.values())
+OWN, REGISTRY, CASES = own_cases(register_aten2_converters)
 
 
 @pytest.mark.parametrize(("entry", "case"), CASES, ids=[c.name for _, c in CASES])
