@@ -56,10 +56,21 @@ class ScreenedFeeds:
     is dropped (a WARNING, and a :class:`DroppedInput` in ``dropped``); one of the first ``given`` is an
     InputError. Iterated lazily, one feed ahead of the Comparator's runners."""
 
-    def __init__(self, feeds: list[Feed], runner: AheadRunner, given: int) -> None:
+    def __init__(
+        self,
+        feeds: list[Feed],
+        runner: AheadRunner,
+        given: int,
+        purpose: str = "validation",
+        level: int = logging.WARNING,
+    ) -> None:
+        if purpose not in _ADVICE:
+            raise ValueError(f"purpose must be one of {sorted(_ADVICE)}, not {purpose!r}")
         self.feeds = feeds
         self.runner = runner
         self.given = given
+        self.purpose = purpose  # "validation" or "calibration": what the log line says the feeds are for
+        self.level = level  # of that line: DEBUG where another stage reports the same drop
         self.dropped: list[DroppedInput] = []
 
     def __iter__(self) -> Iterator[Feed]:
@@ -83,14 +94,24 @@ class ScreenedFeeds:
             torch_function(error) or _failing_op(self.runner, feed),
             f"{type(error).__name__}: {' '.join(str(error).split())[:300]}",
         )
-        logger.warning(
-            "validation input %d of %d (drawn like the sample) dropped, %s; validating on the others. To validate "
-            "on inputs the model takes, give a sample whose drawn neighbours it takes, or validation_inputs=0",
+        logger.log(
+            self.level,
+            "%s input %d of %d (drawn like the sample) dropped, %s; going on with the others. %s",
+            self.purpose,
             index,
             len(self.feeds),
             dropped.summary().removeprefix(f"input {index} dropped: "),
+            _ADVICE[self.purpose],
         )
         return dropped
+
+
+#: What to do about drawn inputs PyTorch refuses, by what they are for.
+_ADVICE = {
+    "validation": "To validate on inputs the model takes, give a sample whose drawn neighbours it takes, or "
+    "validation_inputs=0",
+    "calibration": "To calibrate on inputs the model takes, pass convert(calibration=[...])",
+}
 
 
 def refused_given_input(error: Exception, index: int, given: int) -> Exception:

@@ -261,7 +261,7 @@ def validate(
         outputs = backend_io.outputs  # the backend's output dtypes pick the tolerance
     judged = {o.name: judgement(o.name, o.dtype, settings) for o in outputs}
     accumulators = _accumulators(outputs, judged, graph)
-    torch_runner = _ScreeningTorchRunner(model, io)
+    torch_runner = ScreeningTorchRunner(model, io)
     loader = ScreenedFeeds(feeds, torch_runner, given)
     with polygraphy_quiet(), _backend_errors(backend_runner):
         for single in Comparator.run([torch_runner, backend_runner], data_loader=loader, streaming=True):
@@ -365,7 +365,7 @@ def _raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> No
     )
 
 
-class _ScreeningTorchRunner(TorchRunner):
+class ScreeningTorchRunner(TorchRunner):
     """A TorchRunner whose outputs for the next feed may be computed ahead (by :class:`ScreenedFeeds`, to learn
     whether PyTorch takes the feed): the Comparator's call then returns them instead of running the model again."""
 

@@ -42,7 +42,7 @@ from pipeline.precision.share import ComputeShare, compute_share
 from pipeline.progress import progress, quiet_info
 from pipeline.quantize.emulation import emulate_fp8, has_fp8, has_int8_weights
 from pipeline.quantize.ort_int8 import ort_int8_graph
-from pipeline.validate import Feed, TorchRunner, validation_feeds
+from pipeline.validate import Feed, ScreeningTorchRunner, TorchRunner, validation_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -128,40 +128,25 @@ def torch_references(model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed]) 
 
 
 def screened_references(
-    model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed], given: int, what: str = "calibration"
+    model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed], given: int, purpose: str = "calibration"
 ) -> tuple[list[Feed], list[dict[str, np.ndarray]]]:
-    """The feeds PyTorch takes and its outputs on them: a drawn feed it raises on is dropped with a WARNING (as
-    validation drops one, :mod:`pipeline.screening`; ``what="validation"``: at DEBUG, validation itself reports it);
-    one of the first ``given`` (the user's: the sample, or every ``calibration=`` input) is an InputError; none left
-    is an InputError."""
-    from pipeline.screening import refused_given_input, torch_function
+    """The feeds PyTorch takes and its outputs on them, screened as validation screens its inputs
+    (:class:`pipeline.screening.ScreenedFeeds`): a drawn feed PyTorch raises on is dropped with a WARNING (at DEBUG
+    for ``purpose="validation"``: validation itself reports it); one of the first ``given`` (the user's: the sample,
+    or every ``calibration=`` input) is an InputError; none left is an InputError."""
+    from pipeline.screening import ScreenedFeeds
 
-    runner = TorchRunner(model, io)
+    runner = ScreeningTorchRunner(model, io)
+    level = logging.WARNING if purpose == "calibration" else logging.DEBUG
     kept: list[Feed] = []
     references: list[dict[str, np.ndarray]] = []
-    for index, feed in enumerate(feeds):
-        try:
-            references.append(runner.call(dict(feed)))
-        except Exception as error:
-            if index < given:
-                raise refused_given_input(error, index, given) from error
-            function = torch_function(error)
-            logger.log(
-                logging.WARNING if what == "calibration" else logging.DEBUG,
-                "%s input %d of %d (drawn like the sample) dropped, PyTorch raised%s: %s: %s; going on with the "
-                "others. To calibrate on inputs the model takes, pass convert(calibration=[...])",
-                what,
-                index,
-                len(feeds),
-                f" in torch function {function!r}" if function else "",
-                type(error).__name__,
-                " ".join(str(error).split())[:300],
-            )
-            continue
-        kept.append(feed)
+    with runner:  # a Polygraphy runner gives its input metadata (the feeds' casts) once activated
+        for feed in ScreenedFeeds(list(feeds), runner, given, purpose, level):
+            kept.append(feed)
+            references.append(runner.infer_impl(feed))  # the outputs computed while screening it
     if not kept:
         raise InputError(
-            f"PyTorch refused every one of the {len(feeds)} {what} inputs",
+            f"PyTorch refused every one of the {len(feeds)} {purpose} inputs",
             fix="pass convert(calibration=[...]) with inputs the model takes",
         )
     return kept, references
