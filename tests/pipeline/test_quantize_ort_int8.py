@@ -251,6 +251,6 @@ def test_requantized_convolution_output_makes_the_residual_block_integer(tmp_pat
     assert np.abs(exact - want).max() <= 4 * step * np.abs(want).max() + 1e-6
     # one more rounding of conv2's output (half a step of 14 / 127) before the Add: visible, and bounded
     assert np.abs(got - exact).max() > 1e-4
-    assert np.abs(got - want).max() <= 8 * step * np.abs(want).max() + 1e-6
+    assert np.abs(got - want).max() <= 3 * step * np.abs(want).max() + 1e-6  # measured: 1.8 steps
     with pytest.raises(ValueError, match="conv_outputs"):
         ort_int8_graph(model, "fast")

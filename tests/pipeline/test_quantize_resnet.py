@@ -126,7 +126,7 @@ def test_the_exact_session_matches_the_quantized_graph_on_reference_kernels(
         default, fp32 = converted(x).numpy(), model(x).numpy()
     graph_error = np.linalg.norm(want - fp32) / np.linalg.norm(fp32)
     assert np.linalg.norm(default - fp32) / np.linalg.norm(fp32) <= 1.5 * graph_error
-    assert np.abs(default - want).max() <= 4 * np.abs(want).max() / 127
+    assert np.abs(default - want).max() <= 2 * np.abs(want).max() / 127  # measured: 0.9 of a step
 
 
 def _optimized(model: onnx.ModelProto, settings: Settings, tmp_path: Path) -> onnx.ModelProto:
