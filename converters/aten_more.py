@@ -38,11 +38,6 @@ def _static(tensor: gs.Tensor | None) -> tuple[int, ...] | None:
     return shape if shape is not None and all(isinstance(d, int) for d in shape) else None
 
 
-def _floating(tensor: gs.Tensor | None) -> bool:
-    dtype = None if tensor is None else tensor.dtype
-    return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
-
-
 def _dtype(ctx: ConverterContext, index: int = 0) -> np.dtype:
     return ctx.input_dtypes[index] or np.dtype(np.float32)
 
