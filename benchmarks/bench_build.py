@@ -1,6 +1,6 @@
 """Benchmark TensorRT-RTX engine builds on the CPU (ahead-of-time, no GPU) beside the export, per test model.
 
-For each model (random weights, from torch / transformers configs): the export time (``pipeline.export``), the
+For each model (random weights, from torch / transformers configs): the export time (``pipeline.exporting.stage``), the
 final graph (the default passes, fp32), then TensorRT-RTX's real parser and builder through the backend's build
 code (``pipeline.check.real.parse_with(..., build=True)``): parse seconds, build seconds and engine size, for the
 default portable targets (8.0, 8.6, 8.9, 12.0+) and for one target (8.9). Each build is run ``--runs`` times; the

@@ -2,7 +2,7 @@
 
 Graphs: synthetic chains and wider DAGs of cheap elementwise ops of 10k, 20k and 80k nodes, with foldable constant
 subgraphs, static shape arithmetic, Identity nodes and dead branches; and transformers models built from configs with
-random weights, exported with ``pipeline.export``. Our side is ``pipeline.conversion.run_passes`` with default
+random weights, exported with ``pipeline.exporting.stage``. Our side is ``pipeline.conversion.run_passes`` with default
 settings (``to_graph``, the default pass list under ``PassManager``, ``to_model``, the ONNX check); onnxslim's is
 ``onnxslim.slim(model)`` with its defaults. Every measurement runs in a fresh subprocess that loads the model first,
 so both tools are measured alike; runs of the two alternate. See benchmarks/README.md (``bench_passes.py``).
@@ -162,7 +162,7 @@ def _model(
 
 
 def transformers_model(name: str) -> tuple[str, onnx.ModelProto]:
-    """A transformers model built from a config with random weights, exported by ``pipeline.export``."""
+    """A transformers model built from a config with random weights, exported by ``pipeline.exporting.stage``."""
     import torch
     import transformers
 
@@ -225,7 +225,7 @@ def _reset_peak_rss() -> bool:
 def _run_ours(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, float]]:
     from converters.settings import Settings
     from pipeline.conversion import run_passes
-    from pipeline.export import ExportedGraph
+    from pipeline.exporting.stage import ExportedGraph
 
     metadata = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node if n.metadata_props}
     # run_passes reads the I/O spec only in debug mode (with a sample feed); the synthetic graphs have none.

@@ -14,7 +14,7 @@ def default_registry() -> ConverterRegistry:
     Built-in converters register here, one explicit call each; users add theirs to the user registry, or to a copy
     of this one (``default_registry()``), or start from an empty ``ConverterRegistry()``.
     """
-    from converters.builtin import register_builtin_converters
+    from converters.aten.builtin import register_builtin_converters
 
     registry = ConverterRegistry()
     registry.include(user_registry())

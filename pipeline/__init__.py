@@ -14,16 +14,16 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
-from converters.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 from pipeline.check.real import ParserVerdict, parse_with
 from pipeline.check.static import CompatibilityReport, NodeCheck
 from pipeline.compare.report import ComparisonReport
 from pipeline.conversion import check, compare, convert, run_passes
-from pipeline.export import ExportedGraph, export
+from pipeline.exporting.stage import ExportedGraph, export
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.module.loading import load
 from pipeline.module.report import ConversionReport
+from pipeline.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 
 __all__ = [
     "DEFAULT_TOLERANCES",

@@ -17,7 +17,6 @@ import torch
 from converters.defaults import default_registry
 from converters.errors import BuildError, ConversionError, InputError
 from converters.registry import ConverterRegistry
-from converters.settings import Settings
 from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
 from passes.base import Placement
 from passes.model_io.external_data import check_model, remove_unused_files
@@ -30,7 +29,7 @@ from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET
 from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import check_reference_dtype, split_samples
 from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
-from pipeline.export import ExportedGraph, eval_mode, export
+from pipeline.exporting.stage import ExportedGraph, eval_mode, export
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import normalise_sample
 from pipeline.module.report import ConversionReport
@@ -44,7 +43,8 @@ from pipeline.precision.stage import (
 )
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantize_settings, quantized_validation_settings
 from pipeline.rewrite.debug import PassDebugger
-from pipeline.validate import AccuracyReport, as_io_types, validate, validation_feeds
+from pipeline.settings import Settings
+from pipeline.validation.stage import AccuracyReport, as_io_types, validate, validation_feeds
 from pipeline.versions import library_versions
 
 logger = logging.getLogger("pipeline")

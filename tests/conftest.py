@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tests_environment  # noqa: F401 -- torchvision's operator schemas, before anything imports torchvision
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Polygraphy binds one TensorRT library per process, on the first import of ``polygraphy.backend.trt``

@@ -1,6 +1,6 @@
 """Test support: models PyTorch itself refuses some inputs of (validation and comparison drop such drawn inputs).
 
-Shared by ``tests/pipeline/test_screening.py`` (validation) and ``tests/pipeline/test_compare_screening.py``
+Shared by ``tests/pipeline/validation/test_screening.py`` (validation) and ``tests/pipeline/test_compare_screening.py``
 (``pipeline.compare``)."""
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ def test_the_stderr_check_catches_third_party_noise() -> None:
             "/x/site-packages/torch/onnx/_internal/exporter/_core.py:12: UserWarning: something",
             "  warnings.warn(",
             "  TensorRT-RTX: ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.",
-            "log pipeline.export: the model is in training mode; converting it in eval mode",
+            "log pipeline.exporting.stage: the model is in training mode; converting it in eval mode",
             "/x/pipeline/conversion.py:40: UserWarning: the sample requires grad",
             "  warnings.warn(",
         ]
@@ -200,7 +200,7 @@ def test_the_stderr_check_catches_third_party_noise() -> None:
         "log onnxscript.optimizer._constant_folding: Evaluation failed: cannot reshape array",
         "/x/site-packages/torch/onnx/_internal/exporter/_core.py:12: UserWarning: something",
         "  TensorRT-RTX: ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.",
-        "log pipeline.export: the model is in training mode; converting it in eval mode",
+        "log pipeline.exporting.stage: the model is in training mode; converting it in eval mode",
     ]
 
 

@@ -19,8 +19,8 @@ import onnx
 import torch
 
 from converters.errors import BuildError
-from converters.settings import Settings
 from pipeline.module.io_spec import IOSpec
+from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import torch
 
 from converters.errors import BuildError, InputError
 from converters.plugins.spec import plugin_nodes
-from converters.settings import Settings
 from passes.model_io.external_data import ort_session_bytes
 from pipeline.backends.plugin_runtime import PluginSession, prepare_onnxruntime
 from pipeline.module.io_spec import IOSpec
 from pipeline.precision.stage import runnable_model
 from pipeline.quantize.ort_int8 import disabled_optimizers
+from pipeline.settings import Settings
 
 
 class OnnxRuntimeExecutor:

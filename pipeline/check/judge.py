@@ -18,12 +18,12 @@ from typing import Any
 import onnx
 
 from converters.errors import InputError
-from converters.settings import CHECK_PARSERS, Settings
 from passes.model_io.external_data import check_model
 from pipeline.backends.tensorrt.library import TENSORRT, TENSORRT_RTX, TrtLibrary
 from pipeline.check.ops import DEFAULT_TRT_VERSION, parse_version
 from pipeline.check.static import CompatibilityReport, load_model
 from pipeline.check.static import check as static_check
+from pipeline.settings import CHECK_PARSERS, Settings
 
 
 def check(

@@ -21,11 +21,11 @@ import onnx
 
 from converters.errors import BuildError
 from converters.plugins.spec import plugin_nodes
-from converters.settings import DynamicDim, Settings
 from pipeline.backends.tensorrt.build import ParseFailure
 from pipeline.backends.tensorrt.library import LIBRARIES, TrtLibrary
 from pipeline.check.static import BUILD_FAILED, PLUGIN, SUPPORTED, UNSUPPORTED, CompatibilityReport, NodeCheck
 from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.settings import DynamicDim, Settings
 
 
 @dataclass(frozen=True)

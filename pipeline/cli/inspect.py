@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from converters.errors import ArtifactError
-from converters.settings import Settings
+from pipeline.settings import Settings
 
 
 def add_inspect_command(commands: Any) -> None:

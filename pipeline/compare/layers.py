@@ -27,14 +27,14 @@ import numpy as np
 import onnx
 import torch
 
-from converters.settings import Settings
 from passes.model_io.graphs import module_path
 from pipeline.compare.distribution import DistributionStats, random_tensors
 from pipeline.compare.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
 from pipeline.compare.stats import Accumulator, ErrorStats, Judgement, accumulator, judgement
 from pipeline.module.io_spec import IOSpec
 from pipeline.progress import track
-from pipeline.validate import Feed, polygraphy_quiet, tensor_from_array
+from pipeline.settings import Settings
+from pipeline.validation.stage import Feed, polygraphy_quiet, tensor_from_array
 
 logger = logging.getLogger(__name__)
 

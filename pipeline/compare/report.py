@@ -12,7 +12,6 @@ from typing import Any
 
 import onnx
 
-from converters.settings import Settings
 from passes.model_io.external_data import save_onnx
 from pipeline.compare.distribution import DistributionStats
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
@@ -20,8 +19,9 @@ from pipeline.compare.markdown import render_markdown, render_table
 from pipeline.compare.stats import HIST_EDGES, ErrorStats, judgement
 from pipeline.compare.uninitialised import ShapeStats
 from pipeline.module.io_spec import IOSpec
-from pipeline.screening import DroppedInput
-from pipeline.validate import Feed
+from pipeline.settings import Settings
+from pipeline.validation.screening import DroppedInput
+from pipeline.validation.stage import Feed
 
 FILES = {
     "json": "report.json",

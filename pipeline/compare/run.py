@@ -10,8 +10,8 @@ similarity and the count of elements outside tolerance (:mod:`pipeline.compare.s
 the module-by-module comparison of :mod:`pipeline.compare.layers`, on TensorRT's intermediates where TensorRT
 runs (:mod:`pipeline.compare.tensorrt_layers`), else on ONNX Runtime's.
 
-As in validation (:mod:`pipeline.validate`): a drawn input PyTorch itself refuses is dropped (a WARNING, and the
-report's ``dropped``; :mod:`pipeline.screening`), a given sample refused is an InputError; outputs that depend on
+As in validation (:mod:`pipeline.validation.stage`): a drawn input PyTorch itself refuses is dropped (a WARNING, and the
+report's ``dropped``; ``validation.screening``), a given sample refused is an InputError; outputs that depend on
 random nodes are judged by distribution, outputs that are uninitialised memory by shape and dtype
 (:mod:`pipeline.compare.uninitialised`).
 """
@@ -30,7 +30,6 @@ import onnx
 import torch
 
 from converters.errors import InputError
-from converters.settings import Settings
 from pipeline.backends import Executor
 from pipeline.compare.distribution import DistributionStats, random_outputs
 from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET, LayerBackend, OnnxRuntimeLayers, compare_layers
@@ -46,10 +45,11 @@ from pipeline.compare.runners import (
 from pipeline.compare.stats import RULE, Accumulator, accumulator, judgement
 from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
-from pipeline.export import eval_mode
+from pipeline.exporting.stage import eval_mode
 from pipeline.module.io_spec import IOSpec, normalise_sample
-from pipeline.screening import DroppedInput, ScreenedFeeds
-from pipeline.validate import Feed, polygraphy_quiet, validation_feeds
+from pipeline.settings import Settings
+from pipeline.validation.screening import DroppedInput, ScreenedFeeds
+from pipeline.validation.stage import Feed, polygraphy_quiet, validation_feeds
 from pipeline.versions import library_versions
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from converters.errors import BuildError, InputError
-from converters.settings import Settings
 from pipeline.module.io_spec import IOSpec
-from pipeline.validate import Feed, TorchRunner, tensor_from_array
+from pipeline.settings import Settings
+from pipeline.validation.stage import Feed, TorchRunner, tensor_from_array
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class TorchReference(TorchRunner):
 
 
 class ReferenceScreen:
-    """The PyTorch references of a comparison as one runner that :class:`pipeline.screening.ScreenedFeeds` runs
+    """The PyTorch references of a comparison as one runner that ``ScreenedFeeds`` runs
     ahead on each drawn feed: every reference runs it (a float64 copy may refuse what float32 takes, or the other
     way round), and one refusing drops the feed for all; the outputs wait in each reference's ``ready``."""
 

@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from converters.settings import (
+from pipeline.compare.distribution import RULE as RANDOM_RULE
+from pipeline.compare.distribution import DistributionAccumulator
+from pipeline.settings import (
     COMPUTE_TYPES,
     DEFAULT_TOLERANCES,
     FLOAT64_COMPUTED_IN,
     Settings,
     Tolerance,
 )
-from pipeline.compare.distribution import RULE as RANDOM_RULE
-from pipeline.compare.distribution import DistributionAccumulator
 
 ELEMENTWISE_RULE = (
     "an element passes when |x - ref| <= atol or |x - ref| <= rtol * |ref| (ref: the PyTorch reference); "

@@ -19,9 +19,9 @@ from typing import Any
 
 import onnx
 
-from converters.settings import Settings
 from pipeline.compare.layers import LayerMatch
 from pipeline.module.io_spec import IOSpec
+from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ import onnx
 from converters.errors import ArtifactError
 from converters.files import write_file_atomically
 from converters.plugins.spec import plugin_records
-from converters.settings import DynamicDim, Settings, Tolerance
 from passes.model_io.external_data import (
     WeightFiles,
     has_external_data,
@@ -34,6 +33,7 @@ from passes.model_io.external_data import (
 )
 from pipeline.module.io_spec import IOSpec
 from pipeline.module.report import ConversionReport
+from pipeline.settings import DynamicDim, Settings, Tolerance
 
 FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member, the metadata too
 ONNX_MEMBER = "model.onnx"

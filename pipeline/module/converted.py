@@ -9,7 +9,6 @@ import onnx
 import torch
 
 from converters.errors import InputError
-from converters.settings import Settings
 from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.backends import Executor
 from pipeline.compare.report import ComparisonReport
@@ -17,6 +16,7 @@ from pipeline.compare.run import compare_built
 from pipeline.module.artifact import save_artifact
 from pipeline.module.io_spec import IOSpec
 from pipeline.module.report import ConversionReport
+from pipeline.settings import Settings
 
 
 class ConvertedModule(torch.nn.Module):

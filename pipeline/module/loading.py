@@ -10,12 +10,12 @@ import dataclasses
 from pathlib import Path
 
 from converters.errors import ArtifactError
-from converters.settings import Settings
 from pipeline.backends import build_executor, select_backend
 from pipeline.backends.plugin_runtime import restore_plugins
 from pipeline.module.artifact import read_artifact
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.report import ConversionReport
+from pipeline.settings import Settings
 
 
 def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:

@@ -8,7 +8,7 @@ from typing import Any
 from passes.base import PassRecord
 from pipeline.precision.report import PrecisionReport
 from pipeline.quantize.report import QuantizationReport
-from pipeline.validate import AccuracyReport
+from pipeline.validation.stage import AccuracyReport
 
 
 @dataclass(frozen=True)

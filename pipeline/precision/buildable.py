@@ -22,8 +22,8 @@ from typing import Any
 import onnx
 
 from converters.errors import BuildError
-from converters.settings import DynamicDim
 from passes.model_io.external_data import base_dir_of
+from pipeline.settings import DynamicDim
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from converters.errors import ConversionError
-from converters.settings import Settings, Tolerance
 from passes.precision.convert import Island
 from pipeline.precision.share import ComputeShare
+from pipeline.settings import Settings, Tolerance
 
 logger = logging.getLogger(__name__)
 

@@ -26,12 +26,11 @@ import onnxruntime as ort
 import torch
 
 from converters.errors import ConversionError, InputError
-from converters.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from passes import GraphPass, PassManager, PassRecord, RemoveDeadNodes, TopologicalSort, to_graph, to_model
 from passes.model_io.external_data import check_model, ort_session_bytes, weights_dir
 from passes.precision.convert import ConvertPrecision, Island, plan_precision
 from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
-from pipeline.export import ExportedGraph
+from pipeline.exporting.stage import ExportedGraph
 from pipeline.module.io_spec import IOSpec, TensorSpec, normalise_sample
 from pipeline.precision.buildable import BuilderGate
 from pipeline.precision.emulation import emulate_low_precision, has_low_precision
@@ -42,7 +41,8 @@ from pipeline.precision.share import ComputeShare, compute_share
 from pipeline.progress import progress, quiet_info
 from pipeline.quantize.emulation import emulate_fp8, has_fp8, has_int8_weights
 from pipeline.quantize.ort_int8 import ort_int8_graph
-from pipeline.validate import Feed, ScreeningTorchRunner, TorchRunner, validation_feeds
+from pipeline.settings import DEFAULT_TOLERANCES, Settings, Tolerance
+from pipeline.validation.stage import Feed, ScreeningTorchRunner, TorchRunner, validation_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -131,10 +131,10 @@ def screened_references(
     model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed], given: int, purpose: str = "calibration"
 ) -> tuple[list[Feed], list[dict[str, np.ndarray]]]:
     """The feeds PyTorch takes and its outputs on them, screened as validation screens its inputs
-    (:class:`pipeline.screening.ScreenedFeeds`): a drawn feed PyTorch raises on is dropped with a WARNING (at DEBUG
+    (``ScreenedFeeds``): a drawn feed PyTorch raises on is dropped with a WARNING (at DEBUG
     for ``purpose="validation"``: validation itself reports it); one of the first ``given`` (the user's: the sample,
     or every ``calibration=`` input) is an InputError; none left is an InputError."""
-    from pipeline.screening import ScreenedFeeds
+    from pipeline.validation.screening import ScreenedFeeds
 
     runner = ScreeningTorchRunner(model, io)
     level = logging.WARNING if purpose == "calibration" else logging.DEBUG

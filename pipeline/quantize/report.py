@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from converters.errors import ConversionError
-from converters.settings import Settings
 from passes.quantize.insert import QuantizedOp
 from passes.quantize.placement import Skipped
+from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from converters.settings import Settings
 from passes import to_graph, to_model
 from passes.model_io.external_data import ort_session_bytes
 from passes.quantize.formats import QuantFormat
@@ -29,6 +28,7 @@ from pipeline.precision.search import rank_by_sensitivity, shortest_passing_pref
 from pipeline.precision.stage import runnable_model
 from pipeline.quantize.ort_int8 import disabled_optimizers
 from pipeline.quantize.tolerance import error_bound
+from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
 

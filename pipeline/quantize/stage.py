@@ -26,14 +26,13 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import ConversionError
-from converters.settings import Settings, Tolerance
 from passes import GraphPass, PassRecord, to_graph
 from passes.model_io.external_data import check_model
 from passes.precision.types import LOW_TYPES
 from passes.quantize.formats import FORMATS, QuantFormat
 from passes.quantize.placement import QUANTIZED_OPS, Skipped, Target, plan_targets
 from passes.quantize.residual import plan_residuals
-from pipeline.export import ExportedGraph
+from pipeline.exporting.stage import ExportedGraph
 from pipeline.module.io_spec import normalise_sample
 from pipeline.precision.measure import Feed
 from pipeline.precision.report import PrecisionReport
@@ -44,7 +43,8 @@ from pipeline.quantize.ort_int8 import record_conv_output_ranges, requantize_con
 from pipeline.quantize.report import QuantizationReport, judge_cpu_fallback, judge_quantized_share
 from pipeline.quantize.search import QuantizedGraphs, SearchResult, measure_errors, relative_error
 from pipeline.quantize.tolerance import describe, error_bound, output_tolerances
-from pipeline.validate import validation_feeds
+from pipeline.settings import Settings, Tolerance
+from pipeline.validation.stage import validation_feeds
 
 logger = logging.getLogger(__name__)
 

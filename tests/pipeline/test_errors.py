@@ -179,7 +179,7 @@ def test_zero_dimensional_input_converts_and_validates() -> None:
 def test_graph_kept_in_memory_over_the_protobuf_limit_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    export_stage = importlib.import_module("pipeline.export")  # the module (pipeline.export is also the function)
+    export_stage = importlib.import_module("pipeline.exporting.stage")
     monkeypatch.setattr(export_stage, "PROTOBUF_LIMIT", 1000)  # a real 2 GiB graph in memory takes minutes and 13 GB
     with pytest.raises(pipeline.ExportError, match=r"(?s)over protobuf's 2 GiB limit.*external_data_threshold"):
         pipeline.convert(nn.Linear(64, 64), torch.randn(2, 64), backend="onnxruntime", external_data_threshold=1 << 40)
@@ -234,7 +234,7 @@ def test_every_api_a_message_suggests_exists() -> None:
     names = suggested_names()
     # the three errors that tell users to write @converters.register('mylib::op'): export, lowering, parser check
     decorators = {file for file, _, name in names if name == "converters.register"}
-    assert {"pipeline/export.py", "passes/lowering.py", "pipeline/check/static.py"} <= decorators
+    assert {"pipeline/exporting/stage.py", "passes/lowering.py", "pipeline/check/static.py"} <= decorators
     assert [(file, line, name) for file, line, name in names if not resolves(name)] == []
 
 

@@ -1,5 +1,5 @@
 """``convert(..., precision="fp16" | "bf16" | "int8")`` on torch models whose graphs hold control flow: the orthogonal
-polynomials' ONNX Loop (``converters/aten_polynomials.py``) and torch.cond's If. The Loop or If stays a float32
+polynomials' ONNX Loop (``converters/aten/polynomials.py``) and torch.cond's If. The Loop or If stays a float32
 island with its bodies whole (``passes/precision/control_flow.py``) while the Linear layers around it compute in
 the low type; ONNX Runtime matches PyTorch on fresh inputs within the low type's tolerance, and the real
 TensorRT-RTX builder builds the final graph.

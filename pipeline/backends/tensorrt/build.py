@@ -33,7 +33,6 @@ import torch
 
 from converters.errors import BuildError
 from converters.plugins.spec import plugin_nodes
-from converters.settings import Settings
 from passes.model_io.external_data import base_dir_of
 from pipeline.backends.tensorrt.library import (
     TENSORRT,
@@ -46,6 +45,7 @@ from pipeline.backends.tensorrt.library import (
 )
 from pipeline.module.io_spec import IOSpec
 from pipeline.noise import third_party_shown
+from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     import tensorrt as trt

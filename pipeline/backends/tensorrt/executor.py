@@ -19,7 +19,6 @@ import onnx
 import torch
 
 from converters.errors import ArtifactError
-from converters.settings import Settings
 from pipeline.backends.tensorrt.build import (
     StaticCheck,
     build_engine,
@@ -29,6 +28,7 @@ from pipeline.backends.tensorrt.build import (
 )
 from pipeline.backends.tensorrt.library import TENSORRT, TrtLibrary
 from pipeline.module.io_spec import IOSpec
+from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from pipeline.backends.onnxruntime import OnnxRuntimeExecutor

@@ -1,0 +1,398 @@
+"""Stage 1: a PyTorch model and a sample become an ONNX graph with an I/O spec (torch.onnx.export, dynamo)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+import torch.utils._pytree as pytree
+
+from converters.context import unique_name
+from converters.custom_ops import custom_ops_in, opaque_translations
+from converters.errors import ExportError, InputError
+from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
+from passes.model_io.graphs import to_graph, to_model
+from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
+from pipeline.exporting import errors as export_errors
+from pipeline.exporting.composites import static_composites
+from pipeline.exporting.program_fixes import fix_program
+from pipeline.module import io_spec
+from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.noise import quiet_third_party
+from pipeline.settings import DynamicDim, Settings
+
+logger = logging.getLogger(__name__)
+
+_ONNX_TO_TORCH: dict[int, str] = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """The exporter's ONNX graph, with inputs and outputs renamed after the model's arguments and results."""
+
+    model: onnx.ModelProto
+    io: IOSpec
+    node_metadata: dict[str, dict[str, str]]
+    # the directory of the graph's external weights, when they exceed settings.external_data_threshold; whoever
+    # uses the graph keeps this handle (the directory is removed when the last holder goes)
+    weights: WeightFiles | None = None
+
+
+def export(
+    model: torch.nn.Module,
+    sample: Any,
+    settings: Settings,
+    custom_translation_table: dict[Any, Callable[..., Any]] | None = None,
+    converter_ops: Iterable[torch._ops.OpOverload] = (),
+) -> ExportedGraph:
+    """Export ``model`` called on ``sample`` to ONNX, in memory.
+
+    Every ``torch.library`` op the exporter cannot translate becomes an opaque node (its namespace as domain, its
+    name as op_type); so does every op of ``converter_ops`` (ops with a registered converter, which overrides the
+    exporter's own translation). ``custom_translation_table`` entries (torch op -> onnxscript function) take
+    precedence.
+
+    >>> exported = export(torch.nn.Linear(4, 2), torch.randn(3, 4), Settings())  # doctest: +SKIP
+    >>> [t.name for t in exported.io.inputs]                                       # doctest: +SKIP
+    ['input']
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            fix="pass the model object (an nn.Module instance), not its class or a function",
+        )
+    signature = io_spec.forward_signature(model)
+    args, kwargs = io_spec.bind_call(signature, *io_spec.normalise_sample(sample))
+    names, tensors, input_leaves, input_tree = io_spec.input_names_and_leaves(signature, args, kwargs)
+    if not tensors:
+        raise InputError("the sample holds no tensor", fix="pass at least one tensor in the sample")
+    _check_sample_tensors(names, tensors)
+    _check_dynamic(settings.dynamic, names, tensors)
+
+    with eval_mode(model), torch.no_grad():
+        try:
+            result = model(*args, **kwargs)
+        except Exception as exc:
+            raise InputError(
+                f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",
+                fix="check the sample's shapes and dtypes against what forward() expects",
+            ) from exc
+        try:
+            out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
+        except ExportError as exc:
+            raise export_errors.python_value_error(exc, model, args, kwargs) from exc
+        complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
+        program = _torch_export(
+            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops, complex_outputs
+        )
+
+    weights = None
+    if _weight_bytes(program) > settings.external_data_threshold:
+        weights = WeightFiles(settings.weights_dir)
+        original = _save_external(program, weights)
+    else:
+        original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
+        _check_protobuf_limit(original)
+    uninitialised = uninitialised_in_program(program.exported_program, out_names)  # its outputs judged by shape
+    del program  # it holds the torch weights only by reference, but nothing needs it now
+    exported, metadata = to_graph(original)
+    if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
+        raise ExportError(
+            f"the exporter wrote {len(exported.inputs)} inputs and {len(exported.outputs)} outputs, but the call has "
+            f"{len(names)} tensor arguments and the result {len(out_names)} tensors",
+            fix="report this model: the exporter dropped or added graph inputs/outputs",
+        )
+    _rename_io(exported, names, out_names)
+    _name_dynamic_dims(exported, settings.dynamic)
+    try:
+        proto = to_model(exported, original, metadata)
+    except Exception as exc:  # e.g. an attribute graph-surgeon cannot write back (an empty list: no type)
+        raise ExportError(
+            f"the exported graph could not be written back after renaming its inputs and outputs: "
+            f"{type(exc).__name__}: {exc}",
+            node=_node_with_empty_list_attribute(exported),
+            fix="report this model; meanwhile pass custom_translation_table={op: function} for that op, or register "
+            "a converter for it",
+        ) from exc
+    mark_uninitialised(proto, uninitialised)
+    spec = IOSpec(
+        inputs=tuple(_tensor_spec(v) for v in proto.graph.input),
+        outputs=tuple(_tensor_spec(v) for v in proto.graph.output),
+        input_tree=input_tree,
+        input_leaves=input_leaves,
+        output_tree=output_tree,
+        output_leaves=output_leaves,
+        signature=io_spec.signature_record(signature),
+    )
+    for t, out in zip(spec.outputs, out_tensors, strict=True):
+        if t.dtype != str(out.dtype).removeprefix("torch."):
+            logger.warning("output %s is %s in PyTorch but %s in the graph", t.name, out.dtype, t.dtype)
+    return ExportedGraph(proto, spec, metadata, weights)
+
+
+def _torch_export(
+    model: torch.nn.Module,
+    signature: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: list[str],
+    settings: Settings,
+    translations: dict[Any, Callable[..., Any]] | None,
+    converter_ops: Iterable[torch._ops.OpOverload],
+    complex_outputs: list[str],
+) -> Any:
+    """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque."""
+    dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
+    start = time.perf_counter()
+    with _quiet_exporter():
+        try:
+            with static_composites():
+                exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as exc:
+            raise export_errors.torch_export_error(exc) from exc
+        if complex_outputs:
+            raise export_errors.complex_output_error(exported, complex_outputs)
+        exported = fix_program(exported)
+        # Ops with a converter get an opaque translation whether or not they show yet: built-in ops often appear
+        # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
+        table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
+        try:
+            program = torch.onnx.export(
+                exported,
+                args,
+                kwargs=kwargs,
+                dynamo=True,
+                custom_translation_table=dict(table) or None,  # type: ignore[arg-type]
+                opset_version=settings.opset,
+                verbose=False,
+                report=False,
+            )
+        except Exception as exc:
+            missing = export_errors.untranslated_op(exc)
+            raise ExportError(
+                f"the ONNX translation of the exported program failed: {export_errors.reason(exc)}",
+                node=export_errors.failing_op(exc),
+                fix=(
+                    f"{missing} has no ONNX translation: register a converter for it, "
+                    f"@converters.register({missing!r}) (README, 'Writing a converter'), and it is exported as an "
+                    "opaque node for the converter to replace"
+                    if missing
+                    else "pass custom_translation_table={op: function} to convert, or register a converter for the op"
+                ),
+            ) from exc
+    logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
+    if program is None or program.model is None:
+        raise ExportError("torch.onnx.export returned no model", fix="report this model")
+    return program
+
+
+def _weight_bytes(program: Any) -> int:
+    """Bytes of the exported program's initializers (the ONNX IR refers to the torch tensors: nothing is copied)."""
+    return sum(
+        value.const_value.nbytes for value in program.model.graph.initializers.values() if value.const_value is not None
+    )
+
+
+def _save_external(program: Any, weights: WeightFiles) -> onnx.ModelProto:
+    """Write the weights to ``model.onnx.data`` in ``weights`` tensor by tensor, and read back the graph alone."""
+    path = weights.directory / "model.onnx"
+    start = time.perf_counter()
+    try:
+        program.save(str(path), external_data=True)
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        weights.cleanup()
+        raise ExportError(
+            f"writing the exported weights to {weights.directory} failed: {type(exc).__name__}: {exc}",
+            fix="free disk space there, or pass weights_dir= a directory with room for the model's weights",
+        ) from exc
+    finally:
+        path.unlink(missing_ok=True)  # the graph lives on as a proto; only the data file stays
+    set_weights_dir(model, weights.directory)
+    logger.debug("weights written to %s in %.2f s", weights.directory, time.perf_counter() - start)
+    return model
+
+
+def _check_protobuf_limit(model: onnx.ModelProto) -> None:
+    size = model.ByteSize()
+    if size > PROTOBUF_LIMIT:
+        raise ExportError(
+            f"the exported graph is {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit, and was kept in memory "
+            "because external_data_threshold is set above the size of its weights",
+            fix="leave external_data_threshold at its default (1 GiB) or lower it, so the weights go to an external "
+            "data file",
+        )
+
+
+def _torch_dynamic_shapes(
+    signature: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: list[str],
+    dims: tuple[DynamicDim, ...],
+) -> dict[str, Any] | None:
+    if not dims:
+        return None
+    torch_dims = {d.name: torch.export.Dim(d.name, min=d.min, max=d.max) for d in dims}
+    by_input: dict[str, dict[int, Any]] = {}
+    for d in dims:
+        by_input.setdefault(d.input, {})[d.axis] = torch_dims[d.name]
+    leaf_names = iter(names)
+
+    def spec_for(leaf: Any) -> Any:
+        return by_input.get(next(leaf_names)) if isinstance(leaf, torch.Tensor) else None
+
+    shaped_args, shaped_kwargs = pytree.tree_map(spec_for, (args, kwargs))
+    bound = signature.bind(*shaped_args, **shaped_kwargs)
+    return dict(bound.arguments)
+
+
+def _check_sample_tensors(names: list[str], tensors: list[torch.Tensor]) -> None:
+    """An empty input exports to a graph nothing can be checked on; a gradient is not kept by an inference graph."""
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor.numel() == 0:
+            raise InputError(
+                f"sample input {name!r} has no elements (shape {list(tensor.shape)}): the graph would be specialised "
+                "to that empty shape and validation would compare nothing",
+                fix="pass a sample with at least one element per input (size >= 2 on axes you declare dynamic)",
+            )
+        if tensor.is_complex():
+            raise InputError(
+                f"sample input {name!r} is {str(tensor.dtype).removeprefix('torch.')}; ONNX graphs for TensorRT have "
+                "no complex type",
+                fix="pass torch.view_as_real(z) (a float tensor [..., 2]) and call torch.view_as_complex on it inside "
+                "forward()",
+            )
+    grads = [name for name, tensor in zip(names, tensors, strict=True) if tensor.requires_grad]
+    if grads:
+        warnings.warn(
+            f"sample input(s) {', '.join(grads)} require grad; the converted module runs an inference graph and its "
+            "outputs carry no grad_fn (no backward through it)",
+            stacklevel=3,
+        )
+
+
+def _check_dynamic(dims: tuple[DynamicDim, ...], names: list[str], tensors: list[torch.Tensor]) -> None:
+    shapes = dict(zip(names, (t.shape for t in tensors), strict=True))
+    for d in dims:
+        if d.input not in shapes:
+            raise InputError(
+                f"dynamic dimension {d.name!r} names input {d.input!r}, which the sample does not have",
+                fix=f"the inputs are: {', '.join(names)}",
+            )
+        shape = shapes[d.input]
+        if not -len(shape) <= d.axis < len(shape):
+            raise InputError(
+                f"input {d.input!r} has rank {len(shape)}; it has no axis {d.axis}",
+                fix=f"use an axis in 0..{len(shape) - 1}",
+            )
+        size = shape[d.axis]
+        if size < 2 or not d.min <= size <= d.max:
+            raise InputError(
+                f"sample input {d.input!r} has size {size} on dynamic axis {d.axis} ({d.name!r}: min={d.min}, "
+                f"max={d.max})",
+                fix="use a sample whose size on that axis is >= 2 and within [min, max] "
+                "(torch.export specialises sizes 0 and 1)",
+            )
+
+
+def _rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> None:
+    # graph-surgeon tensors compare equal by name, so membership tests below use identity (`is`).
+    io_tensors = [*graph.inputs, *graph.outputs]
+    taken = set(graph.tensors())
+    wanted = set(in_names) | set(out_names)
+    for name, tensor in graph.tensors().items():  # an internal tensor holding a wanted name moves aside
+        if name in wanted and not any(tensor is t for t in io_tensors):
+            tensor.name = unique_name(f"{name}_internal", taken)
+    for i, tensor in enumerate(io_tensors):  # temporary names first, so no two tensors ever share a name
+        tensor.name = unique_name(f"__io_{i}", taken)
+    for tensor, name in zip(graph.inputs, in_names, strict=True):
+        tensor.name = name
+    new_outputs: list[gs.Tensor] = []
+    for tensor, name in zip(graph.outputs, out_names, strict=True):
+        if any(tensor is t for t in [*graph.inputs, *new_outputs]):  # pass-through or repeated output
+            copy = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
+            graph.nodes.append(gs.Node("Identity", name=f"{name}/identity", inputs=[tensor], outputs=[copy]))
+            tensor = copy
+        tensor.name = name
+        new_outputs.append(tensor)
+    graph.outputs = new_outputs
+
+
+def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
+    inputs = {t.name: t for t in graph.inputs}
+    for d in dims:
+        tensor = inputs[d.input]
+        shape = list(tensor.shape)
+        if isinstance(shape[d.axis], int):
+            raise ExportError(
+                f"dimension {d.axis} of input {d.input!r} was declared dynamic ({d.name!r}) but the exporter fixed it "
+                f"to {shape[d.axis]}",
+                fix="the model forces that size (a reshape or a constant shape); drop it from dynamic=",
+            )
+        shape[d.axis] = d.name
+        tensor.shape = shape
+
+
+def _node_with_empty_list_attribute(graph: gs.Graph) -> str | None:
+    """``name (domain::op)`` of the first node with an empty list attribute (which has no type to write)."""
+    for node in graph.nodes:
+        if any(isinstance(v, list | tuple) and not v for v in node.attrs.values()):
+            return f"{node.name} ({node.domain or ''}::{node.op})"
+    return None
+
+
+def _tensor_spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    tensor_type = value.type.tensor_type
+    dtype = _ONNX_TO_TORCH.get(tensor_type.elem_type)
+    if dtype is None:
+        raise ExportError(
+            f"graph input/output {value.name!r} has ONNX type {onnx.TensorProto.DataType.Name(tensor_type.elem_type)}, "
+            "which the runtime cannot map to a torch dtype",
+            fix="cast that tensor to a float or integer type in forward()",
+        )
+    shape = tuple(d.dim_param if d.HasField("dim_param") else int(d.dim_value) for d in tensor_type.shape.dim)
+    return TensorSpec(value.name, dtype, shape)
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module, *, warn: bool = True) -> Iterator[None]:
+    """Run the block with ``model`` in eval mode (dropout off, batch norm on running stats), then restore it;
+    ``warn`` logs that a model in training mode was switched."""
+    was_training = model.training
+    if was_training and warn:
+        logger.warning(
+            "the model is in training mode; converting it in eval mode (dropout off, batch norm on running stats)"
+        )
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter warns about missing torchvision and prints progress, onnxscript's optimizer logs every constant
+    it could not fold: third-party chatter, shown with ``pipeline -v`` (:mod:`pipeline.noise`)."""
+    with quiet_third_party():
+        yield

@@ -1,0 +1,41 @@
+"""The settings of a conversion: one frozen dataclass that every stage reads (see :class:`Settings` for each field).
+
+It is defined in ``converters/settings.py`` because converters and passes read it too and nothing below
+``pipeline`` may import ``pipeline``; this is where the pipeline's own modules and users find it.
+"""
+
+from converters.settings import (
+    BACKENDS,
+    CALIBRATION_METHODS,
+    CHECK_PARSERS,
+    COMPUTE_TYPES,
+    DEFAULT_TOLERANCES,
+    FLOAT64_COMPUTED_IN,
+    GROUPS,
+    HARDWARE_COMPATIBILITY,
+    ORT_INT8_CONV_OUTPUTS,
+    PRECISION_IO,
+    PRECISIONS,
+    QUANTIZE_FALLBACKS,
+    DynamicDim,
+    Settings,
+    Tolerance,
+)
+
+__all__ = [
+    "BACKENDS",
+    "CALIBRATION_METHODS",
+    "CHECK_PARSERS",
+    "COMPUTE_TYPES",
+    "DEFAULT_TOLERANCES",
+    "DynamicDim",
+    "FLOAT64_COMPUTED_IN",
+    "GROUPS",
+    "HARDWARE_COMPATIBILITY",
+    "ORT_INT8_CONV_OUTPUTS",
+    "PRECISIONS",
+    "PRECISION_IO",
+    "QUANTIZE_FALLBACKS",
+    "Settings",
+    "Tolerance",
+]

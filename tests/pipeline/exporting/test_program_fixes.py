@@ -1,0 +1,116 @@
+"""Rewrites of the torch.export program before the ONNX translation: 3-d scaled_dot_product_attention (which the
+exporter refuses: "only 4D query, key, and value are supported") converts, matches PyTorch and builds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from rtx_build import assert_builds
+from torch import nn
+
+import pipeline
+from pipeline.exporting.program_fixes import fix_program
+
+
+class Attention(nn.Module):
+    """forward(q, k, v, *mask) = fn(q, k, v, *mask)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *mask: torch.Tensor) -> Any:
+        return self.fn(q, k, v, *mask)
+
+
+def _qkv(batch: int = 4) -> tuple[torch.Tensor, ...]:
+    return torch.randn(batch, 3, 8), torch.randn(batch, 6, 8), torch.randn(batch, 6, 8)
+
+
+CASES: dict[str, tuple[Callable[..., Any], Callable[[], tuple[torch.Tensor, ...]]]] = {
+    "causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _qkv),
+    "float-mask-2d-scale": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+        lambda: (*_qkv(), torch.randn(3, 6)),
+    ),
+    "bool-mask-3d": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        lambda: (*_qkv(), torch.rand(4, 3, 6) > 0.3),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_3d_attention_converts_matches_and_builds(name: str) -> None:
+    fn, make = CASES[name]
+    model = Attention(fn)
+    sample = make()
+    if sample[-1].dtype == torch.bool:
+        sample[-1][..., 0] = True  # a row with every position masked is NaN in PyTorch
+    module = pipeline.convert(model, sample, backend="onnxruntime")
+    fresh = tuple(t if t.dtype == torch.bool else torch.randn_like(t) for t in sample)
+    torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
+    assert_builds(module)
+
+
+def test_3d_attention_with_a_dynamic_batch() -> None:
+    model = Attention(CASES["causal"][0])
+    module = pipeline.convert(
+        model, _qkv(4), backend="onnxruntime", dynamic={n: {0: ("batch", 1, 4, 8)} for n in ("q", "k", "v")}
+    )
+    fresh = _qkv(7)
+    torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
+
+
+def test_4d_attention_is_left_to_the_exporter() -> None:
+    model = Attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    q = torch.randn(2, 2, 3, 8)
+    program = torch.export.export(model, (q, q, q))
+    before = [str(n.target) for n in program.graph.nodes]
+    assert [str(n.target) for n in fix_program(program).graph.nodes] == before
+
+
+class _Stacks(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.hstack([a, b]),
+            torch.vstack([a, b]),
+            torch.dstack([a, b]),
+            torch.column_stack([a, b]),
+            torch.atleast_3d(a) * 2,
+        )
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 3)], ids=["vectors", "matrices"])
+def test_stacks_export_without_sequence_ops_match_and_build(shape: tuple[int, ...]) -> None:
+    """hstack/vstack/dstack/column_stack/atleast_3d: decomposed before translation, so no sequence op (which
+    TensorRT's parser has no importer for) reaches the graph; the same values as PyTorch; the real builder builds."""
+    a, b = torch.randn(shape), torch.randn(shape)
+    module = pipeline.convert(_Stacks().eval(), (a, b))
+    assert not {n.op_type for n in module.onnx.graph.node} & {"SequenceConstruct", "SequenceMap", "ConcatFromSequence"}
+    for got, want in zip(module(a, b), _Stacks()(a, b), strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert_builds(module)
+
+
+class _ScalarScatter(torch.nn.Module):
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, a: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(a, src, (), (), self.offset)
+
+
+@pytest.mark.parametrize(("shape", "offset"), [((1,), 0), ((3, 4), 7)], ids=["one", "matrix"])
+def test_0d_as_strided_scatter_converts_matches_and_builds(shape: tuple[int, ...], offset: int) -> None:
+    """A 0-d view (size=[], stride=[]: lists ONNX cannot type) writes the one element at ``offset``, as PyTorch."""
+    model = _ScalarScatter(offset).eval()
+    module = pipeline.convert(model, (torch.randn(shape), torch.randn(())))
+    a, src = torch.randn(shape), torch.randn(())
+    torch.testing.assert_close(module(a, src), model(a, src), atol=0, rtol=0)
+    assert_builds(module)
