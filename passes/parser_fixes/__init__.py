@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
+from passes.parser_fixes.einsum import EinsumEquationForParser
 from passes.parser_fixes.edge_pad import NegativeEdgePadToGather
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
@@ -37,6 +38,7 @@ __all__ = [
     "Col2ImToGather",
     "CompressToGather",
     "DftToMatMul",
+    "EinsumEquationForParser",
     "LayerNormStatistics",
     "LiftLowRank",
     "MaxPoolByWindows",
@@ -56,6 +58,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
     axes into initializers, which also covers axes the folding could not compute (it stops at the first error)."""
     return (
         DftToMatMul(),
+        EinsumEquationForParser(),
         BitwiseToArithmetic(),
         CenterCropPadToSlicePad(),
         Col2ImToGather(),
