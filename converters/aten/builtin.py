@@ -15,6 +15,7 @@ import torch
 
 from converters.aten.eigen import register_eigen_converters
 from converters.aten.embedding import register_embedding_converters
+from converters.aten.grouped_mm import register_grouped_mm_converters
 from converters.aten.misc import register_misc_converters
 from converters.aten.more import register_more_converters
 from converters.aten.overrides import register_override_converters
@@ -117,3 +118,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_more_converters(registry)
     register_embedding_converters(registry)
     register_sort_converters(registry)
+    register_grouped_mm_converters(registry)
