@@ -1,0 +1,106 @@
+"""The model-level suite (``tests/model_suite.py``) in CI: a stratified sample of whole models converted with
+TensorRT-RTX (export, passes, the real build, validation against PyTorch on ONNX Runtime) in fp32 and fp16, and the
+model lists held to what they promise (every timm module, torchvision's four groups, 60+ transformers architectures
+of every kind, diffusers' UNets, DiT/SD3/Flux and VAEs). The full run is ``benchmarks/model_coverage.py``.
+
+``MODEL_SUITE=<regex>`` runs the models whose ids match instead of the sample (marked slow).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+
+import model_suite
+import pytest
+from model_sources import ModelCase
+from rtx_build import SKIP_REASON
+
+from pipeline.precision.buildable import rtx_available
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "docs" / "model_coverage.csv"
+CASE_TIMEOUT = 240.0
+# One small model per source and kind; each has converted, matched and built in both precisions.
+SAMPLE = ("torchvision/squeezenet1_1", "transformers/llama", "transformers/mixtral", "transformers/vit")
+
+needs_rtx = pytest.mark.skipif(not rtx_available(), reason=SKIP_REASON)
+
+
+def _selection() -> tuple[list[str], bool]:
+    pattern = os.environ.get("MODEL_SUITE", "")
+    if not pattern:
+        return list(SAMPLE), False
+    return [i for i in model_suite.all_cases() if re.search(pattern, i)], True
+
+
+SELECTED, SLOW = _selection()
+
+
+def _params() -> list[object]:
+    marks = [pytest.mark.slow] if SLOW else []
+    return [pytest.param(i, p, id=f"{i}-{p}", marks=marks) for i in SELECTED for p in model_suite.PRECISIONS]
+
+
+def _case(case_id: str) -> ModelCase:
+    return model_suite.all_cases((case_id.split("/", 1)[0],))[case_id]
+
+
+@needs_rtx
+@pytest.mark.parametrize(("case_id", "precision"), _params())
+def test_model_converts_matches_and_builds(case_id: str, precision: str) -> None:
+    """The sample converts with TensorRT-RTX, matches PyTorch and builds; any model ends in ok or OUR error."""
+    outcome = model_suite.run_ours(_case(case_id), precision, CASE_TIMEOUT)
+    if SLOW:
+        assert outcome.status not in ("crash", "timeout"), f"{case_id} ({precision}): {outcome.reason}"
+    else:
+        assert outcome.ok, f"{case_id} ({precision}): {outcome.status}: {outcome.reason}"
+
+
+def test_lists_cover_what_the_suite_promises() -> None:
+    """Every timm module has its model, torchvision's four groups are complete, 60+ transformers architectures
+    span every kind, diffusers has UNets, DiT/SD3/Flux transformers and VAEs."""
+    import json
+
+    import timm
+    import torchvision
+
+    cases = model_suite.all_cases()
+    by_source: dict[str, list[ModelCase]] = {}
+    for case in cases.values():
+        by_source.setdefault(case.source, []).append(case)
+    modules = json.loads((ROOT / "tests" / "model_sources" / "timm_smallest.json").read_text())
+    assert set(modules) >= set(timm.list_modules()) - {"_builder"}, "regenerate timm_smallest.json"
+    assert {c.family for c in by_source["timm"]} == set(modules)
+    models = torchvision.models
+    for group in (models, models.segmentation, models.video, models.optical_flow):
+        assert set(models.list_models(module=group)) <= {c.name for c in by_source["torchvision"]}
+    kinds = {c.family for c in by_source["transformers"]}
+    assert len(by_source["transformers"]) >= 60
+    assert kinds >= {"encoder", "decoder", "encoder-decoder", "vision", "audio", "multimodal", "moe", "state-space"}
+    assert {c.family for c in by_source["diffusers"]} == {"unet", "transformer", "vae"}
+
+
+def test_table_rows_are_suite_models() -> None:
+    """The committed table (``benchmarks/model_coverage.py``) holds suite models in known classes only."""
+    if not TABLE.exists():
+        pytest.skip(f"{TABLE} is not written yet")
+    with TABLE.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    ids = set(model_suite.all_cases())
+    assert rows and all(f"{r['source']}/{r['model']}" in ids for r in rows)
+    for side in ("fp32", "fp16", "plain"):
+        assert {r[side] for r in rows} <= set(model_suite.STATUSES), side
+
+
+def test_a_model_pytorch_cannot_run_is_not_counted() -> None:
+    """A model whose own forward fails on its sample is class ``pytorch`` (nothing to convert), not a failure."""
+    import torch
+
+    def build() -> tuple[torch.nn.Module, torch.Tensor]:
+        return torch.nn.Linear(3, 2), torch.randn(1, 4)  # the wrong width: PyTorch itself raises
+
+    outcome = model_suite.run_ours(ModelCase("test", "wrong-width", "none", build))
+    assert outcome.status == "pytorch" and "mat1 and mat2" in outcome.reason
