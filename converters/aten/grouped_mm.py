@@ -1,7 +1,7 @@
 """Grouped matrix multiplication (mixture-of-experts dispatch) as ops TensorRT builds.
 
 transformers runs its experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, ...) through ``transformers::grouped_mm_fallback``
-(a custom op, opaque to the exporter) or ``aten::_grouped_mm``: ``input`` ``[S, K]`` holds the routed tokens sorted
+(a custom op, opaque to the exporter): ``input`` ``[S, K]`` holds the routed tokens sorted
 by expert, ``weight`` ``[E, K, N]`` one matrix per expert and ``offs`` ``[E]`` the cumulative token counts, so row
 ``s`` belongs to expert ``e`` when ``offs[e-1] <= s < offs[e]`` (rows past ``offs[E-1]`` stay zero).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+import torch
 
 from converters.context import ConverterContext
 from converters.registry import ConverterRegistry
@@ -56,16 +57,9 @@ def convert_grouped_mm_fallback(ctx: ConverterContext) -> gs.Tensor:
     return grouped_by_offsets(ctx, x, weight, offs)
 
 
-def grouped_mm_supported(node: gs.Node, settings: object) -> bool:
-    """``aten::_grouped_mm`` in the mixture-of-experts form: a 2-D input, 3-D weights, offsets, no bias."""
-    inputs = list(node.inputs)
-    ranks = [None if t.shape is None else len(t.shape) for t in inputs[:2]]
-    has_offs = len(inputs) > 2 and bool(inputs[2].name)
-    has_bias = len(inputs) > 3 and bool(inputs[3].name)
-    return ranks == [2, 3] and has_offs and not has_bias and node.attrs.get("out_dtype") is None
-
-
 def register_grouped_mm_converters(registry: ConverterRegistry) -> None:
-    """Register the grouped matmul converters, one call each."""
-    registry.register("transformers::grouped_mm_fallback")(convert_grouped_mm_fallback)
-    registry.register("aten::_grouped_mm.default", validator=grouped_mm_supported)(convert_grouped_mm_fallback)
+    """Register the grouped matmul converter when its op exists: ``transformers::grouped_mm_fallback`` is defined
+    when transformers' mixture-of-experts module is imported, which a model using it has done (the default registry
+    is built per conversion)."""
+    if hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        registry.register("transformers::grouped_mm_fallback")(convert_grouped_mm_fallback)
