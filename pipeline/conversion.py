@@ -20,7 +20,9 @@ from converters.registry import ConverterRegistry
 from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
 from passes.base import Placement
 from passes.model_io.external_data import check_model, remove_unused_files
-from pipeline.backends import build_executor, select_backend
+from pipeline.backends import Executor, build_executor, select_backend
+from pipeline.backends.segments.build import build_segmented, needs_segments
+from pipeline.backends.segments.report import SegmentsReport
 from pipeline.check.judge import check as judge_check
 from pipeline.check.ops import DEFAULT_TRT_VERSION
 from pipeline.check.static import CompatibilityReport
@@ -106,13 +108,18 @@ def convert(
         gc.collect()
     with _stage("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
+    sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
+    feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), io)
+    segments: SegmentsReport | None = None
+    executor: Executor
     with _stage("build", stages):
-        executor = build_executor(choice.name, final, io, config)
+        if needs_segments(choice.name, final, compatibility, config):
+            executor, segments = build_segmented(choice.name, final, io, config, compatibility, feeds)
+        else:
+            executor = build_executor(choice.name, final, io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
         with _stage("validate", stages), eval_mode(model, warn=False):
-            sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
-            feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), io)
             runner = executor.polygraphy_runner(choice.name)
             checked = (
                 quantized_validation_settings(config, quantization)
@@ -132,6 +139,7 @@ def convert(
         compatibility=compatibility.to_dict(),
         precision=precision,
         quantization=quantization,
+        segments=segments,
     )
     return ConvertedModule(executor, io, final, config, report, exported.weights)
 
@@ -194,20 +202,22 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
         version = library_versions().get("tensorrt")
     auto = trt_backend and settings.check_parser == "auto"
     library = LIBRARIES[backend] if auto else judge_library(settings.check_parser, settings.trt_check_version)
-    if backend == "tensorrt-rtx" and plugin_nodes(final):
+    segmented = trt_backend and settings.fallback == "onnxruntime"  # rejected nodes go to ONNX Runtime segments
+    if backend == "tensorrt-rtx" and plugin_nodes(final) and not segmented:
         raise rtx_plugin_error([n.name for n in plugin_nodes(final)])
     report = (
         static_check(final, trt_version=version or DEFAULT_TRT_VERSION)
         if library is None
         else real_check(final, library)
     )
-    if report.problems and trt_backend:
+    if report.problems and trt_backend and not segmented:
         raise BuildError(
             f"{report.parser} would reject {len(report.problems)} node(s):\n"
             + "\n".join(
                 f"  {p.op} {p.node}: {p.reason}" + (f"; fix: {p.fix}" if p.fix else "") for p in report.problems
             ),
-            fix="apply the fixes listed per node, or convert with backend='onnxruntime'",
+            fix="apply the fixes listed per node, or convert with fallback='onnxruntime' (TensorRT segments, ONNX "
+            "Runtime for these nodes) or backend='onnxruntime'",
         )
     if report.problems:
         logger.info(

@@ -69,7 +69,10 @@ class ConvertedModule(torch.nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
-        reads it back)."""
+        reads it back). A module of TensorRT segments saves its segment plan and one engine per TensorRT segment."""
+        from pipeline.backends.segments.executor import SegmentedExecutor
+
+        segmented = self._executor if isinstance(self._executor, SegmentedExecutor) else None
         return save_artifact(
             Path(path),
             onnx_model=self._onnx,
@@ -78,6 +81,8 @@ class ConvertedModule(torch.nn.Module):
             io=self.io,
             settings=self.settings,
             report=self.report,
+            segments=None if segmented is None else [p.to_json() for p in segmented.plan],
+            segment_engines=None if segmented is None else segmented.segment_engines(),
         )
 
     def save_onnx(self, path: str | Path) -> list[Path]:
