@@ -219,3 +219,40 @@ def test_a_plan_round_trips_through_json(converted: Converted) -> None:
     for segment in module._executor.plan:
         assert PlannedSegment.from_json(segment.to_json()) == segment
         onnx.checker.check_model(segment.model(module.onnx), full_check=True)
+
+
+MASKED_SUM = '''
+import torch
+
+
+class MaskedSum(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(self.linear(x))
+        return y * y[y > 0.5].sum()
+
+
+def build():
+    torch.manual_seed(0)
+    return MaskedSum().eval(), torch.randn(2, 8)
+'''
+
+
+def test_cli_flags_reach_the_segments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import build_parser, main
+    from pipeline.cli.common import conversion_options
+
+    args = build_parser().parse_args(["convert", "m:build", "-o", "out", "--fallback", "error"])
+    assert conversion_options(args)["fallback"] == "error"
+    (tmp_path / "masked_sum.py").write_text(MASKED_SUM)
+    out = tmp_path / "out"
+    argv = ["convert", f"{tmp_path / 'masked_sum.py'}:build", "--backend", "tensorrt-rtx", "-o", str(out)]
+    with pytest.warns(SegmentFallbackWarning, match=r"\(Sigmoid x1, NonZero x1\)"):
+        code = main([*argv, "--min-segment-size", "1", "--fallback-ops", "Sigmoid,Gelu"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "left out  Sigmoid" in printed and "fallback_ops" in printed and "accuracy  PASS" in printed
+    assert pipeline.load(out / "model.ptrt").report.segments is not None
