@@ -256,3 +256,5 @@ def test_cli_flags_reach_the_segments(tmp_path: Path, capsys: pytest.CaptureFixt
     printed = capsys.readouterr().out
     assert "left out  Sigmoid" in printed and "fallback_ops" in printed and "accuracy  PASS" in printed
     assert pipeline.load(out / "model.ptrt").report.segments is not None
+    assert main(["inspect", str(out / "model.ptrt")]) == 0
+    assert "TensorRT segment engine(s)" in capsys.readouterr().out
