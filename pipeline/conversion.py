@@ -30,6 +30,7 @@ from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import check_reference_dtype, split_samples
 from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
+from pipeline.generation.module import module_class
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.io_spec import normalise_sample
 from pipeline.module.report import ConversionReport
@@ -77,6 +78,10 @@ def convert(
     """
     config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
     registry = default_registry() if converters is None else converters
+    if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
+        from pipeline.generation.conversion import prepare_step
+
+        model, sample, config, registry = prepare_step(model, sample, config, registry)
     stages: list[tuple[str, float]] = []
     choice = select_backend(config.backend, config)
     with _stage("export", stages):
@@ -133,7 +138,7 @@ def convert(
         precision=precision,
         quantization=quantization,
     )
-    return ConvertedModule(executor, io, final, config, report, exported.weights)
+    return module_class(config)(executor, io, final, config, report, exported.weights)
 
 
 DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
