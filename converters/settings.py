@@ -101,9 +101,10 @@ class GenerationSettings:
         prompt = self.max_length if self.max_prompt is None else self.max_prompt
         if not (isinstance(self.max_length, int) and isinstance(self.max_batch, int) and isinstance(prompt, int)):
             raise InputError(
-                f"generation needs whole numbers, got {self}", fix="write generation={'max_length': 256, 'max_batch': 4}"
+                f"generation needs whole numbers, got {self}",
+                fix="write generation={'max_length': 256, 'max_batch': 4}",
             )
-        if not (2 <= self.max_length and 1 <= self.max_batch and 1 <= prompt <= self.max_length):
+        if not (self.max_length >= 2 and self.max_batch >= 1 and 1 <= prompt <= self.max_length):
             raise InputError(
                 f"generation needs max_length >= 2, max_batch >= 1 and 1 <= max_prompt <= max_length, got "
                 f"max_length={self.max_length}, max_batch={self.max_batch}, max_prompt={prompt}",

@@ -213,8 +213,9 @@ def _without_cache_output(model: torch.nn.Module, result: Any) -> Iterator[None]
     """Export with ``config.use_cache`` off when the model returns a transformers cache object (a causal LM whose
     config says ``use_cache=True``): the graph computes the plain forward, and the module returns None where the
     cache was. Said in the log, with the way to convert for decoding."""
-    dropped = [(pytree.keystr(p), leaf) for p, leaf in pytree.tree_flatten_with_path(result)[0] if io_spec.is_model_cache(leaf)]
-    config = getattr(model, "config", None)
+    leaves = pytree.tree_flatten_with_path(result)[0]
+    dropped = [(pytree.keystr(path), leaf) for path, leaf in leaves if io_spec.is_model_cache(leaf)]
+    config: Any = getattr(model, "config", None)
     if not dropped or getattr(config, "use_cache", None) is not True:
         yield
         return

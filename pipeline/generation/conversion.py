@@ -16,8 +16,8 @@ import torch
 
 from converters.errors import InputError
 from converters.registry import ConverterRegistry
-from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.names import past_name
+from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep, uses_attention_interface
 from pipeline.module.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
@@ -56,7 +56,7 @@ def prepare_step(
     past = []
     for heads, dim, dtype in layout:
         past += [torch.zeros(batch, heads, capacity, dim, dtype=dtype) for _ in ("key", "value")]
-    step_sample = ((ids, mask, positions, torch.tensor(0, dtype=torch.int64), *past), {})
+    step_sample: Any = ((ids, mask, positions, torch.tensor(0, dtype=torch.int64), *past), {})
     dims = _dynamic_dims(len(layout), batch, steps, generation.max_batch, generation.max_prompt or capacity)
     opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)
     config = dataclasses.replace(settings, generation=generation, dynamic=dims, opset=opset)
@@ -84,7 +84,7 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> list[tuple
     """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens."""
     with torch.no_grad():
         out = model(input_ids=input_ids[:1, :2], use_cache=True)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if not is_model_cache(cache):
         raise InputError(
             f"{type(model).__name__} returned no transformers Cache with use_cache=True (got "

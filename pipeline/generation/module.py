@@ -51,7 +51,12 @@ class GenerativeModule(ConvertedModule):
         return self._runner
 
     def generate(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, streamer: Any = None, **options: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        streamer: Any = None,
+        **options: Any,
     ) -> torch.Tensor:
         """The prompt followed by the new tokens, [batch, prompt + new] (transformers' return convention); rows
         that stopped early are filled with ``pad_token_id``. ``streamer`` (transformers' ``put``/``end``
@@ -116,9 +121,13 @@ class GenerativeModule(ConvertedModule):
             logits = runner.run(chosen[:, None], full_mask, next_position, prompt + step)
             next_position = next_position + 1
 
-    def _prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prompt(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.int64:
-            raise InputError("generate takes input_ids as an int64 tensor [batch, tokens]", fix="pass tokenizer(...).input_ids")
+            raise InputError(
+                "generate takes input_ids as an int64 tensor [batch, tokens]", fix="pass tokenizer(...).input_ids"
+            )
         batch = input_ids.shape[0]
         if batch > self.generation.max_batch:
             raise InputError(

@@ -64,7 +64,9 @@ def _(
 def convert_kv_write(ctx: ConverterContext) -> gs.Tensor:
     """``TensorScatter`` along the sequence axis (-2), one write index per batch row (all equal)."""
     cache, update, position = ctx.input("cache"), ctx.input("update"), ctx.input("position")
-    batch = ctx.op.Slice(ctx.op.Shape(cache), ctx.constant(np.array([0], np.int64)), ctx.constant(np.array([1], np.int64)))
+    batch = ctx.op.Slice(
+        ctx.op.Shape(cache), ctx.constant(np.array([0], np.int64)), ctx.constant(np.array([1], np.int64))
+    )
     indices = ctx.op.Expand(ctx.op.Reshape(position, ctx.constant(np.array([1], np.int64))), batch)
     return ctx.op.TensorScatter(cache, update, indices, axis=-2)
 

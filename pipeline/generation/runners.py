@@ -46,7 +46,10 @@ class CacheLayout:
 
     def bytes_per_row(self) -> int:
         """Cache bytes for one batch row."""
-        return sum(int(np.prod(s)) * torch.empty((), dtype=d).element_size() for s, d in zip(self.shapes, self.dtypes, strict=True))
+        return sum(
+            int(np.prod(s)) * torch.empty((), dtype=d).element_size()
+            for s, d in zip(self.shapes, self.dtypes, strict=True)
+        )
 
 
 def cache_layout(io: IOSpec, layers: int) -> CacheLayout:
@@ -81,7 +84,9 @@ class CopyingRunner:
 
     def start(self, batch: int) -> None:
         """Zeroed cache tensors for ``batch`` rows."""
-        self.cache = [torch.zeros((batch, *s), dtype=d) for s, d in zip(self.layout.shapes, self.layout.dtypes, strict=True)]
+        self.cache = [
+            torch.zeros((batch, *s), dtype=d) for s, d in zip(self.layout.shapes, self.layout.dtypes, strict=True)
+        ]
 
     def run(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int

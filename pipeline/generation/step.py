@@ -37,6 +37,9 @@ class StepCacheLayer(CacheLayerMixin):
     is_compileable = False  # keeps transformers from specialising the mask on a query length of 1 during export
     is_sliding = False
 
+    keys: torch.Tensor
+    values: torch.Tensor
+
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor) -> None:
         super().__init__()
         self.keys, self.values = keys, values
@@ -124,7 +127,7 @@ def uses_attention_interface(model: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
     """Run the block with ``model.config._attn_implementation`` set to ``name`` (None: unchanged), then restore."""
-    config = model.config  # type: ignore[union-attr]
+    config: Any = model.config
     if name is None:
         yield
         return
