@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pipeline.generation import ops
 from pipeline.generation.names import past_name, present_name
@@ -110,6 +109,8 @@ def step_attention(
 
 def register_attention() -> None:
     """Register the step's attention and mask functions with transformers (idempotent)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # imports the vision stack: only when used
+
     ALL_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_mask)
 
