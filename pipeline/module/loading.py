@@ -37,11 +37,25 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     choice = select_backend(chosen, settings)
     # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
     restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
-    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
+    executor = build_executor(
+        chosen,
+        artifact.onnx_model,
+        io,
+        settings,
+        engine=engine,
+        runtime_cache=runtime_cache_beside(Path(path)) if chosen == "tensorrt-rtx" else None,
+        refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
+    )
     report = ConversionReport.from_dict(artifact.metadata["report"])
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
         report = dataclasses.replace(report, backend_reason=choice.reason)
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+
+
+def runtime_cache_beside(artifact: Path) -> Path:
+    """TensorRT-RTX's runtime cache of a loaded artifact's engine: a file beside the artifact, so the next process
+    that loads it skips the JIT compilation (``model.ptrt`` -> ``model.ptrt.rtx-runtime-cache``)."""
+    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
 
 
 def _usable_engine(
