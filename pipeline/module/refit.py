@@ -25,7 +25,7 @@ import onnx
 import torch
 from onnx import helper
 
-from converters.errors import ConversionError, InputError
+from converters.errors import BuildError, ConversionError, InputError
 from converters.registry import ConverterRegistry
 from passes import GraphPass
 from pipeline.backends import Executor, build_executor
@@ -70,6 +70,12 @@ def refit(
     from converters.defaults import default_registry
     from passes import default_passes
 
+    if hasattr(executor, "refit") and not settings.refittable:  # a TensorRT engine: said before any stage runs
+        raise BuildError(
+            "the engine was not built refittable, so it cannot take new weights"
+            + (" (strip_weights builds it for its own weights only)" if settings.strip_weights else ""),
+            fix="convert with refittable=True to refit it later, or convert the new model",
+        )
     model = _new_model(new, source)
     sample = source.sample if sample is None else sample
     if sample is None:
