@@ -17,6 +17,7 @@ from converters.registry import ConverterRegistry
 from passes import GraphPass, default_passes, insert_passes
 from passes.base import Placement
 from pipeline.backends import build_executor, select_backend
+from pipeline.backends.tensorrt.weights import describe as describe_engine_options
 from pipeline.check.judge import check as judge_check
 from pipeline.check.ops import DEFAULT_TRT_VERSION
 from pipeline.check.static import CompatibilityReport
@@ -93,6 +94,7 @@ def convert(
         compatibility=compatibility.to_dict(),
         precision=graph.precision,
         quantization=graph.quantization,
+        engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
     return ConvertedModule(executor, graph.io, final, config, report, graph.exported.weights, source)

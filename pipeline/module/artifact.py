@@ -129,6 +129,13 @@ def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str,
     return record
 
 
+def runtime_cache_beside(artifact: Path) -> Path:
+    """TensorRT-RTX's runtime cache of an artifact's engine: a file beside the artifact (``model.ptrt`` ->
+    ``model.ptrt.rtx-runtime-cache``), written by ``module.save`` when the module has one and filled by the loaded
+    module's runs, so the next process that loads the artifact skips the JIT compilation."""
+    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
+
+
 def read_artifact(path: str | Path) -> Artifact:
     """Read and verify an artifact; anything missing, altered or unreadable is an ArtifactError.
 

@@ -10,11 +10,12 @@ import onnx
 import torch
 
 from converters.errors import InputError
+from converters.files import write_file_atomically
 from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.backends import Executor
 from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import compare_built
-from pipeline.module.artifact import save_artifact
+from pipeline.module.artifact import runtime_cache_beside, save_artifact
 from pipeline.module.io_spec import IOSpec
 from pipeline.module.refit import RefitSource, refit
 from pipeline.module.report import ConversionReport
@@ -105,7 +106,10 @@ class ConvertedModule(torch.nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
-        reads it back)."""
+        reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it."""
+        cache = getattr(self._executor, "runtime_cache_file", None)  # TensorRT-RTX's JIT kernels, when it ran here
+        if cache is not None and Path(cache).is_file():
+            write_file_atomically(runtime_cache_beside(Path(path)), Path(cache).read_bytes())
         return save_artifact(
             Path(path),
             onnx_model=self._onnx,

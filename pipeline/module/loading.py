@@ -12,7 +12,7 @@ from pathlib import Path
 from converters.errors import ArtifactError
 from pipeline.backends import build_executor, select_backend
 from pipeline.backends.plugin_runtime import restore_plugins
-from pipeline.module.artifact import read_artifact
+from pipeline.module.artifact import read_artifact, runtime_cache_beside
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.report import ConversionReport
 from pipeline.settings import Settings
@@ -50,12 +50,6 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
         report = dataclasses.replace(report, backend_reason=choice.reason)
     return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
-
-
-def runtime_cache_beside(artifact: Path) -> Path:
-    """TensorRT-RTX's runtime cache of a loaded artifact's engine: a file beside the artifact, so the next process
-    that loads it skips the JIT compilation (``model.ptrt`` -> ``model.ptrt.rtx-runtime-cache``)."""
-    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
 
 
 def _usable_engine(

@@ -93,6 +93,9 @@ def test_tensorrt_rtx_builds_streaming_and_sparse_engines_and_the_artifact_recor
     on_rtx: pipeline.ConvertedModule, tmp_path: Path
 ) -> None:
     assert on_rtx.engine_bytes is not None and on_rtx.engine_bytes[:4] == b"vtrt"
+    assert on_rtx.report.engine_options is not None
+    assert on_rtx.report.engine_options["flags"] == ["WEIGHT_STREAMING", "SPARSE_WEIGHTS"]
+    assert "engine    flags WEIGHT_STREAMING, SPARSE_WEIGHTS; weights in the plan" in on_rtx.report.summary()
     path = on_rtx.save(tmp_path / "m.ptrt")
     record = read_artifact(path).metadata["engine"]
     assert record["weights"] == "plan" and record["build"]["weight_streaming"] is True
@@ -101,6 +104,7 @@ def test_tensorrt_rtx_builds_streaming_and_sparse_engines_and_the_artifact_recor
         warnings.simplefilter("ignore")
         again = pipeline.load(path)
     assert again.settings.weight_streaming_budget == -1 and again.engine_bytes == on_rtx.engine_bytes
+    assert again.report.engine_options == on_rtx.report.engine_options
     torch.testing.assert_close(again(SAMPLE), mlp(0)(SAMPLE), atol=1e-5, rtol=1e-4)
 
 

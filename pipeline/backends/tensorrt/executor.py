@@ -126,6 +126,7 @@ class TensorRTExecutor:
             runtime_cache = runtime_cache or runtime_cache_path(engine, settings)
         else:
             runtime_cache = None
+        self.runtime_cache_file = runtime_cache  # module.save copies it beside the artifact
         self._runner: EngineRunner = EngineRunner(
             engine,
             allow_host_code=settings.trt_version_compatible,

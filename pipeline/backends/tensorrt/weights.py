@@ -140,6 +140,15 @@ def set_weight_streaming_budget(engine: trt.ICudaEngine, budget: int) -> int:
     return budget
 
 
-def describe(settings: Settings) -> dict[str, Any]:
-    """What the weight options made of the engine, for the report: the builder flags and the streaming budget."""
-    return {"flags": weight_flag_names(settings), "weight_streaming_budget": settings.weight_streaming_budget}
+def describe(settings: Settings) -> dict[str, Any] | None:
+    """The engine options in effect, for the report (None when every one is off): the builder flags, where the
+    weights are, the streaming budget, CUDA graphs, TensorRT-RTX's runtime cache."""
+    record: dict[str, Any] = {
+        "flags": weight_flag_names(settings),
+        "weights": "graph (refit at load)" if settings.strip_weights else "plan",
+        "weight_streaming_budget": settings.weight_streaming_budget,
+        "cuda_graphs": settings.cuda_graphs,
+    }
+    if not record["flags"] and not settings.cuda_graphs:
+        return None
+    return record
