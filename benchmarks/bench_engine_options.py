@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -28,12 +29,16 @@ from typing import Any
 import torch
 from torch import nn
 
-import pipeline
-from converters.errors import BuildError
-from converters.settings import Settings
-from pipeline.backends.tensorrt.build import build_engine
-from pipeline.backends.tensorrt.library import TENSORRT_RTX
-from pipeline.module.artifact import save_artifact
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
+
+import pipeline  # noqa: E402
+from converters.errors import BuildError  # noqa: E402
+from converters.settings import Settings  # noqa: E402
+from pipeline.backends.tensorrt.build import build_engine  # noqa: E402
+from pipeline.backends.tensorrt.library import TENSORRT_RTX  # noqa: E402
+from pipeline.module.artifact import save_artifact  # noqa: E402
 
 Model = tuple[nn.Module, Any]
 
