@@ -27,11 +27,8 @@ from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import check_reference_dtype, split_samples
 from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
-<<<<<<< HEAD
-from pipeline.generation.module import module_class
-=======
 from pipeline.final_graph import final_graph, stage_timer, validate_executor
->>>>>>> main
+from pipeline.generation.module import module_class
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.refit import RefitSource
 from pipeline.module.report import ConversionReport
@@ -104,23 +101,8 @@ def convert(
         quantization=graph.quantization,
         engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
     )
-<<<<<<< HEAD
-    return module_class(config)(executor, io, final, config, report, exported.weights)
-
-
-DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
-
-
-def _debug_inputs(model: torch.nn.Module, exported: ExportedGraph, sample: Any) -> DebugInputs:
-    """The sample as a feed and PyTorch's outputs on it: what every pass is checked against in debug mode."""
-    tensors = exported.io.flatten_call(*normalise_sample(sample))
-    feed = {spec.name: t.detach().cpu().numpy() for spec, t in zip(exported.io.inputs, tensors, strict=True)}
-    with eval_mode(model, warn=False):
-        return feed, torch_references(model, exported.io, [feed])[0]
-=======
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
-    return ConvertedModule(executor, graph.io, final, config, report, graph.exported.weights, source)
->>>>>>> main
+    return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
 
 
 def check(
