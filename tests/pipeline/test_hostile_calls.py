@@ -127,8 +127,7 @@ def test_changed_constant_argument(scaled: pipeline.ConvertedModule) -> None:
         scaled(torch.randn(2, 4), 3.0)
 
 
-def test_input_that_requires_grad_warns_once_that_the_output_has_no_grad_fn() -> None:
-    module = pipeline.convert(LINEAR, torch.randn(2, 4), validate=False)
+def test_input_that_requires_grad_warns_once_that_the_output_has_no_grad_fn(module: pipeline.ConvertedModule) -> None:
     x = torch.randn(2, 4, requires_grad=True)
     with pytest.warns(UserWarning, match=r"input\(s\) 'input' require grad.*no grad_fn") as caught:
         out = module(x)
