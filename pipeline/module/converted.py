@@ -58,6 +58,12 @@ class ConvertedModule(torch.nn.Module):
         return self._executor.backend
 
     @property
+    def runs_on(self) -> str:
+        """What calls run on: the backend, or ``onnxruntime`` for a TensorRT-RTX module whose engine cannot run
+        here (the same final graph runs on ONNX Runtime; ``report.backend_reason`` says why)."""
+        return "onnxruntime" if getattr(self._executor, "runs_on", None) == "onnxruntime" else self.backend
+
+    @property
     def engine_bytes(self) -> bytes | None:
         """The serialised TensorRT engine, or None on a backend without one."""
         return self._executor.engine_bytes
