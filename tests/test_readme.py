@@ -96,6 +96,7 @@ PYTHON_EXAMPLES: dict[str, tuple[str, tuple[int, ...]]] = {
     "precision": ("Precision (fp16, bf16)", (0,)),
     "quantization": ("Quantization (INT8, FP8)", (0,)),
     "plugins": ("Plugins", (0,)),
+    "engine-options": ("Engine options", (1,)),  # block 0 needs TensorRT and a GPU
 }
 PRELUDES = {
     "rewrite-rule": "import torch\nimport pipeline\n"

@@ -79,3 +79,29 @@ def test_a_fresh_output_directory_gets_the_umask_mode_not_the_staging_directory_
     finally:
         os.umask(previous)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
+
+
+def test_engine_options_from_the_command_line_with_polygraphy_and_trtexec_names() -> None:
+    from pipeline.cli.engine_options import engine_options
+
+    args = build_parser().parse_args(
+        ["convert", "m.py:f", "-o", "out", "--strip-plan", "--refittable", "--weight-streaming-budget", "-1",
+         "--sparse-weights", "--use-cuda-graph", "--no-runtime-cache"]
+    )
+    assert engine_options(args) == {
+        "strip_weights": True,
+        "refittable": True,
+        "weight_streaming_budget": -1,
+        "sparse_weights": True,
+        "cuda_graphs": True,
+        "trt_runtime_cache": False,
+    }
+    defaults = engine_options(build_parser().parse_args(["convert", "m.py:f", "-o", "out"]))
+    assert defaults == {
+        "strip_weights": False,
+        "refittable": False,
+        "weight_streaming_budget": None,
+        "sparse_weights": False,
+        "cuda_graphs": False,
+        "trt_runtime_cache": True,
+    }
