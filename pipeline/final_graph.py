@@ -23,6 +23,7 @@ from passes import GraphPass, PassManager, PassRecord, default_passes, to_graph,
 from passes.model_io.external_data import check_model, remove_unused_files
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
 from pipeline.module.io_spec import IOSpec, normalise_sample
+from pipeline.precision.report import PrecisionReport
 from pipeline.precision.stage import (
     boundary_io,
     convert_precision,
@@ -30,6 +31,7 @@ from pipeline.precision.stage import (
     torch_references,
     validation_settings,
 )
+from pipeline.quantize.report import QuantizationReport
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantized_validation_settings
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.settings import Settings
@@ -50,8 +52,8 @@ class FinalGraph:
     final: onnx.ModelProto
     records: list[PassRecord]
     io: IOSpec
-    precision: Any
-    quantization: Any
+    precision: PrecisionReport | None
+    quantization: QuantizationReport | None
     settings: Settings
 
 

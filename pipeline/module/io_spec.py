@@ -284,7 +284,7 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
             slots.append(Leaf(TENSOR, len(tensors)))
             names.append(_output_name(path))
             tensors.append(leaf)
-        elif leaf is None:
+        elif leaf is None or is_model_cache(leaf):  # a transformers cache object: not a graph output (None)
             slots.append(Leaf(CONSTANT, value=None))
         else:
             raise ExportError(
@@ -295,6 +295,15 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
     if not tensors:
         raise ExportError("the model returns no tensor", fix="return at least one tensor from forward()")
     return names, tensors, tuple(slots), dump_tree(tree)
+
+
+def is_model_cache(value: Any) -> bool:
+    """Whether ``value`` is a transformers ``Cache`` (``DynamicCache``, ...): a model's key/value cache, which the
+    plain forward's graph does not return (the module returns None in its place; ``generation=`` converts the
+    cached step instead). Recognised by type name, without importing transformers."""
+    return any(
+        c.__name__ == "Cache" and c.__module__.startswith("transformers.") for c in type(value).__mro__
+    )
 
 
 def dump_tree(tree: pytree.TreeSpec) -> str:

@@ -31,6 +31,7 @@ from passes import GraphPass
 from pipeline.backends import Executor, build_executor
 from pipeline.final_graph import FinalGraph, final_graph, stage_timer, validate_executor
 from pipeline.module.report import ConversionReport
+from pipeline.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def refit(
     executor: Executor,
     old_final: onnx.ModelProto,
     report: ConversionReport,
-    settings: Any,
+    settings: Settings,
     new: torch.nn.Module | Mapping[str, torch.Tensor],
     sample: Any,
     source: RefitSource,
@@ -137,7 +138,7 @@ def _new_model(new: torch.nn.Module | Mapping[str, torch.Tensor], source: RefitS
     return model
 
 
-def _refit_executor(executor: Executor, graph: FinalGraph, settings: Any) -> Executor:
+def _refit_executor(executor: Executor, graph: FinalGraph, settings: Settings) -> Executor:
     """ONNX Runtime: a session of the new graph. TensorRT (and a TensorRT-RTX engine kept beside ONNX Runtime): its
     ``refit``, which refuses an engine that was not built refittable."""
     refit_method = getattr(executor, "refit", None)
