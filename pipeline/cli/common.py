@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from converters.files import current_umask
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, output_help: str) -> None:
@@ -58,12 +59,29 @@ def model_and_sample(spec: str, inputs: list[str], seed: int) -> tuple[torch.nn.
     model, sample = load_spec(spec)
     if inputs:
         sample = ((), dict(random_inputs(inputs, seed)))
+        _check_input_names(model, sample[1])
     if sample is None:
         raise InputError(
             f"{spec} returned a module but no sample, and no --input was given",
             fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
         )
     return model, sample
+
+
+def _check_input_names(model: torch.nn.Module, named: dict[str, torch.Tensor]) -> None:
+    """Every ``--input NAME`` must be an argument of ``forward`` (said before anything is exported)."""
+    from pipeline.module.io_spec import forward_signature, keyword_names, unknown_keywords
+
+    signature = forward_signature(model)
+    unknown = unknown_keywords(signature, named)
+    if unknown:
+        real = keyword_names(signature)
+        raise InputError(
+            f"--input {', --input '.join(unknown)}: {type(model).__name__}.forward() has no argument "
+            f"{', '.join(map(repr, unknown))}; its arguments are: {real}",
+            fix="name forward()'s arguments, e.g. "
+            + " ".join(f"--input {name}:SHAPE[:DTYPE]" for name in real.split(", ")),
+        )
 
 
 _SOURCES: dict[str, Any] = {}  # a file is executed once, so the model and its converters share custom ops
@@ -215,6 +233,26 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
         help="file.py:factory returning the ConverterRegistry to convert with (default: the built-ins and yours)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+    parser.add_argument(
+        "--fallback",
+        default="onnxruntime",
+        choices=["onnxruntime", "error"],
+        help="nodes TensorRT rejects: run them on ONNX Runtime between TensorRT segments (default), or fail",
+    )
+    parser.add_argument(
+        "--min-segment-size",
+        type=int,
+        default=5,
+        metavar="N",
+        help="TensorRT segments of fewer compute nodes run on ONNX Runtime instead (default 5)",
+    )
+    parser.add_argument(
+        "--fallback-ops",
+        action="append",
+        default=[],
+        metavar="OP[,OP...]",
+        help="ONNX op types to keep out of TensorRT (run on ONNX Runtime), e.g. NonZero,TopK",
+    )
 
 
 def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,6 +263,9 @@ def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
         "ort_int8_conv_outputs": args.ort_int8_conv_outputs,
         "keep_fp32": tuple(args.keep_fp32),
         "seed": args.seed,
+        "fallback": args.fallback,
+        "min_segment_size": args.min_segment_size,
+        "fallback_ops": tuple(op for text in args.fallback_ops for op in text.split(",") if op),
         "dynamic": merge_dynamic(
             dynamic_dims(args.dynamic), shapes_to_dynamic(args.min_shapes, args.opt_shapes, args.max_shapes)
         ),
@@ -353,7 +394,8 @@ def staged_output(out: Path, names: Sequence[str]) -> Iterator[Path]:
         ) from exc
     try:
         yield staging
-        if fresh:
+        if fresh:  # mkdtemp made it 0700: the new directory should look like any other (the umask's mode)
+            os.chmod(staging, 0o777 & ~current_umask())
             os.replace(staging, out)
             return
         for item in sorted(staging.iterdir()):

@@ -1,10 +1,12 @@
 """One artifact file per converted model: the final ONNX, the engine bytes when TensorRT built one, metadata.
 
 The file is a zip archive (members stored, not compressed): ``metadata.json``, ``model.onnx``, optionally
-``engine.plan``, and ``model.onnx.data`` when the graph keeps its weights in external data (large models; streamed
-in and out, never held whole in memory). The metadata holds versions, the I/O spec, the settings, the report and a
-SHA-256 of every other member; loading checks all of it. Writing goes to a temporary file in the target directory
-and is renamed into place, so a crash never leaves a half-written artifact under the requested name.
+``engine.plan`` (or, for a module of TensorRT segments, ``engine-segment-<i>.plan`` per TensorRT segment, with
+the segment plan in the metadata), and ``model.onnx.data`` when the graph keeps its weights in external data
+(large models; streamed in and out, never held whole in memory). The metadata holds versions, the I/O spec, the
+settings, the report and a SHA-256 of every other member; loading checks all of it. Writing goes to a temporary
+file in the target directory and is renamed into place, so a crash never leaves a half-written artifact under the
+requested name.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, BinaryIO
 
 import onnx
 
-from converters.errors import ArtifactError
+from converters.errors import ArtifactError, InputError
 from converters.files import write_file_atomically
 from converters.plugins.spec import plugin_records
 from passes.model_io.external_data import (
@@ -39,6 +41,7 @@ FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member, 
 ONNX_MEMBER = "model.onnx"
 ENGINE_MEMBER = "engine.plan"
 DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
+SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segment i (pipeline.backends.segments)
 METADATA_MEMBER = "metadata.json"
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
 
@@ -50,6 +53,7 @@ class Artifact:
     onnx_model: onnx.ModelProto
     engine: bytes | None
     weights: WeightFiles | None = None  # where the graph's external weights were unpacked; keep it alive with it
+    segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
 
     @property
     def io(self) -> IOSpec:
@@ -71,9 +75,14 @@ def save_artifact(
     io: IOSpec,
     settings: Settings,
     report: ConversionReport,
+    segments: list[dict[str, Any]] | None = None,
+    segment_engines: dict[int, bytes] | None = None,
+    refit_at_load: bool = False,
 ) -> Path:
     """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
-    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back."""
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``segments`` is the plan of a
+    module of TensorRT segments and ``segment_engines`` their engines by segment index. ``refit_at_load``: the
+    engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
     from pipeline.versions import library_versions
 
     metadata: dict[str, Any] = {
@@ -88,13 +97,17 @@ def save_artifact(
     plugins = plugin_records(onnx_model)
     if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
         metadata["plugins"] = plugins
-    if engine is not None:
+    engines = {SEGMENT_ENGINE_MEMBER.format(i): e for i, e in (segment_engines or {}).items()}
+    if segments is not None:
+        metadata["segments"] = segments
+    if engine is not None or engines:
         from pipeline.backends.tensorrt.build import build_options, device_identity
         from pipeline.backends.tensorrt.library import library_for
 
         # what the engine was built for and with: the same record the engine cache keys on
         identity = device_identity(library_for(backend), settings)
-        metadata["engine"] = {**identity, "build": build_options(io, settings)}
+        weights = engine_weights(settings, refit_at_load)
+        metadata["engine"] = {**identity, "build": build_options(io, settings), **weights}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -106,6 +119,7 @@ def save_artifact(
             members = {ONNX_MEMBER: graph.SerializeToString(), METADATA_MEMBER: json.dumps(metadata, indent=2).encode()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
+            members.update(engines)
             for name, data in members.items():
                 archive.writestr(name, data)
                 digests[name] = hashlib.sha256(data).hexdigest()
@@ -114,6 +128,23 @@ def save_artifact(
 
     write_file_atomically(path, write_zip)
     return path
+
+
+def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str, Any]:
+    """Where the saved engine's weights are: ``"graph"`` for a weight-stripped plan (refit from ``model.onnx`` at
+    load, the artifact keeps them once), else ``"plan"``; ``refit_at_load`` when the plan's are older than the
+    graph's."""
+    record: dict[str, Any] = {"weights": "graph" if settings.strip_weights else "plan"}
+    if refit_at_load and not settings.strip_weights:
+        record["refit_at_load"] = True
+    return record
+
+
+def runtime_cache_beside(artifact: Path) -> Path:
+    """TensorRT-RTX's runtime cache of an artifact's engine: a file beside the artifact (``model.ptrt`` ->
+    ``model.ptrt.rtx-runtime-cache``), written by ``module.save`` when the module has one and filled by the loaded
+    module's runs, so the next process that loads the artifact skips the JIT compilation."""
+    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
 
 
 def read_artifact(path: str | Path) -> Artifact:
@@ -147,6 +178,7 @@ def read_artifact(path: str | Path) -> Artifact:
     except Exception as exc:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
     _check_io_against_graph(path, metadata, model)
+    _check_settings(path, metadata, model)
     _warn_on_versions(path, metadata)
     if (weights.directory / DATA_MEMBER).is_file():
         set_weights_dir(model, weights.directory)
@@ -154,7 +186,12 @@ def read_artifact(path: str | Path) -> Artifact:
     else:
         weights.cleanup()
         kept = None
-    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept)
+    segment_engines = {
+        int(name.removeprefix("engine-segment-").removesuffix(".plan")): blob
+        for name, blob in data.items()
+        if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
+    }
+    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines)
 
 
 REWRITE_FIX = "convert the model again and save a new artifact"
@@ -230,6 +267,41 @@ def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.Mo
                 f"{path}: the I/O spec's {kind}s {spec_side} do not match the graph's {graph_side}",
                 fix=REWRITE_FIX,
             )
+    for spec, value in zip(io.inputs, model.graph.input, strict=True):
+        for axis, (declared, fixed) in enumerate(zip(spec.shape, _fixed_dims(value), strict=True)):
+            # the module lets through what its spec allows: a size the graph's fixed axis refuses would reach
+            # ONNX Runtime (INVALID_ARGUMENT) on the first call
+            if fixed is not None and declared != fixed:
+                raise ArtifactError(
+                    f"{path}: input {spec.name!r} axis {axis} is {declared!r} in {METADATA_MEMBER}, {fixed} in the "
+                    "graph",
+                    fix=REWRITE_FIX,
+                )
+
+
+def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
+    """The saved settings must be valid and their dynamic dimensions axes the graph leaves dynamic: they are the
+    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+    try:
+        settings = settings_from_json(metadata["settings"])
+    except (InputError, TypeError, ValueError) as exc:
+        cause = exc.message if isinstance(exc, InputError) else str(exc)
+        raise ArtifactError(
+            f"{path}: the settings in {METADATA_MEMBER} are not valid: {cause}", fix=REWRITE_FIX
+        ) from exc
+    graph_dims = {value.name: _fixed_dims(value) for value in model.graph.input}
+    for dim in settings.dynamic:
+        dims = graph_dims.get(dim.input, [])
+        where = f"dynamic dimension {dim.name!r} (input {dim.input!r} axis {dim.axis}) in {METADATA_MEMBER}"
+        if not 0 <= dim.axis < len(dims):
+            raise ArtifactError(f"{path}: {where}, but the graph has no such input axis", fix=REWRITE_FIX)
+        if (fixed := dims[dim.axis]) is not None:
+            raise ArtifactError(f"{path}: {where}, but the graph fixes that axis at {fixed}", fix=REWRITE_FIX)
+
+
+def _fixed_dims(value: onnx.ValueInfoProto) -> list[int | None]:
+    """Each axis's fixed size in the graph, None where it is dynamic."""
+    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
 
 
 def _dtype_name(value: onnx.ValueInfoProto) -> str:
