@@ -16,8 +16,8 @@ import onnx_graphsurgeon as gs
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
-from passes.parser_fixes.einsum import EinsumEquationForParser
 from passes.parser_fixes.edge_pad import NegativeEdgePadToGather
+from passes.parser_fixes.einsum import EinsumEquationForParser
 from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePad
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.losses import ClassLossToGather
