@@ -42,6 +42,7 @@ from pipeline.precision.stage import (
     validation_settings,
 )
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantize_settings, quantized_validation_settings
+from pipeline.quantize.weight_stage import is_weight_quantized, quantize_weights_4bit, weight_settings
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.settings import Settings
 from pipeline.validation.stage import AccuracyReport, as_io_types, validate, validation_feeds
@@ -68,14 +69,14 @@ def convert(
     (:func:`passes.default_passes` with those converters); ``extra_passes`` places your own passes at named
     points, ``[("after", "fold_constants", MyPass())]``; ``custom_translation_table`` goes to the exporter.
     ``calibration`` (samples like ``sample``) feeds the precision stage when ``precision`` is "fp16" or "bf16", and
-    the quantize stage's calibration when it is "int8" or "fp8".
+    the quantize stage's calibration when it is "int8" or "fp8" (and AWQ's when it is "int4" or "nvfp4").
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
     >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
-    config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
+    config = weight_settings(quantize_settings(effective_settings(Settings.from_kwargs(settings))))
     registry = default_registry() if converters is None else converters
     stages: list[tuple[str, float]] = []
     choice = select_backend(config.backend, config)
@@ -91,6 +92,12 @@ def convert(
     if is_quantized(config):  # int8/fp8: Q/DQ at weighted ops, the rest in fp16 (the precision stage) or fp32
         with _stage("quantize", stages), eval_mode(model, warn=False):
             final, more, precision, quantization = quantize_precision(
+                final, exported, model, sample, calibration, config, pass_list
+            )
+        records += more
+    elif is_weight_quantized(config):  # int4/nvfp4: 4-bit MatMul/Gemm weights, activations in fp16 or fp32
+        with _stage("quantize", stages), eval_mode(model, warn=False):
+            final, more, precision, quantization = quantize_weights_4bit(
                 final, exported, model, sample, calibration, config, pass_list
             )
         records += more
@@ -116,7 +123,7 @@ def convert(
             runner = executor.polygraphy_runner(choice.name)
             checked = (
                 quantized_validation_settings(config, quantization)
-                if is_quantized(config)
+                if quantization is not None
                 else validation_settings(config)
             )
             accuracy = validate(model, exported.io, runner, feeds, checked, backend_io=io, graph=final)
