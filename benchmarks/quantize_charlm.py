@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model, steps = train(args.train_seconds, args.width, args.layers)
+    model, steps = train(seconds=args.train_seconds, width=args.width, layers=args.layers, batch=32)
     valid, calibration = validation_batches(), calibration_batches()
     sample = calibration[0]
     batch = {"input_ids": {0: ("batch", 1, 8, 8)}}  # greedy decoding calls with one window
