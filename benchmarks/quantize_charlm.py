@@ -9,7 +9,7 @@ runs them; ONNX Runtime runs the float16 parts as their exact float32 emulation,
 emulations (no kernels), INT4 through MatMulNBits at accuracy level 1 (float32 activations: exact). The latency
 column converts again with ``quantize_fallback="fp32"`` (ONNX Runtime's real fp32 and 4-bit kernels, no emulation).
 
-    python benchmarks/quantize_charlm.py --train-seconds 300
+    python benchmarks/quantize_charlm.py --train-steps 300
 """
 
 from __future__ import annotations
@@ -60,19 +60,23 @@ def latency(module: torch.nn.Module, sample: torch.Tensor, runs: int = 30) -> fl
 def main() -> None:
     """Train, convert every way of :data:`VARIANTS`, print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train-seconds", type=float, default=300.0)
+    parser.add_argument("--train-seconds", type=float, default=None, help="train for this long (default: steps)")
+    parser.add_argument("--train-steps", type=int, default=300, help="train this many steps of 16 windows")
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model, steps = train(seconds=args.train_seconds, width=args.width, layers=args.layers, batch=32)
+    steps = None if args.train_seconds else args.train_steps
+    start = time.perf_counter()
+    model, steps = train(steps, args.train_seconds, width=args.width, layers=args.layers, batch=16)
+    elapsed = time.perf_counter() - start
     valid, calibration = validation_batches(), calibration_batches()
     sample = calibration[0]
     batch = {"input_ids": {0: ("batch", 1, 8, 8)}}  # greedy decoding calls with one window
     base = perplexity(model, valid)
     print(
-        f"trained {steps} steps in {args.train_seconds:.0f} s: width {args.width}, {args.layers} layers, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters\n"
+        f"trained {steps} steps of 16x{CONTEXT} characters in {elapsed:.0f} s: width {args.width}, "
+        f"{args.layers} layers, {sum(p.numel() for p in model.parameters()):,} parameters\n"
     )
     print("| precision | validation perplexity | vs fp32 | MatMul weights in low bits | artifact (fp32 = 1) |")
     print("| --- | --- | --- | --- | --- |")
