@@ -187,6 +187,19 @@ class Settings:
     # running the same final graph on ONNX Runtime.
     trt_compute_capabilities: tuple[str, ...] = option("tensorrt", (), engine=True)
     require_engine_runtime: bool = option("backend", False)
+    # Engine options (README "Engine options"). strip_weights: a weight-stripped plan, refit from the graph's weights
+    # when the engine is loaded (an artifact keeps every weight once, in model.onnx). refittable: an engine that
+    # module.refit(new_model) can give new weights. weight_streaming_budget: bytes of weights kept on the GPU (-1:
+    # TensorRT's automatic budget), the rest streamed from host memory; None builds without weight streaming.
+    # sparse_weights: TensorRT may run 2:4-sparse weights on sparse tensor cores. cuda_graphs: the engine runs as a
+    # CUDA graph captured per input shape. trt_runtime_cache: TensorRT-RTX keeps its JIT-compiled kernels in a file
+    # (cache_dir, and beside a loaded artifact), so the next process skips the compilation.
+    strip_weights: bool = option("tensorrt", False, engine=True)
+    refittable: bool = option("tensorrt", False, engine=True)
+    weight_streaming_budget: int | None = option("tensorrt", None)  # the engine's flag is derived: build_options
+    sparse_weights: bool = option("tensorrt", False, engine=True)
+    cuda_graphs: bool = option("tensorrt", False)
+    trt_runtime_cache: bool = option("tensorrt", True)
     # Run ONNX Runtime on the sample after every pass that changes the graph; the first pass that moves the
     # outputs beyond tolerance (vs the exported graph) is named in a ConversionError.
     debug_passes: bool = option("passes", False)
@@ -249,6 +262,12 @@ class Settings:
             raise InputError(
                 f"unknown trt_hardware_compatibility {self.trt_hardware_compatibility!r}",
                 fix=f"use one of {', '.join(map(repr, HARDWARE_COMPATIBILITY))}",
+            )
+        if self.weight_streaming_budget is not None and self.weight_streaming_budget < -1:
+            raise InputError(
+                f"weight_streaming_budget must be -1 (automatic) or a number of bytes >= 0, got "
+                f"{self.weight_streaming_budget}",
+                fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
             )
         _check_precision(self)
 

@@ -97,6 +97,7 @@ PYTHON_EXAMPLES: dict[str, tuple[str, tuple[int, ...]]] = {
     "quantization": ("Quantization (INT8, FP8)", (0,)),
     "four-bit": ("4-bit weights (INT4, NVFP4)", (0,)),
     "plugins": ("Plugins", (0,)),
+    "engine-options": ("Engine options", (1,)),  # block 0 needs TensorRT and a GPU
 }
 PRELUDES = {
     "rewrite-rule": "import torch\nimport pipeline\n"

@@ -13,6 +13,7 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import onnx
@@ -123,12 +124,17 @@ def build_executor(
     settings: Settings,
     engine: bytes | None = None,
     static_check: Callable[[onnx.ModelProto], Mapping[str, str]] | None = None,
+    *,
+    runtime_cache: Path | None = None,
+    refit_at_load: bool = False,
 ) -> Executor:
     """Build (or, given ``engine`` bytes, load) the executor for ``backend``.
 
     ``static_check`` (node name -> why TensorRT's parser will reject it) is asked only when TensorRT's parser
     rejects the graph; its reasons are reported beside the parser's for each node. A TensorRT-RTX engine that cannot
     run here is built (or taken as given) and kept, and the graph runs on ONNX Runtime (``EngineOnOnnxRuntime``).
+    ``runtime_cache`` is where TensorRT-RTX keeps its JIT results (default: the cache directory); ``refit_at_load``
+    says the given engine is refit from ``model``'s weights before it runs (``pipeline.backends.tensorrt.weights``).
     """
     if backend == "onnxruntime":
         from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
@@ -144,9 +150,14 @@ def build_executor(
         if runnable:
             if engine is None:
                 return TensorRTExecutor.build(model, io, settings, static_check, library)
-            return TensorRTExecutor(engine, io, settings, library=library)
+            return TensorRTExecutor(
+                engine, io, settings, library=library, model=model, runtime_cache=runtime_cache,
+                refit_at_load=refit_at_load,
+            )
         status = "loaded"
         if engine is None:
             engine, status = cached_engine(model, io, settings, static_check, library)
-        return EngineOnOnnxRuntime(engine, model, io, settings, why, status, library)
+        executor = EngineOnOnnxRuntime(engine, model, io, settings, why, status, library)
+        executor.refit_at_load = refit_at_load  # still owed: the engine's weights are older than the graph's
+        return executor
     raise BuildError(f"unknown backend {backend!r}", fix="use 'onnxruntime', 'tensorrt' or 'tensorrt-rtx'")

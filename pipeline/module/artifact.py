@@ -71,9 +71,11 @@ def save_artifact(
     io: IOSpec,
     settings: Settings,
     report: ConversionReport,
+    refit_at_load: bool = False,
 ) -> Path:
     """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
-    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back."""
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``refit_at_load``: the engine
+    holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
     from pipeline.versions import library_versions
 
     metadata: dict[str, Any] = {
@@ -94,7 +96,8 @@ def save_artifact(
 
         # what the engine was built for and with: the same record the engine cache keys on
         identity = device_identity(library_for(backend), settings)
-        metadata["engine"] = {**identity, "build": build_options(io, settings)}
+        weights = engine_weights(settings, refit_at_load)
+        metadata["engine"] = {**identity, "build": build_options(io, settings), **weights}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -114,6 +117,23 @@ def save_artifact(
 
     write_file_atomically(path, write_zip)
     return path
+
+
+def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str, Any]:
+    """Where the saved engine's weights are: ``"graph"`` for a weight-stripped plan (refit from ``model.onnx`` at
+    load, the artifact keeps them once), else ``"plan"``; ``refit_at_load`` when the plan's are older than the
+    graph's."""
+    record: dict[str, Any] = {"weights": "graph" if settings.strip_weights else "plan"}
+    if refit_at_load and not settings.strip_weights:
+        record["refit_at_load"] = True
+    return record
+
+
+def runtime_cache_beside(artifact: Path) -> Path:
+    """TensorRT-RTX's runtime cache of an artifact's engine: a file beside the artifact (``model.ptrt`` ->
+    ``model.ptrt.rtx-runtime-cache``), written by ``module.save`` when the module has one and filled by the loaded
+    module's runs, so the next process that loads the artifact skips the JIT compilation."""
+    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
 
 
 def read_artifact(path: str | Path) -> Artifact:

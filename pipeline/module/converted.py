@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +10,14 @@ import onnx
 import torch
 
 from converters.errors import InputError
+from converters.files import write_file_atomically
 from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.backends import Executor
 from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import compare_built
-from pipeline.module.artifact import save_artifact
+from pipeline.module.artifact import runtime_cache_beside, save_artifact
 from pipeline.module.io_spec import IOSpec
+from pipeline.module.refit import RefitSource, refit
 from pipeline.module.report import ConversionReport
 from pipeline.settings import Settings
 
@@ -23,7 +26,8 @@ class ConvertedModule(torch.nn.Module):
     """Call it like the original model; tensors come back on the device of the inputs.
 
     ``.onnx`` is the final graph, ``.report`` the conversion report, ``.save(path)`` writes one artifact and
-    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external).
+    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external);
+    ``.refit(new_model)`` gives it new weights without building anew.
     """
 
     def __init__(
@@ -34,8 +38,10 @@ class ConvertedModule(torch.nn.Module):
         settings: Settings,
         report: ConversionReport,
         weights: WeightFiles | None = None,
+        refit_source: RefitSource | None = None,
     ) -> None:
         super().__init__()
+        self._refit_source = refit_source or RefitSource()  # what convert used, for module.refit
         self._executor = executor
         self._weights = weights  # the external weights of onnx_model (large models) live while the module does
         self.io = io
@@ -67,9 +73,43 @@ class ConvertedModule(torch.nn.Module):
         outputs = self._executor.run(inputs)
         return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
 
+    def refit(
+        self,
+        new_model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+        sample: Any = None,
+        *,
+        calibration: Iterable[Any] | None = None,
+    ) -> ConvertedModule:
+        """Give the module the weights of a model of the same architecture (or a state dict of the converted model),
+        without building anew; returns the module itself.
+
+        The new model goes through the same export, passes and precision stage (``sample``: the one ``convert`` was
+        given, required for a loaded module; ``calibration`` as for ``convert``); its final graph must differ from
+        this one in its weights only. ONNX Runtime then runs the new graph, a TensorRT engine built with
+        ``refittable=True`` is refit in place, and the result is validated against the new model unless the module
+        was converted with ``validate=False`` (``report.accuracy`` is the new validation). See
+        :mod:`pipeline.module.refit`.
+        """
+        done = refit(
+            self._executor,
+            self._onnx,
+            self.report,
+            self.settings,
+            new_model_or_state_dict,
+            sample,
+            self._refit_source,
+            calibration,
+        )
+        self._executor, self._onnx, self.report = done.executor, done.graph.final, done.report
+        self._weights = done.graph.exported.weights
+        return self
+
     def save(self, path: str | Path) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
-        reads it back)."""
+        reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it."""
+        cache = getattr(self._executor, "runtime_cache_file", None)  # TensorRT-RTX's JIT kernels, when it ran here
+        if cache is not None and Path(cache).is_file():
+            write_file_atomically(runtime_cache_beside(Path(path)), Path(cache).read_bytes())
         return save_artifact(
             Path(path),
             onnx_model=self._onnx,
@@ -78,6 +118,7 @@ class ConvertedModule(torch.nn.Module):
             io=self.io,
             settings=self.settings,
             report=self.report,
+            refit_at_load=bool(getattr(self._executor, "refit_at_load", False)),
         )
 
     def save_onnx(self, path: str | Path) -> list[Path]:

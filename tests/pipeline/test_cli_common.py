@@ -49,3 +49,29 @@ def test_tolerances_and_conversion_options_from_the_command_line() -> None:
     assert options["precision"] == "fp16" and options["keep_fp32"] == ("op:Softmax",)
     assert options["tolerances"] == {"out": (1e-3, 1e-2)}
     assert options["dynamic"] == {"x": {0: ("dim0_1_8", 1, 2, 8)}}
+
+
+def test_engine_options_from_the_command_line_with_polygraphy_and_trtexec_names() -> None:
+    from pipeline.cli.engine_options import engine_options
+
+    args = build_parser().parse_args(
+        ["convert", "m.py:f", "-o", "out", "--strip-plan", "--refittable", "--weight-streaming-budget", "-1",
+         "--sparse-weights", "--use-cuda-graph", "--no-runtime-cache"]
+    )
+    assert engine_options(args) == {
+        "strip_weights": True,
+        "refittable": True,
+        "weight_streaming_budget": -1,
+        "sparse_weights": True,
+        "cuda_graphs": True,
+        "trt_runtime_cache": False,
+    }
+    defaults = engine_options(build_parser().parse_args(["convert", "m.py:f", "-o", "out"]))
+    assert defaults == {
+        "strip_weights": False,
+        "refittable": False,
+        "weight_streaming_budget": None,
+        "sparse_weights": False,
+        "cuda_graphs": False,
+        "trt_runtime_cache": True,
+    }
