@@ -28,6 +28,7 @@ from pipeline.compare.run import check_reference_dtype, split_samples
 from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
 from pipeline.final_graph import final_graph, stage_timer, validate_executor
+from pipeline.generation.module import module_class
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.refit import RefitSource
 from pipeline.module.report import ConversionReport
@@ -70,6 +71,10 @@ def convert(
     """
     config = weight_settings(quantize_settings(effective_settings(Settings.from_kwargs(settings))))
     registry = default_registry() if converters is None else converters
+    if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
+        from pipeline.generation.conversion import prepare_step
+
+        model, sample, config, registry = prepare_step(model, sample, config, registry)
     stages: list[tuple[str, float]] = []
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
     choice = select_backend(config.backend, config)
@@ -98,7 +103,7 @@ def convert(
         engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
-    return ConvertedModule(executor, graph.io, final, config, report, graph.exported.weights, source)
+    return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
 
 
 def check(

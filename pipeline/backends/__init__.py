@@ -88,9 +88,22 @@ def select_backend(requested: str, settings: Settings | None = None) -> BackendC
         elif available:
             choice = BackendChoice("tensorrt", f"auto: {why}")
         else:
-            choice = BackendChoice("onnxruntime", f"auto: TensorRT not usable ({why})")
+            choice = BackendChoice("onnxruntime", f"auto: TensorRT not usable ({why}){_rtx_hint(settings)}")
     logger.info("backend: %s (%s)", choice.name, choice.reason)
     return choice
+
+
+def _rtx_hint(settings: Settings) -> str:
+    """What ``auto`` leaves aside when TensorRT-RTX is installed: it builds an engine here (and runs it where a GPU
+    it supports is), chosen with ``backend='tensorrt-rtx'``; empty when it does not import."""
+    from pipeline.backends.tensorrt.build import engine_runtime_status
+    from pipeline.backends.tensorrt.library import TENSORRT_RTX
+
+    if not TENSORRT_RTX.importable():
+        return ""
+    runnable, why = engine_runtime_status(TENSORRT_RTX, settings)
+    what = "build and run an engine here" if runnable else f"build an engine here for a GPU elsewhere ({why})"
+    return f"; TensorRT-RTX {TENSORRT_RTX.version()} can {what}: backend='tensorrt-rtx' (--backend tensorrt-rtx)"
 
 
 def _select_rtx(settings: Settings) -> BackendChoice:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import onnx
 
-from converters.errors import ArtifactError
+from converters.errors import ArtifactError, InputError
 from converters.files import write_file_atomically
 from converters.plugins.spec import plugin_records
 from passes.model_io.external_data import (
@@ -167,6 +167,7 @@ def read_artifact(path: str | Path) -> Artifact:
     except Exception as exc:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
     _check_io_against_graph(path, metadata, model)
+    _check_settings(path, metadata, model)
     _warn_on_versions(path, metadata)
     if (weights.directory / DATA_MEMBER).is_file():
         set_weights_dir(model, weights.directory)
@@ -250,6 +251,41 @@ def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.Mo
                 f"{path}: the I/O spec's {kind}s {spec_side} do not match the graph's {graph_side}",
                 fix=REWRITE_FIX,
             )
+    for spec, value in zip(io.inputs, model.graph.input, strict=True):
+        for axis, (declared, fixed) in enumerate(zip(spec.shape, _fixed_dims(value), strict=True)):
+            # the module lets through what its spec allows: a size the graph's fixed axis refuses would reach
+            # ONNX Runtime (INVALID_ARGUMENT) on the first call
+            if fixed is not None and declared != fixed:
+                raise ArtifactError(
+                    f"{path}: input {spec.name!r} axis {axis} is {declared!r} in {METADATA_MEMBER}, {fixed} in the "
+                    "graph",
+                    fix=REWRITE_FIX,
+                )
+
+
+def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
+    """The saved settings must be valid and their dynamic dimensions axes the graph leaves dynamic: they are the
+    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+    try:
+        settings = settings_from_json(metadata["settings"])
+    except (InputError, TypeError, ValueError) as exc:
+        cause = exc.message if isinstance(exc, InputError) else str(exc)
+        raise ArtifactError(
+            f"{path}: the settings in {METADATA_MEMBER} are not valid: {cause}", fix=REWRITE_FIX
+        ) from exc
+    graph_dims = {value.name: _fixed_dims(value) for value in model.graph.input}
+    for dim in settings.dynamic:
+        dims = graph_dims.get(dim.input, [])
+        where = f"dynamic dimension {dim.name!r} (input {dim.input!r} axis {dim.axis}) in {METADATA_MEMBER}"
+        if not 0 <= dim.axis < len(dims):
+            raise ArtifactError(f"{path}: {where}, but the graph has no such input axis", fix=REWRITE_FIX)
+        if (fixed := dims[dim.axis]) is not None:
+            raise ArtifactError(f"{path}: {where}, but the graph fixes that axis at {fixed}", fix=REWRITE_FIX)
+
+
+def _fixed_dims(value: onnx.ValueInfoProto) -> list[int | None]:
+    """Each axis's fixed size in the graph, None where it is dynamic."""
+    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
 
 
 def _dtype_name(value: onnx.ValueInfoProto) -> str:

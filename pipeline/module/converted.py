@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ class ConvertedModule(torch.nn.Module):
         self.settings = settings
         self.report = report
         self._dims = {(d.input, d.axis): d for d in settings.dynamic}
+        self._warned_grad = False  # an input that requires grad is said once per module, not on every call
 
     @property
     def onnx(self) -> onnx.ModelProto:
@@ -61,6 +64,12 @@ class ConvertedModule(torch.nn.Module):
         return self._executor.backend
 
     @property
+    def runs_on(self) -> str:
+        """What calls run on: the backend, or ``onnxruntime`` for a TensorRT-RTX module whose engine cannot run
+        here (the same final graph runs on ONNX Runtime; ``report.backend_reason`` says why)."""
+        return "onnxruntime" if getattr(self._executor, "runs_on", None) == "onnxruntime" else self.backend
+
+    @property
     def engine_bytes(self) -> bytes | None:
         """The serialised TensorRT engine, or None on a backend without one."""
         return self._executor.engine_bytes
@@ -69,6 +78,8 @@ class ConvertedModule(torch.nn.Module):
         """Run the backend on the flattened inputs; outputs in the original model's structure."""
         inputs = self.io.flatten_call(args, kwargs)
         self._check(inputs)
+        if not self._warned_grad and torch.is_grad_enabled():
+            self._warn_on_grad(inputs)
         device = inputs[0].device
         outputs = self._executor.run(inputs)
         return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
@@ -145,6 +156,18 @@ class ConvertedModule(torch.nn.Module):
             model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=settings, **options
         )
 
+    def _warn_on_grad(self, inputs: list[torch.Tensor]) -> None:
+        """Autograd does not see through the backend: say so (once) when the caller may expect a backward."""
+        grads = [spec.name for spec, tensor in zip(self.io.inputs, inputs, strict=True) if tensor.requires_grad]
+        if grads:
+            self._warned_grad = True
+            warnings.warn(
+                f"input(s) {', '.join(map(repr, grads))} require grad, but the converted module runs an inference "
+                f"graph on {self.backend}: its outputs carry no grad_fn and no gradient reaches the inputs (said "
+                "once per module); train the original model, or call under torch.no_grad() to silence this",
+                stacklevel=_caller_level(),
+            )
+
     def _check(self, inputs: list[torch.Tensor]) -> None:
         sizes: dict[str, tuple[str, int]] = {}
         for spec, tensor in zip(self.io.inputs, inputs, strict=True):
@@ -187,3 +210,13 @@ class ConvertedModule(torch.nn.Module):
                 f"dimension {dim.name!r} is {seen[1]} in input {seen[0]!r} but {size} in input {name!r}",
                 fix="inputs that share a dynamic dimension must agree on its size",
             )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module and torch's ``nn.Module`` call machinery (the
+    user's line), counted from the function that calls this one."""
+    inside = (__file__, torch.nn.Module.__call__.__code__.co_filename)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename in inside:
+        frame, level = frame.f_back, level + 1
+    return level

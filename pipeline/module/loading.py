@@ -12,6 +12,7 @@ from pathlib import Path
 from converters.errors import ArtifactError
 from pipeline.backends import build_executor, select_backend
 from pipeline.backends.plugin_runtime import restore_plugins
+from pipeline.generation.module import module_class
 from pipeline.module.artifact import read_artifact, runtime_cache_beside
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.report import ConversionReport
@@ -49,7 +50,7 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     report = ConversionReport.from_dict(artifact.metadata["report"])
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
         report = dataclasses.replace(report, backend_reason=choice.reason)
-    return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+    return module_class(settings)(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 
 
 def _usable_engine(
