@@ -71,6 +71,12 @@ def refit(
     from converters.defaults import default_registry
     from passes import default_passes
 
+    if settings.generation is not None:  # the step graph is made from the model (generation/)
+        raise InputError(
+            "module.refit does not yet refit a generation module (its graph is the cached decoder step made from "
+            "the model, which refit does not rebuild)",
+            fix="convert the new model again (pipeline.convert(new_model, sample, generation=...))",
+        )
     if hasattr(executor, "refit") and not settings.refittable:  # a TensorRT engine: said before any stage runs
         raise BuildError(
             "the engine was not built refittable, so it cannot take new weights"
