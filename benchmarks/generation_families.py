@@ -120,7 +120,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue
         rows3 = " / ".join(str(n) for n in r["batch3"])
         attention = "yes" if r["attention_op"] else "no (model's own attention)"
-        lines.append(f"| {r['family']} | {r['batch1']}/{NEW_TOKENS} | {rows3} (of {NEW_TOKENS}) | {attention} | {r['convert_s']} |")
+        cells = [r["family"], f"{r['batch1']}/{NEW_TOKENS}", f"{rows3} (of {NEW_TOKENS})", attention, r["convert_s"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
