@@ -64,15 +64,14 @@ def _segmented(
 ) -> Executor:
     """The saved segments with their saved engines (checked against this machine as a whole engine is), or with
     engines built anew (``rebuild``)."""
-    from pipeline.backends.segments.build import load_segmented
-    from pipeline.backends.segments.executor import PlannedSegment
+    from pipeline.backends.segments.executor import PlannedSegment, SegmentedExecutor
 
     engines = {} if rebuild else dict(artifact.segment_engines)
     if backend == "tensorrt" and engines:
         first = next(iter(engines.values()))
         _usable_engine(first, artifact.metadata.get("engine", {}), path, rebuild, settings)
     segments = [PlannedSegment.from_json(p) for p in plan]
-    return load_segmented(backend, artifact.onnx_model, artifact.io, settings, segments, engines)
+    return SegmentedExecutor.from_plan(backend, artifact.onnx_model, artifact.io, settings, segments, engines)
 
 
 def _usable_engine(

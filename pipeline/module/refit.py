@@ -145,8 +145,12 @@ def _new_model(new: torch.nn.Module | Mapping[str, torch.Tensor], source: RefitS
 
 
 def _refit_executor(executor: Executor, graph: FinalGraph, settings: Settings) -> Executor:
-    """ONNX Runtime: a session of the new graph. TensorRT (and a TensorRT-RTX engine kept beside ONNX Runtime): its
-    ``refit``, which refuses an engine that was not built refittable."""
+    """ONNX Runtime: a session of the new graph. TensorRT segments: the same segments, their engines built anew.
+    TensorRT (and a TensorRT-RTX engine kept beside ONNX Runtime): its ``refit``, which refuses an engine that was
+    not built refittable."""
+    rebuilt = getattr(executor, "rebuilt", None)  # TensorRT segments: the same segments over the new graph
+    if rebuilt is not None:
+        return rebuilt(graph.final, settings)
     refit_method = getattr(executor, "refit", None)
     if refit_method is None:
         return build_executor(executor.backend, graph.final, graph.io, settings)

@@ -274,28 +274,4 @@ def segments_report(
     )
 
 
-def load_segmented(
-    backend: str,
-    final: onnx.ModelProto,
-    io: IOSpec,
-    settings: Settings,
-    plan: Sequence[PlannedSegment],
-    engines: Mapping[int, bytes],
-) -> SegmentedExecutor:
-    """The segmented executor of a saved plan: TensorRT segments from their saved engines (built again when an
-    engine is missing), ONNX Runtime segments as sessions."""
-    from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
-
-    parts: list[Executor] = []
-    for index, segment in enumerate(plan):
-        model = segment.model(final)
-        if segment.kind == ORT_SEGMENT:
-            parts.append(OnnxRuntimeExecutor(model, segment.io, settings))
-        else:
-            parts.append(
-                build_executor(backend, model, segment.io, segment.settings(settings), engine=engines.get(index))
-            )
-    return SegmentedExecutor(backend, plan, parts, io)
-
-
-__all__ = ["SegmentFallbackWarning", "build_segmented", "left_out_nodes", "load_segmented"]
+__all__ = ["SegmentFallbackWarning", "build_segmented", "left_out_nodes"]

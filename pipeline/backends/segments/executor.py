@@ -93,6 +93,35 @@ class SegmentedExecutor:
         self.output_names = [t.name for t in io.outputs]
         self.io = io
 
+    @classmethod
+    def from_plan(
+        cls,
+        backend: str,
+        final: onnx.ModelProto,
+        io: IOSpec,
+        settings: Settings,
+        plan: Sequence[PlannedSegment],
+        engines: Mapping[int, bytes],
+    ) -> SegmentedExecutor:
+        """The executor of a saved plan over ``final``: TensorRT segments from their ``engines`` (built when one is
+        missing), ONNX Runtime segments as sessions."""
+        from pipeline.backends import build_executor
+        from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
+
+        parts: list[Executor] = []
+        for index, segment in enumerate(plan):
+            model = segment.model(final)
+            if segment.kind == ORT_SEGMENT:
+                parts.append(OnnxRuntimeExecutor(model, segment.io, settings))
+            else:
+                engine = engines.get(index)
+                parts.append(build_executor(backend, model, segment.io, segment.settings(settings), engine=engine))
+        return cls(backend, plan, parts, io)
+
+    def rebuilt(self, final: onnx.ModelProto, settings: Settings) -> SegmentedExecutor:
+        """The same segments over ``final`` (new weights, same structure: ``module.refit``), engines built anew."""
+        return SegmentedExecutor.from_plan(self.backend, final, self.io, settings, self.plan, {})
+
     @property
     def engine_bytes(self) -> bytes | None:
         """None: a segmented module has one engine per TensorRT segment (:meth:`segment_engines`)."""

@@ -255,6 +255,14 @@ def test_cli_flags_reach_the_segments(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 0
     printed = capsys.readouterr().out
     assert "left out  Sigmoid" in printed and "fallback_ops" in printed and "accuracy  PASS" in printed
-    assert pipeline.load(out / "model.ptrt").report.segments is not None
+    loaded = pipeline.load(out / "model.ptrt")
+    assert loaded.report.segments is not None
+    namespace: dict[str, object] = {}
+    exec(MASKED_SUM, namespace)  # the same model with new weights: refit rebuilds each segment's engine
+    new_model = namespace["MaskedSum"]().eval()  # type: ignore[operator]
+    x = torch.randn(2, 8)
+    loaded.refit(new_model, sample=x)
+    torch.testing.assert_close(loaded(x), new_model(x), rtol=1e-4, atol=1e-5)
+    assert loaded.report.segments is not None and loaded.report.accuracy is not None
     assert main(["inspect", str(out / "model.ptrt")]) == 0
     assert "TensorRT segment engine(s)" in capsys.readouterr().out
