@@ -26,9 +26,11 @@ class Anchoring:
     >>> # for feed, actual, expected in ...: accumulators[name].add(a, e, anchoring.tolerances(feed, a, e).get(name))
     """
 
-    def __init__(self, model: torch.nn.Module, io: IOSpec, judged: Mapping[str, Judgement]) -> None:
+    def __init__(
+        self, model: torch.nn.Module, io: IOSpec, judged: Mapping[str, Judgement], runs: AnchorRuns | None = None
+    ) -> None:
         self.judged = {name: j for name, j in judged.items() if j.anchor}
-        self.runs = AnchorRuns(model, io)
+        self.runs = runs or AnchorRuns(model, io)  # shared by the Anchorings of several backends on one model
         self.lines: dict[str, list[str]] = {}
         self.inputs = 0
 

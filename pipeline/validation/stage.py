@@ -86,6 +86,8 @@ class OutputAccuracy:
         if self.note.startswith(("random", "uninitialised")):
             return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
         atol = f"atol {self.atol:g}"
+        if self.atol_used > self.atol and not self.rms_atol:  # widened by the anchored rule on some input
+            atol += f", anchored up to {self.atol_used:.3g}"
         if self.rms_atol:
             atol = f"atol max({self.atol:g}, {self.rms_atol:g} x RMS) = {self.atol_used:.3g}"
         text = (
