@@ -55,7 +55,8 @@ def build(name: str) -> tuple[Any, Any]:
     if name == "raft_small":
         from torchvision.models.optical_flow import raft_small
 
-        return raft_small(weights=None, num_flow_updates=4).eval(), (torch.randn(1, 3, 128, 128),) * 2
+        images = (torch.randn(1, 3, 128, 128), torch.randn(1, 3, 128, 128))
+        return raft_small(weights=None).eval(), (images, {"num_flow_updates": 4})
     if name == "clip":
         import transformers
 
