@@ -33,6 +33,8 @@ OrtInt8ConvOutputs = Literal["requantize", "exact"]
 ORT_INT8_CONV_OUTPUTS: tuple[str, ...] = ("requantize", "exact")
 CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse"]
 CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse")
+Fallback = Literal["onnxruntime", "error"]
+FALLBACKS: tuple[str, ...] = ("onnxruntime", "error")
 PrecisionIO = Literal["model", "low"]
 PRECISION_IO: tuple[str, ...] = ("model", "low")
 
@@ -242,6 +244,14 @@ class Settings:
     # running the same final graph on ONNX Runtime.
     trt_compute_capabilities: tuple[str, ...] = option("tensorrt", (), engine=True)
     require_engine_runtime: bool = option("backend", False)
+    # Nodes a TensorRT backend cannot take (the check stage's parser rejects them, TensorRT-RTX loads no plugins) or
+    # must not take (fallback_ops: ONNX op types): with fallback="onnxruntime" the module runs TensorRT engines for
+    # the segments TensorRT takes and ONNX Runtime for the rest (pipeline.backends.segments), with a warning and
+    # report.segments; TensorRT runs of fewer than min_segment_size compute nodes join ONNX Runtime.
+    # fallback="error" refuses such a graph with the parser's reasons.
+    fallback: Fallback = option("backend", "onnxruntime")
+    fallback_ops: tuple[str, ...] = option("backend", ())
+    min_segment_size: int = option("backend", 5)
     # Engine options (README "Engine options"). strip_weights: a weight-stripped plan, refit from the graph's weights
     # when the engine is loaded (an artifact keeps every weight once, in model.onnx). refittable: an engine that
     # module.refit(new_model) can give new weights. weight_streaming_budget: bytes of weights kept on the GPU (-1:
@@ -316,6 +326,7 @@ class Settings:
                 fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
             )
         _check_precision(self)
+        _check_fallback(self)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Settings:
@@ -358,6 +369,23 @@ class Settings:
     def dims_of(self, input_name: str) -> dict[int, DynamicDim]:
         """The declared dynamic dimensions of one graph input, by axis."""
         return {d.axis: d for d in self.dynamic if d.input == input_name}
+
+
+def _check_fallback(settings: Settings) -> None:
+    if settings.fallback not in FALLBACKS:
+        raise InputError(
+            f"unknown fallback {settings.fallback!r}", fix=f"use one of {', '.join(map(repr, FALLBACKS))}"
+        )
+    if settings.min_segment_size < 1:
+        raise InputError(
+            f"min_segment_size must be >= 1, got {settings.min_segment_size}",
+            fix="pass min_segment_size=1 or more (TensorRT runs of fewer compute nodes join ONNX Runtime)",
+        )
+    if settings.fallback_ops and settings.fallback == "error":
+        raise InputError(
+            f"fallback_ops={list(settings.fallback_ops)} moves ops to ONNX Runtime, but fallback='error' forbids it",
+            fix="drop fallback_ops, or pass fallback='onnxruntime'",
+        )
 
 
 def _check_types(settings: Settings) -> None:

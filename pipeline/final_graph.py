@@ -100,14 +100,20 @@ def validate_executor(model: torch.nn.Module, sample: Any, graph: FinalGraph, ru
     ``validation_inputs`` draws like it, with the tolerances of the graph's precision or quantization."""
     config, exported = graph.settings, graph.exported
     with eval_mode(model, warn=False):
-        sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
-        feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), graph.io)
+        feeds = graph_feeds(sample, graph)
         checked = (
             quantized_validation_settings(config, graph.quantization)
             if is_quantized(config)
             else validation_settings(config)
         )
         return validate(model, exported.io, runner, feeds, checked, backend_io=graph.io, graph=graph.final)
+
+
+def graph_feeds(sample: Any, graph: FinalGraph) -> list[dict[str, np.ndarray]]:
+    """The validation inputs as feeds of the final graph: the sample, ``validation_inputs`` draws like it and, with
+    dynamic dimensions, their min and max (validation uses them; so do the profiles between TensorRT segments)."""
+    sample_inputs = graph.exported.io.flatten_call(*normalise_sample(sample))
+    return as_io_types(validation_feeds(graph.exported.io, sample_inputs, graph.settings), graph.io)
 
 
 DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]

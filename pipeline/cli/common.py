@@ -233,6 +233,26 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
         help="file.py:factory returning the ConverterRegistry to convert with (default: the built-ins and yours)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+    parser.add_argument(
+        "--fallback",
+        default="onnxruntime",
+        choices=["onnxruntime", "error"],
+        help="nodes TensorRT rejects: run them on ONNX Runtime between TensorRT segments (default), or fail",
+    )
+    parser.add_argument(
+        "--min-segment-size",
+        type=int,
+        default=5,
+        metavar="N",
+        help="TensorRT segments of fewer compute nodes run on ONNX Runtime instead (default 5)",
+    )
+    parser.add_argument(
+        "--fallback-ops",
+        action="append",
+        default=[],
+        metavar="OP[,OP...]",
+        help="ONNX op types to keep out of TensorRT (run on ONNX Runtime), e.g. NonZero,TopK",
+    )
 
 
 def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,6 +263,9 @@ def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
         "ort_int8_conv_outputs": args.ort_int8_conv_outputs,
         "keep_fp32": tuple(args.keep_fp32),
         "seed": args.seed,
+        "fallback": args.fallback,
+        "min_segment_size": args.min_segment_size,
+        "fallback_ops": tuple(op for text in args.fallback_ops for op in text.split(",") if op),
         "dynamic": merge_dynamic(
             dynamic_dims(args.dynamic), shapes_to_dynamic(args.min_shapes, args.opt_shapes, args.max_shapes)
         ),
