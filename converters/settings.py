@@ -25,14 +25,14 @@ CheckParser = Literal["auto", "tensorrt", "tensorrt-rtx", "static"]
 CHECK_PARSERS: tuple[str, ...] = ("auto", "tensorrt", "tensorrt-rtx", "static")
 HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
 HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
-Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8")
+Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4")
 QuantizeFallback = Literal["fp16", "fp32"]
 QUANTIZE_FALLBACKS: tuple[str, ...] = ("fp16", "fp32")
 OrtInt8ConvOutputs = Literal["requantize", "exact"]
 ORT_INT8_CONV_OUTPUTS: tuple[str, ...] = ("requantize", "exact")
-CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse"]
-CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse")
+CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse", "awq"]
+CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse", "awq")
 Fallback = Literal["onnxruntime", "error"]
 FALLBACKS: tuple[str, ...] = ("onnxruntime", "error")
 PrecisionIO = Literal["model", "low"]
@@ -300,6 +300,16 @@ class Settings:
     quantize_fallback: QuantizeFallback = option("precision", "fp16")
     calibration_method: CalibrationMethod = option("precision", "auto")
     calibration_percentile: float = option("precision", 99.99)
+    # 4-bit weights (README "4-bit weights (INT4, NVFP4)"): precision="int4" stores MatMul/Gemm weights as symmetric
+    # INT4 with one scale per block_size input channels (32 to 128 for TensorRT), "nvfp4" as FP4 E2M1 with FP8 scales
+    # per block of 16 and a float32 scale per tensor; activations stay in quantize_fallback (W4A16).
+    # calibration_method "auto" is "max"; "awq" searches activation-aware scales. keep_head leaves the output head
+    # (a MatMul/Gemm whose output is a graph output) in quantize_fallback. ort_int4_accuracy_level is the accuracy
+    # level of ONNX Runtime's MatMulNBits, into which its session fuses the INT4 weights: 1 computes in float32
+    # (exact), 4 quantizes activations to int8 (faster, ~1% error).
+    block_size: int = option("precision", 128)
+    keep_head: bool = option("precision", True)
+    ort_int4_accuracy_level: int = option("onnxruntime", 1)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -544,10 +554,36 @@ def _check_quantization(settings: Settings) -> None:
             )
     if not 0 < settings.calibration_percentile <= 100:
         raise InputError("calibration_percentile must be within (0, 100]", fix="pass e.g. calibration_percentile=99.99")
-    if settings.precision in ("int8", "fp8") and settings.precision_io == "low":
+    _check_block_quantization(settings)
+    if settings.precision in ("int8", "fp8", "int4", "nvfp4") and settings.precision_io == "low":
         raise InputError(
             f"precision_io='low' is not supported with precision={settings.precision!r}: graph inputs stay float32",
-            fix="leave precision_io='model' with int8/fp8",
+            fix="leave precision_io='model' with int8/fp8/int4/nvfp4",
+        )
+
+
+def _check_block_quantization(settings: Settings) -> None:
+    four_bit = settings.precision in ("int4", "nvfp4")
+    if settings.calibration_method == "awq" and not four_bit:
+        raise InputError(
+            f"calibration_method='awq' chooses 4-bit weight scales, but precision is {settings.precision!r}",
+            fix="pass precision='int4' or 'nvfp4' with calibration_method='awq'",
+        )
+    if four_bit and settings.calibration_method not in ("auto", "max", "awq"):
+        raise InputError(
+            f"calibration_method={settings.calibration_method!r} calibrates activations; precision="
+            f"{settings.precision!r} quantizes weights only",
+            fix="use calibration_method='max' (the default) or 'awq' (activation-aware scales)",
+        )
+    if settings.block_size < 16 or settings.block_size & (settings.block_size - 1):
+        raise InputError(
+            f"block_size must be a power of two >= 16, got {settings.block_size}",
+            fix="pass block_size=32, 64 or 128 (TensorRT's INT4 range; 128 is the default)",
+        )
+    if settings.ort_int4_accuracy_level not in (0, 1, 2, 3, 4):
+        raise InputError(
+            f"ort_int4_accuracy_level must be 0 to 4, got {settings.ort_int4_accuracy_level}",
+            fix="pass 1 (float32 activations: exact) or 4 (int8 activations: faster)",
         )
 
 

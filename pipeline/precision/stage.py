@@ -40,7 +40,7 @@ from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSumm
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
 from pipeline.precision.share import ComputeShare, compute_share
 from pipeline.progress import progress, quiet_info
-from pipeline.quantize.emulation import emulate_fp8, has_fp8, has_int8_weights
+from pipeline.quantize.emulation import emulate_fp4, emulate_fp8, has_fp4, has_fp8, has_int8_weights
 from pipeline.quantize.ort_int8 import ort_int8_graph
 from pipeline.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from pipeline.validation.stage import Feed, ScreeningTorchRunner, TorchRunner, validation_feeds
@@ -84,10 +84,12 @@ def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> 
 
 
 def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> onnx.ModelProto:
-    """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, and
-    an FP8 graph's exact emulation (:mod:`pipeline.quantize.emulation`), and an INT8 graph rewritten so that more of
-    it runs in integer kernels (:mod:`pipeline.quantize.ort_int8`: the same quantization, plus the recorded
+    """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, an
+    FP8 or NVFP4 graph's exact emulation (:mod:`pipeline.quantize.emulation`), and an INT8 graph rewritten so that
+    more of it runs in integer kernels (:mod:`pipeline.quantize.ort_int8`: the same quantization, plus the recorded
     convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``)."""
+    if backend == "onnxruntime" and has_fp4(model):
+        model = emulate_fp4(model)  # NVFP4: no FP4 kernel on ONNX Runtime
     if backend == "onnxruntime" and has_fp8(model):
         model = emulate_fp8(model)
     if backend == "onnxruntime" and has_int8_weights(model):
