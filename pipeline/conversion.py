@@ -38,6 +38,7 @@ from pipeline.precision.stage import (
     effective_settings,
 )
 from pipeline.quantize.stage import quantize_settings
+from pipeline.quantize.weight_stage import weight_settings
 from pipeline.settings import Settings
 from pipeline.validation.stage import AccuracyReport
 from pipeline.versions import library_versions
@@ -63,14 +64,14 @@ def convert(
     (:func:`passes.default_passes` with those converters); ``extra_passes`` places your own passes at named
     points, ``[("after", "fold_constants", MyPass())]``; ``custom_translation_table`` goes to the exporter.
     ``calibration`` (samples like ``sample``) feeds the precision stage when ``precision`` is "fp16" or "bf16", and
-    the quantize stage's calibration when it is "int8" or "fp8".
+    the quantize stage's calibration when it is "int8" or "fp8" (and AWQ's when it is "int4" or "nvfp4").
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
     >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
-    config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
+    config = weight_settings(quantize_settings(effective_settings(Settings.from_kwargs(settings))))
     registry = default_registry() if converters is None else converters
     if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
         from pipeline.generation.conversion import prepare_step

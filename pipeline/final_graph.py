@@ -33,6 +33,7 @@ from pipeline.precision.stage import (
 )
 from pipeline.quantize.report import QuantizationReport
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantized_validation_settings
+from pipeline.quantize.weight_stage import is_weight_quantized, quantize_weights_4bit
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.settings import Settings
 from pipeline.validation.stage import AccuracyReport, as_io_types, validate, validation_feeds
@@ -82,6 +83,12 @@ def final_graph(
                 final, exported, model, sample, calibration, config, pass_list
             )
         records += more
+    elif is_weight_quantized(config):  # int4/nvfp4: 4-bit MatMul/Gemm weights, activations in fp16 or fp32
+        with stage_timer("quantize", stages), eval_mode(model, warn=False):
+            final, more, precision, quantization = quantize_weights_4bit(
+                final, exported, model, sample, calibration, config, pass_list
+            )
+        records += more
     elif config.precision != "fp32":
         with stage_timer("precision", stages), eval_mode(model, warn=False):
             final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
@@ -103,7 +110,7 @@ def validate_executor(model: torch.nn.Module, sample: Any, graph: FinalGraph, ru
         feeds = graph_feeds(sample, graph)
         checked = (
             quantized_validation_settings(config, graph.quantization)
-            if is_quantized(config)
+            if graph.quantization is not None
             else validation_settings(config)
         )
         return validate(model, exported.io, runner, feeds, checked, backend_io=graph.io, graph=graph.final)

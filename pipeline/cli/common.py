@@ -196,14 +196,22 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "fp16", "bf16", "int8", "fp8"],
-        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
+        choices=["fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4"],
+        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16; "
+        "int4/nvfp4: 4-bit MatMul/Gemm weights, activations fp16",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=128,
+        help="int4: input channels per weight scale (32, 64 or 128 for TensorRT; nvfp4's blocks are always 16)",
     )
     parser.add_argument(
         "--quantize-fallback",
         default="fp16",
         choices=["fp16", "fp32"],
-        help="int8/fp8: the type of the ops left unquantized (fp16 for TensorRT; fp32 for INT8 speed on the CPU)",
+        help="int8/fp8/int4/nvfp4: the type of the ops left unquantized (fp16 for TensorRT; fp32 for speed on the "
+        "CPU)",
     )
     parser.add_argument(
         "--ort-int8-conv-outputs",
@@ -260,6 +268,7 @@ def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "precision": args.precision,
         "quantize_fallback": args.quantize_fallback,
+        "block_size": args.block_size,
         "ort_int8_conv_outputs": args.ort_int8_conv_outputs,
         "keep_fp32": tuple(args.keep_fp32),
         "seed": args.seed,

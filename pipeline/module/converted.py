@@ -153,10 +153,10 @@ class ConvertedModule(torch.nn.Module):
         so it is not compared. Outputs are judged as ``convert`` judged them: by the tolerance of the type the graph
         computes in (:func:`pipeline.compare.stats.judgement`), and a quantized graph's by its per-output
         tolerances."""
-        from pipeline.quantize.stage import is_quantized, quantized_validation_settings
+        from pipeline.quantize.stage import quantized_validation_settings
 
         settings = self.settings
-        if is_quantized(settings):
+        if self.report.quantization is not None:
             settings = quantized_validation_settings(settings, self.report.quantization)
         return compare_built(
             model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=settings, **options
