@@ -88,7 +88,10 @@ class GenerationSettings:
     ``max_length`` is the cache capacity (prompt plus new tokens), ``max_batch`` the largest batch, ``max_prompt``
     the longest prompt one prefill step takes (default ``max_length``: the context profile's sequence range).
     ``eos_token_id`` and ``pad_token_id`` default to the model's generation config (filled in at conversion);
-    ``layers`` is the number of cached layers (filled in at conversion)."""
+    ``layers`` is the number of cached layers (filled in at conversion). ``attention``: ``"onnx"`` (one ONNX
+    ``Attention`` node per layer), ``"decomposed"`` (MatMul, Softmax, MatMul with the KV heads kept grouped:
+    TensorRT has no fp32 kernel for its attention layer and no softcap), ``"auto"`` (decomposed for an fp32 or
+    softcapped graph on a TensorRT backend, else ONNX ``Attention``)."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -96,8 +99,13 @@ class GenerationSettings:
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
     layers: int = 0
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.attention not in ("auto", "onnx", "decomposed"):
+            raise InputError(
+                f"unknown generation attention {self.attention!r}", fix="use 'auto', 'onnx' or 'decomposed'"
+            )
         eos = self.eos_token_id
         object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
         prompt = self.max_length if self.max_prompt is None else self.max_prompt
@@ -130,6 +138,57 @@ def _normalise_generation(value: Any) -> GenerationSettings | None:
     raise InputError(
         f"cannot read generation={value!r}", fix="write generation={'max_length': 256, 'max_batch': 4} (or None)"
     )
+
+
+@dataclass(frozen=True)
+class ProfileRange:
+    """One dynamic dimension's (min, opt, max) in one optimization profile (``profiles=``)."""
+
+    name: str
+    min: int
+    opt: int
+    max: int
+
+
+def _normalise_profiles(profiles: Any, dims: tuple[DynamicDim, ...]) -> tuple[tuple[ProfileRange, ...], ...]:
+    """``profiles=[{"sequence": (1, 64, 256)}, {"sequence": (1, 1, 1)}]`` as ranges, each within the dimension's
+    declared range (the graph's)."""
+    example = "profiles=[{'sequence': (1, 64, 256)}, {'sequence': (1, 1, 1)}] (dimension name -> (min, opt, max))"
+    declared = {d.name: d for d in dims}
+    out = []
+    for profile in profiles or ():
+        items = (
+            profile.items()
+            if isinstance(profile, Mapping)
+            else ((r["name"] if isinstance(r, Mapping) else r.name, r) for r in profile)
+        )
+        ranges = []
+        for name, spec in items:
+            if isinstance(spec, Mapping):
+                spec = (spec["min"], spec["opt"], spec["max"])
+            elif isinstance(spec, ProfileRange):
+                spec = (spec.min, spec.opt, spec.max)
+            try:
+                lo, opt, hi = (_whole(v) for v in spec)
+            except (TypeError, ValueError):
+                raise InputError(
+                    f"profile range for {name!r} must be (min, opt, max), got {spec!r}", fix=example
+                ) from None
+            dim = declared.get(str(name))
+            if dim is None:
+                raise InputError(
+                    f"profiles name dimension {name!r}, which dynamic= does not declare",
+                    fix=f"name one of: {', '.join(sorted(declared)) or '(none: declare dynamic= first)'}",
+                )
+            if not dim.min <= lo <= opt <= hi <= dim.max:
+                raise InputError(
+                    f"profile range {name!r}: {(lo, opt, hi)} is not min <= opt <= max within the declared "
+                    f"({dim.min}, {dim.max})",
+                    fix=example,
+                )
+            ranges.append(ProfileRange(str(name), lo, opt, hi))
+        out.append(tuple(ranges))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -193,11 +252,16 @@ class Settings:
     ``dynamic`` may be given as ``{"x": {0: ("batch", 1, 8, 32)}}`` (input name -> axis -> (name, min, opt,
     max)); it is normalised to a tuple of :class:`DynamicDim`. ``tolerances`` maps a dtype name (``"float32"``)
     or an output name to a :class:`Tolerance` or an ``(atol, rtol)`` pair; it is merged over the defaults.
+    ``profiles`` gives a TensorRT engine several optimization profiles, each a mapping of dynamic dimension names
+    to (min, opt, max) within the declared range (a dimension not named keeps its declared range); empty: one
+    profile from ``dynamic``. ``generation`` (:class:`GenerationSettings`, or a dict of its fields) converts a
+    transformers causal LM as one cached decoder step with ``generate()``.
     """
 
     backend: Backend = option("backend", "auto")
     dynamic: tuple[DynamicDim, ...] = option("export", (), engine=True)
     generation: GenerationSettings | None = option("generation", None, engine=True)
+    profiles: tuple[tuple[ProfileRange, ...], ...] = option("tensorrt", (), engine=True)
     validate: bool = option("validation", True)
     validation_inputs: int = option("validation", 3)
     seed: int = option("validation", 0)
@@ -317,6 +381,7 @@ class Settings:
             raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
         object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
         object.__setattr__(self, "generation", _normalise_generation(self.generation))
+        object.__setattr__(self, "profiles", _normalise_profiles(self.profiles, self.dynamic))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:
             raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
@@ -402,7 +467,7 @@ def _check_types(settings: Settings) -> None:
     """Every plain setting has its declared type (``validation_inputs="3"`` is an error, not a crash later on)."""
     hints = typing.get_type_hints(Settings)
     for f in fields(settings):
-        if f.name in ("dynamic", "tolerances", "keep_fp32"):  # normalised (and checked) by their own readers
+        if f.name in ("dynamic", "tolerances", "keep_fp32", "profiles"):  # normalised and checked by their readers
             continue
         value = getattr(settings, f.name)
         allowed = _allowed(hints[f.name])
