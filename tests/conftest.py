@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before anything imports torchvision
+import torch
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -9,6 +9,8 @@ too (``python -c "import tests_environment; ..."`` with ``tests/`` on the path).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 _SCHEMAS = {
@@ -20,10 +22,9 @@ _SCHEMAS = {
 def define_torchvision_schemas() -> None:
     """Define the schemas torchvision's meta registrations expect, once per process (a no-op when they exist)."""
     for name, schema in _SCHEMAS.items():
-        try:
+        # RuntimeError: already defined, by torchvision's own library or earlier in this process
+        with contextlib.suppress(RuntimeError):
             torch.library.define(f"torchvision::{name}", schema)
-        except RuntimeError:  # already defined: by torchvision's own library, or earlier in this process
-            pass
 
 
 define_torchvision_schemas()

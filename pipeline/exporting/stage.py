@@ -100,6 +100,7 @@ def export(
             out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
         except ExportError as exc:
             raise export_errors.python_value_error(exc, model, args, kwargs) from exc
+        out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         program = _torch_export(
             model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops, complex_outputs
