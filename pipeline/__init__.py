@@ -20,6 +20,7 @@ from pipeline.compare.report import ComparisonReport
 from pipeline.conversion import check, compare, convert, run_passes
 from pipeline.exporting.stage import ExportedGraph, export
 from pipeline.module.converted import ConvertedModule
+from pipeline.module.first_call import FirstCallMethod, FirstCallModule, on_first_call
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.module.loading import load
 from pipeline.module.report import ConversionReport
@@ -38,6 +39,8 @@ __all__ = [
     "DynamicDim",
     "ExportError",
     "ExportedGraph",
+    "FirstCallMethod",
+    "FirstCallModule",
     "IOSpec",
     "InputError",
     "NodeCheck",
@@ -51,6 +54,7 @@ __all__ = [
     "convert",
     "export",
     "load",
+    "on_first_call",
     "parse_with",
     "run_passes",
 ]
