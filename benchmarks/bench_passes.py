@@ -224,8 +224,8 @@ def _reset_peak_rss() -> bool:
 
 def _run_ours(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, float]]:
     from converters.settings import Settings
-    from pipeline.conversion import run_passes
     from pipeline.exporting.stage import ExportedGraph
+    from pipeline.final_graph import run_passes
 
     metadata = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node if n.metadata_props}
     # run_passes reads the I/O spec only in debug mode (with a sample feed); the synthetic graphs have none.

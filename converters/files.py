@@ -46,7 +46,7 @@ def write_file_atomically(path: Path, write: Callable[[BinaryIO], None] | bytes)
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file is closed, or when this process dies
-        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any new file
+        os.chmod(tmp_name, 0o666 & ~current_umask())  # mkstemp makes 0600; the result should look like any new file
         with os.fdopen(fd, "wb") as handle:
             if isinstance(write, bytes):
                 handle.write(write)
@@ -108,7 +108,8 @@ def _write_error(path: Path, exc: OSError) -> ArtifactError:
     return ArtifactError(f"cannot write {path}: {reason}", fix=fix)
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back: Python has no plain getter)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -80,6 +80,57 @@ FLOAT64_COMPUTED_IN = "float32"
 
 
 @dataclass(frozen=True)
+class GenerationSettings:
+    """``generation=``: convert a transformers causal LM as one cached decoder step (``pipeline.generation``).
+
+    ``max_length`` is the cache capacity (prompt plus new tokens), ``max_batch`` the largest batch, ``max_prompt``
+    the longest prompt one prefill step takes (default ``max_length``: the context profile's sequence range).
+    ``eos_token_id`` and ``pad_token_id`` default to the model's generation config (filled in at conversion);
+    ``layers`` is the number of cached layers (filled in at conversion)."""
+
+    max_length: int = 256
+    max_batch: int = 4
+    max_prompt: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    layers: int = 0
+
+    def __post_init__(self) -> None:
+        eos = self.eos_token_id
+        object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
+        prompt = self.max_length if self.max_prompt is None else self.max_prompt
+        if not (isinstance(self.max_length, int) and isinstance(self.max_batch, int) and isinstance(prompt, int)):
+            raise InputError(
+                f"generation needs whole numbers, got {self}",
+                fix="write generation={'max_length': 256, 'max_batch': 4}",
+            )
+        if not (self.max_length >= 2 and self.max_batch >= 1 and 1 <= prompt <= self.max_length):
+            raise InputError(
+                f"generation needs max_length >= 2, max_batch >= 1 and 1 <= max_prompt <= max_length, got "
+                f"max_length={self.max_length}, max_batch={self.max_batch}, max_prompt={prompt}",
+                fix="write generation={'max_length': 256, 'max_batch': 4}",
+            )
+        object.__setattr__(self, "max_prompt", prompt)
+
+
+def _normalise_generation(value: Any) -> GenerationSettings | None:
+    if value is None or isinstance(value, GenerationSettings):
+        return value
+    if isinstance(value, Mapping):
+        known = {f.name for f in fields(GenerationSettings)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise InputError(
+                f"unknown generation setting(s) {', '.join(map(str, unknown))}",
+                fix=f"known generation settings are: {', '.join(sorted(known))}",
+            )
+        return GenerationSettings(**{str(k): v for k, v in value.items()})
+    raise InputError(
+        f"cannot read generation={value!r}", fix="write generation={'max_length': 256, 'max_batch': 4} (or None)"
+    )
+
+
+@dataclass(frozen=True)
 class DynamicDim:
     """One dynamic dimension of one graph input: its symbolic name and the engine profile (min, opt, max).
 
@@ -114,7 +165,7 @@ def _environment() -> Mapping[str, str]:
 
 #: The groups settings belong to, in the order of the flow (``Settings.grouped()``, the artifact's metadata).
 GROUPS: tuple[str, ...] = (
-    "backend", "export", "passes", "precision", "check", "tensorrt", "onnxruntime", "validation"
+    "backend", "export", "passes", "precision", "check", "tensorrt", "onnxruntime", "validation", "generation"
 )
 
 
@@ -144,6 +195,7 @@ class Settings:
 
     backend: Backend = option("backend", "auto")
     dynamic: tuple[DynamicDim, ...] = option("export", (), engine=True)
+    generation: GenerationSettings | None = option("generation", None, engine=True)
     validate: bool = option("validation", True)
     validation_inputs: int = option("validation", 3)
     seed: int = option("validation", 0)
@@ -187,6 +239,19 @@ class Settings:
     # running the same final graph on ONNX Runtime.
     trt_compute_capabilities: tuple[str, ...] = option("tensorrt", (), engine=True)
     require_engine_runtime: bool = option("backend", False)
+    # Engine options (README "Engine options"). strip_weights: a weight-stripped plan, refit from the graph's weights
+    # when the engine is loaded (an artifact keeps every weight once, in model.onnx). refittable: an engine that
+    # module.refit(new_model) can give new weights. weight_streaming_budget: bytes of weights kept on the GPU (-1:
+    # TensorRT's automatic budget), the rest streamed from host memory; None builds without weight streaming.
+    # sparse_weights: TensorRT may run 2:4-sparse weights on sparse tensor cores. cuda_graphs: the engine runs as a
+    # CUDA graph captured per input shape. trt_runtime_cache: TensorRT-RTX keeps its JIT-compiled kernels in a file
+    # (cache_dir, and beside a loaded artifact), so the next process skips the compilation.
+    strip_weights: bool = option("tensorrt", False, engine=True)
+    refittable: bool = option("tensorrt", False, engine=True)
+    weight_streaming_budget: int | None = option("tensorrt", None)  # the engine's flag is derived: build_options
+    sparse_weights: bool = option("tensorrt", False, engine=True)
+    cuda_graphs: bool = option("tensorrt", False)
+    trt_runtime_cache: bool = option("tensorrt", True)
     # Run ONNX Runtime on the sample after every pass that changes the graph; the first pass that moves the
     # outputs beyond tolerance (vs the exported graph) is named in a ConversionError.
     debug_passes: bool = option("passes", False)
@@ -228,6 +293,7 @@ class Settings:
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
         object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
+        object.__setattr__(self, "generation", _normalise_generation(self.generation))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:
             raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
@@ -239,6 +305,12 @@ class Settings:
             raise InputError(
                 f"unknown trt_hardware_compatibility {self.trt_hardware_compatibility!r}",
                 fix=f"use one of {', '.join(map(repr, HARDWARE_COMPATIBILITY))}",
+            )
+        if self.weight_streaming_budget is not None and self.weight_streaming_budget < -1:
+            raise InputError(
+                f"weight_streaming_budget must be -1 (automatic) or a number of bytes >= 0, got "
+                f"{self.weight_streaming_budget}",
+                fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
             )
         _check_precision(self)
 

@@ -17,8 +17,9 @@ from converters.errors import (
 from pipeline.check.real import ParserVerdict, parse_with
 from pipeline.check.static import CompatibilityReport, NodeCheck
 from pipeline.compare.report import ComparisonReport
-from pipeline.conversion import check, compare, convert, run_passes
+from pipeline.conversion import check, compare, convert
 from pipeline.exporting.stage import ExportedGraph, export
+from pipeline.final_graph import run_passes
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.first_call import FirstCallMethod, FirstCallModule, on_first_call
 from pipeline.module.io_spec import IOSpec, TensorSpec

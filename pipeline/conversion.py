@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
 
 from converters.defaults import default_registry
-from converters.errors import BuildError, ConversionError, InputError
+from converters.errors import BuildError, InputError
 from converters.registry import ConverterRegistry
-from passes import GraphPass, PassManager, PassRecord, default_passes, insert_passes, to_graph, to_model
+from passes import GraphPass, default_passes, insert_passes
 from passes.base import Placement
-from passes.model_io.external_data import check_model, remove_unused_files
 from pipeline.backends import build_executor, select_backend
+from pipeline.backends.tensorrt.weights import describe as describe_engine_options
 from pipeline.check.judge import check as judge_check
 from pipeline.check.ops import DEFAULT_TRT_VERSION
 from pipeline.check.static import CompatibilityReport
@@ -30,21 +27,17 @@ from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import check_reference_dtype, split_samples
 from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
+from pipeline.final_graph import final_graph, stage_timer, validate_executor
+from pipeline.generation.module import module_class
 from pipeline.module.converted import ConvertedModule
-from pipeline.module.io_spec import normalise_sample
+from pipeline.module.refit import RefitSource
 from pipeline.module.report import ConversionReport
 from pipeline.precision.stage import (
-    boundary_io,
-    convert_precision,
     effective_settings,
-    passes_before_precision,
-    torch_references,
-    validation_settings,
 )
-from pipeline.quantize.stage import is_quantized, quantize_precision, quantize_settings, quantized_validation_settings
-from pipeline.rewrite.debug import PassDebugger
+from pipeline.quantize.stage import quantize_settings
 from pipeline.settings import Settings
-from pipeline.validation.stage import AccuracyReport, as_io_types, validate, validation_feeds
+from pipeline.validation.stage import AccuracyReport
 from pipeline.versions import library_versions
 
 logger = logging.getLogger("pipeline")
@@ -77,74 +70,39 @@ def convert(
     """
     config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
     registry = default_registry() if converters is None else converters
+    if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
+        from pipeline.generation.conversion import prepare_step
+
+        model, sample, config, registry = prepare_step(model, sample, config, registry)
     stages: list[tuple[str, float]] = []
-    choice = select_backend(config.backend, config)
-    with _stage("export", stages):
-        exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
-    config = config.with_input_ranks({t.name: len(t.shape) for t in exported.io.inputs})  # axis -1 -> rank - 1
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
-    with _stage("passes", stages):
-        debug = _debug_inputs(model, exported, sample) if config.debug_passes else None
-        final, records = run_passes(exported, config, passes_before_precision(pass_list, config), debug)
-    precision = quantization = None
-    io = exported.io  # what the converted module takes and returns: the model's types, or half with precision_io
-    if is_quantized(config):  # int8/fp8: Q/DQ at weighted ops, the rest in fp16 (the precision stage) or fp32
-        with _stage("quantize", stages), eval_mode(model, warn=False):
-            final, more, precision, quantization = quantize_precision(
-                final, exported, model, sample, calibration, config, pass_list
-            )
-        records += more
-    elif config.precision != "fp32":
-        with _stage("precision", stages), eval_mode(model, warn=False):
-            final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
-        records += more
-        io = boundary_io(exported.io, final)
-    if exported.weights is not None:  # files the final graph does not use (fp32 weights it holds as fp16 now,
-        remove_unused_files(exported.weights.directory, [final])  # precision candidates): gigabytes each
-        # graph-surgeon graphs are reference cycles: the weights the passes read stay in memory until the cyclic
-        # collector runs, which allocation counts alone would not trigger soon (a 2.5 GiB array is one allocation)
-        gc.collect()
-    with _stage("check", stages):
+    choice = select_backend(config.backend, config)
+    graph = final_graph(model, sample, config, registry, pass_list, calibration, stages, custom_translation_table)
+    final, config = graph.final, graph.settings
+    with stage_timer("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
-    with _stage("build", stages):
-        executor = build_executor(choice.name, final, io, config)
+    with stage_timer("build", stages):
+        executor = build_executor(choice.name, final, graph.io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
-        with _stage("validate", stages), eval_mode(model, warn=False):
-            sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
-            feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), io)
-            runner = executor.polygraphy_runner(choice.name)
-            checked = (
-                quantized_validation_settings(config, quantization)
-                if is_quantized(config)
-                else validation_settings(config)
-            )
-            accuracy = validate(model, exported.io, runner, feeds, checked, backend_io=io, graph=final)
+        with stage_timer("validate", stages):
+            accuracy = validate_executor(model, sample, graph, executor.polygraphy_runner(choice.name))
     report = ConversionReport(
         backend=choice.name,
         backend_reason=choice.reason,
         stages=tuple(stages),
-        passes=tuple(records),
-        nodes_exported=len(exported.model.graph.node),
+        passes=tuple(graph.records),
+        nodes_exported=len(graph.exported.model.graph.node),
         nodes_final=len(final.graph.node),
         accuracy=accuracy,
         versions=library_versions(),
         compatibility=compatibility.to_dict(),
-        precision=precision,
-        quantization=quantization,
+        precision=graph.precision,
+        quantization=graph.quantization,
+        engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
     )
-    return ConvertedModule(executor, io, final, config, report, exported.weights)
-
-
-DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
-
-
-def _debug_inputs(model: torch.nn.Module, exported: ExportedGraph, sample: Any) -> DebugInputs:
-    """The sample as a feed and PyTorch's outputs on it: what every pass is checked against in debug mode."""
-    tensors = exported.io.flatten_call(*normalise_sample(sample))
-    feed = {spec.name: t.detach().cpu().numpy() for spec, t in zip(exported.io.inputs, tensors, strict=True)}
-    with eval_mode(model, warn=False):
-        return feed, torch_references(model, exported.io, [feed])[0]
+    source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
+    return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
 
 
 def check(
@@ -216,34 +174,6 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
     return report
 
 
-def run_passes(
-    exported: ExportedGraph,
-    settings: Settings,
-    passes: Sequence[GraphPass] | None = None,
-    debug: DebugInputs | None = None,
-) -> tuple[onnx.ModelProto, list[PassRecord]]:
-    """Run the pass list (default: :func:`passes.default_passes` with the default converters) and return the final
-    graph. With ``debug`` (the sample as a feed, and PyTorch's outputs on it) every pass that changes the graph is
-    checked on ONNX Runtime against PyTorch (debug mode)."""
-    graph, _ = to_graph(exported.model)
-    chosen = default_passes(default_registry()) if passes is None else passes
-    observer = (
-        None if debug is None else PassDebugger(exported.model, exported.node_metadata, exported.io, *debug, settings)
-    )
-    manager = PassManager(chosen, max_iterations=settings.max_pass_iterations, observer=observer)
-    graph, records = manager.run(graph, settings)
-    final = to_model(graph, exported.model, exported.node_metadata)
-    try:
-        check_model(final)
-    except onnx.checker.ValidationError as exc:
-        ran = ", ".join(dict.fromkeys(r.name for r in records)) or "none"
-        raise ConversionError(
-            f"the graph after the passes is not valid ONNX: {exc}; passes run: {ran}",
-            fix="find the pass that broke it by running the list without custom passes",
-        ) from exc
-    return final, records
-
-
 def compare(
     model: torch.nn.Module,
     inputs: Any,
@@ -312,13 +242,3 @@ def _exported_graph(
     registry = options.get("converters") or default_registry()
     translations = options.get("custom_translation_table")
     return export(model, sample, settings, translations, registry.torch_ops())
-
-
-@contextlib.contextmanager
-def _stage(name: str, stages: list[tuple[str, float]]) -> Iterator[None]:
-    logger.info("%s ...", name)
-    start = time.perf_counter()
-    yield
-    seconds = time.perf_counter() - start
-    stages.append((name, seconds))
-    logger.info("%s done in %.2f s", name, seconds)

@@ -96,6 +96,7 @@ PYTHON_EXAMPLES: dict[str, tuple[str, tuple[int, ...]]] = {
     "precision": ("Precision (fp16, bf16)", (0,)),
     "quantization": ("Quantization (INT8, FP8)", (0,)),
     "plugins": ("Plugins", (0,)),
+    "engine-options": ("Engine options", (1,)),  # block 0 needs TensorRT and a GPU
 }
 PRELUDES = {
     "rewrite-rule": "import torch\nimport pipeline\n"
@@ -209,3 +210,14 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.pop("PYTHONWARNINGS", None)
     return env
+
+
+def test_what_is_verified_without_a_gpu_agrees_with_the_tensorrt_rtx_section() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## What is verified without a GPU, and what is not\n", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())  # prose, whatever its line breaks
+    verified, _, not_verified = section.partition("**Not verified")
+    assert "has a GPU or TensorRT" not in section  # TensorRT-RTX is installed: "no TensorRT" is not true here
+    assert "TensorRT-RTX's real ONNX parser and builder" in verified
+    assert "parsing and building" not in not_verified  # TensorRT-RTX parses and builds here: not unqualified
+    assert "NVIDIA TensorRT's own parser and builder" in not_verified

@@ -22,7 +22,7 @@ _SCHEMAS = {
 def define_torchvision_schemas() -> None:
     """Define the schemas torchvision's meta registrations expect, once per process (a no-op when they exist)."""
     for name, schema in _SCHEMAS.items():
-        # RuntimeError: already defined, by torchvision's own library or earlier in this process
+        # already defined (RuntimeError): by torchvision's own library, or earlier in this process
         with contextlib.suppress(RuntimeError):
             torch.library.define(f"torchvision::{name}", schema)
 

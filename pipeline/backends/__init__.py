@@ -13,6 +13,7 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import onnx
@@ -87,9 +88,22 @@ def select_backend(requested: str, settings: Settings | None = None) -> BackendC
         elif available:
             choice = BackendChoice("tensorrt", f"auto: {why}")
         else:
-            choice = BackendChoice("onnxruntime", f"auto: TensorRT not usable ({why})")
+            choice = BackendChoice("onnxruntime", f"auto: TensorRT not usable ({why}){_rtx_hint(settings)}")
     logger.info("backend: %s (%s)", choice.name, choice.reason)
     return choice
+
+
+def _rtx_hint(settings: Settings) -> str:
+    """What ``auto`` leaves aside when TensorRT-RTX is installed: it builds an engine here (and runs it where a GPU
+    it supports is), chosen with ``backend='tensorrt-rtx'``; empty when it does not import."""
+    from pipeline.backends.tensorrt.build import engine_runtime_status
+    from pipeline.backends.tensorrt.library import TENSORRT_RTX
+
+    if not TENSORRT_RTX.importable():
+        return ""
+    runnable, why = engine_runtime_status(TENSORRT_RTX, settings)
+    what = "build and run an engine here" if runnable else f"build an engine here for a GPU elsewhere ({why})"
+    return f"; TensorRT-RTX {TENSORRT_RTX.version()} can {what}: backend='tensorrt-rtx' (--backend tensorrt-rtx)"
 
 
 def _select_rtx(settings: Settings) -> BackendChoice:
@@ -123,12 +137,17 @@ def build_executor(
     settings: Settings,
     engine: bytes | None = None,
     static_check: Callable[[onnx.ModelProto], Mapping[str, str]] | None = None,
+    *,
+    runtime_cache: Path | None = None,
+    refit_at_load: bool = False,
 ) -> Executor:
     """Build (or, given ``engine`` bytes, load) the executor for ``backend``.
 
     ``static_check`` (node name -> why TensorRT's parser will reject it) is asked only when TensorRT's parser
     rejects the graph; its reasons are reported beside the parser's for each node. A TensorRT-RTX engine that cannot
     run here is built (or taken as given) and kept, and the graph runs on ONNX Runtime (``EngineOnOnnxRuntime``).
+    ``runtime_cache`` is where TensorRT-RTX keeps its JIT results (default: the cache directory); ``refit_at_load``
+    says the given engine is refit from ``model``'s weights before it runs (``pipeline.backends.tensorrt.weights``).
     """
     if backend == "onnxruntime":
         from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
@@ -144,9 +163,14 @@ def build_executor(
         if runnable:
             if engine is None:
                 return TensorRTExecutor.build(model, io, settings, static_check, library)
-            return TensorRTExecutor(engine, io, settings, library=library)
+            return TensorRTExecutor(
+                engine, io, settings, library=library, model=model, runtime_cache=runtime_cache,
+                refit_at_load=refit_at_load,
+            )
         status = "loaded"
         if engine is None:
             engine, status = cached_engine(model, io, settings, static_check, library)
-        return EngineOnOnnxRuntime(engine, model, io, settings, why, status, library)
+        executor = EngineOnOnnxRuntime(engine, model, io, settings, why, status, library)
+        executor.refit_at_load = refit_at_load  # still owed: the engine's weights are older than the graph's
+        return executor
     raise BuildError(f"unknown backend {backend!r}", fix="use 'onnxruntime', 'tensorrt' or 'tensorrt-rtx'")

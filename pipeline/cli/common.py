@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from converters.files import current_umask
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, output_help: str) -> None:
@@ -58,12 +59,29 @@ def model_and_sample(spec: str, inputs: list[str], seed: int) -> tuple[torch.nn.
     model, sample = load_spec(spec)
     if inputs:
         sample = ((), dict(random_inputs(inputs, seed)))
+        _check_input_names(model, sample[1])
     if sample is None:
         raise InputError(
             f"{spec} returned a module but no sample, and no --input was given",
             fix="pass --input NAME:SHAPE[:DTYPE] for each forward() argument, or return (module, sample)",
         )
     return model, sample
+
+
+def _check_input_names(model: torch.nn.Module, named: dict[str, torch.Tensor]) -> None:
+    """Every ``--input NAME`` must be an argument of ``forward`` (said before anything is exported)."""
+    from pipeline.module.io_spec import forward_signature, keyword_names, unknown_keywords
+
+    signature = forward_signature(model)
+    unknown = unknown_keywords(signature, named)
+    if unknown:
+        real = keyword_names(signature)
+        raise InputError(
+            f"--input {', --input '.join(unknown)}: {type(model).__name__}.forward() has no argument "
+            f"{', '.join(map(repr, unknown))}; its arguments are: {real}",
+            fix="name forward()'s arguments, e.g. "
+            + " ".join(f"--input {name}:SHAPE[:DTYPE]" for name in real.split(", ")),
+        )
 
 
 _SOURCES: dict[str, Any] = {}  # a file is executed once, so the model and its converters share custom ops
@@ -353,7 +371,8 @@ def staged_output(out: Path, names: Sequence[str]) -> Iterator[Path]:
         ) from exc
     try:
         yield staging
-        if fresh:
+        if fresh:  # mkdtemp made it 0700: the new directory should look like any other (the umask's mode)
+            os.chmod(staging, 0o777 & ~current_umask())
             os.replace(staging, out)
             return
         for item in sorted(staging.iterdir()):

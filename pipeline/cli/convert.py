@@ -18,6 +18,7 @@ from pipeline.cli.common import (
     model_and_sample,
     staged_output,
 )
+from pipeline.cli.engine_options import add_engine_option_arguments, engine_options
 
 ARTIFACT_NAME = "model.ptrt"
 OUTPUTS = (ARTIFACT_NAME, "model.onnx", "model.onnx.data", "report.json")
@@ -47,6 +48,7 @@ def add_convert_command(commands: Any) -> None:
     )
     convert.add_argument("--no-validate", action="store_true", help="skip the comparison with PyTorch")
     add_conversion_arguments(convert)
+    add_engine_option_arguments(convert)
     convert.add_argument(
         "--calibration",
         metavar="FILE.pt|FILE.py:FACTORY",
@@ -75,6 +77,7 @@ def _convert(args: argparse.Namespace) -> int:
             calibration=_calibration(args.calibration),
             calibration_method=args.calibration_method,
             **conversion_options(args),
+            **engine_options(args),
         )
         module.save(staging / ARTIFACT_NAME)
         module.save_onnx(staging / "model.onnx")  # with model.onnx.data beside it when the weights are external

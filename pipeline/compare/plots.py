@@ -40,17 +40,26 @@ def missing_reason() -> str | None:
 
 
 def histogram_png(
-    output: str, counts_by_runner: Sequence[tuple[str, Sequence[int]]], edges: Sequence[float], atol: float
+    output: str,
+    counts_by_runner: Sequence[tuple[str, Sequence[int]]],
+    edges: Sequence[float],
+    atol: float,
+    label: str | None = None,
 ) -> bytes:
     """The PNG of :func:`histogram_figure`."""
-    return _png(histogram_figure(output, counts_by_runner, edges, atol))
+    return png(histogram_figure(output, counts_by_runner, edges, atol, label))
 
 
 def histogram_figure(
-    output: str, counts_by_runner: Sequence[tuple[str, Sequence[int]]], edges: Sequence[float], atol: float
+    output: str,
+    counts_by_runner: Sequence[tuple[str, Sequence[int]]],
+    edges: Sequence[float],
+    atol: float,
+    label: str | None = None,
 ) -> Any:
     """A matplotlib figure: bars of absolute-error counts per log10 bin of ``edges``; ``counts`` have one more bin
-    at each end (below the range, exact zeros included; above it or NaN), drawn one decade wide beside the range."""
+    at each end (below the range, exact zeros included; above it or NaN), drawn one decade wide beside the range.
+    ``atol`` (the one the verdict used) is a dashed line, named ``label`` in the legend (default ``atol <atol>``)."""
     figure = _figure(7.2, 4.2)
     axes = figure.add_subplot()
     low, high = float(edges[0]), float(edges[-1])
@@ -67,7 +76,7 @@ def histogram_figure(
         axes.bar([positions[i] for i in ends], [counts[i] for i in ends], width=[share[i] for i in ends],
                  align="edge", color=color, hatch="///", edgecolor="white")
     if atol > 0:
-        axes.axvline(math.log10(atol), color=FAIL_COLOR, linestyle="--", linewidth=1.2, label=f"atol {atol:g}")
+        axes.axvline(math.log10(atol), color=FAIL_COLOR, linestyle="--", linewidth=1.2, label=label or f"atol {atol:g}")
     decades = [e for e in range(math.ceil(low) + 2, math.floor(high) - 1, 2)]  # the ends carry the open bins' labels
     axes.set_xticks(
         [low - 0.5, *decades, high + 0.5],
@@ -87,7 +96,7 @@ def histogram_figure(
 
 def depth_png(modules: Sequence[str], max_abs: Sequence[float], passed: Sequence[bool], title: str) -> bytes:
     """The PNG of :func:`depth_figure`."""
-    return _png(depth_figure(modules, max_abs, passed, title))
+    return png(depth_figure(modules, max_abs, passed, title))
 
 
 def depth_figure(modules: Sequence[str], max_abs: Sequence[float], passed: Sequence[bool], title: str) -> Any:
@@ -166,7 +175,8 @@ def _figure(width: float, height: float) -> Any:
     return figure
 
 
-def _png(figure: Any) -> bytes:
+def png(figure: Any) -> bytes:
+    """A figure as PNG bytes (at the plots' resolution)."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=_DPI)
     return buffer.getvalue()

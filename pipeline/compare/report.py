@@ -12,6 +12,7 @@ from typing import Any
 
 import onnx
 
+from converters.errors import InputError
 from passes.model_io.external_data import save_onnx
 from pipeline.compare.distribution import DistributionStats
 from pipeline.compare.layers import Divergence, LayerComparison, LayerReport
@@ -241,12 +242,24 @@ class ComparisonReport:
                 [r.passed for r in rows],
                 title,
             )
-        output = kind.partition(":")[2]
+        return plots.png(self.histogram(kind.partition(":")[2]))
+
+    def histogram(self, output: str) -> Any:
+        """The matplotlib figure of ``output``'s absolute errors (the report's ``hist_<output>.png``): each
+        runner's counts, and the atol its verdict used (a magnitude-relative tolerance's, ``max(atol, rms_atol x
+        RMS)``, as the table prints it)."""
+        from pipeline.compare import plots
+
         mine = [o for o in self.outputs if o.output == output and isinstance(o.stats, ErrorStats)]
-        return plots.histogram_png(
-            output, [(o.runner, o.stats.histogram) for o in mine if isinstance(o.stats, ErrorStats)], HIST_EDGES,
-            mine[0].atol,
-        )
+        if not mine:
+            raise InputError(
+                f"no element-wise comparison of {output!r} to draw",
+                fix=f"name one of: {', '.join(dict.fromkeys(o.output for o in self.outputs))}",
+            )
+        atol = self._atol_used(output, mine[0].atol)
+        label = f"atol {atol:.3g} ({mine[0].rms_atol:g} x RMS)" if mine[0].rms_atol else f"atol {atol:g}"
+        counts = [(o.runner, o.stats.histogram) for o in mine if isinstance(o.stats, ErrorStats)]
+        return plots.histogram_figure(output, counts, HIST_EDGES, atol, label=label)
 
 
 def _layers_dict(layers: LayerReport) -> dict[str, Any]:

@@ -78,7 +78,9 @@ def compare_built(
     samples, many = split_samples(inputs)
 
     def existing(name: str) -> Any:
-        return executor.polygraphy_runner(name) if name == executor.backend else None
+        # a TensorRT-RTX module whose engine cannot run here runs ONNX Runtime: not a TensorRT-RTX runner
+        engine_runs = name == "onnxruntime" or getattr(executor, "runs_on", "engine") != "onnxruntime"
+        return executor.polygraphy_runner(name) if name == executor.backend and engine_runs else None
 
     plans = plan_runners(backends, exported, final, io, settings, backend_runner=existing)
     return compare_graphs(model, io, final, settings, plans, samples, many=many, **options)

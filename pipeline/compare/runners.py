@@ -25,11 +25,13 @@ logger = logging.getLogger(__name__)
 EXPORTED = "onnxruntime-exported"
 FINAL = "onnxruntime"
 TENSORRT = "tensorrt"
-RUNNERS: tuple[str, ...] = (EXPORTED, FINAL, TENSORRT)
+TENSORRT_RTX = "tensorrt-rtx"
+RUNNERS: tuple[str, ...] = (EXPORTED, FINAL, TENSORRT, TENSORRT_RTX)
 DESCRIPTIONS: dict[str, str] = {
     EXPORTED: "ONNX Runtime on the exported graph (before the passes)",
     FINAL: "ONNX Runtime on the final graph",
     TENSORRT: "TensorRT engine of the final graph",
+    TENSORRT_RTX: "TensorRT-RTX engine of the final graph",
 }
 REFERENCE_DTYPES: tuple[str, ...] = ("float32", "float64")
 
@@ -190,7 +192,8 @@ def plan_runners(
     backend_runner: Callable[[str], Any] | None = None,
 ) -> list[RunnerPlan]:
     """The backend runners to compare with PyTorch. ``backends="auto"``: ONNX Runtime on the exported and the
-    final graph, and TensorRT where it can run; a named backend that cannot run is an error.
+    final graph, and TensorRT and TensorRT-RTX where their engines can run (else left out with the reason); a named
+    backend that cannot run is an error.
     ``backend_runner(name)`` supplies an existing runner (a converted module's own executor)."""
     wanted, auto = _wanted(backends)
     plans = []
@@ -201,8 +204,10 @@ def plan_runners(
             plans.append(_exported_plan(exported, io, settings, auto))
         elif name == FINAL:
             plans.append(RunnerPlan(FINAL, DESCRIPTIONS[FINAL], _onnxruntime_runner(final, io, settings, FINAL)))
-        else:
+        elif name == TENSORRT:
             plans.append(_tensorrt_plan(final, io, settings, auto))
+        else:
+            plans.append(_rtx_plan(final, io, settings, auto))
     return plans
 
 
@@ -257,3 +262,31 @@ def _tensorrt_plan(final: onnx.ModelProto, io: IOSpec, settings: Settings, auto:
     select_backend(TENSORRT)  # raises BuildError with the reason when TensorRT was named and cannot run
     executor = build_executor(TENSORRT, final, io, settings)
     return RunnerPlan(TENSORRT, DESCRIPTIONS[TENSORRT], executor.polygraphy_runner(TENSORRT))
+
+
+def _rtx_plan(final: onnx.ModelProto, io: IOSpec, settings: Settings, auto: bool) -> RunnerPlan:
+    """TensorRT-RTX's engine where it runs; where it only builds (no supported GPU), left out saying so: comparing
+    ONNX Runtime under its name would compare nothing new."""
+    from pipeline.backends import build_executor
+    from pipeline.backends.tensorrt.build import engine_runtime_status
+    from pipeline.backends.tensorrt.library import TENSORRT_RTX as RTX_LIBRARY
+
+    if not RTX_LIBRARY.importable():
+        why = f"the {RTX_LIBRARY.module_name} package does not import (pip install tensorrt-rtx)"
+    else:
+        runnable, status = engine_runtime_status(RTX_LIBRARY, settings)
+        if runnable:
+            executor = build_executor(TENSORRT_RTX, final, io, settings)
+            return RunnerPlan(TENSORRT_RTX, DESCRIPTIONS[TENSORRT_RTX], executor.polygraphy_runner(TENSORRT_RTX))
+        why = (
+            f"TensorRT-RTX {RTX_LIBRARY.version()} can build the engine here but not run it: {status} "
+            "(`pipeline convert --backend tensorrt-rtx` builds it)"
+        )
+    if not auto:
+        raise BuildError(
+            f"cannot compare {TENSORRT_RTX}: {why}",
+            fix="compare on a GPU TensorRT-RTX supports (compute capability 8.0 or later), or leave "
+            f"{TENSORRT_RTX!r} out of the backends",
+        )
+    logger.info("%s left out: %s", TENSORRT_RTX, why)
+    return RunnerPlan(TENSORRT_RTX, DESCRIPTIONS[TENSORRT_RTX], skipped=why)

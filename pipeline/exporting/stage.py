@@ -83,6 +83,7 @@ def export(
     signature = io_spec.forward_signature(model)
     args, kwargs = io_spec.bind_call(signature, *io_spec.normalise_sample(sample))
     names, tensors, input_leaves, input_tree = io_spec.input_names_and_leaves(signature, args, kwargs)
+    names = _declared_input_names(model, names)
     if not tensors:
         raise InputError("the sample holds no tensor", fix="pass at least one tensor in the sample")
     _check_sample_tensors(names, tensors)
@@ -102,9 +103,11 @@ def export(
             raise export_errors.python_value_error(exc, model, args, kwargs) from exc
         out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
-        program = _torch_export(
-            model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops, complex_outputs
-        )
+        with _without_cache_output(model, result):
+            program = _torch_export(
+                model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops,
+                complex_outputs,
+            )
 
     weights = None
     if _weight_bytes(program) > settings.external_data_threshold:
@@ -204,6 +207,41 @@ def _torch_export(
     if program is None or program.model is None:
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     return program
+
+
+@contextlib.contextmanager
+def _without_cache_output(model: torch.nn.Module, result: Any) -> Iterator[None]:
+    """Export with ``config.use_cache`` off when the model returns a transformers cache object (a causal LM whose
+    config says ``use_cache=True``): the graph computes the plain forward, and the module returns None where the
+    cache was. Said in the log, with the way to convert for decoding."""
+    leaves = pytree.tree_flatten_with_path(result)[0]
+    dropped = [(pytree.keystr(path), leaf) for path, leaf in leaves if io_spec.is_model_cache(leaf)]
+    config: Any = getattr(model, "config", None)
+    if not dropped or getattr(config, "use_cache", None) is not True:
+        yield
+        return
+    logger.warning(
+        "output %s is a %s (the model's key/value cache): the graph computes the plain forward without it and the "
+        "converted module returns None there; convert with generation={'max_length': ..., 'max_batch': ...} for "
+        "decoding with a cache (module.generate)",
+        ", ".join(path for path, _ in dropped),
+        type(dropped[0][1]).__name__,
+    )
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = True
+
+
+def _declared_input_names(model: torch.nn.Module, names: list[str]) -> list[str]:
+    """The graph input names, after the module's own ``onnx_input_names`` mapping (derived name -> graph name), if
+    it has one: the cached generation step names its cache inputs ``past_key_values.{i}.key`` as optimum does,
+    a name no Python parameter can have."""
+    declared = getattr(model, "onnx_input_names", None)
+    if not isinstance(declared, dict):
+        return names
+    return [str(declared.get(name, name)) for name in names]
 
 
 def _weight_bytes(program: Any) -> int:

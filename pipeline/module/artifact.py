@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import onnx
 
-from converters.errors import ArtifactError
+from converters.errors import ArtifactError, InputError
 from converters.files import write_file_atomically
 from converters.plugins.spec import plugin_records
 from passes.model_io.external_data import (
@@ -71,9 +71,11 @@ def save_artifact(
     io: IOSpec,
     settings: Settings,
     report: ConversionReport,
+    refit_at_load: bool = False,
 ) -> Path:
     """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
-    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back."""
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``refit_at_load``: the engine
+    holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
     from pipeline.versions import library_versions
 
     metadata: dict[str, Any] = {
@@ -94,7 +96,8 @@ def save_artifact(
 
         # what the engine was built for and with: the same record the engine cache keys on
         identity = device_identity(library_for(backend), settings)
-        metadata["engine"] = {**identity, "build": build_options(io, settings)}
+        weights = engine_weights(settings, refit_at_load)
+        metadata["engine"] = {**identity, "build": build_options(io, settings), **weights}
 
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
@@ -114,6 +117,23 @@ def save_artifact(
 
     write_file_atomically(path, write_zip)
     return path
+
+
+def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str, Any]:
+    """Where the saved engine's weights are: ``"graph"`` for a weight-stripped plan (refit from ``model.onnx`` at
+    load, the artifact keeps them once), else ``"plan"``; ``refit_at_load`` when the plan's are older than the
+    graph's."""
+    record: dict[str, Any] = {"weights": "graph" if settings.strip_weights else "plan"}
+    if refit_at_load and not settings.strip_weights:
+        record["refit_at_load"] = True
+    return record
+
+
+def runtime_cache_beside(artifact: Path) -> Path:
+    """TensorRT-RTX's runtime cache of an artifact's engine: a file beside the artifact (``model.ptrt`` ->
+    ``model.ptrt.rtx-runtime-cache``), written by ``module.save`` when the module has one and filled by the loaded
+    module's runs, so the next process that loads the artifact skips the JIT compilation."""
+    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
 
 
 def read_artifact(path: str | Path) -> Artifact:
@@ -147,6 +167,7 @@ def read_artifact(path: str | Path) -> Artifact:
     except Exception as exc:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
     _check_io_against_graph(path, metadata, model)
+    _check_settings(path, metadata, model)
     _warn_on_versions(path, metadata)
     if (weights.directory / DATA_MEMBER).is_file():
         set_weights_dir(model, weights.directory)
@@ -230,6 +251,41 @@ def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.Mo
                 f"{path}: the I/O spec's {kind}s {spec_side} do not match the graph's {graph_side}",
                 fix=REWRITE_FIX,
             )
+    for spec, value in zip(io.inputs, model.graph.input, strict=True):
+        for axis, (declared, fixed) in enumerate(zip(spec.shape, _fixed_dims(value), strict=True)):
+            # the module lets through what its spec allows: a size the graph's fixed axis refuses would reach
+            # ONNX Runtime (INVALID_ARGUMENT) on the first call
+            if fixed is not None and declared != fixed:
+                raise ArtifactError(
+                    f"{path}: input {spec.name!r} axis {axis} is {declared!r} in {METADATA_MEMBER}, {fixed} in the "
+                    "graph",
+                    fix=REWRITE_FIX,
+                )
+
+
+def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
+    """The saved settings must be valid and their dynamic dimensions axes the graph leaves dynamic: they are the
+    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+    try:
+        settings = settings_from_json(metadata["settings"])
+    except (InputError, TypeError, ValueError) as exc:
+        cause = exc.message if isinstance(exc, InputError) else str(exc)
+        raise ArtifactError(
+            f"{path}: the settings in {METADATA_MEMBER} are not valid: {cause}", fix=REWRITE_FIX
+        ) from exc
+    graph_dims = {value.name: _fixed_dims(value) for value in model.graph.input}
+    for dim in settings.dynamic:
+        dims = graph_dims.get(dim.input, [])
+        where = f"dynamic dimension {dim.name!r} (input {dim.input!r} axis {dim.axis}) in {METADATA_MEMBER}"
+        if not 0 <= dim.axis < len(dims):
+            raise ArtifactError(f"{path}: {where}, but the graph has no such input axis", fix=REWRITE_FIX)
+        if (fixed := dims[dim.axis]) is not None:
+            raise ArtifactError(f"{path}: {where}, but the graph fixes that axis at {fixed}", fix=REWRITE_FIX)
+
+
+def _fixed_dims(value: onnx.ValueInfoProto) -> list[int | None]:
+    """Each axis's fixed size in the graph, None where it is dynamic."""
+    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
 
 
 def _dtype_name(value: onnx.ValueInfoProto) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +12,14 @@ import onnx
 import torch
 
 from converters.errors import InputError
+from converters.files import write_file_atomically
 from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.backends import Executor
 from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import compare_built
-from pipeline.module.artifact import save_artifact
+from pipeline.module.artifact import runtime_cache_beside, save_artifact
 from pipeline.module.io_spec import IOSpec
+from pipeline.module.refit import RefitSource, refit
 from pipeline.module.report import ConversionReport
 from pipeline.settings import Settings
 
@@ -23,7 +28,8 @@ class ConvertedModule(torch.nn.Module):
     """Call it like the original model; tensors come back on the device of the inputs.
 
     ``.onnx`` is the final graph, ``.report`` the conversion report, ``.save(path)`` writes one artifact and
-    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external).
+    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external);
+    ``.refit(new_model)`` gives it new weights without building anew.
     """
 
     def __init__(
@@ -34,8 +40,10 @@ class ConvertedModule(torch.nn.Module):
         settings: Settings,
         report: ConversionReport,
         weights: WeightFiles | None = None,
+        refit_source: RefitSource | None = None,
     ) -> None:
         super().__init__()
+        self._refit_source = refit_source or RefitSource()  # what convert used, for module.refit
         self._executor = executor
         self._weights = weights  # the external weights of onnx_model (large models) live while the module does
         self.io = io
@@ -43,6 +51,7 @@ class ConvertedModule(torch.nn.Module):
         self.settings = settings
         self.report = report
         self._dims = {(d.input, d.axis): d for d in settings.dynamic}
+        self._warned_grad = False  # an input that requires grad is said once per module, not on every call
 
     @property
     def onnx(self) -> onnx.ModelProto:
@@ -55,6 +64,12 @@ class ConvertedModule(torch.nn.Module):
         return self._executor.backend
 
     @property
+    def runs_on(self) -> str:
+        """What calls run on: the backend, or ``onnxruntime`` for a TensorRT-RTX module whose engine cannot run
+        here (the same final graph runs on ONNX Runtime; ``report.backend_reason`` says why)."""
+        return "onnxruntime" if getattr(self._executor, "runs_on", None) == "onnxruntime" else self.backend
+
+    @property
     def engine_bytes(self) -> bytes | None:
         """The serialised TensorRT engine, or None on a backend without one."""
         return self._executor.engine_bytes
@@ -63,13 +78,49 @@ class ConvertedModule(torch.nn.Module):
         """Run the backend on the flattened inputs; outputs in the original model's structure."""
         inputs = self.io.flatten_call(args, kwargs)
         self._check(inputs)
+        if not self._warned_grad and torch.is_grad_enabled():
+            self._warn_on_grad(inputs)
         device = inputs[0].device
         outputs = self._executor.run(inputs)
         return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
 
+    def refit(
+        self,
+        new_model_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+        sample: Any = None,
+        *,
+        calibration: Iterable[Any] | None = None,
+    ) -> ConvertedModule:
+        """Give the module the weights of a model of the same architecture (or a state dict of the converted model),
+        without building anew; returns the module itself.
+
+        The new model goes through the same export, passes and precision stage (``sample``: the one ``convert`` was
+        given, required for a loaded module; ``calibration`` as for ``convert``); its final graph must differ from
+        this one in its weights only. ONNX Runtime then runs the new graph, a TensorRT engine built with
+        ``refittable=True`` is refit in place, and the result is validated against the new model unless the module
+        was converted with ``validate=False`` (``report.accuracy`` is the new validation). See
+        :mod:`pipeline.module.refit`.
+        """
+        done = refit(
+            self._executor,
+            self._onnx,
+            self.report,
+            self.settings,
+            new_model_or_state_dict,
+            sample,
+            self._refit_source,
+            calibration,
+        )
+        self._executor, self._onnx, self.report = done.executor, done.graph.final, done.report
+        self._weights = done.graph.exported.weights
+        return self
+
     def save(self, path: str | Path) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
-        reads it back)."""
+        reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it."""
+        cache = getattr(self._executor, "runtime_cache_file", None)  # TensorRT-RTX's JIT kernels, when it ran here
+        if cache is not None and Path(cache).is_file():
+            write_file_atomically(runtime_cache_beside(Path(path)), Path(cache).read_bytes())
         return save_artifact(
             Path(path),
             onnx_model=self._onnx,
@@ -78,6 +129,7 @@ class ConvertedModule(torch.nn.Module):
             io=self.io,
             settings=self.settings,
             report=self.report,
+            refit_at_load=bool(getattr(self._executor, "refit_at_load", False)),
         )
 
     def save_onnx(self, path: str | Path) -> list[Path]:
@@ -103,6 +155,18 @@ class ConvertedModule(torch.nn.Module):
         return compare_built(
             model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=settings, **options
         )
+
+    def _warn_on_grad(self, inputs: list[torch.Tensor]) -> None:
+        """Autograd does not see through the backend: say so (once) when the caller may expect a backward."""
+        grads = [spec.name for spec, tensor in zip(self.io.inputs, inputs, strict=True) if tensor.requires_grad]
+        if grads:
+            self._warned_grad = True
+            warnings.warn(
+                f"input(s) {', '.join(map(repr, grads))} require grad, but the converted module runs an inference "
+                f"graph on {self.backend}: its outputs carry no grad_fn and no gradient reaches the inputs (said "
+                "once per module); train the original model, or call under torch.no_grad() to silence this",
+                stacklevel=_caller_level(),
+            )
 
     def _check(self, inputs: list[torch.Tensor]) -> None:
         sizes: dict[str, tuple[str, int]] = {}
@@ -146,3 +210,13 @@ class ConvertedModule(torch.nn.Module):
                 f"dimension {dim.name!r} is {seen[1]} in input {seen[0]!r} but {size} in input {name!r}",
                 fix="inputs that share a dynamic dimension must agree on its size",
             )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module and torch's ``nn.Module`` call machinery (the
+    user's line), counted from the function that calls this one."""
+    inside = (__file__, torch.nn.Module.__call__.__code__.co_filename)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename in inside:
+        frame, level = frame.f_back, level + 1
+    return level

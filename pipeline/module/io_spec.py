@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,13 @@ def bind_call(
     spells out a default (``return_dict=None``) is the same call as one that leaves it out. Keywords rather than
     positions also keep clear of wrappers (transformers' among them) that inject keyword arguments.
     """
+    unknown = unknown_keywords(signature, kwargs)
+    if unknown:
+        raise InputError(
+            f"forward({_param_list(signature)}) has no argument {', '.join(map(repr, unknown))}; its arguments are: "
+            f"{keyword_names(signature)}",
+            fix="name the arguments as forward() does (sample=((args...), {kwargs...}))",
+        )
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -220,6 +227,22 @@ def bind_call(
         else:
             out_kwargs[p.name] = value
     return tuple(out_args), out_kwargs
+
+
+def unknown_keywords(signature: inspect.Signature, kwargs: Iterable[str]) -> list[str]:
+    """The keyword names ``forward`` cannot take (none when it has ``**kwargs``); checked before binding, so an
+    argument under a wrong name is named as such rather than reported as the one it leaves missing."""
+    params = signature.parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return []
+    takes = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return [name for name in kwargs if name not in takes]
+
+
+def keyword_names(signature: inspect.Signature) -> str:
+    """The arguments of ``forward`` that can be passed by name, for messages (``x, mask``)."""
+    params = signature.parameters.values()
+    return ", ".join(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) or "(none)"
 
 
 def input_names_and_leaves(
@@ -265,7 +288,7 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
             slots.append(Leaf(TENSOR, len(tensors)))
             names.append(_output_name(path))
             tensors.append(leaf)
-        elif leaf is None:
+        elif leaf is None or is_model_cache(leaf):  # a transformers cache object: not a graph output (None)
             slots.append(Leaf(CONSTANT, value=None))
         else:
             raise containers.unknown_container_error(path, leaf)
@@ -292,6 +315,15 @@ def distinct_output_names(out_names: list[str], in_names: list[str]) -> list[str
         taken.add(unique)
         names.append(unique)
     return names
+
+
+def is_model_cache(value: Any) -> bool:
+    """Whether ``value`` is a transformers ``Cache`` (``DynamicCache``, ...): a model's key/value cache, which the
+    plain forward's graph does not return (the module returns None in its place; ``generation=`` converts the
+    cached step instead). Recognised by type name, without importing transformers."""
+    return any(
+        c.__name__ == "Cache" and c.__module__.startswith("transformers.") for c in type(value).__mro__
+    )
 
 
 def dump_tree(tree: pytree.TreeSpec) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 from converters.errors import ArtifactError
 from pipeline.backends import build_executor, select_backend
 from pipeline.backends.plugin_runtime import restore_plugins
-from pipeline.module.artifact import read_artifact
+from pipeline.generation.module import module_class
+from pipeline.module.artifact import read_artifact, runtime_cache_beside
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.report import ConversionReport
 from pipeline.settings import Settings
@@ -37,11 +38,19 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     choice = select_backend(chosen, settings)
     # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
     restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
-    executor = build_executor(chosen, artifact.onnx_model, io, settings, engine=engine)
+    executor = build_executor(
+        chosen,
+        artifact.onnx_model,
+        io,
+        settings,
+        engine=engine,
+        runtime_cache=runtime_cache_beside(Path(path)) if chosen == "tensorrt-rtx" else None,
+        refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
+    )
     report = ConversionReport.from_dict(artifact.metadata["report"])
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
         report = dataclasses.replace(report, backend_reason=choice.reason)
-    return ConvertedModule(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+    return module_class(settings)(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 
 
 def _usable_engine(

@@ -25,6 +25,7 @@ class ConversionReport:
     compatibility: dict[str, Any] | None = None  # pipeline.check's report of the final graph, as a dict
     precision: PrecisionReport | None = None  # the precision stage (fp16/bf16): islands, casts, share, error
     quantization: QuantizationReport | None = None  # the quantize stage (int8/fp8): scales, ops, share, error
+    engine_options: dict[str, Any] | None = None  # strip_weights, refittable, ...: pipeline.backends.tensorrt.weights
 
     @property
     def total_seconds(self) -> float:
@@ -45,6 +46,7 @@ class ConversionReport:
             "compatibility": self.compatibility,
             "precision": self.precision.to_dict() if self.precision else None,
             "quantization": self.quantization.to_dict() if self.quantization else None,
+            "engine_options": self.engine_options,
         }
 
     @classmethod
@@ -63,6 +65,7 @@ class ConversionReport:
             compatibility=data.get("compatibility"),
             precision=PrecisionReport.from_dict(data["precision"]) if data.get("precision") else None,
             quantization=QuantizationReport.from_dict(data["quantization"]) if data.get("quantization") else None,
+            engine_options=data.get("engine_options"),
         )
 
     def summary(self) -> str:
@@ -77,6 +80,15 @@ class ConversionReport:
         )
         for p in changed:
             lines.append(f"          {p.name:<20} {p.nodes_before:>6} -> {p.nodes_after:<6} {p.seconds:.3f}s")
+        if self.engine_options is not None:
+            options = self.engine_options
+            budget = options.get("weight_streaming_budget")
+            flags = ", ".join(options.get("flags", [])) or "none"
+            lines.append(
+                f"engine    flags {flags}; weights in the {options.get('weights')}"
+                + ("" if budget is None else f"; weight streaming budget {'automatic' if budget == -1 else budget}")
+                + ("; CUDA graphs" if options.get("cuda_graphs") else "")
+            )
         if self.precision is not None:
             lines.extend(self.precision.summary_lines())
         if self.quantization is not None:

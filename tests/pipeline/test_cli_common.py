@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 import pytest
 
 from converters.errors import InputError
 from pipeline.cli import build_parser
-from pipeline.cli.common import conversion_options, read_tolerances, shapes_to_dynamic
+from pipeline.cli.common import (
+    conversion_options,
+    model_and_sample,
+    read_tolerances,
+    shapes_to_dynamic,
+    staged_output,
+)
 
 
 def test_trtexec_shapes_make_the_differing_axes_dynamic_and_share_names_across_inputs() -> None:
@@ -49,3 +59,49 @@ def test_tolerances_and_conversion_options_from_the_command_line() -> None:
     assert options["precision"] == "fp16" and options["keep_fp32"] == ("op:Softmax",)
     assert options["tolerances"] == {"out": (1e-3, 1e-2)}
     assert options["dynamic"] == {"x": {0: ("dim0_1_8", 1, 2, 8)}}
+
+
+def test_input_that_forward_does_not_take_is_named_with_the_real_arguments(tmp_path: Path) -> None:
+    spec = tmp_path / "cnn.py"
+    spec.write_text("import torch\ndef build():\n    return torch.nn.Linear(4, 3).eval(), torch.randn(2, 4)\n")
+    with pytest.raises(InputError) as info:
+        model_and_sample(f"{spec}:build", ["foo:2x4"], seed=0)
+    text = str(info.value)
+    assert "--input foo" in text and "forward() has no argument 'foo'" in text and "--input input:" in text, text
+
+
+def test_a_fresh_output_directory_gets_the_umask_mode_not_the_staging_directory_0700(tmp_path: Path) -> None:
+    out = tmp_path / "out" / "cnn"
+    previous = os.umask(0o022)
+    try:
+        with staged_output(out, ["model.ptrt"]) as staging:
+            (staging / "model.ptrt").write_bytes(b"x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+
+
+def test_engine_options_from_the_command_line_with_polygraphy_and_trtexec_names() -> None:
+    from pipeline.cli.engine_options import engine_options
+
+    args = build_parser().parse_args(
+        ["convert", "m.py:f", "-o", "out", "--strip-plan", "--refittable", "--weight-streaming-budget", "-1",
+         "--sparse-weights", "--use-cuda-graph", "--no-runtime-cache"]
+    )
+    assert engine_options(args) == {
+        "strip_weights": True,
+        "refittable": True,
+        "weight_streaming_budget": -1,
+        "sparse_weights": True,
+        "cuda_graphs": True,
+        "trt_runtime_cache": False,
+    }
+    defaults = engine_options(build_parser().parse_args(["convert", "m.py:f", "-o", "out"]))
+    assert defaults == {
+        "strip_weights": False,
+        "refittable": False,
+        "weight_streaming_budget": None,
+        "sparse_weights": False,
+        "cuda_graphs": False,
+        "trt_runtime_cache": True,
+    }

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
+import pipeline
 from pipeline.compare import plots
 from pipeline.compare.stats import HIST_BINS, HIST_EDGES
 
@@ -98,3 +101,17 @@ def test_without_matplotlib_the_report_says_how_to_get_the_plots(tmp_path: Path)
     markdown = (tmp_path / "report.md").read_text()
     assert plots.INSTALL in markdown and "![" not in markdown
     assert plots.INSTALL in run.stdout and "0 PNG plots" in run.stdout
+
+
+def test_the_report_histogram_draws_the_atol_its_verdict_used() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    report = pipeline.compare(model, torch.randn(4, 16) * 10, precision="fp16", backends=["onnxruntime"])
+    row = report.to_dict()["outputs"][0]
+    used = float(row["atol_used"])
+    assert used > row["atol"]  # float16's magnitude-relative rule: 0.01 x RMS of the output is above atol 0.001
+    shown = f"{used:.3g} (0.01 x RMS)"
+    assert shown in report.table()
+    figure = report.histogram(row["output"])
+    assert f"atol {shown}" in [t.get_text() for t in figure.legends[0].get_texts()]
+    assert figure.axes[0].lines[0].get_xdata()[0] == pytest.approx(np.log10(used))

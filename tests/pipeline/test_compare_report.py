@@ -124,6 +124,16 @@ def test_report_files_open(planted: tuple[pipeline.ComparisonReport, Path]) -> N
     assert "first divergence  blocks.2 (Block)" in table and "FAIL" in table.splitlines()[0]
 
 
+def test_the_table_states_the_rule_in_one_short_line_and_points_at_the_full_one(
+    planted: tuple[pipeline.ComparisonReport, Path],
+) -> None:
+    report, directory = planted
+    rule_lines = [line for line in report.table(directory).splitlines() if line.startswith("rule")]
+    assert len(rule_lines) == 1 and len(rule_lines[0]) <= 120, rule_lines
+    assert "report.md" in rule_lines[0] and len(report.rule) > 300  # the full rule is in the report files
+    assert report.rule in (directory / "report.md").read_text()
+
+
 def test_plots_exist_and_show_data(planted: tuple[pipeline.ComparisonReport, Path]) -> None:
     _, directory = planted
     for name in ("histogram_out_0.png", "histogram_out_1.png"):

@@ -93,8 +93,30 @@ def test_member_the_manifest_lists_but_the_artifact_lacks(saved: Path, tmp_path:
         (lambda m: m["io"]["inputs"][0].__setitem__(1, "int64"), "do not match the graph's"),
         (lambda m: m["io"]["outputs"].append(["extra", "float32", [1]]), "do not match the graph's"),
         (lambda m: m["io"].pop("output_tree"), "I/O spec in metadata.json is malformed"),
+        (lambda m: m["io"]["inputs"][0][2].__setitem__(1, 5), "input 'input' axis 1 is 5 in metadata.json, 4 in"),
+        (lambda m: m["io"]["inputs"][0][2].__setitem__(1, "d"), "input 'input' axis 1 is 'd' in metadata.json, 4 in"),
+        (
+            lambda m: m["settings"]["dynamic"].append({**m["settings"]["dynamic"][0], "axis": 1, "name": "d"}),
+            "dynamic dimension 'd' (input 'input' axis 1) in metadata.json, but the graph fixes that axis at 4",
+        ),
+        (
+            lambda m: m["settings"]["dynamic"][0].update(min=9),
+            "the settings in metadata.json are not valid: dynamic dimension 'b'",
+        ),
     ],
-    ids=["not-object", "no-io", "settings-not-object", "input-renamed", "input-dtype", "extra-output", "no-tree"],
+    ids=[
+        "not-object",
+        "no-io",
+        "settings-not-object",
+        "input-renamed",
+        "input-dtype",
+        "extra-output",
+        "no-tree",
+        "input-fixed-size",
+        "input-fixed-made-dynamic",
+        "settings-dynamic-on-fixed-axis",
+        "settings-min-above-max",
+    ],
 )
 def test_resealed_metadata_that_lies_is_rejected(saved: Path, tmp_path: Path, change: Callable, cause: str) -> None:
     expect_artifact_error(rewrite(saved, tmp_path / "f.ptrt", edit_metadata(change), reseal=True), cause)

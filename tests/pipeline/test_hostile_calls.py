@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -76,6 +77,12 @@ CONVERT_CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         pipeline.InputError,
         ">= 2",
     ),
+    (
+        "sample-names-no-argument",
+        lambda: pipeline.convert(LINEAR, ((), {"foo": torch.randn(2, 4)})),
+        pipeline.InputError,
+        "forward(input) has no argument 'foo'",
+    ),
     ("unknown-backend", lambda: pipeline.convert(LINEAR, torch.randn(2, 4), backend="cuda"), pipeline.InputError, ""),
     (
         "tensorrt-missing",
@@ -96,7 +103,8 @@ def test_hostile_conversion(make: Callable[[], object], error: type[Exception], 
 
 CALL_CASES: list[tuple[str, Callable[[pipeline.ConvertedModule], object], str]] = [
     ("too-many-args", lambda m: m(torch.randn(2, 4), torch.randn(2, 4)), "too many positional"),
-    ("unknown-kwarg", lambda m: m(torch.randn(2, 4), z=1), "unexpected keyword argument 'z'"),
+    ("unknown-kwarg", lambda m: m(torch.randn(2, 4), z=1), "forward(input) has no argument 'z'"),
+    ("only-unknown-kwarg", lambda m: m(foo=torch.randn(2, 4)), "has no argument 'foo'; its arguments are: input"),
     ("missing-arg", lambda m: m(), "missing the required argument(s) 'input'"),
     ("dtype", lambda m: m(torch.ones(2, 4, dtype=torch.long)), "is int64, the graph takes float32"),
     ("rank", lambda m: m(torch.randn(2, 4, 1)), "has rank 3"),
@@ -117,3 +125,16 @@ def test_hostile_call(module: pipeline.ConvertedModule, call: Callable, cause: s
 def test_changed_constant_argument(scaled: pipeline.ConvertedModule) -> None:
     with pytest.raises(pipeline.InputError, match=r"(?s)exported with 2.0.*built in.*fix:"):
         scaled(torch.randn(2, 4), 3.0)
+
+
+def test_input_that_requires_grad_warns_once_that_the_output_has_no_grad_fn(module: pipeline.ConvertedModule) -> None:
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.warns(UserWarning, match=r"input\(s\) 'input' require grad.*no grad_fn") as caught:
+        out = module(x)
+    assert out.grad_fn is None
+    assert caught[0].filename == __file__  # it points at the caller's line, not at the library
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(x)  # once per module
+        with torch.no_grad():
+            module(x)

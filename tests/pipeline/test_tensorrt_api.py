@@ -370,7 +370,11 @@ def test_collector_scopes_annotations_to_their_function_and_requires_them() -> N
 def test_our_code_is_read_where_it_uses_tensorrt() -> None:
     uses = our_uses()
     files = {u.where.split(":")[0] for u in uses if not u.where.startswith("Polygraphy")}
-    assert files == {"pipeline/backends/tensorrt/build.py", "pipeline/backends/tensorrt/runtime.py"}
+    assert files == {
+        "pipeline/backends/tensorrt/build.py",
+        "pipeline/backends/tensorrt/runtime.py",
+        "pipeline/backends/tensorrt/weights.py",
+    }
     names = {u.name for u in uses}
     for expected in (
         "OnnxParser.parse",
@@ -385,6 +389,17 @@ def test_our_code_is_read_where_it_uses_tensorrt() -> None:
         "IOutputAllocator.reallocate_output_async",
         "DataType.FP8",
         "NetworkDefinitionCreationFlag.STRONGLY_TYPED",  # through Polygraphy's CreateNetwork(strongly_typed=True)
+        "BuilderFlag.STRIP_PLAN",  # the engine options (pipeline.backends.tensorrt.weights)
+        "BuilderFlag.REFIT_IDENTICAL",
+        "BuilderFlag.WEIGHT_STREAMING",
+        "BuilderFlag.SPARSE_WEIGHTS",
+        "Refitter.refit_cuda_engine",
+        "Refitter.get_missing_weights",
+        "OnnxParserRefitter.refit_from_bytes",
+        "ICudaEngine.refittable",
+        "ICudaEngine.weight_streaming_budget_v2",
+        "ICudaEngine.get_weight_streaming_automatic_budget",
+        "ICudaEngine.serialize",
     ):
         assert expected in names, expected
 

@@ -215,3 +215,34 @@ def test_settings_become_the_real_tensorrt_rtx_builder_config(tf32: bool, target
     assert config.num_compute_capabilities == len(targets)
     chosen = [config.get_compute_capability(i) for i in range(len(targets))]
     assert chosen == [getattr(trt.ComputeCapability, "SM" + cc.replace(".", "")) for cc in targets]
+
+
+def test_auto_says_tensorrt_rtx_can_build_an_engine_here() -> None:
+    from pipeline.backends import select_backend
+
+    choice = select_backend("auto")
+    if choice.name != "onnxruntime":
+        pytest.skip("TensorRT runs here: auto picks it")
+    assert "TensorRT not usable" in choice.reason
+    assert f"TensorRT-RTX {TENSORRT_RTX.version()} can build" in choice.reason
+    assert "backend='tensorrt-rtx'" in choice.reason
+
+
+def test_compare_and_bench_offer_tensorrt_rtx_and_say_what_ran(bert: Any) -> None:
+    from pipeline.cli import build_parser
+    from pipeline.cli.bench import backend_label
+
+    model, module, _ = bert
+    sample = tiny_bert()[1]
+    report = module.compare(model, sample, random_inputs=0)
+    rtx = next(r for r in report.runners if r.name == "tensorrt-rtx")
+    assert rtx.skipped is not None and "can build the engine here but not run it: no CUDA device" in rtx.skipped
+    assert "skipped     tensorrt-rtx: TensorRT-RTX" in report.table()
+    with pytest.raises(pipeline.BuildError, match="cannot compare tensorrt-rtx: TensorRT-RTX .* not run it"):
+        module.compare(model, sample, backends=["tensorrt-rtx"], random_inputs=0)
+    for command in (["compare", "m.py:build", "-o", "out"], ["bench", "m.py:build"]):
+        chosen = build_parser().parse_args([*command, "--backend", "tensorrt-rtx"]).backend
+        assert chosen in ("tensorrt-rtx", ["tensorrt-rtx"])
+    assert module.runs_on == "onnxruntime"
+    label = backend_label({"backend": module.backend, "runs_on": module.runs_on})
+    assert label == "converted (tensorrt-rtx engine not run: onnxruntime timed)"

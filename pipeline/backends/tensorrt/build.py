@@ -153,7 +153,9 @@ def build_options(io: IOSpec, settings: Settings) -> dict[str, Any]:
     """
     engine = {k: _jsonable(v) for k, v in settings.engine_settings().items()}
     profile = {name: [list(s) for s in shapes] for name, shapes in profile_shapes(io, settings).items()}
-    return {"profile": profile, **engine}
+    # the budget is set at load; only whether the engine streams its weights is built in (and keyed on)
+    streaming = {"weight_streaming": True} if settings.weight_streaming_budget is not None else {}
+    return {"profile": profile, **engine, **streaming}
 
 
 def _jsonable(value: Any) -> Any:
@@ -183,8 +185,8 @@ def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, lib
         "same_compute_capability": tensorrt.HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY,
     }[settings.trt_hardware_compatibility]
     if library.rtx:
-        return _create_config_rtx(io, settings, pools)
-    return CreateConfig(
+        return with_weight_flags(_create_config_rtx(io, settings, pools), settings, library)
+    config = CreateConfig(
         tf32=settings.trt_tf32,
         profiles=[optimization_profile(io, settings)],
         memory_pool_limits=pools or None,
@@ -193,6 +195,18 @@ def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, lib
         version_compatible=settings.trt_version_compatible,
         load_timing_cache=str(timing_cache) if timing_cache is not None and timing_cache.is_file() else None,
     )
+    return with_weight_flags(config, settings, library)
+
+
+def with_weight_flags(config: Any, settings: Settings, library: TrtLibrary) -> Any:
+    """``config`` with the builder flags of the weight options (``pipeline.backends.tensorrt.weights``), if any."""
+    from polygraphy.backend.trt import PostprocessConfig
+
+    from pipeline.backends.tensorrt.weights import set_weight_flags, weight_flag_names
+
+    if not weight_flag_names(settings):
+        return config
+    return PostprocessConfig(config, func=lambda builder, network, cfg: set_weight_flags(cfg, settings, library))
 
 
 def _create_config_rtx(io: IOSpec, settings: Settings, pools: dict[Any, int]) -> Any:
@@ -382,6 +396,11 @@ def engine_from_network(
             network, config, save_timing_cache=None if timing_cache is None else str(timing_cache)
         )()
     except Exception as exc:
+        from pipeline.backends.tensorrt.weights import refit_build_error
+
+        refusal = refit_build_error(settings, library)
+        if refusal is not None:
+            raise refusal from exc
         raise BuildError(
             f"{library.title} could not build an engine from the final graph: {exc}",
             fix=f"read {library.title}'s log above for the failing layer; raise trt_workspace_bytes if it ran out of "

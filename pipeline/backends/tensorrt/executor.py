@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import torch
 
-from converters.errors import ArtifactError
+from converters.errors import ArtifactError, BuildError
 from pipeline.backends.tensorrt.build import (
     StaticCheck,
     build_engine,
@@ -98,20 +98,63 @@ class TensorRTExecutor:
         settings: Settings,
         cache_status: str = "not cached",
         library: TrtLibrary = TENSORRT,
+        *,
+        model: onnx.ModelProto | None = None,
+        runtime_cache: Path | None = None,
+        refit_at_load: bool = False,
     ) -> None:
+        """``model`` is the final graph: a weight-stripped engine (``strip_weights``), or one whose graph was given new
+        weights where it could not run (``refit_at_load``), is refit from its weights before it runs.
+        ``runtime_cache`` is TensorRT-RTX's runtime cache file (default: the cache directory's for this engine; none
+        with ``trt_runtime_cache=False``)."""
         from pipeline.backends.tensorrt.runtime import EngineRunner
 
         self.backend = library.backend
         self.library = library
         self._engine_bytes = engine
         self.cache_status = cache_status
+        self.settings = settings
         self.input_names = [t.name for t in io.inputs]
         self.output_names = [t.name for t in io.outputs]
-        runtime_cache = runtime_cache_path(engine, settings) if library.rtx else None
+        refit_at_load = refit_at_load or settings.strip_weights
+        if refit_at_load and model is None:
+            raise BuildError(
+                "a weight-stripped engine (strip_weights=True) needs the final graph to take its weights from",
+                fix="load it from its artifact (which keeps the graph), or pass the graph to build_executor",
+            )
+        if library.rtx and settings.trt_runtime_cache:
+            runtime_cache = runtime_cache or runtime_cache_path(engine, settings)
+        else:
+            runtime_cache = None
+        self.runtime_cache_file = runtime_cache  # module.save copies it beside the artifact
         self._runner: EngineRunner = EngineRunner(
-            engine, allow_host_code=settings.trt_version_compatible, library=library, runtime_cache=runtime_cache
+            engine,
+            allow_host_code=settings.trt_version_compatible,
+            library=library,
+            runtime_cache=runtime_cache,
+            refit_graph=model if refit_at_load else None,
+            weight_streaming_budget=settings.weight_streaming_budget,
+            cuda_graphs=settings.cuda_graphs,
         )
         self._runner.check_io(io)
+
+    def refit(self, graph: onnx.ModelProto) -> None:
+        """Give the engine the weights of ``graph`` (the final graph of the new model, same structure), in place. The
+        engine bytes become the refit engine's, except a weight-stripped one's (its weights stay in the graph)."""
+        if not self.settings.refittable:
+            raise BuildError(
+                "the engine was not built refittable, so it cannot take new weights"
+                + (" (strip_weights builds it for its own weights only)" if self.settings.strip_weights else ""),
+                fix="convert with refittable=True to refit it later, or convert the new model",
+            )
+        self._runner.refit(graph)
+        if not self.settings.strip_weights:
+            self._engine_bytes = bytes(self._runner.serialize())
+
+    @property
+    def refit_at_load(self) -> bool:
+        """Whether the saved engine must be refit from the saved graph when it is loaded (a stripped one is anyway)."""
+        return False
 
     @classmethod
     def build(
@@ -124,7 +167,7 @@ class TensorRTExecutor:
     ) -> TensorRTExecutor:
         """Build the engine, or take it from the engine cache when it was built before."""
         engine, status = cached_engine(model, io, settings, static_check, library)
-        return cls(engine, io, settings, status, library)
+        return cls(engine, io, settings, status, library, model=model)
 
     @property
     def engine_bytes(self) -> bytes | None:
@@ -168,11 +211,30 @@ class EngineOnOnnxRuntime:
         self.library = library
         self.reason = reason
         self.cache_status = cache_status
+        self.settings = settings
+        self._io = io
         self._engine_bytes = engine
+        # the engine holds older weights than the graph (a refit here): it is refit from the graph where it is loaded
+        self.refit_at_load = False
         # it stands in for the engine: the Q/DQ graph as TensorRT computes it, without ONNX Runtime's requantized
         # convolution outputs (pipeline.quantize.ort_int8, rewrite 0)
         exact = dataclasses.replace(settings, ort_int8_conv_outputs="exact")
         self.onnxruntime: OnnxRuntimeExecutor = OnnxRuntimeExecutor(model, io, exact)
+
+    def refit(self, graph: onnx.ModelProto) -> None:
+        """New weights where the engine cannot run: ONNX Runtime runs ``graph``, and the saved engine (unless it is
+        weight-stripped, whose weights are the graph's anyway) is recorded to be refit from the saved graph when it
+        is loaded where it runs."""
+        from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
+
+        if not self.settings.refittable:
+            raise BuildError(
+                "the engine was not built refittable, so it cannot take new weights",
+                fix="convert with refittable=True to refit it later, or convert the new model",
+            )
+        exact = dataclasses.replace(self.settings, ort_int8_conv_outputs="exact")
+        self.onnxruntime = OnnxRuntimeExecutor(graph, self._io, exact)
+        self.refit_at_load = not self.settings.strip_weights
 
     @property
     def engine_bytes(self) -> bytes | None:

@@ -19,10 +19,13 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import onnx
 import torch
 
 from converters.errors import BuildError, InputError
+from pipeline.backends.tensorrt.cuda_graphs import CudaGraphs
 from pipeline.backends.tensorrt.library import TENSORRT, TrtLibrary
+from pipeline.backends.tensorrt.weights import refit_from_graph, set_weight_streaming_budget
 from pipeline.module.io_spec import IOSpec
 
 if TYPE_CHECKING:
@@ -77,6 +80,9 @@ class EngineRunner:
         allow_host_code: bool = False,
         library: TrtLibrary = TENSORRT,
         runtime_cache: Path | None = None,
+        refit_graph: onnx.ModelProto | None = None,
+        weight_streaming_budget: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         from pipeline.backends.tensorrt.library import bind_polygraphy
 
@@ -97,14 +103,19 @@ class EngineRunner:
                 fix="the engine was built by another TensorRT version or GPU, or is damaged: load the artifact "
                 "with rebuild=True, or convert again (with trt_engine_cache=False if it came from the cache)",
             )
+        # the engine's weights and their budget are set before any execution context exists (weights.py)
+        if refit_graph is not None:
+            refit_from_graph(self.engine, refit_graph, library)
+        if weight_streaming_budget is not None:
+            set_weight_streaming_budget(self.engine, weight_streaming_budget)
         self._runtime_cache = None
-        if library.rtx and runtime_cache is not None:
+        if library.rtx and (runtime_cache is not None or cuda_graphs):
             from pipeline.backends.tensorrt.rtx import RuntimeCache
 
-            self._runtime_cache = RuntimeCache(self.engine, runtime_cache)
-            self._context: trt.IExecutionContext = self._runtime_cache.create_execution_context()
+            self._runtime_cache = RuntimeCache(self.engine, runtime_cache, cuda_graphs=cuda_graphs)
+            self.context: trt.IExecutionContext = self._runtime_cache.create_execution_context()
         else:
-            self._context = self.engine.create_execution_context()
+            self.context = self.engine.create_execution_context()
         self.device = torch.device("cuda", torch.cuda.current_device())
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == tensorrt.TensorIOMode.INPUT]
@@ -113,6 +124,16 @@ class EngineRunner:
         self.profile = {n: self._profile(n) for n in self.inputs}
         self._on_host = {n: self.engine.is_shape_inference_io(n) for n in self.inputs}  # shape tensors: host memory
         self._allocator = _make_output_allocator(self.device, library)
+        # TensorRT-RTX captures CUDA graphs itself (its runtime config); TensorRT's are captured with torch
+        self._graphs = CudaGraphs(self) if cuda_graphs and not library.rtx else None
+
+    def refit(self, graph: onnx.ModelProto) -> None:
+        """Give the engine the weights of ``graph`` (same structure as the one it was built from), in place: the
+        execution context stays valid; captured CUDA graphs are dropped (they may hold the old weights' layout)."""
+        torch.cuda.synchronize(self.device)  # the refitter must not change weights under enqueued work
+        refit_from_graph(self.engine, graph, self.library)
+        if self._graphs is not None:
+            self._graphs = CudaGraphs(self)
 
     def check_io(self, io: IOSpec) -> None:
         """The engine's inputs and outputs are the graph's: same names, same dtypes. (TensorRT drops graph inputs
@@ -128,20 +149,14 @@ class EngineRunner:
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the engine on named CUDA tensors; the outputs by name."""
+        if self._graphs is not None:
+            return self._graphs.run(inputs)
         with torch.cuda.device(self.device):
             # The tensors TensorRT reads must live until the work is enqueued; after that, torch's stream-aware
             # allocator will not hand their memory to anything that runs before this work on the stream.
-            keep_alive = [self._set_input(name, inputs[name]) for name in self.inputs]
-            outputs: dict[str, torch.Tensor] = {}
-            for name in self.outputs:
-                shape = tuple(self._context.get_tensor_shape(name))
-                if any(d < 0 for d in shape):  # data-dependent: TensorRT asks the allocator once it knows the size
-                    self._context.set_output_allocator(name, self._allocator)
-                else:
-                    outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device=self.device)
-                    self._context.set_tensor_address(name, outputs[name].data_ptr())
+            keep_alive, outputs = self.bind(inputs)
             stream = torch.cuda.current_stream(self.device)
-            if not self._context.execute_async_v3(stream.cuda_stream):
+            if not self.context.execute_async_v3(stream.cuda_stream):
                 raise BuildError(
                     "TensorRT failed to run the engine (see TensorRT's log above)",
                     fix="check the inputs; if they are valid, report the TensorRT error",
@@ -153,6 +168,25 @@ class EngineRunner:
         if self._runtime_cache is not None:
             self._runtime_cache.save_if_new(tuple(tuple(inputs[n].shape) for n in self.inputs))
         return outputs
+
+    def serialize(self) -> Any:
+        """The engine serialized as it is now (after a refit: with the new weights); a buffer."""
+        return self.engine.serialize()
+
+    def bind(self, inputs: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Set the input shapes and the addresses of inputs and of new output tensors on the context: the inputs as
+        TensorRT reads them (keep them alive until the work is enqueued) and the outputs (data-dependent ones are
+        missing: TensorRT allocates them while it runs)."""
+        keep_alive = [self._set_input(name, inputs[name]) for name in self.inputs]
+        outputs: dict[str, torch.Tensor] = {}
+        for name in self.outputs:
+            shape = tuple(self.context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):  # data-dependent: TensorRT asks the allocator once it knows the size
+                self.context.set_output_allocator(name, self._allocator)
+            else:
+                outputs[name] = torch.empty(shape, dtype=self.dtypes[name], device=self.device)
+                self.context.set_tensor_address(name, outputs[name].data_ptr())
+        return keep_alive, outputs
 
     def _set_input(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         lo, opt, hi = self.profile[name]
@@ -170,12 +204,12 @@ class EngineRunner:
                 fix=f"pass a {self.dtypes[name]} tensor",
             )
         tensor = tensor.to(torch.device("cpu") if self._on_host[name] else self.device).contiguous()
-        if not self._context.set_input_shape(name, shape):
+        if not self.context.set_input_shape(name, shape):
             raise InputError(
                 f"TensorRT refused shape {list(shape)} for input {name!r}",
                 fix="see TensorRT's log above for the reason",
             )
-        self._context.set_tensor_address(name, tensor.data_ptr())
+        self.context.set_tensor_address(name, tensor.data_ptr())
         return tensor
 
     def _allocated_output(self, name: str) -> torch.Tensor:

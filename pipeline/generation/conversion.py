@@ -1,0 +1,136 @@
+"""``convert(model, input_ids, generation={...})``: what the stages convert instead of the model's forward.
+
+:func:`prepare_step` checks the model (a transformers causal LM with a key/value cache), finds its cache layout by
+running it once on two tokens (the number of cached layers: no architecture's code is read), and returns the
+:class:`~pipeline.generation.step.CachedStep`, its sample, the settings it exports with (opset 24, the batch and
+sequence dimensions dynamic) and the converters of the step's two ops. The stages then run unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from converters.errors import InputError
+from converters.registry import ConverterRegistry
+from pipeline.generation.names import past_name
+from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.step import CachedStep, uses_attention_interface
+from pipeline.module.io_spec import is_model_cache, normalise_sample
+from pipeline.settings import DynamicDim, Settings
+
+logger = logging.getLogger(__name__)
+
+#: Step inputs with a batch axis (axis 0) and a sequence axis (axis 1).
+_SEQUENCE_INPUTS = ("input_ids", "position_ids")
+
+
+def prepare_step(
+    model: torch.nn.Module, sample: Any, settings: Settings, registry: ConverterRegistry
+) -> tuple[CachedStep, Any, Settings, ConverterRegistry]:
+    """The cached step of ``model`` with its sample, settings and converters (see the module docstring)."""
+    generation = settings.generation
+    assert generation is not None
+    input_ids = _prompt_ids(model, sample)
+    layout = _cache_layout(model, input_ids)
+    eos, pad = _special_tokens(model, generation.eos_token_id, generation.pad_token_id)
+    generation = dataclasses.replace(generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad)
+    use_interface = uses_attention_interface(model)
+    if not use_interface:
+        logger.warning(
+            "%s does not dispatch its attention through transformers' AttentionInterface: the cache is written with "
+            "TensorScatter, but its own attention code is exported as it is (no ONNX Attention node)",
+            type(model).__name__,
+        )
+    step = CachedStep(model, len(layout), use_interface)
+    batch = 2 if generation.max_batch >= 2 else 1
+    steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1
+    capacity = generation.max_length
+    ids = input_ids[:1, :steps].expand(batch, -1).clone() if input_ids.shape[1] >= steps else input_ids
+    mask = torch.zeros(batch, capacity, dtype=torch.int64)
+    mask[:, :steps] = 1
+    positions = torch.arange(steps).unsqueeze(0).expand(batch, -1).clone()
+    past = []
+    for heads, dim, dtype in layout:
+        past += [torch.zeros(batch, heads, capacity, dim, dtype=dtype) for _ in ("key", "value")]
+    step_sample: Any = ((ids, mask, positions, torch.tensor(0, dtype=torch.int64), *past), {})
+    dims = _dynamic_dims(len(layout), batch, steps, generation.max_batch, generation.max_prompt or capacity)
+    opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)
+    config = dataclasses.replace(settings, generation=generation, dynamic=dims, opset=opset)
+    return step, step_sample, config, generation_converters(registry)
+
+
+def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
+    if not (hasattr(model, "config") and hasattr(model, "generate")):
+        raise InputError(
+            f"generation= converts a transformers causal LM (a model with .config and .generate); got "
+            f"{type(model).__name__}",
+            fix="pass a transformers *ForCausalLM model, or convert without generation=",
+        )
+    args, kwargs = normalise_sample(sample)
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
+        raise InputError(
+            "generation= needs a sample of input_ids: an int64 tensor [batch, tokens]",
+            fix="pass pipeline.convert(model, input_ids, generation={...})",
+        )
+    return ids
+
+
+def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> list[tuple[int, int, torch.dtype]]:
+    """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens."""
+    with torch.no_grad():
+        out = model(input_ids=input_ids[:1, :2], use_cache=True)
+    cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if not is_model_cache(cache):
+        raise InputError(
+            f"{type(model).__name__} returned no transformers Cache with use_cache=True (got "
+            f"{type(cache).__name__}); generation= needs a model that caches keys and values",
+            fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
+        )
+    layout = []
+    for i, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
+            raise InputError(
+                f"cache layer {i} of {type(model).__name__} is a {type(layer).__name__} without 4-D keys/values "
+                "(linear attention or a state-space layer)",
+                fix="generation= supports attention caches [batch, heads, tokens, dim]; convert without it",
+            )
+        if values.shape[-1] != keys.shape[-1]:
+            raise InputError(
+                f"cache layer {i} has key dim {keys.shape[-1]} but value dim {values.shape[-1]}",
+                fix="generation= supports equal key and value head dims",
+            )
+        layout.append((int(keys.shape[1]), int(keys.shape[-1]), keys.dtype))
+    return layout
+
+
+def _special_tokens(
+    model: torch.nn.Module, eos: tuple[int, ...], pad: int | None
+) -> tuple[tuple[int, ...], int | None]:
+    """eos and pad ids: as given, else from the model's generation config (pad: eos[0] when the model has none,
+    as transformers does)."""
+    config = getattr(model, "generation_config", None)
+    if not eos:
+        found = getattr(config, "eos_token_id", None)
+        eos = (found,) if isinstance(found, int) else tuple(found or ())
+    if pad is None:
+        pad = getattr(config, "pad_token_id", None)
+        if pad is None and eos:
+            pad = eos[0]
+    return tuple(int(e) for e in eos), None if pad is None else int(pad)
+
+
+def _dynamic_dims(layers: int, batch: int, steps: int, max_batch: int, max_prompt: int) -> tuple[DynamicDim, ...]:
+    names = ["input_ids", "attention_mask", "position_ids"]
+    names += [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+    dims: list[DynamicDim] = []
+    if max_batch >= 2:
+        dims += [DynamicDim(name, 0, "batch", 1, batch, max_batch) for name in names]
+    if steps >= 2:
+        dims += [DynamicDim(name, 1, "sequence", 1, steps, max_prompt) for name in _SEQUENCE_INPUTS]
+    return tuple(dims)

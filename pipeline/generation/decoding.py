@@ -1,0 +1,87 @@
+"""Choosing the next token from a step's logits, as transformers' ``generate`` does.
+
+The order is transformers': the repetition penalty on the raw logits, then (sampling only) temperature, top-k and
+top-p, then argmax or a draw. Seeded draws use their own ``torch.Generator``: the same seed gives the same tokens
+on every backend (not the tokens transformers draws from the global generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from converters.errors import InputError
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How the next token is chosen (``generate``'s keyword arguments of the same names)."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise InputError(f"temperature must be > 0, got {self.temperature}", fix="pass e.g. temperature=0.7")
+        if self.top_k is not None and self.top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {self.top_k}", fix="pass e.g. top_k=50, or None")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}", fix="pass e.g. top_p=0.9, or None")
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
+            raise InputError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}", fix="pass e.g. 1.2, or None"
+            )
+
+
+class TokenChooser:
+    """``choose(logits [B, vocab], tokens [B, seen])`` -> the next tokens [B] (int64)."""
+
+    def __init__(self, options: DecodingOptions) -> None:
+        self.options = options
+        self.generator: torch.Generator | None = None
+        if options.do_sample:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+
+    def choose(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The next token of every row."""
+        scores = logits.float()
+        if self.options.repetition_penalty is not None and self.options.repetition_penalty != 1.0:
+            scores = repetition_penalty(scores, tokens, self.options.repetition_penalty)
+        if not self.options.do_sample:
+            return scores.argmax(dim=-1)
+        scores = scores / self.options.temperature
+        if self.options.top_k is not None:
+            scores = top_k_filter(scores, self.options.top_k)
+        if self.options.top_p is not None and self.options.top_p < 1.0:
+            scores = top_p_filter(scores, self.options.top_p)
+        probabilities = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1)
+
+
+def repetition_penalty(scores: torch.Tensor, tokens: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' rule: the logit of every token seen so far divided by ``penalty`` (multiplied when negative)."""
+    seen = torch.gather(scores, 1, tokens)
+    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return scores.scatter(1, tokens, seen)
+
+
+def top_k_filter(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Only the ``k`` highest logits of each row stay finite."""
+    k = min(k, scores.shape[-1])
+    threshold = torch.topk(scores, k, dim=-1).values[..., -1:]
+    return scores.masked_fill(scores < threshold, float("-inf"))
+
+
+def top_p_filter(scores: torch.Tensor, p: float) -> torch.Tensor:
+    """The smallest set of tokens whose probability reaches ``p`` stays (at least one token), as transformers."""
+    ordered, order = torch.sort(scores, descending=False)
+    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - p)
+    remove[..., -1:] = False
+    return scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))

@@ -1,0 +1,194 @@
+"""The cached decoder step: a transformers causal LM called with a static cache whose layers are graph inputs.
+
+:class:`CachedStep` wraps the model. Its ``forward(input_ids, attention_mask, position_ids, past_length,
+**past_key_values)`` builds a transformers ``Cache`` whose layers hold the ``past_key_values.{i}.key/value`` inputs
+([batch, kv_heads, capacity, head_dim]); the model's own ``cache.update`` calls write through
+``pipeline_generation::kv_write`` (ONNX ``TensorScatter``) and return the whole static cache, and the model's
+attention (when it dispatches through transformers' ``AttentionInterface``) runs as
+``pipeline_generation::attention`` (ONNX ``Attention``) with the boolean mask transformers builds from the
+positions and ``attention_mask``. Nothing here reads one architecture's code: the model decides where its cache is
+written and how its mask looks (sliding windows included); this module only supplies the storage and the kernel.
+The step returns ``logits`` of the last position and ``present.{i}.key/value``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from pipeline.generation import ops
+from pipeline.generation.names import past_name, present_name
+
+#: The name the step's attention and mask functions are registered under in transformers' interfaces.
+ATTENTION_NAME = "pipeline_generation"
+
+
+class StepCacheLayer(CacheLayerMixin):
+    """One layer's static cache, holding graph inputs; ``update`` writes functionally (a new tensor, which the
+    graph returns as ``present``) at ``past_length``."""
+
+    is_compileable = False  # keeps transformers from specialising the mask on a query length of 1 during export
+    is_sliding = False
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.past_length = past_length
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the storage is the step's inputs."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Write the step's keys and values at ``past_length``; the whole static cache comes back."""
+        self.keys = ops.kv_write(self.keys, key_states.to(self.keys.dtype), self.past_length)
+        self.values = ops.kv_write(self.values, value_states.to(self.values.dtype), self.past_length)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The mask spans the whole capacity from position 0."""
+        return int(self.keys.shape[-2]), 0
+
+    def get_seq_length(self) -> Any:
+        """The number of positions written before this step (a 0-d tensor: the query offset of the mask)."""
+        return self.past_length
+
+    def get_max_length(self) -> int:
+        """The capacity."""
+        return int(self.keys.shape[-2])
+
+
+class StepCache(Cache):
+    """A transformers ``Cache`` of :class:`StepCacheLayer`, one per decoder layer."""
+
+    def __init__(self, layers: list[StepCacheLayer]) -> None:
+        super().__init__(layers=list(layers))
+
+
+def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """transformers' boolean SDPA mask, always built (never skipped for ``is_causal``: the step's query is not
+    aligned with the start of the keys)."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def step_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The ``AttentionInterface`` function of the step: ``pipeline_generation::attention`` over the static cache.
+
+    Every query also attends to its own position, so that the rows of padding tokens (masked everywhere else) stay
+    finite: their outputs are never attended to, but a NaN there would reach later layers' cache entries."""
+    if attention_mask is None or attention_mask.dtype != torch.bool:
+        raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
+    past = kwargs.get("_past_length")
+    steps, capacity = query.shape[2], key.shape[2]
+    if isinstance(past, torch.Tensor):
+        own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
+        attention_mask = attention_mask | own
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out = ops.attention(query, key, value, attention_mask, scale, float(softcap or 0.0))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Register the step's attention and mask functions with transformers (idempotent)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # imports the vision stack: only when used
+
+    ALL_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_mask)
+
+
+def uses_attention_interface(model: torch.nn.Module) -> bool:
+    """Whether the model's attention dispatches through transformers' ``AttentionInterface`` (then the step's
+    attention is ONNX ``Attention``; otherwise the model's own attention code is exported as it is)."""
+    can = getattr(model, "_can_set_attn_implementation", None)
+    try:
+        return bool(can()) if callable(can) else False
+    except Exception:  # noqa: BLE001 - transformers' probe reads the model's source; unreadable means no
+        return False
+
+
+@contextlib.contextmanager
+def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
+    """Run the block with ``model.config._attn_implementation`` set to ``name`` (None: unchanged), then restore."""
+    config: Any = model.config
+    if name is None:
+        yield
+        return
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+class CachedStep(torch.nn.Module):
+    """One decoder step of ``model`` over a static cache (see the module docstring).
+
+    ``forward(input_ids [B, S], attention_mask [B, capacity], position_ids [B, S], past_length [] int64, *past)``
+    with ``past`` each layer's key and value caches [B, kv_heads, capacity, dim] in layer order (graph inputs
+    ``past_key_values.{i}.key/value``: :attr:`onnx_input_names`) returns ``{"logits": [B, vocab] of the last
+    position, "present.{i}.key": ..., ...}``."""
+
+    def __init__(self, model: torch.nn.Module, layers: int, use_interface: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.layers = layers
+        self.use_interface = use_interface
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in parameters
+        if use_interface:
+            register_attention()
+        #: graph input names of the ``*past`` arguments (the exporter reads this mapping)
+        self.onnx_input_names = {
+            f"past_{2 * i + j}": past_name(i, kind) for i in range(layers) for j, kind in enumerate(("key", "value"))
+        }
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_length: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """The step: logits of the last position and the updated cache."""
+        layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length) for i in range(self.layers)]
+        cache = StepCache(layers)
+        call: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            self._cache_argument: cache,
+            "use_cache": True,
+        }
+        if self._logits_to_keep:
+            call["logits_to_keep"] = 1
+        if self.use_interface:
+            call["_past_length"] = past_length
+        with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
+            out = self.model(**call)
+        result = {"logits": out.logits[:, -1, :]}
+        for i, layer in enumerate(layers):
+            result[present_name(i, "key")] = layer.keys
+            result[present_name(i, "value")] = layer.values
+        return result

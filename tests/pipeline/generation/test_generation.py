@@ -1,0 +1,153 @@
+"""Generation: a transformers causal LM converted as one cached decoder step, decoded like ``model.generate``.
+
+One tiny Llama (grouped KV heads) is converted once for the module; every test judges what a user compares:
+tokens against transformers' own ``generate`` on the same weights (fp32, ONNX Runtime), the graph's cache form, the
+decoding options, the artifact, and the errors.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import pipeline
+from converters.errors import InputError
+from pipeline.generation.module import GenerativeModule
+
+NEW_TOKENS = 32
+
+
+def tiny_llama() -> transformers.LlamaForCausalLM:
+    """Two layers, 4 query heads over 2 KV heads, random weights."""
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=95,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def llama() -> transformers.LlamaForCausalLM:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def step(llama: transformers.LlamaForCausalLM) -> GenerativeModule:
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(1))
+    module = pipeline.convert(llama, ids, generation={"max_length": 48, "max_batch": 3}, validation_inputs=1)
+    assert isinstance(module, GenerativeModule)
+    return module
+
+
+def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three prompts of 9, 6 and 8 tokens, left-padded with the pad id 0."""
+    ids = torch.randint(1, 90, (3, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :1] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def eos_free(llama: transformers.LlamaForCausalLM) -> dict[str, object]:
+    """transformers' generate without eos (so both run the full length): the options both sides get."""
+    return {"max_new_tokens": NEW_TOKENS, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+
+
+def test_plain_forward_of_a_model_with_use_cache_converts(llama: transformers.LlamaForCausalLM) -> None:
+    """use_cache=True in the config (the default): the plain forward converts, the cache output comes back None."""
+    ids = torch.randint(1, 90, (2, 7))
+    module = pipeline.convert(llama, ids, validation_inputs=1)
+    out = module(ids)
+    assert out.cache is None
+    torch.testing.assert_close(out.logits, llama(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_step_graph_holds_the_static_cache_form(step: GenerativeModule) -> None:
+    graph = step.onnx.graph
+    inputs = [i.name for i in graph.input]
+    outputs = [o.name for o in graph.output]
+    assert inputs[:4] == ["input_ids", "attention_mask", "position_ids", "past_length"]
+    assert inputs[4:] == [f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")]
+    assert outputs == ["logits"] + [f"present.{i}.{k}" for i in range(2) for k in ("key", "value")]
+    ops = collections.Counter(n.op_type for n in graph.node)
+    assert ops["TensorScatter"] == 4 and ops["Attention"] == 2
+    shape = [d.dim_value or d.dim_param for d in graph.input[4].type.tensor_type.shape.dim]
+    assert shape == ["batch", 2, 48, 16]  # KV heads stay grouped (2, not the 4 query heads)
+    assert step.report.accuracy is not None and step.report.accuracy.passed
+
+
+def test_greedy_is_token_identical_to_transformers(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    ids = torch.randint(1, 90, (1, 5), generator=torch.Generator().manual_seed(3))
+    expected = llama.generate(ids, **eos_free(llama))
+    got = step.generate(ids, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    assert got.shape == (1, 5 + NEW_TOKENS)
+    assert torch.equal(got, expected)
+
+
+def test_left_padded_batch_is_token_identical(step: GenerativeModule, llama: transformers.LlamaForCausalLM) -> None:
+    ids, mask = left_padded_batch()
+    expected = llama.generate(ids, attention_mask=mask, **eos_free(llama))
+    got = step.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    assert torch.equal(got, expected)
+
+
+def test_repetition_penalty_and_eos_as_transformers(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    ids, mask = left_padded_batch()
+    greedy = step.generate(ids, mask, max_new_tokens=8, eos_token_id=[])
+    stop = int(greedy[0, 9 + 2])  # row 0's third new token: row 0 stops there, the others go on
+    options = {"max_new_tokens": 12, "repetition_penalty": 1.5, "eos_token_id": stop, "pad_token_id": 0}
+    expected = llama.generate(ids, attention_mask=mask, do_sample=False, **options)
+    got = step.generate(ids, mask, **options)
+    assert torch.equal(got, expected)
+
+
+def test_sampling_is_seeded_and_filtered(step: GenerativeModule) -> None:
+    ids = torch.randint(1, 90, (2, 4), generator=torch.Generator().manual_seed(4))
+    options = {"max_new_tokens": 10, "do_sample": True, "temperature": 0.8, "top_p": 0.9, "eos_token_id": []}
+    first = step.generate(ids, seed=7, **options)
+    assert torch.equal(first, step.generate(ids, seed=7, **options))
+    assert not torch.equal(first, step.generate(ids, seed=8, **options))
+    greedy = step.generate(ids, max_new_tokens=10, eos_token_id=[])
+    assert torch.equal(step.generate(ids, max_new_tokens=10, do_sample=True, top_k=1, seed=3, eos_token_id=[]), greedy)
+
+
+def test_stream_yields_the_generated_tokens(step: GenerativeModule) -> None:
+    ids = torch.randint(1, 90, (1, 4), generator=torch.Generator().manual_seed(5))
+    streamed = list(step.stream(ids, max_new_tokens=6, eos_token_id=[]))
+    assert len(streamed) == 6 and all(t.shape == (1,) for t in streamed)
+    assert torch.equal(
+        torch.cat([ids, torch.stack(streamed, 1)], 1), step.generate(ids, max_new_tokens=6, eos_token_id=[])
+    )
+
+
+def test_saved_artifact_generates_the_same(step: GenerativeModule, tmp_path: Path) -> None:
+    ids, mask = left_padded_batch()
+    loaded = pipeline.load(step.save(tmp_path / "llama.ptrt"))
+    assert isinstance(loaded, GenerativeModule)
+    assert loaded.generation == step.generation
+    assert torch.equal(loaded.generate(ids, mask, max_new_tokens=8), step.generate(ids, mask, max_new_tokens=8))
+
+
+def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
+    with pytest.raises(InputError, match="max_length=48"):
+        step.generate(torch.ones(1, 40, dtype=torch.int64), max_new_tokens=9)
+    with pytest.raises(InputError, match="max_batch=3"):
+        step.generate(torch.ones(4, 3, dtype=torch.int64), max_new_tokens=2)
+    with pytest.raises(InputError, match="left padding"):
+        step.generate(torch.ones(1, 3, dtype=torch.int64), torch.tensor([[1, 1, 0]]), max_new_tokens=2)
