@@ -25,14 +25,16 @@ CheckParser = Literal["auto", "tensorrt", "tensorrt-rtx", "static"]
 CHECK_PARSERS: tuple[str, ...] = ("auto", "tensorrt", "tensorrt-rtx", "static")
 HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
 HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
-Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8")
+Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4")
 QuantizeFallback = Literal["fp16", "fp32"]
 QUANTIZE_FALLBACKS: tuple[str, ...] = ("fp16", "fp32")
 OrtInt8ConvOutputs = Literal["requantize", "exact"]
 ORT_INT8_CONV_OUTPUTS: tuple[str, ...] = ("requantize", "exact")
-CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse"]
-CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse")
+CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse", "awq"]
+CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse", "awq")
+Fallback = Literal["onnxruntime", "error"]
+FALLBACKS: tuple[str, ...] = ("onnxruntime", "error")
 PrecisionIO = Literal["model", "low"]
 PRECISION_IO: tuple[str, ...] = ("model", "low")
 
@@ -86,7 +88,10 @@ class GenerationSettings:
     ``max_length`` is the cache capacity (prompt plus new tokens), ``max_batch`` the largest batch, ``max_prompt``
     the longest prompt one prefill step takes (default ``max_length``: the context profile's sequence range).
     ``eos_token_id`` and ``pad_token_id`` default to the model's generation config (filled in at conversion);
-    ``layers`` is the number of cached layers (filled in at conversion)."""
+    ``layers`` is the number of cached layers (filled in at conversion). ``attention``: ``"onnx"`` (one ONNX
+    ``Attention`` node per layer), ``"decomposed"`` (MatMul, Softmax, MatMul with the KV heads kept grouped:
+    TensorRT has no fp32 kernel for its attention layer and no softcap), ``"auto"`` (decomposed for an fp32 or
+    softcapped graph on a TensorRT backend, else ONNX ``Attention``)."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -94,8 +99,13 @@ class GenerationSettings:
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
     layers: int = 0
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.attention not in ("auto", "onnx", "decomposed"):
+            raise InputError(
+                f"unknown generation attention {self.attention!r}", fix="use 'auto', 'onnx' or 'decomposed'"
+            )
         eos = self.eos_token_id
         object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
         prompt = self.max_length if self.max_prompt is None else self.max_prompt
@@ -128,6 +138,57 @@ def _normalise_generation(value: Any) -> GenerationSettings | None:
     raise InputError(
         f"cannot read generation={value!r}", fix="write generation={'max_length': 256, 'max_batch': 4} (or None)"
     )
+
+
+@dataclass(frozen=True)
+class ProfileRange:
+    """One dynamic dimension's (min, opt, max) in one optimization profile (``profiles=``)."""
+
+    name: str
+    min: int
+    opt: int
+    max: int
+
+
+def _normalise_profiles(profiles: Any, dims: tuple[DynamicDim, ...]) -> tuple[tuple[ProfileRange, ...], ...]:
+    """``profiles=[{"sequence": (1, 64, 256)}, {"sequence": (1, 1, 1)}]`` as ranges, each within the dimension's
+    declared range (the graph's)."""
+    example = "profiles=[{'sequence': (1, 64, 256)}, {'sequence': (1, 1, 1)}] (dimension name -> (min, opt, max))"
+    declared = {d.name: d for d in dims}
+    out = []
+    for profile in profiles or ():
+        items = (
+            profile.items()
+            if isinstance(profile, Mapping)
+            else ((r["name"] if isinstance(r, Mapping) else r.name, r) for r in profile)
+        )
+        ranges = []
+        for name, spec in items:
+            if isinstance(spec, Mapping):
+                spec = (spec["min"], spec["opt"], spec["max"])
+            elif isinstance(spec, ProfileRange):
+                spec = (spec.min, spec.opt, spec.max)
+            try:
+                lo, opt, hi = (_whole(v) for v in spec)
+            except (TypeError, ValueError):
+                raise InputError(
+                    f"profile range for {name!r} must be (min, opt, max), got {spec!r}", fix=example
+                ) from None
+            dim = declared.get(str(name))
+            if dim is None:
+                raise InputError(
+                    f"profiles name dimension {name!r}, which dynamic= does not declare",
+                    fix=f"name one of: {', '.join(sorted(declared)) or '(none: declare dynamic= first)'}",
+                )
+            if not dim.min <= lo <= opt <= hi <= dim.max:
+                raise InputError(
+                    f"profile range {name!r}: {(lo, opt, hi)} is not min <= opt <= max within the declared "
+                    f"({dim.min}, {dim.max})",
+                    fix=example,
+                )
+            ranges.append(ProfileRange(str(name), lo, opt, hi))
+        out.append(tuple(ranges))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -191,15 +252,23 @@ class Settings:
     ``dynamic`` may be given as ``{"x": {0: ("batch", 1, 8, 32)}}`` (input name -> axis -> (name, min, opt,
     max)); it is normalised to a tuple of :class:`DynamicDim`. ``tolerances`` maps a dtype name (``"float32"``)
     or an output name to a :class:`Tolerance` or an ``(atol, rtol)`` pair; it is merged over the defaults.
+    ``profiles`` gives a TensorRT engine several optimization profiles, each a mapping of dynamic dimension names
+    to (min, opt, max) within the declared range (a dimension not named keeps its declared range); empty: one
+    profile from ``dynamic``. ``generation`` (:class:`GenerationSettings`, or a dict of its fields) converts a
+    transformers causal LM as one cached decoder step with ``generate()``.
     """
 
     backend: Backend = option("backend", "auto")
     dynamic: tuple[DynamicDim, ...] = option("export", (), engine=True)
     generation: GenerationSettings | None = option("generation", None, engine=True)
+    profiles: tuple[tuple[ProfileRange, ...], ...] = option("tensorrt", (), engine=True)
     validate: bool = option("validation", True)
     validation_inputs: int = option("validation", 3)
     seed: int = option("validation", 0)
     tolerances: Mapping[str, Tolerance] = option("validation", default_factory=dict)
+    # A float output the default tolerance fails on an input is judged again against PyTorch's own error there: a
+    # float64 run for float32 graphs, a float16/bfloat16 run for fp16/bf16 ones (README: the accuracy rule).
+    accuracy_anchor: bool = option("validation", True)
     opset: int | None = option("export", None)
     fold_size_threshold: int = option("passes", 4 << 20)
     # Weights totalling more than this many bytes are exported to an external data file in a private directory
@@ -239,6 +308,14 @@ class Settings:
     # running the same final graph on ONNX Runtime.
     trt_compute_capabilities: tuple[str, ...] = option("tensorrt", (), engine=True)
     require_engine_runtime: bool = option("backend", False)
+    # Nodes a TensorRT backend cannot take (the check stage's parser rejects them, TensorRT-RTX loads no plugins) or
+    # must not take (fallback_ops: ONNX op types): with fallback="onnxruntime" the module runs TensorRT engines for
+    # the segments TensorRT takes and ONNX Runtime for the rest (pipeline.backends.segments), with a warning and
+    # report.segments; TensorRT runs of fewer than min_segment_size compute nodes join ONNX Runtime.
+    # fallback="error" refuses such a graph with the parser's reasons.
+    fallback: Fallback = option("backend", "onnxruntime")
+    fallback_ops: tuple[str, ...] = option("backend", ())
+    min_segment_size: int = option("backend", 5)
     # Engine options (README "Engine options"). strip_weights: a weight-stripped plan, refit from the graph's weights
     # when the engine is loaded (an artifact keeps every weight once, in model.onnx). refittable: an engine that
     # module.refit(new_model) can give new weights. weight_streaming_budget: bytes of weights kept on the GPU (-1:
@@ -287,6 +364,16 @@ class Settings:
     quantize_fallback: QuantizeFallback = option("precision", "fp16")
     calibration_method: CalibrationMethod = option("precision", "auto")
     calibration_percentile: float = option("precision", 99.99)
+    # 4-bit weights (README "4-bit weights (INT4, NVFP4)"): precision="int4" stores MatMul/Gemm weights as symmetric
+    # INT4 with one scale per block_size input channels (32 to 128 for TensorRT), "nvfp4" as FP4 E2M1 with FP8 scales
+    # per block of 16 and a float32 scale per tensor; activations stay in quantize_fallback (W4A16).
+    # calibration_method "auto" is "max"; "awq" searches activation-aware scales. keep_head leaves the output head
+    # (a MatMul/Gemm whose output is a graph output) in quantize_fallback. ort_int4_accuracy_level is the accuracy
+    # level of ONNX Runtime's MatMulNBits, into which its session fuses the INT4 weights: 1 computes in float32
+    # (exact), 4 quantizes activations to int8 (faster, ~1% error).
+    block_size: int = option("precision", 128)
+    keep_head: bool = option("precision", True)
+    ort_int4_accuracy_level: int = option("onnxruntime", 1)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -294,6 +381,7 @@ class Settings:
             raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
         object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
         object.__setattr__(self, "generation", _normalise_generation(self.generation))
+        object.__setattr__(self, "profiles", _normalise_profiles(self.profiles, self.dynamic))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:
             raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
@@ -313,6 +401,7 @@ class Settings:
                 fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
             )
         _check_precision(self)
+        _check_fallback(self)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Settings:
@@ -357,11 +446,28 @@ class Settings:
         return {d.axis: d for d in self.dynamic if d.input == input_name}
 
 
+def _check_fallback(settings: Settings) -> None:
+    if settings.fallback not in FALLBACKS:
+        raise InputError(
+            f"unknown fallback {settings.fallback!r}", fix=f"use one of {', '.join(map(repr, FALLBACKS))}"
+        )
+    if settings.min_segment_size < 1:
+        raise InputError(
+            f"min_segment_size must be >= 1, got {settings.min_segment_size}",
+            fix="pass min_segment_size=1 or more (TensorRT runs of fewer compute nodes join ONNX Runtime)",
+        )
+    if settings.fallback_ops and settings.fallback == "error":
+        raise InputError(
+            f"fallback_ops={list(settings.fallback_ops)} moves ops to ONNX Runtime, but fallback='error' forbids it",
+            fix="drop fallback_ops, or pass fallback='onnxruntime'",
+        )
+
+
 def _check_types(settings: Settings) -> None:
     """Every plain setting has its declared type (``validation_inputs="3"`` is an error, not a crash later on)."""
     hints = typing.get_type_hints(Settings)
     for f in fields(settings):
-        if f.name in ("dynamic", "tolerances", "keep_fp32"):  # normalised (and checked) by their own readers
+        if f.name in ("dynamic", "tolerances", "keep_fp32", "profiles"):  # normalised and checked by their readers
             continue
         value = getattr(settings, f.name)
         allowed = _allowed(hints[f.name])
@@ -513,10 +619,36 @@ def _check_quantization(settings: Settings) -> None:
             )
     if not 0 < settings.calibration_percentile <= 100:
         raise InputError("calibration_percentile must be within (0, 100]", fix="pass e.g. calibration_percentile=99.99")
-    if settings.precision in ("int8", "fp8") and settings.precision_io == "low":
+    _check_block_quantization(settings)
+    if settings.precision in ("int8", "fp8", "int4", "nvfp4") and settings.precision_io == "low":
         raise InputError(
             f"precision_io='low' is not supported with precision={settings.precision!r}: graph inputs stay float32",
-            fix="leave precision_io='model' with int8/fp8",
+            fix="leave precision_io='model' with int8/fp8/int4/nvfp4",
+        )
+
+
+def _check_block_quantization(settings: Settings) -> None:
+    four_bit = settings.precision in ("int4", "nvfp4")
+    if settings.calibration_method == "awq" and not four_bit:
+        raise InputError(
+            f"calibration_method='awq' chooses 4-bit weight scales, but precision is {settings.precision!r}",
+            fix="pass precision='int4' or 'nvfp4' with calibration_method='awq'",
+        )
+    if four_bit and settings.calibration_method not in ("auto", "max", "awq"):
+        raise InputError(
+            f"calibration_method={settings.calibration_method!r} calibrates activations; precision="
+            f"{settings.precision!r} quantizes weights only",
+            fix="use calibration_method='max' (the default) or 'awq' (activation-aware scales)",
+        )
+    if settings.block_size < 16 or settings.block_size & (settings.block_size - 1):
+        raise InputError(
+            f"block_size must be a power of two >= 16, got {settings.block_size}",
+            fix="pass block_size=32, 64 or 128 (TensorRT's INT4 range; 128 is the default)",
+        )
+    if settings.ort_int4_accuracy_level not in (0, 1, 2, 3, 4):
+        raise InputError(
+            f"ort_int4_accuracy_level must be 0 to 4, got {settings.ort_int4_accuracy_level}",
+            fix="pass 1 (float32 activations: exact) or 4 (int8 activations: faster)",
         )
 
 

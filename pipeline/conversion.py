@@ -16,7 +16,9 @@ from converters.errors import BuildError, InputError
 from converters.registry import ConverterRegistry
 from passes import GraphPass, default_passes, insert_passes
 from passes.base import Placement
-from pipeline.backends import build_executor, select_backend
+from pipeline.backends import Executor, build_executor, select_backend
+from pipeline.backends.segments.build import build_segmented, needs_segments
+from pipeline.backends.segments.report import SegmentsReport
 from pipeline.backends.tensorrt.weights import describe as describe_engine_options
 from pipeline.check.judge import check as judge_check
 from pipeline.check.ops import DEFAULT_TRT_VERSION
@@ -27,7 +29,7 @@ from pipeline.compare.report import ComparisonReport
 from pipeline.compare.run import check_reference_dtype, split_samples
 from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
-from pipeline.final_graph import final_graph, stage_timer, validate_executor
+from pipeline.final_graph import final_graph, graph_feeds, stage_timer, validate_executor
 from pipeline.generation.module import module_class
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.refit import RefitSource
@@ -36,6 +38,7 @@ from pipeline.precision.stage import (
     effective_settings,
 )
 from pipeline.quantize.stage import quantize_settings
+from pipeline.quantize.weight_stage import weight_settings
 from pipeline.settings import Settings
 from pipeline.validation.stage import AccuracyReport
 from pipeline.versions import library_versions
@@ -61,14 +64,14 @@ def convert(
     (:func:`passes.default_passes` with those converters); ``extra_passes`` places your own passes at named
     points, ``[("after", "fold_constants", MyPass())]``; ``custom_translation_table`` goes to the exporter.
     ``calibration`` (samples like ``sample``) feeds the precision stage when ``precision`` is "fp16" or "bf16", and
-    the quantize stage's calibration when it is "int8" or "fp8".
+    the quantize stage's calibration when it is "int8" or "fp8" (and AWQ's when it is "int4" or "nvfp4").
     Every other keyword is a :class:`Settings` field, e.g. ``backend="onnxruntime"``,
     ``dynamic={"x": {0: ("batch", 1, 8, 32)}}``, ``tolerances={"float32": (1e-5, 1e-4)}``, ``validate=False``.
 
     >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
-    config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
+    config = weight_settings(quantize_settings(effective_settings(Settings.from_kwargs(settings))))
     registry = default_registry() if converters is None else converters
     if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
         from pipeline.generation.conversion import prepare_step
@@ -81,8 +84,14 @@ def convert(
     final, config = graph.final, graph.settings
     with stage_timer("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
+    segments: SegmentsReport | None = None
+    executor: Executor
     with stage_timer("build", stages):
-        executor = build_executor(choice.name, final, graph.io, config)
+        if needs_segments(choice.name, final, compatibility, config):  # TensorRT segments, ONNX Runtime for the rest
+            feeds = graph_feeds(sample, graph)
+            executor, segments = build_segmented(choice.name, final, graph.io, config, compatibility, feeds)
+        else:
+            executor = build_executor(choice.name, final, graph.io, config)
     accuracy: AccuracyReport | None = None
     if config.validate:
         with stage_timer("validate", stages):
@@ -100,6 +109,7 @@ def convert(
         precision=graph.precision,
         quantization=graph.quantization,
         engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
+        segments=segments,
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
     return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
@@ -152,20 +162,22 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
         version = library_versions().get("tensorrt")
     auto = trt_backend and settings.check_parser == "auto"
     library = LIBRARIES[backend] if auto else judge_library(settings.check_parser, settings.trt_check_version)
-    if backend == "tensorrt-rtx" and plugin_nodes(final):
+    segmented = trt_backend and settings.fallback == "onnxruntime"  # rejected nodes go to ONNX Runtime segments
+    if backend == "tensorrt-rtx" and plugin_nodes(final) and not segmented:
         raise rtx_plugin_error([n.name for n in plugin_nodes(final)])
     report = (
         static_check(final, trt_version=version or DEFAULT_TRT_VERSION)
         if library is None
         else real_check(final, library)
     )
-    if report.problems and trt_backend:
+    if report.problems and trt_backend and not segmented:
         raise BuildError(
             f"{report.parser} would reject {len(report.problems)} node(s):\n"
             + "\n".join(
                 f"  {p.op} {p.node}: {p.reason}" + (f"; fix: {p.fix}" if p.fix else "") for p in report.problems
             ),
-            fix="apply the fixes listed per node, or convert with backend='onnxruntime'",
+            fix="apply the fixes listed per node, or convert with fallback='onnxruntime' (TensorRT segments, ONNX "
+            "Runtime for these nodes) or backend='onnxruntime'",
         )
     if report.problems:
         logger.info(

@@ -33,6 +33,7 @@ from pipeline.precision.stage import (
 )
 from pipeline.quantize.report import QuantizationReport
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantized_validation_settings
+from pipeline.quantize.weight_stage import is_weight_quantized, quantize_weights_4bit
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.settings import Settings
 from pipeline.validation.stage import AccuracyReport, as_io_types, validate, validation_feeds
@@ -82,6 +83,12 @@ def final_graph(
                 final, exported, model, sample, calibration, config, pass_list
             )
         records += more
+    elif is_weight_quantized(config):  # int4/nvfp4: 4-bit MatMul/Gemm weights, activations in fp16 or fp32
+        with stage_timer("quantize", stages), eval_mode(model, warn=False):
+            final, more, precision, quantization = quantize_weights_4bit(
+                final, exported, model, sample, calibration, config, pass_list
+            )
+        records += more
     elif config.precision != "fp32":
         with stage_timer("precision", stages), eval_mode(model, warn=False):
             final, more, precision = convert_precision(final, exported, model, sample, calibration, config, pass_list)
@@ -100,14 +107,20 @@ def validate_executor(model: torch.nn.Module, sample: Any, graph: FinalGraph, ru
     ``validation_inputs`` draws like it, with the tolerances of the graph's precision or quantization."""
     config, exported = graph.settings, graph.exported
     with eval_mode(model, warn=False):
-        sample_inputs = exported.io.flatten_call(*normalise_sample(sample))
-        feeds = as_io_types(validation_feeds(exported.io, sample_inputs, config), graph.io)
+        feeds = graph_feeds(sample, graph)
         checked = (
             quantized_validation_settings(config, graph.quantization)
-            if is_quantized(config)
+            if graph.quantization is not None
             else validation_settings(config)
         )
         return validate(model, exported.io, runner, feeds, checked, backend_io=graph.io, graph=graph.final)
+
+
+def graph_feeds(sample: Any, graph: FinalGraph) -> list[dict[str, np.ndarray]]:
+    """The validation inputs as feeds of the final graph: the sample, ``validation_inputs`` draws like it and, with
+    dynamic dimensions, their min and max (validation uses them; so do the profiles between TensorRT segments)."""
+    sample_inputs = graph.exported.io.flatten_call(*normalise_sample(sample))
+    return as_io_types(validation_feeds(graph.exported.io, sample_inputs, graph.settings), graph.io)
 
 
 DebugInputs = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]

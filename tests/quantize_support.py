@@ -15,9 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 
-def build_with_tensorrt_rtx(model: onnx.ModelProto, sm89: bool = False) -> int:
+def build_with_tensorrt_rtx(model: onnx.ModelProto, sm89: bool = False, capabilities: tuple[str, ...] = ()) -> int:
     """Parse and build ``model`` with TensorRT-RTX on this CPU (ahead of time); the plan's size in bytes.
-    ``sm89`` targets compute capability 8.9 only, as FP8 needs (the default targets include 8.0 and 8.6)."""
+    ``sm89`` targets compute capability 8.9 only, as FP8 needs (the default targets include 8.0 and 8.6);
+    ``capabilities`` targets those (``("12.0",)``, as NVFP4 needs)."""
     trt = pytest.importorskip("tensorrt_rtx")
     logger = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(logger)
@@ -35,9 +36,11 @@ def build_with_tensorrt_rtx(model: onnx.ModelProto, sm89: bool = False) -> int:
             low, high = tuple(1 if d == -1 else d for d in shape), tuple(8 if d == -1 else d for d in shape)
             profile.set_shape(tensor.name, low, high, high)
         config.add_optimization_profile(profile)
-    if sm89:
-        config.num_compute_capabilities = 1
-        config.set_compute_capability(trt.ComputeCapability.SM89, 0)
+    targets = ("8.9",) if sm89 else capabilities
+    if targets:
+        config.num_compute_capabilities = len(targets)
+        for index, target in enumerate(targets):
+            config.set_compute_capability(getattr(trt.ComputeCapability, "SM" + target.replace(".", "")), index)
     plan = builder.build_serialized_network(network, config)
     assert plan is not None, "TensorRT-RTX's builder failed (see its log)"
     return int(plan.nbytes)

@@ -95,6 +95,7 @@ PYTHON_EXAMPLES: dict[str, tuple[str, tuple[int, ...]]] = {
     "compare": ("Comparing with PyTorch", (0,)),
     "precision": ("Precision (fp16, bf16)", (0,)),
     "quantization": ("Quantization (INT8, FP8)", (0,)),
+    "four-bit": ("4-bit weights (INT4, NVFP4)", (0,)),
     "plugins": ("Plugins", (0,)),
     "engine-options": ("Engine options", (1,)),  # block 0 needs TensorRT and a GPU
 }

@@ -15,6 +15,7 @@ from passes.model_io.external_data import ort_session_bytes
 from pipeline.backends.plugin_runtime import PluginSession, prepare_onnxruntime
 from pipeline.module.io_spec import IOSpec
 from pipeline.precision.stage import runnable_model
+from pipeline.quantize.ort_int4 import configure_int4
 from pipeline.quantize.ort_int8 import disabled_optimizers
 from pipeline.settings import Settings
 
@@ -35,6 +36,7 @@ class OnnxRuntimeExecutor:
             if settings.ort_allow_spinning is not None:
                 spinning = "1" if settings.ort_allow_spinning else "0"
                 options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+            configure_int4(model, options, settings)  # MatMulNBits at an exact accuracy level
             prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
             return ort.InferenceSession(
                 ort_session_bytes(model, options, settings.ort_prepack_weights),

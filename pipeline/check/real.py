@@ -21,6 +21,7 @@ import onnx
 
 from converters.errors import BuildError
 from converters.plugins.spec import plugin_nodes
+from pipeline.backends.segments.partition import top_level_names
 from pipeline.backends.tensorrt.build import ParseFailure
 from pipeline.backends.tensorrt.library import LIBRARIES, TrtLibrary
 from pipeline.check.static import BUILD_FAILED, PLUGIN, SUPPORTED, UNSUPPORTED, CompatibilityReport, NodeCheck
@@ -106,7 +107,7 @@ def real_check(
     from pipeline.check.static import check as static_check
 
     verdict = parse_with(model, library, build=build, settings=settings, base_dir=base_dir)
-    failed = {f.node: f for f in verdict.failures if f.node}
+    failed = _by_top_level_node(model, verdict.failures)
     static = {n.node: n for n in static_check(model).nodes}
     plugins = {n.name for n in plugin_nodes(model)}
     nodes = []
@@ -124,8 +125,9 @@ def real_check(
         fix = static[name].fix if name in static and static[name].fix else _generic_fix(node.op_type, verdict)
         reason = f"{failure.message} [{failure.code}]"
         nodes.append(NodeCheck(name, node.op_type, node.domain, UNSUPPORTED, reason, fix))
+    known = top_level_names(model.graph)
     for failure in verdict.failures:
-        if not failure.node:
+        if not failure.node or failure.node not in known:
             nodes.append(NodeCheck("<graph>", failure.op, "", UNSUPPORTED, f"{failure.message} [{failure.code}]"))
     if verdict.build_error is not None:
         nodes.append(
@@ -140,6 +142,21 @@ def real_check(
             )
         )
     return CompatibilityReport(verdict.version, tuple(nodes), parser=verdict.judge)
+
+
+def _by_top_level_node(model: onnx.ModelProto, failures: tuple[ParseFailure, ...]) -> dict[str, ParseFailure]:
+    """Top-level node name -> its failure; a node inside an If/Loop body is reported on the If/Loop that holds it."""
+    names = top_level_names(model.graph)
+    failed: dict[str, ParseFailure] = {}
+    for failure in failures:
+        index = names.get(failure.node) if failure.node else None
+        if index is None:
+            continue
+        outer = model.graph.node[index].name
+        if outer != failure.node:
+            failure = replace(failure, message=f"in its subgraph, {failure.op} {failure.node!r}: {failure.message}")
+        failed.setdefault(outer, failure)
+    return failed
 
 
 def _generic_fix(op: str, verdict: ParserVerdict) -> str:

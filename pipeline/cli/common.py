@@ -196,14 +196,22 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "fp16", "bf16", "int8", "fp8"],
-        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16",
+        choices=["fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4"],
+        help="compute type of the graph (fp32 islands); int8/fp8: Q/DQ at MatMul/Gemm/Conv, the rest fp16; "
+        "int4/nvfp4: 4-bit MatMul/Gemm weights, activations fp16",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=128,
+        help="int4: input channels per weight scale (32, 64 or 128 for TensorRT; nvfp4's blocks are always 16)",
     )
     parser.add_argument(
         "--quantize-fallback",
         default="fp16",
         choices=["fp16", "fp32"],
-        help="int8/fp8: the type of the ops left unquantized (fp16 for TensorRT; fp32 for INT8 speed on the CPU)",
+        help="int8/fp8/int4/nvfp4: the type of the ops left unquantized (fp16 for TensorRT; fp32 for speed on the "
+        "CPU)",
     )
     parser.add_argument(
         "--ort-int8-conv-outputs",
@@ -233,6 +241,26 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
         help="file.py:factory returning the ConverterRegistry to convert with (default: the built-ins and yours)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (CLI and validation)")
+    parser.add_argument(
+        "--fallback",
+        default="onnxruntime",
+        choices=["onnxruntime", "error"],
+        help="nodes TensorRT rejects: run them on ONNX Runtime between TensorRT segments (default), or fail",
+    )
+    parser.add_argument(
+        "--min-segment-size",
+        type=int,
+        default=5,
+        metavar="N",
+        help="TensorRT segments of fewer compute nodes run on ONNX Runtime instead (default 5)",
+    )
+    parser.add_argument(
+        "--fallback-ops",
+        action="append",
+        default=[],
+        metavar="OP[,OP...]",
+        help="ONNX op types to keep out of TensorRT (run on ONNX Runtime), e.g. NonZero,TopK",
+    )
 
 
 def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -240,9 +268,13 @@ def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {
         "precision": args.precision,
         "quantize_fallback": args.quantize_fallback,
+        "block_size": args.block_size,
         "ort_int8_conv_outputs": args.ort_int8_conv_outputs,
         "keep_fp32": tuple(args.keep_fp32),
         "seed": args.seed,
+        "fallback": args.fallback,
+        "min_segment_size": args.min_segment_size,
+        "fallback_ops": tuple(op for text in args.fallback_ops for op in text.split(",") if op),
         "dynamic": merge_dynamic(
             dynamic_dims(args.dynamic), shapes_to_dynamic(args.min_shapes, args.opt_shapes, args.max_shapes)
         ),

@@ -52,10 +52,14 @@ def add_convert_command(commands: Any) -> None:
     convert.add_argument(
         "--calibration",
         metavar="FILE.pt|FILE.py:FACTORY",
-        help="calibration samples for fp16/int8/fp8: a torch.save'd list of samples, or a factory returning them",
+        help="calibration samples for fp16/int8/fp8/int4/nvfp4: a torch.save'd list of samples, or a factory "
+        "returning them",
     )
     convert.add_argument(
-        "--calibration-method", default="auto", choices=["auto", "max", "percentile", "entropy", "mse"]
+        "--calibration-method",
+        default="auto",
+        choices=["auto", "max", "percentile", "entropy", "mse", "awq"],
+        help="int8/fp8: how activation ranges are calibrated; int4/nvfp4: max or awq (activation-aware scales)",
     )
     convert.set_defaults(run=_convert)
 

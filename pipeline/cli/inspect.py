@@ -55,6 +55,14 @@ def describe(metadata: dict[str, Any], sizes: dict[str, int]) -> list[str]:
     if ENGINE_MEMBER in sizes:
         built = ", ".join(f"{k} {v}" for k, v in (engine or {}).items() if k != "build")
         lines.append(f"engine    {ENGINE_MEMBER} {sizes[ENGINE_MEMBER] / 1e6:.2f} MB, built for {built or '?'}")
+    elif any(name.startswith("engine-segment-") for name in sizes):  # TensorRT segments, ONNX Runtime between
+        plans = [size for name, size in sizes.items() if name.startswith("engine-segment-")]
+        built = ", ".join(f"{k} {v}" for k, v in (engine or {}).items() if k != "build")
+        kinds = [s.get("kind") for s in metadata.get("segments", [])]
+        lines.append(
+            f"engines   {len(plans)} TensorRT segment engine(s), {sum(plans) / 1e6:.2f} MB, built for {built or '?'}; "
+            f"{kinds.count('onnxruntime')} ONNX Runtime segment(s) between them"
+        )
     else:
         lines.append("engine    none (the graph runs on ONNX Runtime, or an engine is built at load)")
     lines += _settings_lines(metadata.get("settings", {}))

@@ -31,6 +31,8 @@ import torch
 
 from converters.errors import InputError
 from pipeline.backends import Executor
+from pipeline.compare.anchor import AnchorRuns
+from pipeline.compare.anchoring import Anchoring
 from pipeline.compare.distribution import DistributionStats, random_outputs
 from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET, LayerBackend, OnnxRuntimeLayers, compare_layers
 from pipeline.compare.report import ComparisonReport, OutputComparison, RunnerInfo
@@ -42,7 +44,7 @@ from pipeline.compare.runners import (
     TorchReference,
     plan_runners,
 )
-from pipeline.compare.stats import RULE, Accumulator, accumulator, judgement
+from pipeline.compare.stats import RULE, Accumulator, ErrorAccumulator, Judgement, accumulator, judgement
 from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
 from pipeline.exporting.stage import eval_mode
@@ -193,6 +195,29 @@ class ComparedOutputs:
     dropped: tuple[DroppedInput, ...] = ()
 
 
+def _anchorings(
+    runners: Sequence[Any],
+    io: IOSpec,
+    judged: dict[str, Judgement],
+    accumulators: dict[tuple[str, str], Accumulator | ShapeAccumulator],
+) -> dict[str, Anchoring]:
+    """Per backend runner, the anchored rule (:mod:`pipeline.compare.anchor`) of its element-wise outputs; none
+    when the reference is a float64 copy (it is already the exact answer float32 is anchored to)."""
+    reference = runners[0]
+    if not isinstance(reference, TorchReference) or reference.float64:
+        return {}
+    runs = AnchorRuns(reference.model, io)
+    return {
+        r.name: Anchoring(
+            reference.model,
+            io,
+            {n: j for n, j in judged.items() if isinstance(accumulators[(r.name, n)], ErrorAccumulator)},
+            runs,
+        )
+        for r in runners[1:]
+    }
+
+
 def compare_outputs(
     runners: Sequence[Any],
     io: IOSpec,
@@ -222,6 +247,7 @@ def compare_outputs(
     }
     loader = ScreenedFeeds(list(feeds), ReferenceScreen(references), len(feeds) if given is None else given)
     reference_outputs: list[Feed] = []
+    anchorings = _anchorings(runners, io, judged, accumulators)
     with polygraphy_quiet():
         for single in Comparator.run(list(runners), data_loader=loader, streaming=True):
             results = [(name, iterations[0]) for name, iterations in single.items()]
@@ -230,14 +256,23 @@ def compare_outputs(
                 {s.name: np.array(expected[s.name], dtype=_numpy_dtype(s.dtype)) for s in io.outputs}
             )
             for name, actual in results[1:]:
+                anchored = anchorings[name].tolerances(runners[0].last_feed, actual, expected) if anchorings else {}
                 for spec in io.outputs:
-                    accumulators[(name, spec.name)].add(np.asarray(actual[spec.name]), np.asarray(expected[spec.name]))
+                    acc = accumulators[(name, spec.name)]
+                    pair = (np.asarray(actual[spec.name]), np.asarray(expected[spec.name]))
+                    if spec.name in anchored and isinstance(acc, ErrorAccumulator):
+                        acc.add(*pair, anchored[spec.name])
+                    else:
+                        acc.add(*pair)
     comparisons = []
     for (runner, output), acc in accumulators.items():
         spec = next(s for s in io.outputs if s.name == output)
         j = judged[output]
         stats = acc.result()
-        note = stats.note if isinstance(stats, DistributionStats | ShapeStats) else j.note
+        how = anchorings[runner].note(output) if anchorings else ""
+        note = "; ".join(filter(None, [j.note, how]))
+        if isinstance(stats, DistributionStats | ShapeStats):
+            note = stats.note
         comparisons.append(
             OutputComparison(
                 runner,

@@ -58,6 +58,7 @@ class TorchReference(TorchRunner):
         super().__init__(float64_copy(model) if float64 else model, io, name=name)
         self.float64 = float64
         self.ready: dict[str, np.ndarray] | None = None
+        self.last_feed: Feed = {}  # the feed of the latest comparison (the anchored rule runs PyTorch on it again)
 
     def call(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """The model's outputs on one feed (in float64 when the reference is float64); PyTorch's errors as raised."""
@@ -65,6 +66,7 @@ class TorchReference(TorchRunner):
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """The outputs computed ahead for this feed, else the model's on it (an InputError if PyTorch refuses)."""
+        self.last_feed = feed_dict
         ready, self.ready = self.ready, None
         return ready if ready is not None else super().infer_impl(feed_dict)
 

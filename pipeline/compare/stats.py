@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.compare.anchor import RULE as ANCHOR_RULE
+from pipeline.compare.anchor import anchor_type
 from pipeline.compare.distribution import RULE as RANDOM_RULE
 from pipeline.compare.distribution import DistributionAccumulator
 from pipeline.settings import (
@@ -36,14 +38,21 @@ LOW_PRECISION_RULE = (
     "rms_atol 1e-2, rms 2e-3; bfloat16: 8e-2, 1.6e-2): an error of 1% of a tensor's values fails, float16 "
     "rounding (about 0.03% in BERT and Llama) passes, and values near zero beside large ones do not fail alone"
 )
+SMALL_TENSOR_RULE = (
+    "no RMS verdict on a tensor of fewer than {n} elements on an input (judged element by element): a mean of so "
+    "few squares is a few elements' rounding, not a statistic (one element within the elementwise bound, 1% of "
+    "the RMS, fails a 0.2% RMS bound alone below 25 elements, two below 50)"
+)
 TOLERANCE_RULE = (
     "the tolerance is that of the type the graph computes the tensor in (float16 or bfloat16 for float tensors of "
     "an fp16 or bf16 conversion; float32 for float64 tensors, which TensorRT computes in float32), unless "
     "tolerances= names the tensor or that type"
 )
+#: The fewest elements (per input) a tensor needs for the RMS rule of low precision to give a verdict.
+RMS_MIN_ELEMENTS = 64
 RULE = (
-    f"{ELEMENTWISE_RULE}; {LOW_PRECISION_RULE}; {TOLERANCE_RULE}; {RANDOM_RULE}; median and p99 are per input, "
-    "the worst over inputs"
+    f"{ELEMENTWISE_RULE}; {LOW_PRECISION_RULE}; {SMALL_TENSOR_RULE.format(n=RMS_MIN_ELEMENTS)}; {TOLERANCE_RULE}; "
+    f"{ANCHOR_RULE}; {RANDOM_RULE}; median and p99 are per input, the worst over inputs"
 )
 
 _FLOATS = frozenset({"float64", "float32", "float16", "bfloat16"})
@@ -56,6 +65,8 @@ class Judgement:
     tolerance: Tolerance
     computed_in: str
     note: str = ""
+    #: the type whose PyTorch run anchors the tolerance when it fails (:mod:`pipeline.compare.anchor`), or ""
+    anchor: str = ""
 
 
 def judgement(name: str, dtype: str, settings: Settings) -> Judgement:
@@ -79,7 +90,7 @@ def judgement(name: str, dtype: str, settings: Settings) -> Judgement:
     if tolerance.rms_atol or tolerance.rms:
         relative = f"magnitude-relative: atol max({tolerance.atol:g}, {tolerance.rms_atol:g} x RMS), RMS error <= "
         note = "; ".join(filter(None, [note, relative + f"max({tolerance.atol:g}, {tolerance.rms:g} x RMS)"]))
-    return Judgement(tolerance, computed, note)
+    return Judgement(tolerance, computed, note, anchor_type(computed, tolerance, not settings.accuracy_anchor))
 
 
 def computed_type(dtype: str, settings: Settings) -> str:
@@ -172,8 +183,10 @@ class ErrorAccumulator:
         self.relative_rms = 0.0
         self.histogram = np.zeros(HIST_BINS + 2, dtype=np.int64)
 
-    def add(self, actual: np.ndarray, reference: np.ndarray) -> None:
-        """Accumulate one pair of arrays (the backend's and the reference's)."""
+    def add(self, actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance | None = None) -> None:
+        """Accumulate one pair of arrays (the backend's and the reference's), judged by ``tolerance`` on this input
+        when given (an anchored tolerance, :mod:`pipeline.compare.anchor`), else by the accumulator's."""
+        tolerance = tolerance or self.tolerance
         actual, reference = np.asarray(actual), np.asarray(reference)
         if actual.shape != reference.shape:
             self.mismatch = f"shape {list(actual.shape)} against the reference's {list(reference.shape)}"
@@ -184,10 +197,10 @@ class ErrorAccumulator:
         actual, reference = actual.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
         absdiff, reldiff = _differences(actual, reference)
         scale = _rms(reference)
-        atol = max(self.tolerance.atol, self.tolerance.rms_atol * scale)
+        atol = max(tolerance.atol, tolerance.rms_atol * scale)
         self.atol_used = max(self.atol_used, atol)
-        passing = (absdiff <= atol) | (reldiff <= self.tolerance.rtol)
-        self._check_rms(absdiff, scale)
+        passing = (absdiff <= atol) | (reldiff <= tolerance.rtol)
+        self._check_rms(absdiff, scale, tolerance)
         self.elements += int(absdiff.size)
         self.one_sided_nan += int(np.count_nonzero(np.isnan(actual) != np.isnan(reference)))
         self.outside += int(absdiff.size - np.count_nonzero(passing))
@@ -205,13 +218,14 @@ class ErrorAccumulator:
         self.cosine = min(self.cosine, cosine_similarity(actual, reference))
         self.histogram += error_histogram(absdiff)
 
-    def _check_rms(self, absdiff: np.ndarray, scale: float) -> None:
-        """The tensor-level rule: RMS(x - ref) <= max(atol, rms * RMS(ref)) (NaN errors count as failing)."""
+    def _check_rms(self, absdiff: np.ndarray, scale: float, tolerance: Tolerance) -> None:
+        """The tensor-level rule: RMS(x - ref) <= max(atol, rms * RMS(ref)) (NaN errors count as failing), on
+        tensors of at least :data:`RMS_MIN_ELEMENTS` elements."""
         if not absdiff.size:
             return
         error = float(np.sqrt(np.mean(np.square(absdiff)))) if not np.isnan(absdiff).any() else np.inf
-        self.relative_rms = max(self.relative_rms, error / max(scale, self.tolerance.atol, _TINY))
-        if self.tolerance.rms > 0 and error > max(self.tolerance.atol, self.tolerance.rms * scale):
+        self.relative_rms = max(self.relative_rms, error / max(scale, tolerance.atol, _TINY))
+        if rms_judged(absdiff.size, tolerance) and error > max(tolerance.atol, tolerance.rms * scale):
             self.rms_failed += 1
 
     def result(self) -> ErrorStats:
@@ -255,11 +269,17 @@ def tolerance_ratio(actual: np.ndarray, reference: np.ndarray, tolerance: Tolera
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(absdiff == 0, 0.0, absdiff / allowed)
     worst = float(np.where(np.isnan(ratio), np.inf, ratio).max())
-    if tolerance.rms > 0:
+    if rms_judged(a.size, tolerance):
         error = float(np.sqrt(np.mean(np.square(absdiff)))) if not np.isnan(absdiff).any() else np.inf
         limit = max(tolerance.atol, tolerance.rms * scale)
         worst = max(worst, error / limit if limit > 0 else (0.0 if error == 0 else np.inf))
     return worst
+
+
+def rms_judged(elements: int, tolerance: Tolerance) -> bool:
+    """Whether the RMS rule gives a verdict: the tolerance has one and the tensor has at least
+    :data:`RMS_MIN_ELEMENTS` elements on the input (see ``SMALL_TENSOR_RULE``)."""
+    return tolerance.rms > 0 and elements >= RMS_MIN_ELEMENTS
 
 
 #: What :func:`accumulator` gives: both have ``add(actual, reference)`` and ``result()``.

@@ -16,6 +16,7 @@ import torch
 
 from converters.errors import InputError
 from converters.registry import ConverterRegistry
+from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation.names import past_name
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep, uses_attention_interface
@@ -37,7 +38,10 @@ def prepare_step(
     input_ids = _prompt_ids(model, sample)
     layout = _cache_layout(model, input_ids)
     eos, pad = _special_tokens(model, generation.eos_token_id, generation.pad_token_id)
-    generation = dataclasses.replace(generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad)
+    attention = _attention_form(model, settings)
+    generation = dataclasses.replace(
+        generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
+    )
     use_interface = uses_attention_interface(model)
     if not use_interface:
         logger.warning(
@@ -59,8 +63,33 @@ def prepare_step(
     step_sample: Any = ((ids, mask, positions, torch.tensor(0, dtype=torch.int64), *past), {})
     dims = _dynamic_dims(len(layout), batch, steps, generation.max_batch, generation.max_prompt or capacity)
     opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)
-    config = dataclasses.replace(settings, generation=generation, dynamic=dims, opset=opset)
+    config = dataclasses.replace(
+        settings,
+        generation=generation,
+        dynamic=dims,
+        opset=opset,
+        profiles=_profiles(dims, generation.max_prompt or capacity),
+        precision_io=_precision_io(settings),
+    )
     return step, step_sample, config, generation_converters(registry)
+
+
+def _profiles(dims: tuple[DynamicDim, ...], max_prompt: int) -> tuple[tuple[ProfileRange, ...], ...]:
+    """Two optimization profiles of one engine, as TensorRT Edge-LLM builds them: context (the prompt, sequence up
+    to ``max_prompt``) and generation (sequence 1). Without a dynamic sequence: the one profile of ``dims``."""
+    if not any(d.name == "sequence" for d in dims):
+        return ()
+    return ((ProfileRange("sequence", 1, min(max_prompt, 64), max_prompt),), (ProfileRange("sequence", 1, 1, 1),))
+
+
+def _precision_io(settings: Settings) -> PrecisionIO:
+    """fp16 steps take and return the cache in float16: TensorRT's KV-cache update needs the cache to be a network
+    input of the type it computes in (a cast between them is refused), and a float32 cache would be converted
+    twice per step."""
+    if settings.precision == "fp16" and settings.precision_io == "model":
+        logger.info("generation in fp16: the cache inputs and outputs (and logits) are float16 (precision_io='low')")
+        return "low"
+    return settings.precision_io
 
 
 def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
@@ -107,6 +136,21 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> list[tuple
             )
         layout.append((int(keys.shape[1]), int(keys.shape[-1]), keys.dtype))
     return layout
+
+
+def _attention_form(model: torch.nn.Module, settings: Settings) -> str:
+    """``generation.attention`` made concrete: "auto" is decomposed where TensorRT would refuse ONNX ``Attention``
+    (fp32: no dedicated kernel, and not decomposable from ONNX; a softcap: not supported), else "onnx"."""
+    assert settings.generation is not None
+    chosen = settings.generation.attention
+    if chosen != "auto":
+        return chosen
+    from pipeline.backends import select_backend
+
+    backend = select_backend(settings.backend, settings).name
+    softcap = getattr(getattr(model, "config", None), "attn_logit_softcapping", None)
+    trt = backend in ("tensorrt", "tensorrt-rtx")
+    return "decomposed" if trt and (settings.precision in ("fp32", "int8", "fp8") or softcap) else "onnx"
 
 
 def _special_tokens(

@@ -64,20 +64,52 @@ def _(
 def convert_kv_write(ctx: ConverterContext) -> gs.Tensor:
     """``TensorScatter`` along the sequence axis (-2), one write index per batch row (all equal)."""
     cache, update, position = ctx.input("cache"), ctx.input("update"), ctx.input("position")
-    batch = ctx.op.Slice(
-        ctx.op.Shape(cache), ctx.constant(np.array([0], np.int64)), ctx.constant(np.array([1], np.int64))
-    )
-    indices = ctx.op.Expand(ctx.op.Reshape(position, ctx.constant(np.array([1], np.int64))), batch)
+    batch = ctx.op.Slice(ctx.op.Shape(cache), _ints(ctx, 0), _ints(ctx, 1))
+    indices = ctx.op.Expand(ctx.op.Reshape(position, _ints(ctx, 1)), batch)
     return ctx.op.TensorScatter(cache, update, indices, axis=-2)
 
 
 def convert_attention(ctx: ConverterContext) -> gs.Tensor:
-    """ONNX ``Attention`` with the explicit boolean mask; ``softcap`` only when the model uses it (TensorRT's
-    parser does not take the attribute)."""
+    """ONNX ``Attention`` with the explicit boolean mask (``softcap`` only when the model uses it), or its
+    decomposition when the generation settings ask for it (``attention="decomposed"``)."""
+    generation = ctx.settings.generation
+    if generation is not None and generation.attention == "decomposed":
+        return _decomposed_attention(ctx)
     attrs: dict[str, float] = {"scale": float(ctx.attrs["scale"])}
     if float(ctx.attrs["softcap"]) > 0:
         attrs["softcap"] = float(ctx.attrs["softcap"])
     return ctx.op.Attention(ctx.input("query"), ctx.input("key"), ctx.input("value"), ctx.input("mask"), **attrs)
+
+
+def _decomposed_attention(ctx: ConverterContext) -> gs.Tensor:
+    """``softmax(mask(q k^T * scale)) v`` with the query heads folded into [batch, kv_heads, groups, steps, dim],
+    so that the keys and values are read once per KV head (never repeated)."""
+    query, key, value, mask = ctx.input("query"), ctx.input("key"), ctx.input("value"), ctx.input("mask")
+    q_shape = ctx.op.Shape(query)
+    kv_heads = ctx.op.Slice(ctx.op.Shape(key), _ints(ctx, 1), _ints(ctx, 2))
+    head = ctx.op.Slice(q_shape, _ints(ctx, 0), _ints(ctx, 1))
+    rest = ctx.op.Slice(q_shape, _ints(ctx, 2), _ints(ctx, 4))
+    grouped = ctx.op.Concat(head, kv_heads, _ints(ctx, -1), rest, axis=0)  # [B, Hkv, G, S, D]
+    q = ctx.op.Reshape(query, grouped)
+    k = ctx.op.Unsqueeze(key, _ints(ctx, 2))
+    v = ctx.op.Unsqueeze(value, _ints(ctx, 2))
+    dtype = ctx.input_dtypes[0]
+    scores = ctx.op.Mul(
+        ctx.op.MatMul(q, ctx.op.Transpose(k, perm=[0, 1, 2, 4, 3])),
+        ctx.constant(np.array(float(ctx.attrs["scale"]), dtype)),
+    )
+    softcap = float(ctx.attrs["softcap"])
+    if softcap > 0:
+        cap = ctx.constant(np.array(softcap, dtype))
+        scores = ctx.op.Mul(ctx.op.Tanh(ctx.op.Div(scores, cap)), cap)
+    lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
+    scores = ctx.op.Where(ctx.op.Unsqueeze(mask, _ints(ctx, 2)), scores, lowest)
+    out = ctx.op.MatMul(ctx.op.Softmax(scores, axis=-1), v)
+    return ctx.op.Reshape(out, q_shape)
+
+
+def _ints(ctx: ConverterContext, *values: int) -> gs.Constant:
+    return ctx.constant(np.array(values, np.int64))
 
 
 def generation_converters(registry: ConverterRegistry) -> ConverterRegistry:

@@ -1,10 +1,12 @@
 """One artifact file per converted model: the final ONNX, the engine bytes when TensorRT built one, metadata.
 
 The file is a zip archive (members stored, not compressed): ``metadata.json``, ``model.onnx``, optionally
-``engine.plan``, and ``model.onnx.data`` when the graph keeps its weights in external data (large models; streamed
-in and out, never held whole in memory). The metadata holds versions, the I/O spec, the settings, the report and a
-SHA-256 of every other member; loading checks all of it. Writing goes to a temporary file in the target directory
-and is renamed into place, so a crash never leaves a half-written artifact under the requested name.
+``engine.plan`` (or, for a module of TensorRT segments, ``engine-segment-<i>.plan`` per TensorRT segment, with
+the segment plan in the metadata), and ``model.onnx.data`` when the graph keeps its weights in external data
+(large models; streamed in and out, never held whole in memory). The metadata holds versions, the I/O spec, the
+settings, the report and a SHA-256 of every other member; loading checks all of it. Writing goes to a temporary
+file in the target directory and is renamed into place, so a crash never leaves a half-written artifact under the
+requested name.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member, 
 ONNX_MEMBER = "model.onnx"
 ENGINE_MEMBER = "engine.plan"
 DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
+SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segment i (pipeline.backends.segments)
 METADATA_MEMBER = "metadata.json"
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
 
@@ -50,6 +53,7 @@ class Artifact:
     onnx_model: onnx.ModelProto
     engine: bytes | None
     weights: WeightFiles | None = None  # where the graph's external weights were unpacked; keep it alive with it
+    segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
 
     @property
     def io(self) -> IOSpec:
@@ -71,11 +75,14 @@ def save_artifact(
     io: IOSpec,
     settings: Settings,
     report: ConversionReport,
+    segments: list[dict[str, Any]] | None = None,
+    segment_engines: dict[int, bytes] | None = None,
     refit_at_load: bool = False,
 ) -> Path:
     """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
-    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``refit_at_load``: the engine
-    holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``segments`` is the plan of a
+    module of TensorRT segments and ``segment_engines`` their engines by segment index. ``refit_at_load``: the
+    engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
     from pipeline.versions import library_versions
 
     metadata: dict[str, Any] = {
@@ -90,7 +97,10 @@ def save_artifact(
     plugins = plugin_records(onnx_model)
     if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
         metadata["plugins"] = plugins
-    if engine is not None:
+    engines = {SEGMENT_ENGINE_MEMBER.format(i): e for i, e in (segment_engines or {}).items()}
+    if segments is not None:
+        metadata["segments"] = segments
+    if engine is not None or engines:
         from pipeline.backends.tensorrt.build import build_options, device_identity
         from pipeline.backends.tensorrt.library import library_for
 
@@ -109,6 +119,7 @@ def save_artifact(
             members = {ONNX_MEMBER: graph.SerializeToString(), METADATA_MEMBER: json.dumps(metadata, indent=2).encode()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
+            members.update(engines)
             for name, data in members.items():
                 archive.writestr(name, data)
                 digests[name] = hashlib.sha256(data).hexdigest()
@@ -175,7 +186,12 @@ def read_artifact(path: str | Path) -> Artifact:
     else:
         weights.cleanup()
         kept = None
-    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept)
+    segment_engines = {
+        int(name.removeprefix("engine-segment-").removesuffix(".plan")): blob
+        for name, blob in data.items()
+        if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
+    }
+    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines)
 
 
 REWRITE_FIX = "convert the model again and save a new artifact"

@@ -117,7 +117,11 @@ class ConvertedModule(torch.nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
-        reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it."""
+        reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it. A module of
+        TensorRT segments saves its segment plan and one engine per TensorRT segment."""
+        from pipeline.backends.segments.executor import SegmentedExecutor
+
+        segmented = self._executor if isinstance(self._executor, SegmentedExecutor) else None
         cache = getattr(self._executor, "runtime_cache_file", None)  # TensorRT-RTX's JIT kernels, when it ran here
         if cache is not None and Path(cache).is_file():
             write_file_atomically(runtime_cache_beside(Path(path)), Path(cache).read_bytes())
@@ -129,6 +133,8 @@ class ConvertedModule(torch.nn.Module):
             io=self.io,
             settings=self.settings,
             report=self.report,
+            segments=None if segmented is None else [p.to_json() for p in segmented.plan],
+            segment_engines=None if segmented is None else segmented.segment_engines(),
             refit_at_load=bool(getattr(self._executor, "refit_at_load", False)),
         )
 
@@ -147,10 +153,10 @@ class ConvertedModule(torch.nn.Module):
         so it is not compared. Outputs are judged as ``convert`` judged them: by the tolerance of the type the graph
         computes in (:func:`pipeline.compare.stats.judgement`), and a quantized graph's by its per-output
         tolerances."""
-        from pipeline.quantize.stage import is_quantized, quantized_validation_settings
+        from pipeline.quantize.stage import quantized_validation_settings
 
         settings = self.settings
-        if is_quantized(settings):
+        if self.report.quantization is not None:
             settings = quantized_validation_settings(settings, self.report.quantization)
         return compare_built(
             model, inputs, executor=self._executor, final=self._onnx, io=self.io, settings=settings, **options

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from converters.errors import ArtifactError
-from pipeline.backends import build_executor, select_backend
+from pipeline.backends import Executor, build_executor, select_backend
 from pipeline.backends.plugin_runtime import restore_plugins
 from pipeline.generation.module import module_class
-from pipeline.module.artifact import read_artifact, runtime_cache_beside
+from pipeline.module.artifact import Artifact, read_artifact, runtime_cache_beside
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.report import ConversionReport
 from pipeline.settings import Settings
@@ -38,19 +39,39 @@ def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False)
     choice = select_backend(chosen, settings)
     # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
     restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
-    executor = build_executor(
-        chosen,
-        artifact.onnx_model,
-        io,
-        settings,
-        engine=engine,
-        runtime_cache=runtime_cache_beside(Path(path)) if chosen == "tensorrt-rtx" else None,
-        refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
-    )
+    plan = artifact.metadata.get("segments")
+    executor: Executor
+    if plan is not None and chosen in ("tensorrt", "tensorrt-rtx"):  # TensorRT segments, ONNX Runtime for the rest
+        executor = _segmented(chosen, artifact, Path(path), rebuild, settings, plan)
+    else:
+        executor = build_executor(
+            chosen,
+            artifact.onnx_model,
+            io,
+            settings,
+            engine=engine,
+            runtime_cache=runtime_cache_beside(Path(path)) if chosen == "tensorrt-rtx" else None,
+            refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
+        )
     report = ConversionReport.from_dict(artifact.metadata["report"])
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
         report = dataclasses.replace(report, backend_reason=choice.reason)
     return module_class(settings)(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+
+
+def _segmented(
+    backend: str, artifact: Artifact, path: Path, rebuild: bool, settings: Settings, plan: list[dict[str, Any]]
+) -> Executor:
+    """The saved segments with their saved engines (checked against this machine as a whole engine is), or with
+    engines built anew (``rebuild``)."""
+    from pipeline.backends.segments.executor import PlannedSegment, SegmentedExecutor
+
+    engines = {} if rebuild else dict(artifact.segment_engines)
+    if backend == "tensorrt" and engines:
+        first = next(iter(engines.values()))
+        _usable_engine(first, artifact.metadata.get("engine", {}), path, rebuild, settings)
+    segments = [PlannedSegment.from_json(p) for p in plan]
+    return SegmentedExecutor.from_plan(backend, artifact.onnx_model, artifact.io, settings, segments, engines)
 
 
 def _usable_engine(

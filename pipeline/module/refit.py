@@ -71,6 +71,12 @@ def refit(
     from converters.defaults import default_registry
     from passes import default_passes
 
+    if settings.generation is not None:  # the step graph is made from the model (generation/)
+        raise InputError(
+            "module.refit does not yet refit a generation module (its graph is the cached decoder step made from "
+            "the model, which refit does not rebuild)",
+            fix="convert the new model again (pipeline.convert(new_model, sample, generation=...))",
+        )
     if hasattr(executor, "refit") and not settings.refittable:  # a TensorRT engine: said before any stage runs
         raise BuildError(
             "the engine was not built refittable, so it cannot take new weights"
@@ -139,8 +145,12 @@ def _new_model(new: torch.nn.Module | Mapping[str, torch.Tensor], source: RefitS
 
 
 def _refit_executor(executor: Executor, graph: FinalGraph, settings: Settings) -> Executor:
-    """ONNX Runtime: a session of the new graph. TensorRT (and a TensorRT-RTX engine kept beside ONNX Runtime): its
-    ``refit``, which refuses an engine that was not built refittable."""
+    """ONNX Runtime: a session of the new graph. TensorRT segments: the same segments, their engines built anew.
+    TensorRT (and a TensorRT-RTX engine kept beside ONNX Runtime): its ``refit``, which refuses an engine that was
+    not built refittable."""
+    rebuilt = getattr(executor, "rebuilt", None)  # TensorRT segments: the same segments over the new graph
+    if rebuilt is not None:
+        return rebuilt(graph.final, settings)
     refit_method = getattr(executor, "refit", None)
     if refit_method is None:
         return build_executor(executor.backend, graph.final, graph.io, settings)

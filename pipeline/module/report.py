@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from passes.base import PassRecord
+from pipeline.backends.segments.report import SegmentsReport
 from pipeline.precision.report import PrecisionReport
 from pipeline.quantize.report import QuantizationReport
 from pipeline.validation.stage import AccuracyReport
@@ -25,6 +26,7 @@ class ConversionReport:
     compatibility: dict[str, Any] | None = None  # pipeline.check's report of the final graph, as a dict
     precision: PrecisionReport | None = None  # the precision stage (fp16/bf16): islands, casts, share, error
     quantization: QuantizationReport | None = None  # the quantize stage (int8/fp8): scales, ops, share, error
+    segments: SegmentsReport | None = None  # TensorRT segments with ONNX Runtime for the nodes TensorRT cannot take
     engine_options: dict[str, Any] | None = None  # strip_weights, refittable, ...: pipeline.backends.tensorrt.weights
 
     @property
@@ -46,6 +48,7 @@ class ConversionReport:
             "compatibility": self.compatibility,
             "precision": self.precision.to_dict() if self.precision else None,
             "quantization": self.quantization.to_dict() if self.quantization else None,
+            "segments": self.segments.to_dict() if self.segments else None,
             "engine_options": self.engine_options,
         }
 
@@ -65,6 +68,7 @@ class ConversionReport:
             compatibility=data.get("compatibility"),
             precision=PrecisionReport.from_dict(data["precision"]) if data.get("precision") else None,
             quantization=QuantizationReport.from_dict(data["quantization"]) if data.get("quantization") else None,
+            segments=SegmentsReport.from_dict(data["segments"]) if data.get("segments") else None,
             engine_options=data.get("engine_options"),
         )
 
@@ -101,6 +105,8 @@ class ConversionReport:
             )
             for p in problems[:10]:
                 lines.append(f"          {p['op']:<18} {p['node']}: {p['reason']}")
+        if self.segments is not None:
+            lines.extend(self.segments.summary_lines())
         if self.accuracy is None:
             lines.append("accuracy  not validated (validate=False)")
         else:

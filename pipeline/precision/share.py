@@ -47,16 +47,7 @@ class ComputeShare:
 
 def compute_share(model: onnx.ModelProto, low: LowType, dims: Mapping[str, int] | None = None) -> ComputeShare:
     """The share of ``model``'s MatMul/Gemm/Conv FLOPs in ``low``, with symbolic dims at ``dims`` (their opt sizes)."""
-    typed = _tensor_types(model, dims or {})
-    for tensor in model.graph.initializer:
-        typed[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)).tensor_type
-    sizes = dict(dims or {})
-
-    def shape(name: str) -> list[int] | None:
-        if name not in typed or not typed[name].HasField("shape"):
-            return None
-        return [d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, 1) for d in typed[name].shape.dim]
-
+    typed, shape = _shapes(model, dims)
     low_flops = total = 0.0
     low_nodes = float_nodes = casts = 0
     fp32_flops: dict[str, float] = {}
@@ -74,6 +65,24 @@ def compute_share(model: onnx.ModelProto, low: LowType, dims: Mapping[str, int] 
             float_nodes += 1
             low_nodes += is_low
     return ComputeShare(low_flops, total, low_nodes, float_nodes, casts, fp32_flops)
+
+
+def _shapes(
+    model: onnx.ModelProto, dims: Mapping[str, int] | None
+) -> tuple[dict[str, onnx.TypeProto.Tensor], Callable[[str], list[int] | None]]:
+    """Every value's tensor type (initializers included) and a reader of its shape with symbolic dims at ``dims``
+    (1 where unknown)."""
+    typed = _tensor_types(model, dims or {})
+    for tensor in model.graph.initializer:
+        typed[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)).tensor_type
+    sizes = dict(dims or {})
+
+    def shape(name: str) -> list[int] | None:
+        if name not in typed or not typed[name].HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, 1) for d in typed[name].shape.dim]
+
+    return typed, shape
 
 
 def _tensor_types(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, onnx.TypeProto.Tensor]:
@@ -108,3 +117,10 @@ def _flops(node: onnx.NodeProto, shape: Callable[[str], list[int] | None]) -> fl
     if node.op_type == "Conv":
         return 2.0 * math.prod(out) * math.prod(second[1:])
     return 2.0 * math.prod(first) * math.prod(second[1:])  # ConvTranspose: every input element, every kernel tap
+
+
+def node_flops(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) -> dict[int, float]:
+    """The FLOPs of each top-level MatMul/Gemm/Conv/ConvTranspose node (by index), with symbolic dims at ``dims``:
+    the measure :func:`compute_share` weighs by, for other splits of a graph (TensorRT segments)."""
+    _, shape = _shapes(model, dims)
+    return {i: _flops(node, shape) for i, node in enumerate(model.graph.node) if node.op_type in HEAVY_OPS}

@@ -22,6 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 FP8 = onnx.TensorProto.FLOAT8E4M3FN
+FP4 = onnx.TensorProto.FLOAT4E2M1
 
 
 def has_fp8(model: onnx.ModelProto) -> bool:
@@ -135,6 +136,49 @@ def fold_unfused_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         node.input[1] = folded.name
     read = {name for n in graph.node for name in n.input} | outputs
     kept_nodes = [n for n in graph.node if n.op_type != "DequantizeLinear" or any(o in read for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    used = {name for n in graph.node for name in n.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return out
+
+
+def has_fp4(model: onnx.ModelProto) -> bool:
+    """Does ``model`` hold an FP4 (NVFP4) initializer?"""
+    return any(t.data_type == FP4 for t in model.graph.initializer)
+
+
+def emulate_fp4(model: onnx.ModelProto) -> onnx.ModelProto:
+    """NVFP4 weights on ONNX Runtime, which has no FLOAT4E2M1 DequantizeLinear: each ``DequantizeLinear(fp8 block
+    scales, float32 scale2) -> DequantizeLinear(fp4 weight, block scales)`` chain becomes the float32 initializer it
+    computes (``fp4 x (fp8 x scale2)``, each product rounded to float32 as the spec's float32 arithmetic does): the
+    same values bit for bit; the Transpose and Cast after it stay in the graph."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    folded: set[str] = set()
+    for node in graph.node:
+        weight = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if weight is None or weight.data_type != FP4:
+            continue
+        if node.input[1] in initializers:  # the FP8 scale chain already folded (emulate_fp8 ran first)
+            scales = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float32)
+        else:
+            scaler = producers[node.input[1]]
+            block_scales = numpy_helper.to_array(initializers[scaler.input[0]]).astype(np.float32)
+            scale2 = numpy_helper.to_array(initializers[scaler.input[1]]).astype(np.float32)
+            scales = (block_scales * scale2).astype(np.float32)
+            folded.add(scaler.name)
+        values = numpy_helper.to_array(weight).astype(np.float32)
+        block = next(a.i for a in node.attribute if a.name == "block_size")
+        expanded = np.repeat(scales, block, axis=-1)[..., : values.shape[-1]]
+        graph.initializer.append(numpy_helper.from_array((values * expanded).astype(np.float32), node.output[0]))
+        folded.add(node.name)
+    kept_nodes = [n for n in graph.node if n.name not in folded]
     del graph.node[:]
     graph.node.extend(kept_nodes)
     used = {name for n in graph.node for name in n.input}

@@ -23,10 +23,10 @@ logger = logging.getLogger(__name__)
 class QuantizationReport:
     """What the quantize stage did; ``module.report.quantization``."""
 
-    precision: str  # "int8" | "fp8"
-    dtype: str  # "int8" | "float8e4m3fn"
+    precision: str  # "int8" | "fp8" | "int4" | "nvfp4"
+    dtype: str  # "int8" | "float8e4m3fn" | "int4" | "float4e2m1"
     fallback: str  # the type of the unquantized ops: "fp16" | "fp32"
-    method: str  # the calibration method used
+    method: str  # the calibration method used ("max" or "awq" for the 4-bit weights)
     opset: int
     quantized: tuple[QuantizedOp, ...]
     skipped: tuple[Skipped, ...]
@@ -53,8 +53,14 @@ class QuantizationReport:
 
     @property
     def weight_share(self) -> float:
-        """The share of MatMul/Gemm/Conv constant weight elements stored in 8 bits (1.0 when there are none)."""
+        """The share of MatMul/Gemm/Conv constant weight elements stored quantized (8 or 4 bits; 1.0 when there are
+        none)."""
         return self.quantized_weights / self.total_weights if self.total_weights else 1.0
+
+    @property
+    def bits(self) -> int:
+        """The width of the quantized weights: 4 (int4, nvfp4) or 8."""
+        return 4 if self.precision in ("int4", "nvfp4") else 8
 
     def scales(self) -> dict[str, float]:
         """The activation scale of every quantized tensor, by tensor name."""
@@ -85,7 +91,7 @@ class QuantizationReport:
             f"inputs, opset {self.opset}): {len(self.quantized)} ops quantized (and {len(self.residuals)} residual Add "
             f"inputs), {len(self.skipped)} left in "
             f"{self.fallback}; {self.share:.1%} of MatMul/Gemm/Conv FLOPs and {self.weight_share:.1%} of their "
-            f"weights in 8 bits; output error {self.relative_error:.3g} (relative L2 vs PyTorch fp32)"
+            f"weights in {self.bits} bits; output error {self.relative_error:.3g} (relative L2 vs PyTorch fp32)"
         ]
         for skipped in self.skipped[:limit]:
             lines.append(f"          float {skipped.op:<14} {skipped.node}: {skipped.reason}")

@@ -26,6 +26,7 @@ from passes.quantize.residual import plan_residuals
 from pipeline.precision.measure import Feed, session_feed
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
 from pipeline.precision.stage import runnable_model
+from pipeline.quantize.ort_int4 import configure_int4
 from pipeline.quantize.ort_int8 import disabled_optimizers
 from pipeline.quantize.tolerance import error_bound
 from pipeline.settings import Settings
@@ -142,6 +143,7 @@ def measure_errors(
     options = ort.SessionOptions()
     options.log_severity_level = 3
     runnable = runnable_model(model, "onnxruntime", settings)
+    configure_int4(runnable, options, settings)
     session = ort.InferenceSession(
         ort_session_bytes(runnable, options),
         sess_options=options,

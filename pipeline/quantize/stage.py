@@ -153,7 +153,7 @@ def quantize_precision(
     report = _report(fp32_model, final, settings, fmt, method, result, [*skipped, *searched], len(feeds))
     final, report = _requantized_outputs(final, report, output_ranges, measured.ort_int8_conv_outputs)
     layers = len(result.chosen.done)
-    largest = _envelope(final, exported, model, sample, measured, feeds, references)
+    largest = measured_envelope(final, exported, model, sample, measured, feeds, references)
     tolerances = output_tolerances(references, fmt, layers, largest)
     report = judge_quantized_share(dataclasses.replace(report, tolerances=tolerances), settings)
     return final, records, precision, judge_cpu_fallback(report, settings, backend)
@@ -202,7 +202,7 @@ def _backend_name(settings: Settings) -> str:
     return select_backend(settings.backend, settings).name
 
 
-def _envelope(
+def measured_envelope(
     final: onnx.ModelProto,
     exported: ExportedGraph,
     model: torch.nn.Module,

@@ -30,8 +30,17 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.logger import G_LOGGER
 
 from converters.errors import AccuracyError, BuildError, InputError, PipelineError
+from pipeline.compare.anchoring import Anchoring
 from pipeline.compare.distribution import DistributionStats, random_outputs
-from pipeline.compare.stats import RULE, Accumulator, ErrorStats, Judgement, accumulator, judgement
+from pipeline.compare.stats import (
+    RULE,
+    Accumulator,
+    ErrorAccumulator,
+    ErrorStats,
+    Judgement,
+    accumulator,
+    judgement,
+)
 from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
 from pipeline.module.io_spec import IOSpec
@@ -77,6 +86,8 @@ class OutputAccuracy:
         if self.note.startswith(("random", "uninitialised")):
             return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
         atol = f"atol {self.atol:g}"
+        if self.atol_used > self.atol and not self.rms_atol:  # widened by the anchored rule on some input
+            atol += f", anchored up to {self.atol_used:.3g}"
         if self.rms_atol:
             atol = f"atol max({self.atol:g}, {self.rms_atol:g} x RMS) = {self.atol_used:.3g}"
         text = (
@@ -261,23 +272,32 @@ def validate(
         outputs = backend_io.outputs  # the backend's output dtypes pick the tolerance
     judged = {o.name: judgement(o.name, o.dtype, settings) for o in outputs}
     accumulators = _accumulators(outputs, judged, graph)
+    elementwise = {n: j for n, j in judged.items() if isinstance(accumulators[n], ErrorAccumulator)}
+    anchoring = Anchoring(model, io, elementwise)
     torch_runner = ScreeningTorchRunner(model, io)
     loader = ScreenedFeeds(feeds, torch_runner, given)
     with polygraphy_quiet(), _backend_errors(backend_runner):
         for single in Comparator.run([torch_runner, backend_runner], data_loader=loader, streaming=True):
             (_, expected), (_, actual) = [(name, iterations[0]) for name, iterations in single.items()]
+            missing = [o.name for o in outputs if o.name not in actual]
+            if missing:
+                raise AccuracyError(
+                    f"output {missing[0]!r} is missing from the backend's results",
+                    fix="a pass renamed or removed a graph output; graph outputs must be kept",
+                )
+            anchored = anchoring.tolerances(torch_runner.last_feed, actual, expected)
             for o in outputs:
-                if o.name not in actual:
-                    raise AccuracyError(
-                        f"output {o.name!r} is missing from the backend's results",
-                        fix="a pass renamed or removed a graph output; graph outputs must be kept",
-                    )
-                accumulators[o.name].add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
+                accumulator_ = accumulators[o.name]
+                if o.name in anchored and isinstance(accumulator_, ErrorAccumulator):
+                    accumulator_.add(np.asarray(actual[o.name]), np.asarray(expected[o.name]), anchored[o.name])
+                else:
+                    accumulator_.add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
+    anchoring.log_cost()
     results = {o.name: accumulators[o.name].result() for o in outputs}
     shape_only = any(isinstance(r, ShapeStats) for r in results.values())
     report = AccuracyReport(
         len(feeds) - len(loader.dropped),
-        tuple(_summarise(o, judged[o.name], results[o.name]) for o in outputs),
+        tuple(_summarise(o, judged[o.name], results[o.name], anchoring.note(o.name)) for o in outputs),
         rule=f"{RULE}; {UNINITIALISED_RULE}" if shape_only else RULE,
         dropped=tuple(loader.dropped),
     )
@@ -372,9 +392,11 @@ class ScreeningTorchRunner(TorchRunner):
     def __init__(self, model: torch.nn.Module, io: IOSpec) -> None:
         super().__init__(model, io)
         self.ready: dict[str, np.ndarray] | None = None
+        self.last_feed: Feed = {}  # the feed of the latest comparison (the anchored rule runs PyTorch on it again)
 
     def infer_impl(self, feed_dict: Feed) -> dict[str, np.ndarray]:
         """The outputs computed ahead for this feed, else the model's on it."""
+        self.last_feed = feed_dict
         ready, self.ready = self.ready, None
         return ready if ready is not None else super().infer_impl(feed_dict)
 
@@ -439,8 +461,11 @@ class _FloatOutputs(BaseRunner):
         return {name: v.astype(np.float32) if v.dtype == np.float16 else v for name, v in outputs.items()}
 
 
-def _summarise(spec: Any, judged: Judgement, stats: ErrorStats | DistributionStats | ShapeStats) -> OutputAccuracy:
-    """One output's figures from its statistics: the verdict is the statistics' own, so they agree."""
+def _summarise(
+    spec: Any, judged: Judgement, stats: ErrorStats | DistributionStats | ShapeStats, anchored: str = ""
+) -> OutputAccuracy:
+    """One output's figures from its statistics: the verdict is the statistics' own, so they agree; ``anchored``
+    says how the anchored rule judged it (:mod:`pipeline.compare.anchor`)."""
     tolerance = judged.tolerance
     if isinstance(stats, DistributionStats | ShapeStats):
         nan = float("nan")
@@ -448,7 +473,7 @@ def _summarise(spec: Any, judged: Judgement, stats: ErrorStats | DistributionSta
             spec.name, spec.dtype, nan, nan, nan, tolerance.atol, tolerance.rtol, stats.passed,
             judged.computed_in, stats.elements, stats.outside, stats.note,
         )  # fmt: skip
-    note = judged.note
+    note = "; ".join(filter(None, [judged.note, anchored]))
     if stats.shape_mismatch is not None:
         note = "; ".join(filter(None, [stats.shape_mismatch, note]))
     if stats.one_sided_nan:

@@ -175,6 +175,11 @@ def test_polygraphy_command_fails_where_the_comparison_fails(planted: tuple[pipe
 
 
 BERT_FILE = """
+    import sys
+
+    sys.path.insert(0, TESTS_DIR)
+    import tests_environment  # torchvision's operator schemas: transformers' BertModel imports torchvision
+
     import numpy as np
     import torch
     import transformers
@@ -221,7 +226,7 @@ BERT_FILE = """
 
 def test_cli_compare_names_the_planted_bert_layer(tmp_path: Path) -> None:
     source = tmp_path / "planted_bert.py"
-    source.write_text(textwrap.dedent(BERT_FILE))
+    source.write_text(textwrap.dedent(BERT_FILE).replace("TESTS_DIR", repr(str(ROOT / "tests"))))
     out = tmp_path / "report"
     done = subprocess.run(
         [

@@ -68,6 +68,8 @@ def test_build_options_hold_every_engine_setting_and_nothing_else() -> None:
         "trt_version_compatible": False,
         "trt_hardware_compatibility": "none",
         "trt_compute_capabilities": [],
+        "generation": None,
+        "profiles": [],
         "strip_weights": False,
         "refittable": False,
         "sparse_weights": False,

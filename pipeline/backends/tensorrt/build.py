@@ -43,6 +43,7 @@ from pipeline.backends.tensorrt.library import (
     rtx_runtime_problem,
     rtx_targets,
 )
+from pipeline.backends.tensorrt.profiles import optimization_profiles
 from pipeline.module.io_spec import IOSpec
 from pipeline.noise import third_party_shown
 from pipeline.settings import Settings
@@ -149,7 +150,8 @@ def optimization_profile(io: IOSpec, settings: Settings) -> Any:
 def build_options(io: IOSpec, settings: Settings) -> dict[str, Any]:
     """Everything besides the graph that changes the engine: part of the engine cache key.
 
-    The optimization profile, and every setting marked ``engine=True`` on its field (``Settings.engine_settings``).
+    The optimization profile, and every setting marked ``engine=True`` on its field (``Settings.engine_settings``;
+    ``profiles`` among them, when the engine has several).
     """
     engine = {k: _jsonable(v) for k, v in settings.engine_settings().items()}
     profile = {name: [list(s) for s in shapes] for name, shapes in profile_shapes(io, settings).items()}
@@ -188,7 +190,7 @@ def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, lib
         return with_weight_flags(_create_config_rtx(io, settings, pools), settings, library)
     config = CreateConfig(
         tf32=settings.trt_tf32,
-        profiles=[optimization_profile(io, settings)],
+        profiles=optimization_profiles(io, settings),
         memory_pool_limits=pools or None,
         builder_optimization_level=settings.trt_builder_optimization_level,
         hardware_compatibility_level=hardware,
@@ -223,7 +225,7 @@ def _create_config_rtx(io: IOSpec, settings: Settings, pools: dict[Any, int]) ->
     requested = settings.trt_compute_capabilities
     targets = [tuple(int(p) for p in cc.split(".")) for cc in rtx_targets(requested)] if requested else None
     config = CreateConfigRTX(
-        profiles=[optimization_profile(io, settings)],
+        profiles=optimization_profiles(io, settings),
         memory_pool_limits=pools or None,
         builder_optimization_level=settings.trt_builder_optimization_level,
         version_compatible=settings.trt_version_compatible or None,

@@ -16,7 +16,9 @@ import transformers
 
 import pipeline
 from converters.errors import InputError
+from pipeline.backends import EngineNotRunnableWarning
 from pipeline.generation.module import GenerativeModule
+from pipeline.settings import Settings
 
 NEW_TOKENS = 32
 
@@ -151,3 +153,44 @@ def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
         step.generate(torch.ones(4, 3, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(InputError, match="left padding"):
         step.generate(torch.ones(1, 3, dtype=torch.int64), torch.tensor([[1, 1, 0]]), max_new_tokens=2)
+
+
+def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers.LlamaForCausalLM) -> None:
+    """The real TensorRT-RTX builder: one engine, a context and a generation profile, ONNX Attention in fp16 over
+    float16 cache inputs (a cast between the cache input and TensorScatter is refused by TensorRT)."""
+    from pipeline.precision.buildable import rtx_available
+
+    if not rtx_available():
+        pytest.skip("TensorRT-RTX is not installed")
+    ids = torch.randint(1, 90, (1, 6))
+    generation = {"max_length": 32, "max_batch": 2, "max_prompt": 16}
+    with pytest.warns(EngineNotRunnableWarning):
+        module = pipeline.convert(
+            llama,
+            ids,
+            generation=generation,
+            precision="fp16",
+            backend="tensorrt-rtx",
+            validate=False,
+            trt_engine_cache=False,
+        )
+    assert module.engine_bytes
+    assert [[(r.name, r.min, r.opt, r.max) for r in p] for p in module.settings.profiles] == [
+        [("sequence", 1, 16, 16)],
+        [("sequence", 1, 1, 1)],
+    ]
+    graph = module.onnx.graph
+    assert sum(n.op_type == "Attention" for n in graph.node) == 2
+    assert graph.input[4].type.tensor_type.elem_type == 10  # float16 cache
+    out = module.generate(ids, max_new_tokens=4)  # the same graph on ONNX Runtime beside the engine
+    assert out.shape == (1, 10)
+
+
+def test_profiles_setting_is_checked_against_the_declared_range() -> None:
+    dynamic = {"x": {1: ("sequence", 1, 8, 64)}}
+    settings = Settings(dynamic=dynamic, profiles=[{"sequence": (1, 32, 64)}, {"sequence": (1, 1, 1)}])
+    assert [p[0].max for p in settings.profiles] == [64, 1]
+    with pytest.raises(InputError, match="within the declared"):
+        Settings(dynamic=dynamic, profiles=[{"sequence": (1, 8, 128)}])
+    with pytest.raises(InputError, match="does not declare"):
+        Settings(dynamic=dynamic, profiles=[{"batch": (1, 1, 1)}])

@@ -1,0 +1,154 @@
+"""Which transformers decoder families generate token-identically after ``convert(..., generation=...)``.
+
+For each family (a tiny random-weight config: 2 layers, hidden 64, grouped KV heads where the family has them):
+convert the cached step on ONNX Runtime (fp32, validated against PyTorch), then greedy-decode 32 new tokens for one
+prompt and for a left-padded batch of 3, and count the tokens equal to transformers' own ``model.generate`` (eos
+off, so both run the full length). Also: whether the model's attention became ONNX ``Attention`` (families that
+dispatch through transformers' ``AttentionInterface``) and whether TensorRT-RTX builds the step (``--rtx``).
+
+Run from the repository root::
+
+    python benchmarks/generation_families.py                  # every family, the markdown table
+    python benchmarks/generation_families.py --only llama gpt2
+    python benchmarks/generation_families.py --json families.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
+import torch  # noqa: E402
+import transformers as tf  # noqa: E402
+
+import pipeline  # noqa: E402
+
+NEW_TOKENS = 32
+VOCAB = 96
+_COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+_GQA = {**_COMMON, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+
+
+def _families() -> dict[str, Callable[[], Any]]:
+    """Family name -> a tiny config (random weights)."""
+    return {
+        "Llama": lambda: tf.LlamaConfig(**_GQA),
+        "Mistral": lambda: tf.MistralConfig(**_GQA, sliding_window=8),
+        "Qwen2": lambda: tf.Qwen2Config(**_GQA),
+        "Qwen3": lambda: tf.Qwen3Config(**_GQA, head_dim=16),
+        "Gemma": lambda: tf.GemmaConfig(**_GQA, head_dim=16),
+        "Gemma2": lambda: tf.Gemma2Config(**_GQA, head_dim=16, sliding_window=8),
+        "Gemma3": lambda: tf.Gemma3TextConfig(**_GQA, head_dim=16, sliding_window=8),
+        "Phi": lambda: tf.PhiConfig(**_GQA),
+        "Phi3": lambda: tf.Phi3Config(**_GQA, pad_token_id=0),
+        "GPT-2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128),
+        "GPT-NeoX": lambda: tf.GPTNeoXConfig(**{**_COMMON, "num_attention_heads": 4}, max_position_embeddings=128),
+        "GPT-J": lambda: tf.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128),
+        "OPT": lambda: tf.OPTConfig(
+            vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+            word_embed_proj_dim=64, max_position_embeddings=128,
+        ),
+        "Falcon": lambda: tf.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4),
+        "BLOOM": lambda: tf.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4),
+        "StableLM": lambda: tf.StableLmConfig(**_GQA),
+        "OLMo2": lambda: tf.Olmo2Config(**_GQA),
+        "Granite": lambda: tf.GraniteConfig(**_GQA),
+        "Cohere": lambda: tf.CohereConfig(**_GQA),
+        "SmolLM3": lambda: tf.SmolLM3Config(**_GQA),
+    }
+
+
+def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    single = torch.randint(3, VOCAB, (1, 7), generator=generator)
+    batch = torch.randint(3, VOCAB, (3, 9), generator=generator)
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    mask[2, :1] = 0
+    return single, batch.masked_fill(mask == 0, 0), mask
+
+
+def run_family(name: str, make_config: Callable[[], Any], rtx: bool) -> dict[str, Any]:
+    """Convert one family's cached step and count identical greedy tokens (batch 1 and left-padded 3)."""
+    row: dict[str, Any] = {"family": name}
+    torch.manual_seed(0)
+    config = make_config()
+    config.pad_token_id = 0
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    single, batch, mask = _prompts()
+    start = time.perf_counter()
+    module = pipeline.convert(model, single, generation={"max_length": 48, "max_batch": 3}, validation_inputs=1)
+    row["convert_s"] = round(time.perf_counter() - start, 1)
+    ops = collections.Counter(n.op_type for n in module.onnx.graph.node)
+    row["attention_op"] = ops["Attention"] > 0
+    row["tensor_scatter"] = ops["TensorScatter"]
+    options = {"max_new_tokens": NEW_TOKENS, "eos_token_id": [], "pad_token_id": 0}
+    theirs = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+    expected = model.generate(single, **theirs)[:, -NEW_TOKENS:]
+    row["batch1"] = int((module.generate(single, **options)[:, -NEW_TOKENS:] == expected).sum())
+    expected = model.generate(batch, attention_mask=mask, **theirs)[:, -NEW_TOKENS:]
+    got = module.generate(batch, mask, **options)[:, -NEW_TOKENS:]
+    row["batch3"] = [int(r) for r in (got == expected).sum(dim=1)]
+    if rtx:
+        from pipeline.precision.buildable import build_error
+
+        error = build_error(module.onnx, module.settings.dynamic)
+        row["rtx_builds"] = error is None
+        row["rtx_error"] = None if error is None else error.splitlines()[0][:160]
+    return row
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The README table."""
+    lines = [
+        "| family | tokens identical, batch 1 | left-padded batch 3 (per row) | ONNX Attention | convert s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['family']} | error: {r['error']} | | | |")
+            continue
+        rows3 = " / ".join(str(n) for n in r["batch3"])
+        attention = "yes" if r["attention_op"] else "no (model's own attention)"
+        cells = [r["family"], f"{r['batch1']}/{NEW_TOKENS}", f"{rows3} (of {NEW_TOKENS})", attention, r["convert_s"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run the families and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="family names (case-insensitive)")
+    parser.add_argument("--rtx", action="store_true", help="also build each step with TensorRT-RTX")
+    parser.add_argument("--json", help="write the rows to this file")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    wanted = {n.lower() for n in args.only or ()}
+    rows = []
+    for name, make in _families().items():
+        if wanted and name.lower() not in wanted:
+            continue
+        try:
+            row = run_family(name, make, args.rtx)
+        except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
+            traceback.print_exc()
+            row = {"family": name, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

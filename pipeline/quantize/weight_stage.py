@@ -1,0 +1,257 @@
+"""Stage: 4-bit weights (``precision="int4"`` or ``"nvfp4"``). The float32 graph after the passes keeps its
+activations in ``quantize_fallback`` (float16 by default, through the precision stage; or float32) and every
+MatMul/Gemm constant weight becomes a block-quantized 4-bit initializer read through ``DequantizeLinear``
+(:mod:`passes.quantize.weight_only`): W4A16, the form TensorRT-RTX builds (INT4 for compute capability 8.0 and
+later, NVFP4 for 12.0 and 12.1) and NVIDIA's Edge-LLM and ModelOpt ship for language models.
+
+Scales: ``calibration_method="max"`` (the default) takes each block's largest weight; ``"awq"`` runs the
+activation-aware search of :mod:`pipeline.quantize.awq` on the float32 graph's activations over the calibration
+inputs. ``keep_head`` leaves the output head (a MatMul/Gemm whose output reaches a graph output through element-wise
+ops only) in the fallback type; ``keep_fp32`` leaves any node out. Gather embeddings are not MatMuls and stay in the
+fallback type.
+
+Targets follow the precision: NVFP4 with no ``trt_compute_capabilities`` targets 12.0; a target the format cannot
+run on (INT4 on 7.5, NVFP4 before 12.0) is an :class:`~converters.errors.InputError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+
+from converters.errors import InputError
+from passes import GraphPass, PassRecord, to_graph, to_model
+from passes.precision.types import LOW_TYPES
+from passes.quantize.blockwise import BLOCK_FORMATS, BlockFormat
+from passes.quantize.placement import Skipped, Target, plan_targets
+from passes.quantize.weight_only import blockable, quantize_weights, weight_matrix
+from pipeline.exporting.stage import ExportedGraph
+from pipeline.precision.measure import observe
+from pipeline.precision.report import PrecisionReport
+from pipeline.precision.share import compute_share
+from pipeline.precision.stage import calibration_feeds, convert_precision, screened_references
+from pipeline.quantize.awq import awq, sample_tokens
+from pipeline.quantize.report import QuantizationReport, judge_quantized_share
+from pipeline.quantize.search import measure_errors
+from pipeline.quantize.stage import measured_envelope
+from pipeline.quantize.tolerance import ENVELOPE_MARGIN
+from pipeline.settings import Settings
+
+#: The opset 4-bit graphs export at: blocked DequantizeLinear needs 21. NVFP4's FLOAT4E2M1 needs 23, but at 23 the
+#: exporter writes scaled_dot_product_attention as one ``Attention`` node, which TensorRT-RTX 1.7's builder fails on
+#: for shapes without a dedicated kernel ("Attention operation was not supported by a dedicated kernel"): the graph is
+#: exported at 21 and its opset raised to 23 by the rewrite (opsets 22 and 23 only added types and new ops).
+EXPORT_OPSET = 21
+#: Ops a head's output may pass through on its way to a graph output.
+_HEAD_PATH = ("Add", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Transpose")
+
+
+def is_weight_quantized(settings: Settings) -> bool:
+    """Does ``settings.precision`` ask for 4-bit weights?"""
+    return settings.precision in BLOCK_FORMATS
+
+
+def weight_settings(settings: Settings) -> Settings:
+    """The opset the format needs (unless given) and TensorRT targets chosen from the precision: NVFP4 targets
+    compute capability 12.0 when none is given; a given target the format cannot run on is an InputError."""
+    if not is_weight_quantized(settings):
+        return settings
+    fmt = BLOCK_FORMATS[settings.precision]
+    changes: dict[str, Any] = {}
+    if settings.opset is None:
+        changes["opset"] = EXPORT_OPSET
+    low = [cc for cc in settings.trt_compute_capabilities if _capability(cc) < fmt.min_compute_capability]
+    if low:
+        major, minor = fmt.min_compute_capability
+        raise InputError(
+            f"precision={fmt.name!r} cannot run on compute capability {', '.join(low)}: TensorRT builds "
+            f"{fmt.dtype_name} weights for compute capability {major}.{minor} and later"
+            + (" (12.0 and 12.1, Blackwell RTX)" if fmt.name == "nvfp4" else ""),
+            fix=f"drop {', '.join(low)} from trt_compute_capabilities, or use precision='int8' / 'fp16' there",
+        )
+    if fmt.name == "nvfp4" and not settings.trt_compute_capabilities:
+        changes["trt_compute_capabilities"] = ("12.0",)
+    return dataclasses.replace(settings, **changes) if changes else settings
+
+
+def _capability(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        raise InputError(f"trt_compute_capabilities entry {text!r} is not 'major.minor'", fix="e.g. ('8.9',)") from None
+
+
+def quantize_weights_4bit(
+    fp32_model: onnx.ModelProto,
+    exported: ExportedGraph,
+    model: torch.nn.Module,
+    sample: Any,
+    calibration: Iterable[Any] | None,
+    settings: Settings,
+    passes: Sequence[GraphPass] = (),
+) -> tuple[onnx.ModelProto, list[PassRecord], PrecisionReport | None, QuantizationReport]:
+    """The float32 graph after the passes -> the 4-bit final graph, pass records, the precision report of the
+    float16 part (None with ``quantize_fallback="fp32"``) and the quantization report."""
+    fmt = BLOCK_FORMATS[settings.precision]
+    method = "max" if settings.calibration_method == "auto" else settings.calibration_method
+    feeds = list(calibration_feeds(exported.io, sample, calibration, settings))
+    given = len(feeds) if calibration is not None else 1
+    feeds, references = screened_references(model, exported.io, feeds, given)
+    fp32_graph = to_graph(fp32_model)[0]
+    block = fmt.block_size(settings.block_size)
+    planned, skipped = plan_targets(fp32_graph, settings.keep_fp32)
+    planned, unblockable = blockable(planned, fp32_graph, block)
+    planned, heads = _without_heads(fp32_graph, planned) if settings.keep_head else (planned, [])
+    skipped = [*skipped, *unblockable, *heads]
+    records: list[PassRecord] = []
+    precision = None
+    base = fp32_model
+    if settings.quantize_fallback == "fp16":
+        half = dataclasses.replace(settings, precision="fp16", precision_search=False, calibration_method="auto")
+        base, records, precision = convert_precision(
+            fp32_model, exported, model, sample, calibration, half, passes, (feeds, references)
+        )
+    start = time.perf_counter()
+    nodes = {n.name: n for n in fp32_graph.nodes}
+    weights = {t.node: np.asarray(nodes[t.node].inputs[t.weight].values, np.float32) for t in planned if t.weight}
+    scales: dict[str, np.ndarray] = {}
+    notes: list[str] = []
+    if method == "awq":
+        weights, scales, note = _awq(fp32_model, fp32_graph, planned, weights, feeds, fmt, block, settings)
+        notes.append(note)
+    graph, metadata = to_graph(base)
+    raised = EXPORT_OPSET <= int(graph.opset or 0) < fmt.min_opset
+    if raised:
+        graph.opset = fmt.min_opset  # FLOAT4E2M1 (see EXPORT_OPSET)
+    present = {n.name for n in graph.nodes}
+    chosen = [t for t in planned if t.node in present]
+    done = quantize_weights(graph, fmt, chosen, weights, block, scales)
+    final = to_model(graph, base, {**exported.node_metadata, **metadata})
+    if raised:
+        for entry in final.opset_import:
+            if entry.domain in ("", "ai.onnx"):
+                entry.version = fmt.min_opset
+    records.append(
+        PassRecord(
+            f"quantize_{fmt.name}", 0, time.perf_counter() - start, len(graph.nodes), len(final.graph.node), True
+        )
+    )
+    error = measure_errors(final, settings, feeds, references)[0]
+    largest = measured_envelope(final, exported, model, sample, settings, feeds, references)
+    tolerances = {name: (max(ENVELOPE_MARGIN * value, 1e-6), 0.0) for name, value in largest.items()}
+    flops, weights_done = _shares(fp32_model, {op.node for op in done}, settings)
+    report = QuantizationReport(
+        precision=fmt.name,
+        dtype=fmt.dtype_name,
+        fallback=settings.quantize_fallback,
+        method=method,
+        opset=int(graph.opset or 0),
+        quantized=tuple(done),
+        skipped=tuple(skipped),
+        quantized_flops=flops[0],
+        total_flops=flops[1],
+        quantized_weights=weights_done[0],
+        total_weights=weights_done[1],
+        calibration_inputs=len(feeds),
+        relative_error=error,
+        notes=(*_notes(fmt, block, settings), *notes),
+        tolerances=tolerances,
+    )
+    return final, records, precision, judge_quantized_share(report, settings)
+
+
+def _without_heads(graph: gs.Graph, targets: Sequence[Target]) -> tuple[list[Target], list[Skipped]]:
+    """The targets that are not output heads, and the heads (``keep_head``)."""
+    outputs = {t.name for t in graph.outputs}
+    nodes = {n.name: n for n in graph.nodes}
+    kept, heads = [], []
+    for target in targets:
+        tensor = nodes[target.node].outputs[0]
+        while tensor.name not in outputs and len(tensor.outputs) == 1 and tensor.outputs[0].op in _HEAD_PATH:
+            tensor = tensor.outputs[0].outputs[0]
+        if tensor.name in outputs:
+            reason = f"keep_head: computes graph output {tensor.name!r} (keep_head=False quantizes it)"
+            heads.append(Skipped(target.node, target.op, reason))
+        else:
+            kept.append(target)
+    return kept, heads
+
+
+def _awq(
+    fp32_model: onnx.ModelProto,
+    fp32_graph: gs.Graph,
+    targets: Sequence[Target],
+    weights: dict[str, np.ndarray],
+    feeds: Sequence[dict[str, np.ndarray]],
+    fmt: BlockFormat,
+    block: int,
+    settings: Settings,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]:
+    """AWQ's scales and clipped weights (in each node's own layout) from the float32 graph's activations."""
+    nodes = {n.name: n for n in fp32_graph.nodes}
+    groups: dict[str, list[str]] = {}
+    for target in targets:
+        groups.setdefault(nodes[target.node].inputs[target.activation].name, []).append(target.node)
+    seen: dict[str, list[np.ndarray]] = {name: [] for name in groups}
+    observe(fp32_model, feeds, list(groups), lambda name, _, value: seen[name].append(value), settings.ort_providers)
+    activations = {name: sample_tokens(values, settings.seed) for name, values in seen.items()}
+    matrices = {t.node: weight_matrix(t, weights[t.node]) for t in targets}
+    scale_type = np.float16 if settings.quantize_fallback == "fp16" else np.float32
+    scales, clipped, choices = awq(fmt, groups, activations, matrices, block, scale_type)
+    by_node = {t.node: t for t in targets}
+    layouts = {n: (m if by_node[n].axis == 0 else m.T) for n, m in clipped.items()}
+    gain = sum(c.error_max for c in choices) / max(sum(c.error_awq for c in choices), 1e-30)
+    alphas = ", ".join(f"{c.alpha:.2f}" for c in choices)
+    note = (
+        f"awq (Lin et al., MLSys 2024): {len(choices)} activation tensors, alphas {alphas}; summed layer output "
+        f"error {gain:.2f}x lower than max scales on up to {max(len(a) for a in activations.values())} calibration "
+        "tokens per tensor"
+    )
+    return {**weights, **layouts}, scales, note
+
+
+def _shares(
+    fp32_model: onnx.ModelProto, quantized: set[str], settings: Settings
+) -> tuple[tuple[float, float], tuple[int, int]]:
+    """(quantized, total) MatMul/Gemm/Conv FLOPs and (quantized, total) elements of their constant weights."""
+    flops = compute_share(fp32_model, LOW_TYPES["fp16"], {d.name: d.opt for d in settings.dynamic}).fp32_flops
+    sizes = {t.name: int(np.prod(t.dims)) for t in fp32_model.graph.initializer}
+    heavy = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+    weights = {
+        n.name: sizes[n.input[1]]
+        for n in fp32_model.graph.node
+        if n.op_type in heavy and len(n.input) > 1 and n.input[1] in sizes
+    }
+    return (
+        (sum(f for n, f in flops.items() if n in quantized), sum(flops.values())),
+        (sum(w for n, w in weights.items() if n in quantized), sum(weights.values())),
+    )
+
+
+def _notes(fmt: BlockFormat, block: int, settings: Settings) -> list[str]:
+    if fmt.name == "int4":
+        form = f"INT4 weights, symmetric, one scale per {block} input channels (zero points 0)"
+        runs = (
+            "ONNX Runtime fuses them into MatMulNBits at accuracy level "
+            f"{settings.ort_int4_accuracy_level} (ort_int4_accuracy_level; 1: float32, exact)"
+        )
+    else:
+        form = "NVFP4 weights: FP4 E2M1 values, FP8 E4M3 scales per block of 16, one float32 scale per tensor"
+        runs = "ONNX Runtime has no FP4 kernel: it runs the exact emulation (the weights dequantized ahead of time)"
+    major, minor = fmt.min_compute_capability
+    return [
+        f"{form}; activations in {settings.quantize_fallback} (weight-only)",
+        runs,
+        f"TensorRT builds {fmt.dtype_name} for compute capability {major}.{minor} and later"
+        + (" (12.x)" if fmt.name == "nvfp4" else ""),
+        "validation: rtol 0, atol = 2 x the largest error of the graph on ONNX Runtime on the calibration and "
+        "validation inputs (report.quantization.tolerances), unless tolerances= names the output or 'float32'",
+    ]
