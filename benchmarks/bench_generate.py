@@ -71,8 +71,8 @@ def bench_size(name: str, runs: int) -> list[str]:
         vocab_size=4096, num_key_value_heads=4, max_position_embeddings=256, **SIZES[name]
     )
     model = transformers.LlamaForCausalLM(config).eval()
-    sample = torch.randint(0, 4096, (1, PROMPT))
-    step = pipeline.convert(model, sample, generation={"max_length": PROMPT + NEW, "max_batch": 4}, validate=False)
+    sample = torch.randint(0, 4096, (2, PROMPT))
+    step = pipeline.convert(model, sample[:1], generation={"max_length": PROMPT + NEW, "max_batch": 4}, validate=False)
     plain = pipeline.convert(
         model, sample, dynamic={"input_ids": {0: ("batch", 1, 2, 4), 1: ("seq", 2, 32, PROMPT + NEW)}}, validate=False
     )
