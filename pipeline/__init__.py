@@ -21,6 +21,7 @@ from pipeline.conversion import check, compare, convert
 from pipeline.exporting.stage import ExportedGraph, export
 from pipeline.final_graph import run_passes
 from pipeline.module.converted import ConvertedModule
+from pipeline.module.first_call import FirstCallMethod, FirstCallModule, on_first_call
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.module.loading import load
 from pipeline.module.report import ConversionReport
@@ -39,6 +40,8 @@ __all__ = [
     "DynamicDim",
     "ExportError",
     "ExportedGraph",
+    "FirstCallMethod",
+    "FirstCallModule",
     "IOSpec",
     "InputError",
     "NodeCheck",
@@ -52,6 +55,7 @@ __all__ = [
     "convert",
     "export",
     "load",
+    "on_first_call",
     "parse_with",
     "run_passes",
 ]

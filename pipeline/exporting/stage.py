@@ -24,7 +24,7 @@ from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.program_fixes import fix_program
-from pipeline.module import io_spec
+from pipeline.module import containers, io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.noise import quiet_third_party
 from pipeline.settings import DynamicDim, Settings
@@ -101,6 +101,7 @@ def export(
             out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
         except ExportError as exc:
             raise export_errors.python_value_error(exc, model, args, kwargs) from exc
+        out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         with _without_cache_output(model, result):
             program = _torch_export(
@@ -213,7 +214,7 @@ def _without_cache_output(model: torch.nn.Module, result: Any) -> Iterator[None]
     """Export with ``config.use_cache`` off when the model returns a transformers cache object (a causal LM whose
     config says ``use_cache=True``): the graph computes the plain forward, and the module returns None where the
     cache was. Said in the log, with the way to convert for decoding."""
-    leaves = pytree.tree_flatten_with_path(result)[0]
+    leaves = containers.flatten_with_paths(result)[0]  # diffusers outputs have no flatten_with_keys_fn
     dropped = [(pytree.keystr(path), leaf) for path, leaf in leaves if io_spec.is_model_cache(leaf)]
     config: Any = getattr(model, "config", None)
     if not dropped or getattr(config, "use_cache", None) is not True:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from converters.errors import ExportError, InputError
-from pipeline.module import return_types
+from converters.errors import ArtifactError, ExportError, InputError
+from pipeline.module import containers
 
 TENSOR = "tensor"
 CONSTANT = "constant"
@@ -250,7 +249,7 @@ def input_names_and_leaves(
     signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
     """Names and tensors of the graph inputs, the leaf slots, and the serialised tree of the call."""
-    leaves_with_paths, tree = pytree.tree_flatten_with_path((args, kwargs))
+    leaves_with_paths, tree = containers.flatten_with_paths((args, kwargs))
     param_names = [p.name for p in signature.parameters.values()]
     positional = _positional_names(signature, len(args))
     names: list[str] = []
@@ -274,8 +273,13 @@ def input_names_and_leaves(
 
 
 def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
-    """The tensor outputs of a model's result: names from their pytree paths, tensors, leaves and the tree."""
-    leaves_with_paths, tree = pytree.tree_flatten_with_path(result)
+    """The tensor outputs of a model's result: names from their pytree paths, tensors, leaves and the tree.
+
+    Dataclasses nobody registered with torch's pytree are registered first (:func:`containers.register_dataclasses`),
+    so that they come back as their own type; any other unknown container is an ExportError that names it.
+    """
+    containers.register_dataclasses(result)
+    leaves_with_paths, tree = containers.flatten_with_paths(result)
     names: list[str] = []
     tensors: list[torch.Tensor] = []
     slots: list[Leaf] = []
@@ -287,14 +291,30 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
         elif leaf is None or is_model_cache(leaf):  # a transformers cache object: not a graph output (None)
             slots.append(Leaf(CONSTANT, value=None))
         else:
-            raise ExportError(
-                f"output {pytree.keystr(path) or '(result)'} is a {type(leaf).__name__}; only tensors (and None) can "
-                "be graph outputs",
-                fix="return tensors from forward(), e.g. torch.tensor(value) instead of a Python number",
-            )
+            raise containers.unknown_container_error(path, leaf)
     if not tensors:
         raise ExportError("the model returns no tensor", fix="return at least one tensor from forward()")
     return names, tensors, tuple(slots), dump_tree(tree)
+
+
+def distinct_output_names(out_names: list[str], in_names: list[str]) -> list[str]:
+    """Output names that no input (and no other output) has: a diffusers UNet takes ``sample`` and returns
+    ``sample``, which becomes the output ``sample_out``.
+
+    >>> distinct_output_names(["sample", "sample"], ["sample", "timestep"])
+    ['sample_out', 'sample_out_1']
+    """
+    taken = set(in_names)
+    names: list[str] = []
+    for name in out_names:
+        unique = name if name not in taken else f"{name}_out"
+        suffix = 0
+        while unique in taken:
+            suffix += 1
+            unique = f"{name}_out_{suffix}"
+        taken.add(unique)
+        names.append(unique)
+    return names
 
 
 def is_model_cache(value: Any) -> bool:
@@ -309,7 +329,9 @@ def is_model_cache(value: Any) -> bool:
 def dump_tree(tree: pytree.TreeSpec) -> str:
     """A pytree spec as a JSON string (saved in artifacts)."""
     try:
-        return return_types.dumps(tree)
+        return containers.dumps(tree)
+    except ExportError:
+        raise
     except Exception as exc:  # a container type torch's pytree can flatten but not serialise
         raise ExportError(
             f"cannot record the structure {describe_tree(tree)}: {exc}",
@@ -320,13 +342,15 @@ def dump_tree(tree: pytree.TreeSpec) -> str:
 def load_tree(text: str) -> pytree.TreeSpec:
     """Deserialise a tree, importing the module of a registered container type (e.g. transformers outputs)."""
     try:
-        return return_types.loads(text)
+        return containers.loads(text)
+    except ArtifactError:
+        raise
     except Exception:
-        for type_name in _type_names(json.loads(text)):
+        for type_name in containers.serialised_type_names(text):
             module = type_name.rpartition(".")[0]
-            if module:
+            if module and ":" not in type_name:
                 __import__(module)
-        return return_types.loads(text)
+        return containers.loads(text)
 
 
 def describe_tree(tree: pytree.TreeSpec) -> str:
@@ -423,16 +447,3 @@ def _path_name(path: tuple[Any, ...]) -> str:
         else:
             parts.append(str(key).strip(".[]'\""))
     return "_".join(parts)
-
-
-def _type_names(node: Any) -> list[str]:
-    found: list[str] = []
-    if isinstance(node, dict):
-        if isinstance(node.get("type"), str):
-            found.append(node["type"])
-        for child in node.get("children_spec", []):
-            found += _type_names(child)
-    elif isinstance(node, list):
-        for child in node:
-            found += _type_names(child)
-    return found
