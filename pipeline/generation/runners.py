@@ -149,7 +149,15 @@ class OrtBoundRunner:
 
 
 def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, aliased: bool = True) -> StepRunner:
-    """The runner for ``executor``: bound ``OrtValue`` buffers on an ONNX Runtime session, else copies."""
+    """The runner for ``executor``: device buffers aliased in place on a TensorRT engine, bound ``OrtValue``
+    buffers on an ONNX Runtime session (also the one beside a TensorRT-RTX engine that cannot run here), else
+    copies."""
+    engine = getattr(executor, "engine_runner", None)
+    if bound and engine is not None:
+        from pipeline.generation.trt_cache import TrtCacheRunner
+
+        return TrtCacheRunner(engine, layout)
+    executor = getattr(executor, "onnxruntime", executor)
     session = getattr(executor, "session", None)
     if bound and session is not None and hasattr(session, "io_binding"):
         return OrtBoundRunner(session, layout, aliased=aliased)

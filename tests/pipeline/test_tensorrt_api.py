@@ -374,6 +374,7 @@ def test_our_code_is_read_where_it_uses_tensorrt() -> None:
         "pipeline/backends/tensorrt/build.py",
         "pipeline/backends/tensorrt/runtime.py",
         "pipeline/backends/tensorrt/weights.py",
+        "pipeline/generation/trt_cache.py",  # the decoder step's cache buffers, aliased in place
     }
     names = {u.name for u in uses}
     for expected in (

@@ -170,6 +170,11 @@ class TensorRTExecutor:
         return cls(engine, io, settings, status, library, model=model)
 
     @property
+    def engine_runner(self) -> EngineRunner:
+        """The engine and its execution context (generation binds the cache buffers on it directly)."""
+        return self._runner
+
+    @property
     def engine_bytes(self) -> bytes | None:
         """The serialized engine."""
         return self._engine_bytes
