@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from converters.errors import BuildError
-from pipeline.generation.runners import CacheLayout
 
 if TYPE_CHECKING:
     import tensorrt as trt
+
+    from pipeline.generation.runners import CacheLayout
 
 
 class TrtCacheRunner:
