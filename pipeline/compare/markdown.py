@@ -163,10 +163,7 @@ def _divergence_markdown(r: Data) -> list[str]:
 
 
 #: The table's one line on the rule; the rule in full is in report.md, report.json and the README.
-SHORT_RULE = (
-    "|x - ref| <= atol or <= rtol x |ref| per element, atol/rtol as printed; where that fails, within 2x (fp32) or "
-    "3x (half) PyTorch's own error on the input; in full: report.md, README"
-)
+SHORT_RULE = "per element |x-ref| <= atol or rtol|ref|, else <= 2x/3x PyTorch's own error; full: report.md"
 
 
 def render_table(data: Data) -> str:

@@ -35,6 +35,9 @@ Runtime's reference kernels). Rewrites 6 and 7 are what an integer kernel needs,
    output is not quantized (before a residual Add) becomes im2col and ``MatMulIntegerToFloat``: the 8-bit products
    summed exactly in int32 and scaled once, as TensorRT's INT8 kernels compute them, instead of ONNX Runtime's float
    Conv over dequantized values.
+8. **uint8 weights where uint8 x int8 saturates** (:mod:`pipeline.quantize.saturation`): on x86 CPUs without VNNI,
+   ONNX Runtime's uint8 x int8 kernels add products in pairs in a saturating int16; there every int8 weight becomes
+   uint8 with zero point 128 (the same values), which its exact uint8 x uint8 kernels take.
 
 Rewrite 0 is the one that changes values by more than float32 rounding, and the default
 (``Settings.ort_int8_conv_outputs="requantize"``; ``"exact"`` leaves it out). It runs after rewrite 1, whose exact
@@ -67,6 +70,7 @@ from passes import to_graph, to_model
 from passes.quantize.placement import QUANTIZED_OPS
 from pipeline.quantize.emulation import fold_unfused_weights
 from pipeline.quantize.integer_conv import MICROSOFT_DOMAIN, integer_float_convs
+from pipeline.quantize.saturation import u8s8_saturates, unsigned_weights
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +154,13 @@ def ort_int8_graph(model: onnx.ModelProto, conv_outputs: str = "requantize") -> 
     rewritten = to_model(graph, model, metadata)
     if convs and not any(o.domain == MICROSOFT_DOMAIN for o in rewritten.opset_import):
         rewritten.opset_import.append(onnx.helper.make_opsetid(MICROSOFT_DOMAIN, 1))
-    return fold_unfused_weights(rewritten)
+    folded = fold_unfused_weights(rewritten)
+    if u8s8_saturates():  # rewrite 8
+        folded, count = unsigned_weights(folded)
+        logger.debug(
+            "onnxruntime int8 graph: %d int8 weights as uint8 (this CPU's uint8 x int8 kernels saturate)", count
+        )
+    return folded
 
 
 def quantize_weighted_outputs(graph: gs.Graph) -> int:

@@ -19,7 +19,11 @@ from passes.quantize.placement import plan_targets
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    """``model`` on ONNX Runtime's reference kernels (no fusion: the graph's own values, whatever this CPU's integer
+    kernels do; the session graph the backend runs is :mod:`pipeline.quantize.ort_int8`'s)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feed)
 
 

@@ -21,6 +21,7 @@ BERT = textwrap.dedent(
     f"""
     import sys
     sys.path.append({str(ROOT / "tests")!r})
+    import tests_environment  # torchvision's operator schemas: transformers' BertModel imports torchvision
     import torch, transformers
     from model_zoo import bert_inputs, tiny_bert_config
 

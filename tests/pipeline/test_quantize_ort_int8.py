@@ -22,6 +22,7 @@ from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import plan_targets
 from passes.quantize.residual import plan_residuals
 from pipeline.quantize.integer_conv import integer_float_convs
+from pipeline.quantize.saturation import u8s8_saturates, unsigned_weights
 from pipeline.quantize.ort_int8 import (
     conv_output_ranges,
     disabled_optimizers,
@@ -161,6 +162,9 @@ def test_float_output_convolution_is_the_integer_sum_of_the_quantized_values() -
     graph.cleanup().toposort()
     rewritten = to_model(graph, model, metadata)
     rewritten.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if u8s8_saturates():  # as ort_int8_graph does on this CPU (rewrite 8)
+        rewritten, switched = unsigned_weights(rewritten)
+        assert switched == 3 + 3  # the three MatMulIntegerToFloat weights, the three QLinearConv weights
     x = inputs()[0]
     exact = _float64_heads(model, x)
     got = run(rewritten, x, PLAIN)
@@ -254,3 +258,75 @@ def test_requantized_convolution_output_makes_the_residual_block_integer(tmp_pat
     assert np.abs(got - want).max() <= 3 * step * np.abs(want).max() + 1e-6  # measured: 1.8 steps
     with pytest.raises(ValueError, match="conv_outputs"):
         ort_int8_graph(model, "fast")
+
+
+def saturating_conv(weight_type: int) -> onnx.ModelProto:
+    """``DQ(uint8 x) -> Conv(DQ(weight)) -> Q -> DQ``, 64 channels, 1x1: ONNX Runtime fuses it into QLinearConv; the
+    weight is +-127 in int8 (zero point 0) or the same values in uint8 (zero point 128)."""
+    signs = np.where(np.arange(64 * 64).reshape(64, 64, 1, 1) % 3 == 0, -1, 1)
+    q = (127 * signs).astype(np.int16)
+    stored, zero = (
+        (q.astype(np.int8), np.int8(0))
+        if weight_type == TensorProto.INT8
+        else ((q + 128).astype(np.uint8), np.uint8(128))
+    )
+    consts = [
+        numpy_helper.from_array(stored, "w"),
+        numpy_helper.from_array(np.array(1 / 127, np.float32), "ws"),
+        numpy_helper.from_array(np.array(zero), "wz"),
+        numpy_helper.from_array(np.array(1 / 255, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.uint8), "xz"),
+        numpy_helper.from_array(np.array(0.25, np.float32), "ys"),
+        numpy_helper.from_array(np.array(128, np.uint8), "yz"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"], "dq_x"),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], "dq_w"),
+        helper.make_node("Conv", ["xf", "wf"], ["c"], "conv"),
+        helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["cq"], "q_y"),
+        helper.make_node("DequantizeLinear", ["cq", "ys", "yz"], ["y"], "dq_y"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "saturating",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 64, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 4, 4])],
+        consts,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_uint8_weights_escape_the_saturating_kernel_and_the_probe_says_when_it_saturates() -> None:
+    """Rewrite 8: activations at 255 against weights at +-127, fused into QLinearConv: the uint8-weight form is exact;
+    the int8 form departs exactly when :func:`u8s8_saturates` says this CPU's kernel saturates (no VNNI)."""
+    x = np.full((1, 64, 4, 4), 255, np.uint8)
+    want = run_uint8(saturating_conv(TensorProto.INT8), x, PLAIN)
+    assert np.abs(want).max() > 10  # sums of 64 products, far from 0
+    np.testing.assert_array_equal(run_uint8(saturating_conv(TensorProto.UINT8), x, ALL), want)
+    fused_int8 = run_uint8(saturating_conv(TensorProto.INT8), x, ALL)
+    assert bool(np.abs(fused_int8 - want).max() > 0.5) == u8s8_saturates()
+
+
+def run_uint8(model: onnx.ModelProto, x: np.ndarray, level: ort.GraphOptimizationLevel) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    session = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0])
+
+
+def test_uint8_weights_compute_the_same_values_and_escape_the_saturating_kernel() -> None:
+    """Rewrite 8: every int8 weight as uint8 with zero point 128 gives, on ONNX Runtime's reference kernels, the
+    Q/DQ graph's values bit for bit; with every kernel fused, the uint8 graph stays within float32 rounding of them
+    on inputs that drive the activations to the top of their range (where uint8 x int8 saturates without VNNI)."""
+    model = quantized_stem()
+    unsigned, switched = unsigned_weights(model)
+    assert switched == 6  # the six convolutions' weights
+    kinds = {t.name: t.data_type for t in unsigned.graph.initializer}
+    weights = [n.input[0] for n in unsigned.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in kinds]
+    assert weights and all(kinds[w] == TensorProto.UINT8 for w in weights if w.endswith("/uint8"))
+    for x in inputs():
+        np.testing.assert_array_equal(run(unsigned, x, PLAIN), run(model, x, PLAIN))
+    x = inputs()[2]  # saturates every quantized activation
+    want = run(model, x, PLAIN)
+    got = run(unsigned, x, ALL)
+    assert np.abs(got - want).max() <= 4 / 127 * np.abs(want).max() + 1e-6
