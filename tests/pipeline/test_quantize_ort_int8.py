@@ -22,7 +22,6 @@ from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import plan_targets
 from passes.quantize.residual import plan_residuals
 from pipeline.quantize.integer_conv import integer_float_convs
-from pipeline.quantize.saturation import u8s8_saturates, unsigned_weights
 from pipeline.quantize.ort_int8 import (
     conv_output_ranges,
     disabled_optimizers,
@@ -34,6 +33,7 @@ from pipeline.quantize.ort_int8 import (
     share_quantize,
     switch_to_uint8,
 )
+from pipeline.quantize.saturation import u8s8_saturates, unsigned_weights
 
 PLAIN = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
