@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from converters.errors import InputError
+from converters.generation_settings import GenerationSettings, normalise_generation
+from converters.shapes import DynamicDim, ProfileRange, normalise_dynamic, normalise_profiles
 
 Backend = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
 BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt", "tensorrt-rtx")
@@ -79,139 +81,6 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
 #: float32 on TensorRT, which has no float64 arithmetic: :data:`FLOAT64_COMPUTED_IN`.
 COMPUTE_TYPES: Mapping[str, str] = {"fp16": "float16", "bf16": "bfloat16"}
 FLOAT64_COMPUTED_IN = "float32"
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """``generation=``: convert a transformers causal LM as one cached decoder step (``pipeline.generation``).
-
-    ``max_length`` is the cache capacity (prompt plus new tokens), ``max_batch`` the largest batch, ``max_prompt``
-    the longest prompt one prefill step takes (default ``max_length``: the context profile's sequence range).
-    ``eos_token_id`` and ``pad_token_id`` default to the model's generation config (filled in at conversion);
-    ``layers`` is the number of cached layers (filled in at conversion). ``attention``: ``"onnx"`` (one ONNX
-    ``Attention`` node per layer), ``"decomposed"`` (MatMul, Softmax, MatMul with the KV heads kept grouped:
-    TensorRT has no fp32 kernel for its attention layer and no softcap), ``"auto"`` (decomposed for an fp32 or
-    softcapped graph on a TensorRT backend, else ONNX ``Attention``)."""
-
-    max_length: int = 256
-    max_batch: int = 4
-    max_prompt: int | None = None
-    eos_token_id: tuple[int, ...] = ()
-    pad_token_id: int | None = None
-    layers: int = 0
-    attention: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.attention not in ("auto", "onnx", "decomposed"):
-            raise InputError(
-                f"unknown generation attention {self.attention!r}", fix="use 'auto', 'onnx' or 'decomposed'"
-            )
-        eos = self.eos_token_id
-        object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
-        prompt = self.max_length if self.max_prompt is None else self.max_prompt
-        if not (isinstance(self.max_length, int) and isinstance(self.max_batch, int) and isinstance(prompt, int)):
-            raise InputError(
-                f"generation needs whole numbers, got {self}",
-                fix="write generation={'max_length': 256, 'max_batch': 4}",
-            )
-        if not (self.max_length >= 2 and self.max_batch >= 1 and 1 <= prompt <= self.max_length):
-            raise InputError(
-                f"generation needs max_length >= 2, max_batch >= 1 and 1 <= max_prompt <= max_length, got "
-                f"max_length={self.max_length}, max_batch={self.max_batch}, max_prompt={prompt}",
-                fix="write generation={'max_length': 256, 'max_batch': 4}",
-            )
-        object.__setattr__(self, "max_prompt", prompt)
-
-
-def _normalise_generation(value: Any) -> GenerationSettings | None:
-    if value is None or isinstance(value, GenerationSettings):
-        return value
-    if isinstance(value, Mapping):
-        known = {f.name for f in fields(GenerationSettings)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise InputError(
-                f"unknown generation setting(s) {', '.join(map(str, unknown))}",
-                fix=f"known generation settings are: {', '.join(sorted(known))}",
-            )
-        return GenerationSettings(**{str(k): v for k, v in value.items()})
-    raise InputError(
-        f"cannot read generation={value!r}", fix="write generation={'max_length': 256, 'max_batch': 4} (or None)"
-    )
-
-
-@dataclass(frozen=True)
-class ProfileRange:
-    """One dynamic dimension's (min, opt, max) in one optimization profile (``profiles=``)."""
-
-    name: str
-    min: int
-    opt: int
-    max: int
-
-
-def _normalise_profiles(profiles: Any, dims: tuple[DynamicDim, ...]) -> tuple[tuple[ProfileRange, ...], ...]:
-    """``profiles=[{"sequence": (1, 64, 256)}, {"sequence": (1, 1, 1)}]`` as ranges, each within the dimension's
-    declared range (the graph's)."""
-    example = "profiles=[{'sequence': (1, 64, 256)}, {'sequence': (1, 1, 1)}] (dimension name -> (min, opt, max))"
-    declared = {d.name: d for d in dims}
-    out = []
-    for profile in profiles or ():
-        items = (
-            profile.items()
-            if isinstance(profile, Mapping)
-            else ((r["name"] if isinstance(r, Mapping) else r.name, r) for r in profile)
-        )
-        ranges = []
-        for name, spec in items:
-            if isinstance(spec, Mapping):
-                spec = (spec["min"], spec["opt"], spec["max"])
-            elif isinstance(spec, ProfileRange):
-                spec = (spec.min, spec.opt, spec.max)
-            try:
-                lo, opt, hi = (_whole(v) for v in spec)
-            except (TypeError, ValueError):
-                raise InputError(
-                    f"profile range for {name!r} must be (min, opt, max), got {spec!r}", fix=example
-                ) from None
-            dim = declared.get(str(name))
-            if dim is None:
-                raise InputError(
-                    f"profiles name dimension {name!r}, which dynamic= does not declare",
-                    fix=f"name one of: {', '.join(sorted(declared)) or '(none: declare dynamic= first)'}",
-                )
-            if not dim.min <= lo <= opt <= hi <= dim.max:
-                raise InputError(
-                    f"profile range {name!r}: {(lo, opt, hi)} is not min <= opt <= max within the declared "
-                    f"({dim.min}, {dim.max})",
-                    fix=example,
-                )
-            ranges.append(ProfileRange(str(name), lo, opt, hi))
-        out.append(tuple(ranges))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class DynamicDim:
-    """One dynamic dimension of one graph input: its symbolic name and the engine profile (min, opt, max).
-
-    Inputs that share a ``name`` share the dimension (``input_ids`` and ``attention_mask`` share ``batch``).
-    """
-
-    input: str
-    axis: int
-    name: str
-    min: int
-    opt: int
-    max: int
-
-    def __post_init__(self) -> None:
-        if not (1 <= self.min <= self.opt <= self.max):
-            raise InputError(
-                f"dynamic dimension {self.name!r} of input {self.input!r} axis {self.axis} needs "
-                f"1 <= min <= opt <= max, got min={self.min} opt={self.opt} max={self.max}",
-                fix="give (name, min, opt, max) with min <= opt <= max, e.g. ('batch', 1, 8, 32)",
-            )
 
 
 def _default_cache_dir() -> str:
@@ -379,9 +248,9 @@ class Settings:
         _check_types(self)
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
-        object.__setattr__(self, "dynamic", _normalise_dynamic(self.dynamic))
-        object.__setattr__(self, "generation", _normalise_generation(self.generation))
-        object.__setattr__(self, "profiles", _normalise_profiles(self.profiles, self.dynamic))
+        object.__setattr__(self, "dynamic", normalise_dynamic(self.dynamic))
+        object.__setattr__(self, "generation", normalise_generation(self.generation))
+        object.__setattr__(self, "profiles", normalise_profiles(self.profiles, self.dynamic))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
         if self.validation_inputs < 0:
             raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
@@ -513,55 +382,6 @@ def _type_name(t: Any) -> str:
 
 def _default_text(f: Any) -> str:
     return repr(f.default) if f.default is not MISSING else "computed"
-
-
-def _normalise_dynamic(dynamic: Any) -> tuple[DynamicDim, ...]:
-    if isinstance(dynamic, tuple) and all(isinstance(d, DynamicDim) for d in dynamic):
-        dims = dynamic
-    elif isinstance(dynamic, Mapping):
-        dims = tuple(
-            _dim_from_user(str(inp), axis, spec)
-            for inp, axes in dynamic.items()
-            for axis, spec in dict(axes).items()
-        )
-    else:
-        raise InputError(
-            f"cannot read dynamic={dynamic!r}",
-            fix="pass dynamic={'x': {0: ('batch', 1, 8, 32)}} (input -> axis -> (name, min, opt, max))",
-        )
-    by_name: dict[str, DynamicDim] = {}
-    for d in dims:
-        first = by_name.setdefault(d.name, d)
-        if (first.min, first.opt, first.max) != (d.min, d.opt, d.max):
-            raise InputError(
-                f"dynamic dimension {d.name!r} is declared with two ranges: "
-                f"{(first.min, first.opt, first.max)} on {first.input!r} and {(d.min, d.opt, d.max)} on {d.input!r}",
-                fix="a shared dimension name must have one (min, opt, max)",
-            )
-    return dims
-
-
-def _dim_from_user(inp: str, axis: Any, spec: Any) -> DynamicDim:
-    if isinstance(spec, DynamicDim):
-        return spec
-    example = f"dynamic={{{inp!r}: {{0: ('batch', 1, 8, 32)}}}}"
-    try:
-        name, lo, opt, hi = spec
-        axis, lo, opt, hi = (_whole(v) for v in (axis, lo, opt, hi))
-    except (TypeError, ValueError):
-        raise InputError(
-            f"dynamic dimension for input {inp!r} axis {axis!r} must be (name, min, opt, max) with whole numbers "
-            f"and an integer axis, got {spec!r}",
-            fix=f"write e.g. {example}",
-        ) from None
-    return DynamicDim(inp, axis, str(name), lo, opt, hi)
-
-
-def _whole(value: Any) -> int:
-    """An int from an int (or a numpy integer); anything else (``"one"``, 1.5, True) is a ValueError."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(value)
-    return int(value.__index__())
 
 
 def _normalise_tolerances(tolerances: Any) -> Mapping[str, Tolerance]:

@@ -13,6 +13,7 @@ from typing import Any
 import onnx
 import onnx_graphsurgeon as gs
 
+from passes.parser_fixes.average_pool import OversizedAveragePoolToGlobal
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
@@ -45,6 +46,7 @@ __all__ = [
     "MaxUnpoolToScatter",
     "MixedTypeArithmetic",
     "NegativeEdgePadToGather",
+    "OversizedAveragePoolToGlobal",
     "ReduceAxesToInitializers",
     "ScatterReductionToMask",
     "UInt8ConstantOutputsAsCasts",
@@ -68,6 +70,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         ClassLossToGather(),
         LiftLowRank(),
         MaxPoolByWindows(),
+        OversizedAveragePoolToGlobal(),
         LayerNormStatistics(),
         ScatterReductionToMask(),
         NegativeEdgePadToGather(),

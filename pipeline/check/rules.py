@@ -29,6 +29,8 @@ _TYPE_TOKENS: dict[int, str] = {
     onnx.TensorProto.FLOAT8E4M3FN: "FP8",
     onnx.TensorProto.INT4: "INT4",
 }
+#: addPoolingNd's window limit (measured on TensorRT-RTX 1.7: 2-D 316 x 316 builds, 317 x 317 does not).
+_MAX_POOL_WINDOW = 100_000
 _FOLD = "fold it to a constant (the default pass list folds constants), or compute it outside the model"
 _REDUCE_OPS = {
     "ReduceL1",
@@ -189,6 +191,16 @@ def _pool(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
     if rank is not None and rank not in ranks:
         problems.append(
             (f"{node.op_type} on a rank-{rank} input: only 1D (Max/AveragePool), 2D and 3D pooling", "reshape to 4-D")
+        )
+    kernel = _attr(node, "kernel_shape")
+    volume = int(np.prod(kernel)) if kernel else 0  # type: ignore[call-overload]
+    if volume >= _MAX_POOL_WINDOW:
+        problems.append(
+            (
+                f"a window of {volume} elements: TensorRT's pooling takes fewer than {_MAX_POOL_WINDOW}",
+                "a global pooling (AdaptiveAvgPool2d(1)) where one window covers the input; the parser fix "
+                "'oversized_average_pool_to_global' does this for AveragePool",
+            )
         )
     dilations = _attr(node, "dilations")
     if dilations and any(d != 1 for d in dilations):  # type: ignore[attr-defined]

@@ -145,6 +145,9 @@ CASES: dict[str, Callable[[], onnx.ModelProto]] = {
     "MaxPool dilations": lambda: pool("MaxPool", [1, 2, 8, 8], kernel_shape=[2, 2], dilations=[2, 2]),
     "MaxPool Indices": maxpool_indices,
     "AveragePool 1D": lambda: pool("AveragePool", [1, 2, 8], kernel_shape=[2]),
+    "AveragePool window 317x317": lambda: pool(
+        "AveragePool", [1, 2, 2, 2], kernel_shape=[317, 317], ceil_mode=1, strides=[317, 317]
+    ),
     "LpPool 1D": lambda: pool("LpPool", [1, 2, 8], kernel_shape=[2]),
     "LpPool 2D ok": lambda: pool("LpPool", [1, 2, 8, 8], kernel_shape=[2, 2]),
     "LayerNormalization Mean output": layernorm_two_outputs,
