@@ -14,7 +14,6 @@ that are uninitialised memory by shape and dtype (:mod:`pipeline.compare.uniniti
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import logging
 import time
@@ -46,6 +45,7 @@ from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uniniti
 from pipeline.module.io_spec import IOSpec
 from pipeline.settings import DEFAULT_TOLERANCES, Settings
 from pipeline.validation.draws import draw_like, properties
+from pipeline.validation.errors import output_origins, raise_accuracy_error
 from pipeline.validation.screening import DroppedInput, ScreenedFeeds, torch_function
 
 logger = logging.getLogger(__name__)
@@ -308,7 +308,7 @@ def validate(
             fix="give a sample the model takes (it is always validated on), or convert with validate=False",
         )
     if not report.passed:
-        _raise_accuracy_error(report, output_origins(graph) if graph is not None else {})
+        raise_accuracy_error(report, output_origins(graph) if graph is not None else {})
     return report
 
 
@@ -324,65 +324,6 @@ def _accumulators(
         else accumulator(judged[o.name].tolerance, random.get(o.name))
         for o in outputs
     }
-
-
-def output_origins(model: onnx.ModelProto) -> dict[str, str]:
-    """Graph output name -> the PyTorch op that computes it and where, from the exporter's node metadata
-    (``pkg.torch.onnx.class_hierarchy`` and ``name_scopes``, kept by the passes on the nodes they make), e.g.
-    ``"aten._linalg_svd.default in module 'block' (__main__.B)"``; outputs without it are left out. A producer
-    without metadata (a Cast the precision stage added) is looked through to its first input, a few nodes deep."""
-    producers = {name: node for node in model.graph.node for name in node.output}
-    origins = {}
-    for output in model.graph.output:
-        node = producers.get(output.name)
-        for _ in range(8):
-            if node is None:
-                break
-            origin = _origin(node)
-            if origin:
-                origins[output.name] = origin
-                break
-            node = producers.get(node.input[0]) if node.input else None
-    return origins
-
-
-def _origin(node: onnx.NodeProto) -> str:
-    meta = {p.key: p.value for p in node.metadata_props}
-    try:
-        classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
-        scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
-    except (ValueError, SyntaxError):
-        return ""
-    if not classes or not isinstance(classes, list):
-        return ""
-    where = ".".join(str(s) for s in scopes[1:-1]) if isinstance(scopes, list) else ""
-    owner = f" ({classes[-2]})" if len(classes) > 1 else ""
-    return f"{classes[-1]} in module {where!r}{owner}" if where else f"{classes[-1]} in the model's forward{owner}"
-
-
-def _raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> None:
-    dropped = f" ({len(report.dropped)} drawn input(s) dropped: PyTorch refused them)" if report.dropped else ""
-    failing = [
-        o.summary() + (f" [computed by {origins[o.name]}]" if o.name in origins else "")
-        for o in report.outputs
-        if not o.passed
-    ]
-    raise AccuracyError(
-        f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: " + "; ".join(failing),
-        per_output={
-            o.name: {
-                "max_abs": o.max_abs,
-                "max_rel": o.max_rel,
-                "atol": o.atol,
-                "rtol": o.rtol,
-                "relative_rms": o.relative_rms,
-                "rms": o.rms,
-            }
-            for o in report.outputs
-        },
-        fix="if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
-        "otherwise inspect module.onnx, or convert with validate=False to get the module anyway",
-    )
 
 
 class ScreeningTorchRunner(TorchRunner):
