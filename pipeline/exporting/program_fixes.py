@@ -100,7 +100,7 @@ def _broadcast_heads_as_grouped(graph: torch.fx.Graph) -> int:
         query, key, value = (_val(a) for a in node.args[:3])
         if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in (query, key, value)):
             continue
-        heads = [v.shape[1] for v in (query, key, value)]  # type: ignore[union-attr]
+        heads = [v.shape[1] for v in (query, key, value)]
         if not all(isinstance(h, int) for h in heads) or not (heads[1] == heads[2] == 1 < heads[0]):
             continue
         node.kwargs = {**node.kwargs, "enable_gqa": True}
