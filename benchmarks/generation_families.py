@@ -85,6 +85,9 @@ def run_family(name: str, make_config: Callable[[], Any], rtx: bool) -> dict[str
     config = make_config()
     config.pad_token_id = 0
     model = tf.AutoModelForCausalLM.from_config(config).eval()
+    # eos off on both sides: generate(eos_token_id=None) falls back to the generation config's eos (OPT's default 2
+    # is a token its random weights like, so transformers stopped early and the rows looked divergent)
+    model.generation_config.eos_token_id = None
     single, batch, mask = _prompts()
     start = time.perf_counter()
     module = pipeline.convert(model, single, generation={"max_length": 48, "max_batch": 3}, validation_inputs=1)

@@ -161,6 +161,23 @@ def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
         step.generate(torch.tensor([[5, 96, -1]]), max_new_tokens=2)
 
 
+def test_opt_learned_positions_decode_token_identically() -> None:
+    """OPT: learned positions with an offset of 2, its query scaled before attention (scaling=1.0), its mask built
+    without position ids; and transformers' generate falls back to the config's eos 2 unless the generation config
+    drops it (what made OPT look divergent in the family table before)."""
+    config = transformers.OPTConfig(
+        vocab_size=96, hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
+        word_embed_proj_dim=32, max_position_embeddings=64, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.OPTForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    ids, mask = left_padded_batch()
+    module = pipeline.convert(model, ids[:1], generation={"max_length": 32, "max_batch": 3}, validate=False)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(module.generate(ids, mask, max_new_tokens=16, eos_token_id=[]), expected)
+
+
 def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers.LlamaForCausalLM) -> None:
     """The real TensorRT-RTX builder: one engine, a context and a generation profile, ONNX Attention in fp16 over
     float16 cache inputs (a cast between the cache input and TensorScatter is refused by TensorRT)."""
