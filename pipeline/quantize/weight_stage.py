@@ -30,6 +30,7 @@ from converters.errors import InputError
 from passes import GraphPass, PassRecord, to_graph, to_model
 from passes.precision.types import LOW_TYPES
 from passes.quantize.blockwise import BLOCK_FORMATS, BlockFormat
+from passes.quantize.dynamic_fp4 import activation_scale, quantizable, quantize_activations
 from passes.quantize.placement import Skipped, Target, plan_targets
 from passes.quantize.weight_only import blockable, quantize_weights, weight_matrix
 from pipeline.exporting.stage import ExportedGraph
@@ -115,7 +116,14 @@ def quantize_weights_4bit(
     precision = None
     base = fp32_model
     if settings.quantize_fallback == "fp16":
-        half = dataclasses.replace(settings, precision="fp16", precision_search=False, calibration_method="auto")
+        half = dataclasses.replace(
+            settings,
+            precision="fp16",
+            precision_search=False,
+            calibration_method="auto",
+            nvfp4_activations=False,
+            quantize_embeddings=False,
+        )
         base, records, precision = convert_precision(
             fp32_model, exported, model, sample, calibration, half, passes, (feeds, references)
         )
@@ -134,6 +142,10 @@ def quantize_weights_4bit(
     present = {n.name for n in graph.nodes}
     chosen = [t for t in planned if t.node in present]
     done = quantize_weights(graph, fmt, chosen, weights, block, scales)
+    if settings.nvfp4_activations:
+        quantized = {op.node for op in done}
+        targets = [t for t in chosen if t.node in quantized]
+        notes.append(_quantize_activations(fp32_model, fp32_graph, graph, targets, feeds, scales, settings))
     final = to_model(graph, base, {**exported.node_metadata, **metadata})
     if raised:
         for entry in final.opset_import:
@@ -166,6 +178,42 @@ def quantize_weights_4bit(
         tolerances=tolerances,
     )
     return final, records, precision, judge_quantized_share(report, settings)
+
+
+def _quantize_activations(
+    fp32_model: onnx.ModelProto,
+    fp32_graph: gs.Graph,
+    graph: gs.Graph,
+    targets: Sequence[Target],
+    feeds: Sequence[dict[str, np.ndarray]],
+    scales: dict[str, np.ndarray],
+    settings: Settings,
+) -> str:
+    """NVFP4 activations (W4A4) at the inputs of the 4-bit MatMuls TensorRT's dynamic quantization takes, each
+    with the per-tensor scale of its largest magnitude on the calibration inputs (after AWQ's ``1 / s``); the note."""
+    fp32_nodes = {n.name: n for n in fp32_graph.nodes}
+    position = {t.node: t.activation for t in targets}
+    inputs = {t.node: fp32_nodes[t.node].inputs[t.activation] for t in targets}
+    reasons = {name: quantizable(tensor) for name, tensor in inputs.items()}
+    chosen = [name for name, reason in reasons.items() if reason is None]
+    sources = {name: inputs[name].name for name in chosen}
+    amax: dict[str, float] = dict.fromkeys(sources.values(), 0.0)
+    inverse = {sources[n]: 1.0 / scales[n] for n in chosen if n in scales}
+
+    def visit(name: str, _: int, value: np.ndarray) -> None:
+        wide = np.abs(value.astype(np.float32)) * inverse.get(name, 1.0)
+        amax[name] = max(amax[name], float(wide.max(initial=0.0)))
+
+    observe(fp32_model, feeds, list(amax), visit, settings.ort_providers)
+    scale2 = {n: activation_scale(amax[sources[n]]) for n in chosen}
+    quantized = quantize_activations(graph, [(n, position[n]) for n in chosen], scale2)
+    kept = [f"{name} ({reason})" for name, reason in reasons.items() if reason is not None]
+    return (
+        f"W4A4: {quantized} activation tensors of {len(chosen)} MatMuls quantized to NVFP4 at run time "
+        "(trt::TRT_FP4DynamicQuantize, blocks of 16, FP8 scales, a per-tensor scale of the calibrated amax / "
+        "(6 * 448)); ONNX Runtime runs its exact emulation (float32 ops), TensorRT the real op (compute capability "
+        "12.x)" + (f"; float activations kept at {', '.join(kept)}" if kept else "")
+    )
 
 
 def _without_heads(graph: gs.Graph, targets: Sequence[Target]) -> tuple[list[Target], list[Skipped]]:
