@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
+from converters.aten.antialias import register_antialias_converters
 from converters.aten.eigen import register_eigen_converters
 from converters.aten.embedding import register_embedding_converters
 from converters.aten.grouped_mm import register_grouped_mm_converters
@@ -119,3 +120,4 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_embedding_converters(registry)
     register_sort_converters(registry)
     register_grouped_mm_converters(registry)
+    register_antialias_converters(registry)

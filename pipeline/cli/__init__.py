@@ -1,4 +1,5 @@
-"""Command line: ``pipeline convert|check|compare``; one module per command, shared parsing in ``common``."""
+"""Command line: ``pipeline convert|check|compare|bench|inspect|generate``; one module per command, shared parsing
+in ``common``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pipeline.cli.bench import add_bench_command
 from pipeline.cli.check import add_check_command
 from pipeline.cli.compare import add_compare_command
 from pipeline.cli.convert import add_convert_command
+from pipeline.cli.generate import add_generate_command
 from pipeline.cli.inspect import add_inspect_command
 from pipeline.noise import show_third_party
 
@@ -35,7 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    for add in (add_convert_command, add_check_command, add_compare_command, add_bench_command, add_inspect_command):
+    for add in (
+        add_convert_command,
+        add_check_command,
+        add_compare_command,
+        add_bench_command,
+        add_inspect_command,
+        add_generate_command,
+    ):
         add(commands)
     for sub in commands.choices.values():  # -v after the command too (`pipeline convert ... -v`)
         sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)

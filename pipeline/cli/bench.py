@@ -28,6 +28,7 @@ import torch
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
+from pipeline.cli.bench_generate import add_generation_bench_arguments, bench_generation, generation_table
 from pipeline.cli.common import add_conversion_arguments, conversion_options, model_and_sample, random_inputs
 
 
@@ -46,8 +47,10 @@ def add_bench_command(commands: Any) -> None:
         help="backend to convert with (SPEC only); a TensorRT-RTX engine that cannot run here is not timed (the "
         "table says what was)",
     )
-    parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
-    parser.add_argument("--iterations", type=int, default=100, help="timed calls (default 100)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 10; --generate: 1 run)")
+    parser.add_argument(
+        "--iterations", type=int, default=None, help="timed calls (default 100; --generate: 5 whole generations)"
+    )
     parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads of PyTorch and ONNX Runtime alike (default: PyTorch's)"
     )
@@ -56,6 +59,7 @@ def add_bench_command(commands: Any) -> None:
     )
     add_conversion_arguments(parser)  # SPEC only
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the figures as JSON")
+    add_generation_bench_arguments(parser)
     parser.set_defaults(run=_bench)
 
 
@@ -108,13 +112,17 @@ def latency_figures(times: list[float], batch: int) -> dict[str, float]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.warmup < 0 or args.iterations < 1:
+    if (args.warmup is not None and args.warmup < 0) or (args.iterations is not None and args.iterations < 1):
         raise InputError("--warmup must be >= 0 and --iterations >= 1", fix="e.g. --warmup 10 --iterations 100")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads {args.threads} is not a thread count", fix="e.g. --threads 4, or leave it out")
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     ort_threads = {"ort_intra_op_threads": threads, "ort_allow_spinning": bool(args.ort_spinning)}
+    if args.generate:
+        return _bench_generation(args, ort_threads, threads)
+    args.warmup = 10 if args.warmup is None else args.warmup
+    args.iterations = 100 if args.iterations is None else args.iterations
     module, model, sample = _targets(args, ort_threads)
     call_args, call_kwargs = sample
     first = next(iter([*call_args, *call_kwargs.values()]), None)
@@ -131,6 +139,28 @@ def _bench(args: argparse.Namespace) -> int:
         results["speedup_median"] = results["pytorch"]["median_ms"] / results["converted"]["median_ms"]
     results["threads"] = _thread_settings(module, threads)
     print(_table(results))
+    if args.json is not None:
+        write_file_atomically(args.json, json.dumps(results, indent=2).encode())
+    return 0
+
+
+def _bench_generation(args: argparse.Namespace, ort_threads: dict[str, Any], threads: int) -> int:
+    """``--generate``: prefill and decode tokens/s of a generation artifact (:mod:`pipeline.cli.bench_generate`)."""
+    from pipeline.cli.generate import load_generative
+
+    if not args.target.endswith(".ptrt") or args.input:
+        raise InputError(
+            f"--generate times a generation artifact; got {args.target}" + (" with --input" if args.input else ""),
+            fix="convert first: pipeline convert SPEC --generation max_length=256,max_batch=4 -o OUT; then "
+            "pipeline bench OUT/model.ptrt --generate (prompts are drawn: --batch, --prompt-length, --new-tokens)",
+        )
+    module = _with_threads(load_generative(Path(args.target)), ort_threads)
+    results = bench_generation(args, module)
+    results["backend"], results["runs_on"] = module.backend, runs_on(module)
+    results["threads"] = _thread_settings(module, threads)
+    results["threads"]["timing"] = "whole generations, one after another; prefill = time to the first new token"
+    print(generation_table(backend_label(results), results))
+    print(_threads_line(results["threads"]))
     if args.json is not None:
         write_file_atomically(args.json, json.dumps(results, indent=2).encode())
     return 0
@@ -193,11 +223,11 @@ def _with_threads(loaded: Any, ort_threads: dict[str, Any]) -> Any:
     if loaded.backend != "onnxruntime":
         return loaded
     from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
-    from pipeline.module.converted import ConvertedModule
+    from pipeline.generation.module import module_class
 
     settings = dataclasses.replace(loaded.settings, **ort_threads)
-    module = ConvertedModule(OnnxRuntimeExecutor(loaded.onnx, loaded.io, settings), loaded.io, loaded.onnx, settings,
-                             loaded.report)
+    executor = OnnxRuntimeExecutor(loaded.onnx, loaded.io, settings)
+    module = module_class(settings)(executor, loaded.io, loaded.onnx, settings, loaded.report)
     module.loaded = loaded  # a submodule: its external weights, if any, live as long as the new module
     return module
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from converters.settings import GenerationSettings
 from pipeline.cli.common import (
     add_conversion_arguments,
     add_model_arguments,
@@ -61,6 +63,15 @@ def add_convert_command(commands: Any) -> None:
         choices=["auto", "max", "percentile", "entropy", "mse", "awq"],
         help="int8/fp8: how activation ranges are calibrated; int4/nvfp4: max or awq (activation-aware scales)",
     )
+    convert.add_argument(
+        "--generation",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="KEY=VALUE,...",
+        help="a transformers causal LM as one cached decoder step, for `pipeline generate`: e.g. "
+        "max_length=256,max_batch=4 (also max_prompt, eos_token_id=2+7, pad_token_id, attention=auto|onnx|decomposed)",
+    )
     convert.set_defaults(run=_convert)
 
 
@@ -68,6 +79,7 @@ def _convert(args: argparse.Namespace) -> int:
     from converters.files import write_file_atomically
     from pipeline.conversion import convert
 
+    generation = generation_settings(args.generation)  # read before the model is built: a typo fails at once
     model, sample = model_and_sample(args.spec, args.input, args.seed)
     out: Path = args.output
     with staged_output(out, OUTPUTS) as staging:  # checked before converting; all three files, or none
@@ -80,6 +92,7 @@ def _convert(args: argparse.Namespace) -> int:
             require_engine_runtime=args.require_engine_runtime,
             calibration=_calibration(args.calibration),
             calibration_method=args.calibration_method,
+            generation=generation,
             **conversion_options(args),
             **engine_options(args),
         )
@@ -92,7 +105,52 @@ def _convert(args: argparse.Namespace) -> int:
     if engine is not None:
         print(f"engine    {len(engine) / 1e6:.1f} MB {module.backend} engine in the artifact")
     print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
+    step = module.settings.generation
+    if step is not None:
+        print(
+            f"generate  max_length {step.max_length}, max_batch {step.max_batch}, {step.layers} cached layers, eos "
+            f"{list(step.eos_token_id)}: pipeline generate {artifact} --prompt-ids 1,2,3"
+        )
     return 0
+
+
+#: ``--generation`` keys whose values are not a single whole number.
+_TEXT_KEYS = ("attention",)
+
+
+def generation_settings(text: str | None) -> dict[str, Any] | None:
+    """``convert``'s ``generation=`` from ``--generation KEY=VALUE,...`` (``--generation`` alone: the defaults);
+    ``eos_token_id`` takes several ids joined by ``+``."""
+    if text is None:
+        return None
+    settings: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        try:
+            if not sep or not key or not value:
+                raise ValueError(item)
+            if key in _TEXT_KEYS:
+                settings[key] = value.strip()
+            elif key == "eos_token_id":
+                settings[key] = tuple(int(v) for v in value.split("+"))
+            else:
+                settings[key] = int(value)
+        except ValueError:
+            raise InputError(
+                f"cannot read --generation {item!r}",
+                fix="write --generation max_length=256,max_batch=4 (whole numbers; eos_token_id=2+7 for several)",
+            ) from None
+    known = {f.name for f in dataclasses.fields(GenerationSettings)} - {"layers"}  # layers: found at conversion
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise InputError(
+            f"unknown generation setting(s) {', '.join(unknown)} in --generation",
+            fix=f"known: {', '.join(sorted(known))}",
+        )
+    return settings
 
 
 def _calibration(spec: str | None) -> list[Any] | None:

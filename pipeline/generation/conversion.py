@@ -49,7 +49,7 @@ def prepare_step(
             "TensorScatter, but its own attention code is exported as it is (no ONNX Attention node)",
             type(model).__name__,
         )
-    step = CachedStep(model, len(layout), use_interface)
+    step = CachedStep(model, len(layout), use_interface).train(model.training)  # no "training mode" warning
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1
     capacity = generation.max_length

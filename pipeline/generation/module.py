@@ -44,6 +44,14 @@ class GenerativeModule(ConvertedModule):
         assert self.settings.generation is not None
         return self.settings.generation
 
+    @property
+    def vocabulary_size(self) -> int | None:
+        """The number of logits per position (the model's vocabulary), ``None`` when the graph does not fix it."""
+        for spec in self.io.outputs:
+            if spec.name == "logits" and spec.shape and isinstance(spec.shape[-1], int):
+                return int(spec.shape[-1])
+        return None
+
     def runner(self) -> StepRunner:
         """The executor's step runner (it holds the cache between steps), made on first use."""
         if self._runner is None:
@@ -129,6 +137,16 @@ class GenerativeModule(ConvertedModule):
                 "generate takes input_ids as an int64 tensor [batch, tokens]", fix="pass tokenizer(...).input_ids"
             )
         batch = input_ids.shape[0]
+        if input_ids.shape[1] == 0:
+            raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
+        vocab = self.vocabulary_size
+        outside = (input_ids < 0) | (input_ids >= vocab) if vocab is not None else input_ids < 0
+        if bool(outside.any()):
+            raise InputError(
+                f"input_ids holds token id(s) {sorted(set(input_ids[outside].tolist()))[:5]} outside the model's "
+                f"vocabulary [0, {vocab})",
+                fix="pass ids below the vocabulary size (the model's own tokenizer gives them)",
+            )
         if batch > self.generation.max_batch:
             raise InputError(
                 f"a batch of {batch} prompts, but the step was converted for max_batch={self.generation.max_batch}",
@@ -154,6 +172,11 @@ class GenerativeModule(ConvertedModule):
             raise InputError(
                 f"nothing to generate: a prompt of {prompt} tokens and max_length={max_length}",
                 fix="pass max_new_tokens=N",
+            )
+        if prompt >= capacity:
+            raise InputError(
+                f"a prompt of {prompt} tokens leaves no room in the cache (max_length={capacity})",
+                fix=f"shorten the prompt, or convert with generation={{'max_length': {prompt + new}, ...}}",
             )
         if prompt + new > capacity:
             raise InputError(

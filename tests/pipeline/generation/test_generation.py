@@ -153,6 +153,12 @@ def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
         step.generate(torch.ones(4, 3, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(InputError, match="left padding"):
         step.generate(torch.ones(1, 3, dtype=torch.int64), torch.tensor([[1, 1, 0]]), max_new_tokens=2)
+    with pytest.raises(InputError, match="leaves no room in the cache"):
+        step.generate(torch.ones(1, 48, dtype=torch.int64), max_new_tokens=2)
+    with pytest.raises(InputError, match="prompt is empty"):
+        step.generate(torch.ones(1, 0, dtype=torch.int64), max_new_tokens=2)
+    with pytest.raises(InputError, match=r"token id\(s\) \[-1, 96\] outside the model's vocabulary \[0, 96\)"):
+        step.generate(torch.tensor([[5, 96, -1]]), max_new_tokens=2)
 
 
 def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers.LlamaForCausalLM) -> None:

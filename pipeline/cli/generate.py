@@ -1,0 +1,235 @@
+"""``pipeline generate ARTIFACT``: decode with a generation artifact (``pipeline convert ... --generation``).
+
+Prompts are token ids (``--prompt-ids 1,2,3``, repeatable: one prompt each, left-padded into one batch) or text
+(``--prompt TEXT`` with ``--tokenizer DIR``, a local directory ``transformers.AutoTokenizer`` loads offline). The
+new tokens of every prompt are printed on one line each: ids separated by spaces, or text when a tokenizer is
+given. ``--stream`` prints each token as it comes (one prompt; transformers' ``TextStreamer`` for text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.errors import InputError
+
+
+def add_generate_command(commands: Any) -> None:
+    """Add the ``generate`` subcommand to ``pipeline``'s subparsers."""
+    parser = commands.add_parser("generate", help="generate tokens (or text) with a generation artifact")
+    parser.add_argument("artifact", type=Path, help="a .ptrt written by `pipeline convert ... --generation`")
+    parser.add_argument(
+        "--prompt-ids",
+        action="append",
+        default=[],
+        metavar="ID,ID,...",
+        help="a prompt as token ids (commas or spaces); repeat for a batch of prompts",
+    )
+    parser.add_argument(
+        "--prompt", action="append", default=[], metavar="TEXT", help="a prompt as text (needs --tokenizer); repeatable"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a local tokenizer directory (AutoTokenizer.from_pretrained, offline): text prompts, text output",
+    )
+    add_decoding_arguments(parser)
+    parser.add_argument("--stream", action="store_true", help="print each new token as it comes (one prompt)")
+    parser.add_argument("--echo", action="store_true", help="print the prompt before its new tokens")
+    parser.set_defaults(run=_generate)
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """``generate``'s options, named as transformers names them."""
+    parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="new tokens per prompt (32)")
+    parser.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the K most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens up to P")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the draws (same seed, same tokens)")
+    parser.add_argument("--repetition-penalty", type=float, default=None, help="transformers' repetition penalty")
+    parser.add_argument(
+        "--eos-token-id",
+        type=int,
+        action="append",
+        default=None,
+        metavar="ID",
+        help="a token that ends a prompt's generation (repeatable; default: the model's)",
+    )
+    parser.add_argument("--ignore-eos", action="store_true", help="never stop early: every prompt gets N tokens")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {args.max_new_tokens}: nothing to generate", fix="pass --max-new-tokens 32")
+    if not args.prompt_ids and not args.prompt:
+        raise InputError("no prompt given", fix="pass --prompt-ids 1,2,3 (or --prompt TEXT with --tokenizer DIR)")
+    if args.prompt and args.tokenizer is None:
+        raise InputError("--prompt TEXT needs a tokenizer", fix="pass --tokenizer DIR, or give --prompt-ids instead")
+    if args.stream and len(args.prompt_ids) + len(args.prompt) > 1:
+        raise InputError(
+            f"--stream prints one prompt's tokens as they come; {len(args.prompt_ids) + len(args.prompt)} prompts "
+            "were given",
+            fix="give one prompt with --stream, or drop --stream to print every prompt's tokens at the end",
+        )
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
+    module = load_generative(args.artifact)
+    prompts = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
+    check_prompts(module, prompts, args.max_new_tokens)
+    ids, mask = left_pad(prompts, module.generation.pad_token_id or 0)
+    options = decoding_options(args)
+    if args.stream:
+        _stream(module, ids, mask, options, tokenizer, args.echo)
+        return 0
+    out = module.generate(ids, mask, **options)
+    eos = set(options.get("eos_token_id", module.generation.eos_token_id))
+    for row, prompt in enumerate(prompts):
+        new = until_eos(out[row, ids.shape[1] :].tolist(), eos)
+        shown = (prompt if args.echo else []) + new
+        print(_text(tokenizer, shown) if tokenizer is not None else " ".join(map(str, shown)))
+    return 0
+
+
+def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``GenerativeModule.generate`` keyword arguments from :func:`add_decoding_arguments`'s options."""
+    options: dict[str, Any] = {
+        "max_new_tokens": args.max_new_tokens,
+        "do_sample": args.do_sample,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+    }
+    if args.ignore_eos:
+        options["eos_token_id"] = []
+    elif args.eos_token_id:
+        options["eos_token_id"] = list(args.eos_token_id)
+    return options
+
+
+def _stream(
+    module: Any, ids: torch.Tensor, mask: torch.Tensor, options: dict[str, Any], tokenizer: Any, echo: bool
+) -> None:
+    """One prompt's new tokens printed as they come: ids one by one, text through transformers' TextStreamer."""
+    if tokenizer is not None:
+        from transformers import TextStreamer
+
+        streamer = TextStreamer(tokenizer, skip_prompt=not echo, skip_special_tokens=True)
+        module.generate(ids, mask, streamer=streamer, **options)
+        return
+    if echo:
+        print(" ".join(map(str, ids[0].tolist())), end=" ", flush=True)
+    for count, tokens in enumerate(module.stream(ids, mask, **options)):
+        print(("" if count == 0 else " ") + str(int(tokens[0])), end="", flush=True)
+    print(flush=True)
+
+
+def load_generative(path: Path) -> Any:
+    """The :class:`~pipeline.generation.module.GenerativeModule` of a generation artifact, or a clear error."""
+    import pipeline
+    from pipeline.generation.module import GenerativeModule
+
+    if not path.is_file():
+        raise InputError(
+            f"no such artifact: {path}", fix="give the model.ptrt that `pipeline convert ... --generation` wrote"
+        )
+    module = pipeline.load(path)
+    if not isinstance(module, GenerativeModule):
+        raise InputError(
+            f"{path} is not a generation artifact: it was converted for the plain forward (one call, no KV cache)",
+            fix="convert it with `pipeline convert SPEC --generation max_length=256,max_batch=4 -o OUTDIR`",
+        )
+    return module
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(directory, local_files_only=True)``; a clear error when it cannot load."""
+    if not directory.is_dir():
+        raise InputError(
+            f"--tokenizer {directory}: no such directory",
+            fix="give a local directory holding tokenizer files (tokenizer.json, tokenizer_config.json)",
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"--tokenizer {directory} holds no tokenizer transformers can load: {type(exc).__name__}: {exc}",
+            fix="save one there with tokenizer.save_pretrained(DIR) (tokenizer.json + tokenizer_config.json)",
+        ) from exc
+
+
+def read_ids(text: str) -> list[int]:
+    """``--prompt-ids 1,2,3`` (commas and/or spaces) as a list of ints."""
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise InputError(
+            f"cannot read --prompt-ids {text!r}: token ids are whole numbers", fix="write --prompt-ids 1,2,3"
+        ) from None
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of a text prompt (with the tokenizer's special tokens, as ``tokenizer(text)`` gives them)."""
+    return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+def check_prompts(module: Any, prompts: list[list[int]], new_tokens: int) -> None:
+    """Every prompt fits the artifact: not empty, ids in its vocabulary, prompt + new tokens within ``max_length``,
+    no more prompts than ``max_batch``; each error names the prompt and the fix."""
+    generation = module.generation
+    if len(prompts) > generation.max_batch:
+        raise InputError(
+            f"{len(prompts)} prompts, but the artifact was converted for max_batch={generation.max_batch}",
+            fix=f"give at most {generation.max_batch} prompts, or convert with --generation "
+            f"max_batch={len(prompts)}",
+        )
+    vocab = module.vocabulary_size
+    for number, prompt in enumerate(prompts, start=1):
+        if not prompt:
+            raise InputError(f"prompt {number} is empty (no token ids)", fix="give at least one token id: 1,2,3")
+        outside = [i for i in prompt if i < 0 or (vocab is not None and i >= vocab)]
+        if outside:
+            raise InputError(
+                f"prompt {number} holds token id(s) {outside[:5]} outside the model's vocabulary [0, {vocab})",
+                fix="use ids below the vocabulary size (a tokenizer made for this model gives them)",
+            )
+        if len(prompt) + new_tokens > generation.max_length:
+            raise InputError(
+                f"prompt {number} has {len(prompt)} tokens; with --max-new-tokens {new_tokens} that is "
+                f"{len(prompt) + new_tokens}, more than the cache holds (max_length={generation.max_length})",
+                fix=f"shorten the prompt or lower --max-new-tokens, or convert with --generation "
+                f"max_length={len(prompt) + new_tokens}",
+            )
+
+
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as one left-padded batch: ``input_ids`` and ``attention_mask`` [batch, longest]."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad, dtype=torch.int64)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
+        mask[row, longest - len(prompt) :] = 1
+    return ids, mask
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """The new tokens up to and including the first end-of-sequence token (the rest is padding)."""
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: index + 1]
+    return tokens
+
+
+def _text(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
