@@ -3,6 +3,14 @@ that an equivalent form it takes can express exactly.
 
 - ``scaled_dot_product_attention`` on 3-d ``[batch, length, embedding]`` tensors: the exporter takes only 4-d
   ones, so each 3-d input gets a head axis of one (``unsqueeze(1)``) and the result loses it again.
+- ``scaled_dot_product_attention`` whose key and value have one head for a query of several (multi-query
+  attention written as a broadcast, as Falcon does): the exporter requires equal head counts unless
+  ``enable_gqa``, and with one key/value head grouped-query attention is that broadcast exactly, so the node gets
+  ``enable_gqa=True`` (one ONNX ``Attention`` node with ``kv_num_heads`` 1; the keys are not repeated).
+- ``scaled_dot_product_attention`` on 5-d and higher tensors (timm's Hiera: ``[batch, heads, windows, tokens,
+  dim]``): the leading axes, equal in query, key and value, are flattened into one batch axis and restored on the
+  result (a mask of rank 3 or less broadcasts as before; one of the full rank is flattened too). Attention is
+  independent per leading index, so this is exact.
 - ``hstack``/``vstack``/``dstack``/``column_stack`` and ``atleast_{1,2,3}d`` of a list: the exporter translates
   them with ONNX sequence ops (``SequenceConstruct``/``SequenceMap``), which TensorRT's parser has no importer for.
   Decomposed first (PyTorch's own decompositions), they are ``unsqueeze``/``view`` and one ``cat``.
@@ -36,14 +44,17 @@ _SEQUENCE_OPS = (
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` with every rewrite applied (in place; returned for chaining)."""
     changed = _attention_to_4d(program.graph_module.graph)
+    grouped = _broadcast_heads_as_grouped(program.graph_module.graph)
+    if grouped:
+        logger.debug("scaled_dot_product_attention over one key/value head made grouped at %d node(s)", grouped)
     if histogramdd_per_dimension(program.graph_module.graph):
         program.graph_module.recompile()
     if changed:
-        logger.debug("3-d scaled_dot_product_attention given a head axis at %d node(s)", changed)
+        logger.debug("3-d or 5-d+ scaled_dot_product_attention written as 4-d at %d node(s)", changed)
     scattered = _scalar_strided_scatter_as_1d(program.graph_module.graph)
     if scattered:
         logger.debug("0-d as_strided_scatter written as 1-d at %d node(s)", scattered)
-    if changed or scattered:
+    if changed or grouped or scattered:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
@@ -65,10 +76,16 @@ def _without_sequence_ops(program: torch.export.ExportedProgram) -> torch.export
 
 
 def _attention_to_4d(graph: torch.fx.Graph) -> int:
-    """3-d attention nodes rewritten as 4-d with one head; returns how many."""
+    """3-d attention nodes rewritten as 4-d with one head, 5-d and higher ones with their leading axes flattened;
+    returns how many."""
     count = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not _SDPA or _rank(node.args[0]) != 3:
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        rank = _rank(node.args[0])
+        if rank is not None and rank > 4:
+            count += _flatten_leading_axes(graph, node, rank)
+        if rank != 3:
             continue
         with graph.inserting_before(node):
             args = [_unsqueezed(graph, a) if i < 4 and _rank(a) == 3 else a for i, a in enumerate(node.args)]
@@ -81,6 +98,85 @@ def _attention_to_4d(graph: torch.fx.Graph) -> int:
         graph.erase_node(node)
         count += 1
     return count
+
+
+def _broadcast_heads_as_grouped(graph: torch.fx.Graph) -> int:
+    """4-d attention nodes whose key and value have one head and the query several, given ``enable_gqa=True``
+    (the same numbers: one head repeated is one head broadcast); returns how many."""
+    count = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not _SDPA or node.kwargs.get("enable_gqa"):
+            continue
+        query, key, value = (_val(a) for a in node.args[:3])
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in (query, key, value)):
+            continue
+        heads = [v.shape[1] for v in (query, key, value)]
+        if not all(isinstance(h, int) for h in heads) or not (heads[1] == heads[2] == 1 < heads[0]):
+            continue
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
+        count += 1
+    return count
+
+
+def _val(value: Any) -> Any:
+    return value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+
+
+def _flatten_leading_axes(graph: torch.fx.Graph, node: torch.fx.Node, rank: int) -> int:
+    """One ``rank``-d attention node as 4-d over its flattened leading axes (module doc); 0 when the inputs do not
+    share their leading axes (broadcasting between them is left to the exporter, which refuses it)."""
+    args: list[Any] = list(node.args) + [None] * (4 - len(node.args))
+    kwargs = dict(node.kwargs)
+    mask_in_kwargs = args[3] is None and "attn_mask" in kwargs
+    mask: Any = kwargs.get("attn_mask") if mask_in_kwargs else args[3]
+    leading = _shape(args[0])[: rank - 3]
+    if any(_rank(a) != rank or _same_axes(a, rank) != _same_axes(args[0], rank) for a in args[:3]):
+        return 0
+    mask_rank = _rank(mask) if isinstance(mask, torch.fx.Node) else None
+    flatten_mask = mask_rank == rank and _same_axes(mask, rank) == _same_axes(args[0], rank)
+    if isinstance(mask, torch.fx.Node) and not flatten_mask and (mask_rank is None or mask_rank > 3):
+        return 0
+    with graph.inserting_before(node):
+        flat = [_flattened(graph, a, rank) for a in args[:3]]
+        flat_mask = _flattened(graph, mask, rank) if flatten_mask else mask
+        new_args: list[Any] = [*flat, *node.args[3:]]
+        if mask_in_kwargs:
+            kwargs["attn_mask"] = flat_mask
+        elif len(new_args) > 3:
+            new_args[3] = flat_mask
+        attention = graph.call_function(_SDPA, tuple(new_args), kwargs)
+        attention.meta = {**node.meta, "val": _SDPA(*_vals(new_args), **_meta_kwargs(kwargs))}
+        sizes = [d if isinstance(d, int) else _size_of(graph, args[0], i) for i, d in enumerate(leading)]
+        restored = graph.call_function(torch.ops.aten.unflatten.int, (attention, 0, sizes))
+        restored.meta = {**node.meta, "val": attention.meta["val"].unflatten(0, tuple(leading))}
+    node.replace_all_uses_with(restored)
+    graph.erase_node(node)
+    return 1
+
+
+def _shape(value: Any) -> tuple[Any, ...]:
+    return tuple(value.meta["val"].shape) if isinstance(value, torch.fx.Node) else ()
+
+
+def _same_axes(value: Any, rank: int) -> tuple[str, ...]:
+    """The leading axes' sizes as text: equal symbols compare equal without a guard on the shape environment."""
+    return tuple(str(d) for d in _shape(value)[: rank - 3])
+
+
+def _flattened(graph: torch.fx.Graph, value: torch.fx.Node, rank: int) -> torch.fx.Node:
+    node = graph.call_function(torch.ops.aten.flatten.using_ints, (value, 0, rank - 4))
+    node.meta = {**value.meta, "val": value.meta["val"].flatten(0, rank - 4)}
+    return node
+
+
+def _size_of(graph: torch.fx.Graph, value: torch.fx.Node, axis: int) -> torch.fx.Node:
+    node = graph.call_function(torch.ops.aten.sym_size.int, (value, axis))
+    node.meta = {"val": value.meta["val"].shape[axis]}
+    return node
+
+
+def _meta_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.meta["val"] if isinstance(v, torch.fx.Node) else v for k, v in kwargs.items()}
 
 
 def _scalar_strided_scatter_as_1d(graph: torch.fx.Graph) -> int:

@@ -1,5 +1,6 @@
-"""Rewrites of the torch.export program before the ONNX translation: 3-d scaled_dot_product_attention (which the
-exporter refuses: "only 4D query, key, and value are supported") converts, matches PyTorch and builds."""
+"""Rewrites of the torch.export program before the ONNX translation: 3-d and 5-d scaled_dot_product_attention (which
+the exporter refuses: "only 4D query, key, and value are supported", timm's Hiera) and one key/value head broadcast
+over the query's heads (Falcon) convert, match PyTorch and build."""
 
 from __future__ import annotations
 
@@ -66,12 +67,68 @@ def test_3d_attention_with_a_dynamic_batch() -> None:
     torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
 
 
+def _qkv5(batch: int = 2) -> tuple[torch.Tensor, ...]:
+    return torch.randn(batch, 2, 3, 5, 8), torch.randn(batch, 2, 3, 6, 8), torch.randn(batch, 2, 3, 6, 4)
+
+
+def test_5d_attention_with_a_5d_mask_and_a_dynamic_batch_converts_matches_and_builds() -> None:
+    """The mask (a keyword, of the full rank) is flattened with the inputs; timm's Hiera below has none."""
+    model = Attention(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3))
+    sample = (*_qkv5(), torch.randn(2, 2, 3, 5, 6))
+    dynamic = {n: {0: ("batch", 1, 2, 8)} for n in ("q", "k", "v", "mask")}
+    module = pipeline.convert(model, sample, dynamic=dynamic)
+    fresh = (*_qkv5(3), torch.randn(3, 2, 3, 5, 6))
+    torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
+    assert_builds(module)
+
+
+def test_5d_attention_broadcasting_between_inputs_is_left_to_the_exporter() -> None:
+    model = Attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    q, k = torch.randn(2, 2, 3, 5, 8), torch.randn(1, 2, 3, 6, 8)
+    program = torch.export.export(model, (q, k, k))
+    before = [str(n.target) for n in program.graph.nodes]
+    assert [str(n.target) for n in fix_program(program).graph.nodes] == before
+
+
+def test_timm_hiera_converts_matches_and_builds() -> None:
+    """Hiera's mask-unit attention is 5-d: ``[batch, heads, windows, tokens, head_dim]``."""
+    import tests_environment  # noqa: F401 -- torchvision's operator schemas before timm
+    from timm.models.hiera import Hiera
+
+    torch.manual_seed(0)
+    model = Hiera(img_size=(32, 32), embed_dim=16, num_heads=1, num_classes=0, stages=(1, 1), q_pool=1,
+                  mask_unit_size=(4, 4), mask_unit_attn=(True, False), global_pos_size=(8, 8)).eval()  # fmt: skip
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    module = pipeline.convert(model, x)  # validates against PyTorch
+    torch.testing.assert_close(module(x), model(x), rtol=1e-5, atol=1e-5)
+    assert_builds(module)
+
+
 def test_4d_attention_is_left_to_the_exporter() -> None:
     model = Attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
     q = torch.randn(2, 2, 3, 8)
     program = torch.export.export(model, (q, q, q))
     before = [str(n.target) for n in program.graph.nodes]
     assert [str(n.target) for n in fix_program(program).graph.nodes] == before
+
+
+@pytest.mark.parametrize("opset", [None, 24], ids=["default-opset", "opset-24"])
+def test_one_key_value_head_broadcast_over_the_query_heads(opset: int | None) -> None:
+    """Multi-query attention written as a broadcast (Falcon): key/value [B, 1, S, D] for a query [B, 4, S, D]. At
+    opset 23+ the exporter's translation refused it ("SDPA (MHA) requires q_num_heads = kv_num_heads"); it is one
+    ``Attention`` node with one key/value head now, the keys never repeated."""
+    model = Attention(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+    mask = torch.rand(2, 1, 3, 6) > 0.3
+    mask[..., 0] = True
+    sample = (torch.randn(2, 4, 3, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8), mask)
+    module = pipeline.convert(model, sample, backend="onnxruntime", opset=opset)
+    fresh = (*(torch.randn_like(t) for t in sample[:3]), mask)
+    torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for n in module.onnx.graph.node]
+    if opset == 24:
+        assert ops.count("Attention") == 1 and "Expand" not in ops and "Tile" not in ops
+    else:
+        assert_builds(module)  # fp32 ONNX Attention has no TensorRT-RTX kernel (README, Generation): default only
 
 
 class _Stacks(torch.nn.Module):
