@@ -113,6 +113,7 @@ def quantize_weights_4bit(
     fp32_graph = to_graph(fp32_model)[0]
     block = fmt.block_size(settings.block_size)
     planned, skipped = plan_targets(fp32_graph, settings.keep_fp32)
+    weighted = {t.node: t for t in planned}  # tied heads included: they read the 4-bit table
     planned, unblockable = blockable(planned, fp32_graph, block)
     planned, heads = _without_heads(fp32_graph, planned) if settings.keep_head else (planned, [])
     tables, untabled = find_tables(fp32_graph, block) if settings.quantize_embeddings else ([], [])
@@ -153,8 +154,7 @@ def quantize_weights_4bit(
         done += quantize_tables(graph, fmt, tables, _table_values(fp32_graph, tables), block)
         notes.append(_tables_note(tables, done))
     if settings.nvfp4_activations:
-        quantized = {op.node for op in done}
-        targets = [t for t in chosen if t.node in quantized]
+        targets = [weighted[op.node] for op in done if op.op != "Gather" and op.node in weighted]
         notes.append(_quantize_activations(fp32_model, fp32_graph, graph, targets, feeds, scales, settings))
     final = to_model(graph, base, {**exported.node_metadata, **metadata})
     if raised:

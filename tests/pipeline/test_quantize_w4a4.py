@@ -2,7 +2,7 @@
 chain ModelOpt writes (passes/quantize/dynamic_fp4.py), its exact ONNX Runtime emulation
 (pipeline/quantize/dynamic_emulation.py) against a numpy reference of the format on values that reach every FP4 code,
 the ties and the saturation, the real TensorRT-RTX builder for compute capability 12.0 (and its refusal for 8.9),
-and a small language model converted, validated and built."""
+and a small language model (its head tied to an NVFP4 embedding table) converted, validated and built."""
 
 from __future__ import annotations
 
@@ -105,18 +105,21 @@ def test_emulation_matches_the_reference_with_a_calibrated_scale() -> None:
 
 def w4a4_lm() -> torch.nn.Module:
     torch.manual_seed(0)
-    return CharLM(40, width=64, layers=1).eval()
+    model = CharLM(40, width=64, layers=1).eval()
+    model.head.weight = model.embed.weight  # tied: with quantize_embeddings the head reads the 4-bit table
+    return model
 
 
 SAMPLE = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(0))
 
 
 def test_a_language_model_in_w4a4_validates_on_onnx_runtime_and_builds_for_12_0_only() -> None:
-    module = pipeline.convert(w4a4_lm(), SAMPLE, precision="nvfp4", nvfp4_activations=True, keep_head=False)
+    module = pipeline.convert(w4a4_lm(), SAMPLE, precision="nvfp4", nvfp4_activations=True, quantize_embeddings=True)
     report = module.report.quantization
     assert report is not None and module.report.accuracy is not None and module.report.accuracy.passed
     quantizers = [n for n in module.onnx.graph.node if n.op_type == DYNAMIC_QUANTIZE]
-    assert len(quantizers) == 5  # one per 4-bit MatMul: qkv, proj, fc1, fc2 and the head read five tensors
+    assert len(quantizers) == 5  # one per 4-bit MatMul: qkv, proj, fc1, fc2 and the tied head read five tensors
+    assert [op.op for op in report.quantized].count("Gather") == 1  # the NVFP4 table the head reads too
     assert any("W4A4" in note and "emulation" in note for note in report.notes)
     assert build_with_tensorrt_rtx(module.onnx, capabilities=("12.0",)) > 0
     with pytest.raises(AssertionError, match="builder failed"):
