@@ -4,17 +4,19 @@ Per model size (random-weight Llama configs) and batch (1 and 4): prefill tokens
 and decode tokens/s (new tokens after the first) for PyTorch eager ``model.generate`` (greedy, its DynamicCache),
 the converted cached step with the cache in bound ``OrtValue`` buffers (aliased in place), the same step with a
 copy of the cache per step (:class:`~pipeline.generation.runners.CopyingRunner`), and the no-cache conversion
-(the plain forward, the whole sequence recomputed per token). Medians of ``--runs``, measured side by side.
+(the plain forward, the whole sequence recomputed per token). Medians of ``--runs``, measured side by side, with
+the same number of threads on both sides and ONNX Runtime's threads not spinning between calls.
 
 Run from the repository root::
 
     python benchmarks/bench_generate.py                   # small and medium, batch 1 and 4
-    python benchmarks/bench_generate.py --sizes small --runs 3
+    python benchmarks/bench_generate.py --sizes small --runs 3 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -72,9 +74,12 @@ def bench_size(name: str, runs: int) -> list[str]:
     )
     model = transformers.LlamaForCausalLM(config).eval()
     sample = torch.randint(0, 4096, (2, PROMPT))
-    step = pipeline.convert(model, sample[:1], generation={"max_length": PROMPT + NEW, "max_batch": 4}, validate=False)
+    # the same threads on both sides, and ONNX Runtime's threads do not spin between calls: spinning threads take
+    # the cores eager PyTorch needs right after each ONNX Runtime call (as `pipeline bench` does)
+    fair = {"ort_intra_op_threads": torch.get_num_threads(), "ort_allow_spinning": False, "validate": False}
+    step = pipeline.convert(model, sample[:1], generation={"max_length": PROMPT + NEW, "max_batch": 4}, **fair)
     plain = pipeline.convert(
-        model, sample, dynamic={"input_ids": {0: ("batch", 1, 2, 4), 1: ("seq", 2, 32, PROMPT + NEW)}}, validate=False
+        model, sample, dynamic={"input_ids": {0: ("batch", 1, 2, 4), 1: ("seq", 2, 32, PROMPT + NEW)}}, **fair
     )
     copying = GenerativeModule(step._executor, step.io, step.onnx, step.settings, step.report)
     copying._runner = CopyingRunner(step._executor, cache_layout(step.io, step.generation.layers))
@@ -136,13 +141,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="threads of PyTorch and ONNX Runtime alike (default: PyTorch's); "
+        "on a busy machine use 1: multi-threaded PyTorch waits for descheduled threads at every op"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = ["| size | batch | runner | prefill tok/s | decode tok/s | decode vs eager |", "|---|---|---|---|---|---|"]
     for name in args.sizes:
         rows += bench_size(name, args.runs)
         print("\n".join(rows), flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS {peak:.0f} MiB; torch threads {torch.get_num_threads()}")
+    load = os.getloadavg()[0]
+    print(f"peak RSS {peak:.0f} MiB; torch and ONNX Runtime threads {torch.get_num_threads()} (no spinning); "
+          f"load {load:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

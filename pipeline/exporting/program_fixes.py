@@ -3,6 +3,10 @@ that an equivalent form it takes can express exactly.
 
 - ``scaled_dot_product_attention`` on 3-d ``[batch, length, embedding]`` tensors: the exporter takes only 4-d
   ones, so each 3-d input gets a head axis of one (``unsqueeze(1)``) and the result loses it again.
+- ``scaled_dot_product_attention`` whose key and value have one head for a query of several (multi-query
+  attention written as a broadcast, as Falcon does): the exporter requires equal head counts unless
+  ``enable_gqa``, and with one key/value head grouped-query attention is that broadcast exactly, so the node gets
+  ``enable_gqa=True`` (one ONNX ``Attention`` node with ``kv_num_heads`` 1; the keys are not repeated).
 - ``scaled_dot_product_attention`` on 5-d and higher tensors (timm's Hiera: ``[batch, heads, windows, tokens,
   dim]``): the leading axes, equal in query, key and value, are flattened into one batch axis and restored on the
   result (a mask of rank 3 or less broadcasts as before; one of the full rank is flattened too). Attention is
@@ -40,6 +44,9 @@ _SEQUENCE_OPS = (
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` with every rewrite applied (in place; returned for chaining)."""
     changed = _attention_to_4d(program.graph_module.graph)
+    grouped = _broadcast_heads_as_grouped(program.graph_module.graph)
+    if grouped:
+        logger.debug("scaled_dot_product_attention over one key/value head made grouped at %d node(s)", grouped)
     if histogramdd_per_dimension(program.graph_module.graph):
         program.graph_module.recompile()
     if changed:
@@ -47,7 +54,7 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     scattered = _scalar_strided_scatter_as_1d(program.graph_module.graph)
     if scattered:
         logger.debug("0-d as_strided_scatter written as 1-d at %d node(s)", scattered)
-    if changed or scattered:
+    if changed or grouped or scattered:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
@@ -91,6 +98,28 @@ def _attention_to_4d(graph: torch.fx.Graph) -> int:
         graph.erase_node(node)
         count += 1
     return count
+
+
+def _broadcast_heads_as_grouped(graph: torch.fx.Graph) -> int:
+    """4-d attention nodes whose key and value have one head and the query several, given ``enable_gqa=True``
+    (the same numbers: one head repeated is one head broadcast); returns how many."""
+    count = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not _SDPA or node.kwargs.get("enable_gqa"):
+            continue
+        query, key, value = (_val(a) for a in node.args[:3])
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in (query, key, value)):
+            continue
+        heads = [v.shape[1] for v in (query, key, value)]
+        if not all(isinstance(h, int) for h in heads) or not (heads[1] == heads[2] == 1 < heads[0]):
+            continue
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
+        count += 1
+    return count
+
+
+def _val(value: Any) -> Any:
+    return value.meta.get("val") if isinstance(value, torch.fx.Node) else None
 
 
 def _flatten_leading_axes(graph: torch.fx.Graph, node: torch.fx.Node, rank: int) -> int:

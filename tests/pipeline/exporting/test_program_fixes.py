@@ -1,6 +1,6 @@
 """Rewrites of the torch.export program before the ONNX translation: 3-d and 5-d scaled_dot_product_attention (which
-the exporter refuses: "only 4D query, key, and value are supported", timm's Hiera) converts, matches PyTorch and
-builds."""
+the exporter refuses: "only 4D query, key, and value are supported", timm's Hiera) and one key/value head broadcast
+over the query's heads (Falcon) convert, match PyTorch and build."""
 
 from __future__ import annotations
 
@@ -111,6 +111,25 @@ def test_4d_attention_is_left_to_the_exporter() -> None:
     program = torch.export.export(model, (q, q, q))
     before = [str(n.target) for n in program.graph.nodes]
     assert [str(n.target) for n in fix_program(program).graph.nodes] == before
+
+
+@pytest.mark.parametrize("opset", [None, 24], ids=["default-opset", "opset-24"])
+def test_one_key_value_head_broadcast_over_the_query_heads(opset: int | None) -> None:
+    """Multi-query attention written as a broadcast (Falcon): key/value [B, 1, S, D] for a query [B, 4, S, D]. At
+    opset 23+ the exporter's translation refused it ("SDPA (MHA) requires q_num_heads = kv_num_heads"); it is one
+    ``Attention`` node with one key/value head now, the keys never repeated."""
+    model = Attention(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+    mask = torch.rand(2, 1, 3, 6) > 0.3
+    mask[..., 0] = True
+    sample = (torch.randn(2, 4, 3, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8), mask)
+    module = pipeline.convert(model, sample, backend="onnxruntime", opset=opset)
+    fresh = (*(torch.randn_like(t) for t in sample[:3]), mask)
+    torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for n in module.onnx.graph.node]
+    if opset == 24:
+        assert ops.count("Attention") == 1 and "Expand" not in ops and "Tile" not in ops
+    else:
+        assert_builds(module)  # fp32 ONNX Attention has no TensorRT-RTX kernel (README, Generation): default only
 
 
 class _Stacks(torch.nn.Module):
