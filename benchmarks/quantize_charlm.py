@@ -1,7 +1,8 @@
 """Validation perplexity of a character-level transformer language model trained on CPython's own documentation
 (``pydoc_data/topics.py``; the model and data are the tests', ``tests/charlm_support.py``), in PyTorch fp32 and
-converted to fp16, INT8, FP8, INT4 (max and AWQ scales) and NVFP4 (max and AWQ) on ONNX Runtime's CPU provider:
-the accuracy table of issue 26, with greedy continuations, the artifact sizes and the one-step latency.
+converted to fp16, INT8, FP8, INT4 (max and AWQ scales), NVFP4 (max and AWQ; weight-only and W4A4) and the 4-bit
+embedding tables on ONNX Runtime's CPU provider: the accuracy table of issue 26, with greedy continuations, the
+artifact sizes and the one-step latency.
 
 Every conversion gets the same calibration text (``calibration_batches``: windows of the training text). INT8/FP8
 compute in float16 around the 8-bit ops, and the 4-bit precisions keep activations in float16 (W4A16), as TensorRT
@@ -40,6 +41,10 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("int4 awq", {"precision": "int4", "calibration_method": "awq"}),
     ("nvfp4 max", {"precision": "nvfp4"}),
     ("nvfp4 awq", {"precision": "nvfp4", "calibration_method": "awq"}),
+    ("nvfp4 W4A4 max", {"precision": "nvfp4", "nvfp4_activations": True}),
+    ("nvfp4 W4A4 awq", {"precision": "nvfp4", "nvfp4_activations": True, "calibration_method": "awq"}),
+    ("int4 max, embeddings in 4 bits", {"precision": "int4", "quantize_embeddings": True}),
+    ("nvfp4 max, embeddings in 4 bits", {"precision": "nvfp4", "quantize_embeddings": True}),
 ]
 PROMPT = "The return statement"
 
@@ -64,6 +69,8 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=300, help="train this many steps of 16 windows")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--only", nargs="*", default=None, help="convert only these variants (names as printed)")
+    parser.add_argument("--no-latency", action="store_true", help="skip the one-step latency")
     args = parser.parse_args()
     torch.set_num_threads(2)
     steps = None if args.train_seconds else args.train_steps
@@ -86,6 +93,8 @@ def main() -> None:
         fp32_size = fp32_module.save(Path(directory) / "fp32.ptrt").stat().st_size
         print(f"| fp32 (PyTorch) | {base:.3f} | | | 1.00 |")
         for name, settings in VARIANTS:
+            if args.only is not None and name not in args.only:
+                continue
             module = pipeline.convert(model, sample, calibration=calibration, dynamic=batch, **settings)
             ppl = perplexity(module, valid)
             report = module.report.quantization
@@ -96,6 +105,8 @@ def main() -> None:
     print(f"\nGreedy continuations of {PROMPT!r} ({CONTEXT}-character window):\n")
     for name, text in texts.items():
         print(f"- {name}: {text!r}")
+    if args.no_latency:
+        return
     print("\nOne forward call ([8, 64] tokens), ONNX Runtime CPU, 2 threads, fp32 fallback (median of 30):\n")
     one = calibration[0]
     timed = {"fp32": pipeline.convert(model, one, validate=False, ort_intra_op_threads=2)}

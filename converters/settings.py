@@ -17,6 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from converters.block_settings import check_block_quantization
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, normalise_generation
 from converters.shapes import DynamicDim, ProfileRange, normalise_dynamic, normalise_profiles
@@ -239,9 +240,13 @@ class Settings:
     # calibration_method "auto" is "max"; "awq" searches activation-aware scales. keep_head leaves the output head
     # (a MatMul/Gemm whose output is a graph output) in quantize_fallback. ort_int4_accuracy_level is the accuracy
     # level of ONNX Runtime's MatMulNBits, into which its session fuses the INT4 weights: 1 computes in float32
-    # (exact), 4 quantizes activations to int8 (faster, ~1% error).
+    # (exact), 4 quantizes activations to int8 (faster, ~1% error). nvfp4_activations (precision="nvfp4"): W4A4,
+    # activations quantized to NVFP4 at run time (TensorRT's TRT_FP4DynamicQuantize, compute capability 12.x).
+    # quantize_embeddings: Gather tables in 4 bits too (a tied table quantized once).
     block_size: int = option("precision", 128)
     keep_head: bool = option("precision", True)
+    nvfp4_activations: bool = option("precision", False)
+    quantize_embeddings: bool = option("precision", False)
     ort_int4_accuracy_level: int = option("onnxruntime", 1)
 
     def __post_init__(self) -> None:
@@ -439,36 +444,11 @@ def _check_quantization(settings: Settings) -> None:
             )
     if not 0 < settings.calibration_percentile <= 100:
         raise InputError("calibration_percentile must be within (0, 100]", fix="pass e.g. calibration_percentile=99.99")
-    _check_block_quantization(settings)
+    check_block_quantization(settings)
     if settings.precision in ("int8", "fp8", "int4", "nvfp4") and settings.precision_io == "low":
         raise InputError(
             f"precision_io='low' is not supported with precision={settings.precision!r}: graph inputs stay float32",
             fix="leave precision_io='model' with int8/fp8/int4/nvfp4",
-        )
-
-
-def _check_block_quantization(settings: Settings) -> None:
-    four_bit = settings.precision in ("int4", "nvfp4")
-    if settings.calibration_method == "awq" and not four_bit:
-        raise InputError(
-            f"calibration_method='awq' chooses 4-bit weight scales, but precision is {settings.precision!r}",
-            fix="pass precision='int4' or 'nvfp4' with calibration_method='awq'",
-        )
-    if four_bit and settings.calibration_method not in ("auto", "max", "awq"):
-        raise InputError(
-            f"calibration_method={settings.calibration_method!r} calibrates activations; precision="
-            f"{settings.precision!r} quantizes weights only",
-            fix="use calibration_method='max' (the default) or 'awq' (activation-aware scales)",
-        )
-    if settings.block_size < 16 or settings.block_size & (settings.block_size - 1):
-        raise InputError(
-            f"block_size must be a power of two >= 16, got {settings.block_size}",
-            fix="pass block_size=32, 64 or 128 (TensorRT's INT4 range; 128 is the default)",
-        )
-    if settings.ort_int4_accuracy_level not in (0, 1, 2, 3, 4):
-        raise InputError(
-            f"ort_int4_accuracy_level must be 0 to 4, got {settings.ort_int4_accuracy_level}",
-            fix="pass 1 (float32 activations: exact) or 4 (int8 activations: faster)",
         )
 
 

@@ -153,7 +153,11 @@ def antialiased_resize(ctx: ConverterContext) -> gs.Tensor:
     return out if out is not x else ctx.op.Identity(x)
 
 
-@converter_case(lambda: _Interpolate(size=(5, 7), mode="bilinear"), inputs=[((2, 3, 16, 20), "float32")])
+@converter_case(
+    lambda: _Interpolate(size=(6, 5), mode="bilinear", align_corners=True),  # the exporter's Resize is 0.5 off here
+    inputs=[((2, 3, 15, 12), "float32")],
+    dynamic={"x": {0: ("batch", 1, 2, 4)}},
+)
 def convert_bilinear_antialiased(ctx: ConverterContext) -> gs.Tensor:
     """``aten::_upsample_bilinear2d_aa.vec``: :func:`antialiased_resize`."""
     return antialiased_resize(ctx)

@@ -94,7 +94,7 @@ def quantize_weights(
             node.inputs[target.activation] = scaled_inputs[activation.name]
         quantized = quantize(fmt, matrix, fmt.block_size(block), float_type.type)
         base = f"{node.name}/weight_{fmt.name}"
-        node.inputs[target.weight] = _dequantized(graph, quantized, base, target, float_type, matrix.shape)
+        node.inputs[target.weight] = dequantized_weight(graph, quantized, base, target, float_type, matrix.shape)
         block_scales = quantized.scales.astype(np.float32) * np.float32(quantized.scale2 or 1.0)
         done.append(
             QuantizedOp(
@@ -127,7 +127,7 @@ def _scaled_input(graph: gs.Graph, source: gs.Tensor, scales: np.ndarray, float_
     return out
 
 
-def _dequantized(
+def dequantized_weight(
     graph: gs.Graph,
     quantized: BlockQuantized,
     base: str,

@@ -207,6 +207,16 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
         help="int4: input channels per weight scale (32, 64 or 128 for TensorRT; nvfp4's blocks are always 16)",
     )
     parser.add_argument(
+        "--nvfp4-activations",
+        action="store_true",
+        help="nvfp4: quantize the 4-bit MatMuls' activations to NVFP4 at run time too (W4A4; TensorRT 12.x only)",
+    )
+    parser.add_argument(
+        "--quantize-embeddings",
+        action="store_true",
+        help="int4/nvfp4: store embedding tables (Gather) in 4 bits too; a table tied to the head is stored once",
+    )
+    parser.add_argument(
         "--quantize-fallback",
         default="fp16",
         choices=["fp16", "fp32"],
@@ -269,6 +279,8 @@ def conversion_options(args: argparse.Namespace) -> dict[str, Any]:
         "precision": args.precision,
         "quantize_fallback": args.quantize_fallback,
         "block_size": args.block_size,
+        "nvfp4_activations": args.nvfp4_activations,
+        "quantize_embeddings": args.quantize_embeddings,
         "ort_int8_conv_outputs": args.ort_int8_conv_outputs,
         "keep_fp32": tuple(args.keep_fp32),
         "seed": args.seed,

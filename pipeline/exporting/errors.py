@@ -133,3 +133,13 @@ def failing_op(exc: BaseException) -> str | None:
     if marker in text:
         return text.split(marker, 1)[1].split(".", 1)[0][:120]
     return None
+
+
+def dangling_message(dangling: list[tuple[str, str]]) -> str:
+    """The export error for node inputs neither produced by a node nor holding data in the exporter's graph."""
+    shown = ", ".join(f"{tensor!r} read by {node!r}" for node, tensor in dangling[:3])
+    more = f" and {len(dangling) - 3} more" if len(dangling) > 3 else ""
+    return (
+        f"torch.onnx.export wrote a graph that reads tensors nothing produces ({shown}{more}): the exporter's "
+        "translation or its optimizer (onnxscript) lost them, before any pass of ours ran"
+    )

@@ -203,10 +203,38 @@ def _torch_export(
                     else "pass custom_translation_table={op: function} to convert, or register a converter for the op"
                 ),
             ) from exc
-    logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
     if program is None or program.model is None:
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
+    restore_lost_initializers(program.model)
+    logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
     return program
+
+
+def restore_lost_initializers(model: Any) -> None:
+    """Register the constants the exporter's optimizer left unregistered, in its ONNX IR ``model`` (main graph).
+
+    onnxscript 0.7.2's ``Clip(Clip(x))`` fusion names the fused bounds ``{x}_min``/``{x}_max``; chains sharing ``x``
+    (timm's Gemma4 ViT clamps the input of its query, key and value projections between buffers) get ``_1``, ``_2``
+    names that are never registered, so the graph reads tensors nothing produces. The values still hold their data:
+    registered, the graph is exactly what the optimizer meant. A read of a tensor without data is the exporter's
+    error, raised here, before any pass of ours.
+    """
+    graph = model.graph
+    known = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
+    lost: list[tuple[str, str]] = []
+    for node in graph:
+        for value in node.inputs:
+            if value is None or value.producer() is not None or id(value) in known:
+                continue
+            if value.const_value is None or value.name in graph.initializers:
+                lost.append((str(node.name), str(value.name)))
+                continue
+            graph.register_initializer(value)
+            known.add(id(value))
+            logger.info("registered the exporter's lost constant %s (read by %s)", value.name, node.name)
+    if lost:
+        raise ExportError(export_errors.dangling_message(lost), node=lost[0][0],
+                          fix="report this model to PyTorch (torch.onnx export) with the tensors named")  # fmt: skip
 
 
 @contextlib.contextmanager

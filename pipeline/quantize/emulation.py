@@ -21,6 +21,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from passes.quantize.dynamic_fp4 import DYNAMIC_QUANTIZE
+from pipeline.quantize.dynamic_emulation import emulate_dynamic_fp4
+
 FP8 = onnx.TensorProto.FLOAT8E4M3FN
 FP4 = onnx.TensorProto.FLOAT4E2M1
 
@@ -146,17 +149,19 @@ def fold_unfused_weights(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def has_fp4(model: onnx.ModelProto) -> bool:
-    """Does ``model`` hold an FP4 (NVFP4) initializer?"""
-    return any(t.data_type == FP4 for t in model.graph.initializer)
+    """Does ``model`` hold an FP4 (NVFP4) initializer or quantize activations to NVFP4?"""
+    return any(t.data_type == FP4 for t in model.graph.initializer) or any(
+        n.op_type == DYNAMIC_QUANTIZE for n in model.graph.node
+    )
 
 
 def emulate_fp4(model: onnx.ModelProto) -> onnx.ModelProto:
     """NVFP4 weights on ONNX Runtime, which has no FLOAT4E2M1 DequantizeLinear: each ``DequantizeLinear(fp8 block
     scales, float32 scale2) -> DequantizeLinear(fp4 weight, block scales)`` chain becomes the float32 initializer it
     computes (``fp4 x (fp8 x scale2)``, each product rounded to float32 as the spec's float32 arithmetic does): the
-    same values bit for bit; the Transpose and Cast after it stay in the graph."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    same values bit for bit; the Transpose and Cast after it stay in the graph. NVFP4 activations
+    (``nvfp4_activations``) run as :func:`emulate_dynamic_fp4` spells them out."""
+    out = emulate_dynamic_fp4(model)
     graph = out.graph
     initializers = {t.name: t for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}

@@ -7,8 +7,10 @@ later, NVFP4 for 12.0 and 12.1) and NVIDIA's Edge-LLM and ModelOpt ship for lang
 Scales: ``calibration_method="max"`` (the default) takes each block's largest weight; ``"awq"`` runs the
 activation-aware search of :mod:`pipeline.quantize.awq` on the float32 graph's activations over the calibration
 inputs. ``keep_head`` leaves the output head (a MatMul/Gemm whose output reaches a graph output through element-wise
-ops only) in the fallback type; ``keep_fp32`` leaves any node out. Gather embeddings are not MatMuls and stay in the
-fallback type.
+ops only) in the fallback type; ``keep_fp32`` leaves any node out. Gather embedding tables stay in the fallback
+type unless ``quantize_embeddings`` (:mod:`passes.quantize.embeddings`: a tied head then reads the same 4-bit
+table). ``nvfp4_activations`` quantizes the 4-bit MatMuls' activations to NVFP4 at run time too (W4A4,
+:mod:`passes.quantize.dynamic_fp4`), each with the per-tensor scale of its calibrated largest magnitude.
 
 Targets follow the precision: NVFP4 with no ``trt_compute_capabilities`` targets 12.0; a target the format cannot
 run on (INT4 on 7.5, NVFP4 before 12.0) is an :class:`~converters.errors.InputError`.
@@ -30,6 +32,9 @@ from converters.errors import InputError
 from passes import GraphPass, PassRecord, to_graph, to_model
 from passes.precision.types import LOW_TYPES
 from passes.quantize.blockwise import BLOCK_FORMATS, BlockFormat
+from passes.quantize.dynamic_fp4 import activation_scale, quantizable, quantize_activations
+from passes.quantize.embeddings import Table, find_tables, quantize_tables
+from passes.quantize.insert import QuantizedOp
 from passes.quantize.placement import Skipped, Target, plan_targets
 from passes.quantize.weight_only import blockable, quantize_weights, weight_matrix
 from pipeline.exporting.stage import ExportedGraph
@@ -108,14 +113,25 @@ def quantize_weights_4bit(
     fp32_graph = to_graph(fp32_model)[0]
     block = fmt.block_size(settings.block_size)
     planned, skipped = plan_targets(fp32_graph, settings.keep_fp32)
+    weighted = {t.node: t for t in planned}  # tied heads included: they read the 4-bit table
     planned, unblockable = blockable(planned, fp32_graph, block)
     planned, heads = _without_heads(fp32_graph, planned) if settings.keep_head else (planned, [])
-    skipped = [*skipped, *unblockable, *heads]
+    tables, untabled = find_tables(fp32_graph, block) if settings.quantize_embeddings else ([], [])
+    tied = {name for table in tables for name in table.tied}
+    planned = [t for t in planned if t.node not in tied]  # a tied head reads the 4-bit table: stored once
+    skipped = [s for s in [*skipped, *unblockable, *heads, *untabled] if s.node not in tied]
     records: list[PassRecord] = []
     precision = None
     base = fp32_model
     if settings.quantize_fallback == "fp16":
-        half = dataclasses.replace(settings, precision="fp16", precision_search=False, calibration_method="auto")
+        half = dataclasses.replace(
+            settings,
+            precision="fp16",
+            precision_search=False,
+            calibration_method="auto",
+            nvfp4_activations=False,
+            quantize_embeddings=False,
+        )
         base, records, precision = convert_precision(
             fp32_model, exported, model, sample, calibration, half, passes, (feeds, references)
         )
@@ -134,6 +150,12 @@ def quantize_weights_4bit(
     present = {n.name for n in graph.nodes}
     chosen = [t for t in planned if t.node in present]
     done = quantize_weights(graph, fmt, chosen, weights, block, scales)
+    if tables:
+        done += quantize_tables(graph, fmt, tables, _table_values(fp32_graph, tables), block)
+        notes.append(_tables_note(tables, done))
+    if settings.nvfp4_activations:
+        targets = [weighted[op.node] for op in done if op.op != "Gather" and op.node in weighted]
+        notes.append(_quantize_activations(fp32_model, fp32_graph, graph, targets, feeds, scales, settings))
     final = to_model(graph, base, {**exported.node_metadata, **metadata})
     if raised:
         for entry in final.opset_import:
@@ -166,6 +188,58 @@ def quantize_weights_4bit(
         tolerances=tolerances,
     )
     return final, records, precision, judge_quantized_share(report, settings)
+
+
+def _table_values(graph: gs.Graph, tables: Sequence[Table]) -> dict[str, np.ndarray]:
+    """Gather node -> its float32 table in the float32 graph."""
+    nodes = {n.name: n for n in graph.nodes}
+    return {t.node: np.asarray(nodes[t.node].inputs[0].values, np.float32) for t in tables}
+
+
+def _tables_note(tables: Sequence[Table], done: Sequence[QuantizedOp]) -> str:
+    stored = [op for op in done if op.op == "Gather"]
+    tied = [f"{name} (tied to {table.node})" for table in tables for name in table.tied]
+    return (
+        f"quantize_embeddings: {len(stored)} embedding tables in 4 bits ({sum(op.weight_elements for op in stored)} "
+        "values), DequantizeLinear before the Gather"
+        + (f"; tied heads reading the same 4-bit table: {', '.join(tied)}" if tied else "")
+    )
+
+
+def _quantize_activations(
+    fp32_model: onnx.ModelProto,
+    fp32_graph: gs.Graph,
+    graph: gs.Graph,
+    targets: Sequence[Target],
+    feeds: Sequence[dict[str, np.ndarray]],
+    scales: dict[str, np.ndarray],
+    settings: Settings,
+) -> str:
+    """NVFP4 activations (W4A4) at the inputs of the 4-bit MatMuls TensorRT's dynamic quantization takes, each
+    with the per-tensor scale of its largest magnitude on the calibration inputs (after AWQ's ``1 / s``); the note."""
+    fp32_nodes = {n.name: n for n in fp32_graph.nodes}
+    position = {t.node: t.activation for t in targets}
+    inputs = {t.node: fp32_nodes[t.node].inputs[t.activation] for t in targets}
+    reasons = {name: quantizable(tensor) for name, tensor in inputs.items()}
+    chosen = [name for name, reason in reasons.items() if reason is None]
+    sources = {name: inputs[name].name for name in chosen}
+    amax: dict[str, float] = dict.fromkeys(sources.values(), 0.0)
+    inverse = {sources[n]: 1.0 / scales[n] for n in chosen if n in scales}
+
+    def visit(name: str, _: int, value: np.ndarray) -> None:
+        wide = np.abs(value.astype(np.float32)) * inverse.get(name, 1.0)
+        amax[name] = max(amax[name], float(wide.max(initial=0.0)))
+
+    observe(fp32_model, feeds, list(amax), visit, settings.ort_providers)
+    scale2 = {n: activation_scale(amax[sources[n]]) for n in chosen}
+    quantized = quantize_activations(graph, [(n, position[n]) for n in chosen], scale2)
+    kept = [f"{name} ({reason})" for name, reason in reasons.items() if reason is not None]
+    return (
+        f"W4A4: {quantized} activation tensors of {len(chosen)} MatMuls quantized to NVFP4 at run time "
+        "(trt::TRT_FP4DynamicQuantize, blocks of 16, FP8 scales, a per-tensor scale of the calibrated amax / "
+        "(6 * 448)); ONNX Runtime runs its exact emulation (float32 ops), TensorRT the real op (compute capability "
+        "12.x)" + (f"; float activations kept at {', '.join(kept)}" if kept else "")
+    )
 
 
 def _without_heads(graph: gs.Graph, targets: Sequence[Target]) -> tuple[list[Target], list[Skipped]]:

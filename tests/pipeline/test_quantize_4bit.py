@@ -76,6 +76,7 @@ def test_nvfp4_targets_compute_capability_12_and_builds_there() -> None:
     assert report is not None and report.dtype == "float4e2m1" and report.weight_share == 1.0
     assert len(report.quantized) == 5  # the head too: keep_head=False
     assert set(four_bit_weights(module.onnx).values()) == {onnx.TensorProto.FLOAT4E2M1}
+    assert not any(n.domain == "trt" for n in module.onnx.graph.node)  # weight-only unless nvfp4_activations
     assert any("exact emulation" in note for note in report.notes)
     assert module.report.accuracy is not None and module.report.accuracy.passed
 

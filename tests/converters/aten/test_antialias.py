@@ -65,17 +65,6 @@ def test_torchvision_resize_and_crop_convert_match_and_build_in_fp16() -> None:
     assert_builds(module)
 
 
-def test_align_corners_and_a_dynamic_batch() -> None:
-    """align_corners=True with antialias: PyTorch's window centers stay at ``scale * (i + 0.5)`` (ONNX's
-    ``align_corners`` Resize, the exporter's translation, puts them elsewhere)."""
-    model = Interpolate(size=(6, 5), mode="bilinear", align_corners=True).eval()
-    module = pipeline.convert(model, torch.randn(2, 3, 15, 12), dynamic={"x": {0: ("batch", 1, 2, 4)}})
-    assert [n.op_type for n in module.onnx.graph.node] == ["MatMul", "MatMul"]
-    x = torch.randn(3, 3, 15, 12)
-    torch.testing.assert_close(module(x), model(x), atol=1e-6, rtol=1e-6)
-    assert_builds(module)
-
-
 def test_dynamic_height_keeps_the_exporters_resize_on_onnx_runtime() -> None:
     model = Interpolate(size=(5, 7), mode="bilinear").eval()
     module = pipeline.convert(model, torch.randn(1, 2, 16, 20), dynamic={"x": {2: ("height", 8, 16, 32)}})

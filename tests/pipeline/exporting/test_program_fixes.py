@@ -71,15 +71,16 @@ def _qkv5(batch: int = 2) -> tuple[torch.Tensor, ...]:
     return torch.randn(batch, 2, 3, 5, 8), torch.randn(batch, 2, 3, 6, 8), torch.randn(batch, 2, 3, 6, 4)
 
 
-def test_5d_attention_with_a_5d_mask_and_a_dynamic_batch_converts_matches_and_builds() -> None:
-    """The mask (a keyword, of the full rank) is flattened with the inputs; timm's Hiera below has none."""
+def test_5d_attention_with_a_5d_mask_is_the_same_program() -> None:
+    """The mask (a keyword, of the full rank) is flattened with the inputs (the ONNX path: timm's Hiera below)."""
     model = Attention(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3))
     sample = (*_qkv5(), torch.randn(2, 2, 3, 5, 6))
-    dynamic = {n: {0: ("batch", 1, 2, 8)} for n in ("q", "k", "v", "mask")}
-    module = pipeline.convert(model, sample, dynamic=dynamic)
-    fresh = (*_qkv5(3), torch.randn(3, 2, 3, 5, 6))
-    torch.testing.assert_close(module(*fresh), model(*fresh), rtol=1e-5, atol=1e-5)
-    assert_builds(module)
+    program = fix_program(torch.export.export(model, sample))
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.unflatten.int in targets
+    assert all(len(n.meta["val"].shape) == 4 for n in program.graph.nodes if n.target is F.scaled_dot_product_attention
+               or n.target is torch.ops.aten.scaled_dot_product_attention.default)  # fmt: skip
+    torch.testing.assert_close(program.module()(*sample), model(*sample), rtol=1e-6, atol=1e-6)
 
 
 def test_5d_attention_broadcasting_between_inputs_is_left_to_the_exporter() -> None:
