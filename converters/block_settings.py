@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import onnx
+
 from converters.errors import InputError
 
 #: The precisions that store weights in 4 bits.
@@ -25,6 +27,11 @@ def check_block_quantization(settings: Any) -> None:
             f"calibration_method={settings.calibration_method!r} calibrates activations; precision="
             f"{settings.precision!r} quantizes weights only",
             fix="use calibration_method='max' (the default) or 'awq' (activation-aware scales)",
+        )
+    if settings.precision == "nvfp4" and not hasattr(onnx.TensorProto, "FLOAT4E2M1"):
+        raise InputError(
+            f"precision='nvfp4' stores FLOAT4E2M1 weights, which onnx {onnx.__version__} does not have",
+            fix="pip install 'onnx>=1.18' (or use precision='int4')",
         )
     if settings.block_size < 16 or settings.block_size & (settings.block_size - 1):
         raise InputError(

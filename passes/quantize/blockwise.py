@@ -141,7 +141,10 @@ def fake_quantize(fmt: BlockFormat, weight: np.ndarray, block: int, scale_type: 
     return dequantize(quantize(fmt, weight, block, scale_type))
 
 
+#: ONNX's FLOAT4E2M1 element type (23); a name from onnx 1.18 on (older onnx: nvfp4 is refused by the settings).
+FLOAT4E2M1: int = getattr(onnx.TensorProto, "FLOAT4E2M1", 23)
+
 BLOCK_FORMATS: Mapping[str, BlockFormat] = {
     "int4": BlockFormat("int4", "int4", onnx.TensorProto.INT4, 21, None, (8, 0)),
-    "nvfp4": BlockFormat("nvfp4", "float4e2m1", onnx.TensorProto.FLOAT4E2M1, 23, NVFP4_BLOCK, (12, 0)),
+    "nvfp4": BlockFormat("nvfp4", "float4e2m1", FLOAT4E2M1, 23, NVFP4_BLOCK, (12, 0)),
 }

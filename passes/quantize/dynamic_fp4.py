@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from passes.quantize.blockwise import FP4_MAX, FP8_MAX, NVFP4_BLOCK
+from passes.quantize.blockwise import FLOAT4E2M1, FP4_MAX, FP8_MAX, NVFP4_BLOCK
 
 #: The op, its domain and its attributes (ModelOpt's ``_fp4_dynamic_quantize``).
 DYNAMIC_QUANTIZE = "TRT_FP4DynamicQuantize"
@@ -72,7 +72,7 @@ def _chain(graph: gs.Graph, source: gs.Tensor, scale2: float) -> gs.Variable:
     float_type = np.dtype(source.dtype) if source.dtype is not None else np.dtype(np.float32)
     shape = list(source.shape or [])
     scale = gs.Constant(f"{base}/scale2", np.asarray(scale2, np.float32))
-    values = gs.Variable(f"{base}/fp4", dtype=onnx.TensorProto.FLOAT4E2M1, shape=shape)
+    values = gs.Variable(f"{base}/fp4", dtype=FLOAT4E2M1, shape=shape)
     block_scales_fp8 = gs.Variable(f"{base}/block_scales_fp8", dtype=onnx.TensorProto.FLOAT8E4M3FN)
     block_scales = gs.Variable(f"{base}/block_scales", dtype=np.float32)
     dequantized = gs.Variable(f"{base}/dequantized", dtype=np.float32, shape=shape)

@@ -21,11 +21,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from passes.quantize.blockwise import FLOAT4E2M1
 from passes.quantize.dynamic_fp4 import DYNAMIC_QUANTIZE
 from pipeline.quantize.dynamic_emulation import emulate_dynamic_fp4
 
 FP8 = onnx.TensorProto.FLOAT8E4M3FN
-FP4 = onnx.TensorProto.FLOAT4E2M1
+FP4 = FLOAT4E2M1
 
 
 def has_fp8(model: onnx.ModelProto) -> bool:
