@@ -316,7 +316,7 @@ def run_uint8(model: onnx.ModelProto, x: np.ndarray, level: ort.GraphOptimizatio
 
 def test_uint8_weights_compute_the_same_values_bit_for_bit() -> None:
     """Rewrite 8: every int8 weight as uint8 with zero point 128 gives, on ONNX Runtime's reference kernels, the
-    Q/DQ graph's values bit for bit (whether the fused int8 kernel saturates: test_uint8_weights_escape_the_saturating_kernel_...)."""
+    Q/DQ graph's values bit for bit (whether the fused int8 kernel saturates: the saturating-kernel test)."""
     model = quantized_stem()
     unsigned, switched = unsigned_weights(model)
     assert switched == 6  # the six convolutions' weights
