@@ -15,7 +15,7 @@ Run from the repository root::
     python benchmarks/generation_families.py                  # every family, the markdown table
     python benchmarks/generation_families.py --only llama gpt2
     python benchmarks/generation_families.py --json families.json
-    python benchmarks/generation_families.py --fp16 --rtx --only llama qwen2 gemma phi3 gpt2 gpt-neox
+    python benchmarks/generation_families.py --rtx --fp16 llama qwen2 gemma phi3 gpt-2 gpt-neox  # fp16 for these
 """
 
 from __future__ import annotations
@@ -187,7 +187,9 @@ def main() -> None:
     parser.add_argument(
         "--rtx", action="store_true", help="also build each step with TensorRT-RTX (with --fp16: the fp16 conversion)"
     )
-    parser.add_argument("--fp16", action="store_true", help="also convert in fp16: policy verdict, greedy count")
+    parser.add_argument(
+        "--fp16", nargs="*", help="also convert in fp16 (these families; none named: all): policy verdict, greedy count"
+    )
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -197,7 +199,8 @@ def main() -> None:
         if wanted and name.lower() not in wanted:
             continue
         try:
-            row = run_family(name, make, args.rtx, args.fp16)
+            fp16 = args.fp16 is not None and (not args.fp16 or name.lower() in {n.lower() for n in args.fp16})
+            row = run_family(name, make, args.rtx and (fp16 or args.fp16 is None), fp16)
         except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
             traceback.print_exc()
             row = {"family": name, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
