@@ -25,6 +25,7 @@ from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
+from pipeline.exporting.translation_table import reused_translation_table
 from pipeline.module import containers, io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.noise import quiet_third_party
@@ -191,16 +192,17 @@ def _torch_export(
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
         try:
-            program = torch.onnx.export(
-                exported,
-                args,
-                kwargs=kwargs,
-                dynamo=True,
-                custom_translation_table=dict(table) or None,  # type: ignore[arg-type]
-                opset_version=settings.opset,
-                verbose=False,
-                report=False,
-            )
+            with reused_translation_table():
+                program = torch.onnx.export(
+                    exported,
+                    args,
+                    kwargs=kwargs,
+                    dynamo=True,
+                    custom_translation_table=dict(table) or None,  # type: ignore[arg-type]
+                    opset_version=settings.opset,
+                    verbose=False,
+                    report=False,
+                )
         except Exception as exc:
             missing = export_errors.untranslated_op(exc)
             raise ExportError(

@@ -1,0 +1,73 @@
+"""The exporter's translation table is built once per opset and process, not once per export: the graphs are the
+ones a fresh table gives, a custom translation stays with the export that asked for it, and an operator
+registered later (a custom op library, torchvision imported late) makes the next export build a new table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+import torch
+from onnxscript import opset18 as op
+from torch import nn
+
+import pipeline
+from pipeline.exporting.translation_table import kept_tables, reused_translation_table
+
+
+class SinPlusMean(nn.Module):
+    """forward(x) = sin(x) + mean(x, -1, keepdim)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) + x.mean(-1, keepdim=True)
+
+
+def _ops(program: torch.onnx.ONNXProgram) -> list[str]:
+    return [node.op_type for node in program.model_proto.graph.node]
+
+
+def _export(custom: dict | None = None) -> torch.onnx.ONNXProgram:
+    sample = (torch.randn(2, 3),)
+    model = SinPlusMean().eval()
+    program = torch.onnx.export(model, sample, dynamo=True, custom_translation_table=custom, report=False)
+    assert program is not None
+    return program
+
+
+def cos(x: Any) -> Any:
+    """A translation of aten.sin that writes Cos (so that the test can see which table an export used)."""
+    return op.Cos(x)
+
+
+def test_reused_table_gives_the_same_graph_and_keeps_custom_translations_to_their_export() -> None:
+    plain = _export()
+    with reused_translation_table():
+        first = _export()
+        custom = _export({torch.ops.aten.sin.default: cos})
+        after = _export()
+    assert onnx.printer.to_text(first.model_proto.graph) == onnx.printer.to_text(plain.model_proto.graph)
+    assert "Sin" in _ops(first) and "Cos" not in _ops(first)
+    assert "Cos" in _ops(custom) and "Sin" not in _ops(custom)
+    assert "Sin" in _ops(after) and "Cos" not in _ops(after), "a custom translation leaked into the kept table"
+
+
+def test_an_operator_registered_later_rebuilds_the_table() -> None:
+    with reused_translation_table():
+        _export()
+    before = kept_tables()
+    library = torch.library.Library("translation_table_test", "DEF")  # noqa: F841 (keeps the op registered)
+    library.define("late(Tensor x) -> Tensor")
+    with reused_translation_table():
+        _export()
+    after = kept_tables()
+    assert set(before) == set(after)
+    assert all(after[opset] > before[opset] for opset in before)
+
+
+def test_pipeline_conversions_match_with_the_kept_table() -> None:
+    model = SinPlusMean().eval()
+    sample = torch.randn(4, 5)
+    first = pipeline.convert(model, sample)
+    second = pipeline.convert(model, sample)
+    torch.testing.assert_close(second(sample), model(sample))
+    assert [n.op_type for n in first.onnx.graph.node] == [n.op_type for n in second.onnx.graph.node]
