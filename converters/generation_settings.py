@@ -23,7 +23,8 @@ class GenerationSettings:
     ``layers`` is the number of cached layers (filled in at conversion). ``attention``: ``"onnx"`` (one ONNX
     ``Attention`` node per layer), ``"decomposed"`` (MatMul, Softmax, MatMul with the KV heads kept grouped:
     TensorRT has no fp32 kernel for its attention layer and no softcap), ``"auto"`` (decomposed for an fp32 or
-    softcapped graph on a TensorRT backend, else ONNX ``Attention``)."""
+    softcapped graph on a TensorRT backend, else ONNX ``Attention``). ``validation_steps``: the decode steps whose
+    logits validation judges after each prompt's prefill (against transformers' own cached ``generate``)."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -32,6 +33,7 @@ class GenerationSettings:
     pad_token_id: int | None = None
     layers: int = 0
     attention: str = "auto"
+    validation_steps: int = 8
 
     def __post_init__(self) -> None:
         if self.attention not in ("auto", "onnx", "decomposed"):
@@ -45,6 +47,11 @@ class GenerationSettings:
             raise InputError(
                 f"generation needs whole numbers, got {self}",
                 fix="write generation={'max_length': 256, 'max_batch': 4}",
+            )
+        if not isinstance(self.validation_steps, int) or self.validation_steps < 0:
+            raise InputError(
+                f"generation validation_steps must be a whole number >= 0, got {self.validation_steps!r}",
+                fix="write generation={'validation_steps': 8, ...}",
             )
         if not (self.max_length >= 2 and self.max_batch >= 1 and 1 <= prompt <= self.max_length):
             raise InputError(

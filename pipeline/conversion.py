@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -73,6 +74,7 @@ def convert(
     """
     config = weight_settings(quantize_settings(effective_settings(Settings.from_kwargs(settings))))
     registry = default_registry() if converters is None else converters
+    original, original_sample = model, sample
     if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
         from pipeline.generation.conversion import prepare_step
 
@@ -96,6 +98,11 @@ def convert(
     if config.validate:
         with stage_timer("validate", stages):
             accuracy = validate_executor(model, sample, graph, executor.polygraphy_runner(choice.name))
+            if config.generation is not None:  # whole decodings against the model's own cached generate
+                from pipeline.generation.validation import validate_decoding
+
+                decoding = validate_decoding(original, executor, graph.io, original_sample, config)
+                accuracy = dataclasses.replace(accuracy, decoding=decoding)
     report = ConversionReport(
         backend=choice.name,
         backend_reason=choice.reason,

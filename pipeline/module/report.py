@@ -122,4 +122,6 @@ class ConversionReport:
                     + (f"  [{o.note}]" if o.note else "")
                 )
             lines.extend(self.accuracy.dropped_lines())
+            if self.accuracy.decoding is not None:
+                lines.extend(self.accuracy.decoding.summary_lines())
         return "\n".join(lines)

@@ -44,6 +44,7 @@ from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
 from pipeline.module.io_spec import IOSpec
 from pipeline.settings import DEFAULT_TOLERANCES, Settings
+from pipeline.validation.decoding import DecodingAccuracy
 from pipeline.validation.draws import draw_like, properties
 from pipeline.validation.errors import output_origins, raise_accuracy_error
 from pipeline.validation.screening import DroppedInput, ScreenedFeeds, torch_function
@@ -110,11 +111,13 @@ class AccuracyReport:
     outputs: tuple[OutputAccuracy, ...]
     rule: str = RULE
     dropped: tuple[DroppedInput, ...] = ()
+    #: a generation conversion's whole decodings against the model's own cached generate (per-step logits)
+    decoding: DecodingAccuracy | None = None
 
     @property
     def passed(self) -> bool:
-        """Every output within its tolerance on every input."""
-        return all(o.passed for o in self.outputs)
+        """Every output within its tolerance on every input (and every decoding step, for a generation step)."""
+        return all(o.passed for o in self.outputs) and (self.decoding is None or self.decoding.passed)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (``report.json``, the artifact's metadata)."""
@@ -123,6 +126,7 @@ class AccuracyReport:
             "rule": self.rule,
             "outputs": [asdict(o) for o in self.outputs],
             "dropped": [asdict(d) for d in self.dropped],
+            "decoding": None if self.decoding is None else self.decoding.to_dict(),
         }
 
     @classmethod
@@ -133,6 +137,7 @@ class AccuracyReport:
             outputs=tuple(OutputAccuracy(**o) for o in data["outputs"]),
             rule=data["rule"],
             dropped=tuple(DroppedInput(**d) for d in data.get("dropped", ())),
+            decoding=DecodingAccuracy.from_dict(data["decoding"]) if data.get("decoding") else None,
         )
 
     def dropped_lines(self) -> list[str]:

@@ -8,6 +8,7 @@ decoding options, the artifact, and the errors.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 import transformers
 
 import pipeline
-from converters.errors import InputError
+from converters.errors import AccuracyError, InputError
 from pipeline.backends import EngineNotRunnableWarning
 from pipeline.generation.module import GenerativeModule
 from pipeline.settings import Settings
@@ -88,6 +89,68 @@ def test_step_graph_holds_the_static_cache_form(step: GenerativeModule) -> None:
     shape = [d.dim_value or d.dim_param for d in graph.input[4].type.tensor_type.shape.dim]
     assert shape == ["batch", 2, 48, 16]  # KV heads stay grouped (2, not the 4 query heads)
     assert step.report.accuracy is not None and step.report.accuracy.passed
+
+
+def test_validation_judges_whole_decodings_against_the_models_own_cache(step: GenerativeModule) -> None:
+    """The conversion's validation decoded the sample, a drawn prompt and a left-padded batch with transformers'
+    own generate (DynamicCache) and judged the prefill and 8 decode steps' logits; the greedy count is reported."""
+    assert step.report.accuracy is not None
+    decoding = step.report.accuracy.decoding
+    assert decoding is not None and decoding.passed
+    assert decoding.prompts[0] == "sample 1x6" and decoding.prompts[-1].startswith("left-padded 3x")
+    assert any(p.startswith("drawn 1x") for p in decoding.prompts)
+    assert [s.step for s in decoding.per_step] == list(range(9))
+    assert decoding.computed_in == "float32" and decoding.worst_step.max_abs < 1e-5
+    assert (decoding.greedy, decoding.greedy_tokens) == (32, 32)
+    summary = step.report.summary()
+    assert "decoding  PASS" in summary and "fp32: 32/32 greedy tokens identical to PyTorch fp32" in summary
+    loaded = type(step.report).from_dict(step.report.to_dict())
+    assert loaded.accuracy is not None and loaded.accuracy.decoding == decoding
+
+
+def test_decoding_validation_fails_a_perturbed_weight_and_a_wrong_mask(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    """Planted errors: one weight of the graph 1% off, and a runner that drops the left padding from the mask
+    (only the left-padded batch can show it): both are AccuracyErrors of the decoding validation."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from pipeline.generation.runners import OrtBoundRunner, cache_layout
+    from pipeline.generation.validation import validate_decoding
+
+    graph = onnx.ModelProto()
+    graph.CopyFrom(step.onnx)
+    weight = [i for i in graph.graph.initializer if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT][-3]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * np.float32(1.01), weight.name))
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    layout = cache_layout(step.io, step.generation.layers)
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(1))
+    short = dataclasses.replace(step.generation, validation_steps=2)  # a few steps show it: keep the test short
+    settings = dataclasses.replace(step.settings, generation=short, validation_inputs=0)
+    with pytest.raises(AccuracyError, match="decoding differs from PyTorch's own generate"):
+        validate_decoding(llama, None, step.io, ids, settings, OrtBoundRunner(session, layout), greedy_tokens=1)
+
+    class NoPadding:
+        """The step's runner with every mask position written so far attended (left padding ignored)."""
+
+        def __init__(self) -> None:
+            self.runner = step.runner()
+
+        def start(self, batch: int) -> None:
+            self.runner.start(batch)
+
+        def run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: int) -> torch.Tensor:
+            written = torch.arange(mask.shape[1]) < past + ids.shape[1]
+            return self.runner.run(ids, mask | written.to(mask.dtype), positions, past)
+
+    with pytest.raises(AccuracyError, match="decoding differs") as error:
+        validate_decoding(llama, None, step.io, ids, settings, NoPadding(), greedy_tokens=1)
+    assert "step 0" in str(error.value)
+    single = dataclasses.replace(settings, generation=dataclasses.replace(short, max_batch=1))
+    assert validate_decoding(llama, None, step.io, ids, single, NoPadding(), greedy_tokens=1).passed  # unseen
 
 
 def test_greedy_is_token_identical_to_transformers(
@@ -180,7 +243,10 @@ def test_opt_learned_positions_decode_token_identically() -> None:
 
 def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers.LlamaForCausalLM) -> None:
     """The real TensorRT-RTX builder: one engine, a context and a generation profile, ONNX Attention in fp16 over
-    float16 cache inputs (a cast between the cache input and TensorScatter is refused by TensorRT)."""
+    float16 cache inputs (a cast between the cache input and TensorScatter is refused by TensorRT). The fp16 graph
+    is validated on ONNX Runtime beside the engine: every decoding step's logits judged as float16 (magnitude-
+    relative, anchored to PyTorch's own half error where the fixed tolerance fails), the greedy tokens counted
+    against PyTorch fp32 generate."""
     from pipeline.precision.buildable import rtx_available
 
     if not rtx_available():
@@ -194,10 +260,16 @@ def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers
             generation=generation,
             precision="fp16",
             backend="tensorrt-rtx",
-            validate=False,
+            validation_inputs=1,
             trt_engine_cache=False,
         )
     assert module.engine_bytes
+    assert module.report.accuracy is not None
+    decoding = module.report.accuracy.decoding
+    assert decoding is not None and decoding.passed and decoding.computed_in == "float16"
+    assert decoding.tolerance["rms"] > 0  # the low-precision rule, not float32's
+    assert decoding.greedy >= 24 and decoding.greedy_tokens == 26  # 32 capped by the cache: 32 - 6 prompt tokens
+    assert f"fp16: {decoding.greedy}/26 greedy tokens identical to PyTorch fp32" in module.report.summary()
     assert [[(r.name, r.min, r.opt, r.max) for r in p] for p in module.settings.profiles] == [
         [("sequence", 1, 16, 16)],
         [("sequence", 1, 1, 1)],

@@ -1,0 +1,231 @@
+"""The validation stage of a generation conversion: whole decodings against transformers' own cached ``generate``.
+
+The step graph is first validated like any graph (against the same step in PyTorch, which shares the step's cache
+code and so cannot catch a wrong cache write, mask or position). Then :func:`validate_decoding` decodes with the
+converted step and with the model's own ``model.generate`` (its ``DynamicCache``, greedy, float32) on:
+
+- the sample prompt,
+- ``validation_inputs`` prompts drawn at random (seeded by ``seed``; distinct lengths, ids anywhere in the
+  vocabulary),
+- a left-padded batch of up to 3 prompts of different lengths (when ``max_batch`` >= 2),
+
+and judges the logits of the prefill and of ``generation.validation_steps`` decode steps (the graph fed the tokens
+PyTorch chose) by the accuracy policy: the tolerance of the type the graph computes in, anchored to PyTorch's own
+error in that type (float32 graphs: PyTorch in float64; half graphs: PyTorch in that half type) on a prompt where the
+fixed tolerance fails. On the sample it also lets the step decode greedily on its own for up to 32 tokens and counts
+the tokens equal to ``model.generate``'s (:attr:`DecodingAccuracy.greedy`): fp16 may diverge after a near tie, which
+the count shows and the per-step verdict does not fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from pipeline.compare.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
+from pipeline.compare.stats import judgement, tolerance_ratio
+from pipeline.generation.runners import StepRunner, cache_layout, step_runner
+from pipeline.module.io_spec import IOSpec, normalise_sample
+from pipeline.precision.stage import validation_settings
+from pipeline.settings import Settings
+from pipeline.validation.decoding import DecodingAccuracy, StepJudge, raise_decoding_error
+
+#: New tokens the converted step decodes greedily on its own on the sample (fewer when the cache is smaller).
+GREEDY_TOKENS = 32
+
+#: (label, input_ids, attention_mask) of one decoding.
+Prompt = tuple[str, torch.Tensor, torch.Tensor]
+
+
+def validate_decoding(
+    model: torch.nn.Module,
+    executor: Any,
+    io: IOSpec,
+    sample: Any,
+    settings: Settings,
+    runner: StepRunner | None = None,
+    greedy_tokens: int = GREEDY_TOKENS,
+) -> DecodingAccuracy:
+    """Decode with the converted step and with ``model.generate`` and judge every step's logits (see the module
+    docstring); raise AccuracyError when a step is beyond the policy. ``sample`` is the conversion's sample (its
+    ``input_ids``); ``runner`` replaces the executor's step runner (tests plant errors with it); ``greedy_tokens``
+    is the length of the greedy comparison on the sample (capped by the cache)."""
+    generation = settings.generation
+    assert generation is not None
+    runner = runner or step_runner(executor, cache_layout(io, generation.layers))
+    logits_dtype = next(o.dtype for o in io.outputs if o.name == "logits")
+    judged = judgement("logits", logits_dtype, validation_settings(settings))
+    steps = generation.validation_steps
+    prompts = _prompts(_sample_ids(sample), settings, _vocabulary(io), steps)
+    judge = StepJudge(judged.tolerance)
+    anchor_notes: set[str] = set()
+    greedy, first = 0, -1
+    greedy_tokens = max(1, min(greedy_tokens, generation.max_length - prompts[0][1].shape[1]))
+    with _greedy_only(model):
+        for index, (_, ids, mask) in enumerate(prompts):
+            new = max(steps + 1, greedy_tokens) if index == 0 else steps + 1
+            chosen, expected = _torch_generate(model, ids, mask, new, generation.pad_token_id)
+            actual, _ = _decode(runner, settings, ids, mask, steps + 1, chosen)
+            anchor: list[np.ndarray] | None = None
+            for step, got in enumerate(actual):
+                want = expected[:, step].numpy()
+                tolerance = None
+                if judged.anchor and tolerance_ratio(got, want, judged.tolerance) > 1:
+                    if anchor is None:
+                        anchor = _anchor_logits(model, ids, mask, chosen[:, :steps], judged.anchor, anchor_notes)
+                    if anchor:
+                        tolerance = anchored_tolerance(judged.tolerance, want, anchor[step], judged.anchor)[0]
+                judge.add(step, got, want, tolerance)
+            if index == 0:
+                _, own = _decode(runner, settings, ids, mask, greedy_tokens, None)
+                same = own == chosen[:, :greedy_tokens]
+                greedy = int(same.sum())
+                first = int((~same).any(0).float().argmax()) if not bool(same.all()) else -1
+    report = DecodingAccuracy(
+        prompts=tuple(label for label, _, _ in prompts),
+        steps=steps,
+        computed_in=judged.computed_in,
+        tolerance={k: float(v) for k, v in vars(judged.tolerance).items() if isinstance(v, float)},
+        per_step=judge.results(),
+        greedy=greedy,
+        greedy_tokens=greedy_tokens * prompts[0][1].shape[0],
+        first_divergence=first,
+        precision=settings.precision,
+        note="; ".join(sorted(anchor_notes)),
+    )
+    if not report.passed:
+        raise_decoding_error(report)
+    return report
+
+
+def _sample_ids(sample: Any) -> torch.Tensor:
+    args, kwargs = normalise_sample(sample)
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    assert isinstance(ids, torch.Tensor)
+    return ids.cpu()
+
+
+def _vocabulary(io: IOSpec) -> int:
+    shape = next(o.shape for o in io.outputs if o.name == "logits")
+    return int(shape[-1])
+
+
+def _prompts(sample: torch.Tensor, settings: Settings, vocabulary: int, steps: int) -> list[Prompt]:
+    """The sample, ``validation_inputs`` drawn prompts of distinct lengths, and a left-padded batch."""
+    generation = settings.generation
+    assert generation is not None
+    longest = max(1, generation.max_length - max(steps, 1))
+    ids = sample[: generation.max_batch, :longest]
+    prompts: list[Prompt] = [(f"sample {ids.shape[0]}x{ids.shape[1]}", ids, torch.ones_like(ids))]
+    generator = torch.Generator().manual_seed(settings.seed)
+    count = min(settings.validation_inputs, longest)
+    lengths = (torch.randperm(longest, generator=generator)[:count] + 1).tolist()
+    for length in lengths:
+        drawn = torch.randint(0, vocabulary, (1, length), generator=generator)
+        prompts.append((f"drawn 1x{length}", drawn, torch.ones_like(drawn)))
+    rows = min(3, generation.max_batch)
+    if rows >= 2 and longest >= rows:
+        width = int(torch.randint(rows, longest + 1, (1,), generator=generator))
+        batch = torch.randint(0, vocabulary, (rows, width), generator=generator)
+        mask = torch.ones_like(batch)
+        for row in range(1, rows):  # rows 1.. are shorter, padded on the left
+            mask[row, : int(torch.randint(1, width, (1,), generator=generator))] = 0
+        pad = generation.pad_token_id if generation.pad_token_id is not None else 0
+        prompts.append((f"left-padded {rows}x{width}", batch.masked_fill(mask == 0, pad), mask))
+    return prompts
+
+
+@contextlib.contextmanager
+def _greedy_only(model: torch.nn.Module) -> Iterator[None]:
+    """``model.generate`` decoding the full length: no eos from the model's generation config (``generate`` falls
+    back to it when given ``eos_token_id=None``), restored afterwards."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if config is not None:
+        config.eos_token_id = None
+    try:
+        yield
+    finally:
+        if config is not None:
+            config.eos_token_id = eos
+
+
+def _torch_generate(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, new: int, pad: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's greedy ``generate`` with its own cache: the new tokens [B, new] and the raw logits of each step
+    [B, new, vocab] (float32)."""
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=0, do_sample=False, num_beams=1,
+            repetition_penalty=1.0, output_logits=True, return_dict_in_generate=True,
+            pad_token_id=pad if pad is not None else 0,
+        )  # fmt: skip
+    return out.sequences[:, ids.shape[1] :], torch.stack(out.logits, 1).float()
+
+
+def _decode(
+    runner: StepRunner, settings: Settings, ids: torch.Tensor, mask: torch.Tensor, count: int, forced: Any
+) -> tuple[list[np.ndarray], torch.Tensor]:
+    """The converted step's logits of the prefill and of ``count - 1`` decode steps, and the ``count`` tokens fed:
+    ``forced`` [B, >= count] (teacher forcing) or, when None, its own greedy choices. Positions and mask as
+    :meth:`GenerativeModule.stream` builds them."""
+    generation = settings.generation
+    assert generation is not None
+    batch, prompt = ids.shape
+    runner.start(batch)
+    full = torch.zeros(batch, generation.max_length, dtype=torch.int64)
+    full[:, :prompt] = mask
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    chunk = generation.max_prompt or generation.max_length
+    for start in range(0, prompt, chunk):
+        end = min(start + chunk, prompt)
+        logits = runner.run(ids[:, start:end], full, positions[:, start:end], start)
+    outputs, tokens = [logits.float().numpy()], []
+    position = positions[:, -1:] + 1
+    for k in range(count):
+        token = forced[:, k] if forced is not None else logits.float().argmax(-1)
+        tokens.append(token)
+        if k == count - 1 or prompt + k >= generation.max_length:
+            break
+        full[:, prompt + k] = 1
+        logits = runner.run(token[:, None], full, position, prompt + k)
+        outputs.append(logits.float().numpy())
+        position = position + 1
+    return outputs[:count], torch.stack(tokens, 1)
+
+
+def _anchor_logits(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor, computed_in: str,
+    notes: set[str],
+) -> list[np.ndarray]:  # fmt: skip
+    """PyTorch's own logits in the anchor type of ``computed_in`` at the prefill and each decode step: one forward
+    of the prompt followed by the tokens fed, every float32 op computed in that type; [] (with a note) when the
+    model cannot run so."""
+    dtype = ANCHOR_DTYPES[computed_in]
+    sequence = torch.cat([ids, new], 1)
+    full = torch.cat([mask, torch.ones_like(new)], 1)
+    call: dict[str, Any] = {"input_ids": sequence, "attention_mask": full, "use_cache": False}
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        call["position_ids"] = (full.cumsum(-1) - 1).masked_fill(full == 0, 1)
+    named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    state = {k: v.detach().to(dtype) if v.dtype == torch.float32 else v for k, v in named.items()}
+    mode = PrecisionMode(dtype)
+    try:
+        with torch.no_grad(), mode:
+            out = torch.func.functional_call(model, state, (), call)
+    except Exception as error:  # the fixed tolerance stands, and the report says why
+        notes.add(f"PyTorch cannot run the model in {dtype} for the anchored rule: {type(error).__name__}")
+        return []
+    if mode.float32_ops:
+        ops = ", ".join(sorted(mode.float32_ops))
+        notes.add(f"ops computed in float32 in PyTorch's {computed_in} anchor run: {ops}")
+    logits = next(leaf for leaf in pytree.tree_leaves(out.logits) if isinstance(leaf, torch.Tensor))
+    prompt = ids.shape[1]
+    return [logits[:, prompt - 1 + k].double().numpy() for k in range(new.shape[1] + 1)]
