@@ -5,6 +5,7 @@ checked here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,11 +64,32 @@ def normalise_profiles(profiles: Any, dims: tuple[DynamicDim, ...]) -> tuple[tup
     return tuple(out)
 
 
+def profile_dims(
+    dims: tuple[DynamicDim, ...], profiles: tuple[tuple[ProfileRange, ...], ...]
+) -> list[tuple[DynamicDim, ...]]:
+    """The dynamic dimensions of each optimization profile, in order: each profile's ranges over the declared ones
+    (a dimension it does not name keeps its declared range); one profile, ``dims``, when none is declared."""
+    if not profiles:
+        return [dims]
+    out = []
+    for ranges in profiles:
+        by_name = {r.name: r for r in ranges}
+        out.append(
+            tuple(
+                dataclasses.replace(d, min=r.min, opt=r.opt, max=r.max) if (r := by_name.get(d.name)) else d
+                for d in dims
+            )
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class DynamicDim:
     """One dynamic dimension of one graph input: its symbolic name and the engine profile (min, opt, max).
 
     Inputs that share a ``name`` share the dimension (``input_ids`` and ``attention_mask`` share ``batch``).
+    ``multiple``: every size is a multiple of it (a UNet's latent height halves at each down block); the export
+    finds it when the model needs it (``pipeline.exporting.multiples``).
     """
 
     input: str
@@ -76,8 +98,14 @@ class DynamicDim:
     min: int
     opt: int
     max: int
+    multiple: int = 1
 
     def __post_init__(self) -> None:
+        if self.multiple < 1:
+            raise InputError(
+                f"dynamic dimension {self.name!r}: multiple must be >= 1, got {self.multiple}",
+                fix="give a positive multiple (1: any size)",
+            )
         if not (1 <= self.min <= self.opt <= self.max):
             raise InputError(
                 f"dynamic dimension {self.name!r} of input {self.input!r} axis {self.axis} needs "

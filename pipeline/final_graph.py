@@ -6,6 +6,7 @@ executor against PyTorch: what :func:`pipeline.convert` composes with the check 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import time
@@ -71,6 +72,8 @@ def final_graph(
     """Export ``model`` on ``sample``, run the passes, then the precision (or quantize) stage: the final graph."""
     with stage_timer("export", stages):
         exported = export(model, sample, config, custom_translation_table, registry.torch_ops())
+    if exported.dynamic and exported.dynamic != config.dynamic:  # some made multiples the model needs (WARNING)
+        config = dataclasses.replace(config, dynamic=exported.dynamic)
     config = config.with_input_ranks({t.name: len(t.shape) for t in exported.io.inputs})  # axis -1 -> rank - 1
     with stage_timer("passes", stages):
         debug = _debug_inputs(model, exported, sample) if config.debug_passes else None

@@ -23,6 +23,7 @@ from passes.model_io.graphs import to_graph, to_model
 from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
+from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
 from pipeline.exporting.translation_table import reused_translation_table
 from pipeline.module import containers, io_spec
@@ -56,6 +57,8 @@ class ExportedGraph:
     # the directory of the graph's external weights, when they exceed settings.external_data_threshold; whoever
     # uses the graph keeps this handle (the directory is removed when the last holder goes)
     weights: WeightFiles | None = None
+    # the dynamic dimensions as exported: the declared ones, some made multiples of a number the model needs
+    dynamic: tuple[DynamicDim, ...] = ()
 
 
 def export(
@@ -105,7 +108,7 @@ def export(
         out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         with _without_cache_output(model, result):
-            program = _torch_export(
+            program, dynamic = _torch_export(
                 model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops,
                 complex_outputs,
             )
@@ -127,7 +130,7 @@ def export(
             fix="report this model: the exporter dropped or added graph inputs/outputs",
         )
     _rename_io(exported, names, out_names)
-    _name_dynamic_dims(exported, settings.dynamic)
+    _name_dynamic_dims(exported, dynamic)
     try:
         proto = to_model(exported, original, metadata)
     except Exception as exc:  # e.g. an attribute graph-surgeon cannot write back (an empty list: no type)
@@ -151,7 +154,7 @@ def export(
     for t, out in zip(spec.outputs, out_tensors, strict=True):
         if t.dtype != str(out.dtype).removeprefix("torch."):
             logger.warning("output %s is %s in PyTorch but %s in the graph", t.name, out.dtype, t.dtype)
-    return ExportedGraph(proto, spec, metadata, weights)
+    return ExportedGraph(proto, spec, metadata, weights, dynamic)
 
 
 def _torch_export(
@@ -164,16 +167,24 @@ def _torch_export(
     translations: dict[Any, Callable[..., Any]] | None,
     converter_ops: Iterable[torch._ops.OpOverload],
     complex_outputs: list[str],
-) -> Any:
-    """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque."""
-    dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, settings.dynamic)
+) -> tuple[Any, tuple[DynamicDim, ...]]:
+    """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque; and
+    the dynamic dimensions as exported (some made multiples of a number, when the model needs it)."""
+    dynamic = settings.dynamic
     start = time.perf_counter()
     with _quiet_exporter():
         try:
-            with static_composites():
-                exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            exported = _export_program(model, signature, args, kwargs, names, dynamic)
         except Exception as exc:
-            raise export_errors.torch_export_error(exc) from exc
+            multiples = multiples_from(exc, dynamic)
+            if multiples is None:
+                raise export_errors.torch_export_error(exc) from exc
+            warn_multiples(dynamic, multiples)
+            dynamic = multiples
+            try:
+                exported = _export_program(model, signature, args, kwargs, names, dynamic)
+            except Exception as again:
+                raise export_errors.torch_export_error(again) from again
         if complex_outputs:
             raise export_errors.complex_output_error(exported, complex_outputs)
         exported = fix_program(exported)
@@ -209,7 +220,20 @@ def _torch_export(
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     restore_lost_initializers(program.model)
     logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
-    return program
+    return program, dynamic
+
+
+def _export_program(
+    model: torch.nn.Module,
+    signature: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: list[str],
+    dynamic: tuple[DynamicDim, ...],
+) -> Any:
+    dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, dynamic)
+    with static_composites():
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
 def restore_lost_initializers(model: Any) -> None:
@@ -321,10 +345,10 @@ def _torch_dynamic_shapes(
 ) -> dict[str, Any] | None:
     if not dims:
         return None
-    torch_dims = {d.name: torch.export.Dim(d.name, min=d.min, max=d.max) for d in dims}
+    by_name = torch_dims(dims)
     by_input: dict[str, dict[int, Any]] = {}
     for d in dims:
-        by_input.setdefault(d.input, {})[d.axis] = torch_dims[d.name]
+        by_input.setdefault(d.input, {})[d.axis] = by_name[d.name]
     leaf_names = iter(names)
 
     def spec_for(leaf: Any) -> Any:

@@ -210,6 +210,13 @@ class ConvertedModule(torch.nn.Module):
                 f"[{dim.min}, {dim.max}]",
                 fix=f"convert again with a wider range for {dim.name!r}, or pass a size within it",
             )
+        if size % dim.multiple:
+            raise InputError(
+                f"input {name!r} has size {size} on axis {axis} ({dim.name!r}), not a multiple of {dim.multiple}: the "
+                f"model needs multiples of {dim.multiple} there (found at export)",
+                fix=f"pass a size that is a multiple of {dim.multiple} (the pipeline rounds it: e.g. height and width "
+                "divisible by the VAE and UNet scale factors)",
+            )
         seen = sizes.setdefault(dim.name, (name, size))
         if seen[1] != size:
             raise InputError(

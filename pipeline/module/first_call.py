@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from converters.shapes import ProfileRange
 from pipeline.conversion import convert
 from pipeline.module.converted import ConvertedModule
 from pipeline.module.loading import load
@@ -91,7 +92,8 @@ class FirstCall:
         if outside:
             raise InputError(
                 f"on_first_call: the call has {outside}; converting again would declare the same range",
-                fix="declare a wider range in on_first_call(..., dynamic={...}), or call within it",
+                fix="declare a wider range (or another profile) in on_first_call(..., dynamic={...}, profiles=[...]), "
+                "or call within it",
             )
         if len(self.conversions) >= self.max_conversions:
             raise InputError(
@@ -122,16 +124,26 @@ def outside_declared_ranges(converted: ConvertedModule, args: tuple[Any, ...], k
     except InputError:
         return ""  # another structure or constant: a conversion of its own
     index = {spec.name: i for i, spec in enumerate(converted.io.inputs)}
+    sizes: dict[str, int] = {}
     for dim in converted.settings.dynamic:
-        if dim.input not in index:
+        if dim.input not in index or dim.axis >= tensors[index[dim.input]].dim():
             continue
-        tensor = tensors[index[dim.input]]
-        if dim.axis < tensor.dim() and not dim.min <= tensor.shape[dim.axis] <= dim.max:
-            return (
-                f"size {tensor.shape[dim.axis]} on axis {dim.axis} of {dim.input!r}, outside the declared range "
-                f"{dim.name!r} [{dim.min}, {dim.max}]"
-            )
-    return ""
+        size = sizes[dim.name] = int(tensors[index[dim.input]].shape[dim.axis])
+        where = f"size {size} on axis {dim.axis} of {dim.input!r}"
+        if not dim.min <= size <= dim.max:
+            return f"{where}, outside the declared range {dim.name!r} [{dim.min}, {dim.max}]"
+        if size % dim.multiple:
+            return f"{where}, not a multiple of {dim.multiple} (the model needs it for {dim.name!r})"
+    return _outside_profiles(converted.settings.profiles, sizes)
+
+
+def _outside_profiles(profiles: tuple[tuple[ProfileRange, ...], ...], sizes: dict[str, int]) -> str:
+    """'' when the sizes fit one of the declared optimization profiles (or none is declared), else in words."""
+    if not profiles or any(all(r.min <= sizes.get(r.name, r.min) <= r.max for r in p) for p in profiles):
+        return ""
+    declared = "; ".join(", ".join(f"{r.name} [{r.min}, {r.max}]" for r in p) for p in profiles)
+    given = ", ".join(f"{name}={size}" for name, size in sizes.items())
+    return f"{given}, in none of the declared optimization profiles ({declared})"
 
 
 class FirstCallModule(torch.nn.Module):
@@ -233,7 +245,9 @@ def on_first_call(
     Every keyword but ``artifact`` and ``max_conversions`` goes to :func:`pipeline.convert` (``precision``,
     ``backend``, ``dynamic``, ``tolerances``, ``validate``, ``calibration``, ...). Declare the dimensions that vary
     between calls dynamic, by the forward's argument names: a UNet under classifier-free guidance doubles its batch,
-    ``dynamic={"sample": {0: ("batch", 1, 2, 4)}, "encoder_hidden_states": {0: ("batch", 1, 2, 4)}}``.
+    ``dynamic={"sample": {0: ("batch", 1, 2, 4)}, "encoder_hidden_states": {0: ("batch", 1, 2, 4)}}``; the latent's
+    height and width (axes 2 and 3) for several resolutions, each resolution class an optimization profile
+    (``profiles=[{"height": (64, 64, 64), "width": (64, 64, 64)}, ...]``).
 
     >>> pipe.unet = pipeline.on_first_call(pipe.unet, precision="fp16")          # doctest: +SKIP
     >>> pipe.vae.decode = pipeline.on_first_call(pipe.vae.decode)               # doctest: +SKIP

@@ -22,6 +22,7 @@ from typing import Any
 import onnx
 
 from converters.errors import BuildError
+from converters.shapes import ProfileRange, profile_dims
 from passes.model_io.external_data import base_dir_of
 from pipeline.settings import DynamicDim
 
@@ -43,9 +44,14 @@ def rtx_available() -> bool:
     return _tensorrt_rtx() is not None
 
 
-def build_error(model: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> str | None:
+def build_error(
+    model: onnx.ModelProto,
+    dynamic: Sequence[DynamicDim] = (),
+    profiles: tuple[tuple[ProfileRange, ...], ...] = (),
+) -> str | None:
     """None when TensorRT-RTX parses and builds ``model``; otherwise the parser's per-node errors or the builder's
-    error text. ``dynamic`` gives each symbolic input dimension its (min, opt, max) for the optimization profile.
+    error text. ``dynamic`` gives each symbolic input dimension its (min, opt, max) for the optimization profile;
+    ``profiles`` (``settings.profiles``) makes several, each overriding the ranges it names.
 
     Raises BuildError when ``tensorrt_rtx`` does not import: check :func:`rtx_available` first.
     """
@@ -61,9 +67,10 @@ def build_error(model: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> s
     if not parser.parse(model.SerializeToString(), path):
         return "parse: " + "; ".join(_parser_error(parser.get_error(i)) for i in range(parser.num_errors))
     config = builder.create_builder_config()
-    profile_error = _add_profile(trt, builder, network, config, dynamic)
-    if profile_error:
-        return profile_error
+    for dims in profile_dims(tuple(dynamic), profiles):
+        profile_error = _add_profile(trt, builder, network, config, dims)
+        if profile_error:
+            return profile_error
     if builder.build_serialized_network(network, config) is None:
         return "build: " + ("; ".join(logger_.errors) or "build_serialized_network returned None")
     return None

@@ -58,7 +58,7 @@ def test_build_options_hold_every_engine_setting_and_nothing_else() -> None:
     assert options == {
         "profile": {"x": [[1, 3, 32, 32], [4, 3, 64, 64], [16, 3, 128, 128]]},
         "dynamic": [
-            {"input": "x", "axis": axis, "name": name, "min": lo, "opt": opt, "max": hi}
+            {"input": "x", "axis": axis, "name": name, "min": lo, "opt": opt, "max": hi, "multiple": 1}
             for axis, (name, lo, opt, hi) in DYNAMIC["x"].items()
         ],
         "trt_workspace_bytes": 1 << 30,

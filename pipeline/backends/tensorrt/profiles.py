@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from converters.shapes import profile_dims
 from pipeline.module.io_spec import IOSpec
 from pipeline.settings import Settings
 
@@ -21,17 +22,10 @@ ProfileShapes = dict[str, tuple[Shape, Shape, Shape]]
 
 def profiles_shapes(io: IOSpec, settings: Settings) -> list[ProfileShapes]:
     """The shapes of every profile, in order."""
-    if not settings.profiles:
-        return [_shapes(io, settings)]
-    out = []
-    for ranges in settings.profiles:
-        by_name = {r.name: r for r in ranges}
-        dims = tuple(
-            dataclasses.replace(d, min=r.min, opt=r.opt, max=r.max) if (r := by_name.get(d.name)) else d
-            for d in settings.dynamic
-        )
-        out.append(_shapes(io, dataclasses.replace(settings, dynamic=dims, profiles=())))
-    return out
+    return [
+        _shapes(io, dataclasses.replace(settings, dynamic=dims, profiles=()))
+        for dims in profile_dims(settings.dynamic, settings.profiles)
+    ]
 
 
 def optimization_profiles(io: IOSpec, settings: Settings) -> list[Any]:
