@@ -14,8 +14,9 @@ import torch
 STEPS = 10
 
 
-def stable_diffusion(scale: int = 1) -> tuple[Any, dict[str, Any]]:
-    """A Stable-Diffusion-style pipeline (UNet2DConditionModel, AutoencoderKL, DDIM) and its call arguments."""
+def stable_diffusion(scale: int = 1, mid_block: bool = True) -> tuple[Any, dict[str, Any]]:
+    """A Stable-Diffusion-style pipeline (UNet2DConditionModel, AutoencoderKL, DDIM) and its call arguments;
+    ``mid_block=False`` drops the UNet's middle block (a quarter of its layers: the end-to-end test's budget)."""
     from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 
     torch.manual_seed(0)
@@ -30,6 +31,7 @@ def stable_diffusion(scale: int = 1) -> tuple[Any, dict[str, Any]]:
         cross_attention_dim=16,
         attention_head_dim=8,
         norm_num_groups=8,
+        mid_block_type="UNetMidBlock2DCrossAttn" if mid_block else None,
     ).eval()
     vae = AutoencoderKL(
         in_channels=3,
@@ -100,6 +102,26 @@ def flux(scale: int = 1) -> tuple[Any, dict[str, Any]]:
     size = 16 * scale
     call = {"prompt_embeds": torch.randn(1, 8, 32), "pooled_prompt_embeds": torch.randn(1, 32)}
     return pipe, {**call, "height": size, "width": size}
+
+
+def tiny_unet() -> torch.nn.Module:
+    """Two down and two up blocks (the latent halves once), no attention, no middle block: the smallest
+    UNet2DConditionModel whose latent sizes the model constrains (multiples of 2)."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    return UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(4, 4),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        mid_block_type=None,
+        cross_attention_dim=8,
+        norm_num_groups=2,
+    ).eval()
 
 
 PIPELINES: dict[str, Callable[[int], tuple[Any, dict[str, Any]]]] = {"stable_diffusion": stable_diffusion, "flux": flux}

@@ -8,33 +8,14 @@ from __future__ import annotations
 import logging
 
 import pytest
-import tests_environment  # noqa: F401 -- torchvision's schemas before diffusers imports transformers' vision code
 import torch
+from diffusion_models import tiny_unet
 from rtx_build import assert_builds
 
 import pipeline
 
 SIZES = {2: ("height", 8, 8, 16), 3: ("width", 8, 8, 16)}
 PROFILES = [{"height": (8, 8, 8), "width": (8, 8, 8)}, {"height": (16, 16, 16), "width": (16, 16, 16)}]
-
-
-def tiny_unet() -> torch.nn.Module:
-    """Two down and two up blocks (the latent halves once): the smallest UNet whose sizes the model constrains."""
-    from diffusers import UNet2DConditionModel
-
-    torch.manual_seed(0)
-    return UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(4, 4),
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-        mid_block_type=None,
-        cross_attention_dim=8,
-        norm_num_groups=2,
-    ).eval()
 
 
 def test_a_unet_runs_two_resolutions_from_one_conversion(caplog: pytest.LogCaptureFixture) -> None:
