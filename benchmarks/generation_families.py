@@ -4,13 +4,18 @@ For each family (a tiny random-weight config: 2 layers, hidden 64, grouped KV he
 convert the cached step on ONNX Runtime (fp32, validated against PyTorch), then greedy-decode 32 new tokens for one
 prompt and for a left-padded batch of 3, and count the tokens equal to transformers' own ``model.generate`` (eos
 off, so both run the full length). Also: whether the model's attention became ONNX ``Attention`` (families that
-dispatch through transformers' ``AttentionInterface``) and whether TensorRT-RTX builds the step (``--rtx``).
+dispatch through transformers' ``AttentionInterface``), how many RMSNorm / RoPE subgraphs became the opset-23 ops,
+and whether TensorRT-RTX builds the step (``--rtx``). ``--fp16`` converts each family once more with
+``precision="fp16"``: whether the conversion's decoding validation passes the accuracy policy (per-step logits
+against transformers' generate, judged as float16) and how many of the 32 greedy tokens of the single prompt equal
+PyTorch fp32 ``model.generate``'s.
 
 Run from the repository root::
 
     python benchmarks/generation_families.py                  # every family, the markdown table
     python benchmarks/generation_families.py --only llama gpt2
     python benchmarks/generation_families.py --json families.json
+    python benchmarks/generation_families.py --rtx --fp16 llama qwen2 gemma phi3 gpt-2 gpt-neox  # fp16 for these
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return single, batch.masked_fill(mask == 0, 0), mask
 
 
-def run_family(name: str, make_config: Callable[[], Any], rtx: bool) -> dict[str, Any]:
+def run_family(name: str, make_config: Callable[[], Any], rtx: bool, fp16: bool = False) -> dict[str, Any]:
     """Convert one family's cached step and count identical greedy tokens (batch 1 and left-padded 3)."""
     row: dict[str, Any] = {"family": name}
     torch.manual_seed(0)
@@ -95,6 +100,8 @@ def run_family(name: str, make_config: Callable[[], Any], rtx: bool) -> dict[str
     ops = collections.Counter(n.op_type for n in module.onnx.graph.node)
     row["attention_op"] = ops["Attention"] > 0
     row["tensor_scatter"] = ops["TensorScatter"]
+    row["rms_normalization"] = ops["RMSNormalization"]
+    row["rotary_embedding"] = ops["RotaryEmbedding"]
     options = {"max_new_tokens": NEW_TOKENS, "eos_token_id": [], "pad_token_id": 0}
     theirs = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
     expected = model.generate(single, **theirs)[:, -NEW_TOKENS:]
@@ -102,7 +109,9 @@ def run_family(name: str, make_config: Callable[[], Any], rtx: bool) -> dict[str
     expected = model.generate(batch, attention_mask=mask, **theirs)[:, -NEW_TOKENS:]
     got = module.generate(batch, mask, **options)[:, -NEW_TOKENS:]
     row["batch3"] = [int(r) for r in (got == expected).sum(dim=1)]
-    if rtx:
+    if fp16:
+        row.update(_fp16_row(model, single, rtx))
+    elif rtx:
         from pipeline.precision.buildable import build_error
 
         error = build_error(module.onnx, module.settings.dynamic)
@@ -111,19 +120,62 @@ def run_family(name: str, make_config: Callable[[], Any], rtx: bool) -> dict[str
     return row
 
 
+def _fp16_row(model: Any, single: torch.Tensor, rtx: bool) -> dict[str, Any]:
+    """The fp16 conversion: the decoding validation's verdict (the accuracy policy) and the greedy tokens of the
+    single prompt identical to PyTorch fp32 generate (counted by the validation itself). With ``rtx``, converted for
+    TensorRT-RTX (one engine, the context and generation profiles, built here) and validated on ONNX Runtime beside
+    the engine (the float16 graph itself, not the CPU emulation ONNX Runtime as the backend runs)."""
+    import warnings
+
+    from converters.errors import AccuracyError, PipelineError
+
+    generation = {"max_length": 48, "max_batch": 3, "max_prompt": 16}
+    target = {"backend": "tensorrt-rtx", "trt_engine_cache": False} if rtx else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the engine cannot run here: said once in the table
+            module = pipeline.convert(
+                model, single, generation=generation, precision="fp16", validation_inputs=1, **target
+            )
+    except AccuracyError as error:
+        return {"fp16_policy": f"FAIL: {' '.join(str(error).split())[:160]}"}
+    except PipelineError as error:
+        return {"fp16_policy": f"{type(error).__name__}: {' '.join(str(error).split())[:160]}"}
+    decoding = module.report.accuracy.decoding
+    worst = decoding.worst_step
+    row = {
+        "fp16_policy": "pass",
+        "fp16_greedy": f"{decoding.greedy}/{decoding.greedy_tokens}",
+        "fp16_worst": f"step {worst.step}: RMS error {worst.relative_rms:.1e} x RMS",
+    }
+    if rtx:
+        row["rtx_builds"] = bool(module.engine_bytes) and len(module.settings.profiles) == 2
+    return row
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The README table."""
-    lines = [
-        "| family | tokens identical, batch 1 | left-padded batch 3 (per row) | ONNX Attention | convert s |",
-        "|---|---|---|---|---|",
-    ]
+    fp16 = any("fp16_policy" in r for r in rows)
+    head = "| family | tokens identical, batch 1 | left-padded batch 3 (per row) | ONNX Attention |"
+    head += " RMSNorm / RoPE ops |"
+    head += " fp16 greedy identical | fp16 per-step logits (policy) |" if fp16 else ""
+    rtx = any("rtx_builds" in r for r in rows)
+    head += " TensorRT-RTX builds (2 profiles) |" if rtx else ""
+    lines = [head + " convert s |", "|---" * (head.count("|")) + "|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['family']} | error: {r['error']} | | | |")
             continue
         rows3 = " / ".join(str(n) for n in r["batch3"])
         attention = "yes" if r["attention_op"] else "no (model's own attention)"
-        cells = [r["family"], f"{r['batch1']}/{NEW_TOKENS}", f"{rows3} (of {NEW_TOKENS})", attention, r["convert_s"]]
+        cells = [r["family"], f"{r['batch1']}/{NEW_TOKENS}", f"{rows3} (of {NEW_TOKENS})", attention]
+        cells.append(f"{r.get('rms_normalization', 0)} / {r.get('rotary_embedding', 0)}")
+        if fp16:
+            policy = r.get("fp16_policy", "")
+            cells += [r.get("fp16_greedy", "-"), f"{policy}, worst {r['fp16_worst']}" if "fp16_worst" in r else policy]
+        if rtx:
+            cells.append({True: "yes", False: "no"}.get(r.get("rtx_builds"), "-"))
+        cells.append(r["convert_s"])
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -132,7 +184,12 @@ def main() -> None:
     """Run the families and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="family names (case-insensitive)")
-    parser.add_argument("--rtx", action="store_true", help="also build each step with TensorRT-RTX")
+    parser.add_argument(
+        "--rtx", action="store_true", help="also build each step with TensorRT-RTX (with --fp16: the fp16 conversion)"
+    )
+    parser.add_argument(
+        "--fp16", nargs="*", help="also convert in fp16 (these families; none named: all): policy verdict, greedy count"
+    )
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -142,7 +199,8 @@ def main() -> None:
         if wanted and name.lower() not in wanted:
             continue
         try:
-            row = run_family(name, make, args.rtx)
+            fp16 = args.fp16 is not None and (not args.fp16 or name.lower() in {n.lower() for n in args.fp16})
+            row = run_family(name, make, args.rtx and (fp16 or args.fp16 is None), fp16)
         except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
             traceback.print_exc()
             row = {"family": name, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}

@@ -8,6 +8,7 @@ from passes.cleanup.graph import RemoveDeadNodes, RemoveIdentities, TopologicalS
 from passes.cleanup.simplify import MergeSqueezeChains, RemoveIdentityElements
 from passes.cleanup.squeeze_axes import ExplicitSqueezeAxes
 from passes.folding.fold import FoldConstants
+from passes.fusions import fuse_decoder_ops
 from passes.lowering import LowerCustomOps
 from passes.parser_fixes import parser_fix_passes
 from passes.precision.convert import ConvertPrecision
@@ -16,7 +17,8 @@ from passes.precision.convert import ConvertPrecision
 def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPass, ...]:
     """The passes every conversion runs, in order: lowering with ``converters`` (when given) first, then cleanup,
     constant folding, identity elements bypassed (``x + 0``, ``x * 1``: after folding, which makes them constants),
-    explicit Squeeze axes, Unsqueeze and Squeeze chains merged (after the explicit axes, so those merge too), the
+    explicit Squeeze axes, Unsqueeze and Squeeze chains merged (after the explicit axes, so those merge too), RMSNorm
+    and rotate-half RoPE as the opset-23 ops (at opset >= 23; after folding, which makes their constants), the
     rewrites of ops TensorRT's parser rejects (after folding, so the constants they need are initializers; what they
     build is folded on the next round), precision (float16/bfloat16 when ``settings.precision`` asks for it: rules
     and ``keep_fp32`` islands; ``pipeline.convert`` runs it as its own stage, with measured islands) and
@@ -30,6 +32,7 @@ def default_passes(converters: ConverterRegistry | None = None) -> tuple[GraphPa
         RemoveIdentityElements(),
         ExplicitSqueezeAxes(),
         MergeSqueezeChains(),
+        fuse_decoder_ops(),
         *parser_fix_passes(),
         ConvertPrecision(),
         TopologicalSort(),

@@ -17,6 +17,7 @@ from converters.errors import BuildError, InputError
 from converters.registry import ConverterRegistry
 from passes import GraphPass, default_passes, insert_passes
 from passes.base import Placement
+from passes.fusions import FUSED_OPS
 from pipeline.backends import Executor, build_executor, select_backend
 from pipeline.backends.segments.build import build_segmented, needs_segments
 from pipeline.backends.segments.report import SegmentsReport
@@ -117,9 +118,20 @@ def convert(
         quantization=graph.quantization,
         engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
         segments=segments,
+        fused_ops=fused_ops(graph.exported.model, final),
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
     return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
+
+
+def fused_ops(exported: onnx.ModelProto, final: onnx.ModelProto) -> dict[str, int]:
+    """How many ``RMSNormalization`` and ``RotaryEmbedding`` nodes the passes made (:mod:`passes.fusions`)."""
+    counts = {}
+    for op in FUSED_OPS:
+        made = sum(n.op_type == op for n in final.graph.node) - sum(n.op_type == op for n in exported.graph.node)
+        if made > 0:
+            counts[op] = made
+    return counts
 
 
 def check(

@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 
 from pipeline.compare.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
 from pipeline.compare.stats import judgement, tolerance_ratio
+from pipeline.exporting.stage import eval_mode
 from pipeline.generation.runners import StepRunner, cache_layout, step_runner
 from pipeline.module.io_spec import IOSpec, normalise_sample
 from pipeline.precision.stage import validation_settings
@@ -67,7 +68,7 @@ def validate_decoding(
     anchor_notes: set[str] = set()
     greedy, first = 0, -1
     greedy_tokens = max(1, min(greedy_tokens, generation.max_length - prompts[0][1].shape[1]))
-    with _greedy_only(model):
+    with _greedy_only(model), eval_mode(model, warn=False):
         for index, (_, ids, mask) in enumerate(prompts):
             new = max(steps + 1, greedy_tokens) if index == 0 else steps + 1
             chosen, expected = _torch_generate(model, ids, mask, new, generation.pad_token_id)
@@ -159,15 +160,16 @@ def _greedy_only(model: torch.nn.Module) -> Iterator[None]:
 def _torch_generate(
     model: Any, ids: torch.Tensor, mask: torch.Tensor, new: int, pad: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch's greedy ``generate`` with its own cache: the new tokens [B, new] and the raw logits of each step
-    [B, new, vocab] (float32)."""
+    """PyTorch's greedy ``generate`` with its own cache (on the model's device): the new tokens [B, new] and the raw
+    logits of each step [B, new, vocab] (float32), on the CPU."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=0, do_sample=False, num_beams=1,
-            repetition_penalty=1.0, output_logits=True, return_dict_in_generate=True,
+            ids.to(device), attention_mask=mask.to(device), max_new_tokens=new, min_new_tokens=0, do_sample=False,
+            num_beams=1, repetition_penalty=1.0, output_logits=True, return_dict_in_generate=True,
             pad_token_id=pad if pad is not None else 0,
         )  # fmt: skip
-    return out.sequences[:, ids.shape[1] :], torch.stack(out.logits, 1).float()
+    return out.sequences[:, ids.shape[1] :].cpu(), torch.stack(out.logits, 1).float().cpu()
 
 
 def _decode(
@@ -216,6 +218,8 @@ def _anchor_logits(
         call["position_ids"] = (full.cumsum(-1) - 1).masked_fill(full == 0, 1)
     named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     state = {k: v.detach().to(dtype) if v.dtype == torch.float32 else v for k, v in named.items()}
+    device = next(iter(state.values())).device if state else torch.device("cpu")
+    call = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in call.items()}
     mode = PrecisionMode(dtype)
     try:
         with torch.no_grad(), mode:
@@ -228,4 +232,4 @@ def _anchor_logits(
         notes.add(f"ops computed in float32 in PyTorch's {computed_in} anchor run: {ops}")
     logits = next(leaf for leaf in pytree.tree_leaves(out.logits) if isinstance(leaf, torch.Tensor))
     prompt = ids.shape[1]
-    return [logits[:, prompt - 1 + k].double().numpy() for k in range(new.shape[1] + 1)]
+    return [logits[:, prompt - 1 + k].double().cpu().numpy() for k in range(new.shape[1] + 1)]

@@ -28,6 +28,8 @@ class ConversionReport:
     quantization: QuantizationReport | None = None  # the quantize stage (int8/fp8): scales, ops, share, error
     segments: SegmentsReport | None = None  # TensorRT segments with ONNX Runtime for the nodes TensorRT cannot take
     engine_options: dict[str, Any] | None = None  # strip_weights, refittable, ...: pipeline.backends.tensorrt.weights
+    #: op type -> nodes the passes put in place of decomposed subgraphs (RMSNormalization, RotaryEmbedding)
+    fused_ops: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_seconds(self) -> float:
@@ -50,6 +52,7 @@ class ConversionReport:
             "quantization": self.quantization.to_dict() if self.quantization else None,
             "segments": self.segments.to_dict() if self.segments else None,
             "engine_options": self.engine_options,
+            "fused_ops": dict(self.fused_ops),
         }
 
     @classmethod
@@ -70,6 +73,7 @@ class ConversionReport:
             quantization=QuantizationReport.from_dict(data["quantization"]) if data.get("quantization") else None,
             segments=SegmentsReport.from_dict(data["segments"]) if data.get("segments") else None,
             engine_options=data.get("engine_options"),
+            fused_ops={str(k): int(v) for k, v in data.get("fused_ops", {}).items()},
         )
 
     def summary(self) -> str:
@@ -84,6 +88,9 @@ class ConversionReport:
         )
         for p in changed:
             lines.append(f"          {p.name:<20} {p.nodes_before:>6} -> {p.nodes_after:<6} {p.seconds:.3f}s")
+        if self.fused_ops:
+            fused = ", ".join(f"{count} {op}" for op, count in self.fused_ops.items())
+            lines.append(f"fused     {fused} (opset-23 ops in place of the exported subgraphs)")
         if self.engine_options is not None:
             options = self.engine_options
             budget = options.get("weight_streaming_budget")

@@ -86,6 +86,10 @@ def test_step_graph_holds_the_static_cache_form(step: GenerativeModule) -> None:
     assert outputs == ["logits"] + [f"present.{i}.{k}" for i in range(2) for k in ("key", "value")]
     ops = collections.Counter(n.op_type for n in graph.node)
     assert ops["TensorScatter"] == 4 and ops["Attention"] == 2
+    # opset 24: RMSNorm (2 per layer and the final one) and RoPE (queries and keys per layer) as the opset-23 ops
+    assert ops["RMSNormalization"] == 5 and ops["RotaryEmbedding"] == 4 and ops["Neg"] == 0
+    assert step.report.fused_ops == {"RMSNormalization": 5, "RotaryEmbedding": 4}
+    assert "fused     5 RMSNormalization, 4 RotaryEmbedding" in step.report.summary()
     shape = [d.dim_value or d.dim_param for d in graph.input[4].type.tensor_type.shape.dim]
     assert shape == ["batch", 2, 48, 16]  # KV heads stay grouped (2, not the 4 query heads)
     assert step.report.accuracy is not None and step.report.accuracy.passed
@@ -276,6 +280,7 @@ def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers
     ]
     graph = module.onnx.graph
     assert sum(n.op_type == "Attention" for n in graph.node) == 2
+    assert module.report.fused_ops == {"RMSNormalization": 5, "RotaryEmbedding": 4}  # built by TensorRT-RTX too
     assert graph.input[4].type.tensor_type.elem_type == 10  # float16 cache
     out = module.generate(ids, max_new_tokens=4)  # the same graph on ONNX Runtime beside the engine
     assert out.shape == (1, 10)
