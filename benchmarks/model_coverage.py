@@ -241,11 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     todo = [] if args.render_only else [i for i in ids if i not in done]
     print(f"{len(ids)} models selected, {len(done)} done by a partial run, {len(todo)} to run", flush=True)
     start = time.monotonic()
-    new_partial = not partial.exists()
+    new_partial = not partial.exists() or partial.stat().st_size == 0  # a run killed before its first row
     with partial.open("a", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore", lineterminator="\n")
         if new_partial:
             writer.writeheader()
+            f.flush()  # else a run killed before its first row leaves an empty file and the rows lose their header
         with ThreadPoolExecutor(args.jobs) as pool:
             for row in pool.map(lambda i: run_one(i, args.timeout, args.log), todo):
                 writer.writerow(row)

@@ -83,3 +83,9 @@ def kept_tables() -> dict[int, int]:
     diagnostics)."""
     with _LOCK:
         return {opset: count for opset, (count, _) in _KEPT.items()}
+
+
+def forget_tables() -> None:
+    """Drop the kept tables: the next export builds its own, as every export did before (for benchmarks)."""
+    with _LOCK:
+        _KEPT.clear()
