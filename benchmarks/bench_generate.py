@@ -24,7 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# the repository first: with an editable install tests/pipeline (a test folder, no __init__) would otherwise be
+# taken as a namespace package `pipeline` before the install's finder is asked
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
 import torch  # noqa: E402
 import transformers  # noqa: E402

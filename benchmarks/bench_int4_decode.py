@@ -16,7 +16,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+# the repository first: with an editable install tests/pipeline (a test folder, no __init__) would otherwise be
+# taken as a namespace package `pipeline` before the install's finder is asked
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(ROOT / "tests"))
 
 import tests_environment  # noqa: E402,F401 -- torchvision's operator schemas before transformers imports it
 import transformers  # noqa: E402

@@ -25,7 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# the repository first: with an editable install tests/pipeline (a test folder, no __init__) would otherwise be
+# taken as a namespace package `pipeline` before the install's finder is asked
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 import tests_environment  # noqa: E402,F401 -- torchvision's operator schemas, before torchvision is imported
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
