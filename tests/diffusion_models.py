@@ -145,10 +145,21 @@ def denoiser_name(pipe: Any) -> str:
     return "unet" if hasattr(pipe, "unet") else "transformer"
 
 
+def clip_text_encoder(layers: int, **config: Any) -> torch.nn.Module:
+    """A tiny ``CLIPTextModel`` (vocabulary 1000, hidden 32, 77 positions) with ``layers`` layers, in eval mode;
+    ``config`` overrides ``CLIPTextConfig`` fields (token ids, say)."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    fields: dict[str, Any] = dict(
+        vocab_size=1000, hidden_size=32, intermediate_size=37, num_attention_heads=4, max_position_embeddings=77
+    )
+    return CLIPTextModel(CLIPTextConfig(**(fields | config), num_hidden_layers=layers)).eval()
+
+
 def components() -> dict[str, tuple[torch.nn.Module, Any]]:
     """Every model the diffusion goal lists, tiny, with a sample each: ``{name: (module, sample)}``."""
     from diffusers import DiTTransformer2DModel, SD3Transformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel
 
     from pipeline.module.first_call import MethodModule
 
@@ -177,16 +188,7 @@ def components() -> dict[str, tuple[torch.nn.Module, Any]]:
         pooled_projection_dim=64,
         out_channels=4,
     ).eval()
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=1000,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=77,
-        )
-    ).eval()
+    clip = clip_text_encoder(layers=2)
     t5 = T5EncoderModel(T5Config(vocab_size=1000, d_model=32, d_ff=37, d_kv=8, num_layers=2, num_heads=4)).eval()
     ids = torch.randint(0, 1000, (1, 77))
     latents = torch.randn(2, 4, 8, 8)
