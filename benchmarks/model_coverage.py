@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -247,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         if new_partial:
             writer.writeheader()
             f.flush()  # else a run killed before its first row leaves an empty file and the rows lose their header
-        with ThreadPoolExecutor(args.jobs) as pool:
-            for row in pool.map(lambda i: run_one(i, args.timeout, args.log), todo):
+        with ThreadPoolExecutor(args.jobs) as pool:  # rows written as they finish: a killed run loses none
+            futures = [pool.submit(run_one, i, args.timeout, args.log) for i in todo]
+            for future in as_completed(futures):
+                row = future.result()
                 writer.writerow(row)
                 f.flush()
                 done[f"{row['source']}/{row['model']}"] = row

@@ -26,6 +26,7 @@ from passes.parser_fixes.low_rank import LiftLowRank
 from passes.parser_fixes.max_pool import MaxPoolByWindows
 from passes.parser_fixes.mixed_types import MixedTypeArithmetic
 from passes.parser_fixes.normalization import LayerNormStatistics
+from passes.parser_fixes.random import BernoulliAsUniform
 from passes.parser_fixes.reduce_axes import ReduceAxesToInitializers
 from passes.parser_fixes.scatter_reduce import ScatterReductionToMask
 from passes.parser_fixes.uint8_constants import UInt8ConstantOutputsAsCasts
@@ -33,6 +34,7 @@ from passes.rules import Facts, RewriteRule
 
 __all__ = [
     "AffineGridToMatMul",
+    "BernoulliAsUniform",
     "BitwiseToArithmetic",
     "CenterCropPadToSlicePad",
     "ClassLossToGather",
@@ -73,6 +75,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         OversizedAveragePoolToGlobal(),
         LayerNormStatistics(),
         ScatterReductionToMask(),
+        BernoulliAsUniform(),
         NegativeEdgePadToGather(),
         UInt8ConstantOutputsAsCasts(),
         MixedTypeArithmetic(),
