@@ -25,6 +25,7 @@ from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
+from pipeline.exporting.rewriter_guard import linear_multi_output_matching
 from pipeline.exporting.translation_table import reused_translation_table
 from pipeline.module import containers, io_spec
 from pipeline.module.io_spec import IOSpec, TensorSpec
@@ -192,7 +193,7 @@ def _torch_export(
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
         try:
-            with reused_translation_table():
+            with reused_translation_table(), linear_multi_output_matching():
                 program = torch.onnx.export(
                     exported,
                     args,

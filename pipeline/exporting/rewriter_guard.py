@@ -1,0 +1,84 @@
+"""The exporter's optimizer in time linear in the graph, not quadratic: a guard on onnxscript's multi-output matcher.
+
+``torch.onnx.export`` optimizes every graph with onnxscript's default rewrite rules. One of them (``SlicesSplit``:
+two Slices of one tensor become a Split) is a pattern with two output nodes, and onnxscript 0.7's
+``SimplePatternMatcher.match`` for such a pattern indexes every node of the graph by op type *before* it looks at
+the node it was asked about. It is asked about every node, in each of the optimizer's rounds, so that rule alone
+costs (nodes)^2 steps: 13 million for timm's 1,092-node HaloNet, 45 of its 154 seconds of export under a profiler,
+and minutes for graphs of several thousand nodes. (It never fires on the exporter's graphs, whose Slices carry a
+``steps`` input the pattern does not allow: the cost buys nothing.)
+
+:func:`linear_multi_output_matching` patches the matcher for the duration of the ``with`` block (as
+:mod:`pipeline.exporting.translation_table` patches the exporter's registry): a node whose op type or domain is not
+that of the pattern's first output node fails at once, as the original fails on that same first check of every
+combination it tries. The optimizer makes the same rewrites, so the graph is the same. On an onnxscript without that
+class or method, nothing is patched and the export runs as before (slower, same graph).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_LOCK = threading.Lock()
+_ACTIVE = 0  # blocks open (exports running in threads): the patch stays until the last one ends
+
+
+def _matcher_class() -> Any:
+    try:
+        matcher = importlib.import_module("onnxscript.rewriter._matcher")
+        basics = importlib.import_module("onnxscript.rewriter._basics")
+    except ImportError:
+        return None
+    cls = getattr(matcher, "SimplePatternMatcher", None)
+    if cls is None or not callable(cls.__dict__.get("match")) or not hasattr(basics, "MatchResult"):
+        return None
+    return cls
+
+
+def _first_output_rejects(pattern: Any, node: Any) -> bool:
+    """The pattern has several output nodes and ``node`` is not of the first one's op type and domain (the first
+    thing the matcher checks of every combination it tries, and nothing else fails it sooner)."""
+    if getattr(pattern, "has_single_output_node", True):
+        return False
+    first = pattern.output_nodes[0]
+    return not (first.op.matches(node.op_type) and first.domain.matches(node.domain))
+
+
+@contextmanager
+def linear_multi_output_matching() -> Iterator[None]:
+    """Within the block, onnxscript's matcher rejects a node that cannot be a multi-output pattern's first output
+    node before indexing the whole graph (module doc)."""
+    cls = _matcher_class()
+    if cls is None:
+        yield
+        return
+    from onnxscript.rewriter._basics import MatchResult
+
+    global _ACTIVE
+    with _LOCK:
+        if _ACTIVE == 0:
+            _install(cls, MatchResult)
+        _ACTIVE += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _ACTIVE -= 1
+            if _ACTIVE == 0:
+                cls.match = cls.match.original
+
+
+def _install(cls: Any, result: Any) -> None:
+    original = cls.__dict__["match"]
+
+    def match(self: Any, model: Any, graph_or_function: Any, node: Any, **options: Any) -> Any:
+        if _first_output_rejects(self.pattern, node):
+            return result().fail(f"OpType mismatch: {node.op_type} is not the pattern's first output node", node)
+        return original(self, model, graph_or_function, node, **options)
+
+    match.original = original  # type: ignore[attr-defined]
+    cls.match = match
