@@ -57,7 +57,9 @@ def _build(name: str) -> tuple[torch.nn.Module, Any]:
     try:
         with torch.no_grad():
             model(sample)
-    except Exception:  # the model needs its own input size
+    except Exception:  # the model needs its own input size: built again at its defaults (img_size is one of them)
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=False).eval()
         size = model.pretrained_cfg.get("input_size", (3, 224, 224))
         sample = image(size[-1], size[0])
     return model, sample
