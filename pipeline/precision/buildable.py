@@ -124,27 +124,41 @@ class BuilderGate:
     """Holds low-precision candidates to the real builder, when that means something: TensorRT-RTX imports and
     builds the float32 graph (a graph with plugin nodes or ops the builder lacks is not the precision's fault).
 
+    The float32 graph is built only when a candidate is rejected (a candidate that builds passes either way), so a
+    conversion whose low-precision graph builds pays one build here, not two.
+
     >>> gate = BuilderGate(fp32_model, settings.dynamic)    # doctest: +SKIP
     >>> gate.rejects(candidate)                             # None, or the builder's reason
     """
 
     def __init__(self, reference: onnx.ModelProto, dynamic: Sequence[DynamicDim] = ()) -> None:
+        self.reference = reference
         self.dynamic = tuple(dynamic)
-        self.enabled = False
         self.builds = 0
-        if not rtx_available():
+        self._reference_builds: bool | None = None  # not known until a candidate is rejected
+        self.available = rtx_available()
+        if not self.available:
             logger.info("TensorRT-RTX is not installed: candidate graphs are not checked with its builder")
-            return
-        error = build_error(reference, self.dynamic)
-        self.builds += 1
-        if error is not None:
-            logger.info("TensorRT-RTX does not build the float32 graph; candidates are not held to it: %s", error)
-            return
-        self.enabled = True
+
+    @property
+    def enabled(self) -> bool:
+        """TensorRT-RTX imports and builds the float32 graph (building it now if no candidate has needed it)."""
+        if not self.available:
+            return False
+        if self._reference_builds is None:
+            error = build_error(self.reference, self.dynamic)
+            self.builds += 1
+            self._reference_builds = error is None
+            if error is not None:
+                logger.info("TensorRT-RTX does not build the float32 graph; candidates are not held to it: %s", error)
+        return self._reference_builds
 
     def rejects(self, model: onnx.ModelProto) -> str | None:
         """None when the builder builds ``model`` (or the gate is off); otherwise the builder's reason."""
-        if not self.enabled:
+        if not self.available or self._reference_builds is False:  # off: the float32 graph does not build either
             return None
         self.builds += 1
-        return build_error(model, self.dynamic)
+        error = build_error(model, self.dynamic)
+        if error is None or not self.enabled:
+            return None
+        return error
