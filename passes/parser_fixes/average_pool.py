@@ -4,7 +4,10 @@ a ``GlobalAveragePool`` (times a constant where the padding counts in the diviso
 ``nn.AvgPool2d(kernel_size=hidden_dim, ceil_mode=True)`` is how transformers' EfficientNet pools its last feature
 map (a 2,560 x 2,560 window over a 2 x 2 map): PyTorch and ONNX Runtime clamp the window to the padded input, so
 the output is the plane's mean, but TensorRT's ``addPoolingNd`` refuses the window ("volume(windowSize) <
-maxKernelDimsProduct"; measured on TensorRT-RTX 1.7: a 2-D window of 316 x 316 builds, 317 x 317 does not).
+maxKernelDimsProduct"). The limit depends on the window's rank (:func:`max_window_volume`; measured on TensorRT-RTX
+1.7): a 1-D or 2-D window must hold fewer than 100,000 elements (316 x 316 builds, 317 x 317 and a 1-D 100,000 do
+not: the parser pools 1-D as 2-D), a 3-D window fewer than about 31.6 million, 100,000 ** 1.5 (300 x 300 x 351
+builds, 300 x 300 x 352 does not), for MaxPool as for AveragePool.
 
 When every spatial output size is 1 and the window, from its begin padding, reaches past the input's end on every
 axis, the one window holds every input element. Its divisor (ONNX Runtime's and PyTorch's) is the product over
@@ -25,8 +28,16 @@ from passes.parser_fixes.values import dtype_of, rank_of
 from passes.rules import Facts, RewriteContext, RewriteRule
 
 _FLOAT_TYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
-#: TensorRT's pooling layer takes windows of fewer elements than this (2-D; a 3-D limit measured higher).
+#: TensorRT's pooling layer takes 1-D and 2-D windows of fewer elements than this (module doc).
 MAX_WINDOW_VOLUME = 100_000
+#: ... and 3-D windows of fewer than this: 100,000 ** 1.5, rounded up (31,590,000 builds, 31,680,000 does not).
+MAX_WINDOW_VOLUME_3D = 31_622_777
+
+
+def max_window_volume(spatial_rank: int) -> int:
+    """The pooling window volume TensorRT's ``addPoolingNd`` takes no more than (exclusive) for a window of
+    ``spatial_rank`` axes."""
+    return MAX_WINDOW_VOLUME_3D if spatial_rank >= 3 else MAX_WINDOW_VOLUME
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,9 @@ class OversizedAveragePoolToGlobal(RewriteRule[GlobalPlan]):
         """A plan when the window is over the limit and one window covers the whole static input; else the reason."""
         kernel = [int(k) for k in node.attrs.get("kernel_shape", [])]
         volume = int(np.prod(kernel)) if kernel else 0
-        if volume < MAX_WINDOW_VOLUME:
-            return f"the window's {volume} elements are within TensorRT's limit ({MAX_WINDOW_VOLUME})"
+        limit = max_window_volume(len(kernel))
+        if volume < limit:
+            return f"the window's {volume} elements are within TensorRT's limit ({limit} for a {len(kernel)}-D window)"
         x = node.inputs[0]
         dtype, rank = dtype_of(x), rank_of(x)
         if str(dtype) not in _FLOAT_TYPES:

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from passes.parser_fixes.average_pool import max_window_volume
 from pipeline.check.ops import OpSupport
 
 Problem = tuple[str, str]
@@ -29,8 +30,6 @@ _TYPE_TOKENS: dict[int, str] = {
     onnx.TensorProto.FLOAT8E4M3FN: "FP8",
     onnx.TensorProto.INT4: "INT4",
 }
-#: addPoolingNd's window limit (measured on TensorRT-RTX 1.7: 2-D 316 x 316 builds, 317 x 317 does not).
-_MAX_POOL_WINDOW = 100_000
 _FOLD = "fold it to a constant (the default pass list folds constants), or compute it outside the model"
 _REDUCE_OPS = {
     "ReduceL1",
@@ -194,10 +193,11 @@ def _pool(node: onnx.NodeProto, facts: GraphFacts) -> list[Problem]:
         )
     kernel = _attr(node, "kernel_shape")
     volume = int(np.prod(kernel)) if kernel else 0  # type: ignore[call-overload]
-    if volume >= _MAX_POOL_WINDOW:
+    limit = max_window_volume(len(kernel) if kernel else 0)  # type: ignore[arg-type]
+    if volume >= limit:
         problems.append(
             (
-                f"a window of {volume} elements: TensorRT's pooling takes fewer than {_MAX_POOL_WINDOW}",
+                f"a window of {volume} elements: TensorRT's pooling takes fewer than {limit} in this rank",
                 "a global pooling (AdaptiveAvgPool2d(1)) where one window covers the input; the parser fix "
                 "'oversized_average_pool_to_global' does this for AveragePool",
             )

@@ -73,6 +73,8 @@ def test_float16() -> None:
         ("begin padding leaves the end out", [1, 1, 3, 3], "kernel_shape=[1000, 1000], strides=[1000, 1000], "
          "pads=[998, 0, 0, 0], ceil_mode=1", "does not cover the whole input on spatial axis 0"),
         ("SAME padding", [1, 1, 3, 3], 'kernel_shape=[400, 400], auto_pad="SAME_UPPER"', "auto_pad SAME_UPPER"),
+        ("a 3-D window under the 3-D limit", [1, 1, 4, 4, 4], "kernel_shape=[100, 100, 100], strides=[1, 1, 1], "
+         "ceil_mode=1", "within TensorRT's limit (31622777 for a 3-D window)"),
     ],
 )  # fmt: skip
 def test_left_unchanged_with_the_reason(case: str, shape: list[int], attrs: str, reason: str) -> None:
@@ -105,3 +107,20 @@ def test_transformers_efficientnet_converts_matches_and_builds() -> None:
     torch.testing.assert_close(module(x).pooler_output, model(x).pooler_output)
     assert "AveragePool" not in ops(module.onnx) and "GlobalAveragePool" in ops(module.onnx)
     assert_builds(module)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "builds"),
+    [([316, 316], True), ([317, 317], False), ([300, 300, 351], True), ([300, 300, 352], False)],
+)
+def test_window_limits_per_rank_as_the_builder_and_the_static_check_see_them(kernel: list[int], builds: bool) -> None:
+    """The builder's limit is 100,000 elements for a 2-D window, about 31.6 million for a 3-D one; the static check
+    says what the builder does (a window the size of the input, nothing for the fix to do)."""
+    dims = ",".join(map(str, [1, 1, *kernel]))
+    ones = ",".join(["1"] * (2 + len(kernel)))
+    model = parse(f"{HEADER}g (float[{dims}] x) => (float[{ones}] y) {{ y = AveragePool<kernel_shape={kernel}>(x) }}")
+    model.graph.node[0].name = "pool"
+    error = rtx_build_error(model)
+    assert (error is None) == builds, error
+    check = pipeline.check(model, trt_version="11.1")
+    assert check.ok == builds, check.summary()
