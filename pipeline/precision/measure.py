@@ -9,6 +9,7 @@ per feed before, 1 now). Graph optimizations are off, so what is observed is the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -19,6 +20,8 @@ from passes.model_io.external_data import ort_session_bytes
 from passes.model_io.graphs import module_path
 from passes.precision.rules import Island
 from passes.precision.types import LowType
+
+logger = logging.getLogger(__name__)
 
 #: Tensors observed per ONNX Runtime session, at least (and at most, for :mod:`pipeline.precision.search`).
 OBSERVE_CHUNK = 256
@@ -132,24 +135,95 @@ def _session(model: onnx.ModelProto, providers: Sequence[str]) -> ort.InferenceS
 
 
 def peak_magnitudes(
-    model: onnx.ModelProto, feeds: Sequence[Feed], providers: Sequence[str] = ("CPUExecutionProvider",)
+    model: onnx.ModelProto,
+    feeds: Sequence[Feed],
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    names: Sequence[str] | None = None,
 ) -> dict[str, float]:
-    """The largest finite ``|x|`` of every float tensor over all feeds."""
-    peaks: dict[str, float] = {}
+    """The largest finite ``|x|`` of every float tensor (or of ``names``) over all feeds (0.0 where none is finite).
 
-    def visit(name: str, _: int, value: np.ndarray) -> None:
-        if not value.size:
-            return
-        peak = float(np.max(np.abs(value)))
-        if not np.isfinite(peak):  # an inf or nan somewhere: the largest finite value, if any
-            finite = np.abs(value[np.isfinite(value)])
-            if not finite.size:
-                return
-            peak = float(finite.max())
-        peaks[name] = max(peaks.get(name, 0.0), peak)
-
-    observe(model, feeds, float_tensors(model), visit, providers)
+    Computed inside the graph: each tensor gets a ``ReduceMax`` and a ``ReduceMin`` (of its float32 value), so one
+    run per feed returns two scalars per tensor, whatever the graph's size, where observing the tensors themselves
+    takes a run per chunk of them. A tensor whose extremes are not finite (it holds an inf or a nan), and every
+    tensor of a graph before opset 13 or one ONNX Runtime does not run with the reductions, is observed instead."""
+    wanted = float_tensors(model) if names is None else list(dict.fromkeys(names))
+    inputs = {i.name for i in model.graph.input}
+    peaks = dict.fromkeys(wanted, 0.0)
+    for name in wanted:
+        for feed in feeds:
+            if name in inputs and name in feed:
+                peaks[name] = max(peaks[name], _finite_peak(np.asarray(feed[name])))
+    inner = [n for n in wanted if n not in inputs]
+    observed = inner
+    if inner and _default_opset(model) >= 13:
+        reduced, outputs = _with_extreme_outputs(model, inner)
+        try:
+            session = _session(reduced, providers)
+            runs = [session.run(outputs, session_feed(session, feed)) for feed in feeds]
+        except Exception as exc:  # ONNX Runtime's own error on the added reductions: observe the tensors instead
+            logger.info("peaks observed tensor by tensor: the graph with reductions does not run (%s)", exc)
+        else:
+            observed = []
+            for index, name in enumerate(inner):
+                extremes = np.array([run[j] for run in runs for j in (2 * index, 2 * index + 1)], np.float64)
+                if extremes.size and np.isfinite(extremes).all():
+                    peaks[name] = max(peaks[name], float(np.abs(extremes).max()))
+                else:  # an inf or a nan (or an empty tensor): its largest finite value needs the values
+                    observed.append(name)
+    if observed:
+        observe(model, feeds, observed, lambda name, _, value: _raise_peak(peaks, name, _finite_peak(value)), providers)
     return peaks
+
+
+def _raise_peak(peaks: dict[str, float], name: str, value: float) -> None:
+    peaks[name] = max(peaks[name], value)
+
+
+def _finite_peak(value: np.ndarray) -> float:
+    if not value.size:
+        return 0.0
+    peak = float(np.max(np.abs(value)))
+    if np.isfinite(peak):
+        return peak
+    finite = np.abs(value[np.isfinite(value)])  # an inf or nan somewhere: the largest finite value, if any
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _with_extreme_outputs(model: onnx.ModelProto, names: Sequence[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with two float32 scalar outputs per tensor of ``names``: its maximum and its minimum (a tensor
+    that is not float32 is cast to it first: exact for float16 and bfloat16)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.output, *inferred.value_info]}
+    taken = {t for n in graph.node for t in [*n.input, *n.output]} | {i.name for i in graph.input}
+    taken |= {i.name for i in graph.initializer}
+
+    def fresh(hint: str) -> str:
+        name, index = hint, 0
+        while name in taken:
+            index += 1
+            name = f"{hint}_{index}"
+        taken.add(name)
+        return name
+
+    outputs: list[str] = []
+    for name in names:
+        source = name
+        if types.get(name) != onnx.TensorProto.FLOAT:
+            source = fresh(f"{name}/peak/float")
+            graph.node.append(onnx.helper.make_node("Cast", [name], [source], to=onnx.TensorProto.FLOAT))
+        for op in ("ReduceMax", "ReduceMin"):
+            extreme = fresh(f"{name}/peak/{op}")
+            graph.node.append(onnx.helper.make_node(op, [source], [extreme], keepdims=0))
+            graph.output.append(onnx.helper.make_tensor_value_info(extreme, onnx.TensorProto.FLOAT, []))
+            outputs.append(extreme)
+    return out, outputs
 
 
 def measured_islands(

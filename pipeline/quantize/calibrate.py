@@ -34,7 +34,7 @@ import onnx
 
 from converters.errors import InputError
 from passes.quantize.formats import QuantFormat
-from pipeline.precision.measure import Feed, observe
+from pipeline.precision.measure import Feed, observe, peak_magnitudes
 
 BINS = 2048
 METHODS = ("max", "percentile", "entropy", "mse")
@@ -70,14 +70,7 @@ def calibrate(
 ) -> dict[str, float]:
     """The calibrated ``amax`` of each of ``tensors`` (names in ``model``) by ``method`` (see the module doc)."""
     names = list(dict.fromkeys(tensors))
-    peaks: dict[str, float] = dict.fromkeys(names, 0.0)
-
-    def peak(name: str, _: int, value: np.ndarray) -> None:
-        finite = np.abs(value[np.isfinite(value)]).astype(np.float64)
-        if finite.size:
-            peaks[name] = max(peaks[name], float(finite.max()))
-
-    observe(model, feeds, names, peak, providers)
+    peaks = peak_magnitudes(model, feeds, providers, names)
     if method == "max":
         return peaks
     histograms = {name: np.zeros(BINS, np.float64) for name in names}

@@ -73,3 +73,45 @@ def test_peaks_are_the_largest_finite_magnitudes() -> None:
     assert peaks["x"] == 3.0  # the inf is skipped
     assert peaks["t0"] == 2.0  # Relu(-3) = 0, Relu(inf) = inf skipped
     assert peaks[f"t{STEPS - 1}"] == pytest.approx(2.0 * 1.01 ** (STEPS // 2), rel=1e-4)
+
+
+def test_peaks_come_from_in_graph_reductions_and_only_non_finite_tensors_are_observed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _chain(4)
+    x = np.array([[1.0, -3.0, np.inf, 2.0]], np.float32)
+    finite = np.array([[1.0, -3.0, 0.5, 2.0]], np.float32)
+    asked: list[str] = []
+    observe_values = measure.observe
+
+    def recording(model: onnx.ModelProto, feeds: list, names: list[str], *args: object) -> None:
+        asked.extend(names)
+        observe_values(model, feeds, names, *args)
+
+    monkeypatch.setattr(measure, "observe", recording)
+    inner = _names(model)[1:]
+    finite_peaks = peak_magnitudes(model, [{"x": finite}])
+    assert asked == []  # every peak from the reductions: one run, no tensor observed
+    peaks = peak_magnitudes(model, [{"x": finite}, {"x": x}])
+    assert asked == inner  # the inf reaches every tensor after x: each is observed for its largest finite value
+    assert peaks["t0"] == 2.0 and peaks["x"] == 3.0
+    for feeds, got in (([{"x": finite}], finite_peaks), ([{"x": finite}, {"x": x}], peaks)):
+        reference = dict.fromkeys(got, 0.0)
+
+        def keep(name: str, _: int, value: np.ndarray, reference: dict[str, float] = reference) -> None:
+            reference[name] = max(reference[name], measure._finite_peak(value))
+
+        observe_values(model, feeds, list(got), keep)
+        assert got == pytest.approx(reference, rel=1e-6)
+
+
+def test_float16_tensors_are_reduced_in_float32() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16), helper.make_node("Neg", ["h"], ["y"])],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    peaks = peak_magnitudes(model, [{"x": np.array([0.5, -70000.0, 60000.0], np.float32)}])
+    assert peaks == {"x": 70000.0, "h": 60000.0, "y": 60000.0}  # -70000 is -inf in float16: the largest finite is kept
