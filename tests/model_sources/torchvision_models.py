@@ -21,7 +21,8 @@ _KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"aux_logits": False, "init_weights": False},
     "googlenet": {"aux_logits": False, "init_weights": False},
 }
-_VIDEO_SHAPE = {"mvit_v1_b": (1, 3, 16, 224, 224), "mvit_v2_s": (1, 3, 16, 224, 224), "s3d": (1, 3, 8, 64, 64)}
+# s3d pools a 2 x 7 x 7 window after downsampling 8 x 32 x 32: 16 frames of 224 x 224 at least
+_VIDEO_SHAPE = {"mvit_v1_b": (1, 3, 16, 224, 224), "mvit_v2_s": (1, 3, 16, 224, 224), "s3d": (1, 3, 16, 224, 224)}
 
 
 def _models() -> Any:
