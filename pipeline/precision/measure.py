@@ -212,17 +212,29 @@ def _with_extreme_outputs(model: onnx.ModelProto, names: Sequence[str]) -> tuple
         taken.add(name)
         return name
 
+    added: dict[str, list[onnx.NodeProto]] = {}
     outputs: list[str] = []
     for name in names:
-        source = name
+        source, nodes = name, added.setdefault(name, [])
         if types.get(name) != onnx.TensorProto.FLOAT:
             source = fresh(f"{name}/peak/float")
-            graph.node.append(onnx.helper.make_node("Cast", [name], [source], to=onnx.TensorProto.FLOAT))
+            nodes.append(onnx.helper.make_node("Cast", [name], [source], to=onnx.TensorProto.FLOAT))
         for op in ("ReduceMax", "ReduceMin"):
             extreme = fresh(f"{name}/peak/{op}")
-            graph.node.append(onnx.helper.make_node(op, [source], [extreme], keepdims=0))
+            nodes.append(onnx.helper.make_node(op, [source], [extreme], keepdims=0))
             graph.output.append(onnx.helper.make_tensor_value_info(extreme, onnx.TensorProto.FLOAT, []))
             outputs.append(extreme)
+    # each tensor's reductions right after its producer: ONNX Runtime runs nodes in this order and frees a tensor
+    # after its last reader, so the graph's memory stays what it was (appended at the end, every tensor lived on)
+    ordered: list[onnx.NodeProto] = []
+    for node in graph.node:
+        ordered.append(node)
+        for output in node.output:
+            ordered.extend(added.pop(output, []))
+    del graph.node[:]
+    graph.node.extend(ordered)
+    for nodes in added.values():  # tensors no node of the main graph produces (none for float_tensors' names)
+        graph.node.extend(nodes)
     return out, outputs
 
 
