@@ -54,15 +54,38 @@ def _build(name: str) -> tuple[torch.nn.Module, Any]:
     except TypeError:  # no img_size argument: a convolutional model that takes any size (or a fixed one)
         model = timm.create_model(name, pretrained=False).eval()
     sample = image(SMALL_SIZE)
+    if _runs(model, sample):
+        return model, sample
+    patch = _patch_size(model)
+    if patch:  # a patch size that does not divide 64 (DeepSeek's ViT: 14): the multiple of it nearest 64
+        size = patch * max(1, round(SMALL_SIZE / patch))
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=False, img_size=size).eval()
+        sample = image(size)
+        if _runs(model, sample):
+            return model, sample
+    torch.manual_seed(0)  # the model needs its own input size: built again at its defaults (img_size is one of them)
+    model = timm.create_model(name, pretrained=False).eval()
+    size = model.pretrained_cfg.get("input_size", (3, 224, 224))
+    return model, image(size[-1], size[0])
+
+
+def _runs(model: torch.nn.Module, sample: torch.Tensor) -> bool:
     try:
         with torch.no_grad():
             model(sample)
-    except Exception:  # the model needs its own input size: built again at its defaults (img_size is one of them)
-        torch.manual_seed(0)
-        model = timm.create_model(name, pretrained=False).eval()
-        size = model.pretrained_cfg.get("input_size", (3, 224, 224))
-        sample = image(size[-1], size[0])
-    return model, sample
+    except Exception:  # the model does not take this input size
+        return False
+    return True
+
+
+def _patch_size(model: torch.nn.Module) -> int:
+    """The patch size of the model's first ``patch_embed`` module (``encoder.patch_embed`` too), 0 when none."""
+    embed = next((m for n, m in model.named_modules() if n.split(".")[-1] == "patch_embed"), None)
+    patch = getattr(embed, "patch_size", None)
+    if isinstance(patch, (tuple, list)) and patch and len(set(patch)) == 1:
+        patch = patch[0]
+    return int(patch) if isinstance(patch, int) and patch > 1 else 0
 
 
 def cases() -> list[ModelCase]:
