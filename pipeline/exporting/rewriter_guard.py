@@ -42,10 +42,13 @@ def _matcher_class() -> Any:
 def _first_output_rejects(pattern: Any, node: Any) -> bool:
     """The pattern has several output nodes and ``node`` is not of the first one's op type and domain (the first
     thing the matcher checks of every combination it tries, and nothing else fails it sooner)."""
-    if getattr(pattern, "has_single_output_node", True):
+    if pattern is None or getattr(pattern, "has_single_output_node", True):
         return False
-    first = pattern.output_nodes[0]
-    return not (first.op.matches(node.op_type) and first.domain.matches(node.domain))
+    try:
+        first = pattern.output_nodes[0]
+        return not (first.op.matches(node.op_type) and first.domain.matches(node.domain))
+    except (AttributeError, IndexError, TypeError):  # another onnxscript's pattern classes: let the matcher decide
+        return False
 
 
 @contextmanager
@@ -75,10 +78,10 @@ def linear_multi_output_matching() -> Iterator[None]:
 def _install(cls: Any, result: Any) -> None:
     original = cls.__dict__["match"]
 
-    def match(self: Any, model: Any, graph_or_function: Any, node: Any, **options: Any) -> Any:
-        if _first_output_rejects(self.pattern, node):
+    def match(self: Any, model: Any, graph_or_function: Any, node: Any, *args: Any, **options: Any) -> Any:
+        if _first_output_rejects(getattr(self, "pattern", None), node):
             return result().fail(f"OpType mismatch: {node.op_type} is not the pattern's first output node", node)
-        return original(self, model, graph_or_function, node, **options)
+        return original(self, model, graph_or_function, node, *args, **options)
 
     match.original = original  # type: ignore[attr-defined]
     cls.match = match
