@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from converters.context import unique_name
 from passes.model_io.external_data import ort_session_bytes
 from passes.model_io.graphs import module_path
 from passes.precision.rules import Island
@@ -204,23 +205,15 @@ def _with_extreme_outputs(model: onnx.ModelProto, names: Sequence[str]) -> tuple
     taken = {t for n in graph.node for t in [*n.input, *n.output]} | {i.name for i in graph.input}
     taken |= {i.name for i in graph.initializer}
 
-    def fresh(hint: str) -> str:
-        name, index = hint, 0
-        while name in taken:
-            index += 1
-            name = f"{hint}_{index}"
-        taken.add(name)
-        return name
-
     added: dict[str, list[onnx.NodeProto]] = {}
     outputs: list[str] = []
     for name in names:
         source, nodes = name, added.setdefault(name, [])
         if types.get(name) != onnx.TensorProto.FLOAT:
-            source = fresh(f"{name}/peak/float")
+            source = unique_name(f"{name}/peak/float", taken)
             nodes.append(onnx.helper.make_node("Cast", [name], [source], to=onnx.TensorProto.FLOAT))
         for op in ("ReduceMax", "ReduceMin"):
-            extreme = fresh(f"{name}/peak/{op}")
+            extreme = unique_name(f"{name}/peak/{op}", taken)
             nodes.append(onnx.helper.make_node(op, [source], [extreme], keepdims=0))
             graph.output.append(onnx.helper.make_tensor_value_info(extreme, onnx.TensorProto.FLOAT, []))
             outputs.append(extreme)
