@@ -56,16 +56,34 @@ def torch_export_error(exc: BaseException) -> ExportError:
     """torch.export's failure, with the op and a specific fix when a value depends on the tensors' data."""
     text = f"{reason(exc)}\n{_all_text(exc)}"
     op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
-    if op is not None or "data-dependent" in text or "GuardOnDataDependentSymNode" in text:
+    data_dependent = ("data-dependent", "GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound")
+    if op is not None or any(marker in text for marker in data_dependent):
         return ExportError(
             f"torch.export failed: {reason(exc)}\n    (a Python value, a bool, number or shape, is computed from the "
             "tensors' data, which a graph cannot hold)",
-            node=op.group(1) if op else _failing_line(text),
+            node=op.group(1) if op else (traced_op(exc) or _failing_line(text)),
             fix="compute with tensors instead: torch.where(...) or torch.cond for an `if` on data, a tensor result "
             "for torch.equal / allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is "
             "valid; or move that part out of forward()",
         )
-    return ExportError(f"torch.export failed: {reason(exc)}", fix=EXPORT_FIXES)
+    return ExportError(f"torch.export failed: {reason(exc)}", node=traced_op(exc), fix=EXPORT_FIXES)
+
+
+def traced_op(exc: BaseException) -> str | None:
+    """The ATen op torch.export was tracing when it failed (``aten.narrow.Tensor``): the innermost dispatch frame's
+    ``func`` in the tracebacks of ``exc`` and of its causes; None when no such frame is on them."""
+    found, seen = None, set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            func = tb.tb_frame.f_locals.get("func")
+            if isinstance(func, torch._ops.OpOverload):
+                found = str(func)
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return found
 
 
 def _failing_line(text: str) -> str | None:
