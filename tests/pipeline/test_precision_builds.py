@@ -8,11 +8,11 @@ import pytest
 import torch
 from onnx import TensorProto as T
 from onnx import helper
-from rtx_build import rtx_build_error
+from rtx_build import SKIP_REASON, rtx_build_error
 from torch import nn
 
 import pipeline
-from pipeline.precision.buildable import BuilderGate
+from pipeline.precision.buildable import BuilderGate, rtx_available
 
 
 class MaskedAttention(nn.Module):
@@ -75,3 +75,20 @@ def test_symbolic_dims_build_with_their_declared_profile() -> None:
     assert error is not None and "'x' axis 0 is dynamic but has no declared range" in error
     dims = pipeline.Settings(dynamic={"x": {0: ("batch", 1, 4, 8)}}).dynamic
     assert rtx_build_error(model, dims) is None
+
+
+def test_the_gate_builds_the_float32_graph_only_when_a_candidate_is_rejected() -> None:
+    if not rtx_available():
+        pytest.skip(SKIP_REASON)
+    relu = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(relu, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    gate = BuilderGate(model)
+    assert gate.rejects(model) is None and gate.builds == 1  # the candidate built: no float32 build
+    assert gate.rejects(_det_model()) is not None and gate.builds == 3  # rejected: the float32 graph built once
+    assert gate.enabled and gate.builds == 3
