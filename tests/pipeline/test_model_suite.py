@@ -105,3 +105,31 @@ def test_a_model_pytorch_cannot_run_is_not_counted() -> None:
 
     outcome = model_suite.run_ours(ModelCase("test", "wrong-width", "none", build))
     assert outcome.status == "pytorch" and "mat1 and mat2" in outcome.reason
+
+
+
+@needs_rtx
+def test_ok_through_the_fallback_says_so_in_its_reason() -> None:
+    """A model TensorRT-RTX takes only in part converts (ONNX Runtime runs the rest) and its row says so: the
+    table counts those apart from models TensorRT takes whole."""
+    import torch
+
+    class MaskedSum(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.sigmoid(self.linear(x))
+            return y * y[y > 0.5].sum()  # a boolean mask: NonZero, which TensorRT-RTX does not take
+
+    def build() -> tuple[torch.nn.Module, torch.Tensor]:
+        torch.manual_seed(0)
+        return MaskedSum().eval(), torch.randn(2, 8)
+
+    outcome = model_suite.run_ours(ModelCase("test", "masked-sum", "none", build))
+    assert outcome.ok and outcome.reason.startswith("segments: "), outcome
+    assert "NonZero" in outcome.reason and "run on ONNX Runtime" in outcome.reason
+    linear = ModelCase("test", "linear", "none", lambda: (torch.nn.Linear(8, 4), torch.randn(2, 8)))
+    whole = model_suite.run_ours(linear)
+    assert whole.ok and whole.reason == "", whole
