@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +47,8 @@ _ONNX_TO_TORCH: dict[int, str] = {
     onnx.TensorProto.UINT8: "uint8",
     onnx.TensorProto.BOOL: "bool",
 }
+
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a symbol in a shape expression (``2*s31 + 1``)
 
 
 @dataclass(frozen=True)
@@ -433,7 +436,10 @@ def _rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> No
 
 
 def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
+    """The user's names on the dynamic input axes, and in every shape that uses them (outputs included: the
+    exporter writes its own symbols, ``s31``, which mean nothing to the user)."""
     inputs = {t.name: t for t in graph.inputs}
+    renamed: dict[str, str] = {}
     for d in dims:
         tensor = inputs[d.input]
         shape = list(tensor.shape)
@@ -443,8 +449,19 @@ def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
                 f"to {shape[d.axis]}",
                 fix="the model forces that size (a reshape or a constant shape); drop it from dynamic=",
             )
+        if isinstance(shape[d.axis], str):
+            renamed.setdefault(shape[d.axis], d.name)
         shape[d.axis] = d.name
         tensor.shape = shape
+    if not renamed:
+        return
+
+    def rename(dim: Any) -> Any:  # in one pass, so that names swapped between symbols stay right
+        return _SYMBOL.sub(lambda m: renamed.get(m.group(0), m.group(0)), dim) if isinstance(dim, str) else dim
+
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Variable) and tensor.shape is not None:
+            tensor.shape = [rename(dim) for dim in tensor.shape]
 
 
 def _node_with_empty_list_attribute(graph: gs.Graph) -> str | None:

@@ -373,8 +373,27 @@ def test_dynamic_batch_graph_input_is_symbolic(cnn_dynamic: tuple[CNN, pipeline.
     _, module = cnn_dynamic
     assert onnx_input_shape(module, "x") == ["batch", 3, 16, 16]
     assert module.io.inputs[0].shape == ("batch", 3, 16, 16)
+    assert module.io.outputs[0].shape[0] == "batch"  # the user's name, not the exporter's symbol (s31)
     # validation ran the sample, 3 random inputs, and one input at batch=min and one at batch=max
     assert_report_passed(module, validation_inputs=6)
+
+
+def test_output_shapes_are_written_in_the_users_dimension_names() -> None:
+    """An output whose size is an expression of dynamic sizes is written in their names: ``head + tail``."""
+
+    class Joined(nn.Module):
+        def forward(self, head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+            return torch.cat([head, tail], dim=1)
+
+    module = pipeline.convert(
+        Joined(),
+        (torch.randn(2, 3), torch.randn(2, 5)),
+        dynamic={"head": {1: ("head_len", 2, 4, 8)}, "tail": {1: ("tail_len", 2, 4, 8)}},
+        validation_inputs=0,
+    )
+    batch, joined = module.io.outputs[0].shape
+    assert batch == 2 and sorted(str(joined).split(" + ")) == ["head_len", "tail_len"], joined
+    assert module(torch.randn(2, 7), torch.randn(2, 4)).shape == (2, 11)
 
 
 @pytest.mark.parametrize("batch", [17, 32])
@@ -390,6 +409,7 @@ def test_dynamic_batch_and_sequence_for_bert(bert_dynamic: tuple[nn.Module, pipe
     model, module = bert_dynamic
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         assert onnx_input_shape(module, name) == ["batch", "seq"], name
+    assert module.io.outputs[0].shape == ("batch", "seq", 32)
     assert_report_passed(module, validation_inputs=6)
     for batch, seq in ((1, 3), (4, 16), (3, 11), (2, 1)):
         inputs = bert_inputs(batch, seq, seed=90 + batch * seq)
