@@ -114,22 +114,22 @@ def test_ok_through_the_fallback_says_so_in_its_reason() -> None:
     table counts those apart from models TensorRT takes whole."""
     import torch
 
-    class MaskedSum(torch.nn.Module):
+    class DistinctLevels(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.linear = torch.nn.Linear(8, 8)
+            self.scale = torch.nn.Linear(8, 8)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = torch.sigmoid(self.linear(x))
-            return y * y[y > 0.5].sum()  # a boolean mask: NonZero, which TensorRT-RTX does not take
+            levels = torch.unique(torch.round(torch.sigmoid(self.scale(x)) * 4))  # Unique: not in TensorRT-RTX
+            return self.scale(x) * levels.sum()
 
     def build() -> tuple[torch.nn.Module, torch.Tensor]:
         torch.manual_seed(0)
-        return MaskedSum().eval(), torch.randn(2, 8)
+        return DistinctLevels().eval(), torch.randn(2, 8)
 
-    outcome = model_suite.run_ours(ModelCase("test", "masked-sum", "none", build))
+    outcome = model_suite.run_ours(ModelCase("test", "distinct-levels", "none", build))
     assert outcome.ok and outcome.reason.startswith("segments: "), outcome
-    assert "NonZero" in outcome.reason and "run on ONNX Runtime" in outcome.reason
+    assert "Unique" in outcome.reason and "run on ONNX Runtime" in outcome.reason
     linear = ModelCase("test", "linear", "none", lambda: (torch.nn.Linear(8, 4), torch.randn(2, 8)))
     whole = model_suite.run_ours(linear)
     assert whole.ok and whole.reason == "", whole
