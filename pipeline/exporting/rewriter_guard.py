@@ -10,8 +10,9 @@ and minutes for graphs of several thousand nodes. (It never fires on the exporte
 
 :func:`linear_multi_output_matching` patches the matcher for the duration of the ``with`` block (as
 :mod:`pipeline.exporting.translation_table` patches the exporter's registry): a node whose op type or domain is not
-that of the pattern's first output node fails at once, as the original fails on that same first check of every
-combination it tries. The optimizer makes the same rewrites, so the graph is the same. On an onnxscript without that
+that of the pattern's first output node, or that has more inputs than that node takes (every Slice the exporter
+writes: its ``steps``), fails at once, as the original fails on those same first checks of every combination it
+tries. The optimizer makes the same rewrites, so the graph is the same. On an onnxscript without that
 class or method, nothing is patched and the export runs as before (slower, same graph).
 """
 
@@ -40,13 +41,16 @@ def _matcher_class() -> Any:
 
 
 def _first_output_rejects(pattern: Any, node: Any) -> bool:
-    """The pattern has several output nodes and ``node`` is not of the first one's op type and domain (the first
-    thing the matcher checks of every combination it tries, and nothing else fails it sooner)."""
+    """The pattern has several output nodes and ``node`` cannot be the first one: not of its op type and domain, or
+    with more inputs than it takes (the exporter's Slices carry ``steps``; the pattern's do not). Those are the first
+    checks the matcher makes of ``node`` in every combination it tries, with nothing before them that could succeed."""
     if pattern is None or getattr(pattern, "has_single_output_node", True):
         return False
     try:
         first = pattern.output_nodes[0]
-        return not (first.op.matches(node.op_type) and first.domain.matches(node.domain))
+        if not (first.op.matches(node.op_type) and first.domain.matches(node.domain)):
+            return True
+        return len(node.inputs) > len(first.inputs) and not first.allow_other_inputs
     except (AttributeError, IndexError, TypeError):  # another onnxscript's pattern classes: let the matcher decide
         return False
 
@@ -80,7 +84,7 @@ def _install(cls: Any, result: Any) -> None:
 
     def match(self: Any, model: Any, graph_or_function: Any, node: Any, *args: Any, **options: Any) -> Any:
         if _first_output_rejects(getattr(self, "pattern", None), node):
-            return result().fail(f"OpType mismatch: {node.op_type} is not the pattern's first output node", node)
+            return result().fail(f"{node.op_type} with {len(node.inputs)} inputs cannot be the first output node", node)
         return original(self, model, graph_or_function, node, *args, **options)
 
     match.original = original  # type: ignore[attr-defined]
