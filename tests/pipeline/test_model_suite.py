@@ -133,3 +133,32 @@ def test_ok_through_the_fallback_says_so_in_its_reason() -> None:
     linear = ModelCase("test", "linear", "none", lambda: (torch.nn.Linear(8, 4), torch.randn(2, 8)))
     whole = model_suite.run_ours(linear)
     assert whole.ok and whole.reason == "", whole
+
+
+def _coverage_script():  # type: ignore[no-untyped-def]
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("model_coverage", ROOT / "benchmarks" / "model_coverage.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("model_coverage", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_time_ratios_count_only_rows_timed_warm() -> None:
+    """A row timed without the warm-up (its first side paid the process's first-use costs) stays out of the table's
+    time ratios; the page says how many were left out."""
+    script = _coverage_script()
+
+    def row(name: str, fp32: float, plain: float, timing: str) -> dict[str, str]:
+        return {"model": name, "source": "timm", "family": name, "owner": "", "fp32": "ok", "fp32_reason": "",
+                "fp32_seconds": str(fp32), "fp16": "ok", "fp16_reason": "", "fp16_seconds": str(fp32), "plain": "ok",
+                "plain_reason": "", "plain_seconds": str(plain), "timing": timing}
+
+    rows = [row("a", 14.4, 5.2, ""), row("b", 4.0, 5.0, "warm"), row("c", 6.0, 5.0, "warm"), row("d", 5.0, 5.0, "warm")]
+    assert script._time_ratio(rows, "fp32") == "1.00x"  # 0.8, 1.0, 1.2; the cold 2.77 left out
+    assert script._time_ratio(rows[:1], "fp32") == "-"
+    assert "1 rows timed without that warm-up" in script.markdown(rows, "python benchmarks/model_coverage.py")
+    assert "without that warm-up" not in script.markdown(rows[1:], "python benchmarks/model_coverage.py")
