@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,7 +70,53 @@ def torch_export_error(exc: BaseException) -> ExportError:
             "for torch.equal / allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is "
             "valid; or move that part out of forward()",
         )
-    return ExportError(f"torch.export failed: {reason(exc)}", node=traced_op(exc), fix=EXPORT_FIXES)
+    where = traced_op(exc) or model_frame(exc)
+    if _NONE_VALUE.search(reason(exc)):  # a default the model fills in only when it runs eagerly
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (a value that is None under torch.export: models often fill "
+            "in an optional input, such as an attention mask, only when they run eagerly)",
+            node=where,
+            fix="pass that input explicitly in the sample (transformers: attention_mask=torch.ones_like(input_ids)); "
+            "else see the line named here",
+        )
+    if re.search(r"(Couldn't|Cannot) swap", text):  # nn.Module.to / .float() / .half() inside forward()
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (forward() converts a submodule's parameters, e.g. "
+            "`self.layer = self.layer.to(dtype)`: torch.export cannot trace a module changing its own weights)",
+            node=where,
+            fix="convert those parameters once before converting the model (model.to(dtype), or the model's config "
+            "option for that layer's dtype), or move the .to() out of forward()",
+        )
+    return ExportError(f"torch.export failed: {reason(exc)}", node=where, fix=EXPORT_FIXES)
+
+
+#: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
+_NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
+
+
+def model_frame(exc: BaseException) -> str | None:
+    """``modeling_longt5.py:111 in _split_into_blocks``: the innermost frame of the model's own Python (not
+    torch's, the standard library's or ours) on the tracebacks of ``exc`` and its causes; None when there is none."""
+    found, seen = None, set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if not code.co_filename.startswith(_not_model_code()):
+                found = f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
+            tb = tb.tb_next
+        current = current.__cause__ or current.__context__
+    return found
+
+
+@functools.cache
+def _not_model_code() -> tuple[str, ...]:
+    """Path prefixes of code that is not the model's: torch, this repository's packages, the standard library."""
+    root = Path(__file__).resolve().parents[2]
+    dirs = [Path(torch.__file__).parent, *(root / name for name in ("pipeline", "converters", "passes"))]
+    return (*(f"{d}{os.sep}" for d in dirs), f"{sysconfig.get_paths()['stdlib']}{os.sep}", "<")
 
 
 def traced_op(exc: BaseException) -> str | None:

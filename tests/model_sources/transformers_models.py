@@ -29,6 +29,9 @@ SMALL: dict[str, Any] = {
 }
 TEXT, SEQ2SEQ, VISION, PATCHES, TEXT_IMAGE, AUDIO, WHISPER, SPECTROGRAM = (
     "text", "seq2seq", "vision", "patches", "text+image", "audio", "whisper", "spectrogram")
+# seq2seq with the encoder's attention mask, as a tokenizer returns it: LongT5 and Switch Transformers make their
+# default mask only when they run eagerly (`not is_torchdynamo_compiling()`), so without one torch.export fails
+SEQ2SEQ_MASKED = "seq2seq+mask"
 
 # model_type: (family, input kind, overrides beyond SMALL)
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -79,8 +82,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "marian": ("encoder-decoder", SEQ2SEQ, {"decoder_vocab_size": 128}),
     "blenderbot": ("encoder-decoder", SEQ2SEQ, {}), "mt5": ("encoder-decoder", SEQ2SEQ, {}),
     "m2m_100": ("encoder-decoder", SEQ2SEQ, {}), "umt5": ("encoder-decoder", SEQ2SEQ, {}),
-    "switch_transformers": ("moe", SEQ2SEQ, {"num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1}),
-    "longt5": ("encoder-decoder", SEQ2SEQ, {}), "plbart": ("encoder-decoder", SEQ2SEQ, {}),
+    "switch_transformers": ("moe", SEQ2SEQ_MASKED, {"num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1}),
+    "longt5": ("encoder-decoder", SEQ2SEQ_MASKED, {}), "plbart": ("encoder-decoder", SEQ2SEQ, {}),
     # vision
     "vit": ("vision", VISION, {}), "deit": ("vision", VISION, {}), "beit": ("vision", VISION, {}),
     "swin": ("vision", VISION, {"embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2], "window_size": 2,
@@ -154,6 +157,9 @@ def sample_for(kind: str, config: Any) -> Any:
         return (), {"input_ids": token_ids()}
     if kind == SEQ2SEQ:
         return (), {"input_ids": token_ids(), "decoder_input_ids": token_ids(4)}
+    if kind == SEQ2SEQ_MASKED:
+        ids = token_ids()
+        return (), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "decoder_input_ids": token_ids(4)}
     if kind == VISION:
         return (), {"pixel_values": image(_image_size(config), getattr(config, "num_channels", 3))}
     if kind == PATCHES:  # patchified pixels (batch, patches, 3 * patch**2) and each patch's (x, y) position

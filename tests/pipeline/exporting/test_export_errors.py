@@ -102,3 +102,45 @@ def test_an_attribute_the_graph_cannot_hold_names_the_node() -> None:
     error = _convert_error(lambda x: torch.ops.export_errors_test.scale_dims(x, []), torch.randn(3))
     assert isinstance(error, pipeline.ExportError)
     assert error.node is not None and "scale_dims" in error.node
+
+
+class MaskedEagerly(nn.Module):
+    """Fills in its mask only when it runs eagerly (as transformers' LongT5 and Switch Transformers do)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None and not torch.compiler.is_compiling():
+            mask = torch.ones_like(x)
+        return x * mask[:, :1]  # type: ignore[index]
+
+
+def test_a_none_the_model_fills_only_eagerly_names_its_line_and_the_input_to_pass() -> None:
+    model, x = MaskedEagerly(), torch.randn(2, 3)
+    assert model(x).shape == (2, 3)  # eager PyTorch runs it
+    with pytest.raises(pipeline.ExportError) as info:
+        pipeline.convert(model, x, backend="onnxruntime")
+    text = str(info.value)
+    assert "'NoneType' object is not subscriptable" in text and "None under torch.export" in text, text
+    assert "test_export_errors.py:" in text and "in forward" in text, text  # the model's own line
+    assert "pass that input explicitly" in text and "attention_mask" in text, text
+    module = pipeline.convert(model, (x, torch.ones_like(x)), backend="onnxruntime")  # and the fix works
+    assert torch.equal(module(x, torch.ones_like(x)), x)
+
+
+class CastsItsLayer(nn.Module):
+    """Converts a submodule inside forward() (as transformers' Switch Transformers router does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.layer = self.layer.to(torch.float32)
+        return self.layer(x)
+
+
+def test_a_module_converting_its_own_weights_in_forward_says_so_and_where() -> None:
+    with pytest.raises(pipeline.ExportError) as info:
+        pipeline.convert(CastsItsLayer(), torch.randn(2, 3), backend="onnxruntime")
+    text = str(info.value)
+    assert "swap" in text and "converts a submodule's parameters" in text, text
+    assert "test_export_errors.py:" in text and "in forward" in text and "move the .to() out of forward()" in text
