@@ -65,12 +65,12 @@ def torch_export_error(exc: BaseException) -> ExportError:
         return ExportError(
             f"torch.export failed: {reason(exc)}\n    (a Python value, a bool, number or shape, is computed from the "
             "tensors' data, which a graph cannot hold)",
-            node=op.group(1) if op else (traced_op(exc) or _failing_line(text)),
+            node=_where(op.group(1) if op else traced_op(exc), model_frame(exc) or _failing_line(text)),
             fix="compute with tensors instead: torch.where(...) or torch.cond for an `if` on data, a tensor result "
             "for torch.equal / allclose / .item() / .tolist(), torch._check(...) to tell torch.export a size is "
             "valid; or move that part out of forward()",
         )
-    where = traced_op(exc) or model_frame(exc)
+    where = _where(traced_op(exc), model_frame(exc))
     if _NONE_VALUE.search(reason(exc)):  # a default the model fills in only when it runs eagerly
         return ExportError(
             f"torch.export failed: {reason(exc)}\n    (a value that is None under torch.export: models often fill "
@@ -79,19 +79,16 @@ def torch_export_error(exc: BaseException) -> ExportError:
             fix="pass that input explicitly in the sample (transformers: attention_mask=torch.ones_like(input_ids)); "
             "else see the line named here",
         )
-    if re.search(r"(Couldn't|Cannot) swap", text):  # nn.Module.to / .float() / .half() inside forward()
-        return ExportError(
-            f"torch.export failed: {reason(exc)}\n    (forward() converts a submodule's parameters, e.g. "
-            "`self.layer = self.layer.to(dtype)`: torch.export cannot trace a module changing its own weights)",
-            node=where,
-            fix="convert those parameters once before converting the model (model.to(dtype), or the model's config "
-            "option for that layer's dtype), or move the .to() out of forward()",
-        )
     return ExportError(f"torch.export failed: {reason(exc)}", node=where, fix=EXPORT_FIXES)
 
 
 #: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
+
+
+def _where(op: str | None, frame: str | None) -> str | None:
+    """``aten.unbind.int, from modeling_x.py:12 in forward``: the op, the model's line, or both."""
+    return f"{op}, from {frame}" if op and frame else op or frame
 
 
 def model_frame(exc: BaseException) -> str | None:
