@@ -15,15 +15,12 @@ torch.export as before, with our error saying what to do (:func:`pipeline.export
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-_LOCK = threading.Lock()
-_ACTIVE = 0  # blocks open (exports running in threads): the patch stays until the last one ends
+from pipeline.exporting.patching import SharedPatch
 
 
 def _changes_nothing(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -43,30 +40,18 @@ def _changes_nothing(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dic
     return True
 
 
-@contextmanager
-def unchanged_module_to_is_free() -> Iterator[None]:
-    """Within the block, ``nn.Module.to`` returns the module untouched when it would change nothing (module doc)."""
-    global _ACTIVE
-    with _LOCK:
-        if _ACTIVE == 0:
-            _install()
-        _ACTIVE += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _ACTIVE -= 1
-            if _ACTIVE == 0:
-                torch.nn.Module.to = torch.nn.Module.to.original  # type: ignore[attr-defined,method-assign]
-
-
-def _install() -> None:
-    original = torch.nn.Module.__dict__["to"]
-
+def _wrap(original: Any) -> Any:
     def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if _changes_nothing(self, args, kwargs):
             return self
         return original(self, *args, **kwargs)
 
-    to.original = original  # type: ignore[attr-defined]
-    torch.nn.Module.to = to  # type: ignore[method-assign]
+    return to
+
+
+_PATCH = SharedPatch(torch.nn.Module, "to", _wrap)
+
+
+def unchanged_module_to_is_free() -> AbstractContextManager[None]:
+    """Within the block, ``nn.Module.to`` returns the module untouched when it would change nothing (module doc)."""
+    return _PATCH.held()

@@ -18,14 +18,13 @@ class or method, nothing is patched and the export runs as before (slower, same 
 
 from __future__ import annotations
 
+import functools
 import importlib
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_LOCK = threading.Lock()
-_ACTIVE = 0  # blocks open (exports running in threads): the patch stays until the last one ends
+from pipeline.exporting.patching import SharedPatch
 
 
 def _matcher_class() -> Any:
@@ -59,33 +58,28 @@ def _first_output_rejects(pattern: Any, node: Any) -> bool:
 def linear_multi_output_matching() -> Iterator[None]:
     """Within the block, onnxscript's matcher rejects a node that cannot be a multi-output pattern's first output
     node before indexing the whole graph (module doc)."""
-    cls = _matcher_class()
-    if cls is None:
+    patch = _patch()
+    if patch is None:
         yield
         return
+    with patch.held():
+        yield
+
+
+@functools.cache
+def _patch() -> SharedPatch | None:
+    cls = _matcher_class()
+    if cls is None:
+        return None
     from onnxscript.rewriter._basics import MatchResult
 
-    global _ACTIVE
-    with _LOCK:
-        if _ACTIVE == 0:
-            _install(cls, MatchResult)
-        _ACTIVE += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _ACTIVE -= 1
-            if _ACTIVE == 0:
-                cls.match = cls.match.original
+    return SharedPatch(cls, "match", lambda original: _guarded(original, MatchResult))
 
 
-def _install(cls: Any, result: Any) -> None:
-    original = cls.__dict__["match"]
-
+def _guarded(original: Any, result: Any) -> Any:
     def match(self: Any, model: Any, graph_or_function: Any, node: Any, *args: Any, **options: Any) -> Any:
         if _first_output_rejects(getattr(self, "pattern", None), node):
             return result().fail(f"{node.op_type} with {len(node.inputs)} inputs cannot be the first output node", node)
         return original(self, model, graph_or_function, node, *args, **options)
 
-    match.original = original  # type: ignore[attr-defined]
-    cls.match = match
+    return match
