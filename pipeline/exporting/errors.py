@@ -6,7 +6,9 @@ import functools
 import os
 import re
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -94,18 +96,25 @@ def _where(op: str | None, frame: str | None) -> str | None:
 def model_frame(exc: BaseException) -> str | None:
     """``modeling_longt5.py:111 in _split_into_blocks``: the innermost frame of the model's own Python (not
     torch's, the standard library's or ours) on the tracebacks of ``exc`` and its causes; None when there is none."""
-    found, seen = None, set()
+    found = None
+    for tb in _frames(exc):
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith(_not_model_code()):
+            found = f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
+    return found
+
+
+def _frames(exc: BaseException) -> Iterator[TracebackType]:
+    """Every traceback entry of ``exc`` and of its causes and contexts, outermost first within each."""
+    seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         tb = current.__traceback__
         while tb is not None:
-            code = tb.tb_frame.f_code
-            if not code.co_filename.startswith(_not_model_code()):
-                found = f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
+            yield tb
             tb = tb.tb_next
         current = current.__cause__ or current.__context__
-    return found
 
 
 @functools.cache
@@ -119,17 +128,11 @@ def _not_model_code() -> tuple[str, ...]:
 def traced_op(exc: BaseException) -> str | None:
     """The ATen op torch.export was tracing when it failed (``aten.narrow.Tensor``): the innermost dispatch frame's
     ``func`` in the tracebacks of ``exc`` and of its causes; None when no such frame is on them."""
-    found, seen = None, set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        tb = current.__traceback__
-        while tb is not None:
-            func = tb.tb_frame.f_locals.get("func")
-            if isinstance(func, torch._ops.OpOverload):
-                found = str(func)
-            tb = tb.tb_next
-        current = current.__cause__ or current.__context__
+    found = None
+    for tb in _frames(exc):
+        func = tb.tb_frame.f_locals.get("func")
+        if isinstance(func, torch._ops.OpOverload):
+            found = str(func)
     return found
 
 
