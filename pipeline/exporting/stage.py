@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -16,7 +15,6 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.utils._pytree as pytree
 
-from converters.context import unique_name
 from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
@@ -24,6 +22,7 @@ from passes.model_io.graphs import to_graph, to_model
 from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
+from pipeline.exporting.io_names import name_dynamic_dims, rename_io
 from pipeline.exporting.module_to import unchanged_module_to_is_free
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
@@ -49,7 +48,6 @@ _ONNX_TO_TORCH: dict[int, str] = {
     onnx.TensorProto.BOOL: "bool",
 }
 
-_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a symbol in a shape expression (``2*s31 + 1``)
 
 
 @dataclass(frozen=True)
@@ -134,8 +132,8 @@ def export(
             f"{len(names)} tensor arguments and the result {len(out_names)} tensors",
             fix="report this model: the exporter dropped or added graph inputs/outputs",
         )
-    _rename_io(exported, names, out_names)
-    _name_dynamic_dims(exported, dynamic)
+    rename_io(exported, names, out_names)
+    name_dynamic_dims(exported, dynamic)
     try:
         proto = to_model(exported, original, metadata)
     except Exception as exc:  # e.g. an attribute graph-surgeon cannot write back (an empty list: no type)
@@ -411,58 +409,6 @@ def _check_dynamic(dims: tuple[DynamicDim, ...], names: list[str], tensors: list
                 fix="use a sample whose size on that axis is >= 2 and within [min, max] "
                 "(torch.export specialises sizes 0 and 1)",
             )
-
-
-def _rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> None:
-    # graph-surgeon tensors compare equal by name, so membership tests below use identity (`is`).
-    io_tensors = [*graph.inputs, *graph.outputs]
-    taken = set(graph.tensors())
-    wanted = set(in_names) | set(out_names)
-    for name, tensor in graph.tensors().items():  # an internal tensor holding a wanted name moves aside
-        if name in wanted and not any(tensor is t for t in io_tensors):
-            tensor.name = unique_name(f"{name}_internal", taken)
-    for i, tensor in enumerate(io_tensors):  # temporary names first, so no two tensors ever share a name
-        tensor.name = unique_name(f"__io_{i}", taken)
-    for tensor, name in zip(graph.inputs, in_names, strict=True):
-        tensor.name = name
-    new_outputs: list[gs.Tensor] = []
-    for tensor, name in zip(graph.outputs, out_names, strict=True):
-        if any(tensor is t for t in [*graph.inputs, *new_outputs]):  # pass-through or repeated output
-            copy = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
-            graph.nodes.append(gs.Node("Identity", name=f"{name}/identity", inputs=[tensor], outputs=[copy]))
-            tensor = copy
-        tensor.name = name
-        new_outputs.append(tensor)
-    graph.outputs = new_outputs
-
-
-def _name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
-    """The user's names on the dynamic input axes, and in every shape that uses them (outputs included: the
-    exporter writes its own symbols, ``s31``, which mean nothing to the user)."""
-    inputs = {t.name: t for t in graph.inputs}
-    renamed: dict[str, str] = {}
-    for d in dims:
-        tensor = inputs[d.input]
-        shape = list(tensor.shape)
-        if isinstance(shape[d.axis], int):
-            raise ExportError(
-                f"dimension {d.axis} of input {d.input!r} was declared dynamic ({d.name!r}) but the exporter fixed it "
-                f"to {shape[d.axis]}",
-                fix="the model forces that size (a reshape or a constant shape); drop it from dynamic=",
-            )
-        if isinstance(shape[d.axis], str):
-            renamed.setdefault(shape[d.axis], d.name)
-        shape[d.axis] = d.name
-        tensor.shape = shape
-    if not renamed:
-        return
-
-    def rename(dim: Any) -> Any:  # in one pass, so that names swapped between symbols stay right
-        return _SYMBOL.sub(lambda m: renamed.get(m.group(0), m.group(0)), dim) if isinstance(dim, str) else dim
-
-    for tensor in graph.tensors().values():
-        if isinstance(tensor, gs.Variable) and tensor.shape is not None:
-            tensor.shape = [rename(dim) for dim in tensor.shape]
 
 
 def _node_with_empty_list_attribute(graph: gs.Graph) -> str | None:
