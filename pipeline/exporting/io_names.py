@@ -16,6 +16,11 @@ _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a symbol in a shape expressio
 
 
 def rename_io(graph: gs.Graph, in_names: list[str], out_names: list[str]) -> None:
+    """Give the graph's inputs and outputs the model's argument and result names, in place.
+
+    An internal tensor already holding one of those names is moved aside; an output that is also an input, or
+    repeats an earlier output, gets its own copy through an Identity so every graph output has a distinct name.
+    """
     # graph-surgeon tensors compare equal by name, so membership tests below use identity (`is`).
     io_tensors = [*graph.inputs, *graph.outputs]
     taken = set(graph.tensors())
