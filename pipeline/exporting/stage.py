@@ -24,6 +24,7 @@ from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.io_names import name_dynamic_dims, rename_io
 from pipeline.exporting.module_to import unchanged_module_to_is_free
+from pipeline.exporting.moe_dispatch import dense_expert_dispatch
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
@@ -235,7 +236,7 @@ def _export_program(
     dynamic: tuple[DynamicDim, ...],
 ) -> Any:
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, dynamic)
-    with static_composites(), unchanged_module_to_is_free():
+    with static_composites(), unchanged_module_to_is_free(), dense_expert_dispatch(model):
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 

@@ -69,6 +69,11 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "deepseek_v3": ("moe", TEXT, {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
                                   "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1,
                                   "first_k_dense_replace": 1, "n_shared_experts": 1}),
+    # one key/value head per query head, as in every LongCat-Flash checkpoint (its MLA attention expands them itself)
+    "longcat_flash": ("moe", TEXT, {"expert_ffn_hidden_size": 32, "zero_expert_num": 2, "moe_topk": 2,
+                                    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
+                                    "qk_nope_head_dim": 8, "v_head_dim": 16, "ffn_hidden_size": 64, "head_dim": 8,
+                                    "num_key_value_heads": 2}),
     # state-space and recurrent
     "mamba": ("state-space", TEXT, {"state_size": 8, "expand": 2}),
     "mamba2": ("state-space", TEXT, {"state_size": 8, "expand": 2, "n_groups": 1, "chunk_size": 8, "num_heads": 4}),
@@ -83,6 +88,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "blenderbot": ("encoder-decoder", SEQ2SEQ, {}), "mt5": ("encoder-decoder", SEQ2SEQ, {}),
     "m2m_100": ("encoder-decoder", SEQ2SEQ, {}), "umt5": ("encoder-decoder", SEQ2SEQ, {}),
     "switch_transformers": ("moe", SEQ2SEQ_MASKED, {"num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1}),
+    "nllb-moe": ("moe", SEQ2SEQ, {"expert_capacity": 16, "encoder_sparse_step": 2, "decoder_sparse_step": 2}),
     "longt5": ("encoder-decoder", SEQ2SEQ_MASKED, {}), "plbart": ("encoder-decoder", SEQ2SEQ, {}),
     # vision
     "vit": ("vision", VISION, {}), "deit": ("vision", VISION, {}), "beit": ("vision", VISION, {}),
