@@ -66,9 +66,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mixtral": ("moe", TEXT, {}), "qwen2_moe": ("moe", TEXT, {}), "qwen3_moe": ("moe", TEXT, {}),
     "olmoe": ("moe", TEXT, {}), "granitemoe": ("moe", TEXT, {}), "phimoe": ("moe", TEXT, {}),
     "jetmoe": ("moe", TEXT, {"kv_channels": 16}), "gpt_oss": ("moe", TEXT, {}),
-    "deepseek_v3": ("moe", TEXT, {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
-                                  "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1,
-                                  "first_k_dense_replace": 1, "n_shared_experts": 1}),
+    # multi-head latent attention expands its keys and values to every query head itself: a real checkpoint has
+    # as many key/value heads as query heads (128 and 128), and SMALL's 1 would make transformers' SDPA repeat the
+    # already expanded heads (2 -> 4), which eager PyTorch only escapes while no attention mask is materialised;
+    # head sizes in DeepSeek-V3's proportions (nope 128, rope 64, value 128)
+    "deepseek_v3": ("moe", TEXT, {"num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 16,
+                                  "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "n_group": 1,
+                                  "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1}),
     # one key/value head per query head, as in every LongCat-Flash checkpoint (its MLA attention expands them itself)
     "longcat_flash": ("moe", TEXT, {"expert_ffn_hidden_size": 32, "zero_expert_num": 2, "moe_topk": 2,
                                     "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
