@@ -344,15 +344,64 @@ def _out_of_range_constants(ctx: RuleContext) -> dict[str, str]:
     return out
 
 
-def _big_constants(ctx: RuleContext) -> Iterator[tuple[str, float]]:
+#: A constant of at most this many elements is a guard value (an epsilon), not a weight, when it vanishes.
+GUARD_SIZE = 16
+
+
+def _vanishing_constants(ctx: RuleContext) -> dict[str, str]:
+    """A small constant the half type rounds to zero (``F.normalize``'s ``eps=1e-12``: float16's smallest value is
+    6e-8) guards a division or a logarithm against zero: the node reading it stays float32, and so does the first
+    node past it that reads its result through followers (``Clip(norm, eps) -> Expand -> Div``). In float16 the guard
+    would be ``max(norm, 0)``, and a zero vector (a padded token's key) ``0 / 0``."""
+    out: dict[str, str] = {}
+    for name, value in _vanishing(ctx):
+        tensor = ctx.graph.tensors()[name]
+        reason = f"reads {value:.3g}, which {ctx.low.dtype_name} rounds to 0"
+        for reader in list(tensor.outputs):
+            out.setdefault(reader.name, reason)
+            for result in reader.outputs:
+                for user in _past_followers(result):
+                    out.setdefault(user.name, f"divides by or takes the log of a value guarded by {value:.3g}, "
+                                              f"which {ctx.low.dtype_name} rounds to 0")
+    return out
+
+
+def _past_followers(tensor: gs.Tensor, limit: int = 4) -> Iterator[gs.Node]:
+    """The nodes reading ``tensor``, looking through up to ``limit`` followers (reshapes, expands, casts)."""
+    for node in list(tensor.outputs):
+        if (node.op in FOLLOWER_OPS or node.op == "Cast") and limit > 0:
+            for result in node.outputs:
+                yield from _past_followers(result, limit - 1)
+        else:
+            yield node
+
+
+def _vanishing(ctx: RuleContext) -> Iterator[tuple[str, float]]:
+    for tensor, values in _float32_constants(ctx):
+        if values.size > GUARD_SIZE:
+            continue
+        nonzero = values[np.isfinite(values) & (values != 0)]
+        with np.errstate(over="ignore"):  # a large value becomes inf, not zero: not this rule's
+            lost = nonzero[nonzero.astype(ctx.low.numpy_type).astype(np.float32) == 0]
+        if lost.size:
+            yield tensor, float(np.abs(lost).max())
+
+
+def _float32_constants(ctx: RuleContext) -> Iterator[tuple[str, np.ndarray]]:
+    """Every float32 constant's tensor name and values: initializers and Constant/ConstantOfShape outputs."""
     for tensor in ctx.graph.tensors().values():
         if isinstance(tensor, gs.Constant) and is_float32(tensor, ctx.inferred):
-            yield from _big(tensor.name, constant_values(tensor), ctx.low)  # not kept on the graph: weights
+            yield tensor.name, constant_values(tensor)  # not kept on the graph: weights
     for node in ctx.graph.nodes:
         value = node.attrs.get("value")
         constant = node.op in ("Constant", "ConstantOfShape") and isinstance(value, gs.Constant) and node.outputs
         if constant and value.values.dtype == np.float32:
-            yield from _big(node.outputs[0].name, value.values, ctx.low)
+            yield node.outputs[0].name, value.values
+
+
+def _big_constants(ctx: RuleContext) -> Iterator[tuple[str, float]]:
+    for name, values in _float32_constants(ctx):
+        yield from _big(name, values, ctx.low)
 
 
 def _big(name: str, values: np.ndarray, low: LowType) -> Iterator[tuple[str, float]]:
@@ -369,6 +418,7 @@ ACCURACY_RULES: tuple[Callable[[RuleContext], dict[str, str]], ...] = (
     _variance_statistics,
     _residual_stream,
     _out_of_range_constants,
+    _vanishing_constants,
     _shape_arithmetic,
     _index_arithmetic,
 )

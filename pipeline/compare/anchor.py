@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,23 +89,69 @@ class PrecisionMode(TorchDispatchMode):
     """Every ATen op on float32 tensors computed in ``dtype`` instead (its float32 inputs cast, a ``dtype=float32``
     argument replaced, float32 results cast): the model as if written in ``dtype``, whatever tensors it makes
     itself. An op with no kernel for ``dtype`` runs in float32 and is recorded in ``float32_ops``; an op that
-    writes into a float32 tensor of the model (a cache buffer) runs in float32, so that the write lands."""
+    writes into a float32 tensor of the model (a cache buffer) runs in float32, so that the write lands.
+
+    A guard the low type would erase is kept as the converted graph keeps it (the precision pass's vanishing-constant
+    rule): an op with a scalar that ``dtype`` rounds to zero (``F.normalize``'s ``clamp_min(norm, 1e-12)``) runs in
+    float32, its result stays float32 through views, and the first other op reading it runs in float32 and returns
+    ``dtype``. Without it, PyTorch's own float16 of a model normalising a zero vector is ``0 / 0`` everywhere
+    downstream (torchvision's Swin V2 where a window is padded), and no anchor at all."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()
         self.dtype = dtype
         self.float32_ops: set[str] = set()
+        self._guards: dict[int, weakref.ref[torch.Tensor]] = {}  # id -> the guard tensor (compared by identity)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        """Run ``func`` in ``self.dtype``, else (no kernel, or a write into float32) in float32."""
+        """Run ``func`` in ``self.dtype``, else (no kernel, a write into float32, a guard) in float32."""
         kwargs = kwargs or {}
         if _writes_float32(func, args, kwargs):
             return _run_in(func, args, kwargs, self.dtype, torch.float32)
+        if self.dtype != torch.float64:
+            guarded = self._guarded(func, args, kwargs)
+            if guarded is not None:
+                return guarded
         try:
             return _run_in(func, args, kwargs, torch.float32, self.dtype)
         except (RuntimeError, NotImplementedError, TypeError):
             self.float32_ops.add(str(func))
             return _run_in(func, args, kwargs, self.dtype, torch.float32)
+
+
+    def _guarded(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``func``'s result when it is a guard or reads one (class doc), else None."""
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(isinstance(v, float) and v != 0 and float(torch.tensor(v, dtype=self.dtype)) == 0 for v in leaves):
+            return self._mark(_run_in(func, args, kwargs, self.dtype, torch.float32))
+        if not any(isinstance(v, torch.Tensor) and self._is_guard(v) for v in leaves):
+            return None
+        result = _run_in(func, args, kwargs, self.dtype, torch.float32)
+        if func in _VIEWS:
+            return self._mark(result)
+        return pytree.tree_map(
+            lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v, result)
+
+
+    def _mark(self, result: Any) -> Any:
+        for value in pytree.tree_leaves(result):
+            if isinstance(value, torch.Tensor):
+                self._guards[id(value)] = weakref.ref(value)
+        return result
+
+    def _is_guard(self, tensor: torch.Tensor) -> bool:
+        ref = self._guards.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+
+#: Ops through which a guard's float32 value reaches the op that reads it (the graph's followers).
+_VIEWS = frozenset({
+    torch.ops.aten.expand.default, torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+    torch.ops.aten.reshape.default, torch.ops.aten.permute.default, torch.ops.aten.transpose.int,
+    torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
+    torch.ops.aten.clone.default, torch.ops.aten.contiguous.default, torch.ops.aten.alias.default,
+    torch.ops.aten.detach.default,
+})
 
 
 def _tensor(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
