@@ -46,6 +46,9 @@ ANCHOR_DTYPES: Mapping[str, torch.dtype] = {
 #: How far beyond PyTorch's own error (on the same input) an output may be, per the type it is computed in.
 FACTORS: Mapping[str, float] = {"float32": 2.0, "float16": 3.0, "bfloat16": 3.0}
 
+#: Said where PyTorch's own run in the anchor type is not finite at all (the validation error's fix reads it).
+NO_ANCHOR = "no anchor, the fixed tolerance stands"
+
 RULE = (
     "when the fixed tolerance fails on an input, PyTorch runs once more on it (float32 graphs: in float64; float16 "
     "and bfloat16 graphs: in that type) and the output passes within 2x (float32) or 3x (half: elements and RMS) "
@@ -65,13 +68,22 @@ def anchored_tolerance(
     base: Tolerance, reference: np.ndarray, anchor: np.ndarray, computed_in: str
 ) -> tuple[Tolerance, str]:
     """``base`` widened to :data:`FACTORS` x PyTorch's own error ``anchor - reference`` on one input, and one line
-    saying by how much; ``base`` unchanged where the anchor is not finite or the reference is all zero."""
+    saying by how much; ``base`` unchanged where the anchor is not finite or the reference is all zero. PyTorch's
+    own run not finite where the reference is (a model whose values leave float16's range) is said in the line:
+    where no element of it is finite there is nothing to anchor to, and the line says so."""
     ref = np.asarray(reference, np.float64).ravel()
     own = np.asarray(anchor, np.float64).ravel() - ref
     finite = np.isfinite(own)
     scale = float(np.sqrt(np.mean(np.square(ref[np.isfinite(ref)])))) if ref.size else 0.0
+    what = "float64" if computed_in == "float32" else computed_in
+    lost = int(np.count_nonzero(np.isfinite(ref) & ~finite))
+    overflow = (f"PyTorch's own {what} is inf or NaN on {lost} of {ref.size} elements where float32 is finite: "
+                f"the model's values leave {what}'s range") if lost else ""  # fmt: skip
     if not ref.size or not finite.any() or scale == 0.0:
-        return base, ""
+        if not overflow:
+            return base, ""
+        hint = " (bfloat16 has float32's range)" if computed_in == "float16" else ""
+        return base, f"{overflow}{hint}; {NO_ANCHOR}"
     factor = FACTORS[computed_in]
     worst = float(np.abs(own[finite]).max())
     rms = float(np.sqrt(np.mean(np.square(own[finite]))))
@@ -80,9 +92,8 @@ def anchored_tolerance(
         rms_atol=max(base.rms_atol, factor * worst / scale),
         rms=max(base.rms, factor * rms / scale) if base.rms else 0.0,
     )
-    what = "float64" if computed_in == "float32" else computed_in
     line = f"PyTorch {what} vs float32: max {worst:.3g}" + (f", RMS {rms / scale:.3g} x RMS" if base.rms else "")
-    return widened, line
+    return widened, f"{line}; {overflow}, judged on the finite rest" if overflow else line
 
 
 class PrecisionMode(TorchDispatchMode):

@@ -32,6 +32,7 @@ class Anchoring:
         self.judged = {name: j for name, j in judged.items() if j.anchor}
         self.runs = runs or AnchorRuns(model, io)  # shared by the Anchorings of several backends on one model
         self.lines: dict[str, list[str]] = {}
+        self.unanchored: dict[str, list[str]] = {}  # inputs where PyTorch's own run gave nothing to anchor to
         self.inputs = 0
 
     def tolerances(
@@ -52,7 +53,8 @@ class Anchoring:
                 continue
             out[name], line = anchored_tolerance(judged.tolerance, want, anchor[name], judged.anchor)
             if line:
-                self.lines.setdefault(name, []).append(f"input {self.inputs - 1}: {line}")
+                kept = self.unanchored if out[name] is judged.tolerance else self.lines
+                kept.setdefault(name, []).append(f"input {self.inputs - 1}: {line}")
         return out
 
     def note(self, name: str) -> str:
@@ -61,15 +63,15 @@ class Anchoring:
         if judged is None:
             return ""
         refused = self.runs.note(judged.anchor)
-        lines = self.lines.get(name, [])
+        lines, unanchored = self.lines.get(name, []), "; ".join(self.unanchored.get(name, []))
         if not lines:
-            return refused if judged.anchor in self.runs.refused else ""
+            return "; ".join(filter(None, [unanchored, refused if judged.anchor in self.runs.refused else ""]))
         factor = FACTORS[judged.anchor]
         text = (
             f"the fixed tolerance failed on {len(lines)} of {self.inputs} input(s), judged there within {factor:g}x "
             f"PyTorch's own error ({'; '.join(lines)})"
         )
-        return "; ".join(filter(None, [text, refused]))
+        return "; ".join(filter(None, [text, unanchored, refused]))
 
     def log_cost(self) -> None:
         """One INFO line: how many extra PyTorch runs the anchored rule took, and how long."""
@@ -97,15 +99,19 @@ def anchored_per_input(
     runs = AnchorRuns(model, io)
     names = [name for name, tolerance in tolerances.items() if anchor_type(computed_in, tolerance, False)]
     per_input: list[dict[str, Tolerance]] = []
-    for feed, reference in zip(feeds, references, strict=True):
+    unanchored: list[str] = []
+    for i, (feed, reference) in enumerate(zip(feeds, references, strict=True)):
         anchor = runs.outputs(computed_in, feed) if names else None
         widened = dict(tolerances)
         for name in names:
             if anchor is not None:
-                widened[name] = anchored_tolerance(tolerances[name], reference[name], anchor[name], computed_in)[0]
+                widened[name], line = anchored_tolerance(tolerances[name], reference[name], anchor[name], computed_in)
+                if widened[name] is tolerances[name] and line:
+                    unanchored.append(f"{name} on input {i}: {line}")
         per_input.append(widened)
     note = runs.note(computed_in) if names else ""
     if names and computed_in not in runs.refused:
         note = "; ".join(filter(None, [f"judged within {FACTORS[computed_in]:g}x PyTorch's own {computed_in} "
-                                       f"error on each calibration input ({runs.seconds:.2f}s)", note]))  # fmt: skip
+                                       f"error on each calibration input ({runs.seconds:.2f}s)", *unanchored[:2],
+                                       note]))  # fmt: skip
     return per_input, note

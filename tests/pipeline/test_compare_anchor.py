@@ -148,6 +148,21 @@ def test_anchored_tolerance_is_the_factor_over_pytorch_error_and_never_below_the
     assert exact == FLOAT16
 
 
+def test_pytorch_overflowing_its_own_half_type_is_said_not_hidden() -> None:
+    """A model whose values leave float16's range (timm's visformer with random weights: PyTorch's own float16 is
+    inf everywhere) has no half-precision error to anchor to: the fixed rule stands and the line says why."""
+    reference = np.random.default_rng(0).standard_normal(1000)
+    widened, line = anchored_tolerance(FLOAT16, reference, np.full(1000, np.inf), "float16")
+    assert widened is FLOAT16
+    assert "inf or NaN on 1000 of 1000 elements" in line and "bfloat16 has float32's range" in line
+    assert "no anchor" in line
+    partly = reference + 0.004
+    partly[:10] = np.nan
+    widened, line = anchored_tolerance(FLOAT16, reference, partly, "float16")
+    assert widened.rms > FLOAT16.rms and "inf or NaN on 10 of 1000" in line and "finite rest" in line
+    assert anchored_tolerance(FLOAT16, reference, reference + 0.004, "float16")[1].count("NaN") == 0
+
+
 # -- the parts -----------------------------------------------------------------------------------------------------
 
 
