@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -149,6 +150,13 @@ class EngineCache:
         """
         if self.max_bytes is None:
             return 0
+        if importlib.util.find_spec("fcntl") is None:  # Windows: no lock can be tried without waiting
+            logger.warning(
+                "engine cache: trt_engine_cache_size is not enforced on this platform (no fcntl to skip entries "
+                "another process holds); remove old *.plan files from %s by hand, or pass trt_engine_cache_size=None",
+                self.directory,
+            )
+            return 0
         entries = sorted(_entries(self.directory))  # oldest first
         total = sum(size for _, size, _ in entries)
         removed, freed, busy = 0, 0, 0
@@ -257,7 +265,7 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def try_exclusive_lock(path: Path) -> Iterator[bool]:
     """Take the exclusive lock of :func:`exclusive_lock` without waiting: yields True while it is held, False if
-    another process holds it (or on a platform without ``fcntl``, where nothing can be taken safely)."""
+    another process holds it (or on a platform without ``fcntl``, where it cannot be tried)."""
     try:
         import fcntl
     except ImportError:
