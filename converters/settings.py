@@ -172,6 +172,9 @@ class Settings:
     trt_version_compatible: bool = option("tensorrt", False, engine=True)
     trt_hardware_compatibility: HardwareCompatibility = option("tensorrt", "none", engine=True)
     trt_engine_cache: bool = option("tensorrt", True)
+    # Bytes of engines the engine cache keeps in cache_dir; past it the least recently used are removed after each
+    # store (5 GiB: Torch-TensorRT's engine_cache_size default). None or 0: no bound. Timing caches are not counted.
+    trt_engine_cache_size: int | None = option("tensorrt", 5 << 30)
     # TensorRT-RTX (backend="tensorrt-rtx"): the GPU compute capabilities the engine targets, e.g. ("8.9",) or
     # ("8.6", "12.0"); () is TensorRT-RTX's portable default (8.0, 8.6, 8.9, 12.0 and later). With
     # require_engine_runtime, an engine that cannot run here (no CUDA, unsupported GPU) is an error instead of
@@ -273,6 +276,11 @@ class Settings:
                 f"weight_streaming_budget must be -1 (automatic) or a number of bytes >= 0, got "
                 f"{self.weight_streaming_budget}",
                 fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
+            )
+        if self.trt_engine_cache_size is not None and self.trt_engine_cache_size < 0:
+            raise InputError(
+                f"trt_engine_cache_size must be a number of bytes >= 0, got {self.trt_engine_cache_size}",
+                fix="pass e.g. trt_engine_cache_size=20 << 30 (20 GiB), or None (or 0) to keep every engine",
             )
         _check_precision(self)
         _check_fallback(self)

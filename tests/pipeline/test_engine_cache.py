@@ -142,9 +142,8 @@ def test_failed_build_stores_nothing_and_the_next_call_builds(tmp_path: Path) ->
     [
         (lambda plan: plan.write_bytes(plan.read_bytes()[:-3]), "do not match the recorded SHA-256"),
         (lambda plan: plan.with_name(plan.name + ".sha256").unlink(), "SHA-256 file is missing"),
-        (lambda plan: plan.unlink(), "engine file is missing"),
     ],
-    ids=["truncated", "no-digest", "no-engine"],
+    ids=["truncated", "no-digest"],
 )
 def test_corrupted_entry_is_reported_removed_and_rebuilt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object, why: str

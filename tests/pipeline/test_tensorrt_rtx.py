@@ -118,6 +118,27 @@ def test_engine_cache_is_keyed_on_library_version_and_targets(tmp_path: Path) ->
     assert len(list(tmp_path.glob("*.plan"))) == 2
 
 
+def test_the_engine_cache_size_setting_bounds_the_cache_a_real_build_stores_into(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from pipeline.backends.tensorrt.engine_cache import EngineCache
+    from pipeline.backends.tensorrt.executor import cached_engine
+
+    model, io = small_graph()
+    stale = EngineCache(tmp_path).get_or_build("stale", lambda: b"an engine no one used for a while" * 100).path
+    bounded = Settings(backend="tensorrt-rtx", cache_dir=str(tmp_path), trt_engine_cache_size=1000)
+    with caplog.at_level(logging.INFO, logger="pipeline.backends.tensorrt.engine_cache"):
+        engine, status = cached_engine(model, io, bounded, library=TENSORRT_RTX)
+    assert status == "built" and not stale.exists()  # the setting reached the cache: the older entry went
+    assert [p.read_bytes() for p in tmp_path.glob("*.plan")] == [engine]  # the new engine is kept, alone over 1000
+    assert any("evicted 1 least recently used" in r.getMessage() for r in caplog.records)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("Set trt_engine_cache_size to at least" in message for message in warned), warned
+    assert cached_engine(model, io, bounded, library=TENSORRT_RTX)[1] == "hit"
+
+
 def test_unknown_target_is_an_input_error() -> None:
     model, io = small_graph()
     with pytest.raises(pipeline.InputError, match=r"(?s)trt_compute_capabilities \['9.0'\].*fix: use some of"):

@@ -8,6 +8,13 @@ the digest (a crash between the two writes, a disk error, a hand edit) is report
 The directory also keeps TensorRT's tactic timing caches, one per TensorRT version and GPU, so later builds
 of any model reuse earlier timings; Polygraphy merges and saves those under its own lock.
 
+The engines may be bounded (``max_bytes``, the ``trt_engine_cache_size`` setting): after an entry is stored, the
+least recently used entries are removed until the engines fit, the new entry never. A hit is a use: it sets the
+engine file's modification time, which orders the entries (access times are not kept on most mounts). Each
+removal takes the entry's lock without waiting and skips an entry another process holds; it removes the engine
+first and its digest second, and a digest left without its engine (a process killed in between) reads as a miss,
+not as a corrupted entry. Timing caches and lock files are not counted and never removed.
+
 Nothing here imports TensorRT: the cache stores bytes, and all of it is tested on the CPU with real files.
 
 >>> cache = EngineCache("/tmp/engines")                                                  # doctest: +SKIP
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,10 +99,14 @@ class CacheResult:
 
 
 class EngineCache:
-    """Engines on disk, keyed by :func:`cache_key`; see the module docstring for the layout and guarantees."""
+    """Engines on disk, keyed by :func:`cache_key`; see the module docstring for the layout and guarantees.
 
-    def __init__(self, directory: str | Path) -> None:
+    ``max_bytes`` bounds the engines kept (engine and digest files; None or 0: no bound).
+    """
+
+    def __init__(self, directory: str | Path, max_bytes: int | None = None) -> None:
         self.directory = Path(directory).expanduser()
+        self.max_bytes = max_bytes or None
 
     def entry_path(self, key: str) -> Path:
         """The engine file of ``key``."""
@@ -110,27 +123,107 @@ class EngineCache:
         ``build`` raises, nothing is stored and the lock is released.
         """
         path = self.entry_path(key)
-        with exclusive_lock(path.with_name(path.name + ".lock")):
+        with exclusive_lock(_lock_path(path)):
             engine, problem = self._read(path)
             if engine is not None:
                 logger.info("engine cache hit: %s", path)
+                with contextlib.suppress(OSError):  # a read-only cache still serves hits
+                    os.utime(path)  # the hit is a use: the entry is now the most recently used
                 return CacheResult(engine, "hit", path)
             if problem is not None:
                 logger.warning("engine cache entry %s is corrupted (%s); removing it and building again", path, problem)
-                self._remove(path)
+            self._remove(path)  # a corrupted entry, or a digest whose engine was evicted
             engine = build()
             write_file_atomically(path, engine)
             write_file_atomically(_digest_path(path), hashlib.sha256(engine).hexdigest().encode())
             logger.info("engine cache: stored %s (%d bytes)", path, len(engine))
             status = "built" if problem is None else f"rebuilt (the cached entry was corrupted: {problem})"
-            return CacheResult(engine, status, path)
+        if self.max_bytes is not None:
+            self.evict(keep=path)
+        return CacheResult(engine, status, path)
+
+    def evict(self, keep: Path | None = None) -> int:
+        """Remove least recently used entries until the engines fit ``max_bytes``; returns the bytes removed.
+
+        ``keep`` (the entry just stored) is never removed; if it alone is over the bound a WARNING says so. An
+        entry whose lock another process holds is skipped. Logs at INFO what was removed, nothing otherwise.
+        """
+        if self.max_bytes is None:
+            return 0
+        if importlib.util.find_spec("fcntl") is None:  # Windows: no lock can be tried without waiting
+            logger.warning(
+                "engine cache: trt_engine_cache_size is not enforced on this platform (no fcntl to skip entries "
+                "another process holds); remove old *.plan files from %s by hand, or pass trt_engine_cache_size=None",
+                self.directory,
+            )
+            return 0
+        entries = sorted(_entries(self.directory))  # oldest first
+        total = sum(size for _, size, _ in entries)
+        removed, freed, busy = 0, 0, 0
+        for used, size, plan in entries:
+            if total <= self.max_bytes:
+                break
+            if plan == keep:
+                continue
+            outcome = self._remove_if_free(plan, used)
+            if outcome is None:
+                busy += 1
+                continue
+            removed, freed, total = removed + (outcome > 0), freed + outcome, total - size
+        self._report(removed, freed, busy, total, keep)
+        return freed
+
+    def _remove_if_free(self, plan: Path, used: float) -> int | None:
+        """Remove one entry if no process holds its lock and none used it since it was listed (last use ``used``):
+        the bytes freed (0 if another process removed it), or None if it stays (in use, used meanwhile)."""
+        try:
+            with try_exclusive_lock(_lock_path(plan)) as locked:
+                if not locked:
+                    return None
+                try:
+                    if plan.stat().st_mtime != used:  # a hit or a rebuild since the listing: it is recent now
+                        return None
+                except FileNotFoundError:
+                    return 0
+                size = _entry_size(plan)
+                self._remove(plan)
+                return size
+        except OSError as exc:
+            logger.warning("engine cache: could not remove %s (%s); the cache may stay over its bound", plan, exc)
+            return None
+
+    def _report(self, removed: int, freed: int, busy: int, total: int, keep: Path | None) -> None:
+        bound = self.max_bytes or 0
+        if removed:
+            logger.info(
+                "engine cache: evicted %d least recently used engine(s), %d bytes (%s), to keep %s within %d bytes",
+                removed, freed, _human(freed), self.directory, bound,
+            )
+        if total <= bound:
+            return
+        own = _entry_size(keep) if keep is not None else 0
+        if own > bound:
+            logger.warning(
+                "engine cache: the engine just stored (%d bytes, %s) is larger than the bound "
+                "trt_engine_cache_size=%d bytes (%s), so the cache is bounded by less than one engine; it is kept. "
+                "Set trt_engine_cache_size to at least %d (or None for no bound)",
+                own, _human(own), bound, _human(bound), own,
+            )
+        elif busy:
+            logger.info(
+                "engine cache: %s holds %d bytes, over its bound of %d, because %d entry(ies) are in use by another "
+                "process; they are removed by a later store", self.directory, total, bound, busy,
+            )
 
     @staticmethod
     def _read(path: Path) -> tuple[bytes | None, str | None]:
-        """(engine, None) for a sound entry, (None, None) for no entry, (None, why) for a corrupted one."""
+        """(engine, None) for a sound entry, (None, None) for no entry, (None, why) for a corrupted one.
+
+        No engine file is no entry, even with its digest still there: eviction removes the engine first.
+        """
         digest_path = _digest_path(path)
         if not path.exists():
-            return None, ("the engine file is missing but its digest is there" if digest_path.exists() else None)
+            return None, None
         if not digest_path.exists():
             return None, "its SHA-256 file is missing"
         engine = path.read_bytes()
@@ -167,6 +260,54 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def try_exclusive_lock(path: Path) -> Iterator[bool]:
+    """Take the exclusive lock of :func:`exclusive_lock` without waiting: yields True while it is held, False if
+    another process holds it (or on a platform without ``fcntl``, where it cannot be tried)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    with path.open("a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _entries(directory: Path) -> Iterator[tuple[float, int, Path]]:
+    """(last use, bytes, engine path) of every entry in ``directory``; one removed meanwhile is left out."""
+    for plan in directory.glob("*.plan"):
+        try:
+            mtime = plan.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        yield mtime, _entry_size(plan), plan
+
+
+def _entry_size(plan: Path) -> int:
+    """Bytes of an entry's engine and digest files (0 for those missing)."""
+    size = 0
+    for path in (plan, _digest_path(plan)):
+        with contextlib.suppress(FileNotFoundError):
+            size += path.stat().st_size
+    return size
+
+
+def _human(size: int) -> str:
+    return f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.1f} MiB"
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
 
 
 def _digest_path(path: Path) -> Path:

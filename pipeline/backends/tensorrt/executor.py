@@ -61,7 +61,7 @@ def cached_engine(
 
     if not settings.trt_engine_cache:
         return build(), "not cached"
-    cache = EngineCache(settings.cache_dir)
+    cache = EngineCache(settings.cache_dir, settings.trt_engine_cache_size)
     try:
         key = cache_key(graph_digest(model), device_identity(library, settings), build_options(io, settings))
         result = cache.get_or_build(key, build)
