@@ -22,6 +22,7 @@ from passes.model_io.graphs import to_graph, to_model
 from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
+from pipeline.exporting.exact_identities import exact_identity_constants
 from pipeline.exporting.io_names import name_dynamic_dims, rename_io
 from pipeline.exporting.module_to import unchanged_module_to_is_free
 from pipeline.exporting.moe_dispatch import dense_expert_dispatch
@@ -196,7 +197,7 @@ def _torch_export(
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
         try:
-            with reused_translation_table(), linear_multi_output_matching():
+            with reused_translation_table(), linear_multi_output_matching(), exact_identity_constants():
                 program = torch.onnx.export(
                     exported,
                     args,
