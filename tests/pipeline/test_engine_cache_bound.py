@@ -136,7 +136,9 @@ def test_an_engine_removed_before_its_digest_is_a_miss_not_a_corrupted_entry(
     cache.entry_path("k").unlink()  # what a process killed between eviction's two removals leaves
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert store(cache, "k") == "built"
-    assert not caplog.records
+    # no "corrupted entry" warning (the level filter of at_level is not what decides: another test's handler may
+    # pass the INFO "stored" line through, as a full CI run showed)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert kept(tmp_path) == {"k"} and store(cache, "k") == "hit"
 
 
