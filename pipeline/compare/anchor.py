@@ -129,7 +129,6 @@ class PrecisionMode(TorchDispatchMode):
             self.float32_ops.add(str(func))
             return _run_in(func, args, kwargs, self.dtype, torch.float32)
 
-
     def _guarded(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """``func``'s result when it is a guard or reads one (class doc), else None."""
         leaves = pytree.tree_leaves((args, kwargs))
@@ -142,7 +141,6 @@ class PrecisionMode(TorchDispatchMode):
             return self._mark(result)
         return pytree.tree_map(
             lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v, result)
-
 
     def _mark(self, result: Any) -> Any:
         for value in pytree.tree_leaves(result):
