@@ -354,15 +354,14 @@ def _vanishing_constants(ctx: RuleContext) -> dict[str, str]:
     node past it that reads its result through followers (``Clip(norm, eps) -> Expand -> Div``). In float16 the guard
     would be ``max(norm, 0)``, and a zero vector (a padded token's key) ``0 / 0``."""
     out: dict[str, str] = {}
+    tensors = ctx.graph.tensors()
     for name, value in _vanishing(ctx):
-        tensor = ctx.graph.tensors()[name]
-        reason = f"reads {value:.3g}, which {ctx.low.dtype_name} rounds to 0"
-        for reader in list(tensor.outputs):
-            out.setdefault(reader.name, reason)
+        lost = f"{value:.3g}, which {ctx.low.dtype_name} rounds to 0"
+        for reader in list(tensors[name].outputs):
+            out.setdefault(reader.name, f"reads {lost}")
             for result in reader.outputs:
                 for user in _past_followers(result):
-                    out.setdefault(user.name, f"divides by or takes the log of a value guarded by {value:.3g}, "
-                                              f"which {ctx.low.dtype_name} rounds to 0")
+                    out.setdefault(user.name, f"reads a value guarded by {lost}")
     return out
 
 

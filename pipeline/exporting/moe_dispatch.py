@@ -125,8 +125,9 @@ def dense_expert_dispatch(model: torch.nn.Module) -> Iterator[None]:
     with ExitStack() as stack:
         for cls, counts in found.items():
             forward = _DISPATCH[(cls.__module__, cls.__qualname__)][0]
-            patch = _PATCHES.setdefault(cls, SharedPatch(cls, "forward", _replaced_by(forward)))
-            stack.enter_context(patch.held())
+            if cls not in _PATCHES:
+                _PATCHES[cls] = SharedPatch(cls, "forward", _replaced_by(forward))
+            stack.enter_context(_PATCHES[cls].held())
             logger.info("%d %s module(s) exported with a dense expert dispatch: each runs all its %s experts on every "
                         "token (the eager loop's per-expert gathers have data-dependent sizes)", len(counts),
                         cls.__qualname__, "/".join(str(c) for c in sorted(set(counts))))

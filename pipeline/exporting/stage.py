@@ -51,7 +51,6 @@ _ONNX_TO_TORCH: dict[int, str] = {
 }
 
 
-
 @dataclass(frozen=True)
 class ExportedGraph:
     """The exporter's ONNX graph, with inputs and outputs renamed after the model's arguments and results."""

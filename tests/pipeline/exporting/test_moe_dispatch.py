@@ -33,10 +33,11 @@ def test_switch_transformers_converts_matches_and_builds_and_its_loop_is_restore
 
 
 @pytest.mark.parametrize("architecture", ["nllb-moe", "longcat_flash"])
-def test_other_expert_loops_convert_and_match(architecture: str) -> None:
+def test_other_expert_loops_convert_match_and_build(architecture: str) -> None:
     model, sample = transformers_models.build(architecture)
     module = pipeline.convert(model, sample)
     assert "NonZero" not in {n.op_type for n in module.onnx.graph.node}
+    assert_builds(module)  # the dispatch's one-hot masks (OneHot) as well as Switch's form
 
 
 def test_dbrx_converts_and_matches() -> None:
@@ -50,6 +51,7 @@ def test_dbrx_converts_and_matches() -> None:
     model = transformers_models._transformers().AutoModel.from_config(config).eval()
     module = pipeline.convert(model, ((), {"input_ids": transformers_models.token_ids()}))
     assert "NonZero" not in {n.op_type for n in module.onnx.graph.node}
+    assert_builds(module)
 
 
 class Routed(torch.nn.Module):
