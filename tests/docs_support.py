@@ -117,7 +117,7 @@ class Run:
 def run_page(page: str, workdir: Path, check: str = "", timeout: float = 900) -> list[Run]:
     """Run the page's Python blocks (then ``check``, code in their namespace) in one fresh interpreter, then each
     command of its bash and console blocks, in ``workdir``; skipped blocks are not run."""
-    env = user_env()
+    env = user_env(workdir)
     runs = []
     source = python_source(page)
     if source is not None:
@@ -137,18 +137,24 @@ def run_page(page: str, workdir: Path, check: str = "", timeout: float = 900) ->
     return runs
 
 
-def user_env() -> dict[str, str]:
+def user_env(workdir: Path) -> dict[str, str]:
     """The user's environment, minus what would make the run unlike a user's (pytest's warning filters), with the
-    environment's ``bin/`` first on ``PATH`` (an activated virtual environment)."""
+    environment's ``bin/`` first on ``PATH`` (an activated virtual environment). One addition, as in every test
+    process: torchvision's wheel cannot load its C++ ops beside the CPU torch of our installs, so transformers' and
+    diffusers' models do not import; ``tests_environment`` defines the two schemas first (a ``sitecustomize`` of
+    ``workdir``'s ``.site``, made by :func:`make_workdir`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.pop("PYTHONWARNINGS", None)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(workdir / ".site"), str(ROOT / "tests")])
     return env
 
 
 def make_workdir(directory: Path) -> Path:
     """``directory`` holding the repository's examples/, as a user's checkout does (outputs land in its out/)."""
     shutil.copytree(ROOT / "examples", directory / "examples", dirs_exist_ok=True)
+    (directory / ".site").mkdir(exist_ok=True)
+    (directory / ".site" / "sitecustomize.py").write_text("import tests_environment  # noqa: F401\n")
     return directory
 
 
