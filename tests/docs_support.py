@@ -146,7 +146,7 @@ def user_env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.pop("PYTHONWARNINGS", None)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(workdir / ".site"), str(ROOT / "tests")])
+    env["PYTHONPATH"] = os.pathsep.join([str(workdir / ".site"), str(ROOT / "tests"), str(ROOT)])
     return env
 
 

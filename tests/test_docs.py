@@ -4,6 +4,7 @@ per page, its commands in a shell), printing no third-party warning to stderr. T
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert run.returncode == 0, run.stderr[-6000:]
     api = (site / "reference" / "pipeline" / "index.html").read_text()
