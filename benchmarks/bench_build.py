@@ -2,7 +2,7 @@
 
 For each model (random weights, from torch / transformers configs): the export time (``pipeline.exporting.stage``), the
 final graph (the default passes, fp32), then TensorRT-RTX's real parser and builder through the backend's build
-code (``pipeline.check.real.parse_with(..., build=True)``): parse seconds, build seconds and engine size, for the
+code (``pipeline.compatibility.real.parse_with(..., build=True)``): parse seconds, build seconds and engine size, for the
 default portable targets (8.0, 8.6, 8.9, 12.0+) and for one target (8.9). Each build is run ``--runs`` times; the
 median is reported.
 
@@ -30,7 +30,7 @@ from torch import nn
 
 import pipeline
 from converters.settings import Settings
-from pipeline.check.real import parse_with
+from pipeline.compatibility.real import parse_with
 
 Model = tuple[nn.Module, Any]
 

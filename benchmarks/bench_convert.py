@@ -43,7 +43,7 @@ import transformers
 
 import pipeline
 from pipeline import ConvertedModule
-from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
+from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
 MODELS = ("resnet50", "bert6")
 LATENCY_RUNNERS = ("torch", "module", "bare")

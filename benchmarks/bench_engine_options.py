@@ -3,7 +3,7 @@
 Each model (random weights, from a transformers config or defined here) is converted once to its final graph (ONNX
 Runtime, fp32, no validation); then TensorRT-RTX's builder, through the backend's build code
 (``pipeline.backends.tensorrt.build.build_engine``), builds the plan with the default settings and with
-``strip_weights=True``, and each is written as an artifact (``pipeline.module.artifact.save_artifact``, what
+``strip_weights=True``, and each is written as an artifact (``pipeline.runtime.artifact.save_artifact``, what
 ``module.save`` writes). A build the builder refuses is reported with its error (TensorRT-RTX 1.7.1's CPU-only builder
 refuses weight-stripped and refittable plans, measured: see README "Engine options"); the ONNX-only artifact (no
 engine) is the floor a stripped artifact can reach, so its ratio to the unstripped artifact is printed too.
@@ -37,8 +37,8 @@ import pipeline  # noqa: E402
 from converters.errors import BuildError  # noqa: E402
 from converters.settings import Settings  # noqa: E402
 from pipeline.backends.tensorrt.build import build_engine  # noqa: E402
-from pipeline.backends.tensorrt.library import TENSORRT_RTX  # noqa: E402
-from pipeline.module.artifact import save_artifact  # noqa: E402
+from pipeline.runtime.artifact import save_artifact  # noqa: E402
+from pipeline.runtime.tensorrt.library import TENSORRT_RTX  # noqa: E402
 
 Model = tuple[nn.Module, Any]
 

@@ -3,7 +3,7 @@
 Per model size (random-weight Llama configs) and batch (1 and 4): prefill tokens/s (the prompt through the step)
 and decode tokens/s (new tokens after the first) for PyTorch eager ``model.generate`` (greedy, its DynamicCache),
 the converted cached step with the cache in bound ``OrtValue`` buffers (aliased in place), the same step with a
-copy of the cache per step (:class:`~pipeline.generation.runners.CopyingRunner`), and the no-cache conversion
+copy of the cache per step (:class:`~pipeline.runtime.generation.runners.CopyingRunner`), and the no-cache conversion
 (the plain forward, the whole sequence recomputed per token). Medians of ``--runs``, measured side by side, with
 the same number of threads on both sides and ONNX Runtime's threads not spinning between calls.
 
@@ -33,8 +33,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import pipeline  # noqa: E402
-from pipeline.generation.module import GenerativeModule  # noqa: E402
-from pipeline.generation.runners import CopyingRunner, cache_layout  # noqa: E402
+from pipeline.runtime.generation.module import GenerativeModule  # noqa: E402
+from pipeline.runtime.generation.runners import CopyingRunner, cache_layout  # noqa: E402
 
 SIZES = {
     "small": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8},
@@ -53,7 +53,7 @@ def _median(fn: Callable[[], object], runs: int) -> float:
 
 
 def _step_times(
-    module: pipeline.generation.module.GenerativeModule, ids: torch.Tensor, runs: int
+    module: pipeline.runtime.generation.module.GenerativeModule, ids: torch.Tensor, runs: int
 ) -> tuple[float, float]:
     """(prefill seconds, whole generate seconds) of the converted step."""
     runner = module.runner()

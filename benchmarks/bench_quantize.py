@@ -18,7 +18,7 @@ off unless ``--spinning`` (``ort_allow_spinning``): on a machine shared with oth
 the cores and the wall times measure the scheduler (measured here, 2 busy cores: 48 ms a call with spinning, 8 ms
 without, for the same fp32 session).
 
-The INT8 session graph is ONNX Runtime's own (:mod:`pipeline.quantize.ort_int8`): ``module.onnx`` keeps TensorRT's
+The INT8 session graph is ONNX Runtime's own (:mod:`pipeline.runtime.ort.int8`): ``module.onnx`` keeps TensorRT's
 placement. Its convolutions run as QLinearConv, the residual Adds as QLinearAdd (by default the convolution before
 the Add gets a calibrated INT8 output; with "exact" it runs as im2col and MatMulIntegerToFloat, or in float below 32
 channels); the few-channel stem stays float.
@@ -127,8 +127,8 @@ INTEGER_KERNELS = (
 def integer_kernels(module: pipeline.ConvertedModule, directory: Path) -> str:
     """The integer kernels ONNX Runtime's CPU provider fuses the module's graph into, counted by op, and the
     convolutions left in float."""
-    from pipeline.precision.stage import runnable_model
-    from pipeline.quantize.ort_int8 import disabled_optimizers
+    from pipeline.runtime.ort.int8 import disabled_optimizers
+    from pipeline.runtime.ort.session_graph import runnable_model
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED

@@ -156,7 +156,7 @@ class Settings:
     # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
     # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
     ort_prepack_weights: bool | None = option("onnxruntime", None)
-    # INT8 on ONNX Runtime (pipeline.quantize.ort_int8, rewrite 0): "requantize" gives the float output of a quantized
+    # INT8 on ONNX Runtime (pipeline.runtime.ort.int8, rewrite 0): "requantize" gives the float output of a quantized
     # convolution before a residual Add its own calibrated INT8 pair in ONNX Runtime's session (QLinearConv +
     # QLinearAdd: 1.4x faster on the bundled CNN, one 8-bit rounding more than TensorRT's fused kernel); "exact" keeps
     # it float, as TensorRT computes it. module.onnx, the graph TensorRT builds, is the same either way.
@@ -208,7 +208,7 @@ class Settings:
     # The TensorRT version the static parser check targets; None: the installed one, else 11.1 (the matrix's).
     trt_check_version: str | None = option("check", None)
     # Which parser judges the final graph: "auto" is the real parser of an importable TensorRT, else of TensorRT-RTX,
-    # else the static table; "static" never imports TensorRT (pipeline.check.judge).
+    # else the static table; "static" never imports TensorRT (pipeline.compatibility.judge).
     check_parser: CheckParser = option("check", "auto")
     cache_dir: str = option("tensorrt", default_factory=_default_cache_dir)
     # Precision (README "Precision"): "fp16"/"bf16" rewrite the graph to that type, graph inputs and outputs keep

@@ -1,7 +1,7 @@
 """ONNX graph passes: the pass API, the pass manager, the rewrite-rule API (:mod:`passes.rules`) and the built-in
 passes."""
 
-from passes.base import GraphPass, PassManager, PassRecord, PassResult, insert_passes
+from passes.base import GraphPass, PassManager, PassResult, insert_passes
 from passes.cleanup.graph import RemoveDeadNodes, RemoveIdentities, TopologicalSort
 from passes.cleanup.simplify import MergeSqueezeChains, RemoveIdentityElements
 from passes.defaults import default_passes
@@ -19,6 +19,7 @@ from passes.parser_fixes import (
     ReduceAxesToInitializers,
     parser_fix_passes,
 )
+from passes.records import PassRecord
 from passes.rules import Facts, RewriteContext, RewriteRule, RulePass, explain
 
 __all__ = [

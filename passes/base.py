@@ -19,6 +19,7 @@ import onnx_graphsurgeon as gs
 from converters.errors import ConversionError, PipelineError
 from converters.settings import Settings
 from passes.model_io.gc_pause import gc_paused
+from passes.records import PassRecord
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +46,6 @@ class GraphPass(Protocol):
     def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult: ...
 
 
-@dataclass(frozen=True)
-class PassRecord:
-    """One pass run, as it appears in the conversion report."""
-
-    name: str
-    iteration: int
-    seconds: float
-    nodes_before: int
-    nodes_after: int
-    modified: bool
 
 
 class PassManager:

@@ -3,7 +3,17 @@
 >>> import pipeline                                                     # doctest: +SKIP
 >>> module = pipeline.convert(model, sample, backend="onnxruntime")     # doctest: +SKIP
 >>> module.save("model.ptrt"); again = pipeline.load("model.ptrt")      # doctest: +SKIP
+
+The package is in two layers: the runtime (:mod:`pipeline.runtime`: artifacts, executors, the converted modules, the
+generation loop), which a deployment imports alone, and the conversion stages above it. Names are imported on first
+use, so ``pipeline.load(path)`` and a call import the runtime only; ``pipeline.convert`` brings in the rest.
 """
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import (
     AccuracyError,
@@ -14,48 +24,118 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
-from pipeline.check.real import ParserVerdict, parse_with
-from pipeline.check.static import CompatibilityReport, NodeCheck
-from pipeline.compare.report import ComparisonReport
-from pipeline.conversion import check, compare, convert
-from pipeline.exporting.stage import ExportedGraph, export
-from pipeline.final_graph import run_passes
-from pipeline.module.converted import ConvertedModule
-from pipeline.module.first_call import FirstCallMethod, FirstCallModule, on_first_call
-from pipeline.module.io_spec import IOSpec, TensorSpec
-from pipeline.module.loading import load
-from pipeline.module.report import ConversionReport
-from pipeline.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
+
+if TYPE_CHECKING:  # the names below, for type checkers and documentation; at run time they load on first use
+    from pipeline.comparison.report import ComparisonReport
+    from pipeline.compatibility.real import ParserVerdict, parse_with
+    from pipeline.compatibility.static import CompatibilityReport, NodeCheck
+    from pipeline.conversion import check, compare, convert
+    from pipeline.exporting.stage import ExportedGraph, export
+    from pipeline.final_graph import run_passes
+    from pipeline.first_call import FirstCallMethod, FirstCallModule, on_first_call
+    from pipeline.refitting import refit
+    from pipeline.runtime.executors import Executor
+    from pipeline.runtime.generation.module import GenerativeModule
+    from pipeline.runtime.io_spec import IOSpec, TensorSpec
+    from pipeline.runtime.module import ConvertedModule
+    from pipeline.runtime.reports.conversion import ConversionReport
+    from pipeline.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
+
+#: public name -> the module that defines it (imported on first use: see the module docstring)
+_LAZY = {
+    "ParserVerdict": "pipeline.compatibility.real",
+    "parse_with": "pipeline.compatibility.real",
+    "CompatibilityReport": "pipeline.compatibility.static",
+    "NodeCheck": "pipeline.compatibility.static",
+    "ComparisonReport": "pipeline.comparison.report",
+    "check": "pipeline.conversion",
+    "compare": "pipeline.conversion",
+    "convert": "pipeline.conversion",
+    "ExportedGraph": "pipeline.exporting.stage",
+    "export": "pipeline.exporting.stage",
+    "run_passes": "pipeline.final_graph",
+    "FirstCallMethod": "pipeline.first_call",
+    "FirstCallModule": "pipeline.first_call",
+    "on_first_call": "pipeline.first_call",
+    "refit": "pipeline.refitting",
+    "GenerativeModule": "pipeline.runtime.generation.module",
+    "IOSpec": "pipeline.runtime.io_spec",
+    "TensorSpec": "pipeline.runtime.io_spec",
+    "ConvertedModule": "pipeline.runtime.module",
+    "ConversionReport": "pipeline.runtime.reports.conversion",
+    "DEFAULT_TOLERANCES": "pipeline.settings",
+    "DynamicDim": "pipeline.settings",
+    "Settings": "pipeline.settings",
+    "Tolerance": "pipeline.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:
+    """Load an artifact written by ``ConvertedModule.save`` (or ``GenerativeModule.save``): the runtime alone.
+
+    ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even when
+    it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another TensorRT
+    version or GPU (and an engine is built when TensorRT is asked of an artifact that holds none): only then is the
+    conversion layer's builder imported.
+
+    >>> module = pipeline.load("model.ptrt", backend="onnxruntime")     # doctest: +SKIP
+    """
+    from pipeline.runtime.loading import load as load_artifact
+
+    return load_artifact(path, backend=backend, rebuild=rebuild, build=_build_executor)
+
+
+def _build_executor(*args: Any, **kwargs: Any) -> Executor:
+    """:func:`pipeline.backends.build_executor`, imported when an engine must be built."""
+    from pipeline.backends import build_executor
+
+    return build_executor(*args, **kwargs)
+
 
 __all__ = [
-    "DEFAULT_TOLERANCES",
     "AccuracyError",
-    "CompatibilityReport",
     "ArtifactError",
     "BuildError",
+    "check",
+    "compare",
     "ComparisonReport",
+    "CompatibilityReport",
     "ConversionError",
     "ConversionReport",
+    "convert",
     "ConvertedModule",
+    "DEFAULT_TOLERANCES",
     "DynamicDim",
-    "ExportError",
+    "export",
     "ExportedGraph",
+    "ExportError",
     "FirstCallMethod",
     "FirstCallModule",
-    "IOSpec",
+    "GenerativeModule",
     "InputError",
-    "NodeCheck",
-    "ParserVerdict",
-    "PipelineError",
-    "Settings",
-    "TensorSpec",
-    "check",
-    "Tolerance",
-    "compare",
-    "convert",
-    "export",
+    "IOSpec",
     "load",
+    "NodeCheck",
     "on_first_call",
     "parse_with",
+    "ParserVerdict",
+    "PipelineError",
+    "refit",
     "run_passes",
+    "Settings",
+    "TensorSpec",
+    "Tolerance",
 ]

@@ -18,31 +18,32 @@ from converters.registry import ConverterRegistry
 from passes import GraphPass, default_passes, insert_passes
 from passes.base import Placement
 from passes.fusions import FUSED_OPS
-from pipeline.backends import Executor, build_executor, select_backend
+from pipeline.backends import build_executor
 from pipeline.backends.segments.build import build_segmented, needs_segments
-from pipeline.backends.segments.report import SegmentsReport
-from pipeline.backends.tensorrt.weights import describe as describe_engine_options
-from pipeline.check.judge import check as judge_check
-from pipeline.check.ops import DEFAULT_TRT_VERSION
-from pipeline.check.static import CompatibilityReport
-from pipeline.check.static import check as static_check
-from pipeline.compare.layers import DEFAULT_MEMORY_BUDGET
-from pipeline.compare.report import ComparisonReport
-from pipeline.compare.run import check_reference_dtype, split_samples
-from pipeline.compare.runners import EXPORTED, TENSORRT, check_backends
+from pipeline.comparison.layers import DEFAULT_MEMORY_BUDGET
+from pipeline.comparison.report import ComparisonReport
+from pipeline.comparison.run import check_reference_dtype, compare_built, split_samples
+from pipeline.comparison.runners import EXPORTED, TENSORRT, check_backends
+from pipeline.compatibility.judge import check as judge_check
+from pipeline.compatibility.ops import DEFAULT_TRT_VERSION
+from pipeline.compatibility.static import CompatibilityReport
+from pipeline.compatibility.static import check as static_check
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
 from pipeline.final_graph import final_graph, graph_feeds, stage_timer, validate_executor
-from pipeline.generation.module import module_class
-from pipeline.module.converted import ConvertedModule
-from pipeline.module.refit import RefitSource
-from pipeline.module.report import ConversionReport
 from pipeline.precision.stage import (
     effective_settings,
 )
-from pipeline.quantize.stage import quantize_settings
+from pipeline.quantize.stage import quantize_settings, quantized_validation_settings
 from pipeline.quantize.weight_stage import weight_settings
+from pipeline.refitting import RefitSource
+from pipeline.runtime.executors import Executor, select_backend
+from pipeline.runtime.generation.module import module_class
+from pipeline.runtime.module import ConvertedModule
+from pipeline.runtime.reports.accuracy import AccuracyReport
+from pipeline.runtime.reports.conversion import ConversionReport
+from pipeline.runtime.reports.segments import SegmentsReport
+from pipeline.runtime.tensorrt.weights import describe as describe_engine_options
 from pipeline.settings import Settings
-from pipeline.validation.stage import AccuracyReport
 from pipeline.versions import library_versions
 
 logger = logging.getLogger("pipeline")
@@ -147,7 +148,7 @@ def check(
     """``pipeline.check``: will TensorRT take this graph? ``model`` is an ONNX ModelProto, a path to an ``.onnx``
     file or a ``.ptrt`` artifact, or an ``nn.Module`` with ``sample=``, converted first (on ONNX Runtime, without
     validation; ``converters`` and ``settings`` go to :func:`convert`) so that the graph judged is the one
-    ``convert`` would build. See :func:`pipeline.check.judge.check` for ``trt_version``, ``parser`` and ``build``.
+    ``convert`` would build. See :func:`pipeline.compatibility.judge.check` for ``trt_version``, ``parser`` and ``build``.
 
     >>> pipeline.check(model, sample=torch.randn(1, 3, 224, 224), parser="tensorrt-rtx", build=True)  # doctest: +SKIP
     """
@@ -171,9 +172,9 @@ def check_for_backend(final: onnx.ModelProto, backend: str, settings: Settings) 
     is the backend's own parser for a TensorRT backend, else ``check_parser`` (auto: a real parser when one imports,
     else the static table)."""
     from converters.plugins.spec import plugin_nodes
-    from pipeline.backends.tensorrt.library import LIBRARIES, rtx_plugin_error
-    from pipeline.check.judge import judge_library
-    from pipeline.check.real import real_check
+    from pipeline.compatibility.judge import judge_library
+    from pipeline.compatibility.real import real_check
+    from pipeline.runtime.tensorrt.library import LIBRARIES, rtx_plugin_error
 
     trt_backend = backend in LIBRARIES
     version = settings.trt_check_version
@@ -215,9 +216,11 @@ def compare(
     random_inputs: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     output_dir: str | Path | None = None,
+    module: ConvertedModule | None = None,
     **convert_options: Any,
 ) -> ComparisonReport:
-    """Convert ``model`` with :func:`convert` and compare every backend with PyTorch.
+    """Convert ``model`` with :func:`convert` (or take the converted ``module``) and compare every backend with
+    PyTorch.
 
     ``inputs`` is one sample (a tensor, a tuple of arguments, a dict of keyword arguments or ``(args,
     kwargs)``), compared with ``random_inputs`` more drawn like it (seeded; default ``validation_inputs``, 3);
@@ -229,22 +232,18 @@ def compare(
     ``output_dir`` writes the report files. Every other keyword goes to :func:`convert`: ``converters=``,
     ``passes=``, and settings such as ``tolerances=``, ``dynamic=``, ``precision=``.
 
+    ``module=`` compares an already converted (or loaded) module's graph (ONNX Runtime) and engine (TensorRT) with
+    ``model`` instead: nothing is converted, the exported graph is not compared (a module does not keep it), outputs
+    are judged as ``convert`` judged them (a quantized graph's by its per-output tolerances), and the only other
+    keyword taken is ``tolerances=`` (merged over the module's settings).
+
     >>> report = compare(model, sample, per_layer=True, output_dir="out/compare")  # doctest: +SKIP
     >>> print(report.table()); report.first_divergence.layer.module                 # doctest: +SKIP
     'blocks.3'
     """
     check_reference_dtype(reference_dtype)
     check_backends(backends)
-    if "backend" in convert_options or "validate" in convert_options:
-        raise InputError("compare chooses the backend and does not validate", fix="name the runners in backends=")
-    samples, many = split_samples(inputs)
-    with eval_mode(model):
-        module = convert(model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options)
-        exported = _exported_graph(model, samples[0], module.settings, backends, convert_options)
-    return module.compare(  # ``exported`` (and its external weights, if any) lives until this returns
-        model,
-        samples if many else samples[0],
-        exported=None if exported is None else exported.model,
+    options = dict(
         backends=backends,
         reference_dtype=reference_dtype,
         per_layer=per_layer,
@@ -252,12 +251,55 @@ def compare(
         memory_budget=memory_budget,
         output_dir=output_dir,
     )
+    if module is not None:
+        return _compare_module(module, model, inputs, options, convert_options)
+    if "backend" in convert_options or "validate" in convert_options:
+        raise InputError("compare chooses the backend and does not validate", fix="name the runners in backends=")
+    samples, many = split_samples(inputs)
+    with eval_mode(model):
+        converted = convert(
+            model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options
+        )
+        exported = _exported_graph(model, samples[0], converted.settings, backends, convert_options)
+    return _compare_module(  # ``exported`` (and its external weights, if any) lives until this returns
+        converted, model, samples if many else samples[0], options, {}, None if exported is None else exported.model
+    )
+
+
+def _compare_module(
+    module: ConvertedModule,
+    model: torch.nn.Module,
+    inputs: Any,
+    options: dict[str, Any],
+    extra: dict[str, Any],
+    exported: onnx.ModelProto | None = None,
+) -> ComparisonReport:
+    """Compare a built module with ``model``, judged by the module's settings (a quantized graph's by its
+    per-output tolerances); ``extra`` may hold ``tolerances=`` only."""
+    if not isinstance(module, ConvertedModule):
+        raise InputError(
+            f"compare(module=...) takes a converted module, got {type(module).__name__}",
+            fix="pass the module pipeline.convert or pipeline.load returned",
+        )
+    unknown = sorted(set(extra) - {"tolerances"})
+    if unknown:
+        raise InputError(
+            f"compare(module=...) compares a module as it was converted; it takes no conversion option {unknown}",
+            fix="convert again with those options, or leave module= out to convert and compare in one call",
+        )
+    settings = module.settings
+    if module.report.quantization is not None:
+        settings = quantized_validation_settings(settings, module.report.quantization)
+    return compare_built(
+        model, inputs, executor=module.executor, final=module.onnx, io=module.io, settings=settings,
+        exported=exported, **options, **extra,
+    )
 
 
 def _conversion_backend(backends: str | Sequence[str]) -> str:
     """TensorRT when it is among the runners and can run here (a named one that cannot is an error later),
     else ONNX Runtime."""
-    from pipeline.backends.tensorrt.build import tensorrt_status
+    from pipeline.runtime.tensorrt.identity import tensorrt_status
 
     wanted = backends == "auto" or TENSORRT in backends
     return "tensorrt" if wanted and tensorrt_status()[0] else "onnxruntime"

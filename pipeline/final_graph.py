@@ -20,11 +20,10 @@ import torch
 
 from converters.errors import ConversionError
 from converters.registry import ConverterRegistry
-from passes import GraphPass, PassManager, PassRecord, default_passes, to_graph, to_model
+from passes import GraphPass, PassManager, default_passes, to_graph, to_model
 from passes.model_io.external_data import check_model, remove_unused_files
+from passes.records import PassRecord
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
-from pipeline.module.io_spec import IOSpec, normalise_sample
-from pipeline.precision.report import PrecisionReport
 from pipeline.precision.stage import (
     boundary_io,
     convert_precision,
@@ -32,12 +31,15 @@ from pipeline.precision.stage import (
     torch_references,
     validation_settings,
 )
-from pipeline.quantize.report import QuantizationReport
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantized_validation_settings
 from pipeline.quantize.weight_stage import is_weight_quantized, quantize_weights_4bit
 from pipeline.rewrite.debug import PassDebugger
+from pipeline.runtime.io_spec import IOSpec, normalise_sample
+from pipeline.runtime.reports.accuracy import AccuracyReport
+from pipeline.runtime.reports.precision import PrecisionReport
+from pipeline.runtime.reports.quantization import QuantizationReport
 from pipeline.settings import Settings
-from pipeline.validation.stage import AccuracyReport, as_io_types, validate, validation_feeds
+from pipeline.validation.stage import as_io_types, validate, validation_feeds
 
 logger = logging.getLogger("pipeline")
 

@@ -12,7 +12,7 @@ from converters.cases import ConverterCase
 from converters.registry import ConverterEntry, ConverterRegistry
 from converters.targets import node_key
 from pipeline.conversion import convert
-from pipeline.module.converted import ConvertedModule
+from pipeline.runtime.module import ConvertedModule
 
 
 def check_converter_case(

@@ -9,10 +9,10 @@ import torch
 
 def pytest_configure(config: pytest.Config) -> None:
     """Polygraphy binds one TensorRT library per process, on the first import of ``polygraphy.backend.trt``
-    (``pipeline.backends.tensorrt.library``). The tests build with TensorRT-RTX, the library that installs here: bind
+    (``pipeline.runtime.tensorrt.library``). The tests build with TensorRT-RTX, the library that installs here: bind
     it before any test runs, so that a test importing Polygraphy's TensorRT loaders without building (a profile test)
     cannot bind the other library for the rest of its worker process, whatever order the files run in."""
-    from pipeline.backends.tensorrt.library import TENSORRT_RTX, bind_polygraphy
+    from pipeline.runtime.tensorrt.library import TENSORRT_RTX, bind_polygraphy
 
     if TENSORRT_RTX.importable():
         bind_polygraphy(TENSORRT_RTX)

@@ -161,7 +161,7 @@ def components() -> dict[str, tuple[torch.nn.Module, Any]]:
     from diffusers import DiTTransformer2DModel, SD3Transformer2DModel
     from transformers import T5Config, T5EncoderModel
 
-    from pipeline.module.first_call import MethodModule
+    from pipeline.first_call import MethodModule
 
     sd, sd_call = stable_diffusion(1)
     fl, fl_call = flux(1)

@@ -4,7 +4,7 @@
 user registry) registers a converter that replaces the op's opaque node by a *plugin node*
 (:mod:`converters.plugins.nodes`), made from the op's :class:`PluginSpec`. The spec lives in that registry; the node
 records the torch op it runs, and the backends re-create the spec from the node (:func:`spec_for_node`):
-``pipeline.backends.plugin_runtime`` registers a ``tensorrt.plugin`` (Quickly Deployable Plugin) before TensorRT
+``pipeline.runtime.plugins`` registers a ``tensorrt.plugin`` (Quickly Deployable Plugin) before TensorRT
 parses the graph, and an onnxruntime-extensions CPU reference before ONNX Runtime loads it; both call the op itself.
 """
 

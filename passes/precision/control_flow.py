@@ -8,7 +8,7 @@ across iterations. An If's branches run once, so converting each like the outer 
 as a float32 boundary) would be sound and would speed up torch.cond models with heavy branches; it is not done
 because the pipeline's safety nets see the outer graph only: range measurement and the accuracy search move
 top-level nodes, so a branch that overflows could not be rescued, and ONNX Runtime runs half graphs through a
-float32 emulation that rounds top-level values only (``pipeline/precision/emulation.py``), so a bfloat16 branch
+float32 emulation that rounds top-level values only (``pipeline/runtime/ort/half_emulation.py``), so a bfloat16 branch
 would not even run there (no bfloat16 Gemm kernel).
 
 So the node keeps float32 and the casts sit at its boundary: its explicit inputs and outputs (as for any float32

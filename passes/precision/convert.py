@@ -23,8 +23,9 @@ from passes.base import PassResult
 from passes.model_io.graphs import module_path
 from passes.precision.casts import SimplifyCasts
 from passes.precision.rewrite import Decision, rewrite
-from passes.precision.rules import Island, RuleContext, accuracy_islands, type_islands
+from passes.precision.rules import RuleContext, accuracy_islands, type_islands
 from passes.precision.types import FLOAT, FOLLOWER_OPS, LOW_TYPES, LowType, infer, is_float32, onnx_opset
+from passes.records import Island
 
 logger = logging.getLogger(__name__)
 

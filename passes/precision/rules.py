@@ -78,15 +78,6 @@ _INTEGER_TYPES = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Island:
-    """One node kept in float32, where it comes from (rule, user, measured, search) and why."""
-
-    node: str
-    op: str
-    source: str
-    reason: str
-    module: str | None = None
 
 
 @dataclass(frozen=True)

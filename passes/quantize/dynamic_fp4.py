@@ -10,7 +10,7 @@ TensorRT's DynamicQuantize layer computes, per block of 16 along the last axis, 
 block's largest magnitude (``amax / 6``, divided by the per-tensor ``scale2`` and rounded to E4M3) and the E2M1
 values of ``x / (fp8 scale x scale2)``; ``scale2`` is a build-time constant, ``amax / (6 * 448)`` of the activation's
 calibrated largest magnitude (ModelOpt's ``sx_f32_per_tensor``). The layer takes 2-D and 3-D inputs whose last axis
-is a build-time multiple of 16. ONNX Runtime has no such op: :func:`pipeline.quantize.emulation.emulate_fp4` spells
+is a build-time multiple of 16. ONNX Runtime has no such op: :func:`pipeline.runtime.ort.emulation.emulate_fp4` spells
 it out exactly. A tensor read by several MatMuls is quantized once.
 """
 

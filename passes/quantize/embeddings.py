@@ -21,9 +21,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from passes.quantize.blockwise import BlockFormat, quantize
-from passes.quantize.insert import QuantizedOp
-from passes.quantize.placement import Skipped, Target
+from passes.quantize.placement import Target
 from passes.quantize.weight_only import dequantized_weight
+from passes.records import QuantizedOp, Skipped
 
 
 @dataclass(frozen=True)

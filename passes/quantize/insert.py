@@ -19,7 +19,6 @@ then has the type the weighted op already reads, so no Cast is needed around the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -29,24 +28,11 @@ from converters.errors import ConversionError
 from passes.precision.types import infer
 from passes.quantize.formats import QuantFormat
 from passes.quantize.placement import QUANTIZED_OPS, Target
+from passes.records import QuantizedOp
 
 _FLOAT_TYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
 
 
-@dataclass(frozen=True)
-class QuantizedOp:
-    """One quantized weighted op: its activation's calibrated range and scale, and its weight's scales."""
-
-    node: str
-    op: str
-    activation: str  # the activation tensor as named in the quantized graph
-    activation_amax: float
-    activation_scale: float
-    weight: str | None
-    weight_channels: int  # scales of the weight (1: per tensor)
-    weight_scale_min: float
-    weight_scale_max: float
-    weight_elements: int
 
 
 def quantize_graph(

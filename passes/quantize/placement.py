@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from passes.precision.convert import match_keep_fp32
+from passes.records import Skipped
 
 #: The weighted ops whose inputs are quantized.
 QUANTIZED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -48,13 +49,6 @@ class Target:
     axis: int | None  # the weight's output-channel axis; None: one scale for the weight (per tensor)
 
 
-@dataclass(frozen=True)
-class Skipped:
-    """A weighted op left in the float type, and why."""
-
-    node: str
-    op: str
-    reason: str
 
 
 def plan_targets(graph: gs.Graph, keep: Sequence[str] = ()) -> tuple[list[Target], list[Skipped]]:

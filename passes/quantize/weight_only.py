@@ -29,8 +29,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from converters.errors import ConversionError
 from passes.quantize.blockwise import BlockFormat, BlockQuantized, quantize
-from passes.quantize.insert import QuantizedOp
-from passes.quantize.placement import Skipped, Target
+from passes.quantize.placement import Target
+from passes.records import QuantizedOp, Skipped
 
 
 def weight_matrix(target: Target, weight: np.ndarray) -> np.ndarray:

@@ -212,7 +212,7 @@ def _targets(
     model, sample = model_and_sample(args.target, args.input, args.seed)
     model = model.eval()
     module = pipeline.convert(model, sample, backend=args.backend, **conversion_options(args), **ort_threads)
-    from pipeline.module.io_spec import normalise_sample
+    from pipeline.runtime.io_spec import normalise_sample
 
     return module, model, normalise_sample(sample)
 
@@ -222,8 +222,8 @@ def _with_threads(loaded: Any, ort_threads: dict[str, Any]) -> Any:
     own are whatever its conversion had); a TensorRT module as loaded."""
     if loaded.backend != "onnxruntime":
         return loaded
-    from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
-    from pipeline.generation.module import module_class
+    from pipeline.runtime.generation.module import module_class
+    from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
     settings = dataclasses.replace(loaded.settings, **ort_threads)
     executor = OnnxRuntimeExecutor(loaded.onnx, loaded.io, settings)

@@ -29,7 +29,7 @@ def add_check_command(commands: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from pipeline.check.judge import check
+    from pipeline.compatibility.judge import check
 
     report = check(args.model, args.trt_version, parser=args.parser, build=args.build)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())

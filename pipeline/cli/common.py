@@ -70,7 +70,7 @@ def model_and_sample(spec: str, inputs: list[str], seed: int) -> tuple[torch.nn.
 
 def _check_input_names(model: torch.nn.Module, named: dict[str, torch.Tensor]) -> None:
     """Every ``--input NAME`` must be an argument of ``forward`` (said before anything is exported)."""
-    from pipeline.module.io_spec import forward_signature, keyword_names, unknown_keywords
+    from pipeline.runtime.io_spec import forward_signature, keyword_names, unknown_keywords
 
     signature = forward_signature(model)
     unknown = unknown_keywords(signature, named)

@@ -132,9 +132,9 @@ def _stream(
 
 
 def load_generative(path: Path) -> Any:
-    """The :class:`~pipeline.generation.module.GenerativeModule` of a generation artifact, or a clear error."""
+    """The :class:`~pipeline.runtime.generation.module.GenerativeModule` of a generation artifact, or a clear error."""
     import pipeline
-    from pipeline.generation.module import GenerativeModule
+    from pipeline.runtime.generation.module import GenerativeModule
 
     if not path.is_file():
         raise InputError(

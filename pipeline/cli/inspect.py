@@ -27,7 +27,7 @@ def add_inspect_command(commands: Any) -> None:
 
 def read_metadata(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """The artifact's metadata and its members' sizes (bytes); an unreadable file is an ArtifactError."""
-    from pipeline.module.artifact import METADATA_MEMBER
+    from pipeline.runtime.artifact import METADATA_MEMBER
 
     fix = "pass a .ptrt file written by `pipeline convert` or `module.save`"
     if not path.is_file():
@@ -45,7 +45,7 @@ def read_metadata(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 def describe(metadata: dict[str, Any], sizes: dict[str, int]) -> list[str]:
     """The lines ``pipeline inspect`` prints."""
-    from pipeline.module.artifact import ENGINE_MEMBER, ONNX_MEMBER
+    from pipeline.runtime.artifact import ENGINE_MEMBER, ONNX_MEMBER
 
     lines = [f"format    {metadata.get('format', '?')}, created {metadata.get('created', '?')}"]
     lines.append(f"backend   {metadata.get('backend', '?')}")
@@ -74,7 +74,7 @@ def describe(metadata: dict[str, Any], sizes: dict[str, int]) -> list[str]:
 
 
 def _io_lines(io: dict[str, Any], settings: dict[str, Any]) -> list[str]:
-    from pipeline.module.io_spec import IOSpec
+    from pipeline.runtime.io_spec import IOSpec
 
     spec = IOSpec.from_json(io)
     ranges = {(d["input"], d["axis"]): d for d in settings.get("dynamic", []) if isinstance(d, dict)}
@@ -90,7 +90,7 @@ def _io_lines(io: dict[str, Any], settings: dict[str, Any]) -> list[str]:
 
 
 def _data_size(sizes: dict[str, int]) -> str:
-    from pipeline.module.artifact import DATA_MEMBER
+    from pipeline.runtime.artifact import DATA_MEMBER
 
     return f", external weights {sizes[DATA_MEMBER] / 1e6:.2f} MB" if DATA_MEMBER in sizes else ""
 

@@ -19,7 +19,7 @@ from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
 from passes.model_io.graphs import to_graph, to_model
-from pipeline.compare.uninitialised import mark_uninitialised, uninitialised_in_program
+from pipeline.accuracy.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.exact_identities import exact_identity_constants
@@ -30,9 +30,9 @@ from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multip
 from pipeline.exporting.program_fixes import fix_program
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
 from pipeline.exporting.translation_table import reused_translation_table
-from pipeline.module import containers, io_spec
-from pipeline.module.io_spec import IOSpec, TensorSpec
 from pipeline.noise import quiet_third_party
+from pipeline.runtime import containers, io_spec
+from pipeline.runtime.io_spec import IOSpec, TensorSpec
 from pipeline.settings import DynamicDim, Settings
 
 logger = logging.getLogger(__name__)

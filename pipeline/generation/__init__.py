@@ -2,7 +2,7 @@
 
 ``pipeline.convert(model, input_ids, generation={"max_length": 256, "max_batch": 4})`` converts
 :class:`~pipeline.generation.step.CachedStep` (static cache per layer as graph inputs, ``TensorScatter`` writes,
-``Attention`` with a boolean mask) and returns a :class:`~pipeline.generation.module.GenerativeModule` whose
+``Attention`` with a boolean mask) and returns a :class:`~pipeline.runtime.generation.module.GenerativeModule` whose
 ``generate``/``stream`` decode like transformers. ``step.py`` and ``conversion.py`` import transformers; the rest
 does not.
 """

@@ -17,10 +17,10 @@ import torch
 from converters.errors import InputError
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
-from pipeline.generation.names import past_name
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep, uses_attention_interface
-from pipeline.module.io_spec import is_model_cache, normalise_sample
+from pipeline.runtime.generation.names import past_name
+from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _attention_form(model: torch.nn.Module, settings: Settings) -> str:
     chosen = settings.generation.attention
     if chosen != "auto":
         return chosen
-    from pipeline.backends import select_backend
+    from pipeline.runtime.executors import select_backend
 
     backend = select_backend(settings.backend, settings).name
     softcap = getattr(getattr(model, "config", None), "attn_logit_softcapping", None)

@@ -28,14 +28,15 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from pipeline.compare.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
-from pipeline.compare.stats import judgement, tolerance_ratio
+from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
+from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
-from pipeline.generation.runners import StepRunner, cache_layout, step_runner
-from pipeline.module.io_spec import IOSpec, normalise_sample
 from pipeline.precision.stage import validation_settings
+from pipeline.runtime.generation.runners import StepRunner, cache_layout, step_runner
+from pipeline.runtime.io_spec import IOSpec, normalise_sample
+from pipeline.runtime.reports.accuracy import DecodingAccuracy
 from pipeline.settings import Settings
-from pipeline.validation.decoding import DecodingAccuracy, StepJudge, raise_decoding_error
+from pipeline.validation.decoding import StepJudge, raise_decoding_error
 
 #: New tokens the converted step decodes greedily on its own on the sample (fewer when the cache is smaller).
 GREEDY_TOKENS = 32

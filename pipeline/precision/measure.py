@@ -19,8 +19,8 @@ import onnxruntime as ort
 from converters.context import unique_name
 from passes.model_io.external_data import ort_session_bytes
 from passes.model_io.graphs import module_path
-from passes.precision.rules import Island
 from passes.precision.types import LowType
+from passes.records import Island
 
 logger = logging.getLogger(__name__)
 

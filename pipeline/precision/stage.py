@@ -8,7 +8,7 @@ fp32. It reports islands with reasons, casts, the share of compute in the low ty
 ``precision_strict``) when that share is small.
 
 On ONNX Runtime's CPU provider a bfloat16 graph does not run and a float16 graph runs with roundings dropped (see
-:mod:`pipeline.precision.emulation`), so :func:`runnable_model` gives that backend the float32 emulation that rounds
+:mod:`pipeline.runtime.ort.half_emulation`), so :func:`runnable_model` gives that backend the float32 emulation that rounds
 at every half tensor, while ``module.onnx`` stays the real low-precision graph TensorRT builds.
 """
 
@@ -26,22 +26,22 @@ import onnxruntime as ort
 import torch
 
 from converters.errors import ConversionError, InputError
-from passes import GraphPass, PassManager, PassRecord, RemoveDeadNodes, TopologicalSort, to_graph, to_model
+from passes import GraphPass, PassManager, RemoveDeadNodes, TopologicalSort, to_graph, to_model
 from passes.model_io.external_data import check_model, ort_session_bytes, weights_dir
-from passes.precision.convert import ConvertPrecision, Island, plan_precision
+from passes.precision.convert import ConvertPrecision, plan_precision
 from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
-from pipeline.compare.anchoring import anchored_per_input
+from passes.records import Island, PassRecord
+from pipeline.accuracy.anchoring import anchored_per_input
 from pipeline.exporting.stage import ExportedGraph
-from pipeline.module.io_spec import IOSpec, TensorSpec, normalise_sample
 from pipeline.precision.buildable import BuilderGate
-from pipeline.precision.emulation import emulate_low_precision, has_low_precision
 from pipeline.precision.measure import measured_islands, session_feed
-from pipeline.precision.report import SEARCH_TARGET, PrecisionReport, SearchSummary, judge_share
+from pipeline.precision.report import judge_share
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
 from pipeline.precision.share import ComputeShare, compute_share
 from pipeline.progress import progress, quiet_info
-from pipeline.quantize.emulation import emulate_fp4, emulate_fp8, has_fp4, has_fp8, has_int8_weights
-from pipeline.quantize.ort_int8 import ort_int8_graph
+from pipeline.runtime.io_spec import IOSpec, TensorSpec, normalise_sample
+from pipeline.runtime.ort.session_graph import emulated_on_cpu, runnable_model  # noqa: F401 -- moved
+from pipeline.runtime.reports.precision import SEARCH_TARGET, PrecisionReport, SearchSummary
 from pipeline.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from pipeline.validation.stage import Feed, ScreeningTorchRunner, TorchRunner, validation_feeds
 
@@ -83,26 +83,8 @@ def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> 
     return tuple(p for p in passes if not isinstance(p, ConvertPrecision))
 
 
-def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> onnx.ModelProto:
-    """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, an
-    FP8 or NVFP4 graph's exact emulation (:mod:`pipeline.quantize.emulation`), and an INT8 graph rewritten so that
-    more of it runs in integer kernels (:mod:`pipeline.quantize.ort_int8`: the same quantization, plus the recorded
-    convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``)."""
-    if backend == "onnxruntime" and has_fp4(model):
-        model = emulate_fp4(model)  # NVFP4: no FP4 kernel on ONNX Runtime
-    if backend == "onnxruntime" and has_fp8(model):
-        model = emulate_fp8(model)
-    if backend == "onnxruntime" and has_int8_weights(model):
-        model = ort_int8_graph(model, settings.ort_int8_conv_outputs)  # more of it in integer kernels
-    if backend == "onnxruntime" and emulated_on_cpu(model, settings):
-        return emulate_low_precision(model)
-    return model
 
 
-def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
-    """Does ONNX Runtime run this half graph through the float32 emulation (CPU provider only)?"""
-    cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
-    return settings.precision != "fp32" and cpu_only and has_low_precision(model)
 
 
 def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None, settings: Settings) -> list[Feed]:
@@ -160,10 +142,10 @@ def error_ratio(
     references: Sequence[dict[str, np.ndarray]],
     tolerances: dict[str, Tolerance] | Sequence[dict[str, Tolerance]],
 ) -> float:
-    """The worst :func:`pipeline.compare.stats.tolerance_ratio` over every output and input: at most 1 passes (the
+    """The worst :func:`pipeline.accuracy.stats.tolerance_ratio` over every output and input: at most 1 passes (the
     validation rule, magnitude-relative for float16/bfloat16); inf or NaN where PyTorch is finite is inf.
     ``tolerances`` is one mapping for every input, or one per input (the anchored rule's)."""
-    from pipeline.compare.stats import tolerance_ratio
+    from pipeline.accuracy.stats import tolerance_ratio
 
     per_input = [tolerances] * len(outputs) if isinstance(tolerances, dict) else list(tolerances)
     worst = 0.0

@@ -20,15 +20,16 @@ import onnxruntime as ort
 from passes import to_graph, to_model
 from passes.model_io.external_data import ort_session_bytes
 from passes.quantize.formats import QuantFormat
-from passes.quantize.insert import QuantizedOp, quantize_graph
+from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import Target
 from passes.quantize.residual import plan_residuals
+from passes.records import QuantizedOp
 from pipeline.precision.measure import Feed, session_feed
 from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
-from pipeline.precision.stage import runnable_model
-from pipeline.quantize.ort_int4 import configure_int4
-from pipeline.quantize.ort_int8 import disabled_optimizers
 from pipeline.quantize.tolerance import error_bound
+from pipeline.runtime.ort.int4 import configure_int4
+from pipeline.runtime.ort.int8 import disabled_optimizers
+from pipeline.runtime.ort.session_graph import runnable_model
 from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -26,23 +26,25 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import ConversionError
-from passes import GraphPass, PassRecord, to_graph
+from passes import GraphPass, to_graph
 from passes.model_io.external_data import check_model
 from passes.precision.types import LOW_TYPES
 from passes.quantize.formats import FORMATS, QuantFormat
-from passes.quantize.placement import QUANTIZED_OPS, Skipped, Target, plan_targets
+from passes.quantize.placement import QUANTIZED_OPS, Target, plan_targets
 from passes.quantize.residual import plan_residuals
+from passes.records import PassRecord, Skipped
 from pipeline.exporting.stage import ExportedGraph
-from pipeline.module.io_spec import normalise_sample
 from pipeline.precision.measure import Feed
-from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
 from pipeline.precision.stage import calibration_feeds, convert_precision, screened_references
 from pipeline.quantize.calibrate import calibrate, method_for
-from pipeline.quantize.ort_int8 import record_conv_output_ranges, requantize_conv_outputs
-from pipeline.quantize.report import QuantizationReport, judge_cpu_fallback, judge_quantized_share
+from pipeline.quantize.report import judge_cpu_fallback, judge_quantized_share
 from pipeline.quantize.search import QuantizedGraphs, SearchResult, measure_errors, relative_error
 from pipeline.quantize.tolerance import describe, error_bound, output_tolerances
+from pipeline.runtime.io_spec import normalise_sample
+from pipeline.runtime.ort.int8 import record_conv_output_ranges, requantize_conv_outputs
+from pipeline.runtime.reports.precision import PrecisionReport
+from pipeline.runtime.reports.quantization import QuantizationReport
 from pipeline.settings import Settings, Tolerance
 from pipeline.validation.stage import validation_feeds
 
@@ -161,7 +163,7 @@ def quantize_precision(
 
 def _residual_conv_outputs(fp32_graph: gs.Graph, targets: Sequence[Target]) -> list[str]:
     """The float32 outputs of the planned convolutions that are read by Adds only (TensorRT fuses the residual Add
-    and keeps them float; ONNX Runtime's session requantizes them: :mod:`pipeline.quantize.ort_int8`, rewrite 0)."""
+    and keeps them float; ONNX Runtime's session requantizes them: :mod:`pipeline.runtime.ort.int8`, rewrite 0)."""
     planned = {t.node for t in targets if t.op == "Conv"}
     return [
         node.outputs[0].name
@@ -197,7 +199,7 @@ def _backend_name(settings: Settings) -> str:
     ``backend="auto"`` where TensorRT cannot run), else the requested name."""
     if settings.backend not in ("auto", "onnxruntime"):
         return settings.backend
-    from pipeline.backends import select_backend
+    from pipeline.runtime.executors import select_backend
 
     return select_backend(settings.backend, settings).name
 

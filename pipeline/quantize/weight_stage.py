@@ -29,24 +29,25 @@ import onnx_graphsurgeon as gs
 import torch
 
 from converters.errors import InputError
-from passes import GraphPass, PassRecord, to_graph, to_model
+from passes import GraphPass, to_graph, to_model
 from passes.precision.types import LOW_TYPES
 from passes.quantize.blockwise import BLOCK_FORMATS, BlockFormat
 from passes.quantize.dynamic_fp4 import activation_scale, quantizable, quantize_activations
 from passes.quantize.embeddings import Table, find_tables, quantize_tables
-from passes.quantize.insert import QuantizedOp
-from passes.quantize.placement import Skipped, Target, plan_targets
+from passes.quantize.placement import Target, plan_targets
 from passes.quantize.weight_only import blockable, quantize_weights, weight_matrix
+from passes.records import PassRecord, QuantizedOp, Skipped
 from pipeline.exporting.stage import ExportedGraph
 from pipeline.precision.measure import observe
-from pipeline.precision.report import PrecisionReport
 from pipeline.precision.share import compute_share
 from pipeline.precision.stage import calibration_feeds, convert_precision, screened_references
 from pipeline.quantize.awq import awq, sample_tokens
-from pipeline.quantize.report import QuantizationReport, judge_quantized_share
+from pipeline.quantize.report import judge_quantized_share
 from pipeline.quantize.search import measure_errors
 from pipeline.quantize.stage import measured_envelope
 from pipeline.quantize.tolerance import ENVELOPE_MARGIN
+from pipeline.runtime.reports.precision import PrecisionReport
+from pipeline.runtime.reports.quantization import QuantizationReport
 from pipeline.settings import Settings
 
 #: The opset 4-bit graphs export at: blocked DequantizeLinear needs 21. NVFP4's FLOAT4E2M1 needs 23, but at 23 the

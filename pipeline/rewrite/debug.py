@@ -17,12 +17,12 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from converters.errors import ConversionError
-from passes.base import PassRecord
 from passes.model_io.external_data import ort_session_bytes
 from passes.model_io.graphs import NodeMetadata, to_model
-from pipeline.backends.plugin_runtime import prepare_onnxruntime
-from pipeline.module.io_spec import IOSpec
+from passes.records import PassRecord
 from pipeline.precision.buildable import build_error, rtx_available
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.plugins import prepare_onnxruntime
 from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)

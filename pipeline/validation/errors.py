@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import onnx
 
 from converters.errors import AccuracyError
-from pipeline.compare.anchor import NO_ANCHOR
+from pipeline.accuracy.anchor import NO_ANCHOR
 
 if TYPE_CHECKING:
-    from pipeline.validation.stage import AccuracyReport
+    from pipeline.runtime.reports.accuracy import AccuracyReport
 
 
 def output_origins(model: onnx.ModelProto) -> dict[str, str]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from pipeline.runtime.reports.accuracy import DroppedInput
 
 logger = logging.getLogger(__name__)
 
@@ -34,21 +35,6 @@ class AheadRunner(Protocol):
         """Polygraphy's input metadata of the runner."""
 
 
-@dataclass(frozen=True)
-class DroppedInput:
-    """A drawn validation input PyTorch itself refused, left out of the comparison: its index among the
-    validation inputs (0 is the sample), the torch function that raised (its innermost public Python function, else
-    the ATen op, ``"aten.op.overload"``; ``""`` when not known) and why."""
-
-    index: int
-    function: str
-    reason: str
-
-    def summary(self) -> str:
-        """One line: which input, where PyTorch raised, and what it said."""
-        kind = "ATen op" if self.function.startswith(("aten.", "prims.")) else "torch function"
-        where = f" in {kind} {self.function!r}" if self.function else ""
-        return f"input {self.index} dropped: PyTorch raised{where}: {self.reason}"
 
 
 class ScreenedFeeds:

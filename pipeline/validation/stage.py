@@ -8,8 +8,8 @@ so). With dynamic dimensions, one more input at every dimension's ``min`` and on
 
 A drawn input that PyTorch itself still refuses is dropped, with a WARNING and in the report
 (:attr:`AccuracyReport.dropped`): validation goes on with the others. The sample refused is an InputError.
-Outputs that depend on random nodes are judged by distribution (:mod:`pipeline.compare.distribution`), outputs
-that are uninitialised memory by shape and dtype (:mod:`pipeline.compare.uninitialised`).
+Outputs that depend on random nodes are judged by distribution (:mod:`pipeline.accuracy.distribution`), outputs
+that are uninitialised memory by shape and dtype (:mod:`pipeline.accuracy.uninitialised`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -29,9 +28,9 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.logger import G_LOGGER
 
 from converters.errors import AccuracyError, BuildError, InputError, PipelineError
-from pipeline.compare.anchoring import Anchoring
-from pipeline.compare.distribution import DistributionStats, random_outputs
-from pipeline.compare.stats import (
+from pipeline.accuracy.anchoring import Anchoring
+from pipeline.accuracy.distribution import DistributionStats, random_outputs
+from pipeline.accuracy.stats import (
     RULE,
     Accumulator,
     ErrorAccumulator,
@@ -40,115 +39,22 @@ from pipeline.compare.stats import (
     accumulator,
     judgement,
 )
-from pipeline.compare.uninitialised import RULE as UNINITIALISED_RULE
-from pipeline.compare.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
-from pipeline.module.io_spec import IOSpec
+from pipeline.accuracy.uninitialised import RULE as UNINITIALISED_RULE
+from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.reports.accuracy import AccuracyReport, OutputAccuracy
 from pipeline.settings import DEFAULT_TOLERANCES, Settings
-from pipeline.validation.decoding import DecodingAccuracy
 from pipeline.validation.draws import draw_like, properties
 from pipeline.validation.errors import output_origins, raise_accuracy_error
-from pipeline.validation.screening import DroppedInput, ScreenedFeeds, torch_function
+from pipeline.validation.screening import ScreenedFeeds, torch_function
 
 logger = logging.getLogger(__name__)
 
 Feed = dict[str, np.ndarray]
 
 
-@dataclass(frozen=True)
-class OutputAccuracy:
-    """The worst error of one output over all validation inputs, and the rule it was judged by.
-
-    ``computed_in`` is the type the graph computes the output in, whose tolerance judged it; ``outside`` counts
-    the elements outside the rule (NaN on one side only among them); ``note`` says why the rule or tolerance is
-    not the plain one (a random output judged by distribution, a float64 output judged as float32, ...)."""
-
-    name: str
-    dtype: str
-    max_abs: float
-    max_rel: float
-    mean_abs: float
-    atol: float
-    rtol: float
-    passed: bool
-    computed_in: str = ""
-    elements: int = 0
-    outside: int = 0
-    note: str = ""
-    #: the magnitude-relative rule of low precision (0: none): atol grows to rms_atol * RMS(torch) (the largest
-    #: atol so used is atol_used), and RMS(error) / RMS(torch) (worst: relative_rms) must stay <= rms
-    rms_atol: float = 0.0
-    rms: float = 0.0
-    atol_used: float = 0.0
-    relative_rms: float = 0.0
-    rms_failed: int = 0
-
-    def summary(self) -> str:
-        """One line: the figures and the verdict, consistent with each other."""
-        if self.note.startswith(("random", "uninitialised")):
-            return f"{self.name}: {'ok' if self.passed else 'FAIL'}, {self.note}"
-        atol = f"atol {self.atol:g}"
-        if self.atol_used > self.atol and not self.rms_atol:  # widened by the anchored rule on some input
-            atol += f", anchored up to {self.atol_used:.3g}"
-        if self.rms_atol:
-            atol = f"atol max({self.atol:g}, {self.rms_atol:g} x RMS) = {self.atol_used:.3g}"
-        text = (
-            f"{self.name}: max abs {self.max_abs:.3g} ({atol}), max rel {self.max_rel:.3g} (rtol "
-            f"{self.rtol:g}): {self.outside} of {self.elements} elements outside"
-        )
-        if self.rms:
-            text += (
-                f"; RMS error {self.relative_rms:.3g} x RMS (rms {self.rms:g}): beyond on {self.rms_failed} input(s)"
-            )
-        return text + (f" [{self.note}]" if self.note else "")
 
 
-@dataclass(frozen=True)
-class AccuracyReport:
-    """The validation stage's result: how many inputs were compared, each output's figures, and the rule;
-    ``dropped`` lists the drawn inputs PyTorch refused, which were not compared (``inputs`` does not count them)."""
-
-    inputs: int
-    outputs: tuple[OutputAccuracy, ...]
-    rule: str = RULE
-    dropped: tuple[DroppedInput, ...] = ()
-    #: a generation conversion's whole decodings against the model's own cached generate (per-step logits)
-    decoding: DecodingAccuracy | None = None
-
-    @property
-    def passed(self) -> bool:
-        """Every output within its tolerance on every input (and every decoding step, for a generation step)."""
-        return all(o.passed for o in self.outputs) and (self.decoding is None or self.decoding.passed)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (``report.json``, the artifact's metadata)."""
-        return {
-            "inputs": self.inputs,
-            "rule": self.rule,
-            "outputs": [asdict(o) for o in self.outputs],
-            "dropped": [asdict(d) for d in self.dropped],
-            "decoding": None if self.decoding is None else self.decoding.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AccuracyReport:
-        """A report from :meth:`to_dict` data (data saved before ``dropped`` existed has none)."""
-        return cls(
-            inputs=int(data["inputs"]),
-            outputs=tuple(OutputAccuracy(**o) for o in data["outputs"]),
-            rule=data["rule"],
-            dropped=tuple(DroppedInput(**d) for d in data.get("dropped", ())),
-            decoding=DecodingAccuracy.from_dict(data["decoding"]) if data.get("decoding") else None,
-        )
-
-    def dropped_lines(self) -> list[str]:
-        """The summary's lines about dropped inputs: none when every drawn input was compared."""
-        if not self.dropped:
-            return []
-        head = (
-            f"          {len(self.dropped)} drawn input(s) dropped: PyTorch itself refused them "
-            "(report.accuracy.dropped)"
-        )
-        return [head, *(f"          {d.summary()}" for d in self.dropped)]
 
 
 class TorchRunner(BaseRunner):
@@ -263,7 +169,7 @@ def validate(
     ``io`` is the model's; ``backend_io`` the backend's when its types differ (``precision_io="low"``): ``feeds``
     are then in the backend's types, PyTorch gets the same values in the model's (Polygraphy casts each feed to a
     runner's input metadata), and half outputs are compared as float32. Each output is judged by
-    :func:`pipeline.compare.stats.judgement` (the tolerance of the type the graph computes it in); outputs that
+    :func:`pipeline.accuracy.stats.judgement` (the tolerance of the type the graph computes it in); outputs that
     depend on random nodes of ``graph`` (the graph the backend runs) by their distribution; outputs ``graph``
     records as uninitialised memory by shape and dtype. The first ``given`` feeds are the user's (the sample):
     PyTorch refusing one is an InputError; a drawn feed it refuses is dropped, logged as a WARNING and listed in
@@ -411,7 +317,7 @@ def _summarise(
     spec: Any, judged: Judgement, stats: ErrorStats | DistributionStats | ShapeStats, anchored: str = ""
 ) -> OutputAccuracy:
     """One output's figures from its statistics: the verdict is the statistics' own, so they agree; ``anchored``
-    says how the anchored rule judged it (:mod:`pipeline.compare.anchor`)."""
+    says how the anchored rule judged it (:mod:`pipeline.accuracy.anchor`)."""
     tolerance = judged.tolerance
     if isinstance(stats, DistributionStats | ShapeStats):
         nan = float("nan")

@@ -24,7 +24,7 @@ import converters
 import pipeline
 from converters.plugins import shapes as plugin_shapes
 from converters.plugins.spec import plugin_spec
-from pipeline.backends import plugin_runtime
+from pipeline.runtime import plugins as plugin_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 

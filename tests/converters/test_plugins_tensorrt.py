@@ -30,7 +30,7 @@ import tensorrt as trt
 import tensorrt.plugin as trtp
 import tensorrt.plugin._lib as qdp
 import converters
-from pipeline.backends import plugin_runtime
+from pipeline.runtime import plugins as plugin_runtime
 
 
 @torch.library.custom_op("trtcheck::topk_keep", mutates_args=())

@@ -19,7 +19,7 @@ from rtx_build import rtx_build_error
 
 from converters.settings import Settings
 from passes import PassManager, default_passes, to_graph, to_model
-from pipeline.precision.emulation import emulate_low_precision
+from pipeline.runtime.ort.half_emulation import emulate_low_precision
 
 EXAMPLES = 200
 PROFILE = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

@@ -17,7 +17,7 @@ from rtx_build import rtx_build_error
 from converters.settings import Settings
 from passes import to_graph, to_model
 from passes.precision.convert import ConvertPrecision, plan_precision
-from pipeline.precision.emulation import emulate_low_precision
+from pipeline.runtime.ort.half_emulation import emulate_low_precision
 
 RNG = np.random.default_rng(0)
 HEADS, SEQ, DIM = 2, 8, 16

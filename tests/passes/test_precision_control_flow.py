@@ -21,7 +21,7 @@ from converters.settings import Settings
 from passes import to_graph, to_model
 from passes.precision.control_flow import outer_references
 from passes.precision.convert import ConvertPrecision, plan_precision
-from pipeline.precision.emulation import emulate_low_precision
+from pipeline.runtime.ort.half_emulation import emulate_low_precision
 
 LOW = {"fp16": T.FLOAT16, "bf16": T.BFLOAT16}
 RNG = np.random.default_rng(16)

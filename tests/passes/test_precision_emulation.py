@@ -10,7 +10,7 @@ import onnxruntime as ort
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-from pipeline.precision.emulation import emulate_low_precision, has_low_precision
+from pipeline.runtime.ort.half_emulation import emulate_low_precision, has_low_precision
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:

@@ -13,8 +13,9 @@ from onnx import helper, numpy_helper
 
 from converters.settings import Settings
 from passes import PassManager, TopologicalSort, to_graph, to_model
-from passes.precision.convert import ConvertPrecision, Island, plan_precision
-from pipeline.precision.emulation import emulate_low_precision
+from passes.precision.convert import ConvertPrecision, plan_precision
+from passes.records import Island
+from pipeline.runtime.ort.half_emulation import emulate_low_precision
 
 RNG = np.random.default_rng(0)
 
@@ -66,8 +67,8 @@ def op_types(source: onnx.ModelProto) -> list[str]:
 
 
 def trt_rejects(source: onnx.ModelProto) -> list[str]:
-    """The static TensorRT parser check (pipeline.check.static) on the final graph."""
-    from pipeline.check.static import check
+    """The static TensorRT parser check (pipeline.compatibility.static) on the final graph."""
+    from pipeline.compatibility.static import check
 
     return [f"{p.op} {p.node}: {p.reason}" for p in check(source).problems]
 

@@ -9,7 +9,7 @@ from passes.precision.types import LOW_TYPES, TRT_FLOAT_OPS, TRT_NO_BF16, TRT_NO
 
 
 def matrix() -> dict[str, set[str]]:
-    with resources.files("pipeline.check.data").joinpath("trt_onnx_ops.csv").open(encoding="utf-8") as handle:
+    with resources.files("pipeline.compatibility.data").joinpath("trt_onnx_ops.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     return {r["op"]: set(r["types"].split(";")) for r in rows if r["supported"] == "Y"}
 

@@ -19,7 +19,7 @@ from passes import to_graph, to_model
 from passes.quantize.blockwise import BLOCK_FORMATS, dequantize, fake_quantize, quantize_int4, quantize_nvfp4
 from passes.quantize.placement import plan_targets
 from passes.quantize.weight_only import blockable, quantize_weights
-from pipeline.quantize.emulation import emulate_fp4
+from pipeline.runtime.ort.emulation import emulate_fp4
 
 K, N = 256, 96
 

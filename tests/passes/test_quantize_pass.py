@@ -20,7 +20,7 @@ from passes.quantize.placement import plan_targets
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     """``model`` on ONNX Runtime's reference kernels (no fusion: the graph's own values, whatever this CPU's integer
-    kernels do; the session graph the backend runs is :mod:`pipeline.quantize.ort_int8`'s)."""
+    kernels do; the session graph the backend runs is :mod:`pipeline.runtime.ort.int8`'s)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

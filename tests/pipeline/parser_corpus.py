@@ -1,5 +1,5 @@
 """Single-op ONNX graphs on which the static parser table and a real parser are compared (tests/pipeline/
-test_real_parser.py): one graph per rule of ``pipeline/check/rules.py``, on both sides of it, and ops the table
+test_real_parser.py): one graph per rule of ``pipeline/compatibility/rules.py``, on both sides of it, and ops the table
 marks unsupported. Each graph's one node of interest is named ``n``."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
 from pipeline.cli.bench import time_interleaved
+from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
 SPINNING = "session.intra_op.allow_spinning"

@@ -171,7 +171,7 @@ def test_generator_of_samples_with_random_inputs(converted: tuple[Net, pipeline.
         yield sample(5, batch=4)
         yield sample(6, batch=4)
 
-    report = module.compare(model, samples(), random_inputs=1, backends=["onnxruntime"])
+    report = pipeline.compare(model, samples(), random_inputs=1, backends=["onnxruntime"], module=module)
     assert report.inputs == 3 and report.input_source.startswith("2 given samples and 1 seeded")
 
 
@@ -180,7 +180,7 @@ def test_generator_of_samples_with_random_inputs(converted: tuple[Net, pipeline.
 
 def test_converted_module_compare_names_blocks_3(converted: tuple[Net, pipeline.ConvertedModule]) -> None:
     model, module = converted
-    report = module.compare(model, sample(1), per_layer=True, random_inputs=1)
+    report = pipeline.compare(model, sample(1), per_layer=True, random_inputs=1, module=module)
     assert report.first_divergence is not None and report.first_divergence.layer.module == "blocks.3"
     skipped = {r.name: r.skipped for r in report.runners}
     assert "does not keep the exported graph" in (skipped["onnxruntime-exported"] or "")
@@ -190,8 +190,8 @@ def test_small_memory_budget_observes_in_chunks_with_the_same_result(
     converted: tuple[Net, pipeline.ConvertedModule],
 ) -> None:
     model, module = converted
-    whole = module.compare(model, sample(2), per_layer=True, random_inputs=0)
-    chunked = module.compare(model, sample(2), per_layer=True, random_inputs=0, memory_budget=600)
+    whole = pipeline.compare(model, sample(2), per_layer=True, random_inputs=0, module=module)
+    chunked = pipeline.compare(model, sample(2), per_layer=True, random_inputs=0, memory_budget=600, module=module)
     assert whole.layers is not None and chunked.layers is not None
     assert whole.layers.chunks == 1 and chunked.layers.chunks >= 5
     assert [(x.module, x.stats.max_abs) for x in whole.layers.layers] == [
@@ -204,7 +204,7 @@ def test_tolerance_by_module_path_moves_the_first_divergence(
     converted: tuple[Net, pipeline.ConvertedModule],
 ) -> None:
     model, module = converted
-    report = module.compare(model, sample(3), per_layer=True, random_inputs=0, tolerances={"blocks.3": (1.0, 1.0)})
+    report = pipeline.compare(model, sample(3), per_layer=True, random_inputs=0, tolerances={"blocks.3": (1.0, 1.0)}, module=module)
     assert report.first_divergence is not None and report.first_divergence.layer.module == "blocks.4.lin"
 
 
@@ -225,10 +225,10 @@ def test_bad_options_are_clear_errors(
 ) -> None:
     model, module = converted
     with pytest.raises(error, match=text):
-        module.compare(model, sample(), **options)
+        pipeline.compare(model, sample(), **options, module=module)
 
 
 def test_empty_iterable_is_an_input_error(converted: tuple[Net, pipeline.ConvertedModule]) -> None:
     model, module = converted
     with pytest.raises(InputError, match="empty"):
-        module.compare(model, [])
+        pipeline.compare(model, [], module=module)

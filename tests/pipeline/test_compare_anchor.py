@@ -14,8 +14,8 @@ from torch import nn
 
 import pipeline
 from converters.settings import DEFAULT_TOLERANCES
-from pipeline.compare.anchor import FACTORS, PrecisionMode, anchored_tolerance
-from pipeline.compare.stats import RMS_MIN_ELEMENTS, ErrorAccumulator, tolerance_ratio
+from pipeline.accuracy.anchor import FACTORS, PrecisionMode, anchored_tolerance
+from pipeline.accuracy.stats import RMS_MIN_ELEMENTS, ErrorAccumulator, tolerance_ratio
 
 FLOAT32, FLOAT16 = DEFAULT_TOLERANCES["float32"], DEFAULT_TOLERANCES["float16"]
 
@@ -89,7 +89,7 @@ def test_fp32_outputs_as_far_from_pytorch_as_pytorch_is_from_float64_pass(
 
 def test_fp32_planted_one_percent_error_fails(fp32: tuple[nn.Module, pipeline.ConvertedModule]) -> None:
     model, module = fp32
-    report = module.compare(one_percent_off(model, ("c", "d")), [sample()])
+    report = pipeline.compare(one_percent_off(model, ("c", "d")), [sample()], module=module)
     passed = {o.output: o.passed for o in report.outputs}
     assert passed == {"out_0": True, "out_1": False}
 
@@ -104,7 +104,7 @@ def test_a_model_that_cannot_run_in_float64_keeps_the_fixed_rule_and_says_why(
             return super().forward(x)
 
     torch.manual_seed(0)
-    report = fp32[1].compare(Float32Only(1000.0).eval(), [sample()])
+    report = pipeline.compare(Float32Only(1000.0).eval(), [sample()], module=fp32[1])
     assert not report.passed
     for output in report.outputs:
         assert not output.passed and "PyTorch cannot run the model in float64 (TypeError" in output.note
@@ -132,7 +132,7 @@ def test_fp16_outputs_within_pytorch_half_error_pass_and_a_planted_error_fails(
     assert module.report.precision is not None
     notes = module.report.precision.notes
     assert any("the fixed float16 tolerance fails on the calibration inputs" in n for n in notes)
-    report = module.compare(one_percent_off(model, ("c", "d")), [sample()])  # out_1: PyTorch's own is 0.2%
+    report = pipeline.compare(one_percent_off(model, ("c", "d")), [sample()], module=module)  # out_1: PyTorch's own is 0.2%
     assert {o.output: o.passed for o in report.outputs} == {"out_0": True, "out_1": False}
 
 

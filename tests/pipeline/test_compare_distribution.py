@@ -12,7 +12,7 @@ from onnx import helper
 from torch import nn
 
 import pipeline
-from pipeline.compare.distribution import DistributionAccumulator, ks_distance, random_outputs, random_tensors
+from pipeline.accuracy.distribution import DistributionAccumulator, ks_distance, random_outputs, random_tensors
 
 
 def _graph(

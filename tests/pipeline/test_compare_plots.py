@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import pipeline
-from pipeline.compare import plots
-from pipeline.compare.stats import HIST_BINS, HIST_EDGES
+from pipeline.accuracy.stats import HIST_BINS, HIST_EDGES
+from pipeline.comparison import plots
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("matplotlib")

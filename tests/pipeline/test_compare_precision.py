@@ -16,7 +16,7 @@ from torch import nn
 
 import pipeline
 from converters.settings import DEFAULT_TOLERANCES, Tolerance
-from pipeline.compare.stats import ErrorAccumulator, tolerance_ratio
+from pipeline.accuracy.stats import ErrorAccumulator, tolerance_ratio
 
 pytest.importorskip("transformers")
 
@@ -84,7 +84,7 @@ def test_a_one_percent_error_in_one_block_of_fp16_bert_fails(
     module = pipeline.convert(
         broken, bert_inputs(2, 16, seed=0), backend="onnxruntime", precision="fp16", validate=False
     )
-    report = module.compare(model, bert_inputs(2, 16, seed=1))
+    report = pipeline.compare(model, bert_inputs(2, 16, seed=1), module=module)
     hidden = next(o for o in report.outputs if o.output == "last_hidden_state")
     assert not hidden.passed and hidden.stats.relative_rms == pytest.approx(0.01, rel=0.2)  # type: ignore[union-attr]
     assert "RMS" in report.table()
@@ -92,7 +92,7 @@ def test_a_one_percent_error_in_one_block_of_fp16_bert_fails(
 
 def test_convert_compare_and_module_compare_judge_alike(fp16_bert: tuple[nn.Module, pipeline.ConvertedModule]) -> None:
     model, module = fp16_bert
-    by_module = module.compare(model, bert_inputs(2, 16, seed=0))
+    by_module = pipeline.compare(model, bert_inputs(2, 16, seed=0), module=module)
     assert by_module.passed
     assert all((o.atol, o.rtol, o.rms) == (FLOAT16.atol, FLOAT16.rtol, FLOAT16.rms) for o in by_module.outputs)
     assert all(o.computed_in == "float16" for o in by_module.outputs)

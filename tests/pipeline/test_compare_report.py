@@ -21,7 +21,7 @@ from torch import nn
 import pipeline
 from converters.context import ConverterContext
 from converters.registry import ConverterRegistry
-from pipeline.compare import plots
+from pipeline.comparison import plots
 
 ROOT = Path(__file__).resolve().parents[2]
 POLYGRAPHY = Path(sys.executable).parent / "polygraphy"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from converters.settings import Tolerance
-from pipeline.compare.stats import HIST_BINS, HIST_EDGES, ErrorAccumulator, cosine_similarity, error_histogram
+from pipeline.accuracy.stats import HIST_BINS, HIST_EDGES, ErrorAccumulator, cosine_similarity, error_histogram
 
 
 def test_statistics_and_the_rule() -> None:

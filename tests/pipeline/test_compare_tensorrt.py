@@ -11,9 +11,9 @@ import pytest
 from test_compare import make_net, sample, scaled_tanh_registry
 
 import pipeline
-from pipeline.backends.tensorrt.build import tensorrt_status
-from pipeline.compare.layers import LayerMatch, OnnxRuntimeLayers, chunk_matches
-from pipeline.compare.tensorrt_layers import FUSED, NOTE, split_markable
+from pipeline.comparison.layers import LayerMatch, OnnxRuntimeLayers, chunk_matches
+from pipeline.comparison.tensorrt_layers import FUSED, NOTE, split_markable
+from pipeline.runtime.tensorrt.identity import tensorrt_status
 
 
 def match(module: str, tensor: str, nbytes: int = 100) -> LayerMatch:
@@ -47,8 +47,8 @@ class FilteredOnnxRuntime(OnnxRuntimeLayers):
 
 
 def test_per_layer_with_fused_tensors_still_names_blocks_3_and_says_where_rows_come_from(tmp_path: Any) -> None:
-    from pipeline.compare.layers import compare_layers, match_modules, record_module_outputs
-    from pipeline.compare.runners import TorchReference
+    from pipeline.comparison.layers import compare_layers, match_modules, record_module_outputs
+    from pipeline.comparison.runners import TorchReference
 
     model = make_net()
     module = pipeline.convert(

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import pipeline
-from pipeline.compare.uninitialised import ShapeAccumulator, uninitialised_outputs
+from pipeline.accuracy.uninitialised import ShapeAccumulator, uninitialised_outputs
 
 
 class _Empties(nn.Module):

@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converters.errors import BuildError
 from converters.settings import Settings
-from pipeline.backends.tensorrt.build import build_options
 from pipeline.backends.tensorrt.engine_cache import EngineCache, cache_key, graph_digest
-from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.runtime.io_spec import IOSpec, TensorSpec
+from pipeline.runtime.tensorrt.identity import build_options
 
 DEVICE = {"tensorrt": "10.16.1.11", "compute_capability": "8.9"}
 

@@ -15,9 +15,9 @@ import torch
 import pipeline
 from converters.errors import BuildError, ConversionError, InputError
 from converters.settings import Settings
-from pipeline.backends.tensorrt.build import build_options
-from pipeline.backends.tensorrt.weights import weight_flag_names
-from pipeline.module.artifact import read_artifact
+from pipeline.runtime.artifact import read_artifact
+from pipeline.runtime.tensorrt.identity import build_options
+from pipeline.runtime.tensorrt.weights import weight_flag_names
 
 
 def mlp(seed: int, activation: type[torch.nn.Module] = torch.nn.ReLU) -> torch.nn.Module:
@@ -58,7 +58,7 @@ def test_weight_streaming_budget_below_minus_one_is_an_input_error() -> None:
 def test_options_become_flags_of_the_real_tensorrt_rtx_builder_config(on_onnxruntime: pipeline.ConvertedModule) -> None:
     trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra")
     from pipeline.backends.tensorrt.build import create_config, parse_onnx
-    from pipeline.backends.tensorrt.library import TENSORRT_RTX
+    from pipeline.runtime.tensorrt.library import TENSORRT_RTX
 
     cases = [
         ({}, []),
@@ -112,7 +112,7 @@ def test_refit_of_an_engine_not_built_refittable_is_a_build_error_naming_the_set
     on_rtx: pipeline.ConvertedModule,
 ) -> None:
     with pytest.raises(BuildError, match="not built refittable") as e:
-        on_rtx.refit(mlp(1))
+        pipeline.refit(on_rtx, mlp(1))
     assert "refittable=True" in str(e.value)
 
 
@@ -123,7 +123,7 @@ def test_tensorrt_rtx_without_a_gpu_refuses_refittable_and_stripped_builds_with_
     needs CUDA) and builds the same graph without them (``on_rtx``). Said as such, with what to do."""
     pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra")
     from pipeline.backends.tensorrt.build import build_engine
-    from pipeline.backends.tensorrt.library import TENSORRT_RTX
+    from pipeline.runtime.tensorrt.library import TENSORRT_RTX
 
     if torch.cuda.is_available():
         pytest.skip("with a CUDA device the builder builds them")
@@ -138,7 +138,7 @@ def test_refit_on_onnxruntime_matches_the_new_model_and_travels_in_the_artifact(
 ) -> None:
     module, new = on_onnxruntime, mlp(1)
     assert not torch.allclose(module(SAMPLE), new(SAMPLE), atol=1e-3)
-    assert module.refit(new) is module
+    assert pipeline.refit(module, new) is module
     torch.testing.assert_close(module(SAMPLE), new(SAMPLE), atol=1e-5, rtol=1e-4)
     assert module.report.accuracy is not None and module.report.accuracy.passed
     assert [name for name, _ in module.report.stages][-2:] == ["refit", "validate"]
@@ -146,18 +146,18 @@ def test_refit_on_onnxruntime_matches_the_new_model_and_travels_in_the_artifact(
     torch.testing.assert_close(loaded(SAMPLE), new(SAMPLE), atol=1e-5, rtol=1e-4)
     # a loaded module has neither the original model nor the sample
     with pytest.raises(InputError, match="needs a sample"):
-        loaded.refit(mlp(2))
+        pipeline.refit(loaded, mlp(2))
     with pytest.raises(InputError, match="the model it was converted from is gone"):
-        loaded.refit(mlp(2).state_dict())
+        pipeline.refit(loaded, mlp(2).state_dict())
     # a state dict is loaded into a copy of the converted model (the user's model is untouched)
     state = {name: value * 2 for name, value in mlp(3).state_dict().items()}
-    module.refit(state)
+    pipeline.refit(module, state)
     target = mlp(0)
     target.load_state_dict(state)
     torch.testing.assert_close(module(SAMPLE), target(SAMPLE), atol=1e-5, rtol=1e-4)
     assert torch.equal(original[0].weight, mlp(0)[0].weight)
     with pytest.raises(InputError, match="the state dict does not fit the converted model"):
-        module.refit({"0.weight": torch.zeros(32, 16)})
+        pipeline.refit(module, {"0.weight": torch.zeros(32, 16)})
 
 
 def test_refit_with_another_architecture_names_the_first_different_node(
@@ -165,13 +165,13 @@ def test_refit_with_another_architecture_names_the_first_different_node(
 ) -> None:
     before = on_onnxruntime(SAMPLE)
     with pytest.raises(ConversionError, match=r"differs from the converted one in more than its weights: node .*Relu"):
-        on_onnxruntime.refit(mlp(0, torch.nn.Tanh))
+        pipeline.refit(on_onnxruntime, mlp(0, torch.nn.Tanh))
     assert np.array_equal(on_onnxruntime(SAMPLE).numpy(), before.numpy())  # unchanged after a refused refit
 
 
 def test_refit_in_fp16_goes_through_the_precision_stage() -> None:
     module = pipeline.convert(mlp(0), SAMPLE, backend="onnxruntime", precision="fp16")
-    module.refit(mlp(4))
+    pipeline.refit(module, mlp(4))
     halves = [t for t in module.onnx.graph.initializer if t.data_type == 10]  # FLOAT16
     assert halves, "the new weights are float16, as the precision stage made the converted ones"
     assert module.report.accuracy is not None and module.report.accuracy.passed

@@ -234,7 +234,7 @@ def test_every_api_a_message_suggests_exists() -> None:
     names = suggested_names()
     # the three errors that tell users to write @converters.register('mylib::op'): export, lowering, parser check
     decorators = {file for file, _, name in names if name == "converters.register"}
-    assert {"pipeline/exporting/stage.py", "passes/lowering.py", "pipeline/check/static.py"} <= decorators
+    assert {"pipeline/exporting/stage.py", "passes/lowering.py", "pipeline/compatibility/static.py"} <= decorators
     assert [(file, line, name) for file, line, name in names if not resolves(name)] == []
 
 

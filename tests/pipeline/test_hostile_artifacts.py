@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import pipeline
-from pipeline.module.artifact import ArtifactVersionWarning
+from pipeline.runtime.artifact import ArtifactVersionWarning
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from pipeline.module import io_spec
+from pipeline.runtime import io_spec
 
 
 def forward(x: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor], *rest: torch.Tensor, mask=None, flag=True):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201

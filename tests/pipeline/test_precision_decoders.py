@@ -18,7 +18,7 @@ from rtx_build import assert_builds
 from torch import nn
 
 import pipeline
-from pipeline.compare.stats import tolerance_ratio
+from pipeline.accuracy.stats import tolerance_ratio
 
 pytest.importorskip("transformers")
 

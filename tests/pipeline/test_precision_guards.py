@@ -12,7 +12,7 @@ from rtx_build import assert_builds
 from torch import nn
 
 import pipeline
-from pipeline.compare.anchor import PrecisionMode
+from pipeline.accuracy.anchor import PrecisionMode
 
 
 class CosineAttention(nn.Module):

@@ -20,7 +20,7 @@ from torch import nn
 
 import pipeline
 from converters.errors import ConversionError
-from pipeline.check.static import check
+from pipeline.compatibility.static import check
 from pipeline.precision.report import load_keep_fp32
 
 transformers = pytest.importorskip("transformers")

@@ -15,8 +15,8 @@ import torch
 from quantize_support import accuracy, digits_task
 
 import pipeline
-from pipeline.precision.stage import runnable_model
-from pipeline.quantize.ort_int8 import disabled_optimizers
+from pipeline.runtime.ort.int8 import disabled_optimizers
+from pipeline.runtime.ort.session_graph import runnable_model
 
 DYNAMIC = {"x": {0: ("batch", 1, 64, 360)}}
 

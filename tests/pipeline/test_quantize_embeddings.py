@@ -23,7 +23,7 @@ from converters.settings import Settings
 from passes import to_graph, to_model
 from passes.quantize.blockwise import BLOCK_FORMATS, fake_quantize
 from passes.quantize.embeddings import find_tables, quantize_tables
-from pipeline.quantize.emulation import emulate_fp4
+from pipeline.runtime.ort.emulation import emulate_fp4
 
 VOCAB, WIDTH = 48, 64
 FOUR_BIT = (TensorProto.INT4, TensorProto.FLOAT4E2M1)

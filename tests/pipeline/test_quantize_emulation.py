@@ -1,4 +1,4 @@
-"""The FP8 emulation ONNX Runtime's CPU backend runs (pipeline/quantize/emulation.py) computes what ONNX Runtime's
+"""The FP8 emulation ONNX Runtime's CPU backend runs (pipeline/runtime/ort/emulation.py) computes what ONNX Runtime's
 own FP8 QuantizeLinear/DequantizeLinear kernels compute, bit for bit, with every graph optimization on; and the
 quantize settings are checked."""
 
@@ -16,7 +16,7 @@ from converters.settings import Settings
 from passes.quantize.formats import FORMATS
 from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import plan_targets
-from pipeline.quantize.emulation import emulate_fp8, fold_unfused_weights, has_fp8, has_int8_weights
+from pipeline.runtime.ort.emulation import emulate_fp8, fold_unfused_weights, has_fp8, has_int8_weights
 
 
 def run(model: onnx.ModelProto, x: np.ndarray, level: ort.GraphOptimizationLevel) -> list[np.ndarray]:

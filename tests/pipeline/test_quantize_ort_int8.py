@@ -1,4 +1,4 @@
-"""The INT8 graph ONNX Runtime's CPU backend runs (pipeline/quantize/ort_int8.py): its rewrites change no value (bit
+"""The INT8 graph ONNX Runtime's CPU backend runs (pipeline/runtime/ort/int8.py): its rewrites change no value (bit
 for bit on ONNX Runtime's reference kernels, saturation included), move Relu, MaxPool and convolutions into integer
 kernels, and never let ONNX Runtime requantize a float weight."""
 
@@ -21,8 +21,7 @@ from passes.quantize.formats import FORMATS
 from passes.quantize.insert import quantize_graph
 from passes.quantize.placement import plan_targets
 from passes.quantize.residual import plan_residuals
-from pipeline.quantize.integer_conv import integer_float_convs
-from pipeline.quantize.ort_int8 import (
+from pipeline.runtime.ort.int8 import (
     conv_output_ranges,
     disabled_optimizers,
     integer_relu_and_pool,
@@ -33,7 +32,8 @@ from pipeline.quantize.ort_int8 import (
     share_quantize,
     switch_to_uint8,
 )
-from pipeline.quantize.saturation import u8s8_saturates, unsigned_weights
+from pipeline.runtime.ort.integer_conv import integer_float_convs
+from pipeline.runtime.ort.saturation import u8s8_saturates, unsigned_weights
 
 PLAIN = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -19,9 +19,9 @@ from rtx_build import assert_builds
 
 import pipeline
 from converters.settings import Settings
-from pipeline.backends import EngineNotRunnableWarning
-from pipeline.precision.stage import runnable_model
-from pipeline.quantize.ort_int8 import disabled_optimizers
+from pipeline.runtime.executors import EngineNotRunnableWarning
+from pipeline.runtime.ort.int8 import disabled_optimizers
+from pipeline.runtime.ort.session_graph import runnable_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import cnn  # noqa: E402

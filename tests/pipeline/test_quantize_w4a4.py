@@ -1,6 +1,6 @@
 """NVFP4 activations (``precision="nvfp4", nvfp4_activations=True``, W4A4): the ``trt::TRT_FP4DynamicQuantize``
 chain ModelOpt writes (passes/quantize/dynamic_fp4.py), its exact ONNX Runtime emulation
-(pipeline/quantize/dynamic_emulation.py) against a numpy reference of the format on values that reach every FP4 code,
+(pipeline/runtime/ort/dynamic_emulation.py) against a numpy reference of the format on values that reach every FP4 code,
 the ties and the saturation, the real TensorRT-RTX builder for compute capability 12.0 (and its refusal for 8.9),
 and a small language model (its head tied to an NVFP4 embedding table) converted, validated and built."""
 
@@ -21,7 +21,7 @@ from converters.errors import InputError
 from converters.settings import Settings
 from passes import to_graph, to_model
 from passes.quantize.dynamic_fp4 import DYNAMIC_QUANTIZE, activation_scale, quantize_activations
-from pipeline.quantize.emulation import emulate_fp4
+from pipeline.runtime.ort.emulation import emulate_fp4
 
 WIDTH = 32
 

@@ -1,8 +1,8 @@
-"""The real parser as the judge (pipeline.check.judge, pipeline.check.real) and the static table calibrated against it.
+"""The real parser as the judge (pipeline.compatibility.judge, pipeline.compatibility.real) and the static table calibrated against it.
 
 Every graph of the corpus (single-op graphs of tests/pipeline/parser_corpus.py, the final graphs of test models) is
 judged by the static table and by TensorRT-RTX's real parser and builder; each disagreement must be recorded in
-pipeline/check/data/real_parser_calibration.csv with its reason, and each recorded one must still happen.
+pipeline/compatibility/data/real_parser_calibration.csv with its reason, and each recorded one must still happen.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from onnx_models import onnx_model
 from parser_corpus import CASES, resize
 
 import pipeline
-from pipeline.check.real import parse_with
+from pipeline.compatibility.real import parse_with
 
 trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra: pip install tensorrt-rtx")
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ RTX = f"TensorRT-RTX {trt.__version__} ONNX parser"
 
 
 def recorded() -> dict[str, dict[str, str]]:
-    with resources.files("pipeline.check.data").joinpath("real_parser_calibration.csv").open() as handle:
+    with resources.files("pipeline.compatibility.data").joinpath("real_parser_calibration.csv").open() as handle:
         return {row["case"]: row for row in csv.DictReader(handle)}
 
 

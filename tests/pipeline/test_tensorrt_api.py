@@ -372,9 +372,9 @@ def test_our_code_is_read_where_it_uses_tensorrt() -> None:
     files = {u.where.split(":")[0] for u in uses if not u.where.startswith("Polygraphy")}
     assert files == {
         "pipeline/backends/tensorrt/build.py",
-        "pipeline/backends/tensorrt/runtime.py",
-        "pipeline/backends/tensorrt/weights.py",
-        "pipeline/generation/trt_cache.py",  # the decoder step's cache buffers, aliased in place
+        "pipeline/runtime/tensorrt/runner.py",
+        "pipeline/runtime/tensorrt/weights.py",
+        "pipeline/runtime/generation/trt_cache.py",  # the decoder step's cache buffers, aliased in place
     }
     names = {u.name for u in uses}
     for expected in (
@@ -390,7 +390,7 @@ def test_our_code_is_read_where_it_uses_tensorrt() -> None:
         "IOutputAllocator.reallocate_output_async",
         "DataType.FP8",
         "NetworkDefinitionCreationFlag.STRONGLY_TYPED",  # through Polygraphy's CreateNetwork(strongly_typed=True)
-        "BuilderFlag.STRIP_PLAN",  # the engine options (pipeline.backends.tensorrt.weights)
+        "BuilderFlag.STRIP_PLAN",  # the engine options (pipeline.runtime.tensorrt.weights)
         "BuilderFlag.REFIT_IDENTICAL",
         "BuilderFlag.WEIGHT_STREAMING",
         "BuilderFlag.SPARSE_WEIGHTS",
@@ -444,8 +444,8 @@ def test_every_tensorrt_name_we_use_exists_in_tensorrt_rtx() -> None:
     uses = rtx_uses()
     assert {u.where.split(":")[0] for u in uses} >= {
         "pipeline/backends/tensorrt/build.py",
-        "pipeline/backends/tensorrt/runtime.py",
-        "pipeline/backends/tensorrt/rtx.py",
+        "pipeline/runtime/tensorrt/runner.py",
+        "pipeline/runtime/tensorrt/rtx.py",
     }
     names = tuple(sorted({(u.name, u.kind) for u in uses}))
     done = subprocess.run(

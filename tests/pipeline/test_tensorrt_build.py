@@ -18,15 +18,10 @@ from test_backends import SETUP, VERSIONS, prepare_trt_api
 
 from converters.errors import BuildError
 from converters.settings import Settings
-from pipeline.backends.tensorrt.build import (
-    ParseFailure,
-    build_options,
-    engine_mismatch,
-    optimization_profile,
-    parse_error,
-    profile_shapes,
-)
-from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.backends.tensorrt.build import ParseFailure, parse_error
+from pipeline.runtime.io_spec import IOSpec, TensorSpec
+from pipeline.runtime.tensorrt.identity import build_options, engine_mismatch
+from pipeline.runtime.tensorrt.profiles import optimization_profiles, profile_shapes
 
 
 def io_spec() -> IOSpec:
@@ -47,7 +42,7 @@ DYNAMIC = {"x": {0: ("batch", 1, 4, 16), 2: ("side", 32, 64, 128), 3: ("side", 3
 def test_profile_from_declared_dynamic_dims_only() -> None:
     shapes = profile_shapes(io_spec(), Settings(dynamic=DYNAMIC))
     assert shapes == {"x": ((1, 3, 32, 32), (4, 3, 64, 64), (16, 3, 128, 128))}
-    profile = optimization_profile(io_spec(), Settings(dynamic=DYNAMIC))
+    (profile,) = optimization_profiles(io_spec(), Settings(dynamic=DYNAMIC))
     assert (profile["x"].min, profile["x"].opt, profile["x"].max) == shapes["x"]
     assert list(profile.keys()) == ["x"]  # the static input keeps its own shape (Polygraphy fills it in)
     assert profile_shapes(io_spec(), Settings()) == {}
@@ -150,8 +145,8 @@ from pathlib import Path
 import torch
 from converters.settings import Settings
 from pipeline.backends.tensorrt.build import create_config
-from pipeline.backends.tensorrt.runtime import torch_dtype, trt_dtype
-from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.runtime.tensorrt.runner import torch_dtype, trt_dtype
+from pipeline.runtime.io_spec import IOSpec, TensorSpec
 
 io = IOSpec((TensorSpec("x", "float32", ("batch", 3, 8, 8)),), (TensorSpec("y", "float32", ("batch", 4)),),
             "", (), "", (), ())

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import pipeline
-from pipeline.backends.tensorrt.build import tensorrt_status
+from pipeline.runtime.tensorrt.identity import tensorrt_status
 
 AVAILABLE, WHY = tensorrt_status()
 pytestmark = [pytest.mark.tensorrt, pytest.mark.skipif(not AVAILABLE, reason=f"needs TensorRT and a CUDA GPU: {WHY}")]

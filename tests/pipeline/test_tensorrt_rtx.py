@@ -19,10 +19,11 @@ from onnx_models import onnx_model
 
 import pipeline
 from converters.settings import Settings
-from pipeline.backends import EngineNotRunnableWarning
-from pipeline.backends.tensorrt.build import build_engine, build_options, device_identity
-from pipeline.backends.tensorrt.library import TENSORRT_RTX, bind_polygraphy
-from pipeline.module.io_spec import IOSpec, TensorSpec
+from pipeline.backends.tensorrt.build import build_engine
+from pipeline.runtime.executors import EngineNotRunnableWarning
+from pipeline.runtime.io_spec import IOSpec, TensorSpec
+from pipeline.runtime.tensorrt.identity import build_options, device_identity
+from pipeline.runtime.tensorrt.library import TENSORRT_RTX, bind_polygraphy
 
 trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is in the dev extra: pip install tensorrt-rtx")
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +105,7 @@ def small_graph() -> tuple[onnx.ModelProto, IOSpec]:
 
 
 def test_engine_cache_is_keyed_on_library_version_and_targets(tmp_path: Path) -> None:
-    from pipeline.backends.tensorrt.executor import cached_engine
+    from pipeline.backends.tensorrt.build import cached_engine
 
     model, io = small_graph()
     default = Settings(backend="tensorrt-rtx", cache_dir=str(tmp_path))
@@ -123,8 +124,8 @@ def test_the_engine_cache_size_setting_bounds_the_cache_a_real_build_stores_into
 ) -> None:
     import logging
 
+    from pipeline.backends.tensorrt.build import cached_engine
     from pipeline.backends.tensorrt.engine_cache import EngineCache
-    from pipeline.backends.tensorrt.executor import cached_engine
 
     model, io = small_graph()
     stale = EngineCache(tmp_path).get_or_build("stale", lambda: b"an engine no one used for a while" * 100).path
@@ -239,7 +240,7 @@ def test_settings_become_the_real_tensorrt_rtx_builder_config(tf32: bool, target
 
 
 def test_auto_says_tensorrt_rtx_can_build_an_engine_here() -> None:
-    from pipeline.backends import select_backend
+    from pipeline.runtime.executors import select_backend
 
     choice = select_backend("auto")
     if choice.name != "onnxruntime":
@@ -255,12 +256,12 @@ def test_compare_and_bench_offer_tensorrt_rtx_and_say_what_ran(bert: Any) -> Non
 
     model, module, _ = bert
     sample = tiny_bert()[1]
-    report = module.compare(model, sample, random_inputs=0)
+    report = pipeline.compare(model, sample, random_inputs=0, module=module)
     rtx = next(r for r in report.runners if r.name == "tensorrt-rtx")
     assert rtx.skipped is not None and "can build the engine here but not run it: no CUDA device" in rtx.skipped
     assert "skipped     tensorrt-rtx: TensorRT-RTX" in report.table()
     with pytest.raises(pipeline.BuildError, match="cannot compare tensorrt-rtx: TensorRT-RTX .* not run it"):
-        module.compare(model, sample, backends=["tensorrt-rtx"], random_inputs=0)
+        pipeline.compare(model, sample, backends=["tensorrt-rtx"], random_inputs=0, module=module)
     for command in (["compare", "m.py:build", "-o", "out"], ["bench", "m.py:build"]):
         chosen = build_parser().parse_args([*command, "--backend", "tensorrt-rtx"]).backend
         assert chosen in ("tensorrt-rtx", ["tensorrt-rtx"])

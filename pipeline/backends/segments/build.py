@@ -22,9 +22,13 @@ import onnx
 
 from converters.errors import BuildError
 from converters.plugins.spec import plugin_nodes
-from pipeline.backends import Executor, build_executor
-from pipeline.backends.segments.executor import PlannedSegment, SegmentedExecutor
-from pipeline.backends.segments.partition import (
+from pipeline.backends import build_executor
+from pipeline.compatibility.static import CompatibilityReport
+from pipeline.runtime.executors import Executor
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.reports.segments import LeftOut, SegmentsReport, SegmentSummary
+from pipeline.runtime.segments.executor import PlannedSegment, SegmentedExecutor
+from pipeline.runtime.segments.partition import (
     ORT_SEGMENT,
     TENSORRT_SEGMENT,
     Segment,
@@ -32,11 +36,8 @@ from pipeline.backends.segments.partition import (
     partition,
     top_level_names,
 )
-from pipeline.backends.segments.report import LeftOut, SegmentsReport, SegmentSummary
-from pipeline.backends.segments.shapes import Observed, boundary_specs, observe
-from pipeline.backends.tensorrt.library import TrtLibrary, library_for
-from pipeline.check.static import CompatibilityReport
-from pipeline.module.io_spec import IOSpec
+from pipeline.runtime.segments.shapes import Observed, boundary_specs, observe
+from pipeline.runtime.tensorrt.library import TrtLibrary, library_for
 from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ def _build_parts(
     backend: str, final: onnx.ModelProto, plan: Sequence[PlannedSegment], settings: Settings, left: dict[int, LeftOut]
 ) -> tuple[list[Executor], list[str]]:
     """One executor per segment and, for TensorRT ones, how the engine came about (or why the build failed)."""
-    from pipeline.backends.onnxruntime import OnnxRuntimeExecutor
+    from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
     parts: list[Executor] = []
     statuses: list[str] = []

@@ -1,11 +1,11 @@
 """The TensorRT backends: the final graph parsed and built through Polygraphy's loaders, cached, and run.
 
 One build path serves NVIDIA TensorRT (``backend="tensorrt"``) and TensorRT-RTX (``backend="tensorrt-rtx"``): every
-function that touches the library takes a :class:`~pipeline.backends.tensorrt.library.TrtLibrary` (default: TensorRT)
+function that touches the library takes a :class:`~pipeline.runtime.tensorrt.library.TrtLibrary` (default: TensorRT)
 and imports its module. TensorRT-RTX builds ahead of time on a machine without a GPU; its engines run only on the
-GPUs it supports, elsewhere the same final graph runs on ONNX Runtime (``pipeline.backends.tensorrt.executor``).
+GPUs it supports, elsewhere the same final graph runs on ONNX Runtime (``pipeline.runtime.tensorrt.executor``).
 Parsing uses the library's own API; the builder config and the build go through Polygraphy's loaders, which serve
-one library per process (``pipeline.backends.tensorrt.library.bind_polygraphy``).
+one library per process (``pipeline.runtime.tensorrt.library.bind_polygraphy``).
 
 With NVIDIA TensorRT nothing here has run on this project's machines (no GPU); with TensorRT-RTX the parse and the
 build run here, in the tests. Every TensorRT name it uses is checked against the real TensorRT 10.16 and 11.4 and
@@ -21,31 +21,30 @@ it admits.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
-import torch
 
-from converters.errors import BuildError
+from converters.errors import ArtifactError, BuildError
 from converters.plugins.spec import plugin_nodes
 from passes.model_io.external_data import base_dir_of
-from pipeline.backends.tensorrt.library import (
+from pipeline.noise import third_party_shown
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.tensorrt.identity import build_options, device_identity
+from pipeline.runtime.tensorrt.library import (
     TENSORRT,
     TENSORRT_RTX,
     TrtLibrary,
     bind_polygraphy,
     rtx_plugin_error,
-    rtx_runtime_problem,
     rtx_targets,
 )
-from pipeline.backends.tensorrt.profiles import optimization_profiles
-from pipeline.module.io_spec import IOSpec
-from pipeline.noise import third_party_shown
+from pipeline.runtime.tensorrt.profiles import optimization_profiles
 from pipeline.settings import Settings
 
 if TYPE_CHECKING:
@@ -61,111 +60,18 @@ StaticCheck = Callable[[onnx.ModelProto], Mapping[str, str]]
 Shape = tuple[int, ...]
 
 
-def trt_major() -> int:
-    """TensorRT's major version; the one form of version check (see the module docstring)."""
-    import tensorrt as trt
-
-    return int(trt.__version__.split(".")[0])
 
 
-def tensorrt_status() -> tuple[bool, str]:
-    """Whether TensorRT can build and run here, and why (or why not)."""
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
-        return False, f"the tensorrt package does not import ({exc})"
-    version = getattr(trt, "__version__", "unknown")
-    if trt_major() < 10:
-        return False, f"tensorrt {version} is too old: this project supports TensorRT 10 and 11"
-    if not torch.cuda.is_available():
-        return False, f"tensorrt {version} imports but no CUDA device is present"
-    major, minor = torch.cuda.get_device_capability()
-    return True, f"tensorrt {version} with CUDA device {torch.cuda.get_device_name()} (sm_{major}{minor})"
 
 
-def engine_runtime_status(library: TrtLibrary, settings: Settings) -> tuple[bool, str]:
-    """Whether an engine of ``library`` built with ``settings`` can run here, and why (or why not)."""
-    if not library.rtx:
-        return tensorrt_status()
-    if not library.importable():
-        return False, f"the {library.module_name} package does not import"
-    version = library.version()
-    problem = rtx_runtime_problem(settings.trt_compute_capabilities)
-    if problem is not None:
-        return False, problem
-    major, minor = torch.cuda.get_device_capability()
-    return True, f"tensorrt_rtx {version} with CUDA device {torch.cuda.get_device_name()} (sm_{major}{minor})"
 
 
-def device_identity(library: TrtLibrary = TENSORRT, settings: Settings | None = None) -> dict[str, str]:
-    """What an engine is tied to: the library's version and the GPU compute capability it was built for (TensorRT:
-    this GPU's; TensorRT-RTX: the targets of ``settings.trt_compute_capabilities``, no GPU needed)."""
-    if library.rtx:
-        requested = settings.trt_compute_capabilities if settings is not None else ()
-        return {"tensorrt_rtx": library.version(), "compute_capability": ",".join(rtx_targets(requested))}
-    import tensorrt as trt
-
-    major, minor = torch.cuda.get_device_capability()
-    return {"tensorrt": trt.__version__, "compute_capability": f"{major}.{minor}"}
 
 
-def engine_mismatch(built_for: Mapping[str, str], here: Mapping[str, str], settings: Settings) -> str | None:
-    """Why an engine built for ``built_for`` cannot run on ``here`` (both from :func:`device_identity`); None if
-    it can. Version-compatible engines run on later releases of the same major; ``ampere_plus`` engines on any
-    GPU of compute capability 8.0 or later."""
-    built_trt, here_trt = built_for.get("tensorrt", "?"), here.get("tensorrt", "?")
-    if built_trt != here_trt and not (settings.trt_version_compatible and _later_same_major(built_trt, here_trt)):
-        return f"it was built with TensorRT {built_trt}; this machine has {here_trt}"
-    built_cc, here_cc = built_for.get("compute_capability", "?"), here.get("compute_capability", "?")
-    portable = settings.trt_hardware_compatibility == "ampere_plus" and _version(here_cc)[:1] >= (8,)
-    if built_cc != here_cc and not portable:
-        return f"it was built for GPU compute capability {built_cc}; this GPU has {here_cc}"
-    return None
 
 
-def profile_shapes(io: IOSpec, settings: Settings) -> dict[str, tuple[Shape, Shape, Shape]]:
-    """(min, opt, max) shapes of every input with a declared dynamic dimension; fixed axes keep their size."""
-    shapes = {}
-    for spec in io.inputs:
-        dims = settings.dims_of(spec.name)
-        if dims:
-            lo, opt, hi = (
-                tuple(getattr(dims[a], which) if a in dims else int(s) for a, s in enumerate(spec.shape))
-                for which in ("min", "opt", "max")
-            )
-            shapes[spec.name] = (lo, opt, hi)
-    return shapes
 
 
-def optimization_profile(io: IOSpec, settings: Settings) -> Any:
-    """One Polygraphy ``Profile`` from the declared dynamic dimensions (static inputs get their own shape)."""
-    from polygraphy.backend.trt import Profile
-
-    profile = Profile()
-    for name, (lo, opt, hi) in profile_shapes(io, settings).items():
-        profile.add(name, min=lo, opt=opt, max=hi)
-    return profile
-
-
-def build_options(io: IOSpec, settings: Settings) -> dict[str, Any]:
-    """Everything besides the graph that changes the engine: part of the engine cache key.
-
-    The optimization profile, and every setting marked ``engine=True`` on its field (``Settings.engine_settings``;
-    ``profiles`` among them, when the engine has several).
-    """
-    engine = {k: _jsonable(v) for k, v in settings.engine_settings().items()}
-    profile = {name: [list(s) for s in shapes] for name, shapes in profile_shapes(io, settings).items()}
-    # the budget is set at load; only whether the engine streams its weights is built in (and keyed on)
-    streaming = {"weight_streaming": True} if settings.weight_streaming_budget is not None else {}
-    return {"profile": profile, **engine, **streaming}
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, library: TrtLibrary = TENSORRT) -> Any:
@@ -201,10 +107,10 @@ def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, lib
 
 
 def with_weight_flags(config: Any, settings: Settings, library: TrtLibrary) -> Any:
-    """``config`` with the builder flags of the weight options (``pipeline.backends.tensorrt.weights``), if any."""
+    """``config`` with the builder flags of the weight options (``pipeline.runtime.tensorrt.weights``), if any."""
     from polygraphy.backend.trt import PostprocessConfig
 
-    from pipeline.backends.tensorrt.weights import set_weight_flags, weight_flag_names
+    from pipeline.runtime.tensorrt.weights import set_weight_flags, weight_flag_names
 
     if not weight_flag_names(settings):
         return config
@@ -303,12 +209,12 @@ def parse_onnx(
     Polygraphy's ``NetworkFromOnnxBytes`` turns the parser's errors into log lines and a generic exception, so
     the parse is done here, with the library's own API, to report each failing node; no Polygraphy loader is used,
     so parsing serves TensorRT and TensorRT-RTX in one process (building binds Polygraphy to one, see
-    ``pipeline.backends.tensorrt.library``). ``base_dir`` is where external weights live, if the graph has any
+    ``pipeline.runtime.tensorrt.library``). ``base_dir`` is where external weights live, if the graph has any
     (default: the pipeline's weights directory). Plugin nodes given to TensorRT-RTX are a BuildError ``for_build``;
     otherwise its parser judges them (it finds no plugin creator).
     """
     tensorrt = library.import_module()
-    from pipeline.backends.plugin_runtime import register_tensorrt_plugins
+    from pipeline.runtime.plugins import register_tensorrt_plugins
 
     plugins = plugin_nodes(model)
     if plugins and library.rtx and for_build:
@@ -398,7 +304,7 @@ def engine_from_network(
             network, config, save_timing_cache=None if timing_cache is None else str(timing_cache)
         )()
     except Exception as exc:
-        from pipeline.backends.tensorrt.weights import refit_build_error
+        from pipeline.runtime.tensorrt.weights import refit_build_error
 
         refusal = refit_build_error(settings, library)
         if refusal is not None:
@@ -467,10 +373,45 @@ class MarkedOutputEngines:
         return engine_from_network(self._parsed, self.io, self.settings, self._timing_cache)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".") if p.isdigit())
+def cached_engine(
+    model: onnx.ModelProto,
+    io: IOSpec,
+    settings: Settings,
+    static_check: StaticCheck | None = None,
+    library: TrtLibrary = TENSORRT,
+) -> tuple[bytes, str]:
+    """``(engine, how)``: built, or taken from the engine cache (``settings.cache_dir``) when it was built before.
+
+    The key holds the graph, the library and its version, the GPU (TensorRT) or the target compute capabilities
+    (TensorRT-RTX), the optimization profile and every engine setting (``build_options``).
+    """
+    from pipeline.backends.tensorrt.engine_cache import EngineCache, cache_key, graph_digest
+
+    timing = timing_cache_path(settings, library)
+    built: list[bytes] = []
+
+    def build() -> bytes:  # at most once, also when the cache fails after the build
+        if not built:
+            built.append(build_engine(model, io, settings, timing, static_check, library))
+        return built[0]
+
+    if not settings.trt_engine_cache:
+        return build(), "not cached"
+    cache = EngineCache(settings.cache_dir, settings.trt_engine_cache_size)
+    try:
+        key = cache_key(graph_digest(model), device_identity(library, settings), build_options(io, settings))
+        result = cache.get_or_build(key, build)
+    except (OSError, ArtifactError) as exc:  # a cache directory that is a file, read-only, full: no cache, said so
+        warnings.warn(
+            f"the engine cache in {cache.directory} cannot be used ({exc}); the engine is built without it. "
+            "Set PIPELINE_CACHE_DIR (or cache_dir=) to a writable directory, or pass trt_engine_cache=False",
+            EngineCacheWarning,
+            stacklevel=2,
+        )
+        return build(), "built (engine cache unusable)"
+    logger.info("engine: %s (%s)", result.status, result.path)
+    return result.engine, result.status
 
 
-def _later_same_major(built: str, here: str) -> bool:
-    b, h = _version(built), _version(here)
-    return bool(b) and b[:1] == h[:1] and h >= b
+class EngineCacheWarning(UserWarning):
+    """The engine cache could not be used; the conversion went on without it."""

@@ -21,10 +21,10 @@ from torch import nn
 import converters
 import pipeline
 from pipeline.backends.segments.build import SegmentFallbackWarning, build_segmented
-from pipeline.backends.segments.executor import SegmentedExecutor
-from pipeline.backends.segments.partition import partition
 from pipeline.conversion import check_for_backend
 from pipeline.precision.buildable import rtx_available
+from pipeline.runtime.segments.executor import SegmentedExecutor
+from pipeline.runtime.segments.partition import partition
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.skipif(not rtx_available(), reason="TensorRT-RTX is not installed")
@@ -215,7 +215,7 @@ def test_an_if_stays_whole_and_its_branches_outer_reads_are_segment_inputs() -> 
 
 
 def test_a_plan_round_trips_through_json(converted: Converted) -> None:
-    from pipeline.backends.segments.executor import PlannedSegment
+    from pipeline.runtime.segments.executor import PlannedSegment
 
     module, _, _ = converted
     for segment in module._executor.plan:
@@ -263,7 +263,7 @@ def test_cli_flags_reach_the_segments(tmp_path: Path, capsys: pytest.CaptureFixt
     exec(MASKED_SUM, namespace)  # the same model with new weights: refit rebuilds each segment's engine
     new_model = namespace["MaskedSum"]().eval()  # type: ignore[operator]
     x = torch.randn(2, 8)
-    loaded.refit(new_model, sample=x)
+    pipeline.refit(loaded, new_model, sample=x)
     torch.testing.assert_close(loaded(x), new_model(x), rtol=1e-4, atol=1e-5)
     assert loaded.report.segments is not None and loaded.report.accuracy is not None
     assert main(["inspect", str(out / "model.ptrt")]) == 0

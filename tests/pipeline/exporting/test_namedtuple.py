@@ -14,7 +14,7 @@ from rtx_build import assert_builds
 from torch import nn
 
 import pipeline
-from pipeline.module import io_spec
+from pipeline.runtime import io_spec
 
 
 class Returns(nn.Module):

@@ -17,8 +17,8 @@ import transformers
 
 import pipeline
 from converters.errors import AccuracyError, InputError
-from pipeline.backends import EngineNotRunnableWarning
-from pipeline.generation.module import GenerativeModule
+from pipeline.runtime.executors import EngineNotRunnableWarning
+from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.settings import Settings
 
 NEW_TOKENS = 32
@@ -122,8 +122,8 @@ def test_decoding_validation_fails_a_perturbed_weight_and_a_wrong_mask(
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from pipeline.generation.runners import OrtBoundRunner, cache_layout
     from pipeline.generation.validation import validate_decoding
+    from pipeline.runtime.generation.runners import OrtBoundRunner, cache_layout
 
     graph = onnx.ModelProto()
     graph.CopyFrom(step.onnx)

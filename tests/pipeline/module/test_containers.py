@@ -15,7 +15,7 @@ from diffusers.utils import BaseOutput
 from torch import nn
 
 import pipeline
-from pipeline.module.containers import dumps, loads
+from pipeline.runtime.containers import dumps, loads
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ from refusing_models import TARGET, LowerCholesky, ShiftedCrossEntropy, X
 import pipeline
 from converters.errors import InputError
 from converters.settings import Settings
-from pipeline.module.report import ConversionReport
+from pipeline.runtime.reports.conversion import ConversionReport
 from pipeline.validation.stage import validate
 
 

@@ -13,7 +13,7 @@ from torch import nn
 import converters
 import pipeline
 from converters.errors import AccuracyError
-from pipeline.validation.stage import AccuracyReport
+from pipeline.runtime.reports.accuracy import AccuracyReport
 
 
 class Add(nn.Module):

@@ -1,0 +1,366 @@
+"""One artifact file per converted model: the final ONNX, the engine bytes when TensorRT built one, metadata.
+
+The file is a zip archive (members stored, not compressed): ``metadata.json``, ``model.onnx``, optionally
+``engine.plan`` (or, for a module of TensorRT segments, ``engine-segment-<i>.plan`` per TensorRT segment, with
+the segment plan in the metadata), and ``model.onnx.data`` when the graph keeps its weights in external data
+(large models; streamed in and out, never held whole in memory). The metadata holds versions, the I/O spec, the
+settings, the report and a SHA-256 of every other member; loading checks all of it. Writing goes to a temporary
+file in the target directory and is renamed into place, so a crash never leaves a half-written artifact under the
+requested name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import onnx
+
+from converters.errors import ArtifactError, InputError
+from converters.files import write_file_atomically
+from converters.plugins.spec import plugin_records
+from passes.model_io.external_data import (
+    WeightFiles,
+    has_external_data,
+    set_weights_dir,
+    without_weights_dir,
+    write_compact,
+)
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.reports.conversion import ConversionReport
+from pipeline.settings import DynamicDim, Settings, Tolerance
+
+FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member, the metadata too
+ONNX_MEMBER = "model.onnx"
+ENGINE_MEMBER = "engine.plan"
+DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
+SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segment i (pipeline.backends.segments)
+METADATA_MEMBER = "metadata.json"
+MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A verified artifact: its metadata, the final graph, the engine bytes if any, and the unpacked weights."""
+    metadata: dict[str, Any]
+    onnx_model: onnx.ModelProto
+    engine: bytes | None
+    weights: WeightFiles | None = None  # where the graph's external weights were unpacked; keep it alive with it
+    segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
+
+    @property
+    def io(self) -> IOSpec:
+        """The I/O spec saved with the artifact."""
+        return IOSpec.from_json(self.metadata["io"])
+
+    @property
+    def settings(self) -> Settings:
+        """The settings saved with the artifact."""
+        return settings_from_json(self.metadata["settings"])
+
+
+def save_artifact(
+    path: Path,
+    *,
+    onnx_model: onnx.ModelProto,
+    engine: bytes | None,
+    backend: str,
+    io: IOSpec,
+    settings: Settings,
+    report: ConversionReport,
+    segments: list[dict[str, Any]] | None = None,
+    segment_engines: dict[int, bytes] | None = None,
+    refit_at_load: bool = False,
+) -> Path:
+    """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
+    streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``segments`` is the plan of a
+    module of TensorRT segments and ``segment_engines`` their engines by segment index. ``refit_at_load``: the
+    engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
+    from pipeline.versions import library_versions
+
+    metadata: dict[str, Any] = {
+        "format": FORMAT,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "backend": backend,
+        "versions": library_versions(),
+        "io": io.to_json(),
+        "settings": settings_to_json(settings),
+        "report": report.to_dict(),
+    }
+    plugins = plugin_records(onnx_model)
+    if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
+        metadata["plugins"] = plugins
+    engines = {SEGMENT_ENGINE_MEMBER.format(i): e for i, e in (segment_engines or {}).items()}
+    if segments is not None:
+        metadata["segments"] = segments
+    if engine is not None or engines:
+        from pipeline.runtime.tensorrt.identity import build_options, device_identity
+        from pipeline.runtime.tensorrt.library import library_for
+
+        # what the engine was built for and with: the same record the engine cache keys on
+        identity = device_identity(library_for(backend), settings)
+        weights = engine_weights(settings, refit_at_load)
+        metadata["engine"] = {**identity, "build": build_options(io, settings), **weights}
+
+    def write_zip(handle: BinaryIO) -> None:
+        with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
+            digests: dict[str, str] = {}
+            graph = without_weights_dir(onnx_model)
+            if has_external_data(graph):  # write_compact's graph points at the member, not at this machine's files
+                with archive.open(DATA_MEMBER, "w", force_zip64=True) as out:
+                    graph, digests[DATA_MEMBER] = write_compact(onnx_model, out, DATA_MEMBER)
+            members = {ONNX_MEMBER: graph.SerializeToString(), METADATA_MEMBER: json.dumps(metadata, indent=2).encode()}
+            if engine is not None:
+                members[ENGINE_MEMBER] = engine
+            members.update(engines)
+            for name, data in members.items():
+                archive.writestr(name, data)
+                digests[name] = hashlib.sha256(data).hexdigest()
+            manifest = {"format": FORMAT, "sha256": digests}  # every member, the metadata included
+            archive.writestr(MANIFEST_MEMBER, json.dumps(manifest, indent=2).encode())
+
+    write_file_atomically(path, write_zip)
+    return path
+
+
+def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str, Any]:
+    """Where the saved engine's weights are: ``"graph"`` for a weight-stripped plan (refit from ``model.onnx`` at
+    load, the artifact keeps them once), else ``"plan"``; ``refit_at_load`` when the plan's are older than the
+    graph's."""
+    record: dict[str, Any] = {"weights": "graph" if settings.strip_weights else "plan"}
+    if refit_at_load and not settings.strip_weights:
+        record["refit_at_load"] = True
+    return record
+
+
+def runtime_cache_beside(artifact: Path) -> Path:
+    """TensorRT-RTX's runtime cache of an artifact's engine: a file beside the artifact (``model.ptrt`` ->
+    ``model.ptrt.rtx-runtime-cache``), written by ``module.save`` when the module has one and filled by the loaded
+    module's runs, so the next process that loads the artifact skips the JIT compilation."""
+    return artifact.with_name(artifact.name + ".rtx-runtime-cache")
+
+
+def read_artifact(path: str | Path) -> Artifact:
+    """Read and verify an artifact; anything missing, altered or unreadable is an ArtifactError.
+
+    The manifest must cover exactly the members present, each must match its SHA-256 (the metadata too), the
+    metadata must be complete, and its I/O spec must agree with the graph. An artifact written with other library
+    versions loads with a warning (the engine, if any, is checked against this machine by ``pipeline.load``).
+    External weights are unpacked (streamed, and checked on the way) into a private directory that lives as long as
+    the returned artifact's ``weights`` handle.
+    """
+    if not isinstance(path, str | Path):
+        raise ArtifactError(
+            f"cannot load an artifact from a {type(path).__name__}", fix="pass the path of a .ptrt file (str or Path)"
+        )
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"no artifact at {path}", fix="check the path")
+    weights = WeightFiles()
+    try:
+        data = _verified_members(path, weights)
+    except ArtifactError:
+        weights.cleanup()
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        weights.cleanup()
+        raise ArtifactError(f"{path} is corrupted or not an artifact: {exc}", fix=REWRITE_FIX) from exc
+    metadata = _metadata(path, data[METADATA_MEMBER])
+    try:
+        model = onnx.load_model_from_string(data[ONNX_MEMBER])
+    except Exception as exc:
+        raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
+    _check_io_against_graph(path, metadata, model)
+    _check_settings(path, metadata, model)
+    _warn_on_versions(path, metadata)
+    if (weights.directory / DATA_MEMBER).is_file():
+        set_weights_dir(model, weights.directory)
+        kept: WeightFiles | None = weights
+    else:
+        weights.cleanup()
+        kept = None
+    segment_engines = {
+        int(name.removeprefix("engine-segment-").removesuffix(".plan")): blob
+        for name, blob in data.items()
+        if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
+    }
+    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines)
+
+
+REWRITE_FIX = "convert the model again and save a new artifact"
+#: What the metadata must hold, and the JSON type of each entry.
+REQUIRED_METADATA = {"format": str, "backend": str, "versions": dict, "io": dict, "settings": dict, "report": dict}
+
+
+def _verified_members(path: Path, weights: WeightFiles) -> dict[str, bytes]:
+    """Every member but the weights (unpacked into ``weights``), each checked against the manifest."""
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        if MANIFEST_MEMBER not in names:
+            raise ArtifactError(
+                f"{path} has no {MANIFEST_MEMBER}: it is not an artifact of this format ({FORMAT})",
+                fix="load it with the version that wrote it, or convert the model again",
+            )
+        manifest = json.loads(archive.read(MANIFEST_MEMBER))
+        digests = manifest.get("sha256") if isinstance(manifest, dict) else None
+        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+            raise ArtifactError(f"{path}: {MANIFEST_MEMBER} is malformed", fix=REWRITE_FIX)
+        if manifest.get("format") != FORMAT:
+            raise ArtifactError(
+                f"{path} has format {manifest.get('format')!r}; this version reads {FORMAT!r}",
+                fix="load it with the version that wrote it, or convert again",
+            )
+        present = names - {MANIFEST_MEMBER}
+        for name in sorted(present - set(digests)):
+            raise ArtifactError(f"{path}: member {name} is not covered by the manifest (added later?)", fix=REWRITE_FIX)
+        for name in sorted(set(digests) - present):
+            raise ArtifactError(f"{path}: the manifest lists {name}, which the artifact lacks", fix=REWRITE_FIX)
+        for member in (METADATA_MEMBER, ONNX_MEMBER):
+            if member not in digests:
+                raise ArtifactError(f"{path} has no {member}; it is incomplete or not an artifact", fix=REWRITE_FIX)
+        data = {name: archive.read(name) for name in present if name != DATA_MEMBER}
+        got = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+        if DATA_MEMBER in present:
+            got[DATA_MEMBER] = _unpack(archive, DATA_MEMBER, weights.directory / DATA_MEMBER)
+    for name in sorted(present):
+        if got[name] != digests[name]:
+            raise ArtifactError(
+                f"{path}: member {name} does not match its SHA-256 in the manifest (corrupted or edited)",
+                fix=REWRITE_FIX,
+            )
+    return data
+
+
+def _metadata(path: Path, blob: bytes) -> dict[str, Any]:
+    try:
+        metadata = json.loads(blob)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: {METADATA_MEMBER} is not JSON: {exc}", fix=REWRITE_FIX) from exc
+    if not isinstance(metadata, dict):
+        raise ArtifactError(f"{path}: {METADATA_MEMBER} is not a JSON object", fix=REWRITE_FIX)
+    for key, kind in REQUIRED_METADATA.items():
+        if not isinstance(metadata.get(key), kind):
+            raise ArtifactError(
+                f"{path}: {METADATA_MEMBER} lacks {key!r} (or it is not a {kind.__name__})", fix=REWRITE_FIX
+            )
+    return metadata
+
+
+def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
+    """The I/O spec the module calls with must be the graph's: names, element types and ranks, in order."""
+    try:
+        io = IOSpec.from_json(metadata["io"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: the I/O spec in {METADATA_MEMBER} is malformed: {exc}", fix=REWRITE_FIX) from exc
+    for kind, specs, values in (("input", io.inputs, model.graph.input), ("output", io.outputs, model.graph.output)):
+        graph_side = [(v.name, _dtype_name(v), len(v.type.tensor_type.shape.dim)) for v in values]
+        spec_side = [(t.name, t.dtype, len(t.shape)) for t in specs]
+        if graph_side != spec_side:
+            raise ArtifactError(
+                f"{path}: the I/O spec's {kind}s {spec_side} do not match the graph's {graph_side}",
+                fix=REWRITE_FIX,
+            )
+    for spec, value in zip(io.inputs, model.graph.input, strict=True):
+        for axis, (declared, fixed) in enumerate(zip(spec.shape, _fixed_dims(value), strict=True)):
+            # the module lets through what its spec allows: a size the graph's fixed axis refuses would reach
+            # ONNX Runtime (INVALID_ARGUMENT) on the first call
+            if fixed is not None and declared != fixed:
+                raise ArtifactError(
+                    f"{path}: input {spec.name!r} axis {axis} is {declared!r} in {METADATA_MEMBER}, {fixed} in the "
+                    "graph",
+                    fix=REWRITE_FIX,
+                )
+
+
+def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
+    """The saved settings must be valid and their dynamic dimensions axes the graph leaves dynamic: they are the
+    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+    try:
+        settings = settings_from_json(metadata["settings"])
+    except (InputError, TypeError, ValueError) as exc:
+        cause = exc.message if isinstance(exc, InputError) else str(exc)
+        raise ArtifactError(
+            f"{path}: the settings in {METADATA_MEMBER} are not valid: {cause}", fix=REWRITE_FIX
+        ) from exc
+    graph_dims = {value.name: _fixed_dims(value) for value in model.graph.input}
+    for dim in settings.dynamic:
+        dims = graph_dims.get(dim.input, [])
+        where = f"dynamic dimension {dim.name!r} (input {dim.input!r} axis {dim.axis}) in {METADATA_MEMBER}"
+        if not 0 <= dim.axis < len(dims):
+            raise ArtifactError(f"{path}: {where}, but the graph has no such input axis", fix=REWRITE_FIX)
+        if (fixed := dims[dim.axis]) is not None:
+            raise ArtifactError(f"{path}: {where}, but the graph fixes that axis at {fixed}", fix=REWRITE_FIX)
+
+
+def _fixed_dims(value: onnx.ValueInfoProto) -> list[int | None]:
+    """Each axis's fixed size in the graph, None where it is dynamic."""
+    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+
+
+def _dtype_name(value: onnx.ValueInfoProto) -> str:
+    elem = value.type.tensor_type.elem_type
+    return str(onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem != onnx.TensorProto.BFLOAT16 else "bfloat16"
+
+
+def _warn_on_versions(path: Path, metadata: dict[str, Any]) -> None:
+    """Other library versions than the ones that wrote the artifact: a warning (the graph is ONNX, it still runs;
+    accuracy was validated with the writer's versions)."""
+    from pipeline.versions import library_versions
+
+    here = library_versions()
+    differ = [
+        f"{name} {saved} (here {here[name]})"
+        for name, saved in sorted(metadata["versions"].items())
+        if name in here and here[name] != saved and name != "tensorrt"  # the engine check covers TensorRT
+    ]
+    if differ:
+        warnings.warn(
+            f"{path} was written with {', '.join(differ)}; it loads, but its validation was with those versions: "
+            "run module.compare(model, inputs) to check it here, or convert again",
+            ArtifactVersionWarning,
+            stacklevel=4,
+        )
+
+
+class ArtifactVersionWarning(UserWarning):
+    """An artifact written with other library versions than this machine's."""
+
+
+def _unpack(archive: zipfile.ZipFile, member: str, target: Path) -> str:
+    """Copy one member to ``target`` in chunks; its SHA-256."""
+    digest = hashlib.sha256()
+    with archive.open(member) as source, open(target, "wb") as out:
+        while chunk := source.read(64 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
+
+
+def settings_to_json(settings: Settings) -> dict[str, Any]:
+    """Settings as JSON-ready data, without machine paths."""
+    data = dataclasses.asdict(settings)
+    data["tolerances"] = {k: dataclasses.asdict(v) for k, v in settings.tolerances.items()}
+    for machine_path in (
+        "cache_dir",
+        "trt_timing_cache",
+        "weights_dir",
+    ):  # paths on the machine that converted: not carried along
+        data.pop(machine_path, None)
+    return data
+
+
+def settings_from_json(data: dict[str, Any]) -> Settings:
+    """Settings from :func:`settings_to_json` data (unknown names from other versions ignored)."""
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # JSON lists
+    values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
+    values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
+    values["ort_providers"] = tuple(values.get("ort_providers", ("CPUExecutionProvider",)))
+    known = {f.name for f in dataclasses.fields(Settings)}
+    return Settings(**{k: v for k, v in values.items() if k in known})

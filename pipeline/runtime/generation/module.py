@@ -1,0 +1,207 @@
+"""The converted decoder step with ``generate()``: the decoding loop, plain Python around one step.
+
+The same loop serves every backend: the executor's runner (:mod:`pipeline.runtime.generation.runners`) holds the cache,
+the loop holds the tokens, the attention mask and the positions. A prompt longer than the context profile
+(``max_prompt``) is prefilled in chunks. The positions follow transformers (``cumsum(attention_mask) - 1``), so a
+left-padded batch decodes as ``model.generate`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from converters.errors import InputError
+from converters.settings import GenerationSettings
+from pipeline.runtime.generation.decoding import DecodingOptions, TokenChooser
+from pipeline.runtime.generation.runners import StepRunner, cache_layout, step_runner
+from pipeline.runtime.module import ConvertedModule
+from pipeline.settings import Settings
+
+#: transformers' default total length when neither max_new_tokens nor max_length is given.
+DEFAULT_MAX_LENGTH = 20
+
+
+class GenerativeModule(ConvertedModule):
+    """A converted cached decoder step (``pipeline.convert(model, input_ids, generation={...})``).
+
+    Calling it runs one step (``input_ids, attention_mask, position_ids, past_length, *past`` -> ``logits`` and
+    ``present.{i}.key/value``); :meth:`generate` decodes like transformers' ``model.generate`` and :meth:`stream`
+    yields the new tokens as they come.
+
+    >>> out = module.generate(input_ids, max_new_tokens=32)                          # doctest: +SKIP
+    >>> for tokens in module.stream(input_ids, do_sample=True, top_p=0.9, seed=0):  # doctest: +SKIP
+    ...     print(tokens)
+    """
+
+    _runner: StepRunner | None = None
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The generation settings the step was converted with (capacity, batch, special tokens)."""
+        assert self.settings.generation is not None
+        return self.settings.generation
+
+    @property
+    def vocabulary_size(self) -> int | None:
+        """The number of logits per position (the model's vocabulary), ``None`` when the graph does not fix it."""
+        for spec in self.io.outputs:
+            if spec.name == "logits" and spec.shape and isinstance(spec.shape[-1], int):
+                return int(spec.shape[-1])
+        return None
+
+    def runner(self) -> StepRunner:
+        """The executor's step runner (it holds the cache between steps), made on first use."""
+        if self._runner is None:
+            self._runner = step_runner(self._executor, cache_layout(self.io, self.generation.layers))
+        return self._runner
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        streamer: Any = None,
+        **options: Any,
+    ) -> torch.Tensor:
+        """The prompt followed by the new tokens, [batch, prompt + new] (transformers' return convention); rows
+        that stopped early are filled with ``pad_token_id``. ``streamer`` (transformers' ``put``/``end``
+        protocol, e.g. ``TextStreamer``) receives the prompt, then each new token. Options: see :meth:`stream`."""
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        new = []
+        for tokens in self.stream(input_ids, attention_mask, **options):
+            new.append(tokens)
+            if streamer is not None:
+                streamer.put(tokens)
+        if streamer is not None:
+            streamer.end()
+        return torch.cat([input_ids.cpu(), *(t[:, None] for t in new)], dim=1)
+
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        max_length: int | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Yield the next token of every row [batch] at each step, until ``max_new_tokens`` (or ``max_length``
+        in total; default 20 in total, as transformers) or every row has produced an ``eos_token_id`` (default: the
+        model's). Greedy unless ``do_sample``; ``temperature``, ``top_k``, ``top_p`` and ``seed`` shape the draw;
+        ``repetition_penalty`` as transformers. ``attention_mask`` marks left padding (0)."""
+        ids, mask = self._prompt(input_ids, attention_mask)
+        new = self._new_tokens(ids.shape[1], max_new_tokens, max_length)
+        chooser = TokenChooser(DecodingOptions(do_sample, temperature, top_k, top_p, repetition_penalty, seed))
+        eos = self.generation.eos_token_id if eos_token_id is None else _ints(eos_token_id)
+        pad = self.generation.pad_token_id if pad_token_id is None else pad_token_id
+        batch, prompt = ids.shape
+        runner = self.runner()
+        runner.start(batch)
+        full_mask = torch.zeros(batch, self.generation.max_length, dtype=torch.int64)
+        full_mask[:, :prompt] = mask
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        logits = self._prefill(runner, ids, full_mask, positions)
+        tokens, unfinished = ids, torch.ones(batch, dtype=torch.bool)
+        next_position = positions[:, -1:] + 1
+        eos_ids = torch.tensor(eos, dtype=torch.int64)
+        for step in range(new):
+            chosen = chooser.choose(logits, tokens)
+            if pad is not None:
+                chosen = torch.where(unfinished, chosen, torch.tensor(pad))
+            tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+            yield chosen
+            if len(eos):
+                unfinished &= ~torch.isin(chosen, eos_ids)
+            if step == new - 1 or not unfinished.any():
+                return
+            full_mask[:, prompt + step] = 1
+            logits = runner.run(chosen[:, None], full_mask, next_position, prompt + step)
+            next_position = next_position + 1
+
+    def _prompt(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.int64:
+            raise InputError(
+                "generate takes input_ids as an int64 tensor [batch, tokens]", fix="pass tokenizer(...).input_ids"
+            )
+        batch = input_ids.shape[0]
+        if input_ids.shape[1] == 0:
+            raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
+        vocab = self.vocabulary_size
+        outside = (input_ids < 0) | (input_ids >= vocab) if vocab is not None else input_ids < 0
+        if bool(outside.any()):
+            raise InputError(
+                f"input_ids holds token id(s) {sorted(set(input_ids[outside].tolist()))[:5]} outside the model's "
+                f"vocabulary [0, {vocab})",
+                fix="pass ids below the vocabulary size (the model's own tokenizer gives them)",
+            )
+        if batch > self.generation.max_batch:
+            raise InputError(
+                f"a batch of {batch} prompts, but the step was converted for max_batch={self.generation.max_batch}",
+                fix=f"split the batch, or convert with generation={{'max_batch': {batch}, ...}}",
+            )
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(torch.int64).cpu()
+        if mask.shape != input_ids.shape:
+            raise InputError(
+                f"attention_mask {list(mask.shape)} does not match input_ids {list(input_ids.shape)}",
+                fix="pass the tokenizer's attention_mask for the same prompts",
+            )
+        if attention_mask is not None and bool((mask[:, -1] == 0).any()):
+            raise InputError(
+                "attention_mask has padding at the end of a prompt; decoding needs left padding",
+                fix="tokenize with padding_side='left'",
+            )
+        return input_ids.cpu(), mask
+
+    def _new_tokens(self, prompt: int, max_new_tokens: int | None, max_length: int | None) -> int:
+        new = max_new_tokens if max_new_tokens is not None else (max_length or DEFAULT_MAX_LENGTH) - prompt
+        capacity = self.generation.max_length
+        if new < 1:
+            raise InputError(
+                f"nothing to generate: a prompt of {prompt} tokens and max_length={max_length}",
+                fix="pass max_new_tokens=N",
+            )
+        if prompt >= capacity:
+            raise InputError(
+                f"a prompt of {prompt} tokens leaves no room in the cache (max_length={capacity})",
+                fix=f"shorten the prompt, or convert with generation={{'max_length': {prompt + new}, ...}}",
+            )
+        if prompt + new > capacity:
+            raise InputError(
+                f"a prompt of {prompt} tokens plus {new} new ones exceeds the cache capacity max_length={capacity}",
+                fix=f"pass max_new_tokens <= {capacity - prompt}, or convert with generation={{'max_length': "
+                f"{prompt + new}, ...}}",
+            )
+        return new
+
+    def _prefill(
+        self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The prompt through the step, in chunks of the context profile's length; the last chunk's logits."""
+        chunk = self.generation.max_prompt or self.generation.max_length
+        logits = torch.empty(0)
+        for start in range(0, ids.shape[1], chunk):
+            end = min(start + chunk, ids.shape[1])
+            logits = runner.run(ids[:, start:end], mask, positions[:, start:end], start)
+        return logits
+
+
+def _ints(value: int | list[int]) -> tuple[int, ...]:
+    return (value,) if isinstance(value, int) else tuple(int(v) for v in value)
+
+
+def module_class(settings: Settings) -> type[ConvertedModule]:
+    """:class:`ConvertedModule`, or :class:`GenerativeModule` for a cached decoder step (``generation=``)."""
+    return ConvertedModule if settings.generation is None else GenerativeModule

@@ -1,0 +1,164 @@
+"""Who holds the key/value cache between decoder steps: the executor's side of generation.
+
+A runner allocates each layer's static cache once per ``generate`` call (:meth:`start`) and runs one step at a time
+(:meth:`run`), returning the logits of the last position. :class:`OrtBoundRunner` keeps the cache in ONNX Runtime
+``OrtValue`` buffers bound to the session (``IOBinding``), each step's ``present`` outputs written into the buffers
+the next step reads: nothing crosses into Python but the logits. :class:`CopyingRunner` is the plain form for any
+executor (the cache comes back as new tensors and goes in again: a copy per step), used where no binding exists
+and measured against the bound one by ``benchmarks/bench_generate.py``. TensorRT executors keep the cache on the
+device: :mod:`pipeline.runtime.generation.trt_cache`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from pipeline.runtime.generation.names import past_name, present_name
+from pipeline.runtime.io_spec import IOSpec
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The cache inputs of a step graph: per tensor its name, shape after the batch axis, and dtype."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+
+    @property
+    def layers(self) -> int:
+        """The number of cached layers."""
+        return len(self.names) // 2
+
+    @property
+    def capacity(self) -> int:
+        """The cache's sequence capacity (tokens)."""
+        return self.shapes[0][1]
+
+    @property
+    def present_names(self) -> tuple[str, ...]:
+        """The matching outputs, ``present.{i}.key/value``."""
+        return tuple(present_name(i, kind) for i in range(self.layers) for kind in ("key", "value"))
+
+    def bytes_per_row(self) -> int:
+        """Cache bytes for one batch row."""
+        return sum(
+            int(np.prod(s)) * torch.empty((), dtype=d).element_size()
+            for s, d in zip(self.shapes, self.dtypes, strict=True)
+        )
+
+
+def cache_layout(io: IOSpec, layers: int) -> CacheLayout:
+    """The layout of the ``past_key_values.{i}.key/value`` inputs of ``io``."""
+    specs = {t.name: t for t in io.inputs}
+    names = tuple(past_name(i, kind) for i in range(layers) for kind in ("key", "value"))
+    shapes = tuple(tuple(int(d) for d in specs[n].shape[1:]) for n in names)
+    return CacheLayout(names, shapes, tuple(specs[n].torch_dtype for n in names))
+
+
+class StepRunner(Protocol):
+    """One decoder step at a time over a cache the runner holds."""
+
+    def start(self, batch: int) -> None:
+        """A fresh (zeroed) cache for ``batch`` rows."""
+        ...
+
+    def run(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int
+    ) -> torch.Tensor:
+        """Run the step; the logits of the last position [batch, vocab]."""
+        ...
+
+
+class CopyingRunner:
+    """Any executor: the cache goes in and comes back as tensors every step."""
+
+    def __init__(self, executor: Any, layout: CacheLayout) -> None:
+        self.executor = executor
+        self.layout = layout
+        self.cache: list[torch.Tensor] = []
+
+    def start(self, batch: int) -> None:
+        """Zeroed cache tensors for ``batch`` rows."""
+        self.cache = [
+            torch.zeros((batch, *s), dtype=d) for s, d in zip(self.layout.shapes, self.layout.dtypes, strict=True)
+        ]
+
+    def run(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int
+    ) -> torch.Tensor:
+        """One step; the new cache replaces the old."""
+        inputs = [input_ids, attention_mask, position_ids, torch.tensor(past_length, dtype=torch.int64), *self.cache]
+        outputs = self.executor.run(inputs)
+        self.cache = list(outputs[1:])
+        return outputs[0]
+
+
+class OrtBoundRunner:
+    """ONNX Runtime with the cache in bound ``OrtValue`` buffers.
+
+    ``aliased=True`` binds each ``present`` output to the very buffer its ``past`` input reads (the step writes the
+    cache in place: ``TensorScatter`` copies its input onto itself, then writes the new positions); ``False`` keeps
+    two sets of buffers and swaps them every step (the cache copied once per step inside ONNX Runtime)."""
+
+    def __init__(self, session: Any, layout: CacheLayout, aliased: bool = True) -> None:
+        self.session = session
+        self.layout = layout
+        self.aliased = aliased
+        self.binding = session.io_binding()
+        self.reads: list[Any] = []
+        self.writes: list[Any] = []
+
+    def start(self, batch: int) -> None:
+        """Zeroed ``OrtValue`` buffers for ``batch`` rows (one set when aliased, two otherwise)."""
+        import onnxruntime as ort
+
+        def buffers() -> list[Any]:
+            return [
+                ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, *s), dtype=torch.empty((), dtype=d).numpy().dtype))
+                for s, d in zip(self.layout.shapes, self.layout.dtypes, strict=True)
+            ]
+
+        self.reads = buffers()
+        self.writes = self.reads if self.aliased else buffers()
+
+    def run(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int
+    ) -> torch.Tensor:
+        """One step on the bound buffers; only the logits are read back."""
+        binding = self.binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask.numpy()))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
+        binding.bind_cpu_input("past_length", np.array(past_length, dtype=np.int64))
+        for name, value in zip(self.layout.names, self.reads, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits")
+        for name, value in zip(self.layout.present_names, self.writes, strict=True):
+            binding.bind_ortvalue_output(name, value)
+        self.session.run_with_iobinding(binding)
+        logits = torch.from_numpy(binding.get_outputs()[0].numpy())
+        self.reads, self.writes = self.writes, self.reads
+        return logits
+
+
+def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, aliased: bool = True) -> StepRunner:
+    """The runner for ``executor``: device buffers aliased in place on a TensorRT engine, bound ``OrtValue``
+    buffers on an ONNX Runtime session (also the one beside a TensorRT-RTX engine that cannot run here), else
+    copies."""
+    engine = getattr(executor, "engine_runner", None)
+    if bound and engine is not None:
+        from pipeline.runtime.generation.trt_cache import TrtCacheRunner
+
+        return TrtCacheRunner(engine, layout)
+    executor = getattr(executor, "onnxruntime", executor)
+    session = getattr(executor, "session", None)
+    if bound and session is not None and hasattr(session, "io_binding"):
+        return OrtBoundRunner(session, layout, aliased=aliased)
+    return CopyingRunner(executor, layout)

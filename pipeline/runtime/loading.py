@@ -1,0 +1,124 @@
+"""``pipeline.load``: an artifact written by ``ConvertedModule.save`` back to a module.
+
+It sits above :mod:`pipeline.runtime.module` (it makes a ``ConvertedModule``), which is why it is not beside
+``save_artifact`` in :mod:`pipeline.runtime.artifact`: the module's ``save`` calls that one. Loading never builds: an
+engine that must be built (``rebuild=True``, TensorRT asked of an artifact without an engine) is built by the
+``build`` callable the caller passes, which ``pipeline.load`` does (:func:`pipeline.backends.build_executor`, imported
+only then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from converters.errors import ArtifactError
+from pipeline.runtime.artifact import Artifact, read_artifact, runtime_cache_beside
+from pipeline.runtime.executors import Executor, ExecutorBuilder, load_executor, select_backend
+from pipeline.runtime.generation.module import module_class
+from pipeline.runtime.module import ConvertedModule
+from pipeline.runtime.plugins import restore_plugins
+from pipeline.runtime.reports.conversion import ConversionReport
+from pipeline.settings import Settings
+
+
+def load(
+    path: str | Path, *, backend: str | None = None, rebuild: bool = False, build: ExecutorBuilder | None = None
+) -> ConvertedModule:
+    """Load an artifact written by ``ConvertedModule.save``.
+
+    ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even
+    when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
+    TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's).
+    """
+    artifact = read_artifact(path)
+    settings, io = artifact.settings, artifact.io
+    chosen = backend or artifact.metadata["backend"]
+    engine = None
+    if chosen == "tensorrt":
+        engine = _usable_engine(artifact.engine, artifact.metadata.get("engine", {}), Path(path), rebuild, settings)
+    elif chosen == "tensorrt-rtx" and not rebuild:
+        engine = artifact.engine  # runs where TensorRT-RTX supports the GPU, else kept beside ONNX Runtime
+    # raises with the reason when TensorRT was asked for and cannot run; warns when a TensorRT-RTX engine cannot
+    choice = select_backend(chosen, settings)
+    # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
+    restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
+    plan = artifact.metadata.get("segments")
+    executor: Executor
+    if plan is not None and chosen in ("tensorrt", "tensorrt-rtx"):  # TensorRT segments, ONNX Runtime for the rest
+        executor = _segmented(chosen, artifact, Path(path), rebuild, settings, plan, build)
+    elif engine is None and chosen in ("tensorrt", "tensorrt-rtx"):
+        executor = _builder(build, path, chosen)(chosen, artifact.onnx_model, io, settings)
+    else:
+        executor = load_executor(
+            chosen,
+            artifact.onnx_model,
+            io,
+            settings,
+            engine=engine,
+            runtime_cache=runtime_cache_beside(Path(path)) if chosen == "tensorrt-rtx" else None,
+            refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
+        )
+    report = ConversionReport.from_dict(artifact.metadata["report"])
+    if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
+        report = dataclasses.replace(report, backend_reason=choice.reason)
+    return module_class(settings)(executor, io, artifact.onnx_model, settings, report, artifact.weights)
+
+
+def _builder(build: ExecutorBuilder | None, path: str | Path, backend: str) -> ExecutorBuilder:
+    """``build``, or an error saying that building is the conversion layer's."""
+    if build is None:
+        raise ArtifactError(
+            f"{path} must be given a new {backend} engine (rebuild=True, or it holds none), and building is "
+            "conversion work the runtime's loader does not do",
+            fix="load it with pipeline.load(path, ...), which builds it, or pass build=pipeline.backends.build_executor",
+        )
+    return build
+
+
+def _segmented(
+    backend: str,
+    artifact: Artifact,
+    path: Path,
+    rebuild: bool,
+    settings: Settings,
+    plan: list[dict[str, Any]],
+    build: ExecutorBuilder | None,
+) -> Executor:
+    """The saved segments with their saved engines (checked against this machine as a whole engine is), or with
+    engines built anew (``rebuild``)."""
+    from pipeline.runtime.segments.executor import PlannedSegment, SegmentedExecutor
+    from pipeline.runtime.segments.partition import TENSORRT_SEGMENT
+
+    engines = {} if rebuild else dict(artifact.segment_engines)
+    if backend == "tensorrt" and engines:
+        first = next(iter(engines.values()))
+        _usable_engine(first, artifact.metadata.get("engine", {}), path, rebuild, settings)
+    segments = [PlannedSegment.from_json(p) for p in plan]
+    if len(engines) < sum(p.kind == TENSORRT_SEGMENT for p in segments):
+        build = _builder(build, path, backend)
+    return SegmentedExecutor.from_plan(backend, artifact.onnx_model, artifact.io, settings, segments, engines, build)
+
+
+def _usable_engine(
+    engine: bytes | None, built_for: dict[str, str], path: Path, rebuild: bool, settings: Settings
+) -> bytes | None:
+    """The saved engine if it can run with this TensorRT and GPU; None (build anew) if ``rebuild``."""
+    if engine is None or rebuild:
+        return None
+    from pipeline.runtime.tensorrt.identity import device_identity, engine_mismatch, tensorrt_status
+
+    available, why = tensorrt_status()
+    if not available:
+        raise ArtifactError(
+            f"{path} holds a TensorRT engine but TensorRT cannot run here: {why}",
+            fix="load it with backend='onnxruntime' to run its ONNX graph on the CPU",
+        )
+    mismatch = engine_mismatch(built_for, device_identity(), settings)
+    if mismatch is not None:
+        raise ArtifactError(
+            f"{path} holds an engine that cannot run here: {mismatch}",
+            fix="load it with rebuild=True to build a new engine from the saved ONNX graph",
+        )
+    return engine

@@ -1,0 +1,214 @@
+"""The converted model: a ``torch.nn.Module`` with the original call signature, running on a backend."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from converters.errors import InputError
+from converters.files import write_file_atomically
+from passes.model_io.external_data import WeightFiles, save_onnx
+from pipeline.runtime.artifact import runtime_cache_beside, save_artifact
+from pipeline.runtime.executors import Executor
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.reports.conversion import ConversionReport
+from pipeline.settings import Settings
+
+
+class ConvertedModule(torch.nn.Module):
+    """Call it like the original model; tensors come back on the device of the inputs.
+
+    ``.onnx`` is the final graph, ``.report`` the conversion report, ``.save(path)`` writes one artifact and
+    ``.save_onnx(path)`` the graph alone (with a ``.data`` file beside it when the weights are external). Giving it
+    new weights and comparing it with PyTorch are conversion work: :func:`pipeline.refit` and
+    :func:`pipeline.compare` (``module=``), so that a deployment that only loads and runs imports the runtime alone.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        io: IOSpec,
+        onnx_model: onnx.ModelProto,
+        settings: Settings,
+        report: ConversionReport,
+        weights: WeightFiles | None = None,
+        conversion_source: Any = None,
+    ) -> None:
+        super().__init__()
+        #: what ``convert`` used besides the settings (the model, sample, converters, passes), read by
+        #: :func:`pipeline.refit`; None for a loaded module
+        self.conversion_source = conversion_source
+        self._executor = executor
+        self._weights = weights  # the external weights of onnx_model (large models) live while the module does
+        self.io = io
+        self._onnx = onnx_model
+        self.settings = settings
+        self.report = report
+        self._dims = {(d.input, d.axis): d for d in settings.dynamic}
+        self._warned_grad = False  # an input that requires grad is said once per module, not on every call
+
+    @property
+    def onnx(self) -> onnx.ModelProto:
+        """The final ONNX graph (what the backend runs)."""
+        return self._onnx
+
+    @property
+    def backend(self) -> str:
+        """The backend the module runs on (``onnxruntime``, ``tensorrt``, ...)."""
+        return self._executor.backend
+
+    @property
+    def runs_on(self) -> str:
+        """What calls run on: the backend, or ``onnxruntime`` for a TensorRT-RTX module whose engine cannot run
+        here (the same final graph runs on ONNX Runtime; ``report.backend_reason`` says why)."""
+        return "onnxruntime" if getattr(self._executor, "runs_on", None) == "onnxruntime" else self.backend
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        """The serialised TensorRT engine, or None on a backend without one."""
+        return self._executor.engine_bytes
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the backend on the flattened inputs; outputs in the original model's structure."""
+        inputs = self.io.flatten_call(args, kwargs)
+        self._check(inputs)
+        if not self._warned_grad and torch.is_grad_enabled():
+            self._warn_on_grad(inputs)
+        device = inputs[0].device
+        outputs = self._executor.run(inputs)
+        return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
+
+    @property
+    def executor(self) -> Executor:
+        """The backend's executor (ONNX Runtime session, TensorRT engine, segments) the module calls."""
+        return self._executor
+
+    def rebind(
+        self, executor: Executor, onnx_model: onnx.ModelProto, report: ConversionReport, weights: WeightFiles | None
+    ) -> None:
+        """Run ``executor`` on ``onnx_model`` from now on, with ``report`` (``weights``: the graph's external weights,
+        kept alive with the module). :func:`pipeline.refit` calls it with the graph of the new weights."""
+        self._executor, self._onnx, self.report, self._weights = executor, onnx_model, report, weights
+
+    def save(self, path: str | Path) -> Path:
+        """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
+        reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it. A module of
+        TensorRT segments saves its segment plan and one engine per TensorRT segment."""
+        from pipeline.runtime.segments.executor import SegmentedExecutor
+
+        segmented = self._executor if isinstance(self._executor, SegmentedExecutor) else None
+        cache = getattr(self._executor, "runtime_cache_file", None)  # TensorRT-RTX's JIT kernels, when it ran here
+        if cache is not None and Path(cache).is_file():
+            write_file_atomically(runtime_cache_beside(Path(path)), Path(cache).read_bytes())
+        return save_artifact(
+            Path(path),
+            onnx_model=self._onnx,
+            engine=self.engine_bytes,
+            backend=self.backend,
+            io=self.io,
+            settings=self.settings,
+            report=self.report,
+            segments=None if segmented is None else [p.to_json() for p in segmented.plan],
+            segment_engines=None if segmented is None else segmented.segment_engines(),
+            refit_at_load=bool(getattr(self._executor, "refit_at_load", False)),
+        )
+
+    def save_onnx(self, path: str | Path) -> list[Path]:
+        """Write the final graph to ``path`` for other tools (polygraphy, trtexec, ONNX Runtime), atomically.
+
+        A graph with external weights gets them in one ``<name>.data`` file beside it (``onnx.save`` would not
+        find them: they live in the module's private weights directory). Returns the files written.
+        """
+        return save_onnx(self._onnx, path)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _MOVED:  # the methods that became conversion functions: say where they went
+            raise AttributeError(
+                f"ConvertedModule.{name} is now pipeline.{name}: {_MOVED[name]} (conversion work lives in the "
+                "conversion layer, so that loading and running a module imports the runtime alone)"
+            )
+        return super().__getattr__(name)
+
+    def _warn_on_grad(self, inputs: list[torch.Tensor]) -> None:
+        """Autograd does not see through the backend: say so (once) when the caller may expect a backward."""
+        grads = [spec.name for spec, tensor in zip(self.io.inputs, inputs, strict=True) if tensor.requires_grad]
+        if grads:
+            self._warned_grad = True
+            warnings.warn(
+                f"input(s) {', '.join(map(repr, grads))} require grad, but the converted module runs an inference "
+                f"graph on {self.backend}: its outputs carry no grad_fn and no gradient reaches the inputs (said "
+                "once per module); train the original model, or call under torch.no_grad() to silence this",
+                stacklevel=_caller_level(),
+            )
+
+    def _check(self, inputs: list[torch.Tensor]) -> None:
+        sizes: dict[str, tuple[str, int]] = {}
+        for spec, tensor in zip(self.io.inputs, inputs, strict=True):
+            if tensor.dtype != spec.torch_dtype:
+                raise InputError(
+                    f"input {spec.name!r} is {str(tensor.dtype).removeprefix('torch.')}, the graph takes {spec.dtype}",
+                    fix=f"pass a {spec.dtype} tensor, e.g. x.to(torch.{spec.dtype})",
+                )
+            if tensor.dim() != len(spec.shape):
+                raise InputError(
+                    f"input {spec.name!r} has rank {tensor.dim()}, the graph takes rank {len(spec.shape)} "
+                    f"{list(spec.shape)}",
+                    fix="pass a tensor of the sample's rank",
+                )
+            for axis, (size, declared) in enumerate(zip(tensor.shape, spec.shape, strict=True)):
+                self._check_dim(spec.name, axis, int(size), declared, sizes)
+
+    def _check_dim(
+        self, name: str, axis: int, size: int, declared: int | str, sizes: dict[str, tuple[str, int]]
+    ) -> None:
+        dim = self._dims.get((name, axis))
+        if dim is None:
+            if isinstance(declared, int) and size != declared:
+                raise InputError(
+                    f"input {name!r} has size {size} on axis {axis}; the graph was converted with the fixed size "
+                    f"{declared}",
+                    fix=f"declare the axis dynamic when converting: dynamic={{{name!r}: {{{axis}: "
+                    f"('dim_name', min, opt, max)}}}}",
+                )
+            return
+        if not dim.min <= size <= dim.max:
+            raise InputError(
+                f"input {name!r} has size {size} on axis {axis} ({dim.name!r}), outside the declared range "
+                f"[{dim.min}, {dim.max}]",
+                fix=f"convert again with a wider range for {dim.name!r}, or pass a size within it",
+            )
+        if size % dim.multiple:
+            raise InputError(
+                f"input {name!r} has size {size} on axis {axis} ({dim.name!r}), not a multiple of {dim.multiple}: the "
+                f"model needs multiples of {dim.multiple} there (found at export)",
+                fix=f"pass a size that is a multiple of {dim.multiple} (the pipeline rounds it: e.g. height and width "
+                "divisible by the VAE and UNet scale factors)",
+            )
+        seen = sizes.setdefault(dim.name, (name, size))
+        if seen[1] != size:
+            raise InputError(
+                f"dimension {dim.name!r} is {seen[1]} in input {seen[0]!r} but {size} in input {name!r}",
+                fix="inputs that share a dynamic dimension must agree on its size",
+            )
+
+
+#: ``module.<name>`` -> its replacement, for the AttributeError of code written against the methods
+_MOVED = {
+    "refit": "pipeline.refit(module, new_model_or_state_dict, sample=None, calibration=None)",
+    "compare": "pipeline.compare(model, inputs, module=module, ...)",
+}
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module and torch's ``nn.Module`` call machinery (the
+    user's line), counted from the function that calls this one."""
+    inside = (__file__, torch.nn.Module.__call__.__code__.co_filename)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename in inside:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -1,0 +1,98 @@
+"""The ONNX Runtime executor: the default backend, and the reference executor for every graph we produce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from converters.errors import BuildError, InputError
+from converters.plugins.spec import plugin_nodes
+from passes.model_io.external_data import ort_session_bytes
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.ort.int4 import configure_int4
+from pipeline.runtime.ort.int8 import disabled_optimizers
+from pipeline.runtime.ort.session_graph import runnable_model
+from pipeline.runtime.plugins import PluginSession, prepare_onnxruntime
+from pipeline.settings import Settings
+
+
+class OnnxRuntimeExecutor:
+    """The final graph in an ONNX Runtime session (with the float32 emulation of a half graph on the CPU, and plugin CPU
+    references)."""
+    backend = "onnxruntime"
+
+    def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
+        model = runnable_model(model, self.backend, settings)  # a half graph on the CPU runs as its emulation
+
+        def create() -> ort.InferenceSession:
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            if settings.ort_intra_op_threads is not None:
+                options.intra_op_num_threads = settings.ort_intra_op_threads
+            if settings.ort_allow_spinning is not None:
+                spinning = "1" if settings.ort_allow_spinning else "0"
+                options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+            configure_int4(model, options, settings)  # MatMulNBits at an exact accuracy level
+            prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
+            return ort.InferenceSession(
+                ort_session_bytes(model, options, settings.ort_prepack_weights),
+                sess_options=options,
+                providers=list(settings.ort_providers),
+                disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
+            )
+
+        try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear
+            self.session: Any = PluginSession(create) if plugin_nodes(model) else create()
+        except BuildError:
+            raise
+        except Exception as exc:
+            raise BuildError(
+                f"ONNX Runtime could not load the final graph: {exc}",
+                fix="run pipeline with validate=False and inspect module.onnx, or check the custom passes",
+            ) from exc
+        self.input_names = [t.name for t in io.inputs]
+        self.output_names = [t.name for t in io.outputs]
+        session_inputs = [i.name for i in self.session.get_inputs()]
+        if session_inputs != self.input_names:
+            raise BuildError(
+                f"the session's inputs {session_inputs} differ from the graph's {self.input_names}",
+                fix="a pass renamed or removed a graph input; graph inputs must be kept",
+            )
+        bfloat16 = [o.name for o in self.session.get_outputs() if o.type == "tensor(bfloat16)"]
+        if bfloat16:
+            raise BuildError(
+                f"output(s) {bfloat16} are bfloat16, which the ONNX Runtime backend cannot hand back (numpy has no "
+                "bfloat16 type)",
+                fix="return float32 from the model (cast after the module), or build for TensorRT "
+                "(backend='tensorrt' or 'tensorrt-rtx')",
+            )
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        """None: ONNX Runtime runs the graph itself."""
+        return None
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the session on the flat inputs; the outputs as CPU tensors."""
+        feed = {name: _to_numpy(name, t) for name, t in zip(self.input_names, inputs, strict=True)}
+        outputs = self.session.run(self.output_names, feed)
+        return [torch.from_numpy(np.asarray(o)) for o in outputs]
+
+    def polygraphy_runner(self, name: str) -> Any:
+        """Polygraphy's ONNX Runtime runner on the same session."""
+        from polygraphy.backend.onnxrt import OnnxrtRunner
+
+        return OnnxrtRunner(self.session, name=name)
+
+
+def _to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:
+        raise InputError(
+            f"input {name!r} is bfloat16, which the ONNX Runtime backend cannot take from numpy",
+            fix="pass a float32 tensor (precision is set inside the graph, not at the inputs)",
+        )
+    return tensor.detach().cpu().contiguous().numpy()

@@ -1,0 +1,34 @@
+"""The graph an ONNX Runtime session runs for a final graph: on the CPU, a float16/bfloat16 graph runs as its float32
+emulation, an FP8 or NVFP4 graph as its exact emulation, and an INT8 graph rewritten so that more of it runs in
+integer kernels. ``module.onnx`` (TensorRT's graph) stays as it is; only the session sees these."""
+
+from __future__ import annotations
+
+import onnx
+
+from pipeline.runtime.ort.emulation import emulate_fp4, emulate_fp8, has_fp4, has_fp8, has_int8_weights
+from pipeline.runtime.ort.half_emulation import emulate_low_precision, has_low_precision
+from pipeline.runtime.ort.int8 import ort_int8_graph
+from pipeline.settings import Settings
+
+
+def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> onnx.ModelProto:
+    """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, an
+    FP8 or NVFP4 graph's exact emulation (:mod:`pipeline.runtime.ort.emulation`), and an INT8 graph rewritten so that
+    more of it runs in integer kernels (:mod:`pipeline.runtime.ort.int8`: the same quantization, plus the recorded
+    convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``)."""
+    if backend == "onnxruntime" and has_fp4(model):
+        model = emulate_fp4(model)  # NVFP4: no FP4 kernel on ONNX Runtime
+    if backend == "onnxruntime" and has_fp8(model):
+        model = emulate_fp8(model)
+    if backend == "onnxruntime" and has_int8_weights(model):
+        model = ort_int8_graph(model, settings.ort_int8_conv_outputs)  # more of it in integer kernels
+    if backend == "onnxruntime" and emulated_on_cpu(model, settings):
+        return emulate_low_precision(model)
+    return model
+
+
+def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
+    """Does ONNX Runtime run this half graph through the float32 emulation (CPU provider only)?"""
+    cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
+    return settings.precision != "fp32" and cpu_only and has_low_precision(model)
