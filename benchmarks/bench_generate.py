@@ -33,8 +33,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import pipeline  # noqa: E402
+from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.module import GenerativeModule  # noqa: E402
-from pipeline.runtime.generation.runners import CopyingRunner, cache_layout  # noqa: E402
+from pipeline.runtime.generation.runners import CopyingRunner
 
 SIZES = {
     "small": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8},

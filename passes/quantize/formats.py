@@ -18,6 +18,9 @@ import ml_dtypes
 import numpy as np
 import onnx
 
+#: The weighted ops the quantize stage quantizes (the rest of the graph stays in the float type).
+QUANTIZED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
 
 @dataclass(frozen=True)
 class QuantFormat:

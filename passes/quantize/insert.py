@@ -26,8 +26,8 @@ import onnx_graphsurgeon as gs
 
 from converters.errors import ConversionError
 from passes.precision.types import infer
-from passes.quantize.formats import QuantFormat
-from passes.quantize.placement import QUANTIZED_OPS, Target
+from passes.quantize.formats import QUANTIZED_OPS, QuantFormat
+from passes.quantize.placement import Target
 from passes.records import QuantizedOp
 
 _FLOAT_TYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 
 from passes.precision.convert import match_keep_fp32
+from passes.quantize.formats import QUANTIZED_OPS
 from passes.records import Skipped
 
 #: The weighted ops whose inputs are quantized.
-QUANTIZED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 @dataclass(frozen=True)

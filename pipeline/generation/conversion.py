@@ -19,7 +19,7 @@ from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep, uses_attention_interface
-from pipeline.runtime.generation.names import past_name
+from pipeline.runtime.generation.layout import past_name
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
 

@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from pipeline.generation import ops
-from pipeline.runtime.generation.names import past_name, present_name
+from pipeline.runtime.generation.layout import past_name, present_name
 
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"

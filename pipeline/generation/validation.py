@@ -32,7 +32,8 @@ from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tole
 from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
 from pipeline.precision.stage import validation_settings
-from pipeline.runtime.generation.runners import StepRunner, cache_layout, step_runner
+from pipeline.runtime.generation.layout import cache_layout
+from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
 from pipeline.runtime.reports.accuracy import DecodingAccuracy
 from pipeline.settings import Settings

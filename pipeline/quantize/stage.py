@@ -29,8 +29,8 @@ from converters.errors import ConversionError
 from passes import GraphPass, to_graph
 from passes.model_io.external_data import check_model
 from passes.precision.types import LOW_TYPES
-from passes.quantize.formats import FORMATS, QuantFormat
-from passes.quantize.placement import QUANTIZED_OPS, Target, plan_targets
+from passes.quantize.formats import FORMATS, QUANTIZED_OPS, QuantFormat
+from passes.quantize.placement import Target, plan_targets
 from passes.quantize.residual import plan_residuals
 from passes.records import PassRecord, Skipped
 from pipeline.exporting.stage import ExportedGraph

@@ -16,7 +16,8 @@ import torch
 from converters.errors import InputError
 from converters.settings import GenerationSettings
 from pipeline.runtime.generation.decoding import DecodingOptions, TokenChooser
-from pipeline.runtime.generation.runners import StepRunner, cache_layout, step_runner
+from pipeline.runtime.generation.layout import cache_layout
+from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
 

@@ -11,53 +11,12 @@ device: :mod:`pipeline.runtime.generation.trt_cache`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from pipeline.runtime.generation.names import past_name, present_name
-from pipeline.runtime.io_spec import IOSpec
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """The cache inputs of a step graph: per tensor its name, shape after the batch axis, and dtype."""
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[torch.dtype, ...]
-
-    @property
-    def layers(self) -> int:
-        """The number of cached layers."""
-        return len(self.names) // 2
-
-    @property
-    def capacity(self) -> int:
-        """The cache's sequence capacity (tokens)."""
-        return self.shapes[0][1]
-
-    @property
-    def present_names(self) -> tuple[str, ...]:
-        """The matching outputs, ``present.{i}.key/value``."""
-        return tuple(present_name(i, kind) for i in range(self.layers) for kind in ("key", "value"))
-
-    def bytes_per_row(self) -> int:
-        """Cache bytes for one batch row."""
-        return sum(
-            int(np.prod(s)) * torch.empty((), dtype=d).element_size()
-            for s, d in zip(self.shapes, self.dtypes, strict=True)
-        )
-
-
-def cache_layout(io: IOSpec, layers: int) -> CacheLayout:
-    """The layout of the ``past_key_values.{i}.key/value`` inputs of ``io``."""
-    specs = {t.name: t for t in io.inputs}
-    names = tuple(past_name(i, kind) for i in range(layers) for kind in ("key", "value"))
-    shapes = tuple(tuple(int(d) for d in specs[n].shape[1:]) for n in names)
-    return CacheLayout(names, shapes, tuple(specs[n].torch_dtype for n in names))
+from pipeline.runtime.generation.layout import CacheLayout
 
 
 class StepRunner(Protocol):

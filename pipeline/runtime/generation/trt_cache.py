@@ -18,7 +18,7 @@ from converters.errors import BuildError
 if TYPE_CHECKING:
     import tensorrt as trt
 
-    from pipeline.runtime.generation.runners import CacheLayout
+    from pipeline.runtime.generation.layout import CacheLayout
 
 
 class TrtCacheRunner:

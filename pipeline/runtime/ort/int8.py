@@ -67,7 +67,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from passes import to_graph, to_model
-from passes.quantize.placement import QUANTIZED_OPS
+from passes.quantize.formats import QUANTIZED_OPS
 from pipeline.runtime.ort.emulation import fold_unfused_weights
 from pipeline.runtime.ort.integer_conv import MICROSOFT_DOMAIN, integer_float_convs
 from pipeline.runtime.ort.saturation import u8s8_saturates, unsigned_weights

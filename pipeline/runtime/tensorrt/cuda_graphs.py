@@ -13,15 +13,13 @@ Untested without a GPU (none here); it uses torch's CUDA graph API and the runne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from converters.errors import BuildError
-
-if TYPE_CHECKING:
-    from pipeline.runtime.tensorrt.runner import EngineRunner
 
 ShapeKey = tuple[tuple[int, ...], ...]
 
@@ -37,10 +35,23 @@ class CapturedGraph:
     keep_alive: list[torch.Tensor]
 
 
-class CudaGraphs:
-    """Runs an :class:`EngineRunner` through a CUDA graph captured for the current input shapes."""
+class BindingRunner(Protocol):
+    """What a capture needs of the engine's runner (``pipeline.runtime.tensorrt.runner.EngineRunner``)."""
 
-    def __init__(self, runner: EngineRunner) -> None:
+    inputs: list[str]
+    outputs: list[str]
+    device: torch.device
+    context: Any
+
+    def bind(self, inputs: Mapping[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        """Set the shapes and addresses of ``inputs`` on the context; what to keep alive, and the outputs."""
+        ...
+
+
+class CudaGraphs:
+    """Runs an engine's runner through a CUDA graph captured for the current input shapes."""
+
+    def __init__(self, runner: BindingRunner) -> None:
         self.runner = runner
         self.captured: CapturedGraph | None = None
 

@@ -123,7 +123,8 @@ def test_decoding_validation_fails_a_perturbed_weight_and_a_wrong_mask(
     from onnx import numpy_helper
 
     from pipeline.generation.validation import validate_decoding
-    from pipeline.runtime.generation.runners import OrtBoundRunner, cache_layout
+    from pipeline.runtime.generation.layout import cache_layout
+    from pipeline.runtime.generation.runners import OrtBoundRunner
 
     graph = onnx.ModelProto()
     graph.CopyFrom(step.onnx)
