@@ -1,15 +1,19 @@
 """Every module imports on a machine without TensorRT, and importing them does not import tensorrt; the import
-graph has no cycles and no module imports another's private names (DESIGN.md, "Packages and who may import
+graph has no cycles and no module imports another's private names; inside ``pipeline/`` no import runs back up its
+layers, and loading an artifact and calling it imports the runtime alone (DESIGN.md, "Packages and who may import
 whom")."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 SCRIPT = """
 import importlib, pkgutil, sys
@@ -23,7 +27,7 @@ for package in ("converters", "passes", "pipeline"):
             importlib.import_module(info.name)
             names.append(info.name)
 import pipeline
-print(len(names), pipeline.backends.select_backend("auto").name)
+print(len(names), pipeline.runtime.executors.select_backend("auto").name)
 """
 
 
@@ -86,24 +90,26 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node, inside functions too, except the bodies of ``if TYPE_CHECKING:`` (their ``else`` counts)."""
+def _runtime_nodes(tree: ast.AST, type_only: bool = False) -> Iterator[ast.AST]:
+    """Every node, inside functions too, except the bodies of ``if TYPE_CHECKING:`` (their ``else`` counts) unless
+    ``type_only``."""
     for child in ast.iter_child_nodes(tree):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
+        if isinstance(child, ast.If) and _is_type_checking(child.test) and not type_only:
             for other in child.orelse:
                 yield other
-                yield from _runtime_nodes(other)
+                yield from _runtime_nodes(other, type_only)
             continue
         yield child
-        yield from _runtime_nodes(child)
+        yield from _runtime_nodes(child, type_only)
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def import_graph(root: Path, packages: Sequence[str] = PACKAGES) -> ImportGraph:
-    """The import graph of ``packages`` under ``root``, read from the source (nothing is imported)."""
+def import_graph(root: Path, packages: Sequence[str] = PACKAGES, type_only: bool = False) -> ImportGraph:
+    """The import graph of ``packages`` under ``root``, read from the source (nothing is imported); ``type_only``
+    counts the imports under ``if TYPE_CHECKING:`` too."""
     files = module_files(root, packages)
     edges: dict[str, dict[str, int]] = {}
     private: list[tuple[str, int, str]] = []
@@ -111,7 +117,7 @@ def import_graph(root: Path, packages: Sequence[str] = PACKAGES) -> ImportGraph:
         out = edges.setdefault(name, {})
         aliases: dict[str, str] = {}  # local name -> project module it is bound to
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path)), type_only):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name in files:
@@ -190,8 +196,9 @@ def describe_cycles(graph: ImportGraph) -> str:
 
 
 def test_no_import_cycles_among_the_projects_modules() -> None:
-    """Imports inside functions count; ``if TYPE_CHECKING:`` imports do not."""
-    graph = import_graph(Path(__file__).resolve().parents[1])
+    """Imports inside functions count, and so do ``if TYPE_CHECKING:`` imports (a circle of annotations is still two
+    modules that cannot be read apart)."""
+    graph = import_graph(Path(__file__).resolve().parents[1], type_only=True)
     assert len(graph.edges) >= 80
     assert import_cycles(graph.edges) == [], describe_cycles(graph)
 
@@ -230,3 +237,209 @@ def test_the_detectors_find_a_cycle_and_private_imports_in_a_synthetic_package(t
     # cut the function-level import and nothing is left
     (tmp_path / "pkg/engine.py").write_text("def go():\n    return 1\n")
     assert import_cycles(import_graph(tmp_path, ("pkg", "other")).edges) == []
+
+
+# -- the layers of pipeline/ --------------------------------------------------------------------------------------
+
+#: pipeline/'s units, bottom to top: a module may import modules of its own unit and of the units before it, never
+#: one after it (a module belongs to the longest unit that prefixes it). The first four are the base every layer
+#: reads; ``pipeline.runtime`` is the runtime a deployment imports alone (artifacts, executors, the converted modules,
+#: the generation loop, the reports as data); everything after it is the conversion, in the order its stages are
+#: built on each other; the CLI and the package's facade (``pipeline``, its names loaded on first use) stand on top.
+PIPELINE_UNITS = (
+    "pipeline.settings",
+    "pipeline.versions",
+    "pipeline.noise",
+    "pipeline.progress",
+    "pipeline.runtime",
+    "pipeline.accuracy",  # the accuracy policy: tolerances, anchors, statistics (validation, comparison, stages)
+    "pipeline.exporting",
+    "pipeline.validation",
+    "pipeline.precision",
+    "pipeline.compatibility.data",  # the parser's static table, which the segment builder reads
+    "pipeline.compatibility.ops",
+    "pipeline.compatibility.rules",
+    "pipeline.compatibility.static",
+    "pipeline.backends",  # building engines (loading them is the runtime's)
+    "pipeline.compatibility",  # the real parser's verdict (it parses with the build's parser)
+    "pipeline.comparison",
+    "pipeline.quantize",
+    "pipeline.rewrite",
+    "pipeline.final_graph",
+    "pipeline.generation",  # converting a generative model: the step graph and its validation
+    "pipeline.refitting",
+    "pipeline.conversion",
+    "pipeline.first_call",
+    "pipeline.testing",
+    "pipeline",  # the facade: exactly pipeline/__init__.py
+    "pipeline.cli",
+    "pipeline.__main__",
+)
+
+#: What the runtime may read of the packages below pipeline/: errors, files, settings, plugin records, model I/O and
+#: the format facts of the graphs it runs; not the converters, the passes or their machinery.
+RUNTIME_MAY_IMPORT = (
+    "converters",
+    "converters.errors",
+    "converters.files",
+    "converters.settings",
+    "converters.block_settings",
+    "converters.generation_settings",
+    "converters.shapes",
+    "converters.plugins",
+    "converters.plugins.nodes",
+    "converters.plugins.shapes",
+    "converters.plugins.spec",
+    "passes",
+    "passes.records",
+    "passes.model_io",
+    "passes.model_io.external_data",
+    "passes.model_io.gc_pause",
+    "passes.model_io.graphs",
+    "passes.model_io.onnx_export",
+    "passes.model_io.onnx_import",
+    "passes.precision",
+    "passes.precision.types",
+    "passes.quantize",
+    "passes.quantize.blockwise",
+    "passes.quantize.dynamic_fp4",
+    "passes.quantize.formats",
+)
+BASE_UNITS = PIPELINE_UNITS[:4]
+
+
+def pipeline_unit(module: str) -> int | None:
+    """The index in :data:`PIPELINE_UNITS` of ``module``'s unit (None outside pipeline/)."""
+    if module == "pipeline":
+        return PIPELINE_UNITS.index("pipeline")
+    found = [i for i, unit in enumerate(PIPELINE_UNITS) if unit != "pipeline" and (module + ".").startswith(unit + ".")]
+    return max(found, key=lambda i: len(PIPELINE_UNITS[i])) if found else None
+
+
+def upward_imports(graph: ImportGraph) -> list[str]:
+    """Every import inside pipeline/ from a unit to a later one, as ``module:line -> target``."""
+    found = []
+    for module, targets in sorted(graph.edges.items()):
+        here = pipeline_unit(module)
+        for target, line in targets.items():
+            there = pipeline_unit(target)
+            if here is not None and there is not None and there > here:
+                found.append(f"{module}:{line} -> {target}")
+    return found
+
+
+def test_every_pipeline_module_has_a_layer() -> None:
+    graph = import_graph(Path(__file__).resolve().parents[1])
+    unplaced = [m for m in graph.edges if m.startswith("pipeline") and pipeline_unit(m) is None]
+    assert unplaced == [], "add their unit to PIPELINE_UNITS"
+
+
+def test_no_import_inside_pipeline_runs_back_up_its_layers() -> None:
+    """Imports inside functions and under ``if TYPE_CHECKING:`` count, except the facade's type-only names."""
+    root = Path(__file__).resolve().parents[1]
+    graph = import_graph(root, type_only=True)
+    graph.edges["pipeline"] = import_graph(root).edges["pipeline"]  # its TYPE_CHECKING block names the public API
+    assert upward_imports(graph) == []
+
+
+def test_the_runtime_reads_only_its_share_of_converters_and_passes() -> None:
+    graph = import_graph(Path(__file__).resolve().parents[1], type_only=True)
+    runtime = [m for m in graph.edges if pipeline_unit(m) is not None and pipeline_unit(m) <= 4]  # base + runtime
+    outside = sorted(
+        f"{m} -> {t}"
+        for m in runtime
+        for t in graph.edges[m]
+        if not t.startswith("pipeline") and t not in RUNTIME_MAY_IMPORT
+    )
+    assert outside == []
+
+
+def test_the_layer_rule_finds_an_import_that_runs_back_up() -> None:
+    edges = {
+        "pipeline.runtime.module": {"pipeline.comparison.run": 3, "pipeline.settings": 1},
+        "pipeline.conversion": {"pipeline.runtime.module": 9},
+        "pipeline.cli.generate": {"pipeline": 2},
+        "pipeline": {"pipeline.backends": 5},
+    }
+    assert upward_imports(ImportGraph(edges, [])) == ["pipeline.runtime.module:3 -> pipeline.comparison.run"]
+    assert pipeline_unit("pipeline.compatibility.static") < pipeline_unit("pipeline.backends")
+    assert pipeline_unit("pipeline.compatibility.real") > pipeline_unit("pipeline.backends")
+    assert pipeline_unit("pipeline.precision.stage") == PIPELINE_UNITS.index("pipeline.precision")
+
+
+LOAD_AND_CALL = """
+import json, sys
+import torch
+import pipeline
+module = pipeline.load(sys.argv[1])
+if hasattr(module, "generate"):
+    module.generate(torch.tensor([[3, 1, 4]]), max_new_tokens=2)
+else:
+    module(torch.randn(2, 8))
+print(json.dumps(sorted(sys.modules)))
+"""
+
+#: Third-party packages only the conversion uses: none of them may load with an artifact.
+CONVERSION_ONLY = ("onnxscript", "onnx_ir", "polygraphy", "transformers", "tensorrt", "tensorrt_rtx")
+
+
+def conversion_modules(loaded: Sequence[str]) -> list[str]:
+    """The modules of ``loaded`` that belong to the conversion: pipeline/ above the runtime, converters and passes
+    beyond the runtime's share, and the conversion's own third-party packages."""
+    above_runtime = PIPELINE_UNITS.index("pipeline.runtime")
+
+    def of_conversion(name: str) -> bool:
+        unit = pipeline_unit(name)
+        if name.startswith("pipeline"):
+            return name != "pipeline" and unit is not None and unit > above_runtime
+        if name.split(".")[0] in ("converters", "passes"):
+            return name not in RUNTIME_MAY_IMPORT
+        return name.split(".")[0] in CONVERSION_ONLY
+
+    ours = [name for name in loaded if of_conversion(name)]
+    return ours
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A plain artifact and a generation artifact (a tiny random Llama, not validated: only the loading is tested)."""
+    import torch
+    import transformers
+
+    import pipeline
+
+    out = tmp_path_factory.mktemp("artifacts")
+    plain = pipeline.convert(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), torch.randn(2, 8))
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+    )
+    llama = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (1, 6))
+    generative = pipeline.convert(llama, ids, generation={"max_length": 16, "max_batch": 1}, validate=False)
+    return {"plain": plain.save(out / "plain.ptrt"), "generation": generative.save(out / "generation.ptrt")}
+
+
+@pytest.mark.parametrize("kind", ["plain", "generation"])
+def test_load_and_call_import_no_conversion_module(artifacts: dict[str, Path], kind: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_CALL, str(artifacts[kind])], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert "pipeline.runtime.loading" in loaded  # the probe did load through the runtime
+    assert conversion_modules(loaded) == []
+
+
+def test_the_probe_would_see_a_conversion_module() -> None:
+    assert conversion_modules(
+        ["pipeline.runtime.module", "pipeline.comparison.run", "onnxscript.ir", "passes.base"]
+    ) == [
+        "pipeline.comparison.run",
+        "onnxscript.ir",
+        "passes.base",
+    ]
