@@ -168,12 +168,18 @@ def third_party_lines(stderr: str, expected: tuple[str, ...] = ()) -> list[str]:
     our loggers: no other logger has that handler)."""
     own_log = re.compile(rf"^log {OURS}(\.\w+)*: (.*)")
     own_warning = re.compile(rf"/{OURS}/[\w/]+\.py:\d+: \w*Warning: (.*)")
+    # our warning pointed at the example's own line (stacklevel): the block's label, "page.md:LINE", then its line
+    example_warning = re.compile(r"^[\w./-]+\.md:\d+:\d+: (\w*Warning: .*)")
     lines = stderr.splitlines()
     foreign = []
     for index, line in enumerate(lines):
         previous = lines[index - 1] if index else ""
         message = next(
-            (m.group(m.lastindex or 0) for m in (own_log.match(line), own_warning.search(line)) if m),
+            (
+                m.group(m.lastindex or 0)
+                for m in (own_log.match(line), own_warning.search(line), example_warning.match(line))
+                if m
+            ),
             line[len("warning: ") :] if line.startswith("warning: ") else None,
         )
         if message is not None:  # ours, or a Python warning as the CLI prints it: say-so needed
@@ -193,7 +199,8 @@ def problems(page: str, text: str | None = None) -> list[str]:
     text = page_path(page).read_text() if text is None else text
     found = []
     for block in blocks(page, text):
-        if block.language not in LANGUAGES:
+        if block.language not in LANGUAGES and not (block.page != page and block.skip):  # an included file's own
+            # blocks, skipped at the include with the reason, are not ours to label
             found.append(f"{block.label}: a ```{block.language or '(no language)'} block: say python, bash, console "
                          "or text (output)")
         if block.skip == "":
