@@ -34,7 +34,7 @@ from pipeline.precision.stage import (
     effective_settings,
 )
 from pipeline.quantize.stage import quantize_settings, quantized_validation_settings
-from pipeline.quantize.weight_stage import weight_settings
+from pipeline.quantize.stage import quantize_settings as weight_settings  # one for every format: idempotent
 from pipeline.refitting import RefitSource
 from pipeline.runtime.executors import Executor, select_backend
 from pipeline.runtime.generation.module import module_class

@@ -32,7 +32,8 @@ from pipeline.precision.stage import (
     validation_settings,
 )
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantized_validation_settings
-from pipeline.quantize.weight_stage import is_weight_quantized, quantize_weights_4bit
+from pipeline.quantize.stage import is_quantized as is_weight_quantized  # one stage for every format: the elif is dead
+from pipeline.quantize.stage import quantize_precision as quantize_weights_4bit
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
 from pipeline.runtime.reports.accuracy import AccuracyReport

@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 
 from converters.errors import InputError
+from passes.quantize.blockwise import BlockFormat
 from passes.quantize.formats import QuantFormat
 from pipeline.precision.measure import Feed, observe, peak_magnitudes
 
@@ -43,8 +44,11 @@ DEFAULT_METHOD = {"int8": "mse", "fp8": "max"}
 ENTROPY_LEVELS = 128
 
 
-def method_for(method: str, fmt: QuantFormat) -> str:
-    """The calibration method ``"auto"`` stands for, or ``method`` itself once checked against ``fmt``."""
+def method_for(method: str, fmt: QuantFormat | BlockFormat) -> str:
+    """The calibration method ``"auto"`` stands for, or ``method`` itself once checked against ``fmt`` (the 4-bit
+    weights' ``"max"`` or ``"awq"`` are checked with the settings)."""
+    if isinstance(fmt, BlockFormat):
+        return "max" if method == "auto" else method
     chosen = DEFAULT_METHOD[fmt.name] if method == "auto" else method
     if chosen not in METHODS:
         raise InputError(

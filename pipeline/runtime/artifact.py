@@ -2,11 +2,17 @@
 
 The file is a zip archive (members stored, not compressed): ``metadata.json``, ``model.onnx``, optionally
 ``engine.plan`` (or, for a module of TensorRT segments, ``engine-segment-<i>.plan`` per TensorRT segment, with
-the segment plan in the metadata), and ``model.onnx.data`` when the graph keeps its weights in external data
-(large models; streamed in and out, never held whole in memory). The metadata holds versions, the I/O spec, the
-settings, the report and a SHA-256 of every other member; loading checks all of it. Writing goes to a temporary
-file in the target directory and is renamed into place, so a crash never leaves a half-written artifact under the
-requested name.
+the segment plan in the metadata), and ``model.onnx.data``: the graph's weights, written first, every tensor at a
+multiple of 4096 bytes of the file (the member's local header is padded to that). ``manifest.json`` holds a SHA-256
+of every other member; the metadata holds versions, the I/O spec, the settings and the report; loading checks all
+of it. Writing goes to a temporary file in the target directory and is renamed into place, so a crash never leaves a
+half-written artifact under the requested name.
+
+Loading maps the file instead of reading it: ONNX Runtime maps the weights in place from a hard link to the
+artifact in a private directory (which keeps this very file, whatever later happens at its path), the graph proto
+is a few hundred KB, and the SHA-256 of the weights runs in a thread while the session is made
+(:meth:`Artifact.verified` waits for it; ``pipeline.load`` does before it returns). Format ``/2`` (weights inline
+in ``model.onnx`` unless external) is still read, by copying its members as before.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import logging
+import os
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -25,35 +33,54 @@ import onnx
 
 from converters.errors import ArtifactError, InputError
 from converters.files import write_file_atomically
-from converters.plugins.spec import plugin_records
+from onnx.external_data_helper import ExternalDataInfo
+
 from passes.model_io.external_data import (
+    ALIGNMENT,
     WeightFiles,
-    has_external_data,
+    external_tensors,
     set_weights_dir,
-    without_weights_dir,
     write_compact,
 )
 from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.mapped_zip import DigestThread, MappedZip, aligned_member
 from pipeline.runtime.reports.conversion import ConversionReport
 from pipeline.settings import DynamicDim, Settings, Tolerance
 
-FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member, the metadata too
+FORMAT = "torch-trt-pipeline-artifact/3"  # /3: the weights always in model.onnx.data, aligned for mapping
+INLINE_FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member; weights inline when small
+READ_FORMATS = (FORMAT, INLINE_FORMAT)
 ONNX_MEMBER = "model.onnx"
 ENGINE_MEMBER = "engine.plan"
 DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
 SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segment i (pipeline.backends.segments)
 METADATA_MEMBER = "metadata.json"
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
+LINK_NAME = "artifact.ptrt"  # the loaded artifact's hard link in the module's private weights directory
+#: Initializers of at least this many bytes go to model.onnx.data (onnx.save's own threshold for external data).
+EXTERNAL_MIN_BYTES = 1024
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Artifact:
-    """A verified artifact: its metadata, the final graph, the engine bytes if any, and the unpacked weights."""
+    """A read artifact: its metadata, the final graph, the engine bytes if any, and the private directory of the
+    graph's weights. ``pending`` is the weights' SHA-256 check still running (``read_artifact(wait=False)``):
+    :meth:`verified` waits for it."""
     metadata: dict[str, Any]
     onnx_model: onnx.ModelProto
     engine: bytes | None
-    weights: WeightFiles | None = None  # where the graph's external weights were unpacked; keep it alive with it
+    weights: WeightFiles | None = None  # the graph's weights directory (a link or a copy); keep it alive with it
     segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
+    pending: _PendingDigest | None = None
+
+    def verified(self) -> Artifact:
+        """The artifact, once the weights' SHA-256 matches the manifest; an ArtifactError if it does not."""
+        if self.pending is not None:
+            self.pending.check()
+        return self
 
     @property
     def io(self) -> IOSpec:
@@ -83,6 +110,7 @@ def save_artifact(
     streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``segments`` is the plan of a
     module of TensorRT segments and ``segment_engines`` their engines by segment index. ``refit_at_load``: the
     engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
+    from converters.plugins.spec import plugin_records
     from pipeline.versions import library_versions
 
     metadata: dict[str, Any] = {
@@ -112,10 +140,11 @@ def save_artifact(
     def write_zip(handle: BinaryIO) -> None:
         with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
             digests: dict[str, str] = {}
-            graph = without_weights_dir(onnx_model)
-            if has_external_data(graph):  # write_compact's graph points at the member, not at this machine's files
-                with archive.open(DATA_MEMBER, "w", force_zip64=True) as out:
-                    graph, digests[DATA_MEMBER] = write_compact(onnx_model, out, DATA_MEMBER)
+            # first, its data at an aligned offset; the graph then points at the member, not at this machine's files
+            with archive.open(aligned_member(DATA_MEMBER, handle.tell(), ALIGNMENT), "w", force_zip64=True) as out:
+                graph, digests[DATA_MEMBER] = write_compact(
+                    onnx_model, out, DATA_MEMBER, inline_min_bytes=EXTERNAL_MIN_BYTES
+                )
             members = {ONNX_MEMBER: graph.SerializeToString(), METADATA_MEMBER: json.dumps(metadata, indent=2).encode()}
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
@@ -147,14 +176,15 @@ def runtime_cache_beside(artifact: Path) -> Path:
     return artifact.with_name(artifact.name + ".rtx-runtime-cache")
 
 
-def read_artifact(path: str | Path) -> Artifact:
+def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     """Read and verify an artifact; anything missing, altered or unreadable is an ArtifactError.
 
     The manifest must cover exactly the members present, each must match its SHA-256 (the metadata too), the
     metadata must be complete, and its I/O spec must agree with the graph. An artifact written with other library
     versions loads with a warning (the engine, if any, is checked against this machine by ``pipeline.load``).
-    External weights are unpacked (streamed, and checked on the way) into a private directory that lives as long as
-    the returned artifact's ``weights`` handle.
+    The graph's weights stay in the artifact: a hard link to it in a private directory that lives as long as the
+    returned artifact's ``weights`` handle (a copy of the weights member where the link cannot be made). With
+    ``wait=False`` the weights' SHA-256 is still being computed: call ``.verified()`` before trusting them.
     """
     if not isinstance(path, str | Path):
         raise ArtifactError(
@@ -165,13 +195,14 @@ def read_artifact(path: str | Path) -> Artifact:
         raise ArtifactError(f"no artifact at {path}", fix="check the path")
     weights = WeightFiles()
     try:
-        data = _verified_members(path, weights)
+        members = _read_members(path, weights)
     except ArtifactError:
         weights.cleanup()
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         weights.cleanup()
         raise ArtifactError(f"{path} is corrupted or not an artifact: {exc}", fix=REWRITE_FIX) from exc
+    data = members.data
     metadata = _metadata(path, data[METADATA_MEMBER])
     try:
         model = onnx.load_model_from_string(data[ONNX_MEMBER])
@@ -180,7 +211,9 @@ def read_artifact(path: str | Path) -> Artifact:
     _check_io_against_graph(path, metadata, model)
     _check_settings(path, metadata, model)
     _warn_on_versions(path, metadata)
-    if (weights.directory / DATA_MEMBER).is_file():
+    if members.data_offset is not None:  # format /3 with the link: the weights are read where they are stored
+        _point_into_artifact(path, model, members.data_offset, members.data_size)
+    if (weights.directory / DATA_MEMBER).is_file() or (weights.directory / LINK_NAME).is_file():
         set_weights_dir(model, weights.directory)
         kept: WeightFiles | None = weights
     else:
@@ -191,7 +224,8 @@ def read_artifact(path: str | Path) -> Artifact:
         for name, blob in data.items()
         if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
     }
-    return Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines)
+    artifact = Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, members.pending)
+    return artifact.verified() if wait else artifact
 
 
 REWRITE_FIX = "convert the model again and save a new artifact"
@@ -199,42 +233,159 @@ REWRITE_FIX = "convert the model again and save a new artifact"
 REQUIRED_METADATA = {"format": str, "backend": str, "versions": dict, "io": dict, "settings": dict, "report": dict}
 
 
-def _verified_members(path: Path, weights: WeightFiles) -> dict[str, bytes]:
-    """Every member but the weights (unpacked into ``weights``), each checked against the manifest."""
+@dataclass
+class _Members:
+    """The members read (all but the weights), and for format /3 where the weights are and their pending check."""
+    data: dict[str, bytes]
+    pending: _PendingDigest | None = None
+    data_offset: int | None = None  # where model.onnx.data starts in the file, when the graph reads it through a link
+    data_size: int = 0
+
+
+class _PendingDigest:
+    """The weights member's SHA-256, computed in a thread, against the manifest's."""
+
+    def __init__(self, path: Path, thread: DigestThread, expected: str) -> None:
+        self.path, self._thread, self._expected = path, thread, expected
+        self._failure: ArtifactError | None = None
+        self._done = False
+
+    def check(self) -> None:
+        """Wait for the digest; an ArtifactError (each time asked) when it differs from the manifest's."""
+        if not self._done:
+            try:
+                got = self._thread.result()
+            except OSError as exc:  # a read error of the mapped file (it shrank, an I/O error)
+                self._failure = ArtifactError(f"{self.path} could not be read: {exc}", fix=REWRITE_FIX)
+            else:
+                if got != self._expected:
+                    self._failure = _digest_error(self.path, DATA_MEMBER)
+            self._done = True
+        if self._failure is not None:
+            raise self._failure
+
+
+def _digest_error(path: Path, name: str) -> ArtifactError:
+    return ArtifactError(
+        f"{path}: member {name} does not match its SHA-256 in the manifest (corrupted or edited)", fix=REWRITE_FIX
+    )
+
+
+def _read_members(path: Path, weights: WeightFiles) -> _Members:
+    """The members of a format /3 artifact read from its mapping, or of a /2 one copied (``_verified_members``)."""
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
-        if MANIFEST_MEMBER not in names:
+        digests = _manifest_digests(path, archive, names)
+    if digests["format"] == INLINE_FORMAT:
+        return _Members(_verified_members(path, archive_names=names, digests=digests["sha256"], weights=weights))
+    return _mapped_members(path, weights, names, digests["sha256"])
+
+
+def _manifest_digests(path: Path, archive: zipfile.ZipFile, names: set[str]) -> dict[str, Any]:
+    """The manifest, checked: a format this version reads, a digest for exactly the members present."""
+    if MANIFEST_MEMBER not in names:
+        raise ArtifactError(
+            f"{path} has no {MANIFEST_MEMBER}: it is not an artifact of this format ({FORMAT})",
+            fix="load it with the version that wrote it, or convert the model again",
+        )
+    manifest = json.loads(archive.read(MANIFEST_MEMBER))
+    digests = manifest.get("sha256") if isinstance(manifest, dict) else None
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ArtifactError(f"{path}: {MANIFEST_MEMBER} is malformed", fix=REWRITE_FIX)
+    if manifest.get("format") not in READ_FORMATS:
+        raise ArtifactError(
+            f"{path} has format {manifest.get('format')!r}; this version reads {' and '.join(map(repr, READ_FORMATS))}",
+            fix="load it with the version that wrote it, or convert again",
+        )
+    present = names - {MANIFEST_MEMBER}
+    for name in sorted(present - set(digests)):
+        raise ArtifactError(f"{path}: member {name} is not covered by the manifest (added later?)", fix=REWRITE_FIX)
+    for name in sorted(set(digests) - present):
+        raise ArtifactError(f"{path}: the manifest lists {name}, which the artifact lacks", fix=REWRITE_FIX)
+    for member in (METADATA_MEMBER, ONNX_MEMBER):
+        if member not in digests:
+            raise ArtifactError(f"{path} has no {member}; it is incomplete or not an artifact", fix=REWRITE_FIX)
+    if manifest["format"] == FORMAT and DATA_MEMBER not in digests:
+        raise ArtifactError(f"{path} has no {DATA_MEMBER}; it is incomplete or not an artifact", fix=REWRITE_FIX)
+    return manifest
+
+
+def _mapped_members(path: Path, weights: WeightFiles, names: set[str], digests: dict[str, str]) -> _Members:
+    """Format /3: the small members copied out of the mapping and checked; the weights linked (or copied, where no
+    link can be made) into ``weights`` and hashed in a thread."""
+    mapped = MappedZip(path)
+    try:
+        if set(mapped.names()) != names:
+            raise ArtifactError(f"{path} changed while it was being read", fix="load it again")
+        data = {name: bytes(mapped.view(name)) for name in names - {MANIFEST_MEMBER, DATA_MEMBER}}
+        for name, blob in data.items():
+            if hashlib.sha256(blob).hexdigest() != digests[name]:
+                raise _digest_error(path, name)
+        offset = mapped.data_offset(DATA_MEMBER)
+        weights_view = mapped.view(DATA_MEMBER)
+        linked = _link(path, mapped, weights.directory / LINK_NAME)
+        if not linked:
+            with open(weights.directory / DATA_MEMBER, "wb") as out:
+                out.write(weights_view)
+    except BaseException:
+        mapped.close()
+        raise
+    size = len(weights_view)
+    pending = _PendingDigest(path, DigestThread(weights_view, done=mapped), digests[DATA_MEMBER])
+    return _Members(data, pending, offset if linked else None, size)
+
+
+def _link(path: Path, mapped: MappedZip, link: Path) -> bool:
+    """Hard-link the artifact at ``link`` (the very file mapped: an ArtifactError if the path now names another);
+    False, logged, where the file system refuses (another file system than the temporary directory's, a file of
+    another user under protected hard links): the weights are then copied."""
+    try:
+        os.link(path, link)
+    except OSError as exc:
+        log.info("%s: cannot hard-link it into %s (%s); copying its weights instead", path, link.parent, exc)
+        return False
+    linked = os.stat(link)
+    if (linked.st_dev, linked.st_ino) != (mapped.stat.st_dev, mapped.stat.st_ino):
+        raise ArtifactError(f"{path} was replaced while it was being read", fix="load it again")
+    return True
+
+
+def _point_into_artifact(path: Path, model: onnx.ModelProto, start: int, size: int) -> None:
+    """Let every external tensor read the linked artifact at the offset of its bytes in the weights member, after
+    checking that they lie inside that member."""
+    for tensor in external_tensors(model):
+        info = ExternalDataInfo(tensor)
+        offset, length = info.offset or 0, info.length
+        if info.location != DATA_MEMBER or length is None or offset < 0 or length < 0 or offset + length > size:
             raise ArtifactError(
-                f"{path} has no {MANIFEST_MEMBER}: it is not an artifact of this format ({FORMAT})",
-                fix="load it with the version that wrote it, or convert the model again",
+                f"{path}: tensor {tensor.name!r} points outside {DATA_MEMBER} (location {info.location!r}, offset "
+                f"{offset}, length {length}; the member holds {size} bytes)",
+                fix=REWRITE_FIX,
             )
-        manifest = json.loads(archive.read(MANIFEST_MEMBER))
-        digests = manifest.get("sha256") if isinstance(manifest, dict) else None
-        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
-            raise ArtifactError(f"{path}: {MANIFEST_MEMBER} is malformed", fix=REWRITE_FIX)
-        if manifest.get("format") != FORMAT:
-            raise ArtifactError(
-                f"{path} has format {manifest.get('format')!r}; this version reads {FORMAT!r}",
-                fix="load it with the version that wrote it, or convert again",
-            )
-        present = names - {MANIFEST_MEMBER}
-        for name in sorted(present - set(digests)):
-            raise ArtifactError(f"{path}: member {name} is not covered by the manifest (added later?)", fix=REWRITE_FIX)
-        for name in sorted(set(digests) - present):
-            raise ArtifactError(f"{path}: the manifest lists {name}, which the artifact lacks", fix=REWRITE_FIX)
-        for member in (METADATA_MEMBER, ONNX_MEMBER):
-            if member not in digests:
-                raise ArtifactError(f"{path} has no {member}; it is incomplete or not an artifact", fix=REWRITE_FIX)
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = LINK_NAME
+            elif entry.key == "offset":
+                entry.value = str(start + offset)
+        if not any(entry.key == "offset" for entry in tensor.external_data):
+            tensor.external_data.add(key="offset", value=str(start + offset))
+
+
+def _verified_members(
+    path: Path, *, archive_names: set[str], digests: dict[str, str], weights: WeightFiles
+) -> dict[str, bytes]:
+    """Format /2: every member but the weights (unpacked into ``weights``), each checked against the manifest."""
+    present = archive_names - {MANIFEST_MEMBER}
+    with zipfile.ZipFile(path) as archive:
+        if set(archive.namelist()) != archive_names:
+            raise ArtifactError(f"{path} changed while it was being read", fix="load it again")
         data = {name: archive.read(name) for name in present if name != DATA_MEMBER}
         got = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
         if DATA_MEMBER in present:
             got[DATA_MEMBER] = _unpack(archive, DATA_MEMBER, weights.directory / DATA_MEMBER)
     for name in sorted(present):
         if got[name] != digests[name]:
-            raise ArtifactError(
-                f"{path}: member {name} does not match its SHA-256 in the manifest (corrupted or edited)",
-                fix=REWRITE_FIX,
-            )
+            raise _digest_error(path, name)
     return data
 
 

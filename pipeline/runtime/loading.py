@@ -18,7 +18,6 @@ from pipeline.runtime.artifact import Artifact, read_artifact, runtime_cache_bes
 from pipeline.runtime.executors import Executor, ExecutorBuilder, load_executor, select_backend
 from pipeline.runtime.generation.module import module_class
 from pipeline.runtime.module import ConvertedModule
-from pipeline.runtime.plugins import restore_plugins
 from pipeline.runtime.reports.conversion import ConversionReport
 from pipeline.settings import Settings
 
@@ -32,7 +31,21 @@ def load(
     when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
     TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's).
     """
-    artifact = read_artifact(path)
+    # the weights' SHA-256 runs while the executor is made; a corrupt artifact still fails here, as an ArtifactError
+    artifact = read_artifact(path, wait=False)
+    try:
+        module = _module(artifact, path, backend, rebuild, build)
+    except BaseException:
+        artifact.verified()  # corrupt weights are the cause to report, whatever failed on them
+        raise
+    artifact.verified()
+    return module
+
+
+def _module(
+    artifact: Artifact, path: str | Path, backend: str | None, rebuild: bool, build: ExecutorBuilder | None
+) -> ConvertedModule:
+    """The module of a read artifact (its weights possibly still being checked)."""
     settings, io = artifact.settings, artifact.io
     chosen = backend or artifact.metadata["backend"]
     engine = None
@@ -42,8 +55,12 @@ def load(
         engine = artifact.engine  # runs where TensorRT-RTX supports the GPU, else kept beside ONNX Runtime
     # raises with the reason when TensorRT was asked for and cannot run; warns when a TensorRT-RTX engine cannot
     choice = select_backend(chosen, settings)
-    # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
-    restore_plugins(artifact.metadata.get("plugins", ()), artifact.onnx_model, chosen)
+    records = artifact.metadata.get("plugins", ())
+    if records or chosen == "tensorrt":  # imported only then: the plugin machinery costs 0.3-1 s of imports (sympy)
+        from pipeline.runtime.plugins import restore_plugins
+
+        # the torch ops behind plugin nodes, re-imported; TensorRT's plugins registered before the engine is read
+        restore_plugins(records, artifact.onnx_model, chosen)
     plan = artifact.metadata.get("segments")
     executor: Executor
     if plan is not None and chosen in ("tensorrt", "tensorrt-rtx"):  # TensorRT segments, ONNX Runtime for the rest

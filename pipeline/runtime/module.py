@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx
 import torch
+from onnx import ModelProto
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
@@ -89,7 +90,7 @@ class ConvertedModule(torch.nn.Module):
         return self._executor
 
     def rebind(
-        self, executor: Executor, onnx_model: onnx.ModelProto, report: ConversionReport, weights: WeightFiles | None
+        self, executor: Executor, onnx_model: ModelProto, report: ConversionReport, weights: WeightFiles | None
     ) -> None:
         """Run ``executor`` on ``onnx_model`` from now on, with ``report`` (``weights``: the graph's external weights,
         kept alive with the module). :func:`pipeline.refit` calls it with the graph of the new weights."""

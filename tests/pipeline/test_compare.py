@@ -204,7 +204,9 @@ def test_tolerance_by_module_path_moves_the_first_divergence(
     converted: tuple[Net, pipeline.ConvertedModule],
 ) -> None:
     model, module = converted
-    report = pipeline.compare(model, sample(3), per_layer=True, random_inputs=0, tolerances={"blocks.3": (1.0, 1.0)}, module=module)
+    report = pipeline.compare(
+        model, sample(3), per_layer=True, random_inputs=0, tolerances={"blocks.3": (1.0, 1.0)}, module=module
+    )
     assert report.first_divergence is not None and report.first_divergence.layer.module == "blocks.4.lin"
 
 

@@ -132,7 +132,9 @@ def test_fp16_outputs_within_pytorch_half_error_pass_and_a_planted_error_fails(
     assert module.report.precision is not None
     notes = module.report.precision.notes
     assert any("the fixed float16 tolerance fails on the calibration inputs" in n for n in notes)
-    report = pipeline.compare(one_percent_off(model, ("c", "d")), [sample()], module=module)  # out_1: PyTorch's own is 0.2%
+    report = pipeline.compare(
+        one_percent_off(model, ("c", "d")), [sample()], module=module
+    )  # out_1: PyTorch's own is 0.2%
     assert {o.output: o.passed for o in report.outputs} == {"out_0": True, "out_1": False}
 
 

@@ -1,4 +1,5 @@
-"""The real parser as the judge (pipeline.compatibility.judge, pipeline.compatibility.real) and the static table calibrated against it.
+"""The real parser as the judge (pipeline.compatibility.judge, pipeline.compatibility.real) and the static table
+calibrated against it.
 
 Every graph of the corpus (single-op graphs of tests/pipeline/parser_corpus.py, the final graphs of test models) is
 judged by the static table and by TensorRT-RTX's real parser and builder; each disagreement must be recorded in

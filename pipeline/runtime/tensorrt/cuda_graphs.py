@@ -13,7 +13,6 @@ Untested without a GPU (none here); it uses torch's CUDA graph API and the runne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,7 +42,7 @@ class BindingRunner(Protocol):
     device: torch.device
     context: Any
 
-    def bind(self, inputs: Mapping[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    def bind(self, inputs: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """Set the shapes and addresses of ``inputs`` on the context; what to keep alive, and the outputs."""
         ...
 
