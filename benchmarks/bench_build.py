@@ -2,8 +2,8 @@
 
 For each model (random weights, from torch / transformers configs): the export time (``pipeline.exporting.stage``), the
 final graph (the default passes, fp32), then TensorRT-RTX's real parser and builder through the backend's build
-code (``pipeline.compatibility.real.parse_with(..., build=True)``): parse seconds, build seconds and engine size, for the
-default portable targets (8.0, 8.6, 8.9, 12.0+) and for one target (8.9). Each build is run ``--runs`` times; the
+code (``pipeline.compatibility.real.parse_with(..., build=True)``): parse seconds, build seconds and engine size, for
+the default portable targets (8.0, 8.6, 8.9, 12.0+) and for one target (8.9). Each build is run ``--runs`` times; the
 median is reported.
 
 Run from the repository root::

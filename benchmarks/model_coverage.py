@@ -2,8 +2,9 @@
 TensorRT-RTX (fp32 and fp16), beside plain ``torch.onnx.export`` + ONNX Runtime + the same build.
 
 The models and their classification are ``tests/model_suite.py``'s (lists in ``tests/model_sources/``). Each model
-runs in its own subprocess (``--jobs`` at a time) under a deadline (``--timeout`` per side, plus start-up): a model
-that hangs is killed and recorded as ``timeout``, one whose process dies as ``crash``. Rows are appended to
+runs in its own worker process (``--jobs`` at a time; ``benchmarks/coverage_runner.py``) under a deadline
+(``--timeout`` per side, plus start-up): a model that hangs is killed and recorded as ``timeout``, one whose process
+dies as ``crash``. Rows are appended to
 ``<out>.partial.csv`` as they come, so a killed run resumes where it stopped; at the end they are merged into the
 existing table (rows not run this time are kept: ``--models`` re-runs a subset) and ``docs/model_coverage.csv`` and
 ``docs/model_coverage.md`` are written atomically.
@@ -18,24 +19,23 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
+import functools
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the repository's packages first, then the test harness
+# the repository's packages first, then the test harness and the runner beside this script
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+from coverage_runner import Work, cell, csv_text, record_rows, resume, run_all, write_atomically  # noqa: E402
+from coverage_runner import read_rows as read_table  # noqa: E402
 
 SIDES = ("fp32", "fp16", "plain")
 COLUMNS = ["model", "source", "family", "owner"] + [f"{s}{x}" for s in SIDES for x in ("", "_reason", "_seconds")]
@@ -43,13 +43,17 @@ COLUMNS.append("timing")  # "warm": first-use costs paid before the sides were t
 START_SECONDS = 90  # importing torch and the model library, building the model, before the first side starts
 
 
-def child(case_id: str, timeout: float, result: Path) -> None:
-    """Inside the subprocess: run one model's sides and write its row to ``result`` as JSON."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import tests_environment  # noqa: F401 -- torchvision's operator schemas before any model library
+def _setup() -> None:
+    """In each worker process: torchvision's operator schemas before any model library, torch on one thread."""
+    import tests_environment  # noqa: F401
     import torch
 
     torch.set_num_threads(1)
+    import model_suite  # noqa: F401
+
+
+def run_model(case_id: str, timeout: float) -> dict[str, str]:
+    """In a worker process: one model's sides, its row."""
     import model_suite
 
     source = case_id.split("/", 1)[0]
@@ -61,7 +65,7 @@ def child(case_id: str, timeout: float, result: Path) -> None:
     for side in SIDES:
         row |= {side: outcome.outcomes[side].status, f"{side}_reason": outcome.outcomes[side].reason,
                 f"{side}_seconds": f"{outcome.seconds[side]:.1f}"}
-    result.write_text(json.dumps(row))
+    return row
 
 
 def _failed_row(case_id: str, status: str, reason: str, seconds: float) -> dict[str, str]:
@@ -72,22 +76,17 @@ def _failed_row(case_id: str, status: str, reason: str, seconds: float) -> dict[
     return row
 
 
-def run_one(case_id: str, timeout: float, log: str) -> dict[str, str]:
-    """One model in its own process, killed at its deadline."""
-    deadline = timeout * (len(SIDES) + 1) + START_SECONDS  # the warm-up has a side's deadline too
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "row.json"
-        command = [sys.executable, __file__, "--child", case_id, "--timeout", str(timeout), "--result", str(result)]
-        start = time.monotonic()
-        with open(log, "ab") as out:
-            try:
-                process = subprocess.run(command, stdout=out, stderr=out, timeout=deadline, check=False)
-            except subprocess.TimeoutExpired:
-                return _failed_row(case_id, "timeout", f"timeout: killed after {deadline:g} s", deadline)
-        if result.exists():
-            return json.loads(result.read_text())
-        reason = f"crash: the model's process died (exit code {process.returncode})"
-        return _failed_row(case_id, "crash", reason, time.monotonic() - start)
+def _work(args: argparse.Namespace) -> Work:
+    """A fresh process per model, killed at its deadline."""
+    return Work(
+        setup=_setup,
+        run=functools.partial(run_model, timeout=args.timeout),
+        deadline=args.timeout * (len(SIDES) + 1) + START_SECONDS,  # the warm-up has a side's deadline too
+        failed_row=_failed_row,
+        crash="crash: the model's process died (exit code {code})",
+        per_worker=1,
+        log=args.log,
+    )
 
 
 def interleaved(cases: list[Any]) -> list[str]:
@@ -107,29 +106,13 @@ def _round_robin(lists: list[list[str]]) -> list[str]:
     return out
 
 
+def _model_id(row: dict[str, str]) -> str:
+    return f"{row['source']}/{row['model']}"
+
+
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
     """The rows of a coverage CSV (or of a partial one) by model id; empty when it does not exist."""
-    if not path.exists():
-        return {}
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("model") and r.get("plain_seconds")]  # a whole line
-    return {f"{r['source']}/{r['model']}": r for r in rows}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    from converters.files import write_file_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_file_atomically(path, text.encode())
-
-
-def csv_text(rows: list[dict[str, str]]) -> str:
-    """The coverage CSV: one row per model."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+    return read_table(path, _model_id, "plain_seconds")  # a whole line
 
 
 def totals(rows: list[dict[str, str]]) -> dict[str, int]:
@@ -148,11 +131,6 @@ def headline(rows: list[dict[str, str]]) -> str:
     return (f"Of {t['runs']} models PyTorch runs here, {_share(t['fp32'], t['runs'])} convert, match and build "
             f"with TensorRT-RTX in fp32 and {_share(t['fp16'], t['runs'])} in fp16; plain export matches and builds "
             f"{_share(t['plain'], t['runs'])}")
-
-
-def _cell(text: str, limit: int = 200) -> str:
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text.replace("|", "\\|").replace("\n", " ") or " "
 
 
 def _time_ratio(rows: list[dict[str, str]], side: str) -> str:
@@ -215,7 +193,7 @@ def markdown(rows: list[dict[str, str]], command: str) -> str:
                   or next((r[f"{s}_reason"] for s in ("fp32", "fp16") if r[f"{s}_reason"]), ""))
         owner = f" (owned by {r['owner']})" if r["owner"] and reason else ""
         lines.append(f"| `{r['source']}/{r['model']}` | {r['family']} | {r['fp32']} | {r['fp16']} | {r['plain']} | "
-                     f"{_cell(reason + owner)} |")
+                     f"{cell(reason + owner, 200)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,8 +208,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="ignore a partial run and the existing table")
     parser.add_argument("--render-only", action="store_true", help="run nothing: write the table from the rows")
     parser.add_argument("--log", default=os.devnull, help="where the model processes' output goes")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -243,44 +219,30 @@ def _command(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the selected models (skipping those a partial run finished) and write the table."""
     args = parse_args(argv)
-    if args.child:
-        child(args.child, args.timeout, args.result)
-        return 0
     import model_suite
     import tests_environment  # noqa: F401
 
     table, partial = args.out.with_suffix(".csv"), Path(f"{args.out}.partial.csv")
-    if args.fresh:
-        partial.unlink(missing_ok=True)
     cases = model_suite.all_cases(tuple(args.sources.split(",")))
     ids = interleaved([c for i, c in cases.items() if re.search(args.models, i)])
-    done = read_rows(partial)
+    done = resume(partial, COLUMNS, _model_id, "plain_seconds", args.fresh)
     todo = [] if args.render_only else [i for i in ids if i not in done]
     print(f"{len(ids)} models selected, {len(done)} done by a partial run, {len(todo)} to run", flush=True)
+
+    def progress(row: dict[str, str]) -> None:
+        done[_model_id(row)] = row
+        print(f"[{len(done)}] {row['source']}/{row['model']}: {row['fp32']} {row['fp16']} plain {row['plain']} "
+              f"{next((row[s + '_reason'] for s in SIDES if row[s] != 'ok'), '')[:100]}", flush=True)
+
     start = time.monotonic()
-    if partial.exists() and partial.read_text().partition("\n")[0] != ",".join(COLUMNS):  # an older layout
-        _write_atomically(partial, csv_text(list(done.values())))
-    new_partial = not partial.exists() or partial.stat().st_size == 0  # a run killed before its first row
-    with partial.open("a", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore", lineterminator="\n")
-        if new_partial:
-            writer.writeheader()
-            f.flush()  # else a run killed before its first row leaves an empty file and the rows lose their header
-        with ThreadPoolExecutor(args.jobs) as pool:  # rows written as they finish: a killed run loses none
-            futures = [pool.submit(run_one, i, args.timeout, args.log) for i in todo]
-            for future in as_completed(futures):
-                row = future.result()
-                writer.writerow(row)
-                f.flush()
-                done[f"{row['source']}/{row['model']}"] = row
-                print(f"[{len(done)}] {row['source']}/{row['model']}: {row['fp32']} {row['fp16']} plain {row['plain']} "
-                      f"{next((row[s + '_reason'] for s in SIDES if row[s] != 'ok'), '')[:100]}", flush=True)
+    if todo:  # rows written as they finish: a killed run loses none
+        record_rows(partial, COLUMNS, lambda write: run_all(todo, _work(args), args.jobs, write), progress)
     merged = {} if args.fresh else read_rows(table)
     merged.update(done)
     order = {source: index for index, source in enumerate(("timm", "torchvision", "transformers", "diffusers"))}
     rows = sorted(merged.values(), key=lambda r: (order.get(r["source"], 9), r["family"], r["model"]))
-    _write_atomically(table, csv_text(rows))
-    _write_atomically(args.out.with_suffix(".md"), markdown(rows, _command(args)))
+    write_atomically(table, csv_text(rows, COLUMNS))
+    write_atomically(args.out.with_suffix(".md"), markdown(rows, _command(args)))
     if not args.render_only:
         partial.unlink(missing_ok=True)
     print(f"{headline(rows)}; {len(todo)} models in {(time.monotonic() - start) / 60:.1f} min; wrote {table}")

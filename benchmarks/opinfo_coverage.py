@@ -22,48 +22,42 @@ written atomically.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import multiprocessing
-import multiprocessing.connection
+import functools
 import os
 import re
 import resource
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the repository's packages first, then the test harness
+# the repository's packages first, then the test harness and the runner beside this script
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+from coverage_runner import Work, cell, csv_text, record_rows, resume, run_all, write_atomically  # noqa: E402
+from coverage_runner import read_rows as read_table  # noqa: E402
 
 COLUMNS = ["op", "status", "reason", "names_op", "plain", "plain_reason", "samples", "dtype", "seconds"]
 SCAN_SECONDS = 60  # finding the usable samples (eager runs) before the cases start
-MAX_FAILED_STARTS = 3  # workers that die before they are ready: the environment is broken, stop
 
 
-def _worker(conn: Any, options: dict[str, Any]) -> None:
-    """A worker process: run ops sent on ``conn`` and send back their rows, until it receives None."""
-    log = os.open(options["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)  # the exporter and TensorRT print: keep the parent's terminal for progress
-    os.dup2(log, 2)
-    # one thread per worker: --jobs processes share the cores, and idle OpenMP threads spin on a busy machine
-    os.environ["OMP_NUM_THREADS"] = "1"
+def _setup() -> None:
+    """In each worker process: torch on one thread, the op database loaded."""
     import torch
 
     torch.set_num_threads(1)
     import opinfo_support as support
 
     support.all_ops()
-    conn.send("ready")
-    while True:
-        name = conn.recv()
-        if name is None:
-            return
-        result = support.run_op(name, options["samples"], options["dtype"], options["plain"], options["timeout"])
-        conn.send(_row(result, options["dtype"]))
+
+
+def _run_op(name: str, samples: int, dtype: str, plain: bool, timeout: float) -> dict[str, str]:
+    """In a worker process: one op's row."""
+    import opinfo_support as support
+
+    return _row(support.run_op(name, samples, dtype, plain, timeout), dtype)
 
 
 def _row(result: Any, dtype: str) -> dict[str, str]:
@@ -80,7 +74,7 @@ def _row(result: Any, dtype: str) -> dict[str, str]:
     }
 
 
-def _failed_row(name: str, status: str, reason: str, dtype: str, seconds: float) -> dict[str, str]:
+def _failed_row(name: str, status: str, reason: str, seconds: float, dtype: str) -> dict[str, str]:
     return {
         "op": name,
         "status": status,
@@ -94,111 +88,9 @@ def _failed_row(name: str, status: str, reason: str, dtype: str, seconds: float)
     }
 
 
-@dataclass
-class Worker:
-    """A worker process, its pipe, the op it runs and that op's deadline."""
-
-    process: Any
-    conn: Any
-    ready: bool = False
-    op: str | None = None
-    started: float = 0.0
-    done: int = 0
-    deadline: float = field(default=0.0)
-
-
-def _start(context: Any, options: dict[str, Any]) -> Worker:
-    parent, child = context.Pipe()
-    process = context.Process(target=_worker, args=(child, options), daemon=True)
-    process.start()
-    child.close()
-    return Worker(process, parent)
-
-
-def _stop(worker: Worker) -> None:
-    worker.process.kill()
-    worker.process.join(10)
-    worker.conn.close()
-
-
-def run_all(names: list[str], options: dict[str, Any], jobs: int, on_row: Any) -> None:
-    """Run ``names`` on ``jobs`` workers, calling ``on_row(row)`` for each finished op (in finishing order)."""
-    context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
-    pending = list(reversed(names))
-    per_op = options["timeout"] * options["samples"] * (2 if options["plain"] else 1) + SCAN_SECONDS
-    workers = [_start(context, options) for _ in range(min(jobs, len(names)))]
-    failed_starts = 0
-    while pending or any(w.op for w in workers):
-        now = time.monotonic()
-        for index, worker in enumerate(workers):
-            if worker.op and now > worker.deadline:
-                reason = f"timeout: killed after {per_op:g} s"
-                on_row(_failed_row(worker.op, "timeout", reason, options["dtype"], now - worker.started))
-                _stop(worker)
-                workers[index] = worker = _start(context, options)
-            if worker.ready and worker.op is None and pending:
-                if worker.done >= options["ops_per_worker"]:  # a fresh process now and then: leaks stay bounded
-                    worker.conn.send(None)
-                    worker.process.join(30)
-                    workers[index] = worker = _start(context, options)
-                    continue
-                worker.op, worker.started = pending.pop(), now
-                worker.deadline = now + per_op
-                worker.conn.send(worker.op)
-        live = [w.conn for w in workers if not w.conn.closed]
-        for conn in multiprocessing.connection.wait(live, timeout=1.0):
-            index = next(i for i, w in enumerate(workers) if w.conn is conn)
-            worker = workers[index]
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # the worker died: a crash of the op it was running (or of its start)
-                code = worker.process.exitcode
-                name = worker.op
-                _stop(worker)
-                workers[index] = _start(context, options)
-                if name is None:
-                    failed_starts += 1
-                    if failed_starts > MAX_FAILED_STARTS:
-                        raise RuntimeError(f"workers die before they are ready (exit code {code}): see --log") from None
-                else:
-                    reason = f"crash: the worker process died (exit code {code}) while running the op"
-                    on_row(_failed_row(name, "crash", reason, options["dtype"], time.monotonic() - worker.started))
-                continue
-            if message == "ready":
-                worker.ready, failed_starts = True, 0
-                continue
-            worker.op, worker.done = None, worker.done + 1
-            on_row(message)
-    for worker in workers:
-        if worker.process.is_alive():
-            worker.conn.send(None)
-            worker.process.join(30)
-        _stop(worker)
-
-
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
     """The rows of a coverage CSV (or of a partial one) by op; empty when it does not exist."""
-    if not path.exists():
-        return {}
-    with path.open(newline="") as f:
-        # a row cut short by a kill lacks its last column: it does not count as done
-        return {row["op"]: row for row in csv.DictReader(f) if row.get("op") and row.get(COLUMNS[-1])}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    from converters.files import write_file_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_file_atomically(path, text.encode())
-
-
-def csv_text(rows: list[dict[str, str]]) -> str:
-    """The coverage CSV: one row per op, in ``op_db`` order."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+    return read_table(path, lambda row: row["op"], COLUMNS[-1])
 
 
 def headline(rows: list[dict[str, str]]) -> str:
@@ -211,11 +103,6 @@ def headline(rows: list[dict[str, str]]) -> str:
     if any(r["plain"] != "not run" for r in usable):
         text += f"; plain export builds {plain} ({100 * plain / total:.0f}%)"
     return text
-
-
-def _cell(text: str, limit: int = 220) -> str:
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text.replace("|", "\\|").replace("\n", " ") or " "
 
 
 def markdown(rows: list[dict[str, str]], command: str, dtype: str, samples: int) -> str:
@@ -251,8 +138,8 @@ def markdown(rows: list[dict[str, str]], command: str, dtype: str, samples: int)
     lines += ["", f"{len(unnamed)} failing ops get an error that does not name the op (CSV: `names_op` = no).", ""]
     lines += ["## Ops", "", "| op | ours | reason | plain export |", "|---|---|---|---|"]
     for r in rows:
-        plain_cell = r["plain"] if r["plain"] in ("ok", "not run") else f"{r['plain']}: {_cell(r['plain_reason'], 100)}"
-        lines.append(f"| `{r['op']}` | {r['status']} | {_cell(r['reason'])} | {_cell(plain_cell, 120)} |")
+        plain_cell = r["plain"] if r["plain"] in ("ok", "not run") else f"{r['plain']}: {cell(r['plain_reason'], 100)}"
+        lines.append(f"| `{r['op']}` | {r['status']} | {cell(r['reason'], 220)} | {cell(plain_cell, 120)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -301,25 +188,20 @@ def update_readme(path: Path, line: str) -> None:
     new_section, count = re.subn(r"(?m)^\*\*.*\*\*$", lambda _: f"**{line}.**", section, count=1)
     if not marker or count != 1:
         raise SystemExit(f"{path} has no '## Op coverage' section with a **headline** line")
-    _write_atomically(path, head + marker + new_section + sep + tail)
+    write_atomically(path, head + marker + new_section + sep + tail)
 
 
-def _run(names: list[str], partial: Path, done: dict[str, dict[str, str]], options: dict[str, Any], jobs: int) -> None:
-    """Run ``names``, appending each finished row to ``partial`` (flushed: a killed run loses only running ops)."""
-    new_partial = not partial.exists()
-    total = len(done) + len(names)
-    with partial.open("a", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore", lineterminator="\n")
-        if new_partial:
-            writer.writeheader()
-
-        def on_row(row: dict[str, str]) -> None:
-            writer.writerow(row)
-            f.flush()
-            done[row["op"]] = row
-            print(f"[{len(done)}/{total}] {row['op']}: {row['status']} {row['reason'][:100]}", flush=True)
-
-        run_all(names, options, jobs, on_row)
+def _work(args: argparse.Namespace) -> Work:
+    """Each op in a worker (a fresh one every ``--ops-per-worker`` ops) within its samples' and sides' time."""
+    plain = not args.no_plain
+    return Work(
+        setup=_setup,
+        run=functools.partial(_run_op, samples=args.samples, dtype=args.dtype, plain=plain, timeout=args.timeout),
+        deadline=args.timeout * args.samples * (2 if plain else 1) + SCAN_SECONDS,
+        failed_row=functools.partial(_failed_row, dtype=args.dtype),
+        per_worker=args.ops_per_worker,
+        log=args.log,
+    )
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -332,26 +214,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out or ROOT / "docs" / ("op_coverage" if args.dtype == "float32" else f"op_coverage_{args.dtype}")
     table, partial = out.with_suffix(".csv"), Path(f"{out}.partial.csv")
-    if args.fresh:
-        partial.unlink(missing_ok=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
     import opinfo_support as support
 
     names = [n for n in support.all_ops() if re.search(args.ops, n)]
-    done = {op: row for op, row in read_rows(partial).items() if row.get("dtype") == args.dtype}
+    partial_rows = resume(partial, COLUMNS, lambda row: row["op"], COLUMNS[-1], args.fresh)
+    done = {op: row for op, row in partial_rows.items() if row.get("dtype") == args.dtype}
     todo = [] if args.render_only else [n for n in names if n not in done]
     print(f"{len(names)} ops selected, {len(done)} done by a partial run, {len(todo)} to run", flush=True)
-    options = {"samples": args.samples, "dtype": args.dtype, "plain": not args.no_plain, "timeout": args.timeout,
-               "ops_per_worker": args.ops_per_worker, "log": args.log}
+    total = len(done) + len(todo)
+
+    def progress(row: dict[str, str]) -> None:
+        done[row["op"]] = row
+        print(f"[{len(done)}/{total}] {row['op']}: {row['status']} {row['reason'][:100]}", flush=True)
+
     start = time.monotonic()
     if todo:
-        _run(todo, partial, done, options, args.jobs)
+        record_rows(partial, COLUMNS, lambda write: run_all(todo, _work(args), args.jobs, write), progress)
     seconds = time.monotonic() - start
     merged = {} if args.fresh else {k: v for k, v in read_rows(table).items() if v.get("dtype") == args.dtype}
     merged.update(done)
     rows = [merged[n] for n in support.all_ops() if n in merged]
-    _write_atomically(table, csv_text(rows))
-    _write_atomically(out.with_suffix(".md"), markdown(rows, _command(args), args.dtype, args.samples))
+    write_atomically(table, csv_text(rows, COLUMNS))
+    write_atomically(out.with_suffix(".md"), markdown(rows, _command(args), args.dtype, args.samples))
     if args.update_readme:
         update_readme(ROOT / "README.md", headline(rows))
     if not args.render_only:

@@ -1,8 +1,8 @@
 """ONNX graph passes: the pass API, the pass manager, the rewrite-rule API (:mod:`passes.rules`) and the built-in
 passes.
 
-Names load on first use (PEP 562), so that importing one module of the package (``passes.model_io.external_data``, say) does
-not import the rest: the runtime reads a few of its modules without the conversion machinery."""
+Names load on first use (PEP 562), so that importing one module of the package (``passes.model_io.external_data``, say)
+does not import the rest: the runtime reads a few of its modules without the conversion machinery."""
 
 from __future__ import annotations
 

@@ -148,7 +148,8 @@ def check(
     """``pipeline.check``: will TensorRT take this graph? ``model`` is an ONNX ModelProto, a path to an ``.onnx``
     file or a ``.ptrt`` artifact, or an ``nn.Module`` with ``sample=``, converted first (on ONNX Runtime, without
     validation; ``converters`` and ``settings`` go to :func:`convert`) so that the graph judged is the one
-    ``convert`` would build. See :func:`pipeline.compatibility.judge.check` for ``trt_version``, ``parser`` and ``build``.
+    ``convert`` would build. See :func:`pipeline.compatibility.judge.check` for ``trt_version``, ``parser`` and
+    ``build``.
 
     >>> pipeline.check(model, sample=torch.randn(1, 3, 224, 224), parser="tensorrt-rtx", build=True)  # doctest: +SKIP
     """

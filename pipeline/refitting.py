@@ -9,7 +9,7 @@ engine that cannot run here keeps its plan, refit from the saved graph where it 
 against the new PyTorch model as ``convert`` validates (``validate=False`` skips it).
 
 >>> module = pipeline.convert(model, sample, refittable=True)              # doctest: +SKIP
->>> pipeline.refit(module, finetuned_model)   # or pipeline.refit(module, finetuned_model.state_dict())  # doctest: +SKIP
+>>> pipeline.refit(module, finetuned_model)  # or finetuned_model.state_dict()  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def refit(
     if sample is None:
         raise InputError(
             "pipeline.refit needs a sample to export the new model with: this module was loaded, not converted here",
-            fix="pass sample=... (an input like the one it was converted with): pipeline.refit(module, new_model, sample=x)",
+            fix="pass sample=... (an input like the one it was converted with): "
+            "pipeline.refit(module, new_model, sample=x)",
         )
     registry = source.converters or default_registry()
     pass_list = source.passes if source.passes is not None else default_passes(registry)
@@ -137,7 +138,8 @@ def _new_model(new: torch.nn.Module | Mapping[str, torch.Tensor], source: RefitS
         raise InputError(
             "pipeline.refit was given a state dict, but the model it was converted from is gone (or the module was "
             "loaded from an artifact), so there is no model to load it into",
-            fix="pass the model with the new weights instead: pipeline.refit(module, model_with_new_weights, sample=...)",
+            fix="pass the model with the new weights instead: "
+            "pipeline.refit(module, model_with_new_weights, sample=...)",
         )
     model = copy.deepcopy(original)
     try:

@@ -13,6 +13,7 @@ reads a weight) finds them from the proto alone, and the locations stay relative
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -20,13 +21,14 @@ import tempfile
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-from onnx_graphsurgeon.ir.tensor import LazyValues
+
+if TYPE_CHECKING:  # imported where used: loading an artifact (the runtime) needs none of graph-surgeon (0.1-0.3 s)
+    import onnx_graphsurgeon as gs
 
 from converters.errors import ConversionError
 from converters.files import write_file_atomically
@@ -160,34 +162,47 @@ def check_model(model: onnx.ModelProto, *, full_check: bool = False) -> None:
         os.unlink(name)
 
 
-class ExternalValues(LazyValues):
-    """graph-surgeon's lazy constant values for a tensor in an external data file under ``base_dir``.
+def __getattr__(name: str) -> Any:
+    if name == "ExternalValues":  # a subclass of graph-surgeon's LazyValues: made when first asked for
+        return external_values_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    graph-surgeon's own ``LazyValues.load`` reads external data relative to the working directory; this reads it from
-    the weights directory, without storing the bytes in the proto (which graph-surgeon exports as it is).
-    """
 
-    def __init__(self, tensor: onnx.TensorProto, base_dir: Path) -> None:
-        super().__init__(tensor)
-        self.base_dir = base_dir
+@functools.cache
+def external_values_class() -> Any:
+    """``ExternalValues``: graph-surgeon's lazy constant values for a tensor in an external data file."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
 
-    def load(self) -> np.ndarray:
-        """Read the tensor's values from its data file (one copy, straight into the array)."""
-        info = ExternalDataInfo(self.tensor)
-        dtype = _NUMPY_TYPES.get(self.tensor.data_type)
-        if dtype is not None:  # read straight into the array: one copy of the weight, not three
-            count = int(np.prod(self.tensor.dims, dtype=np.int64))
-            path = self.base_dir / info.location
-            array = np.fromfile(path, dtype=dtype, count=count, offset=info.offset or 0)
-            if array.size != count:
-                raise ConversionError(
-                    f"tensor {self.tensor.name!r}: {path} holds {array.size} of its {count} elements",
-                    fix="the weights file is truncated: convert the model again",
-                )
-            return array.reshape(tuple(self.tensor.dims))
-        copy = onnx.TensorProto()
-        copy.CopyFrom(self.tensor)  # to_array writes the bytes into the proto it is given: not into ours
-        return np.array(onnx.numpy_helper.to_array(copy, base_dir=str(self.base_dir)))
+    class ExternalValues(LazyValues):
+        """graph-surgeon's lazy constant values for a tensor in an external data file under ``base_dir``.
+
+        graph-surgeon's own ``LazyValues.load`` reads external data relative to the working directory; this reads it
+        from the weights directory, without storing the bytes in the proto (which graph-surgeon exports as it is).
+        """
+
+        def __init__(self, tensor: onnx.TensorProto, base_dir: Path) -> None:
+            super().__init__(tensor)
+            self.base_dir = base_dir
+
+        def load(self) -> np.ndarray:
+            """Read the tensor's values from its data file (one copy, straight into the array)."""
+            info = ExternalDataInfo(self.tensor)
+            dtype = _NUMPY_TYPES.get(self.tensor.data_type)
+            if dtype is not None:  # read straight into the array: one copy of the weight, not three
+                count = int(np.prod(self.tensor.dims, dtype=np.int64))
+                path = self.base_dir / info.location
+                array = np.fromfile(path, dtype=dtype, count=count, offset=info.offset or 0)
+                if array.size != count:
+                    raise ConversionError(
+                        f"tensor {self.tensor.name!r}: {path} holds {array.size} of its {count} elements",
+                        fix="the weights file is truncated: convert the model again",
+                    )
+                return array.reshape(tuple(self.tensor.dims))
+            copy = onnx.TensorProto()
+            copy.CopyFrom(self.tensor)  # to_array writes the bytes into the proto it is given: not into ours
+            return np.array(onnx.numpy_helper.to_array(copy, base_dir=str(self.base_dir)))
+
+    return ExternalValues
 
 
 #: ONNX element types stored little-endian in external data exactly as numpy holds them.
@@ -207,20 +222,26 @@ _NUMPY_TYPES: dict[int, np.dtype[Any]] = {
 def constant_values(constant: gs.Constant) -> np.ndarray:
     """A constant's values, read without graph-surgeon storing the loaded array on the graph (``.values`` does): a
     pass that only looks at a weight must not leave a copy of it in memory, nor make it inline again."""
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
     raw = constant._values
     return np.asarray(raw.load() if isinstance(raw, LazyValues) else raw)
 
 
 def attach_weights(graph: gs.Graph, model: onnx.ModelProto) -> None:
     """Point the graph's external constants at the model's weights directory (after ``gs.import_onnx``)."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
     directory = weights_dir(model)
     if directory is None:
         return
+    external_values = external_values_class()
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Constant):
             values = tensor._values  # graph-surgeon keeps the lazy values here until they are read
             if type(values) is LazyValues and uses_external_data(values.tensor):
-                tensor._values = ExternalValues(values.tensor, directory)
+                tensor._values = external_values(values.tensor, directory)
 
 
 def spill_constants(graph: gs.Graph, files: Path, min_bytes: int = 1 << 20) -> int:
@@ -230,6 +251,9 @@ def spill_constants(graph: gs.Graph, files: Path, min_bytes: int = 1 << 20) -> i
     A constant whose values a pass replaced keeps graph-surgeon's ``data_location`` of the tensor it was imported
     from; a small one is written inline, so that mark is cleared.
     """
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
     constants = []
     for tensor in graph.tensors().values():
         if not isinstance(tensor, gs.Constant) or isinstance(tensor._values, LazyValues):
@@ -247,7 +271,8 @@ def spill_constants(graph: gs.Graph, files: Path, min_bytes: int = 1 << 20) -> i
             offset = _pad(out)
             proto = _written(tensor, out)
             _set_external(proto, path.name, offset, out.tell() - offset)
-            tensor._values = ExternalValues(proto, files)  # the in-memory array is released with the old values
+            # the in-memory array is released with the old values
+            tensor._values = external_values_class()(proto, files)
     return len(constants)
 
 
@@ -262,7 +287,9 @@ def _written(tensor: gs.Constant, out: IO[bytes]) -> onnx.TensorProto:
         proto.data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
         out.write(memoryview(values).cast("B"))  # type: ignore[arg-type]
         return proto
-    proto = gs.exporters.onnx_exporter.OnnxExporter.export_tensor_proto(tensor)  # other types: graph-surgeon's way
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+
+    proto = OnnxExporter.export_tensor_proto(tensor)  # other types: graph-surgeon's way
     out.write(proto.raw_data)
     return proto
 
@@ -300,31 +327,48 @@ def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: 
         tensor.external_data.add(key=key, value=value)
 
 
-def write_compact(model: onnx.ModelProto, out: IO[bytes], location: str) -> tuple[onnx.ModelProto, str]:
+def write_compact(
+    model: onnx.ModelProto, out: IO[bytes], location: str, *, inline_min_bytes: int | None = None
+) -> tuple[onnx.ModelProto, str]:
     """Copy every external tensor's bytes into ``out`` (one file, aligned) and return the graph pointing at
     ``location`` for them, without the weights-directory key, and the SHA-256 of what was written.
+    ``inline_min_bytes``: move the inline initializers of at least that many bytes (``raw_data``) there too, so
+    that every weight of the result can be mapped from ``out`` (the artifact's format, ``pipeline.runtime.artifact``).
 
-    Only one chunk of one tensor is in memory at a time.
+    Only one chunk of one tensor is in memory at a time (an inline tensor is written from the proto's own bytes).
     """
     source_dir = base_dir_of(model)
-    copy = without_weights_dir(model, always_copy=True)  # small: the weights stay in the files
+    copy = without_weights_dir(model, always_copy=True)  # small when the weights stay in the files
     digest = hashlib.sha256()
     written = 0
-    for tensor in external_tensors(copy):
-        assert source_dir is not None  # base_dir_of raises when external tensors have no directory
-        info = ExternalDataInfo(tensor)
-        gap = -written % ALIGNMENT
-        if gap:
-            out.write(b"\0" * gap)
-            digest.update(b"\0" * gap)
-            written += gap
+
+    def write(chunk: bytes) -> None:
+        nonlocal written
+        out.write(chunk)
+        digest.update(chunk)
+        written += len(chunk)
+
+    inline = len(copy.graph.initializer)  # the main graph's initializers come first: the inline ones that move
+    for index, tensor in enumerate(_tensors(copy.graph)):
+        if uses_external_data(tensor):
+            assert source_dir is not None  # base_dir_of raises when external tensors have no directory
+            chunks: Iterator[bytes] = _read_external(source_dir, tensor, ExternalDataInfo(tensor))
+        elif inline_min_bytes is not None and index < inline and len(tensor.raw_data) >= max(inline_min_bytes, 1):
+            chunks = iter((tensor.raw_data,))
+        else:
+            continue
+        if gap := -written % ALIGNMENT:
+            write(b"\0" * gap)
         start = written
-        for chunk in _read_external(source_dir, tensor, info):
-            out.write(chunk)
-            digest.update(chunk)
-            written += len(chunk)
+        for chunk in chunks:
+            write(chunk)
         _set_external(tensor, location, start, written - start)
     return copy, digest.hexdigest()
+
+
+def external_bytes(model: onnx.ModelProto) -> int:
+    """How many bytes of the model's tensors are in external data files (their ``length`` entries)."""
+    return sum(ExternalDataInfo(t).length or 0 for t in external_tensors(model))
 
 
 def _read_external(directory: Path, tensor: onnx.TensorProto, info: ExternalDataInfo) -> Iterator[bytes]:

@@ -1,8 +1,8 @@
 """Type facts the precision pass decides with: the low-precision targets, which ops TensorRT's ONNX parser takes in
 which half type, which ops the ONNX schema lets take it, and the dtype of every tensor of a graph.
 
-The TensorRT table is the parser's operator matrix (TensorRT 11.1, ``pipeline/compatibility/data/trt_onnx_ops.csv``) reduced to
-what this pass needs; ``tests/passes/test_precision_types.py`` keeps the two in sync. It is written out here
+The TensorRT table is the parser's operator matrix (TensorRT 11.1, ``pipeline/compatibility/data/trt_onnx_ops.csv``)
+reduced to what this pass needs; ``tests/passes/test_precision_types.py`` keeps the two in sync. It is written out here
 because passes may not import ``pipeline``.
 """
 

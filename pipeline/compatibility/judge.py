@@ -1,8 +1,9 @@
 """``pipeline.check``: will TensorRT accept this graph, judged by the best parser this machine has.
 
 ``parser="auto"`` asks the real ONNX parser of an importable TensorRT, else of TensorRT-RTX, else the static table
-(``pipeline.compatibility.static``); ``"tensorrt"``, ``"tensorrt-rtx"`` and ``"static"`` choose. The report names the judge
-(``report.parser``) and keeps one line per node: the node, its op, the reason (the real parser's own error) and a fix.
+(``pipeline.compatibility.static``); ``"tensorrt"``, ``"tensorrt-rtx"`` and ``"static"`` choose. The report names the
+judge (``report.parser``) and keeps one line per node: the node, its op, the reason (the real parser's own error) and a
+fix.
 
 >>> report = check("model.onnx")                  # doctest: +SKIP
 >>> report.parser                                 # doctest: +SKIP

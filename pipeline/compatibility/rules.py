@@ -1,7 +1,7 @@
 """The parser's per-op restrictions, as rules on one node. Each rule returns (reason, fix) pairs.
 
-Restrictions and type lists come from the TensorRT 11.1 ONNX operator matrix (``pipeline/compatibility/data``); behaviour
-facts (UINT8 only at graph inputs/outputs, DOUBLE cast down, dispatch on op_type) from the parser's source.
+Restrictions and type lists come from the TensorRT 11.1 ONNX operator matrix (``pipeline/compatibility/data``);
+behaviour facts (UINT8 only at graph inputs/outputs, DOUBLE cast down, dispatch on op_type) from the parser's source.
 """
 
 from __future__ import annotations

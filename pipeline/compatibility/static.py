@@ -1,9 +1,9 @@
 """Static check: will TensorRT's ONNX parser accept this graph, and if not, which node and why.
 
-No TensorRT needed: the answer comes from the parser's published operator matrix (``pipeline/compatibility/data``) and rules
-from the parser's behaviour. Dispatch follows the parser: a node with a ``plugin_namespace`` attribute is a
-plugin; otherwise the op_type alone (the domain is ignored) picks a built-in importer; otherwise a model-local
-function is inlined; otherwise the parser looks for a plugin named after the op.
+No TensorRT needed: the answer comes from the parser's published operator matrix (``pipeline/compatibility/data``) and
+rules from the parser's behaviour. Dispatch follows the parser: a node with a ``plugin_namespace`` attribute is a
+plugin; otherwise the op_type alone (the domain is ignored) picks a built-in importer; otherwise a model-local function
+is inlined; otherwise the parser looks for a plugin named after the op.
 
 >>> report = check("model.onnx", trt_version="10.16")     # doctest: +SKIP
 >>> print(report.summary())                               # doctest: +SKIP
@@ -97,7 +97,8 @@ class CompatibilityReport:
 
 def check(model: onnx.ModelProto | str | Path, trt_version: str = DEFAULT_TRT_VERSION) -> CompatibilityReport:
     """Check every node of ``model`` (a ModelProto or a path) against the static table of TensorRT ``trt_version``'s
-    ONNX parser (no TensorRT needed; ``pipeline.check`` asks a real parser first, see ``pipeline.compatibility.judge``)."""
+    ONNX parser (no TensorRT needed; ``pipeline.check`` asks a real parser first, see ``pipeline.compatibility.judge``).
+    """
     proto = load_model(model)
     try:
         parse_version(trt_version)

@@ -8,8 +8,8 @@ fp32. It reports islands with reasons, casts, the share of compute in the low ty
 ``precision_strict``) when that share is small.
 
 On ONNX Runtime's CPU provider a bfloat16 graph does not run and a float16 graph runs with roundings dropped (see
-:mod:`pipeline.runtime.ort.half_emulation`), so :func:`runnable_model` gives that backend the float32 emulation that rounds
-at every half tensor, while ``module.onnx`` stays the real low-precision graph TensorRT builds.
+:mod:`pipeline.runtime.ort.half_emulation`), so :func:`runnable_model` gives that backend the float32 emulation that
+rounds at every half tensor, while ``module.onnx`` stays the real low-precision graph TensorRT builds.
 """
 
 from __future__ import annotations

@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import onnx
+from onnx.external_data_helper import ExternalDataInfo
 
 from converters.errors import ArtifactError, InputError
 from converters.files import write_file_atomically
-from onnx.external_data_helper import ExternalDataInfo
-
 from passes.model_io.external_data import (
     ALIGNMENT,
     WeightFiles,

@@ -89,7 +89,8 @@ def _builder(build: ExecutorBuilder | None, path: str | Path, backend: str) -> E
         raise ArtifactError(
             f"{path} must be given a new {backend} engine (rebuild=True, or it holds none), and building is "
             "conversion work the runtime's loader does not do",
-            fix="load it with pipeline.load(path, ...), which builds it, or pass build=pipeline.backends.build_executor",
+            fix="load it with pipeline.load(path, ...), which builds it, or pass "
+            "build=pipeline.backends.build_executor",
         )
     return build
 

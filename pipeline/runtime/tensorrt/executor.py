@@ -1,9 +1,10 @@
 """Executors of the TensorRT backends: an engine built (or taken from the engine cache) and run.
 
-:class:`TensorRTExecutor` runs an engine (built by ``pipeline.backends``, or saved in an artifact) on the GPU with ``pipeline.runtime.tensorrt.runner`` (TensorRT, or
-TensorRT-RTX with its runtime cache in the cache directory). :class:`EngineOnOnnxRuntime` is a TensorRT-RTX engine
-built ahead of time where it cannot run (no CUDA, a GPU TensorRT-RTX does not support): the engine is kept (module,
-artifact, engine cache) and the same final graph runs on ONNX Runtime, as the report says.
+:class:`TensorRTExecutor` runs an engine (built by ``pipeline.backends``, or saved in an artifact) on the GPU with
+``pipeline.runtime.tensorrt.runner`` (TensorRT, or TensorRT-RTX with its runtime cache in the cache directory).
+:class:`EngineOnOnnxRuntime` is a TensorRT-RTX engine built ahead of time where it cannot run (no CUDA, a GPU
+TensorRT-RTX does not support): the engine is kept (module, artifact, engine cache) and the same final graph runs on
+ONNX Runtime, as the report says.
 """
 
 from __future__ import annotations
