@@ -20,10 +20,10 @@ from passes.base import Placement
 from passes.fusions import FUSED_OPS
 from pipeline.backends import build_executor
 from pipeline.backends.segments.build import build_segmented, needs_segments
-from pipeline.comparison.layers import DEFAULT_MEMORY_BUDGET
+from pipeline.comparison import DEFAULT_MEMORY_BUDGET, EXPORTED, TENSORRT
 from pipeline.comparison.report import ComparisonReport
 from pipeline.comparison.run import check_reference_dtype, compare_built, split_samples
-from pipeline.comparison.runners import EXPORTED, TENSORRT, check_backends
+from pipeline.comparison.runners import check_backends
 from pipeline.compatibility.judge import check as judge_check
 from pipeline.compatibility.ops import DEFAULT_TRT_VERSION
 from pipeline.compatibility.static import CompatibilityReport

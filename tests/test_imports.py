@@ -443,3 +443,33 @@ def test_the_probe_would_see_a_conversion_module() -> None:
         "onnxscript.ir",
         "passes.base",
     ]
+
+
+CLI_ON_ARTIFACT = """
+import json, sys
+from pipeline.cli import main
+assert main(sys.argv[1:]) == 0
+print(json.dumps(sorted(sys.modules)))
+"""
+
+#: What the command line may load on its runtime paths besides itself: the comparison package's names (the runner
+#: names and defaults the ``compare`` subcommand offers), which import nothing.
+CLI_NAMES = ("pipeline.comparison",)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "{generation}", "--prompt-ids", "3,1,4", "--max-new-tokens", "2"],
+        ["bench", "{generation}", "--generate", "--prompt-length", "4", "--new-tokens", "2", "--iterations", "1"],
+        ["bench", "{plain}", "--input", "input:2x8", "--warmup", "1", "--iterations", "2"],
+        ["inspect", "{plain}"],
+    ],
+    ids=["generate", "bench-generate", "bench", "inspect"],
+)
+def test_the_cli_on_an_artifact_imports_no_conversion_module(artifacts: dict[str, Path], command: list[str]) -> None:
+    argv = [part.format(**{k: str(v) for k, v in artifacts.items()}) for part in command]
+    done = subprocess.run([sys.executable, "-c", CLI_ON_ARTIFACT, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert [m for m in conversion_modules(loaded) if not m.startswith("pipeline.cli") and m not in CLI_NAMES] == []

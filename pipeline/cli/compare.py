@@ -21,8 +21,7 @@ from pipeline.cli.common import (
 
 def add_compare_command(commands: Any) -> None:
     """Add the ``compare`` subcommand to ``pipeline``'s subparsers."""
-    from pipeline.comparison.layers import DEFAULT_MEMORY_BUDGET
-    from pipeline.comparison.runners import REFERENCE_DTYPES, RUNNERS
+    from pipeline.comparison import DEFAULT_MEMORY_BUDGET, REFERENCE_DTYPES, RUNNERS  # names only: nothing runs
 
     parser = commands.add_parser("compare", help="compare a converted model with PyTorch and write a report")
     add_model_arguments(parser, output_help="report directory")

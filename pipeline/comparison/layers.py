@@ -30,6 +30,7 @@ import torch
 from passes.model_io.graphs import module_path
 from pipeline.accuracy.distribution import DistributionStats, random_tensors
 from pipeline.accuracy.stats import Accumulator, ErrorStats, Judgement, accumulator, judgement
+from pipeline.comparison import DEFAULT_MEMORY_BUDGET
 from pipeline.comparison.runners import ModuleOutputRunner, first_tensor, onnxruntime_session
 from pipeline.progress import track
 from pipeline.runtime.io_spec import IOSpec
@@ -37,8 +38,6 @@ from pipeline.settings import Settings
 from pipeline.validation.stage import Feed, polygraphy_quiet, tensor_from_array
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MEMORY_BUDGET = 512 << 20
 
 _FLOAT_TYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 

@@ -36,16 +36,10 @@ from pipeline.accuracy.distribution import DistributionStats, random_outputs
 from pipeline.accuracy.stats import RULE, Accumulator, ErrorAccumulator, Judgement, accumulator, judgement
 from pipeline.accuracy.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
-from pipeline.comparison.layers import DEFAULT_MEMORY_BUDGET, LayerBackend, OnnxRuntimeLayers, compare_layers
+from pipeline.comparison import DEFAULT_MEMORY_BUDGET, REFERENCE_DTYPES, TENSORRT
+from pipeline.comparison.layers import LayerBackend, OnnxRuntimeLayers, compare_layers
 from pipeline.comparison.report import ComparisonReport, OutputComparison, RunnerInfo
-from pipeline.comparison.runners import (
-    REFERENCE_DTYPES,
-    TENSORRT,
-    ReferenceScreen,
-    RunnerPlan,
-    TorchReference,
-    plan_runners,
-)
+from pipeline.comparison.runners import ReferenceScreen, RunnerPlan, TorchReference, plan_runners
 from pipeline.exporting.stage import eval_mode
 from pipeline.runtime.executors import Executor
 from pipeline.runtime.io_spec import IOSpec, normalise_sample

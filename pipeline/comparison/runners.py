@@ -16,24 +16,19 @@ import torch
 import torch.utils._pytree as pytree
 
 from converters.errors import BuildError, InputError
+from pipeline.comparison import EXPORTED, FINAL, RUNNERS, TENSORRT, TENSORRT_RTX
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.settings import Settings
 from pipeline.validation.stage import Feed, TorchRunner, tensor_from_array
 
 logger = logging.getLogger(__name__)
 
-EXPORTED = "onnxruntime-exported"
-FINAL = "onnxruntime"
-TENSORRT = "tensorrt"
-TENSORRT_RTX = "tensorrt-rtx"
-RUNNERS: tuple[str, ...] = (EXPORTED, FINAL, TENSORRT, TENSORRT_RTX)
 DESCRIPTIONS: dict[str, str] = {
     EXPORTED: "ONNX Runtime on the exported graph (before the passes)",
     FINAL: "ONNX Runtime on the final graph",
     TENSORRT: "TensorRT engine of the final graph",
     TENSORRT_RTX: "TensorRT-RTX engine of the final graph",
 }
-REFERENCE_DTYPES: tuple[str, ...] = ("float32", "float64")
 
 # Domains ONNX Runtime runs without extra libraries; any other domain on a node is an opaque custom op.
 _STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})

@@ -23,11 +23,13 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import onnx
 from onnx.external_data_helper import ExternalDataInfo
@@ -61,22 +63,24 @@ EXTERNAL_MIN_BYTES = 1024
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Artifact:
     """A read artifact: its metadata, the final graph, the engine bytes if any, and the private directory of the
-    graph's weights. ``pending`` is the weights' SHA-256 check still running (``read_artifact(wait=False)``):
-    :meth:`verified` waits for it."""
+    graph's weights. ``pending``: the checks still running (``read_artifact(wait=False)``: the weights' SHA-256, the
+    library versions' warning), which :meth:`verified` waits for."""
     metadata: dict[str, Any]
     onnx_model: onnx.ModelProto
     engine: bytes | None
     weights: WeightFiles | None = None  # the graph's weights directory (a link or a copy); keep it alive with it
     segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
-    pending: _PendingDigest | None = None
+    pending: _PendingChecks | None = None
 
     def verified(self) -> Artifact:
-        """The artifact, once the weights' SHA-256 matches the manifest; an ArtifactError if it does not."""
+        """The artifact, once the weights' SHA-256 matches the manifest (an ArtifactError if it does not), and with
+        the warning of other library versions given."""
         if self.pending is not None:
             self.pending.check()
         return self
@@ -192,6 +196,7 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"no artifact at {path}", fix="check the path")
+    here = _InThread(_library_versions)  # 0.05-0.15 s of package metadata, while the rest goes on
     weights = WeightFiles()
     try:
         members = _read_members(path, weights)
@@ -209,7 +214,6 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
     _check_io_against_graph(path, metadata, model)
     _check_settings(path, metadata, model)
-    _warn_on_versions(path, metadata)
     if members.data_offset is not None:  # format /3 with the link: the weights are read where they are stored
         _point_into_artifact(path, model, members.data_offset, members.data_size)
     if (weights.directory / DATA_MEMBER).is_file() or (weights.directory / LINK_NAME).is_file():
@@ -223,7 +227,8 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         for name, blob in data.items()
         if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
     }
-    artifact = Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, members.pending)
+    pending = _PendingChecks(path, metadata, here, members.digest)
+    artifact = Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, pending)
     return artifact.verified() if wait else artifact
 
 
@@ -234,34 +239,72 @@ REQUIRED_METADATA = {"format": str, "backend": str, "versions": dict, "io": dict
 
 @dataclass
 class _Members:
-    """The members read (all but the weights), and for format /3 where the weights are and their pending check."""
+    """The members read (all but the weights), and for format /3 where the weights are and their digest to come."""
     data: dict[str, bytes]
-    pending: _PendingDigest | None = None
+    digest: DigestThread | None = None
     data_offset: int | None = None  # where model.onnx.data starts in the file, when the graph reads it through a link
     data_size: int = 0
 
 
-class _PendingDigest:
-    """The weights member's SHA-256, computed in a thread, against the manifest's."""
+class _PendingChecks:
+    """What is checked while the session is made: the weights member's SHA-256 (computed in a thread) against the
+    manifest's, and the library versions (looked up in a thread) against the metadata's."""
 
-    def __init__(self, path: Path, thread: DigestThread, expected: str) -> None:
-        self.path, self._thread, self._expected = path, thread, expected
+    def __init__(
+        self, path: Path, metadata: dict[str, Any], here: _InThread[dict[str, str]], digest: DigestThread | None
+    ) -> None:
+        self.path, self._metadata, self._here, self._digest = path, metadata, here, digest
         self._failure: ArtifactError | None = None
         self._done = False
 
     def check(self) -> None:
-        """Wait for the digest; an ArtifactError (each time asked) when it differs from the manifest's."""
+        """Wait for both; an ArtifactError (each time asked) when the digest differs, the version warning once."""
         if not self._done:
-            try:
-                got = self._thread.result()
-            except OSError as exc:  # a read error of the mapped file (it shrank, an I/O error)
-                self._failure = ArtifactError(f"{self.path} could not be read: {exc}", fix=REWRITE_FIX)
-            else:
-                if got != self._expected:
-                    self._failure = _digest_error(self.path, DATA_MEMBER)
             self._done = True
+            if self._digest is not None:
+                self._failure = _weights_failure(self.path, self._digest)
+            if self._failure is None:
+                _warn_on_versions(self.path, self._metadata, self._here.result())
         if self._failure is not None:
             raise self._failure
+
+
+def _weights_failure(path: Path, digest: DigestThread) -> ArtifactError | None:
+    try:
+        got = digest.result()
+    except OSError as exc:  # a read error of the mapped file (an I/O error)
+        return ArtifactError(f"{path} could not be read: {exc}", fix=REWRITE_FIX)
+    return None if got == digest.expected else _digest_error(path, DATA_MEMBER)
+
+
+class _InThread(Generic[T]):
+    """``function()`` run in a daemon thread; :meth:`result` waits for it (and raises what it raised)."""
+
+    def __init__(self, function: Callable[[], T]) -> None:
+        self._function = function
+        self._result: list[T] = []
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="artifact-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result.append(self._function())
+        except BaseException as exc:  # noqa: BLE001 - raised by result(), in the thread that asks
+            self._error.append(exc)
+
+    def result(self) -> T:
+        """The function's result, once it has run."""
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._result[0]
+
+
+def _library_versions() -> dict[str, str]:
+    from pipeline.versions import library_versions
+
+    return library_versions()
 
 
 def _digest_error(path: Path, name: str) -> ArtifactError:
@@ -330,8 +373,8 @@ def _mapped_members(path: Path, weights: WeightFiles, names: set[str], digests: 
         mapped.close()
         raise
     size = len(weights_view)
-    pending = _PendingDigest(path, DigestThread(weights_view, done=mapped), digests[DATA_MEMBER])
-    return _Members(data, pending, offset if linked else None, size)
+    digest = DigestThread(weights_view, digests[DATA_MEMBER], done=mapped)
+    return _Members(data, digest, offset if linked else None, size)
 
 
 def _link(path: Path, mapped: MappedZip, link: Path) -> bool:
@@ -459,12 +502,9 @@ def _dtype_name(value: onnx.ValueInfoProto) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem != onnx.TensorProto.BFLOAT16 else "bfloat16"
 
 
-def _warn_on_versions(path: Path, metadata: dict[str, Any]) -> None:
+def _warn_on_versions(path: Path, metadata: dict[str, Any], here: dict[str, str]) -> None:
     """Other library versions than the ones that wrote the artifact: a warning (the graph is ONNX, it still runs;
     accuracy was validated with the writer's versions)."""
-    from pipeline.versions import library_versions
-
-    here = library_versions()
     differ = [
         f"{name} {saved} (here {here[name]})"
         for name, saved in sorted(metadata["versions"].items())
@@ -475,7 +515,7 @@ def _warn_on_versions(path: Path, metadata: dict[str, Any]) -> None:
             f"{path} was written with {', '.join(differ)}; it loads, but its validation was with those versions: "
             "run module.compare(model, inputs) to check it here, or convert again",
             ArtifactVersionWarning,
-            stacklevel=4,
+            stacklevel=5,  # pipeline.load's caller: _PendingChecks.check, Artifact.verified, the loader, pipeline.load
         )
 
 

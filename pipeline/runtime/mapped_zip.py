@@ -96,10 +96,11 @@ class MappedZip:
 
 
 class DigestThread:
-    """The SHA-256 of a view, computed in a thread (hashlib lets go of the GIL on large buffers), then ``done``."""
+    """The SHA-256 of a view, computed in a thread (hashlib lets go of the GIL on large buffers), then ``done``
+    closed; ``expected`` is the digest it should have."""
 
-    def __init__(self, view: memoryview, done: MappedZip | None = None) -> None:
-        self._view, self._done = view, done
+    def __init__(self, view: memoryview, expected: str, done: MappedZip | None = None) -> None:
+        self._view, self._done, self.expected = view, done, expected
         self._digest: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="artifact-sha256", daemon=True)
