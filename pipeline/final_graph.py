@@ -1,6 +1,6 @@
 """The stages from a model to its final graph (export, passes, precision or quantization) and the validation of an
 executor against PyTorch: what :func:`pipeline.convert` composes with the check and the build, and what
-``module.refit`` runs again on a model with new weights (the same passes, precision included).
+``pipeline.refit`` runs again on a model with new weights (the same passes, precision included).
 """
 
 from __future__ import annotations

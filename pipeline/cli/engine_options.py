@@ -17,7 +17,7 @@ def add_engine_option_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="weight-stripped plan, refit from the graph's weights at load (the artifact keeps them once)",
     )
-    group.add_argument("--refittable", action="store_true", help="an engine module.refit can give new weights")
+    group.add_argument("--refittable", action="store_true", help="an engine pipeline.refit can give new weights")
     group.add_argument(
         "--weight-streaming-budget",
         type=int,

@@ -1,7 +1,7 @@
 """Comparison of built graphs with PyTorch: run them on the same inputs and say where they part.
 
 :func:`compare_built` takes what a conversion built (an executor and its graph); :func:`pipeline.compare`
-(in :mod:`pipeline.conversion`) converts first, and :meth:`ConvertedModule.compare` hands over its own.
+(in :mod:`pipeline.conversion`) converts first, or (``module=``) hands over a converted module's own.
 
 Runners, all through Polygraphy's Comparator: PyTorch (the reference; optionally a float64 copy), ONNX Runtime
 on the exported graph (when it holds no opaque custom ops), ONNX Runtime on the final graph, and TensorRT where

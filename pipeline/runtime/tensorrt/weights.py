@@ -4,7 +4,7 @@
   ``refittable=True``): the plan holds no refittable weights, and the engine is refit from the final graph's
   initializers when it is loaded (:func:`refit_from_graph`, ``OnnxParserRefitter`` then ``Refitter``), before its
   first run. The artifact and the engine cache hold the weights once, in the ONNX graph.
-- ``refittable=True`` builds with ``REFIT``: ``module.refit(new_model)`` replaces the weights of the engine.
+- ``refittable=True`` builds with ``REFIT``: ``pipeline.refit(module, new_model)`` replaces the weights of the engine.
   ``REFIT_IDENTICAL`` lets the builder fold the weights it was given into its kernels, so a stripped engine that is
   not ``refittable`` can only be given those same weights back.
 - ``weight_streaming_budget`` builds with ``WEIGHT_STREAMING`` and, at load, sets the engine's budget (the bytes
@@ -79,7 +79,7 @@ def refit_build_error(settings: Settings, library: TrtLibrary) -> BuildError | N
         f"{library.title} {library.version()} cannot build a refittable or weight-stripped engine without a CUDA "
         f"device (flags {sorted(refit)}; its CPU-only builder fails in Myelin's JIT, see the log above)",
         fix="build on a machine with an NVIDIA GPU and driver, or convert without strip_weights and refittable "
-        "(module.refit and the weights-once artifact then work on ONNX Runtime only)",
+        "(pipeline.refit and the weights-once artifact then work on ONNX Runtime only)",
     )
 
 
@@ -112,7 +112,7 @@ def refit_from_graph(
             errors.append(f"{error.node_name() or 'graph'}: {error.desc()}")
         raise BuildError(
             f"{library.title}'s ONNX refitter could not read the graph's weights: {'; '.join(errors) or 'no reason'}",
-            fix="refit from a graph of the same structure as the one the engine was built from (module.refit "
+            fix="refit from a graph of the same structure as the one the engine was built from (pipeline.refit "
             "converts the new model through the same passes), or convert again",
         )
     missing = [name or "(unnamed)" for name in refitter.get_missing_weights()]
