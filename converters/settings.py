@@ -191,8 +191,8 @@ class Settings:
     min_segment_size: int = option("backend", 5)
     # Engine options (README "Engine options"). strip_weights: a weight-stripped plan, refit from the graph's weights
     # when the engine is loaded (an artifact keeps every weight once, in model.onnx). refittable: an engine that
-    # pipeline.refit(module, new_model) can give new weights. weight_streaming_budget: bytes of weights kept on the GPU (-1:
-    # TensorRT's automatic budget), the rest streamed from host memory; None builds without weight streaming.
+    # pipeline.refit(module, new_model) can give new weights. weight_streaming_budget: bytes of weights kept on the GPU
+    # (-1: TensorRT's automatic budget), the rest streamed from host memory; None builds without weight streaming.
     # sparse_weights: TensorRT may run 2:4-sparse weights on sparse tensor cores. cuda_graphs: the engine runs as a
     # CUDA graph captured per input shape. trt_runtime_cache: TensorRT-RTX keeps its JIT-compiled kernels in a file
     # (cache_dir, and beside a loaded artifact), so the next process skips the compilation.
