@@ -6,8 +6,7 @@ not import the rest: the runtime reads a few of its modules without the conversi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from converters.errors import (
     AccuracyError,
@@ -18,6 +17,7 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
+from converters.lazy import lazy_names
 
 if TYPE_CHECKING:
     from converters.cases import ConverterCase, collect_cases, converter_case
@@ -29,40 +29,29 @@ if TYPE_CHECKING:
     from converters.targets import OpKey
     from converters.user import register, register_plugin, user_registry
 
-#: public name -> (the module that defines it, its name there)
+#: public name -> the module that defines it
 _LAZY = {
-    "ConverterCase": ("converters.cases", "ConverterCase"),
-    "collect_cases": ("converters.cases", "collect_cases"),
-    "converter_case": ("converters.cases", "converter_case"),
-    "ConverterContext": ("converters.context", "ConverterContext"),
-    "default_registry": ("converters.defaults", "default_registry"),
-    "PluginSpec": ("converters.plugins.spec", "PluginSpec"),
-    "ConverterEntry": ("converters.registry", "ConverterEntry"),
-    "ConverterRegistry": ("converters.registry", "ConverterRegistry"),
-    "Priority": ("converters.registry", "Priority"),
-    "DEFAULT_TOLERANCES": ("converters.settings", "DEFAULT_TOLERANCES"),
-    "DynamicDim": ("converters.settings", "DynamicDim"),
-    "Settings": ("converters.settings", "Settings"),
-    "Tolerance": ("converters.settings", "Tolerance"),
-    "OpKey": ("converters.targets", "OpKey"),
-    "register": ("converters.user", "register"),
-    "register_plugin": ("converters.user", "register_plugin"),
-    "user_registry": ("converters.user", "user_registry"),
+    "ConverterCase": "converters.cases",
+    "collect_cases": "converters.cases",
+    "converter_case": "converters.cases",
+    "ConverterContext": "converters.context",
+    "default_registry": "converters.defaults",
+    "PluginSpec": "converters.plugins.spec",
+    "ConverterEntry": "converters.registry",
+    "ConverterRegistry": "converters.registry",
+    "Priority": "converters.registry",
+    "DEFAULT_TOLERANCES": "converters.settings",
+    "DynamicDim": "converters.settings",
+    "Settings": "converters.settings",
+    "Tolerance": "converters.settings",
+    "OpKey": "converters.targets",
+    "register": "converters.user",
+    "register_plugin": "converters.user",
+    "user_registry": "converters.user",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "DEFAULT_TOLERANCES",

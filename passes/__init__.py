@@ -6,8 +6,9 @@ does not import the rest: the runtime reads a few of its modules without the con
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from converters.lazy import lazy_names
 
 if TYPE_CHECKING:
     from passes.base import GraphPass, PassManager, PassResult, insert_passes
@@ -31,53 +32,42 @@ if TYPE_CHECKING:
     from passes.records import PassRecord
     from passes.rules import Facts, RewriteContext, RewriteRule, RulePass, explain
 
-#: public name -> (the module that defines it, its name there)
+#: public name -> the module that defines it
 _LAZY = {
-    "GraphPass": ("passes.base", "GraphPass"),
-    "PassManager": ("passes.base", "PassManager"),
-    "PassResult": ("passes.base", "PassResult"),
-    "insert_passes": ("passes.base", "insert_passes"),
-    "RemoveDeadNodes": ("passes.cleanup.graph", "RemoveDeadNodes"),
-    "RemoveIdentities": ("passes.cleanup.graph", "RemoveIdentities"),
-    "TopologicalSort": ("passes.cleanup.graph", "TopologicalSort"),
-    "MergeSqueezeChains": ("passes.cleanup.simplify", "MergeSqueezeChains"),
-    "RemoveIdentityElements": ("passes.cleanup.simplify", "RemoveIdentityElements"),
-    "default_passes": ("passes.defaults", "default_passes"),
-    "FoldConstants": ("passes.folding.fold", "FoldConstants"),
-    "LowerCustomOps": ("passes.lowering", "LowerCustomOps"),
-    "module_path": ("passes.model_io.graphs", "module_path"),
-    "to_graph": ("passes.model_io.graphs", "to_graph"),
-    "to_model": ("passes.model_io.graphs", "to_model"),
-    "AffineGridToMatMul": ("passes.parser_fixes", "AffineGridToMatMul"),
-    "BitwiseToArithmetic": ("passes.parser_fixes", "BitwiseToArithmetic"),
-    "CenterCropPadToSlicePad": ("passes.parser_fixes", "CenterCropPadToSlicePad"),
-    "Col2ImToGather": ("passes.parser_fixes", "Col2ImToGather"),
-    "CompressToGather": ("passes.parser_fixes", "CompressToGather"),
-    "DftToMatMul": ("passes.parser_fixes", "DftToMatMul"),
-    "MaxUnpoolToScatter": ("passes.parser_fixes", "MaxUnpoolToScatter"),
-    "ReduceAxesToInitializers": ("passes.parser_fixes", "ReduceAxesToInitializers"),
-    "parser_fix_passes": ("passes.parser_fixes", "parser_fix_passes"),
-    "PassRecord": ("passes.records", "PassRecord"),
-    "Facts": ("passes.rules", "Facts"),
-    "RewriteContext": ("passes.rules", "RewriteContext"),
-    "RewriteRule": ("passes.rules", "RewriteRule"),
-    "RulePass": ("passes.rules", "RulePass"),
-    "explain": ("passes.rules", "explain"),
+    "GraphPass": "passes.base",
+    "PassManager": "passes.base",
+    "PassResult": "passes.base",
+    "insert_passes": "passes.base",
+    "RemoveDeadNodes": "passes.cleanup.graph",
+    "RemoveIdentities": "passes.cleanup.graph",
+    "TopologicalSort": "passes.cleanup.graph",
+    "MergeSqueezeChains": "passes.cleanup.simplify",
+    "RemoveIdentityElements": "passes.cleanup.simplify",
+    "default_passes": "passes.defaults",
+    "FoldConstants": "passes.folding.fold",
+    "LowerCustomOps": "passes.lowering",
+    "module_path": "passes.model_io.graphs",
+    "to_graph": "passes.model_io.graphs",
+    "to_model": "passes.model_io.graphs",
+    "AffineGridToMatMul": "passes.parser_fixes",
+    "BitwiseToArithmetic": "passes.parser_fixes",
+    "CenterCropPadToSlicePad": "passes.parser_fixes",
+    "Col2ImToGather": "passes.parser_fixes",
+    "CompressToGather": "passes.parser_fixes",
+    "DftToMatMul": "passes.parser_fixes",
+    "MaxUnpoolToScatter": "passes.parser_fixes",
+    "ReduceAxesToInitializers": "passes.parser_fixes",
+    "parser_fix_passes": "passes.parser_fixes",
+    "PassRecord": "passes.records",
+    "Facts": "passes.rules",
+    "RewriteContext": "passes.rules",
+    "RewriteRule": "passes.rules",
+    "RulePass": "passes.rules",
+    "explain": "passes.rules",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "AffineGridToMatMul",

@@ -11,7 +11,6 @@ use, so ``pipeline.load(path)`` and a call import the runtime only; ``pipeline.c
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from converters.errors import (
     InputError,
     PipelineError,
 )
+from converters.lazy import lazy_names
 
 if TYPE_CHECKING:  # the names below, for type checkers and documentation; at run time they load on first use
     from pipeline.comparison.report import ComparisonReport
@@ -70,17 +70,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 
 def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:

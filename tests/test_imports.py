@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SCRIPT = """
 import importlib, pkgutil, sys
 sys.modules["tensorrt"] = None  # as if TensorRT were not installed, even where it is
@@ -282,6 +284,7 @@ RUNTIME_MAY_IMPORT = (
     "converters",
     "converters.errors",
     "converters.files",
+    "converters.lazy",
     "converters.settings",
     "converters.block_settings",
     "converters.generation_settings",
@@ -403,23 +406,19 @@ def conversion_modules(loaded: Sequence[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A plain artifact and a generation artifact (a tiny random Llama, not validated: only the loading is tested)."""
+    import importlib.util
+
     import torch
-    import transformers
 
     import pipeline
 
     out = tmp_path_factory.mktemp("artifacts")
     plain = pipeline.convert(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), torch.randn(2, 8))
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-    )
-    llama = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 64, (1, 6))
+    spec = importlib.util.spec_from_file_location("tiny_llama", ROOT / "examples" / "tiny_llama.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    llama, ids = example.build()
     generative = pipeline.convert(llama, ids, generation={"max_length": 16, "max_batch": 1}, validate=False)
     return {"plain": plain.save(out / "plain.ptrt"), "generation": generative.save(out / "generation.ptrt")}
 
