@@ -314,13 +314,19 @@ def _digest_error(path: Path, name: str) -> ArtifactError:
 
 
 def _read_members(path: Path, weights: WeightFiles) -> _Members:
-    """The members of a format /3 artifact read from its mapping, or of a /2 one copied (``_verified_members``)."""
-    with zipfile.ZipFile(path) as archive:
-        names = set(archive.namelist())
-        digests = _manifest_digests(path, archive, names)
-    if digests["format"] == INLINE_FORMAT:
-        return _Members(_verified_members(path, archive_names=names, digests=digests["sha256"], weights=weights))
-    return _mapped_members(path, weights, names, digests["sha256"])
+    """The members of a format /3 artifact read from its mapping (the manifest too: one file, even if another is
+    renamed over the path meanwhile), or of a /2 one copied (``_verified_members``)."""
+    mapped = MappedZip(path)
+    try:
+        names = set(mapped.names())
+        manifest = _manifest_digests(path, mapped.archive, names)
+        if manifest["format"] == FORMAT:
+            return _mapped_members(path, weights, mapped, names, manifest["sha256"])  # it closes the mapping
+    except BaseException:
+        mapped.close()
+        raise
+    mapped.close()
+    return _Members(_verified_members(path, archive_names=names, digests=manifest["sha256"], weights=weights))
 
 
 def _manifest_digests(path: Path, archive: zipfile.ZipFile, names: set[str]) -> dict[str, Any]:
@@ -352,13 +358,12 @@ def _manifest_digests(path: Path, archive: zipfile.ZipFile, names: set[str]) -> 
     return manifest
 
 
-def _mapped_members(path: Path, weights: WeightFiles, names: set[str], digests: dict[str, str]) -> _Members:
+def _mapped_members(
+    path: Path, weights: WeightFiles, mapped: MappedZip, names: set[str], digests: dict[str, str]
+) -> _Members:
     """Format /3: the small members copied out of the mapping and checked; the weights linked (or copied, where no
-    link can be made) into ``weights`` and hashed in a thread."""
-    mapped = MappedZip(path)
+    link can be made) into ``weights`` and hashed in a thread, which closes ``mapped`` when done."""
     try:
-        if set(mapped.names()) != names:
-            raise ArtifactError(f"{path} changed while it was being read", fix="load it again")
         data = {name: bytes(mapped.view(name)) for name in names - {MANIFEST_MEMBER, DATA_MEMBER}}
         for name, blob in data.items():
             if hashlib.sha256(blob).hexdigest() != digests[name]:

@@ -51,8 +51,13 @@ class MappedZip:
             if self.stat.st_size == 0:
                 raise zipfile.BadZipFile("the file is empty")
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            self._file.close()
+            raise
+        try:
             self.archive = zipfile.ZipFile(self._file)
         except BaseException:
+            self._map.close()
             self._file.close()
             raise
         self._views: list[memoryview] = []
