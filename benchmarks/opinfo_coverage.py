@@ -173,7 +173,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="path without suffix (default docs/op_coverage[_float16])")
     parser.add_argument("--no-plain", action="store_true", help="skip plain torch.onnx.export")
     parser.add_argument("--fresh", action="store_true", help="ignore a partial run and the existing table")
-    parser.add_argument("--update-readme", action="store_true", help="put the headline into README.md's section")
+    parser.add_argument(
+        "--update-readme", action="store_true", help="put the headline into docs/coverage.md's Op coverage section"
+    )
     parser.add_argument("--render-only", action="store_true", help="run nothing: write the table from a partial run")
     parser.add_argument("--ops-per-worker", type=int, default=100, help="restart a worker after this many ops")
     parser.add_argument("--log", default=os.devnull, help="where the workers' stdout/stderr go")
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(table, csv_text(rows, COLUMNS))
     write_atomically(out.with_suffix(".md"), markdown(rows, _command(args), args.dtype, args.samples))
     if args.update_readme:
-        update_readme(ROOT / "README.md", headline(rows))
+        update_readme(ROOT / "docs" / "coverage.md", headline(rows))
     if not args.render_only:
         partial.unlink(missing_ok=True)
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, all joined by now

@@ -31,7 +31,25 @@ CHECKS = {
         "ops = [n.op_type for n in rewritten.onnx.graph.node]\n"
         "assert 'Div' not in ops and 'Mul' in ops, ops\n"
     ),
-    "docs/guides/compare.md": "assert report.first_divergence.layer.module == '2.act' and again.passed\n",
+    "docs/guides/compare.md": (
+        "from pathlib import Path\n"
+        "assert report.first_divergence.layer.module == '2.act' and again.passed\n"
+        "assert Path('out/compare/report.md').is_file()\n"
+    ),
+    "docs/guides/quantization.md": (
+        "assert report.precision == 'int8' and report.share == 1.0\n"
+        "assert len(report.scales()) == 2  # the Conv's and the Linear's activations\n"
+    ),
+    "docs/guides/precision.md": (
+        "from pathlib import Path\n"
+        "kept = module.report.precision\n"
+        "assert kept.precision == 'fp16' and Path('islands.json').is_file()\n"
+        "assert any(i.source == 'user' and i.module == '3' for i in kept.islands)\n"
+        "assert {i.node for i in again.report.precision.islands} == {i.node for i in kept.islands}\n"
+    ),
+    "docs/guides/plugins.md": (
+        "assert any(n.op_type == 'topk_mask' and n.domain == 'ai.onnx.contrib' for n in module.onnx.graph.node)\n"
+    ),
 }
 #: Our own warnings a page's examples are expected to print (the first words of the message).
 EXPECTED_WARNINGS: dict[str, tuple[str, ...]] = {

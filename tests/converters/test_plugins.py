@@ -335,15 +335,6 @@ def test_two_plugins_cannot_share_a_name_on_onnxruntime(topk_module: pipeline.Co
         plugin_runtime.register_cpu_reference(spec, [np.dtype(np.float32)], [np.dtype(np.float32)])
 
 
-def test_readme_plugins_example_runs() -> None:
-    section = (ROOT / "README.md").read_text().split("## Plugins", 1)[1].split("\n## ", 1)[0]
-    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]
-    scope: dict[str, object] = {}
-    exec(compile(block, "README.md", "exec"), scope)
-    module = scope["module"]
-    assert any(n.op_type == "topk_mask" and n.domain == "ai.onnx.contrib" for n in module.onnx.graph.node)  # type: ignore[attr-defined]
-
-
 def test_restore_gives_nodes_of_older_artifacts_their_torch_op(topk_module: pipeline.ConvertedModule) -> None:
     """Artifacts written before plugin nodes recorded their torch op: the metadata's records fill it in."""
     from converters.plugins.nodes import node_torch_op, plugin_nodes

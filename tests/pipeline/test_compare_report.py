@@ -4,7 +4,6 @@ tiny BERT with a planted error."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
@@ -260,12 +259,3 @@ def test_cli_compare_names_the_planted_bert_layer(tmp_path: Path) -> None:
     assert "encoder.layer.0" in layers[:first] and "encoder.layer.1.intermediate.dense" in layers[:first]
     assert all(layer["passed"] for layer in data["per_layer"]["layers"][:first])
     assert (out / "layers.png").stat().st_size > 1000 and (out / "report.md").is_file()
-
-
-def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    section = (ROOT / "README.md").read_text().split("## Comparing with PyTorch", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block
-    monkeypatch.chdir(tmp_path)
-    exec(compile(block.group(1), "README.md", "exec"), {})  # its own asserts: FAIL, first divergence "2.act"
-    assert (tmp_path / "out" / "compare" / "report.md").is_file()

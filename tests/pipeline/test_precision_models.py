@@ -341,22 +341,6 @@ def test_precision_values_are_checked() -> None:
     assert pipeline.Settings(precision="fp16", keep_fp32="head").keep_fp32 == ("head",)  # one entry, not letters
 
 
-def test_readme_precision_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import re
-
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("## Precision (fp16, bf16)", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block
-    monkeypatch.chdir(tmp_path)
-    scope: dict[str, Any] = {}
-    exec(compile(block.group(1), "README.md", "exec"), scope)
-    report = scope["module"].report.precision
-    assert report.precision == "fp16" and (tmp_path / "islands.json").is_file()
-    assert any(i.source == "user" and i.module == "3" for i in report.islands)
-    assert {i.node for i in scope["again"].report.precision.islands} == {i.node for i in report.islands}
-
-
 def test_float32_outputs_are_validated_with_the_low_type_tolerance() -> None:
     from pipeline.precision.stage import validation_settings
 
