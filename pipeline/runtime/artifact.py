@@ -77,6 +77,9 @@ class Artifact:
     weights: WeightFiles | None = None  # the graph's weights directory (a link or a copy); keep it alive with it
     segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
     pending: _PendingChecks | None = None
+    #: the same graph reading its weights in place from the artifact (a hard link to it in ``weights``), for an ONNX
+    #: Runtime session made before ``pending`` is done (``onnx_model`` reads the copy being written); None for /2
+    session_model: onnx.ModelProto | None = None
 
     def verified(self) -> Artifact:
         """The artifact, once the weights' SHA-256 matches the manifest (an ArtifactError if it does not), and with
@@ -214,12 +217,16 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
     _check_io_against_graph(path, metadata, model)
     _check_settings(path, metadata, model)
-    if members.data_offset is not None:  # format /3 with the link: the weights are read where they are stored
-        _point_into_artifact(path, model, members.data_offset, members.data_size)
-    if (weights.directory / DATA_MEMBER).is_file() or (weights.directory / LINK_NAME).is_file():
+    session_model = None
+    if members.digest is not None:  # format /3: the weights member is being copied into the private directory
+        _check_weights_inside(path, model, members.data_size)
+        if members.data_offset is not None:  # and linked: a session can read them where they are stored
+            session_model = _pointing_into_artifact(model, members.data_offset)
+            set_weights_dir(session_model, weights.directory)
+    if any(True for _ in external_tensors(model)):
         set_weights_dir(model, weights.directory)
-        kept: WeightFiles | None = weights
-    else:
+    kept: WeightFiles | None = weights
+    if members.digest is None and not (weights.directory / DATA_MEMBER).is_file():
         weights.cleanup()
         kept = None
     segment_engines = {
@@ -228,7 +235,7 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
     }
     pending = _PendingChecks(path, metadata, here, members.digest)
-    artifact = Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, pending)
+    artifact = Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, pending, session_model)
     return artifact.verified() if wait else artifact
 
 
@@ -371,14 +378,12 @@ def _mapped_members(
         offset = mapped.data_offset(DATA_MEMBER)
         weights_view = mapped.view(DATA_MEMBER)
         linked = _link(path, mapped, weights.directory / LINK_NAME)
-        if not linked:
-            with open(weights.directory / DATA_MEMBER, "wb") as out:
-                out.write(weights_view)
     except BaseException:
         mapped.close()
         raise
     size = len(weights_view)
-    digest = DigestThread(weights_view, digests[DATA_MEMBER], done=mapped)
+    copy = weights.directory / DATA_MEMBER  # the module's own copy, made while the session maps the artifact
+    digest = DigestThread(weights_view, digests[DATA_MEMBER], done=mapped, copy_to=copy)
     return _Members(data, digest, offset if linked else None, size)
 
 
@@ -397,9 +402,8 @@ def _link(path: Path, mapped: MappedZip, link: Path) -> bool:
     return True
 
 
-def _point_into_artifact(path: Path, model: onnx.ModelProto, start: int, size: int) -> None:
-    """Let every external tensor read the linked artifact at the offset of its bytes in the weights member, after
-    checking that they lie inside that member."""
+def _check_weights_inside(path: Path, model: onnx.ModelProto, size: int) -> None:
+    """Every external tensor must lie inside the weights member (``size`` bytes)."""
     for tensor in external_tensors(model):
         info = ExternalDataInfo(tensor)
         offset, length = info.offset or 0, info.length
@@ -409,13 +413,20 @@ def _point_into_artifact(path: Path, model: onnx.ModelProto, start: int, size: i
                 f"{offset}, length {length}; the member holds {size} bytes)",
                 fix=REWRITE_FIX,
             )
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = LINK_NAME
-            elif entry.key == "offset":
-                entry.value = str(start + offset)
-        if not any(entry.key == "offset" for entry in tensor.external_data):
-            tensor.external_data.add(key="offset", value=str(start + offset))
+
+
+def _pointing_into_artifact(model: onnx.ModelProto, start: int) -> onnx.ModelProto:
+    """A copy of ``model`` whose external tensors read the linked artifact at their bytes' offset in the file."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in external_tensors(copy):
+        offset = ExternalDataInfo(tensor).offset or 0
+        kept = [e for e in tensor.external_data if e.key not in ("location", "offset")]
+        del tensor.external_data[:]
+        tensor.external_data.add(key="location", value=LINK_NAME)
+        tensor.external_data.add(key="offset", value=str(start + offset))
+        tensor.external_data.extend(kept)
+    return copy
 
 
 def _verified_members(

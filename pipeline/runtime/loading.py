@@ -56,6 +56,11 @@ def _module(
     # raises with the reason when TensorRT was asked for and cannot run; warns when a TensorRT-RTX engine cannot
     choice = select_backend(chosen, settings)
     records = artifact.metadata.get("plugins", ())
+    # ONNX Runtime maps the artifact's weights in place while their copy and check go on; every other path reads the
+    # module's graph, whose copy must be complete first
+    session_graph = artifact.session_model if chosen == "onnxruntime" and not records else None
+    if session_graph is None:
+        artifact.verified()
     if records or chosen == "tensorrt":  # imported only then: the plugin machinery costs 0.3-1 s of imports (sympy)
         from pipeline.runtime.plugins import restore_plugins
 
@@ -70,7 +75,7 @@ def _module(
     else:
         executor = load_executor(
             chosen,
-            artifact.onnx_model,
+            session_graph or artifact.onnx_model,
             io,
             settings,
             engine=engine,

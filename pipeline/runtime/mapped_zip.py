@@ -23,6 +23,7 @@ _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's structFileHeader: 30 
 _LOCAL_SIGNATURE = b"PK\x03\x04"
 _ZIP64_EXTRA_BYTES = 20  # what zipfile adds to a local header written with force_zip64
 _PADDING_ID = 0xD935  # the extra-field id Android's zipalign uses for padding
+_CHUNK = 16 << 20
 
 
 def aligned_member(name: str, offset: int, alignment: int) -> zipfile.ZipInfo:
@@ -101,11 +102,13 @@ class MappedZip:
 
 
 class DigestThread:
-    """The SHA-256 of a view, computed in a thread (hashlib lets go of the GIL on large buffers), then ``done``
-    closed; ``expected`` is the digest it should have."""
+    """The SHA-256 of a view, computed in a thread (hashlib and file writes let go of the GIL), the view copied to
+    ``copy_to`` on the way when given, then ``done`` closed; ``expected`` is the digest it should have."""
 
-    def __init__(self, view: memoryview, expected: str, done: MappedZip | None = None) -> None:
-        self._view, self._done, self.expected = view, done, expected
+    def __init__(
+        self, view: memoryview, expected: str, done: MappedZip | None = None, copy_to: Path | None = None
+    ) -> None:
+        self._view, self._done, self._copy_to, self.expected = view, done, copy_to, expected
         self._digest: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="artifact-sha256", daemon=True)
@@ -113,7 +116,15 @@ class DigestThread:
 
     def _run(self) -> None:
         try:
-            self._digest = hashlib.sha256(self._view).hexdigest()
+            digest = hashlib.sha256()
+            with open(self._copy_to, "wb") if self._copy_to is not None else contextlib.nullcontext() as out:
+                for start in range(0, len(self._view), _CHUNK):
+                    chunk = self._view[start : start + _CHUNK]
+                    digest.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
+                    chunk.release()
+            self._digest = digest.hexdigest()
         except BaseException as exc:  # noqa: BLE001 - handed to the joining thread, which raises it
             self._error = exc
         finally:
@@ -122,7 +133,7 @@ class DigestThread:
                 self._done.close()
 
     def result(self) -> str:
-        """Wait for the digest; the hashing thread's error is raised here."""
+        """Wait for the digest (and the copy); the thread's error is raised here."""
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -92,14 +92,20 @@ def test_weights_are_one_aligned_member_and_the_graph_holds_none(saved: Path) ->
         assert info.location == DATA_MEMBER and (start + (info.offset or 0)) % ALIGNMENT == 0
 
 
-def test_loaded_module_reads_its_weights_from_a_link_to_the_artifact(
+def test_session_maps_the_artifact_and_the_module_reads_a_copy(
     converted: pipeline.ConvertedModule, saved: Path, tmp_path: Path
 ) -> None:
     loaded = pipeline.load(saved)
     torch.testing.assert_close(loaded(X), converted(X), rtol=0, atol=0)
     directory = weights_dir(loaded.onnx)
-    assert directory is not None and (directory / LINK_NAME).samefile(saved)
-    assert {ExternalDataInfo(t).location for t in external_tensors(loaded.onnx)} == {LINK_NAME}
+    assert directory is not None and (directory / LINK_NAME).samefile(saved)  # what the session maps
+    # the module's graph reads its own copy of the weights member, a plain file that onnx's reader accepts too
+    assert {ExternalDataInfo(t).location for t in external_tensors(loaded.onnx)} == {DATA_MEMBER}
+    assert os.stat(directory / DATA_MEMBER).st_nlink == 1
+    weight = next(t for t in external_tensors(loaded.onnx) if t.name == "up.weight")
+    want = converted.onnx.graph.initializer
+    inline = next(t for t in want if t.name == "up.weight")
+    assert onnx.numpy_helper.to_array(weight, base_dir=str(directory)).tobytes() == inline.raw_data
     # the artifact replaced and removed under its name: the link keeps the file the module was loaded from
     converted.save(saved)
     saved.unlink()

@@ -8,14 +8,22 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from onnx.external_data_helper import ExternalDataInfo
 
 from converters.errors import BuildError, InputError
 from converters.plugins.nodes import plugin_nodes
-from passes.model_io.external_data import external_bytes, ort_session_bytes
+from passes.model_io.external_data import (
+    external_bytes,
+    external_tensors,
+    ort_session_bytes,
+    weights_dir,
+    without_weights_dir,
+)
 from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.ort.emulation import has_fp4, has_fp8, has_int8_weights
 from pipeline.runtime.ort.int4 import configure_int4
 from pipeline.runtime.ort.int8 import disabled_optimizers
-from pipeline.runtime.ort.session_graph import runnable_model
+from pipeline.runtime.ort.session_graph import emulated_on_cpu, runnable_model
 from pipeline.settings import Settings
 
 
@@ -25,7 +33,8 @@ class OnnxRuntimeExecutor:
     backend = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
-        model = runnable_model(model, self.backend, settings)  # a half graph on the CPU runs as its emulation
+        # the graph the session runs: a half graph on the CPU runs as its float32 emulation, and so on
+        model = runnable_model(_inline_for_rewrites(model, settings), self.backend, settings)
         plugins = bool(plugin_nodes(model))
         if plugins:  # imported only for such a graph: the plugin machinery costs 0.3-1 s of imports (sympy)
             from pipeline.runtime.plugins import PluginSession, prepare_onnxruntime
@@ -96,6 +105,28 @@ class OnnxRuntimeExecutor:
         from polygraphy.backend.onnxrt import OnnxrtRunner
 
         return OnnxrtRunner(self.session, name=name)
+
+
+def _inline_for_rewrites(model: onnx.ModelProto, settings: Settings) -> onnx.ModelProto:
+    """A copy of ``model`` with its external weights read in, when ``runnable_model`` rewrites it (those rewrites read
+    initializers from the proto) and the weights are under ``external_data_threshold`` (a loaded artifact keeps them
+    all outside; a converted module of that size holds them inline); ``model`` itself otherwise.
+
+    The conditions are ``runnable_model``'s (pipeline.runtime.ort.session_graph): a rewrite added there must be
+    named here too, or it meets external weights it cannot read (an error, not a silent difference)."""
+    rewritten = has_fp4(model) or has_fp8(model) or has_int8_weights(model) or emulated_on_cpu(model, settings)
+    directory = weights_dir(model)
+    if not rewritten or directory is None or external_bytes(model) > settings.external_data_threshold:
+        return model
+    copy = without_weights_dir(model, always_copy=True)
+    for tensor in external_tensors(copy):  # read here: onnx's reader refuses a hard-linked file (the artifact's)
+        info = ExternalDataInfo(tensor)
+        with open(directory / info.location, "rb") as source:
+            source.seek(info.offset or 0)
+            tensor.raw_data = source.read(info.length) if info.length is not None else source.read()
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+    return copy
 
 
 def _to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
