@@ -34,7 +34,6 @@ from pipeline.precision.stage import (
     effective_settings,
 )
 from pipeline.quantize.stage import quantize_settings, quantized_validation_settings
-from pipeline.quantize.stage import quantize_settings as weight_settings  # one for every format: idempotent
 from pipeline.refitting import RefitSource
 from pipeline.runtime.executors import Executor, select_backend
 from pipeline.runtime.generation.module import module_class
@@ -74,7 +73,7 @@ def convert(
     >>> module = convert(torch.nn.Linear(4, 2).eval(), torch.randn(3, 4))  # doctest: +SKIP
     >>> print(module.report.summary())                                      # doctest: +SKIP
     """
-    config = weight_settings(quantize_settings(effective_settings(Settings.from_kwargs(settings))))
+    config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
     registry = default_registry() if converters is None else converters
     original, original_sample = model, sample
     if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert

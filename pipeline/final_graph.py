@@ -32,8 +32,6 @@ from pipeline.precision.stage import (
     validation_settings,
 )
 from pipeline.quantize.stage import is_quantized, quantize_precision, quantized_validation_settings
-from pipeline.quantize.stage import is_quantized as is_weight_quantized  # one stage for every format: the elif is dead
-from pipeline.quantize.stage import quantize_precision as quantize_weights_4bit
 from pipeline.rewrite.debug import PassDebugger
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
 from pipeline.runtime.reports.accuracy import AccuracyReport
@@ -83,15 +81,9 @@ def final_graph(
         final, records = run_passes(exported, config, passes_before_precision(pass_list, config), debug)
     precision = quantization = None
     io = exported.io  # what the converted module takes and returns: the model's types, or half with precision_io
-    if is_quantized(config):  # int8/fp8: Q/DQ at weighted ops, the rest in fp16 (the precision stage) or fp32
+    if is_quantized(config):  # int8/fp8 Q/DQ at weighted ops; int4/nvfp4 4-bit MatMul/Gemm weights (one stage)
         with stage_timer("quantize", stages), eval_mode(model, warn=False):
             final, more, precision, quantization = quantize_precision(
-                final, exported, model, sample, calibration, config, pass_list
-            )
-        records += more
-    elif is_weight_quantized(config):  # int4/nvfp4: 4-bit MatMul/Gemm weights, activations in fp16 or fp32
-        with stage_timer("quantize", stages), eval_mode(model, warn=False):
-            final, more, precision, quantization = quantize_weights_4bit(
                 final, exported, model, sample, calibration, config, pass_list
             )
         records += more
