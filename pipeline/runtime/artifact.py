@@ -8,11 +8,12 @@ of every other member; the metadata holds versions, the I/O spec, the settings a
 of it. Writing goes to a temporary file in the target directory and is renamed into place, so a crash never leaves a
 half-written artifact under the requested name.
 
-Loading maps the file instead of reading it: ONNX Runtime maps the weights in place from a hard link to the
-artifact in a private directory (which keeps this very file, whatever later happens at its path), the graph proto
-is a few hundred KB, and the SHA-256 of the weights runs in a thread while the session is made
-(:meth:`Artifact.verified` waits for it; ``pipeline.load`` does before it returns). Format ``/2`` (weights inline
-in ``model.onnx`` unless external) is still read, by copying its members as before.
+Loading maps the file instead of reading it: the graph proto is a few hundred KB, ONNX Runtime maps the weights in
+place from a hard link to the artifact in a private directory (the very file that was mapped and checked, whatever
+later happens at its path), and meanwhile a thread computes the SHA-256 of the weights member and copies it into that
+directory, for the module's graph (``module.onnx``: a plain file, which onnx's own reader accepts; a hard-linked one
+it refuses). :meth:`Artifact.verified` waits for the thread; ``pipeline.load`` does before it returns. Format ``/2``
+(weights inline in ``model.onnx`` unless external) is still read, by copying its members as before.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Artifact:
     metadata: dict[str, Any]
     onnx_model: onnx.ModelProto
     engine: bytes | None
-    weights: WeightFiles | None = None  # the graph's weights directory (a link or a copy); keep it alive with it
+    weights: WeightFiles | None = None  # the weights' private directory (copy, link); keep it alive with the graph
     segment_engines: dict[int, bytes] = dataclasses.field(default_factory=dict)  # segment index -> its engine
     pending: _PendingChecks | None = None
     #: the same graph reading its weights in place from the artifact (a hard link to it in ``weights``), for an ONNX
@@ -188,9 +189,9 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     The manifest must cover exactly the members present, each must match its SHA-256 (the metadata too), the
     metadata must be complete, and its I/O spec must agree with the graph. An artifact written with other library
     versions loads with a warning (the engine, if any, is checked against this machine by ``pipeline.load``).
-    The graph's weights stay in the artifact: a hard link to it in a private directory that lives as long as the
-    returned artifact's ``weights`` handle (a copy of the weights member where the link cannot be made). With
-    ``wait=False`` the weights' SHA-256 is still being computed: call ``.verified()`` before trusting them.
+    The weights member is copied (and checked) in a thread into a private directory that lives as long as the
+    returned artifact's ``weights`` handle, beside a hard link to the artifact that ``session_model`` reads in place.
+    With ``wait=False`` the thread may still run: call ``.verified()`` before trusting ``onnx_model``'s weights.
     """
     if not isinstance(path, str | Path):
         raise ArtifactError(
@@ -390,11 +391,12 @@ def _mapped_members(
 def _link(path: Path, mapped: MappedZip, link: Path) -> bool:
     """Hard-link the artifact at ``link`` (the very file mapped: an ArtifactError if the path now names another);
     False, logged, where the file system refuses (another file system than the temporary directory's, a file of
-    another user under protected hard links): the weights are then copied."""
+    another user under protected hard links): the session then waits for the copy of the weights (slower)."""
     try:
         os.link(path, link)
     except OSError as exc:
-        log.info("%s: cannot hard-link it into %s (%s); copying its weights instead", path, link.parent, exc)
+        log.info("%s: cannot hard-link it into %s (%s); the session waits for the copy of its weights", path,
+                 link.parent, exc)
         return False
     linked = os.stat(link)
     if (linked.st_dev, linked.st_ino) != (mapped.stat.st_dev, mapped.stat.st_ino):

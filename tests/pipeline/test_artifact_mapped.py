@@ -126,7 +126,7 @@ def test_loaded_module_prepacks_like_the_converted_one(saved: Path) -> None:
         session.get_session_options().get_session_config_entry("session.disable_prepacking")
 
 
-def test_weights_are_copied_where_no_link_can_be_made(
+def test_session_reads_the_copy_where_no_link_can_be_made(
     converted: pipeline.ConvertedModule, saved: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def refuse(*args: object) -> None:
@@ -135,7 +135,7 @@ def test_weights_are_copied_where_no_link_can_be_made(
     monkeypatch.setattr(artifact_module.os, "link", refuse)
     with caplog.at_level(logging.INFO, logger="pipeline.runtime.artifact"):
         loaded = pipeline.load(saved)
-    assert "copying its weights instead" in caplog.text  # said, not silent
+    assert "the session waits for the copy of its weights" in caplog.text  # said, not silent
     directory = weights_dir(loaded.onnx)
     assert directory is not None and (directory / DATA_MEMBER).is_file() and not (directory / LINK_NAME).exists()
     torch.testing.assert_close(loaded(X), converted(X), rtol=0, atol=0)
