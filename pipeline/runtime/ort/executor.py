@@ -20,10 +20,9 @@ from passes.model_io.external_data import (
     without_weights_dir,
 )
 from pipeline.runtime.io_spec import IOSpec
-from pipeline.runtime.ort.emulation import has_fp4, has_fp8, has_int8_weights
 from pipeline.runtime.ort.int4 import configure_int4
 from pipeline.runtime.ort.int8 import disabled_optimizers
-from pipeline.runtime.ort.session_graph import emulated_on_cpu, runnable_model
+from pipeline.runtime.ort.session_graph import rewrites, runnable_model
 from pipeline.settings import Settings
 
 
@@ -111,10 +110,8 @@ def _inline_for_rewrites(model: onnx.ModelProto, settings: Settings) -> onnx.Mod
     """A copy of ``model`` with its external weights read in, when ``runnable_model`` rewrites it (those rewrites read
     initializers from the proto) and the weights are under ``external_data_threshold`` (a loaded artifact keeps them
     all outside; a converted module of that size holds them inline); ``model`` itself otherwise.
-
-    The conditions are ``runnable_model``'s (pipeline.runtime.ort.session_graph): a rewrite added there must be
-    named here too, or it meets external weights it cannot read (an error, not a silent difference)."""
-    rewritten = has_fp4(model) or has_fp8(model) or has_int8_weights(model) or emulated_on_cpu(model, settings)
+    :func:`pipeline.runtime.ort.session_graph.rewrites` says when (one place for ``runnable_model``'s conditions)."""
+    rewritten = rewrites(model, settings)
     directory = weights_dir(model)
     if not rewritten or directory is None or external_bytes(model) > settings.external_data_threshold:
         return model

@@ -17,15 +17,23 @@ def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> 
     FP8 or NVFP4 graph's exact emulation (:mod:`pipeline.runtime.ort.emulation`), and an INT8 graph rewritten so that
     more of it runs in integer kernels (:mod:`pipeline.runtime.ort.int8`: the same quantization, plus the recorded
     convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``)."""
-    if backend == "onnxruntime" and has_fp4(model):
+    if backend != "onnxruntime" or not rewrites(model, settings):
+        return model
+    if has_fp4(model):
         model = emulate_fp4(model)  # NVFP4: no FP4 kernel on ONNX Runtime
-    if backend == "onnxruntime" and has_fp8(model):
+    if has_fp8(model):
         model = emulate_fp8(model)
-    if backend == "onnxruntime" and has_int8_weights(model):
+    if has_int8_weights(model):
         model = ort_int8_graph(model, settings.ort_int8_conv_outputs)  # more of it in integer kernels
-    if backend == "onnxruntime" and emulated_on_cpu(model, settings):
+    if emulated_on_cpu(model, settings):
         return emulate_low_precision(model)
     return model
+
+
+def rewrites(model: onnx.ModelProto, settings: Settings) -> bool:
+    """Does ONNX Runtime's session run a rewrite of ``model`` (:func:`runnable_model`) rather than the graph as it
+    is? Those rewrites read the weights from the graph, so the executor reads external weights in first."""
+    return has_fp4(model) or has_fp8(model) or has_int8_weights(model) or emulated_on_cpu(model, settings)
 
 
 def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
