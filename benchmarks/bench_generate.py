@@ -146,8 +146,11 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
-        "--threads", type=int, default=None, help="threads of PyTorch and ONNX Runtime alike (default: PyTorch's); "
-        "on a busy machine use 1: multi-threaded PyTorch waits for descheduled threads at every op"
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of PyTorch and ONNX Runtime alike (default: PyTorch's); "
+        "on a busy machine use 1: multi-threaded PyTorch waits for descheduled threads at every op",
     )
     args = parser.parse_args()
     if args.threads:
@@ -158,8 +161,10 @@ def main() -> None:
         print("\n".join(rows), flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     load = os.getloadavg()[0]
-    print(f"peak RSS {peak:.0f} MiB; torch and ONNX Runtime threads {torch.get_num_threads()} (no spinning); "
-          f"load {load:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"peak RSS {peak:.0f} MiB; torch and ONNX Runtime threads {torch.get_num_threads()} (no spinning); "
+        f"load {load:.1f} on {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

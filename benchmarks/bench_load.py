@@ -70,8 +70,12 @@ def make_artifact(path: Path, size: str) -> Path:
 
     hidden, intermediate, layers, heads, kv_heads, vocab = SIZES[size]
     config = transformers.LlamaConfig(
-        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -92,9 +96,7 @@ def write_onnx(artifact: Path, directory: Path) -> Path:
 
 def run(code: str, env: dict[str, str]) -> list[float]:
     """The numbers the snippet prints, from a fresh process."""
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     return [float(v) for v in done.stdout.strip().splitlines()[-1].split()]
 
 

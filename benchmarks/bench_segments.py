@@ -70,8 +70,9 @@ def resnet18() -> tuple[nn.Module, Any]:
 def bert_tokens() -> tuple[nn.Module, Any]:
     from transformers import BertConfig, BertForTokenClassification
 
-    config = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
-                        num_labels=9)
+    config = BertConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, num_labels=9
+    )
     return DistinctTokens(BertForTokenClassification(config)).eval(), torch.randint(0, 1000, (1, 32))
 
 

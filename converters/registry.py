@@ -43,6 +43,7 @@ class Priority(enum.IntEnum):
 @dataclass(frozen=True)
 class ConverterEntry:
     """One registered converter: what it converts, the function, its validator, priority and dynamic-shape support."""
+
     key: OpKey
     function: ConverterFunction
     validator: Validator | None

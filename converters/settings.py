@@ -96,7 +96,15 @@ def _environment() -> Mapping[str, str]:
 
 #: The groups settings belong to, in the order of the flow (``Settings.grouped()``, the artifact's metadata).
 GROUPS: tuple[str, ...] = (
-    "backend", "export", "passes", "precision", "check", "tensorrt", "onnxruntime", "validation", "generation"
+    "backend",
+    "export",
+    "passes",
+    "precision",
+    "check",
+    "tensorrt",
+    "onnxruntime",
+    "validation",
+    "generation",
 )
 
 
@@ -330,9 +338,7 @@ class Settings:
 
 def _check_fallback(settings: Settings) -> None:
     if settings.fallback not in FALLBACKS:
-        raise InputError(
-            f"unknown fallback {settings.fallback!r}", fix=f"use one of {', '.join(map(repr, FALLBACKS))}"
-        )
+        raise InputError(f"unknown fallback {settings.fallback!r}", fix=f"use one of {', '.join(map(repr, FALLBACKS))}")
     if settings.min_segment_size < 1:
         raise InputError(
             f"min_segment_size must be >= 1, got {settings.min_segment_size}",

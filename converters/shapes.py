@@ -121,9 +121,7 @@ def normalise_dynamic(dynamic: Any) -> tuple[DynamicDim, ...]:
         dims = dynamic
     elif isinstance(dynamic, Mapping):
         dims = tuple(
-            _dim_from_user(str(inp), axis, spec)
-            for inp, axes in dynamic.items()
-            for axis, spec in dict(axes).items()
+            _dim_from_user(str(inp), axis, spec) for inp, axes in dynamic.items() for axis, spec in dict(axes).items()
         )
     else:
         raise InputError(

@@ -46,8 +46,6 @@ class GraphPass(Protocol):
     def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult: ...
 
 
-
-
 class PassManager:
     """Runs an ordered tuple of passes, repeating it until no pass modifies the graph.
 

@@ -99,8 +99,12 @@ class FuseRMSNorm(RewriteRule[NormPlan]):
         plan = self._normalising(node)
         if isinstance(plan, NormPlan):
             consumers = node.outputs[0].outputs
-            weighted = len(consumers) == 1 and consumers[0].op == "Mul" and any(
-                _constant(t) is not None and np.asarray(_constant(t)).size == plan.dim for t in consumers[0].inputs
+            weighted = (
+                len(consumers) == 1
+                and consumers[0].op == "Mul"
+                and any(
+                    _constant(t) is not None and np.asarray(_constant(t)).size == plan.dim for t in consumers[0].inputs
+                )
             )
             if weighted:
                 return "its weight's Mul is the root of this RMSNorm"
@@ -187,8 +191,10 @@ class FuseRotaryEmbedding(RewriteRule[RotaryPlan]):
         neg = _producer(concat.inputs[0], "Neg")
         upper = _producer(neg.inputs[0], "Slice") if neg is not None else None
         lower = _producer(concat.inputs[1], "Slice")
-        if upper is None or lower is None or not (
-            _halves(upper, x, dim, shape[-1], shape[-1]) and _halves(lower, x, 0, dim, shape[-1])
+        if (
+            upper is None
+            or lower is None
+            or not (_halves(upper, x, dim, shape[-1], shape[-1]) and _halves(lower, x, 0, dim, shape[-1]))
         ):
             return "the halves are not Concat(-x[..., h:], x[..., :h]) with h = head_dim / 2"
         cos_angles, cos_scale = _cache(cos, "Cos")

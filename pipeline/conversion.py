@@ -257,9 +257,7 @@ def compare(
         raise InputError("compare chooses the backend and does not validate", fix="name the runners in backends=")
     samples, many = split_samples(inputs)
     with eval_mode(model):
-        converted = convert(
-            model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options
-        )
+        converted = convert(model, samples[0], backend=_conversion_backend(backends), validate=False, **convert_options)
         exported = _exported_graph(model, samples[0], converted.settings, backends, convert_options)
     return _compare_module(  # ``exported`` (and its external weights, if any) lives until this returns
         converted, model, samples if many else samples[0], options, {}, None if exported is None else exported.model
@@ -291,8 +289,15 @@ def _compare_module(
     if module.report.quantization is not None:
         settings = quantized_validation_settings(settings, module.report.quantization)
     return compare_built(
-        model, inputs, executor=module.executor, final=module.onnx, io=module.io, settings=settings,
-        exported=exported, **options, **extra,
+        model,
+        inputs,
+        executor=module.executor,
+        final=module.onnx,
+        io=module.io,
+        settings=settings,
+        exported=exported,
+        **options,
+        **extra,
     )
 
 

@@ -123,8 +123,13 @@ def run_page(page: str, workdir: Path, check: str = "", timeout: float = 900) ->
     if source is not None:
         payload = json.dumps([json.loads(source), check])
         done = subprocess.run(
-            [sys.executable, "-c", DRIVER], input=payload, cwd=workdir, capture_output=True, text=True,
-            timeout=timeout, env=env,
+            [sys.executable, "-c", DRIVER],
+            input=payload,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
         )
         runs.append(Run(f"{page}: python blocks", done.returncode, done.stderr))
     for block in blocks(page):
@@ -201,8 +206,10 @@ def problems(page: str, text: str | None = None) -> list[str]:
     for block in blocks(page, text):
         if block.language not in LANGUAGES and not (block.page != page and block.skip):  # an included file's own
             # blocks, skipped at the include with the reason, are not ours to label
-            found.append(f"{block.label}: a ```{block.language or '(no language)'} block: say python, bash, console "
-                         "or text (output)")
+            found.append(
+                f"{block.label}: a ```{block.language or '(no language)'} block: say python, bash, console "
+                "or text (output)"
+            )
         if block.skip == "":
             found.append(f"{block.label}: a skip comment without a reason")
         if block.language in ("bash", "console") and block.skip is None:
@@ -211,7 +218,7 @@ def problems(page: str, text: str | None = None) -> list[str]:
                     found.append(f"{block.label}: `{command}` is neither pipeline nor python: mark it skip, with why")
     for number, line in enumerate(text.splitlines(), 1):
         if SKIP.match(line.strip()):
-            after = text.splitlines()[number:number + 1]
+            after = text.splitlines()[number : number + 1]
             if not after or not (after[0].startswith("```") or INCLUDE.match(after[0])):
                 found.append(f"{page}:{number}: a skip comment not directly before a block or an include")
     return found

@@ -37,8 +37,19 @@ import pipeline
 from converters.errors import AccuracyError, BuildError, ConversionError, ExportError, InputError, PipelineError
 from pipeline.precision.buildable import build_error
 
-STATUSES = ("ok", "pytorch", "input", "export", "convert", "accuracy", "parser", "build", "onnxruntime", "timeout",
-            "crash")
+STATUSES = (
+    "ok",
+    "pytorch",
+    "input",
+    "export",
+    "convert",
+    "accuracy",
+    "parser",
+    "build",
+    "onnxruntime",
+    "timeout",
+    "crash",
+)
 PRECISIONS = ("fp32", "fp16")
 PLAIN_TOLERANCE = 1e-3
 

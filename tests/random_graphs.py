@@ -190,7 +190,18 @@ def slice_(b: GraphBuilder, x: str) -> str:
 
 
 OPS = (
-    unary, exp_of_bounded, binary, matmul, gemm, conv, flatten, transpose, squeeze_chain, reduce, concat_split, slice_,
+    unary,
+    exp_of_bounded,
+    binary,
+    matmul,
+    gemm,
+    conv,
+    flatten,
+    transpose,
+    squeeze_chain,
+    reduce,
+    concat_split,
+    slice_,
 )
 
 

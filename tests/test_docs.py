@@ -13,8 +13,11 @@ import pytest
 from docs_support import ROOT, blocks, commands, make_workdir, problems, python_source, run_page, third_party_lines
 
 PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
-RUNNABLE = [p for p in PAGES if python_source(p) is not None or any(
-    b.language in ("bash", "console") and b.skip is None for b in blocks(p))]
+RUNNABLE = [
+    p
+    for p in PAGES
+    if python_source(p) is not None or any(b.language in ("bash", "console") and b.skip is None for b in blocks(p))
+]
 
 #: What a user checks after running a page's examples, run in the namespace of its Python blocks.
 CHECKS = {
@@ -69,7 +72,11 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert run.returncode == 0, run.stderr[-6000:]
     api = (site / "reference" / "pipeline" / "index.html").read_text()
@@ -103,7 +110,11 @@ def test_the_harness_reads_skips_and_languages(tmp_path: Path) -> None:
     )
     found = blocks("x.md", text)
     assert [(b.language, b.skip) for b in found] == [
-        ("python", "needs a GPU"), ("bash", ""), ("sh", None), ("text", None), ("console", None)
+        ("python", "needs a GPU"),
+        ("bash", ""),
+        ("sh", None),
+        ("text", None),
+        ("console", None),
     ]
     assert commands(found[4]) == ["pipeline --version"]
     assert problems("x.md", text) == [

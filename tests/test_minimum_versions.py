@@ -45,8 +45,10 @@ def test_installed_versions_meet_the_declared_floors() -> None:
         )
         for package, pin in pinned.items():
             assert Version(version(package)) == Version(pin), f"{package}: expected the floor {pin}"
-            assert Version(pin) == Version(floors[package]) or package == "numpy" and Version(pin) >= Version(
-                floors[package]
+            assert (
+                Version(pin) == Version(floors[package])
+                or package == "numpy"
+                and Version(pin) >= Version(floors[package])
             ), f"{package}: .ci/minimum-versions.txt ({pin}) and pyproject.toml ({floors[package]}) disagree"
 
 

@@ -91,8 +91,17 @@ def test_ours_on_a_real_op() -> None:
 
 
 def _row(op: str, status: str, plain: str = "ok", dtype: str = "float32") -> dict[str, str]:
-    return {"op": op, "status": status, "reason": "", "names_op": "yes", "plain": plain, "plain_reason": "",
-            "samples": "1", "dtype": dtype, "seconds": "1.0"}
+    return {
+        "op": op,
+        "status": status,
+        "reason": "",
+        "names_op": "yes",
+        "plain": plain,
+        "plain_reason": "",
+        "samples": "1",
+        "dtype": dtype,
+        "seconds": "1.0",
+    }
 
 
 def test_headline_counts_ops_with_a_usable_sample() -> None:

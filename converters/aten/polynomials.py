@@ -99,8 +99,12 @@ def _loop(ctx: ConverterContext, m: Math, y: Expr, degree: Expr, family: Recurre
     body = gs.Graph(
         nodes=body_nodes,
         inputs=[iteration, condition, previous, current, result],
-        outputs=[_typed(keep_going, np.dtype(np.bool_)), _typed(current, value_type),
-                 _typed(following.tensor, value_type), _typed(kept.tensor, value_type)],
+        outputs=[
+            _typed(keep_going, np.dtype(np.bool_)),
+            _typed(current, value_type),
+            _typed(following.tensor, value_type),
+            _typed(kept.tensor, value_type),
+        ],
         name=ctx.fresh_name("recurrence"),
         opset=ctx.opset,
     )

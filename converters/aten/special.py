@@ -292,6 +292,7 @@ KERNELS: dict[str, Kernel] = {
     "log_ndtr": log_ndtr,
 }
 
+
 class _Special(torch.nn.Module):
     """``function(x)`` on inputs moved into the function's domain (``|x| * scale + shift``, or a sigmoid)."""
 

@@ -33,6 +33,7 @@ Symbols = dict[sympy.Symbol, tuple[int, int]]  # symbol -> (input index, axis)
 @dataclass(frozen=True)
 class FakeOutput:
     """One output of the op's fake kernel: its dtype and sizes (ints, or expressions of the dynamic input dims)."""
+
     dtype: torch.dtype
     sizes: tuple[int | sympy.Expr, ...]
 

@@ -16,6 +16,7 @@ from passes.base import PassResult
 
 class ExplicitSqueezeAxes:
     """Squeeze without ``axes`` gets the axes of its input's size-1 dims as an initializer, where the shape is known."""
+
     name = "explicit_squeeze_axes"
 
     def __call__(self, graph: gs.Graph, settings: Settings) -> PassResult:

@@ -59,6 +59,7 @@ class BitDomain:
 @dataclass(frozen=True)
 class BitPlan:
     """What a bit op becomes: the op, the shift direction, the integer domain and the non-constant operand."""
+
     op: str
     direction: str  # BitShift only
     domain: BitDomain

@@ -32,6 +32,7 @@ _TYPES = frozenset({"float32", "float16", "float64"})
 @dataclass(frozen=True)
 class Col2ImPlan:
     """Col2Im with static sizes: channels, image size and, per output pixel, the patch values that add up into it."""
+
     channels: int  # C
     image: tuple[int, ...]
     indices: np.ndarray  # [P, M] into the flattened [K*L + 1] patch values (K*L is the appended zero)

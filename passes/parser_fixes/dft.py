@@ -35,6 +35,7 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
 @dataclass(frozen=True)
 class DftPlan:
     """DFT with a static length along a supported axis: the sizes and flags the constant DFT matrix is built from."""
+
     axis: int  # non-negative, in [0, rank - 2]
     rank: int
     length: int  # L: the input's size along axis

@@ -22,6 +22,7 @@ _MATMUL_TYPES = frozenset({"float32", "float16", "float64"})  # a bfloat16 base 
 @dataclass(frozen=True)
 class CropPadPlan:
     """CenterCropPad with static shapes: the Slice of the cropped axes and the Pad of the padded ones."""
+
     axes: tuple[int, ...]  # cropped axes
     starts: tuple[int, ...]
     ends: tuple[int, ...]
@@ -87,6 +88,7 @@ def _columns(crop: list[tuple[int, int, int]]) -> tuple[tuple[int, ...], tuple[i
 @dataclass(frozen=True)
 class AffineGridPlan:
     """AffineGrid with a static size: the spatial sizes, align_corners and the dtype of the base grid."""
+
     spatial: tuple[int, ...]  # (H, W) or (D, H, W)
     align_corners: bool
     dtype: np.dtype

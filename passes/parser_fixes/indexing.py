@@ -19,6 +19,7 @@ _GATHER_TYPES = frozenset({"float32", "float16", "bfloat16", "float64", "int32",
 @dataclass(frozen=True)
 class MaxUnpoolPlan:
     """MaxUnpool with a static output shape: the size of the flattened zero tensor the values are scattered into."""
+
     output_shape: tuple[int, ...]
     dtype: np.dtype
 
@@ -81,6 +82,7 @@ def _default_spatial(node: gs.Node, spatial: tuple[int, ...]) -> tuple[int, ...]
 @dataclass(frozen=True)
 class CompressPlan:
     """Compress with a constant condition: the kept positions and the axis (None: flattened)."""
+
     indices: np.ndarray  # int64, the positions where the condition is true
     axis: int | None  # None: the input is flattened first
 

@@ -27,6 +27,7 @@ REDUCE_OPS = frozenset(
 @dataclass(frozen=True)
 class AxesPlan:
     """The Reduce node's axes, to be moved into an initializer."""
+
     axes: np.ndarray
 
 

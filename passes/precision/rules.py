@@ -78,12 +78,11 @@ _INTEGER_TYPES = frozenset(
 )
 
 
-
-
 @dataclass(frozen=True)
 class RuleContext:
     """What a precision rule reads: the graph, the low type, the inferred types and shapes, and the dynamic dims'
     maxima."""
+
     graph: gs.Graph
     low: LowType
     inferred: Inferred

@@ -33,8 +33,6 @@ from passes.records import QuantizedOp
 _FLOAT_TYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16}
 
 
-
-
 def quantize_graph(
     graph: gs.Graph,
     fmt: QuantFormat,

@@ -49,8 +49,6 @@ class Target:
     axis: int | None  # the weight's output-channel axis; None: one scale for the weight (per tensor)
 
 
-
-
 def plan_targets(graph: gs.Graph, keep: Sequence[str] = ()) -> tuple[list[Target], list[Skipped]]:
     """The weighted ops to quantize and the ones skipped, with reasons. ``keep`` are ``keep_fp32`` entries
     (``node:``, ``op:``, ``module:``, as for fp16): those nodes stay unquantized."""

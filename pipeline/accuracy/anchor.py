@@ -140,7 +140,8 @@ class PrecisionMode(TorchDispatchMode):
         if func in _VIEWS:
             return self._mark(result)
         return pytree.tree_map(
-            lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v, result)
+            lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v, result
+        )
 
     def _mark(self, result: Any) -> Any:
         for value in pytree.tree_leaves(result):
@@ -154,13 +155,23 @@ class PrecisionMode(TorchDispatchMode):
 
 
 #: Ops through which a guard's float32 value reaches the op that reads it (the graph's followers).
-_VIEWS = frozenset({
-    torch.ops.aten.expand.default, torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
-    torch.ops.aten.reshape.default, torch.ops.aten.permute.default, torch.ops.aten.transpose.int,
-    torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
-    torch.ops.aten.clone.default, torch.ops.aten.contiguous.default, torch.ops.aten.alias.default,
-    torch.ops.aten.detach.default,
-})
+_VIEWS = frozenset(
+    {
+        torch.ops.aten.expand.default,
+        torch.ops.aten.view.default,
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.permute.default,
+        torch.ops.aten.transpose.int,
+        torch.ops.aten.unsqueeze.default,
+        torch.ops.aten.squeeze.dim,
+        torch.ops.aten.squeeze.dims,
+        torch.ops.aten.clone.default,
+        torch.ops.aten.contiguous.default,
+        torch.ops.aten.alias.default,
+        torch.ops.aten.detach.default,
+    }
+)
 
 
 def _tensor(value: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -112,6 +112,7 @@ def accumulator(tolerance: Tolerance, random_sources: tuple[str, ...] | None = N
     """The accumulator for one tensor: by distribution when it depends on random nodes, else element by element."""
     return DistributionAccumulator(random_sources) if random_sources else ErrorAccumulator(tolerance)
 
+
 #: Histogram of absolute errors: log10 bins from 1e-10 to 1e2, plus "below" (including exact 0) and "above".
 HIST_LOW, HIST_HIGH, HIST_BINS = -10.0, 2.0, 48
 HIST_EDGES: tuple[float, ...] = tuple(float(e) for e in np.linspace(HIST_LOW, HIST_HIGH, HIST_BINS + 1))

@@ -40,6 +40,4 @@ def build_executor(
 
         engine, status = cached_engine(model, io, settings, static_check, library_for(backend))
         return load_executor(backend, model, io, settings, engine, status=status)
-    return load_executor(
-        backend, model, io, settings, engine, runtime_cache=runtime_cache, refit_at_load=refit_at_load
-    )
+    return load_executor(backend, model, io, settings, engine, runtime_cache=runtime_cache, refit_at_load=refit_at_load)

@@ -62,6 +62,7 @@ def _version() -> str:
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
 
+
 def _configure_logging(verbose: int) -> None:
     # our warnings (engine not runnable here, low fp16 share, ...) read as messages, not as Python source lines
     warnings.formatwarning = lambda message, category, *_args, **_kwargs: f"warning: {message}\n"

@@ -243,8 +243,10 @@ def _table(results: dict[str, Any]) -> str:
             f"{name:{width}} {r['median_ms']:8.3f}ms {r['p90_ms']:8.3f}ms {r['p99_ms']:8.3f}ms {r['mean_ms']:8.3f}ms "
             f"{r['throughput_per_s']:11.1f}"
         )
-    lines.append(f"batch {results['batch']}, {results['converted']['iterations']} timed calls after "
-                 f"{results['warmup']} warm-up calls, interleaved")
+    lines.append(
+        f"batch {results['batch']}, {results['converted']['iterations']} timed calls after "
+        f"{results['warmup']} warm-up calls, interleaved"
+    )
     lines.append(_threads_line(results["threads"]))
     if "speedup_median" in results:
         lines.append(f"converted / eager: {results['speedup_median']:.2f}x faster (median)")

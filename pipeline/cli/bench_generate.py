@@ -109,8 +109,7 @@ def generation_table(label: str, r: dict[str, Any]) -> str:
             f"(greedy, eos ignored)",
             f"{'':10} {'median':>10} {'tokens/s':>10}",
             f"{'prefill':10} {r['prefill_ms_median']:8.2f}ms {r['prefill_tokens_per_s']:10,.1f}",
-            f"{'decode':10} {r['decode_ms_per_step_median']:8.2f}ms {r['decode_tokens_per_s']:10,.1f}"
-            "   (ms per step)",
+            f"{'decode':10} {r['decode_ms_per_step_median']:8.2f}ms {r['decode_tokens_per_s']:10,.1f}   (ms per step)",
             f"medians of {r['runs']} runs after {r['warmup']} warm-up run(s)",
         ]
     )

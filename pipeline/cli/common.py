@@ -220,8 +220,7 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantize-fallback",
         default="fp16",
         choices=["fp16", "fp32"],
-        help="int8/fp8/int4/nvfp4: the type of the ops left unquantized (fp16 for TensorRT; fp32 for speed on the "
-        "CPU)",
+        help="int8/fp8/int4/nvfp4: the type of the ops left unquantized (fp16 for TensorRT; fp32 for speed on the CPU)",
     )
     parser.add_argument(
         "--ort-int8-conv-outputs",

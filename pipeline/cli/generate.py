@@ -190,8 +190,7 @@ def check_prompts(module: Any, prompts: list[list[int]], new_tokens: int) -> Non
     if len(prompts) > generation.max_batch:
         raise InputError(
             f"{len(prompts)} prompts, but the artifact was converted for max_batch={generation.max_batch}",
-            fix=f"give at most {generation.max_batch} prompts, or convert with --generation "
-            f"max_batch={len(prompts)}",
+            fix=f"give at most {generation.max_batch} prompts, or convert with --generation max_batch={len(prompts)}",
         )
     vocab = module.vocabulary_size
     for number, prompt in enumerate(prompts, start=1):

@@ -73,6 +73,7 @@ _DTYPE_NAME: dict[int, str] = {int(v): k for k, v in _ONNX_TYPE.items()}
 @dataclass(frozen=True)
 class LayerMatch:
     """A PyTorch module output matched to a tensor of the final graph (same shape; ``dtype`` is the graph's)."""
+
     module: str
     type_name: str
     tensor: str
@@ -122,6 +123,7 @@ class Divergence:
 @dataclass(frozen=True)
 class LayerReport:
     """The per-layer comparison on one backend: every matched module with its figures, and those left unmatched."""
+
     backend: str
     layers: tuple[LayerComparison, ...]
     unmatched: tuple[tuple[str, str, str], ...]  # (module, type, reason)

@@ -73,8 +73,15 @@ def histogram_figure(
         counts = list(counts)
         axes.bar(positions[1:-1], counts[1:-1], width=share[1:-1], align="edge", color=color, label=runner)
         ends = [0, len(counts) - 1]  # the open-ended bins, hatched
-        axes.bar([positions[i] for i in ends], [counts[i] for i in ends], width=[share[i] for i in ends],
-                 align="edge", color=color, hatch="///", edgecolor="white")
+        axes.bar(
+            [positions[i] for i in ends],
+            [counts[i] for i in ends],
+            width=[share[i] for i in ends],
+            align="edge",
+            color=color,
+            hatch="///",
+            edgecolor="white",
+        )
     if atol > 0:
         axes.axvline(math.log10(atol), color=FAIL_COLOR, linestyle="--", linewidth=1.2, label=label or f"atol {atol:g}")
     decades = [e for e in range(math.ceil(low) + 2, math.floor(high) - 1, 2)]  # the ends carry the open bins' labels

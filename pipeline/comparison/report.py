@@ -37,6 +37,7 @@ FILES = {
 @dataclass(frozen=True)
 class RunnerInfo:
     """One runner of a comparison: its name, what it runs, and why it was skipped, if it was."""
+
     name: str
     description: str
     skipped: str | None = None

@@ -17,6 +17,7 @@ REFINEMENTS = frozenset({"*opset*", "Squeeze", "GridSample", "Pow", "Einsum"})
 @dataclass(frozen=True)
 class OpSupport:
     """One row of the parser's operator matrix: supported or not, the types it takes, and its restrictions."""
+
     op: str
     supported: bool
     types: frozenset[str]

@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 Expert = Callable[[int, torch.Tensor], torch.Tensor]  # (expert index, tokens [T, H]) -> outputs [T, H]
 
 
-def _dense(hidden: torch.Tensor, expert_mask: torch.Tensor, weights: torch.Tensor, experts: int,
-           run: Expert) -> torch.Tensor:
+def _dense(
+    hidden: torch.Tensor, expert_mask: torch.Tensor, weights: torch.Tensor, experts: int, run: Expert
+) -> torch.Tensor:
     """``sum_e where(routed_e, run(e, hidden) * w_e, 0)``: ``expert_mask`` is the eager loop's ``[E, K, T]`` (non-zero
     where slot ``k`` of token ``t`` goes to expert ``e``), ``weights`` its ``[T, K]`` routing weights."""
     out = torch.zeros_like(hidden)
@@ -46,15 +47,22 @@ def _dense(hidden: torch.Tensor, expert_mask: torch.Tensor, weights: torch.Tenso
     return out
 
 
-def _switch(self: Any, hidden_states: torch.Tensor, selected_experts: torch.Tensor,
-            routing_weights: torch.Tensor) -> torch.Tensor:
+def _switch(
+    self: Any, hidden_states: torch.Tensor, selected_experts: torch.Tensor, routing_weights: torch.Tensor
+) -> torch.Tensor:
     """``SwitchTransformersExperts.forward``: ``selected_experts`` ``[T, K, E]``, ``routing_weights`` ``[T, K]``."""
-    return _dense(hidden_states, selected_experts.permute(2, 1, 0), routing_weights, self.num_experts,
-                  lambda e, h: self[f"expert_{e}"](h))
+    return _dense(
+        hidden_states,
+        selected_experts.permute(2, 1, 0),
+        routing_weights,
+        self.num_experts,
+        lambda e, h: self[f"expert_{e}"](h),
+    )
 
 
-def _nllb(self: Any, hidden_states: torch.Tensor, router_mask: torch.Tensor, router_probs: torch.Tensor
-          ) -> torch.Tensor:
+def _nllb(
+    self: Any, hidden_states: torch.Tensor, router_mask: torch.Tensor, router_probs: torch.Tensor
+) -> torch.Tensor:
     """``NllbMoeExperts.forward`` in eval mode (token dropout scales by ``1 - p``)."""
     keep = 1 - self.moe_token_dropout
 
@@ -66,8 +74,9 @@ def _nllb(self: Any, hidden_states: torch.Tensor, router_mask: torch.Tensor, rou
     return _dense(hidden_states, expert_mask, router_probs, self.num_experts, run)
 
 
-def _dbrx(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-          ) -> torch.Tensor:
+def _dbrx(
+    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """``DbrxExperts.forward``: one stacked GLU, expert ``e`` the ``e``-th block of its three matrices."""
     batch = hidden_states.shape[0]
     hidden = hidden_states.reshape(-1, self.hidden_size)
@@ -82,8 +91,9 @@ def _dbrx(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top
     return _dense(hidden, expert_mask, top_k_weights, self.num_experts, run).view(batch, -1, self.hidden_size)
 
 
-def _longcat(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-             ) -> torch.Tensor:
+def _longcat(
+    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """``LongcatFlashExperts.forward``: routed experts, then identity ("zero-compute") experts."""
     if top_k_index.numel() == 0:
         return torch.zeros_like(hidden_states)
@@ -100,12 +110,16 @@ def _longcat(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, 
 
 # (module, class name) -> the dense forward and how to read the expert count off an instance
 _DISPATCH: dict[tuple[str, str], tuple[Callable[..., torch.Tensor], Callable[[Any], int]]] = {
-    ("transformers.models.switch_transformers.modeling_switch_transformers", "SwitchTransformersExperts"):
-        (_switch, lambda m: m.num_experts),
+    ("transformers.models.switch_transformers.modeling_switch_transformers", "SwitchTransformersExperts"): (
+        _switch,
+        lambda m: m.num_experts,
+    ),
     ("transformers.models.nllb_moe.modeling_nllb_moe", "NllbMoeExperts"): (_nllb, lambda m: m.num_experts),
     ("transformers.models.dbrx.modeling_dbrx", "DbrxExperts"): (_dbrx, lambda m: m.num_experts),
-    ("transformers.models.longcat_flash.modeling_longcat_flash", "LongcatFlashExperts"):
-        (_longcat, lambda m: m.total_experts),
+    ("transformers.models.longcat_flash.modeling_longcat_flash", "LongcatFlashExperts"): (
+        _longcat,
+        lambda m: m.total_experts,
+    ),
 }
 _PATCHES: dict[type, SharedPatch] = {}
 
@@ -128,7 +142,11 @@ def dense_expert_dispatch(model: torch.nn.Module) -> Iterator[None]:
             if cls not in _PATCHES:
                 _PATCHES[cls] = SharedPatch(cls, "forward", _replaced_by(forward))
             stack.enter_context(_PATCHES[cls].held())
-            logger.info("%d %s module(s) exported with a dense expert dispatch: each runs all its %s experts on every "
-                        "token (the eager loop's per-expert gathers have data-dependent sizes)", len(counts),
-                        cls.__qualname__, "/".join(str(c) for c in sorted(set(counts))))
+            logger.info(
+                "%d %s module(s) exported with a dense expert dispatch: each runs all its %s experts on every "
+                "token (the eager loop's per-expert gathers have data-dependent sizes)",
+                len(counts),
+                cls.__qualname__,
+                "/".join(str(c) for c in sorted(set(counts))),
+            )
         yield

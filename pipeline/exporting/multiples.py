@@ -80,4 +80,3 @@ def _as_multiple(d: DynamicDim, k: int) -> DynamicDim:
         )
     opt = min(max(round(d.opt / multiple) * multiple, lo), hi)
     return dataclasses.replace(d, min=lo, opt=opt, max=hi, multiple=multiple)
-

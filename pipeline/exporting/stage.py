@@ -113,7 +113,14 @@ def export(
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         with _without_cache_output(model, result):
             program, dynamic = _torch_export(
-                model, signature, args, kwargs, names, settings, custom_translation_table, converter_ops,
+                model,
+                signature,
+                args,
+                kwargs,
+                names,
+                settings,
+                custom_translation_table,
+                converter_ops,
                 complex_outputs,
             )
 

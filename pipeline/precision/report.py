@@ -19,11 +19,6 @@ from pipeline.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-
-
-
-
-
 def load_keep_fp32(path: str | Path) -> tuple[str, ...]:
     """``keep_fp32`` entries saved by :meth:`PrecisionReport.save_keep_fp32`."""
     return tuple(str(entry) for entry in json.loads(Path(path).read_text()))

@@ -25,6 +25,7 @@ _NOT_COMPUTE = FOLLOWER_OPS | {"Cast", "Constant", "ConstantOfShape", "Shape", "
 @dataclass(frozen=True)
 class ComputeShare:
     """How much compute runs in the low type: FLOPs of MatMul/Gemm/Conv (or node counts when there are none)."""
+
     low_flops: float
     total_flops: float
     low_nodes: int

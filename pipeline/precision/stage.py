@@ -83,10 +83,6 @@ def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> 
     return tuple(p for p in passes if not isinstance(p, ConvertPrecision))
 
 
-
-
-
-
 def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None, settings: Settings) -> list[Feed]:
     """The user's calibration samples, or the sample and ``calibration_inputs`` inputs drawn like it (other seed
     than validation), plus each dynamic dimension's min and max."""

@@ -16,8 +16,6 @@ from pipeline.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-
-
 def judge_quantized_share(report: QuantizationReport, settings: Settings) -> QuantizationReport:
     """No silent degradation: little of the MatMul/Gemm/Conv compute quantized is a loud warning (an error with
     ``precision_strict``), with the heaviest reasons."""

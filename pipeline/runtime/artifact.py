@@ -72,6 +72,7 @@ class Artifact:
     """A read artifact: its metadata, the final graph, the engine bytes if any, and the private directory of the
     graph's weights. ``pending``: the checks still running (``read_artifact(wait=False)``: the weights' SHA-256, the
     library versions' warning), which :meth:`verified` waits for."""
+
     metadata: dict[str, Any]
     onnx_model: onnx.ModelProto
     engine: bytes | None
@@ -248,6 +249,7 @@ REQUIRED_METADATA = {"format": str, "backend": str, "versions": dict, "io": dict
 @dataclass
 class _Members:
     """The members read (all but the weights), and for format /3 where the weights are and their digest to come."""
+
     data: dict[str, bytes]
     digest: DigestThread | None = None
     data_offset: int | None = None  # where model.onnx.data starts in the file, when the graph reads it through a link
@@ -395,8 +397,12 @@ def _link(path: Path, mapped: MappedZip, link: Path) -> bool:
     try:
         os.link(path, link)
     except OSError as exc:
-        log.info("%s: cannot hard-link it into %s (%s); the session waits for the copy of its weights", path,
-                 link.parent, exc)
+        log.info(
+            "%s: cannot hard-link it into %s (%s); the session waits for the copy of its weights",
+            path,
+            link.parent,
+            exc,
+        )
         return False
     linked = os.stat(link)
     if (linked.st_dev, linked.st_ino) != (mapped.stat.st_dev, mapped.stat.st_ino):

@@ -167,7 +167,13 @@ def load_executor(
     runnable, why = engine_runtime_status(library, settings) if library.rtx else (True, "")
     if runnable:
         return TensorRTExecutor(
-            engine, io, settings, status, library, model=model, runtime_cache=runtime_cache,
+            engine,
+            io,
+            settings,
+            status,
+            library,
+            model=model,
+            runtime_cache=runtime_cache,
             refit_at_load=refit_at_load,
         )
     executor = EngineOnOnnxRuntime(engine, model, io, settings, why, status, library)

@@ -321,9 +321,7 @@ def is_model_cache(value: Any) -> bool:
     """Whether ``value`` is a transformers ``Cache`` (``DynamicCache``, ...): a model's key/value cache, which the
     plain forward's graph does not return (the module returns None in its place; ``generation=`` converts the
     cached step instead). Recognised by type name, without importing transformers."""
-    return any(
-        c.__name__ == "Cache" and c.__module__.startswith("transformers.") for c in type(value).__mro__
-    )
+    return any(c.__name__ == "Cache" and c.__module__.startswith("transformers.") for c in type(value).__mro__)
 
 
 def dump_tree(tree: pytree.TreeSpec) -> str:

@@ -41,8 +41,15 @@ class StepJudge:
             stats = self.steps[step].result()
             out.append(
                 StepAccuracy(
-                    step, stats.max_abs, stats.max_rel, stats.relative_rms, stats.atol_used, stats.outside,
-                    stats.elements, stats.passed, self.anchored.get(step, 0),
+                    step,
+                    stats.max_abs,
+                    stats.max_rel,
+                    stats.relative_rms,
+                    stats.atol_used,
+                    stats.outside,
+                    stats.elements,
+                    stats.passed,
+                    self.anchored.get(step, 0),
                 )  # fmt: skip
             )
         return tuple(out)

@@ -57,12 +57,16 @@ def raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> Non
         for o in report.outputs
         if not o.passed
     ]
-    fix = ("if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
-           "otherwise inspect module.onnx, or convert with validate=False to get the module anyway")
+    fix = (
+        "if the difference is expected, loosen it with tolerances={'<output or dtype>': (atol, rtol)}; "
+        "otherwise inspect module.onnx, or convert with validate=False to get the module anyway"
+    )
     if any(NO_ANCHOR in o.note for o in report.outputs if not o.passed):
-        fix = ("PyTorch's own half precision overflows on this model (the note says where): convert with "
-               "precision='bf16' (float32's range), or keep_fp32= the modules whose values leave float16's range "
-               "(pipeline compare --per-layer shows them); " + fix)
+        fix = (
+            "PyTorch's own half precision overflows on this model (the note says where): convert with "
+            "precision='bf16' (float32's range), or keep_fp32= the modules whose values leave float16's range "
+            "(pipeline compare --per-layer shows them); " + fix
+        )
     raise AccuracyError(
         f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: " + "; ".join(failing),
         per_output={

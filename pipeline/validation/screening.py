@@ -35,8 +35,6 @@ class AheadRunner(Protocol):
         """Polygraphy's input metadata of the runner."""
 
 
-
-
 class ScreenedFeeds:
     """The feeds, each first run through PyTorch (as the Comparator would cast it): a drawn feed PyTorch refuses
     is dropped (a WARNING, and a :class:`DroppedInput` in ``dropped``); one of the first ``given`` is an

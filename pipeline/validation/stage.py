@@ -53,10 +53,6 @@ logger = logging.getLogger(__name__)
 Feed = dict[str, np.ndarray]
 
 
-
-
-
-
 class TorchRunner(BaseRunner):
     """Runs the original PyTorch model on a Polygraphy feed (``{input name: array}``) on the CPU or the model's
     device. Polygraphy's own PytRunner cannot be used: it moves every input to CUDA unconditionally."""

@@ -73,8 +73,13 @@ def test_opaque_node_carries_typed_attributes() -> None:
 
     registry = ConverterRegistry()
     registry.register(torch.ops.convtest.scale_shift)(spy)
-    pipeline.convert(UsesScaleShiftTwice(), (torch.randn(3, 4), torch.randn(3, 4)), converters=registry,
-                     backend="onnxruntime", validate=False)
+    pipeline.convert(
+        UsesScaleShiftTwice(),
+        (torch.randn(3, 4), torch.randn(3, 4)),
+        converters=registry,
+        backend="onnxruntime",
+        validate=False,
+    )
     assert seen[0] == {"alpha": 2.0, "dims": [1], "mode": "sum", "bias": True, "shapes": [(3, 4), (3, 4)]}
     assert seen[1]["alpha"] == -0.5 and seen[1]["dims"] == [0, 1] and seen[1]["bias"] is False
 
@@ -105,8 +110,13 @@ def test_gelu_override_only_for_tanh(approximate: str, overridden: bool) -> None
     ops = [n.op_type for n in module.onnx.graph.node]
     assert ("Tanh" in ops) is overridden and ("Gelu" in ops) is not overridden
     x = torch.randn(5, 8) * 3
-    module = pipeline.convert(model, torch.randn(4, 8), converters=gelu_registry(), backend="onnxruntime",
-                              dynamic={"input": {0: ("batch", 1, 4, 8)}})
+    module = pipeline.convert(
+        model,
+        torch.randn(4, 8),
+        converters=gelu_registry(),
+        backend="onnxruntime",
+        dynamic={"input": {0: ("batch", 1, 4, 8)}},
+    )
     with torch.no_grad():
         torch.testing.assert_close(module(x), model(x), rtol=1e-5, atol=1e-5)
 
@@ -182,8 +192,13 @@ def test_no_candidate_for_dynamic_shapes_is_a_clear_error() -> None:
     registry.register("convtest::scale_shift", supports_dynamic_shapes=False)(convert_scale_shift)
     dynamic = {"x": {0: ("batch", 1, 3, 8)}, "b": {0: ("batch", 1, 3, 8)}}
     with pytest.raises(pipeline.ConversionError) as info:
-        pipeline.convert(UsesScaleShiftTwice(), (torch.randn(3, 4), torch.randn(3, 4)), converters=registry,
-                         backend="onnxruntime", dynamic=dynamic)
+        pipeline.convert(
+            UsesScaleShiftTwice(),
+            (torch.randn(3, 4), torch.randn(3, 4)),
+            converters=registry,
+            backend="onnxruntime",
+            dynamic=dynamic,
+        )
     assert "supports_dynamic_shapes=False" in str(info.value)
 
 
@@ -268,10 +283,15 @@ def test_duplicate_registration_and_removal() -> None:
 def test_priority_then_registration_order_and_skip_reasons() -> None:
     registry = ConverterRegistry()
     calls: list[str] = []
-    for name, priority, accept in (("first_std", Priority.STANDARD, True), ("high_no", Priority.HIGH, False),
-                                   ("second_std", Priority.STANDARD, True)):
+    for name, priority, accept in (
+        ("first_std", Priority.STANDARD, True),
+        ("high_no", Priority.HIGH, False),
+        ("second_std", Priority.STANDARD, True),
+    ):
+
         def fn(ctx: ConverterContext, name: str = name) -> None:
             calls.append(name)
+
         fn.__qualname__ = name
         registry.register("Relu", priority=priority, validator=lambda n, s, a=accept: a)(fn)
     node = gs.Node("Relu", "r", inputs=[gs.Variable("x", np.float32, (2,))], outputs=[gs.Variable("y")])
@@ -321,8 +341,13 @@ def test_user_translation_table_takes_precedence() -> None:
         clipped = op.Clip(x, op.Constant(value_float=-limit), op.Constant(value_float=limit))
         return op.Mul(clipped, clipped) if square else clipped
 
-    module = pipeline.convert(ClampSq(), torch.randn(4, 4) * 2, converters=ConverterRegistry(), backend="onnxruntime",
-                              custom_translation_table={torch.ops.convtest2.clamp_sq.default: translate})
+    module = pipeline.convert(
+        ClampSq(),
+        torch.randn(4, 4) * 2,
+        converters=ConverterRegistry(),
+        backend="onnxruntime",
+        custom_translation_table={torch.ops.convtest2.clamp_sq.default: translate},
+    )
     assert "clamp_sq" not in [n.op_type for n in module.onnx.graph.node]
     x = torch.randn(4, 4) * 2
     torch.testing.assert_close(module(x), ClampSq()(x), rtol=1e-5, atol=1e-5)

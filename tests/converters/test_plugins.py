@@ -112,8 +112,14 @@ def test_data_dependent_op_runs_through_the_plugin_node_and_matches_torch(
     assert len(nodes) == 2 and all(n.domain == "ai.onnx.contrib" for n in nodes)
     keep = next(n for n in nodes if attributes(n)["mode"] == b"keep")
     assert attributes(keep) == {
-        "k": 3, "fill": -1.5, "largest": 1, "mode": b"keep", "plugin_namespace": b"plugtest", "plugin_version": b"1",
-        "plugin_torch_op": b"plugtest::topk_keep.default", "plugin_module": __name__.encode(),
+        "k": 3,
+        "fill": -1.5,
+        "largest": 1,
+        "mode": b"keep",
+        "plugin_namespace": b"plugtest",
+        "plugin_version": b"1",
+        "plugin_torch_op": b"plugtest::topk_keep.default",
+        "plugin_module": __name__.encode(),
     }
     assert {n.domain for n in topk_module.onnx.graph.node} == {"", "ai.onnx.contrib"}  # nothing opaque is left
     assert topk_module.report.accuracy is not None and topk_module.report.accuracy.passed
@@ -135,8 +141,9 @@ def test_list_attributes_are_json_strings_both_runtimes_read() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.ops.plugtest.weighted_pick(x, [4, 0, 2], [0.5, 2.0, -1.25], [False, True, True]) + 1
 
-    module = pipeline.convert(Pick(), torch.randn(3, 6), converters=plugin_registry("plugtest::weighted_pick"),
-                              backend="onnxruntime")
+    module = pipeline.convert(
+        Pick(), torch.randn(3, 6), converters=plugin_registry("plugtest::weighted_pick"), backend="onnxruntime"
+    )
     node = next(n for n in module.onnx.graph.node if n.op_type == "weighted_pick")
     assert attributes(node)["cols"] == b"[4, 0, 2]" and attributes(node)["negate"] == b"[false, true, true]"
     x = torch.randn(3, 6)
@@ -146,8 +153,12 @@ def test_list_attributes_are_json_strings_both_runtimes_read() -> None:
     raw = {"cols": "[4, 0, 2]\x00", "weights": b"[0.5, 2.0, -1.25]", "negate": "[false, true, true]"}
     assert spec.decode(raw) == {"cols": [4, 0, 2], "weights": [0.5, 2.0, -1.25], "negate": [False, True, True]}
     scalars = plugin_spec(torch.ops.plugtest.topk_keep.default).decode(
-        {"k": np.array([3], np.int32), "fill": np.array([-1.5], np.float32), "largest": np.array([0], np.int32),
-         "mode": "keep\x00"}
+        {
+            "k": np.array([3], np.int32),
+            "fill": np.array([-1.5], np.float32),
+            "largest": np.array([0], np.int32),
+            "mode": "keep\x00",
+        }
     )
     assert scalars == {"k": 3, "fill": -1.5, "largest": False, "mode": "keep"}
 
@@ -157,8 +168,13 @@ def test_a_failing_reference_raises_the_ops_own_error_instead_of_aborting() -> N
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.ops.plugtest.checked_log(x) * 2
 
-    module = pipeline.convert(Log(), torch.rand(2, 3) + 0.5, converters=plugin_registry("plugtest::checked_log"),
-                              backend="onnxruntime", validate=False)
+    module = pipeline.convert(
+        Log(),
+        torch.rand(2, 3) + 0.5,
+        converters=plugin_registry("plugtest::checked_log"),
+        backend="onnxruntime",
+        validate=False,
+    )
     x = torch.rand(2, 3) + 0.5
     torch.testing.assert_close(module(x), Log()(x))
     with pytest.raises(ValueError, match="positive inputs only"):
@@ -173,8 +189,13 @@ def test_sessions_made_before_newer_cpu_references_are_remade_and_never_freed(
     running (or freeing) a session made before that segfaulted here. Many registrations make it move for sure."""
     x = torch.randn(6, 10)
     torch.testing.assert_close(topk_module(x), TopK()(x))
-    older = pipeline.convert(TopK(), torch.randn(2, 10), converters=plugin_registry("plugtest::topk_keep"),
-                             backend="onnxruntime", validate=False)
+    older = pipeline.convert(
+        TopK(),
+        torch.randn(2, 10),
+        converters=plugin_registry("plugtest::topk_keep"),
+        backend="onnxruntime",
+        validate=False,
+    )
     for i in range(40):
         spec = plugin_spec(torch.ops.plugtest.checked_log.default, name=f"checked_log_{i}")
         plugin_runtime.register_cpu_reference(spec, [np.dtype(np.float32)], [np.dtype(np.float32)])
@@ -235,8 +256,7 @@ def test_saved_artifact_reregisters_the_cpu_reference_in_a_new_process(
     np.save(tmp_path / "x.npy", x.numpy())
     metadata = json.loads(__import__("zipfile").ZipFile(path).read("metadata.json"))
     assert metadata["plugins"] == [
-        {"plugin": "plugtest::topk_keep", "version": "1", "torch_op": "plugtest::topk_keep.default",
-         "module": __name__}
+        {"plugin": "plugtest::topk_keep", "version": "1", "torch_op": "plugtest::topk_keep.default", "module": __name__}
     ]
     script = (
         "import sys, numpy as np, torch, pipeline\n"
@@ -248,8 +268,14 @@ def test_saved_artifact_reregisters_the_cpu_reference_in_a_new_process(
         f"print({__name__!r} in sys.modules)\n"
     )
     paths = [str(Path(__file__).parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True"]  # pipeline.load imported the module that defines the op
     masked, idx = TopK()(x)
@@ -282,8 +308,9 @@ def test_ctx_plugin_builds_the_node_of_a_hand_written_plugin() -> None:
     from passes import default_passes
 
     def to_my_plugin(ctx: converters.ConverterContext) -> object:
-        return ctx.plugin("MyLog_TRT", [ctx.inputs[0]], {"eps": 1e-6, "axes": np.array([1, 0])}, namespace="",
-                          version="2")
+        return ctx.plugin(
+            "MyLog_TRT", [ctx.inputs[0]], {"eps": 1e-6, "axes": np.array([1, 0])}, namespace="", version="2"
+        )
 
     class Log(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -295,8 +322,12 @@ def test_ctx_plugin_builds_the_node_of_a_hand_written_plugin() -> None:
     final, _ = pipeline.run_passes(exported, Settings(), default_passes(registry))
     (node,) = final.graph.node
     assert (node.op_type, node.domain) == ("MyLog_TRT", "ai.onnx.contrib")
-    assert attributes(node) == {"eps": pytest.approx(1e-6), "axes": [1, 0], "plugin_namespace": b"",
-                                "plugin_version": b"2"}
+    assert attributes(node) == {
+        "eps": pytest.approx(1e-6),
+        "axes": [1, 0],
+        "plugin_namespace": b"",
+        "plugin_version": b"2",
+    }
     assert [n.status for n in pipeline.check(final).nodes] == ["plugin"]
 
 
@@ -305,10 +336,19 @@ def test_attribute_encoding_rules() -> None:
 
     encoded = plugin_node_attributes(
         {"b": True, "i": 7, "f": 0.25, "s": "x", "l": ("a", 1), "a": np.array([1, 2], np.int32)},
-        namespace="ns", version="1",
+        namespace="ns",
+        version="1",
     )
-    assert encoded == {"b": 1, "i": 7, "f": 0.25, "s": "x", "l": '["a", 1]', "a": [1, 2],
-                       "plugin_namespace": "ns", "plugin_version": "1"}
+    assert encoded == {
+        "b": 1,
+        "i": 7,
+        "f": 0.25,
+        "s": "x",
+        "l": '["a", 1]',
+        "a": [1, 2],
+        "plugin_namespace": "ns",
+        "plugin_version": "1",
+    }
     with pytest.raises(converters.ConversionError, match="does not fit int32"):
         plugin_node_attributes({"i": 2**40}, namespace="ns", version="1")
     with pytest.raises(converters.ConversionError, match="reserved"):

@@ -162,8 +162,13 @@ print(json.dumps(report))
 def prepare(version: str) -> None:
     if not SETUP.is_file():
         pytest.skip(f"the shared TensorRT API tool is not at {SETUP}")
-    prepared = subprocess.run(["bash", str(SETUP), version], capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "PYTHON": sys.executable})
+    prepared = subprocess.run(
+        ["bash", str(SETUP), version],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     if prepared.returncode != 0:
         pytest.skip(f"trt-api {version} could not be set up: {prepared.stderr[-300:]}")
 
@@ -171,8 +176,15 @@ def prepare(version: str) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_register_plugin_against_the_real_tensorrt_plugin_api(version: str) -> None:
     prepare(version)
-    command = ["bash", "-c", f'eval "$(bash {SETUP} --env {version})" && exec "$@"', "trt-api",
-               sys.executable, "-c", SCRIPT]
+    command = [
+        "bash",
+        "-c",
+        f'eval "$(bash {SETUP} --env {version})" && exec "$@"',
+        "trt-api",
+        sys.executable,
+        "-c",
+        SCRIPT,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -137,7 +137,7 @@ def test_nothing_registers_on_import() -> None:
     assert done.stdout.split() == ["0", "0", "True"]
 
 
-MODEL_FILE = '''
+MODEL_FILE = """
 import numpy as np
 import torch
 
@@ -166,15 +166,27 @@ class Model(torch.nn.Module):
 
 def build():
     return Model(), torch.randn(2, 4)
-'''
+"""
 
 
 def test_cli_convert_uses_converters_the_model_file_registers_at_import(tmp_path: Path) -> None:
     (tmp_path / "model.py").write_text(textwrap.dedent(MODEL_FILE))
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "convert", str(tmp_path / "model.py") + ":build", "-o",
-         str(tmp_path / "out"), "--backend", "onnxruntime"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "convert",
+            str(tmp_path / "model.py") + ":build",
+            "-o",
+            str(tmp_path / "out"),
+            "--backend",
+            "onnxruntime",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)},
     )
     assert done.returncode == 0, done.stderr[-3000:]

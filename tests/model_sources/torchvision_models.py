@@ -63,8 +63,12 @@ def _optical_flow(name: str) -> tuple[torch.nn.Module, Any]:
     return model.eval(), ((first, second), {"num_flow_updates": 4})
 
 
-_GROUPS = (("classification", None, _classification), ("segmentation", "segmentation", _segmentation),
-           ("video", "video", _video), ("optical_flow", "optical_flow", _optical_flow))
+_GROUPS = (
+    ("classification", None, _classification),
+    ("segmentation", "segmentation", _segmentation),
+    ("video", "video", _video),
+    ("optical_flow", "optical_flow", _optical_flow),
+)
 
 
 def cases() -> list[ModelCase]:

@@ -76,7 +76,7 @@ def test_loss_matches_onnx_runtime_and_builds(
 def test_cross_entropy_log_prob_output() -> None:
     model = parse(
         f"{HEADER}g (float[3,4] x, int64[3] t) => (float y, float[3,4] p) "
-        "{ y, p = SoftmaxCrossEntropyLoss<reduction=\"mean\">(x, t) }"
+        '{ y, p = SoftmaxCrossEntropyLoss<reduction="mean">(x, t) }'
     )
     after, _ = apply(ClassLossToGather(), model)
     assert_same_outputs(model, after, loss_feeds([3, 4], False, None), rtol=1e-6, atol=1e-6)
@@ -86,7 +86,7 @@ def test_cross_entropy_log_prob_output() -> None:
 def test_dynamic_batch() -> None:
     model = parse(
         f"{HEADER}g (float[N,4] x, int64[N] t) => (float y) "
-        "{ y = NegativeLogLikelihoodLoss<reduction=\"mean\", ignore_index=-100>(x, t) }"
+        '{ y = NegativeLogLikelihoodLoss<reduction="mean", ignore_index=-100>(x, t) }'
     )
     after, _ = apply(ClassLossToGather(), model)
     for n in (1, 6):

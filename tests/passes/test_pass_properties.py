@@ -110,6 +110,23 @@ def test_the_generator_covers_what_the_properties_claim() -> None:
         seen.update(n.op_type for n in model.graph.node)
 
     collect()
-    wanted = {"Add", "Mul", "Div", "MatMul", "Gemm", "Conv", "Reshape", "Transpose", "Unsqueeze", "Squeeze",
-              "ReduceSum", "Concat", "Split", "Slice", "Constant", "Identity", "Exp"}
+    wanted = {
+        "Add",
+        "Mul",
+        "Div",
+        "MatMul",
+        "Gemm",
+        "Conv",
+        "Reshape",
+        "Transpose",
+        "Unsqueeze",
+        "Squeeze",
+        "ReduceSum",
+        "Concat",
+        "Split",
+        "Slice",
+        "Constant",
+        "Identity",
+        "Exp",
+    }
     assert wanted <= seen, f"never drawn: {sorted(wanted - seen)}"

@@ -52,8 +52,24 @@ def test_tolerances_and_conversion_options_from_the_command_line() -> None:
     with pytest.raises(InputError, match="cannot read --tolerance"):
         read_tolerances(["logits:a:b"])
     args = build_parser().parse_args(
-        ["compare", "m.py:f", "-o", "out", "--precision", "fp16", "--tolerance", "out:1e-3:1e-2",
-         "--min-shapes", "x:1x4", "--opt-shapes", "x:2x4", "--max-shapes", "x:8x4", "--keep-fp32", "op:Softmax"]
+        [
+            "compare",
+            "m.py:f",
+            "-o",
+            "out",
+            "--precision",
+            "fp16",
+            "--tolerance",
+            "out:1e-3:1e-2",
+            "--min-shapes",
+            "x:1x4",
+            "--opt-shapes",
+            "x:2x4",
+            "--max-shapes",
+            "x:8x4",
+            "--keep-fp32",
+            "op:Softmax",
+        ]
     )
     options = conversion_options(args)
     assert options["precision"] == "fp16" and options["keep_fp32"] == ("op:Softmax",)
@@ -85,8 +101,19 @@ def test_engine_options_from_the_command_line_with_polygraphy_and_trtexec_names(
     from pipeline.cli.engine_options import engine_options
 
     args = build_parser().parse_args(
-        ["convert", "m.py:f", "-o", "out", "--strip-plan", "--refittable", "--weight-streaming-budget", "-1",
-         "--sparse-weights", "--use-cuda-graph", "--no-runtime-cache"]
+        [
+            "convert",
+            "m.py:f",
+            "-o",
+            "out",
+            "--strip-plan",
+            "--refittable",
+            "--weight-streaming-budget",
+            "-1",
+            "--sparse-weights",
+            "--use-cuda-graph",
+            "--no-runtime-cache",
+        ]
     )
     assert engine_options(args) == {
         "strip_weights": True,

@@ -113,9 +113,7 @@ def test_planted_error_in_one_block_of_an_fp16_model_is_the_first_divergence(err
 
 
 def test_fp16_model_without_error_has_no_divergence() -> None:
-    report = pipeline.compare(
-        make_net(planted=False), sample(), per_layer=True, random_inputs=1, precision="fp16"
-    )
+    report = pipeline.compare(make_net(planted=False), sample(), per_layer=True, random_inputs=1, precision="fp16")
     assert report.passed and report.first_divergence is None
     assert report.layers is not None and not report.layers.unmatched
 

@@ -107,7 +107,6 @@ def test_a_model_pytorch_cannot_run_is_not_counted() -> None:
     assert outcome.status == "pytorch" and "mat1 and mat2" in outcome.reason
 
 
-
 @needs_rtx
 def test_ok_through_the_fallback_says_so_in_its_reason() -> None:
     """A model TensorRT-RTX takes only in part converts (ONNX Runtime runs the rest) and its row says so: the
@@ -153,9 +152,22 @@ def test_time_ratios_count_only_rows_timed_warm() -> None:
     script = _coverage_script()
 
     def row(name: str, fp32: float, plain: float, timing: str) -> dict[str, str]:
-        return {"model": name, "source": "timm", "family": name, "owner": "", "fp32": "ok", "fp32_reason": "",
-                "fp32_seconds": str(fp32), "fp16": "ok", "fp16_reason": "", "fp16_seconds": str(fp32), "plain": "ok",
-                "plain_reason": "", "plain_seconds": str(plain), "timing": timing}
+        return {
+            "model": name,
+            "source": "timm",
+            "family": name,
+            "owner": "",
+            "fp32": "ok",
+            "fp32_reason": "",
+            "fp32_seconds": str(fp32),
+            "fp16": "ok",
+            "fp16_reason": "",
+            "fp16_seconds": str(fp32),
+            "plain": "ok",
+            "plain_reason": "",
+            "plain_seconds": str(plain),
+            "timing": timing,
+        }
 
     rows = [row("a", 14.4, 5.2, ""), row("b", 4.0, 5.0, "warm"), row("c", 6.0, 5.0, "warm"), row("d", 5.0, 5.0, "warm")]
     assert script._time_ratio(rows, "fp32") == "1.00x"  # 0.8, 1.0, 1.2; the cold 2.77 left out

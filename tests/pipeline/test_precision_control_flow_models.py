@@ -111,8 +111,9 @@ def test_polynomial_loop_stays_float32_between_low_linears(family: str, precisio
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_torch_cond_if_stays_float32_and_reads_the_low_linear_through_a_cast(precision: str) -> None:
-    module = pipeline.convert(Branches(), (torch.randn(4, 8, generator=torch.Generator().manual_seed(0)),),
-                              precision=precision)
+    module = pipeline.convert(
+        Branches(), (torch.randn(4, 8, generator=torch.Generator().manual_seed(0)),), precision=precision
+    )
     assert "control flow (If): runs in float32" in control_flow_island(module, "If")
     assert LOW[precision][0] in gemm_input_types(module), "the Linear before the If computes in the low type"
     for seed in (3, 4, 5, 6):  # both branches: the sign of h.sum() changes with the input

@@ -68,8 +68,16 @@ def test_a_small_swin_v2_with_a_padded_window_converts_in_fp16_without_the_searc
     from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
 
     torch.manual_seed(0)
-    model = SwinTransformer([4, 4], 16, [1, 1, 1], [1, 2, 2], [8, 8], block=SwinTransformerBlockV2,
-                            downsample_layer=PatchMergingV2, num_classes=10).eval()
+    model = SwinTransformer(
+        [4, 4],
+        16,
+        [1, 1, 1],
+        [1, 2, 2],
+        [8, 8],
+        block=SwinTransformerBlockV2,
+        downsample_layer=PatchMergingV2,
+        num_classes=10,
+    ).eval()
     x = torch.randn(1, 3, 64, 64)  # the last stage's 4x4 map is padded to the 8x8 window
     module = pipeline.convert(model, x, precision="fp16", precision_search=False)
     report = module.report.precision

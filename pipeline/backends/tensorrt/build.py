@@ -60,20 +60,6 @@ StaticCheck = Callable[[onnx.ModelProto], Mapping[str, str]]
 Shape = tuple[int, ...]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, library: TrtLibrary = TENSORRT) -> Any:
     """Polygraphy's ``CreateConfig`` for these settings (``CreateConfigRTX`` for TensorRT-RTX, with the target compute
     capabilities and no timing cache: one would make the CPU-only build query a GPU). No precision flags: the graph

@@ -197,7 +197,11 @@ class EngineCache:
         if removed:
             logger.info(
                 "engine cache: evicted %d least recently used engine(s), %d bytes (%s), to keep %s within %d bytes",
-                removed, freed, _human(freed), self.directory, bound,
+                removed,
+                freed,
+                _human(freed),
+                self.directory,
+                bound,
             )
         if total <= bound:
             return
@@ -207,12 +211,20 @@ class EngineCache:
                 "engine cache: the engine just stored (%d bytes, %s) is larger than the bound "
                 "trt_engine_cache_size=%d bytes (%s), so the cache is bounded by less than one engine; it is kept. "
                 "Set trt_engine_cache_size to at least %d (or None for no bound)",
-                own, _human(own), bound, _human(bound), own,
+                own,
+                _human(own),
+                bound,
+                _human(bound),
+                own,
             )
         elif busy:
             logger.info(
                 "engine cache: %s holds %d bytes, over its bound of %d, because %d entry(ies) are in use by another "
-                "process; they are removed by a later store", self.directory, total, bound, busy,
+                "process; they are removed by a later store",
+                self.directory,
+                total,
+                bound,
+                busy,
             )
 
     @staticmethod

@@ -29,6 +29,7 @@ from pipeline.settings import Settings
 class OnnxRuntimeExecutor:
     """The final graph in an ONNX Runtime session (with the float32 emulation of a half graph on the CPU, and plugin CPU
     references)."""
+
     backend = "onnxruntime"
 
     def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:

@@ -15,6 +15,7 @@ from pipeline.runtime.reports.segments import SegmentsReport
 @dataclass(frozen=True)
 class ConversionReport:
     """The conversion report: stage timings, passes with node counts, the backend and why, accuracy, precision."""
+
     backend: str
     backend_reason: str
     stages: tuple[tuple[str, float], ...]

@@ -21,6 +21,7 @@ SEARCH_TARGET = 0.5
 class SearchSummary:
     """What the accuracy-driven search did: candidates tried, builds, nodes kept in float32, and the error it
     reached."""
+
     candidates: int
     builds: int
     kept: int  # nodes the search keeps in float32, after pruning

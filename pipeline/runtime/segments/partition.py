@@ -94,11 +94,7 @@ def partition(model: onnx.ModelProto, excluded: Iterable[int], min_segment_size:
     on_ort = set(excluded)
     while True:
         runs = _runs(deps, on_ort)
-        small = [
-            run
-            for kind, run in runs
-            if kind == TENSORRT_SEGMENT and compute_nodes(model, run) < min_segment_size
-        ]
+        small = [run for kind, run in runs if kind == TENSORRT_SEGMENT and compute_nodes(model, run) < min_segment_size]
         if not small:
             break
         on_ort.update(i for run in small for i in run)
@@ -149,13 +145,7 @@ def _segment(
         for name in used_values(graph.node[i]):
             if name not in initializers and producers.get(name) not in inside and name not in inputs:
                 inputs.append(name)
-    read_later = {
-        name
-        for _, other in runs
-        if other is not run
-        for i in other
-        for name in used_values(graph.node[i])
-    }
+    read_later = {name for _, other in runs if other is not run for i in other for name in used_values(graph.node[i])}
     read_later |= {o.name for o in graph.output}
     outputs = [out for i in run for out in graph.node[i].output if out and out in read_later]
     return Segment(kind, tuple(run), tuple(inputs), tuple(dict.fromkeys(outputs)))

@@ -59,8 +59,7 @@ def observe(
         runs[-1].update({name: np.asarray(feed[name]) for name in feed})
     seen = [n for n in dict.fromkeys(names)]
     return {
-        name: Observed(_dtype_name(runs[0][name].dtype), tuple(tuple(run[name].shape) for run in runs))
-        for name in seen
+        name: Observed(_dtype_name(runs[0][name].dtype), tuple(tuple(run[name].shape) for run in runs)) for name in seen
     }
 
 

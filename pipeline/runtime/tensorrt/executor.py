@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
-
-
-
 def runtime_cache_path(engine: bytes, settings: Settings) -> Path:
     """Where TensorRT-RTX keeps the JIT results for one engine between runs: the cache directory, by engine digest."""
     return Path(settings.cache_dir).expanduser() / f"runtime-rtx-{hashlib.sha256(engine).hexdigest()[:32]}.cache"

@@ -192,11 +192,15 @@ def test_min_segment_size_sends_small_tensorrt_runs_to_onnx_runtime() -> None:
 
 def test_an_if_stays_whole_and_its_branches_outer_reads_are_segment_inputs() -> None:
     branch = helper.make_graph(
-        [helper.make_node("Mul", ["a", "a"], ["t"], name="inner")], "then", [],
+        [helper.make_node("Mul", ["a", "a"], ["t"], name="inner")],
+        "then",
+        [],
         [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])],
     )
     other = helper.make_graph(
-        [helper.make_node("Neg", ["a"], ["e"], name="inner_else")], "else", [],
+        [helper.make_node("Neg", ["a"], ["e"], name="inner_else")],
+        "else",
+        [],
         [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])],
     )
     model = _model(
@@ -223,7 +227,7 @@ def test_a_plan_round_trips_through_json(converted: Converted) -> None:
         onnx.checker.check_model(segment.model(module.onnx), full_check=True)
 
 
-MASKED_SUM = '''
+MASKED_SUM = """
 import torch
 
 
@@ -240,7 +244,7 @@ class MaskedSum(torch.nn.Module):
 def build():
     torch.manual_seed(0)
     return MaskedSum().eval(), torch.randn(2, 8)
-'''
+"""
 
 
 def test_cli_flags_reach_the_segments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,8 +28,13 @@ def _add_constants(model: onnx.ModelProto) -> list[float]:
     for node in model.graph.node:
         if node.op_type == "Constant":
             values[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
-    return [float(values[i]) for n in model.graph.node if n.op_type == "Add" for i in n.input
-            if i in values and values[i].size == 1]
+    return [
+        float(values[i])
+        for n in model.graph.node
+        if n.op_type == "Add"
+        for i in n.input
+        if i in values and values[i].size == 1
+    ]
 
 
 def test_a_tiny_epsilon_survives_the_exporters_optimizer_and_a_zero_row_stays_zero() -> None:

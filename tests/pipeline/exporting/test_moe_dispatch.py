@@ -43,9 +43,20 @@ def test_other_expert_loops_convert_match_and_build(architecture: str) -> None:
 def test_dbrx_converts_and_matches() -> None:
     # transformers' DBRX reads rope_theta off its attention config, which does not declare it: set it as a
     # checkpoint's config would carry it
-    config = transformers_models.shrunk_config("dbrx", {
-        "d_model": 32, "n_heads": 2, "n_layers": 2, "ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2,
-        "kv_n_heads": 1, "clip_qkv": 8.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})
+    config = transformers_models.shrunk_config(
+        "dbrx",
+        {
+            "d_model": 32,
+            "n_heads": 2,
+            "n_layers": 2,
+            "ffn_hidden_size": 32,
+            "moe_num_experts": 4,
+            "moe_top_k": 2,
+            "kv_n_heads": 1,
+            "clip_qkv": 8.0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    )
     config.attn_config.rope_theta = 10000.0
     torch.manual_seed(0)
     model = transformers_models._transformers().AutoModel.from_config(config).eval()

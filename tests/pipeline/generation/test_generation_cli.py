@@ -85,8 +85,9 @@ def expected(spec: str) -> list[list[int]]:
     for row, prompt in enumerate(PROMPTS):
         ids[row, longest - len(prompt) :] = torch.tensor(prompt)
         mask[row, longest - len(prompt) :] = 1
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     return [row[longest:] for row in out.tolist()]
 
 
@@ -99,8 +100,9 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vocab = {"<pad>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, 95)}, "</s>": 95}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
-                                        eos_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="</s>"
+    )
     directory = tmp_path_factory.mktemp("tokenizer")
     tokenizer.save_pretrained(directory)
     return directory
@@ -110,9 +112,7 @@ def words(ids: list[int]) -> str:
     return " ".join(f"w{i}" for i in ids)
 
 
-def test_generate_prints_the_new_ids_of_each_prompt_as_transformers(
-    artifact: Path, expected: list[list[int]]
-) -> None:
+def test_generate_prints_the_new_ids_of_each_prompt_as_transformers(artifact: Path, expected: list[list[int]]) -> None:
     prompt_args = [arg for p in PROMPTS for arg in ("--prompt-ids", ",".join(map(str, p)))]
     done = run_cli("generate", str(artifact), *prompt_args, "--max-new-tokens", str(NEW), "--ignore-eos")
     assert done.returncode == 0, done.stderr
@@ -123,8 +123,16 @@ def test_text_prompt_streams_through_a_local_tokenizer(
     artifact: Path, expected: list[list[int]], tokenizer_dir: Path
 ) -> None:
     done = run_cli(
-        "generate", str(artifact), "--tokenizer", str(tokenizer_dir), "--prompt", words(PROMPTS[0]),
-        "--max-new-tokens", str(NEW), "--ignore-eos", "--stream",
+        "generate",
+        str(artifact),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--prompt",
+        words(PROMPTS[0]),
+        "--max-new-tokens",
+        str(NEW),
+        "--ignore-eos",
+        "--stream",
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == words(expected[0])
@@ -145,8 +153,22 @@ def test_stream_of_ids_and_text_output_in_process(
 def test_sampling_options_reach_generate(artifact: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--do-sample with a seed: the tokens of module.generate with the same options, the same on every call."""
     options = {"do_sample": True, "seed": 3, "top_k": 20, "top_p": 0.9, "temperature": 0.8, "repetition_penalty": 1.3}
-    flags = ["--do-sample", "--seed", "3", "--top-k", "20", "--top-p", "0.9", "--temperature", "0.8",
-             "--repetition-penalty", "1.3", "--ignore-eos", "--max-new-tokens", str(NEW)]
+    flags = [
+        "--do-sample",
+        "--seed",
+        "3",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--temperature",
+        "0.8",
+        "--repetition-penalty",
+        "1.3",
+        "--ignore-eos",
+        "--max-new-tokens",
+        str(NEW),
+    ]
     assert main(["generate", str(artifact), "--prompt-ids", "5,6,7", *flags]) == 0
     first = capsys.readouterr().out
     module = pipeline.load(artifact)
@@ -210,7 +232,9 @@ def test_bad_input_is_a_clear_error(artifact: Path, case: str, capsys: pytest.Ca
 def test_bad_generation_setting_fails_before_the_model_is_built(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for setting, message in (("max_length=x", "cannot read --generation 'max_length=x'"),
-                             ("max_lenght=64", "unknown generation setting(s) max_lenght")):
+    for setting, message in (
+        ("max_length=x", "cannot read --generation 'max_length=x'"),
+        ("max_lenght=64", "unknown generation setting(s) max_lenght"),
+    ):
         assert main(["convert", "no/such/file.py:build", "--generation", setting, "-o", str(tmp_path)]) == 1
         assert message in capsys.readouterr().err
