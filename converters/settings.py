@@ -65,6 +65,9 @@ class Tolerance:
 #: (4 float16 steps: BERT and Llama in fp16 measure 0.03%, a real 1% error in one block measures 1%, so the
 #: elementwise rtol alone, which passes any uniform 1% error, is not enough). bfloat16 has 8x fewer mantissa
 #: steps: 8x the figures.
+#: The short names ``convert`` and ``pipeline.load`` take for ONNX Runtime's thread settings.
+RUNTIME_ALIASES = {"threads": "ort_intra_op_threads", "spinning": "ort_allow_spinning"}
+
 DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
     "float64": Tolerance(atol=1e-9, rtol=1e-7),
     "float32": Tolerance(atol=1e-5, rtol=1e-4),
@@ -159,7 +162,9 @@ class Settings:
     ort_intra_op_threads: int | None = option("onnxruntime", None)
     # ONNX Runtime's intra-op threads spin-wait between ops (and calls) by default: lower latency on an idle machine,
     # a busy core per thread under load, taken from anything else running (PyTorch eager in `pipeline bench`).
-    # False lets them sleep ("session.intra_op.allow_spinning" = "0"); None keeps ONNX Runtime's default.
+    # False lets them sleep ("session.intra_op.allow_spinning" = "0"); None keeps ONNX Runtime's default, except for
+    # a generation module, whose decode loop calls a small step many times: off (it halved batch-1 decode at 2 threads
+    # on a shared 2-core machine). Both are runtime choices: pipeline.load(path, threads=, spinning=) overrides them.
     ort_allow_spinning: bool | None = option("onnxruntime", None)
     # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
     # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
@@ -285,6 +290,11 @@ class Settings:
                 f"{self.weight_streaming_budget}",
                 fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
             )
+        if self.ort_intra_op_threads is not None and self.ort_intra_op_threads < 0:
+            raise InputError(
+                f"threads (ort_intra_op_threads) must be >= 0, got {self.ort_intra_op_threads}",
+                fix="pass the number of ONNX Runtime intra-op threads, 0 or None for ONNX Runtime's default",
+            )
         if self.trt_engine_cache_size is not None and self.trt_engine_cache_size < 0:
             raise InputError(
                 f"trt_engine_cache_size must be a number of bytes >= 0, got {self.trt_engine_cache_size}",
@@ -293,9 +303,29 @@ class Settings:
         _check_precision(self)
         _check_fallback(self)
 
+    def with_runtime(self, threads: int | None = None, spinning: bool | None = None) -> Settings:
+        """These settings with the runtime's own choices: ONNX Runtime's intra-op ``threads`` and whether they
+        ``spinning``-wait (None: keep the converted module's). What ``pipeline.load(path, threads=, spinning=)``
+        applies: nothing of the graph or engine depends on them."""
+        changes: dict[str, Any] = {}
+        if threads is not None:
+            changes["ort_intra_op_threads"] = threads
+        if spinning is not None:
+            changes["ort_allow_spinning"] = spinning
+        return dataclasses.replace(self, **changes) if changes else self
+
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Settings:
-        """Build settings from ``convert``'s keyword arguments; an unknown name is an error with the list."""
+        """Build settings from ``convert``'s keyword arguments; an unknown name is an error with the list.
+
+        ``threads`` and ``spinning`` are the short names ``pipeline.load`` takes too, for ``ort_intra_op_threads``
+        and ``ort_allow_spinning``."""
+        kwargs = dict(kwargs)
+        for short, name in RUNTIME_ALIASES.items():
+            if short in kwargs:
+                if name in kwargs:
+                    raise InputError(f"both {short}= and {name}= were given", fix=f"pass one: {short}= is {name}=")
+                kwargs[name] = kwargs.pop(short)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:

@@ -73,19 +73,30 @@ _LAZY = {
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 
-def load(path: str | Path, *, backend: str | None = None, rebuild: bool = False) -> ConvertedModule:
+def load(
+    path: str | Path,
+    *,
+    backend: str | None = None,
+    rebuild: bool = False,
+    threads: int | None = None,
+    spinning: bool | None = None,
+) -> ConvertedModule:
     """Load an artifact written by ``ConvertedModule.save`` (or ``GenerativeModule.save``): the runtime alone.
 
     ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even when
     it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another TensorRT
     version or GPU (and an engine is built when TensorRT is asked of an artifact that holds none): only then is the
-    conversion layer's builder imported.
+    conversion layer's builder imported. ``threads`` (ONNX Runtime's intra-op threads) and ``spinning`` (whether they
+    spin-wait between calls) are this process's choice, whatever the artifact was converted with (None keeps the
+    artifact's; a generation module does not spin unless asked).
 
-    >>> module = pipeline.load("model.ptrt", backend="onnxruntime")     # doctest: +SKIP
+    >>> module = pipeline.load("model.ptrt", backend="onnxruntime", threads=2, spinning=False)  # doctest: +SKIP
     """
     from pipeline.runtime.loading import load as load_artifact
 
-    return load_artifact(path, backend=backend, rebuild=rebuild, build=_build_executor)
+    return load_artifact(
+        path, backend=backend, rebuild=rebuild, build=_build_executor, threads=threads, spinning=spinning
+    )
 
 
 def _build_executor(*args: Any, **kwargs: Any) -> Executor:

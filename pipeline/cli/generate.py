@@ -63,6 +63,16 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
         help="a token that ends a prompt's generation (repeatable; default: the model's)",
     )
     parser.add_argument("--ignore-eos", action="store_true", help="never stop early: every prompt gets N tokens")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ONNX Runtime's intra-op threads (default: the artifact's)",
+    )
+    parser.add_argument(
+        "--spinning", action="store_true", help="let ONNX Runtime's threads spin-wait between steps (default: off)"
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -79,7 +89,7 @@ def _generate(args: argparse.Namespace) -> int:
             fix="give one prompt with --stream, or drop --stream to print every prompt's tokens at the end",
         )
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
-    module = load_generative(args.artifact)
+    module = load_generative(args.artifact, threads=args.threads, spinning=True if args.spinning else None)
     prompts = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
     check_prompts(module, prompts, args.max_new_tokens)
     ids, mask = left_pad(prompts, module.generation.pad_token_id or 0)
@@ -131,8 +141,9 @@ def _stream(
     print(flush=True)
 
 
-def load_generative(path: Path) -> Any:
-    """The :class:`~pipeline.runtime.generation.module.GenerativeModule` of a generation artifact, or a clear error."""
+def load_generative(path: Path, threads: int | None = None, spinning: bool | None = None) -> Any:
+    """The :class:`~pipeline.runtime.generation.module.GenerativeModule` of a generation artifact (ONNX Runtime's
+    ``threads`` and ``spinning`` as :func:`pipeline.load` takes them), or a clear error."""
     import pipeline
     from pipeline.runtime.generation.module import GenerativeModule
 
@@ -140,7 +151,7 @@ def load_generative(path: Path) -> Any:
         raise InputError(
             f"no such artifact: {path}", fix="give the model.ptrt that `pipeline convert ... --generation` wrote"
         )
-    module = pipeline.load(path)
+    module = pipeline.load(path, threads=threads, spinning=spinning)
     if not isinstance(module, GenerativeModule):
         raise InputError(
             f"{path} is not a generation artifact: it was converted for the plain forward (one call, no KV cache)",

@@ -23,18 +23,25 @@ from pipeline.settings import Settings
 
 
 def load(
-    path: str | Path, *, backend: str | None = None, rebuild: bool = False, build: ExecutorBuilder | None = None
+    path: str | Path,
+    *,
+    backend: str | None = None,
+    rebuild: bool = False,
+    build: ExecutorBuilder | None = None,
+    threads: int | None = None,
+    spinning: bool | None = None,
 ) -> ConvertedModule:
     """Load an artifact written by ``ConvertedModule.save``.
 
     ``backend=None`` uses the artifact's backend; ``backend="onnxruntime"`` runs its ONNX graph on the CPU even
     when it holds a TensorRT engine. ``rebuild=True`` builds a new engine when the saved one was made for another
-    TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's).
+    TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's). ``threads`` and
+    ``spinning`` set ONNX Runtime's intra-op threads and their spin-waiting for this process (None: the artifact's).
     """
     # the weights' SHA-256 runs while the executor is made; a corrupt artifact still fails here, as an ArtifactError
     artifact = read_artifact(path, wait=False)
     try:
-        module = _module(artifact, path, backend, rebuild, build)
+        module = _module(artifact, path, backend, rebuild, build, (threads, spinning))
     except BaseException:
         artifact.verified()  # corrupt weights are the cause to report, whatever failed on them
         raise
@@ -43,10 +50,15 @@ def load(
 
 
 def _module(
-    artifact: Artifact, path: str | Path, backend: str | None, rebuild: bool, build: ExecutorBuilder | None
+    artifact: Artifact,
+    path: str | Path,
+    backend: str | None,
+    rebuild: bool,
+    build: ExecutorBuilder | None,
+    runtime: tuple[int | None, bool | None] = (None, None),
 ) -> ConvertedModule:
-    """The module of a read artifact (its weights possibly still being checked)."""
-    settings, io = artifact.settings, artifact.io
+    """The module of a read artifact (its weights possibly still being checked), with the runtime's thread choices."""
+    settings, io = artifact.settings.with_runtime(*runtime), artifact.io
     chosen = backend or artifact.metadata["backend"]
     engine = None
     if chosen == "tensorrt":

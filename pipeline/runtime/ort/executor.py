@@ -50,8 +50,11 @@ class OnnxRuntimeExecutor:
             options.log_severity_level = 3
             if settings.ort_intra_op_threads is not None:
                 options.intra_op_num_threads = settings.ort_intra_op_threads
-            if settings.ort_allow_spinning is not None:
-                spinning = "1" if settings.ort_allow_spinning else "0"
+            allow_spinning = settings.ort_allow_spinning
+            if allow_spinning is None and settings.generation is not None:
+                allow_spinning = False  # a decode loop of small steps: spinning threads take the cores from the rest
+            if allow_spinning is not None:
+                spinning = "1" if allow_spinning else "0"
                 options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
             configure_int4(model, options, settings)  # MatMulNBits at an exact accuracy level
             if plugins:
