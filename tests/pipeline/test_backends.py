@@ -29,7 +29,7 @@ SCRIPT = """
 import sys, torch, pipeline
 if sys.argv[1] == "block":
     sys.modules["tensorrt"] = None
-from pipeline.backends import select_backend
+from pipeline.runtime.executors import select_backend
 choice = select_backend("auto")
 print(choice.name)
 print(choice.reason)

@@ -372,6 +372,7 @@ def test_our_code_is_read_where_it_uses_tensorrt() -> None:
     files = {u.where.split(":")[0] for u in uses if not u.where.startswith("Polygraphy")}
     assert files == {
         "pipeline/backends/tensorrt/build.py",
+        "pipeline/runtime/tensorrt/identity.py",  # the version an engine was built with, the one here
         "pipeline/runtime/tensorrt/runner.py",
         "pipeline/runtime/tensorrt/weights.py",
         "pipeline/runtime/generation/trt_cache.py",  # the decoder step's cache buffers, aliased in place
