@@ -537,7 +537,7 @@ def _warn_on_versions(path: Path, metadata: dict[str, Any], here: dict[str, str]
     if differ:
         warnings.warn(
             f"{path} was written with {', '.join(differ)}; it loads, but its validation was with those versions: "
-            "run module.compare(model, inputs) to check it here, or convert again",
+            "run pipeline.compare(model, inputs, module=module) to check it here, or convert again",
             ArtifactVersionWarning,
             stacklevel=5,  # pipeline.load's caller: _PendingChecks.check, Artifact.verified, the loader, pipeline.load
         )
