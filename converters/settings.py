@@ -169,6 +169,11 @@ class Settings:
     # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
     # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
     ort_prepack_weights: bool | None = option("onnxruntime", None)
+    # A cached decoder step (generation=) on ONNX Runtime's CPU provider runs each layer's cache write and attention as
+    # com.microsoft::GroupQueryAttention, which reads only the filled part of the cache (pipeline.runtime.ort.
+    # grouped_attention): a decode step costs what the cache holds, not max_length. False runs module.onnx's ONNX
+    # Attention over the whole capacity (the graph TensorRT builds). A runtime choice, like the threads.
+    ort_grouped_attention: bool = option("onnxruntime", True)
     # INT8 on ONNX Runtime (pipeline.runtime.ort.int8, rewrite 0): "requantize" gives the float output of a quantized
     # convolution before a residual Add its own calibrated INT8 pair in ONNX Runtime's session (QLinearConv +
     # QLinearAdd: 1.4x faster on the bundled CNN, one 8-bit rounding more than TensorRT's fused kernel); "exact" keeps

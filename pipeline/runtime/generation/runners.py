@@ -71,24 +71,69 @@ class OrtBoundRunner:
         self.binding = session.io_binding()
         self.reads: list[Any] = []
         self.writes: list[Any] = []
+        self.read_arrays: list[np.ndarray] = []
+        self.write_arrays: list[np.ndarray] = []
 
     def start(self, batch: int) -> None:
         """Zeroed ``OrtValue`` buffers for ``batch`` rows (one set when aliased, two otherwise)."""
         import onnxruntime as ort
 
-        def buffers() -> list[Any]:
+        def arrays() -> list[np.ndarray]:
             return [
-                ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, *s), dtype=torch.empty((), dtype=d).numpy().dtype))
+                np.zeros((batch, *s), dtype=torch.empty((), dtype=d).numpy().dtype)
                 for s, d in zip(self.layout.shapes, self.layout.dtypes, strict=True)
             ]
 
-        self.reads = buffers()
-        self.writes = self.reads if self.aliased else buffers()
+        # the OrtValues wrap the arrays' memory (CPU: no copy), so a row of an array is a row of the buffer
+        self.read_arrays = arrays()
+        self.write_arrays = self.read_arrays if self.aliased else arrays()
+        self.reads = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.read_arrays]
+        self.writes = self.reads if self.aliased else [ort.OrtValue.ortvalue_from_numpy(a) for a in self.write_arrays]
 
     def run(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int
     ) -> torch.Tensor:
-        """One step on the bound buffers; only the logits are read back."""
+        """One step on the bound buffers; only the logits are read back.
+
+        A prompt chunk after the first (several tokens over a filled cache) runs one row at a time when the batch
+        has several: ONNX Runtime's ``GroupQueryAttention`` (the session graph of
+        :mod:`pipeline.runtime.ort.grouped_attention`) takes several new tokens over a past for one row only."""
+        batch, steps = input_ids.shape
+        if batch > 1 and steps > 1 and past_length > 0:
+            logits = torch.cat(
+                [
+                    self._bound_run(
+                        input_ids[row : row + 1],
+                        attention_mask[row : row + 1],
+                        position_ids[row : row + 1],
+                        past_length,
+                        self._rows(self.read_arrays, row),
+                        self._rows(self.write_arrays, row),
+                    )
+                    for row in range(batch)
+                ]
+            )
+        else:
+            logits = self._bound_run(input_ids, attention_mask, position_ids, past_length, self.reads, self.writes)
+        self.reads, self.writes = self.writes, self.reads
+        self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
+        return logits
+
+    @staticmethod
+    def _rows(arrays: list[np.ndarray], row: int) -> list[Any]:
+        import onnxruntime as ort
+
+        return [ort.OrtValue.ortvalue_from_numpy(a[row : row + 1]) for a in arrays]
+
+    def _bound_run(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_length: int,
+        reads: list[Any],
+        writes: list[Any],
+    ) -> torch.Tensor:
         binding = self.binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
@@ -96,15 +141,13 @@ class OrtBoundRunner:
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask.numpy()))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
         binding.bind_cpu_input("past_length", np.array(past_length, dtype=np.int64))
-        for name, value in zip(self.layout.names, self.reads, strict=True):
+        for name, value in zip(self.layout.names, reads, strict=True):
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits")
-        for name, value in zip(self.layout.present_names, self.writes, strict=True):
+        for name, value in zip(self.layout.present_names, writes, strict=True):
             binding.bind_ortvalue_output(name, value)
         self.session.run_with_iobinding(binding)
-        logits = torch.from_numpy(binding.get_outputs()[0].numpy())
-        self.reads, self.writes = self.writes, self.reads
-        return logits
+        return torch.from_numpy(binding.get_outputs()[0].numpy())
 
 
 def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, aliased: bool = True) -> StepRunner:

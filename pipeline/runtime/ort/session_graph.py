@@ -1,12 +1,14 @@
 """The graph an ONNX Runtime session runs for a final graph: on the CPU, a float16/bfloat16 graph runs as its float32
 emulation, an FP8 or NVFP4 graph as its exact emulation, and an INT8 graph rewritten so that more of it runs in
-integer kernels. ``module.onnx`` (TensorRT's graph) stays as it is; only the session sees these."""
+integer kernels; a cached decoder step runs its attention as ``GroupQueryAttention`` over the filled part of the cache.
+``module.onnx`` (TensorRT's graph) stays as it is; only the session sees these."""
 
 from __future__ import annotations
 
 import onnx
 
 from pipeline.runtime.ort.emulation import emulate_fp4, emulate_fp8, has_fp4, has_fp8, has_int8_weights
+from pipeline.runtime.ort.grouped_attention import grouped_attention_graph, has_cached_attention
 from pipeline.runtime.ort.half_emulation import emulate_low_precision, has_low_precision
 from pipeline.runtime.ort.int8 import ort_int8_graph
 from pipeline.settings import Settings
@@ -16,9 +18,18 @@ def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> 
     """The graph the backend runs: ONNX Runtime on the CPU runs a float16/bfloat16 graph's float32 emulation, an
     FP8 or NVFP4 graph's exact emulation (:mod:`pipeline.runtime.ort.emulation`), and an INT8 graph rewritten so that
     more of it runs in integer kernels (:mod:`pipeline.runtime.ort.int8`: the same quantization, plus the recorded
-    convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``)."""
-    if backend != "onnxruntime" or not rewrites(model, settings):
+    convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``), and a cached decoder step with
+    ``GroupQueryAttention`` (:mod:`pipeline.runtime.ort.grouped_attention`; ``settings.ort_grouped_attention``)."""
+    if backend != "onnxruntime":
         return model
+    if rewrites(model, settings):
+        model = _rewritten(model, settings)
+    if grouped_attention(model, settings):
+        model = grouped_attention_graph(model)
+    return model
+
+
+def _rewritten(model: onnx.ModelProto, settings: Settings) -> onnx.ModelProto:
     if has_fp4(model):
         model = emulate_fp4(model)  # NVFP4: no FP4 kernel on ONNX Runtime
     if has_fp8(model):
@@ -40,3 +51,12 @@ def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
     """Does ONNX Runtime run this half graph through the float32 emulation (CPU provider only)?"""
     cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
     return settings.precision != "fp32" and cpu_only and has_low_precision(model)
+
+
+def grouped_attention(model: onnx.ModelProto, settings: Settings) -> bool:
+    """Does the session run ``model``'s cached attention as ``GroupQueryAttention`` (a generation step on the CPU
+    provider, float32 after any emulation, ``settings.ort_grouped_attention`` on)?"""
+    cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
+    return (
+        settings.generation is not None and settings.ort_grouped_attention and cpu_only and has_cached_attention(model)
+    )

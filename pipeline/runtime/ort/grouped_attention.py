@@ -1,0 +1,256 @@
+"""The cached decoder step as ONNX Runtime's CPU kernels like it: ``com.microsoft::GroupQueryAttention`` over the
+filled part of the cache.
+
+The step graph (``module.onnx``, TensorRT's graph) writes each layer's new keys and values into the static cache
+with ``TensorScatter`` and attends over the whole capacity with ONNX ``Attention`` and an explicit boolean mask:
+every decode step costs what ``max_length`` costs. ONNX Runtime's ``GroupQueryAttention`` takes the cache buffer as
+``past_key``/``past_value``, writes the new positions into it (in place when ``present`` is bound to the same buffer,
+as :class:`~pipeline.runtime.generation.runners.OrtBoundRunner` binds it) and reads only the first
+``total_sequence_length`` positions. :func:`grouped_attention_graph` replaces each
+``TensorScatter(key) + TensorScatter(value) + Attention`` triple with one such node:
+
+- ``seqlens_k`` (each row's filled length minus one) and ``total_sequence_length`` are ``past_length`` plus the
+  step's tokens: the step writes every row at the same position, so the rows share one length;
+- the model's boolean mask (padding, sliding windows, whatever the model built) is sliced to the filled length and
+  passed as the additive ``attention_bias``; the kernel's own causal mask agrees with it (the model is causal, and the
+  mask always lets a query see its own position);
+- queries, keys and values go from [batch, heads, steps, dim] to the kernel's [batch, steps, heads * dim], and the
+  output comes back as the ``Attention`` output was.
+
+Only float32 graphs on the CPU provider are rewritten (the float16 graph runs as its float32 emulation there); a
+triple that does not match exactly (another consumer of the written cache, a mask that is not boolean, an attribute
+the kernel lacks) is left as it is. The session's graph only: ``module.onnx`` stays standard ONNX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+#: The attribute names of ONNX ``Attention`` this rewrite carries over (any other one keeps the node as it is).
+_CARRIED = frozenset({"scale", "softcap"})
+_PREFIX = "ort_gqa"
+
+
+@dataclass(frozen=True)
+class _Triple:
+    attention: onnx.NodeProto
+    key_write: onnx.NodeProto
+    value_write: onnx.NodeProto
+
+
+def has_cached_attention(model: onnx.ModelProto) -> bool:
+    """Does ``model`` hold a cached step's ``TensorScatter`` + ``Attention`` that :func:`grouped_attention_graph`
+    can rewrite?"""
+    return bool(_triples(model))
+
+
+def grouped_attention_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose cached attention runs as ``GroupQueryAttention`` (see the module docstring);
+    ``model`` itself when nothing matches. Weights are not read: external initializers stay where they are."""
+    triples = _triples(model)
+    if not triples:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    shapes = _static_shapes(out)
+    writes = {id(n) for t in triples for n in (t.key_write, t.value_write)}
+    layers = {id(t.attention): (i, t) for i, t in enumerate(triples)}
+    biases: dict[str, str] = {}
+    nodes = _length_nodes()
+    for node in model.graph.node:
+        if id(node) in writes:
+            continue
+        if id(node) not in layers:
+            nodes.append(node)
+            continue
+        index, triple = layers[id(node)]
+        mask = node.input[3]
+        if mask not in biases:  # one bias per distinct mask (sliding-window layers have their own)
+            bias = _bias_nodes(mask, len(biases))
+            nodes.extend(bias)
+            biases[mask] = bias[-1].output[0]
+        nodes.extend(_attention_nodes(triple, index, shapes, biases[mask]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop_dead_nodes(graph)
+    if not any(o.domain == "com.microsoft" for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return out
+
+
+def _triples(model: onnx.ModelProto) -> list[_Triple]:
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    inputs = {i.name: i for i in graph.input}
+    if "past_length" not in inputs or "input_ids" not in inputs:
+        return []
+    found = []
+    for node in graph.node:
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) != 4:
+            continue
+        if any(a.name not in _CARRIED for a in node.attribute):
+            continue
+        writes = [producers.get(name) for name in node.input[1:3]]
+        if not all(w is not None and w.op_type == "TensorScatter" for w in writes):
+            continue
+        key_write, value_write = writes
+        assert key_write is not None and value_write is not None
+        if not all(_is_cache_write(w, inputs, consumers) for w in (key_write, value_write)):
+            continue
+        if key_write.input[2] != value_write.input[2] and not _same_position(key_write, value_write, producers):
+            continue
+        found.append(_Triple(node, key_write, value_write))
+    if found and not all(_rank4(inputs[t.key_write.input[0]]) for t in found):
+        return []
+    return found
+
+
+def _is_cache_write(node: onnx.NodeProto, inputs: dict[str, onnx.ValueInfoProto], consumers: dict[str, int]) -> bool:
+    cache = inputs.get(node.input[0])
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), -2)
+    return (
+        cache is not None
+        and cache.type.tensor_type.elem_type == TensorProto.FLOAT
+        and axis in (-2, 2)
+        and consumers.get(node.output[0], 0) == 1  # the attention only (and the graph output)
+    )
+
+
+def _same_position(a: onnx.NodeProto, b: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> bool:
+    """Both writes index by ``past_length`` (the step's converter expands it per row for each write)."""
+    return _reads_past_length(a.input[2], producers) and _reads_past_length(b.input[2], producers)
+
+
+def _reads_past_length(name: str, producers: dict[str, onnx.NodeProto], depth: int = 4) -> bool:
+    if name == "past_length":
+        return True
+    node = producers.get(name)
+    if node is None or depth == 0:
+        return False
+    return any(_reads_past_length(i, producers, depth - 1) for i in node.input[:1])
+
+
+def _rank4(value: onnx.ValueInfoProto) -> bool:
+    dims = value.type.tensor_type.shape.dim
+    return len(dims) == 4 and all(d.HasField("dim_value") for d in dims[1:])
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Known dimensions of every named value (``None`` where symbolic)."""
+    out: dict[str, list[int | None]] = {}
+    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        out[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    return out
+
+
+def _const(name: str, values: Iterable[int] | np.ndarray, dtype: type = np.int64) -> onnx.NodeProto:
+    array: np.ndarray = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=dtype)
+    return helper.make_node("Constant", [], [name], name=name, value=numpy_helper.from_array(array, name))
+
+
+def _length_nodes() -> list[onnx.NodeProto]:
+    """``{p}/total64`` [1] int64 (past_length + steps), ``{p}/total`` [] int32, ``{p}/seqlens`` [batch] int32."""
+    p = _PREFIX
+    return [
+        helper.make_node("Shape", ["input_ids"], [f"{p}/steps"], name=f"{p}/steps", start=1, end=2),
+        helper.make_node("Shape", ["input_ids"], [f"{p}/batch"], name=f"{p}/batch", start=0, end=1),
+        _const(f"{p}/one_dim", [1]),
+        _const(f"{p}/one", [1]),
+        _const(f"{p}/scalar", np.zeros(0, np.int64)),
+        helper.make_node("Reshape", ["past_length", f"{p}/one_dim"], [f"{p}/past"], name=f"{p}/past"),
+        helper.make_node("Add", [f"{p}/past", f"{p}/steps"], [f"{p}/total64"], name=f"{p}/total64"),
+        helper.make_node("Cast", [f"{p}/total64"], [f"{p}/total1"], name=f"{p}/total1", to=TensorProto.INT32),
+        helper.make_node("Reshape", [f"{p}/total1", f"{p}/scalar"], [f"{p}/total"], name=f"{p}/total"),
+        helper.make_node("Sub", [f"{p}/total64", f"{p}/one"], [f"{p}/last64"], name=f"{p}/last64"),
+        helper.make_node("Expand", [f"{p}/last64", f"{p}/batch"], [f"{p}/rows64"], name=f"{p}/rows64"),
+        helper.make_node("Cast", [f"{p}/rows64"], [f"{p}/seqlens"], name=f"{p}/seqlens", to=TensorProto.INT32),
+    ]
+
+
+def _bias_nodes(mask: str, index: int) -> list[onnx.NodeProto]:
+    """The boolean mask [batch, 1, steps, capacity] cut to the filled length, as an additive float bias."""
+    p = f"{_PREFIX}/bias{index}"
+    lowest = np.array(np.finfo(np.float32).min, np.float32)
+    return [
+        _const(f"{p}/zero_start", [0]),
+        _const(f"{p}/axis", [3]),
+        helper.make_node(
+            "Slice", [mask, f"{p}/zero_start", f"{_PREFIX}/total64", f"{p}/axis"], [f"{p}/filled"], name=f"{p}/filled"
+        ),
+        _const(f"{p}/zero", np.array(0.0, np.float32), np.float32),
+        _const(f"{p}/lowest", lowest, np.float32),
+        helper.make_node("Where", [f"{p}/filled", f"{p}/zero", f"{p}/lowest"], [f"{p}/bias"], name=f"{p}/bias"),
+    ]
+
+
+def _attention_nodes(
+    triple: _Triple, index: int, shapes: dict[str, list[int | None]], bias: str
+) -> list[onnx.NodeProto]:
+    """The layer's ``GroupQueryAttention`` with the layout changes around it; its outputs keep the old names."""
+    p = f"{_PREFIX}/layer{index}"
+    attention, key_write, value_write = triple.attention, triple.key_write, triple.value_write
+    query = attention.input[0]
+    past_key, new_key = key_write.input[0], key_write.input[1]
+    past_value, new_value = value_write.input[0], value_write.input[1]
+    cache_shape = shapes[past_key]
+    kv_heads = cache_shape[1]
+    query_shape = shapes.get(query) or []
+    heads = query_shape[1] if len(query_shape) == 4 else None
+    value_dim = (shapes.get(past_value) or [None] * 4)[3]
+    if heads is None or kv_heads is None or value_dim is None:
+        raise ValueError(f"{attention.name}: the query's heads or the cache's dims are not static")
+    attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
+    gqa_attrs: dict[str, Any] = {"num_heads": int(heads), "kv_num_heads": int(kv_heads)}
+    if "scale" in attrs:
+        gqa_attrs["scale"] = float(attrs["scale"])
+    if float(attrs.get("softcap", 0.0)) > 0:
+        gqa_attrs["softcap"] = float(attrs["softcap"])
+    nodes = [_const(f"{p}/flat", [0, 0, -1]), _const(f"{p}/split", [0, 0, int(heads), int(value_dim)])]
+    flat = []
+    for role, name in (("q", query), ("k", new_key), ("v", new_value)):
+        nodes.append(
+            helper.make_node("Transpose", [name], [f"{p}/{role}_bsnh"], name=f"{p}/{role}_t", perm=[0, 2, 1, 3])
+        )
+        nodes.append(
+            helper.make_node("Reshape", [f"{p}/{role}_bsnh", f"{p}/flat"], [f"{p}/{role}"], name=f"{p}/{role}")
+        )
+        flat.append(f"{p}/{role}")
+    nodes.append(
+        helper.make_node(
+            "GroupQueryAttention",
+            [*flat, past_key, past_value, f"{_PREFIX}/seqlens", f"{_PREFIX}/total", "", "", "", bias],
+            [f"{p}/out", key_write.output[0], value_write.output[0]],
+            name=f"{p}/gqa",
+            domain="com.microsoft",
+            **gqa_attrs,
+        )
+    )
+    nodes.append(helper.make_node("Reshape", [f"{p}/out", f"{p}/split"], [f"{p}/out4"], name=f"{p}/out4"))
+    nodes.append(
+        helper.make_node("Transpose", [f"{p}/out4"], [attention.output[0]], name=f"{p}/out_t", perm=[0, 2, 1, 3])
+    )
+    return nodes
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove nodes none of whose outputs is read or returned (the writes' index computations)."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        used = {name for node in graph.node for name in node.input} | outputs
+        dead = [i for i, node in enumerate(graph.node) if not any(o in used for o in node.output)]
+        if not dead:
+            return
+        for i in reversed(dead):
+            del graph.node[i]

@@ -1,0 +1,138 @@
+"""The ONNX Runtime session graph of a cached step: GroupQueryAttention over the filled part of the cache.
+
+A converted step's ``module.onnx`` keeps ONNX ``TensorScatter`` + ``Attention`` (TensorRT's graph); the ONNX Runtime
+session runs each layer's pair of writes and attention as ``com.microsoft::GroupQueryAttention``
+(``pipeline.runtime.ort.grouped_attention``). These tests run the real step of a tiny Llama through both graphs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+
+import pipeline
+from pipeline.runtime.generation.layout import cache_layout
+from pipeline.runtime.generation.module import GenerativeModule
+from pipeline.runtime.generation.runners import OrtBoundRunner
+from pipeline.runtime.ort.grouped_attention import grouped_attention_graph
+from pipeline.runtime.ort.session_graph import runnable_model
+
+CAPACITY = 40
+
+
+def tiny_llama() -> transformers.LlamaForCausalLM:
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(3)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def llama() -> transformers.LlamaForCausalLM:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def step(llama: transformers.LlamaForCausalLM) -> GenerativeModule:
+    ids = torch.randint(1, 90, (1, 5), generator=torch.Generator().manual_seed(1))
+    module = pipeline.convert(llama, ids, generation={"max_length": CAPACITY, "max_batch": 3}, validation_inputs=1)
+    assert isinstance(module, GenerativeModule)
+    return module
+
+
+def ops(model: onnx.ModelProto) -> collections.Counter[str]:
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+def bound_runner(step: GenerativeModule, model: onnx.ModelProto) -> OrtBoundRunner:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return OrtBoundRunner(session, cache_layout(step.io, step.generation.layers))
+
+
+def test_session_runs_group_query_attention_and_module_onnx_stays_standard(step: GenerativeModule) -> None:
+    session_graph = runnable_model(step.onnx, "onnxruntime", step.settings)
+    assert ops(session_graph)["GroupQueryAttention"] == 2  # one per layer
+    assert ops(session_graph)["TensorScatter"] == 0 and ops(session_graph)["Attention"] == 0
+    assert ops(step.onnx)["TensorScatter"] == 4 and ops(step.onnx)["Attention"] == 2  # TensorRT's graph
+    assert all(o.domain != "com.microsoft" for o in step.onnx.opset_import)
+    off = dataclasses.replace(step.settings, ort_grouped_attention=False)
+    assert ops(runnable_model(step.onnx, "onnxruntime", off))["GroupQueryAttention"] == 0
+    on_gpu = dataclasses.replace(step.settings, ort_providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    assert ops(runnable_model(step.onnx, "onnxruntime", on_gpu))["GroupQueryAttention"] == 0
+
+
+def test_the_step_reads_only_the_filled_part_of_the_cache(step: GenerativeModule) -> None:
+    """NaN past the filled positions: the whole-capacity Attention turns the logits NaN (0 * NaN in the weighted sum),
+    GroupQueryAttention never reads there, and both agree on the real positions."""
+    grouped = bound_runner(step, grouped_attention_graph(step.onnx))
+    standard = bound_runner(step, step.onnx)
+    ids = torch.randint(1, 90, (2, 6), generator=torch.Generator().manual_seed(5))
+    mask = torch.zeros(2, CAPACITY, dtype=torch.int64)
+    mask[:, :6] = 1
+    positions = torch.arange(6).expand(2, 6)
+    results = []
+    for runner in (grouped, standard):
+        runner.start(2)
+        for array in runner.read_arrays:
+            array[:, :, 6:] = np.nan
+        results.append(runner.run(ids, mask, positions, 0))
+    assert torch.isfinite(results[0]).all()
+    assert torch.isnan(results[1]).any()
+    clean = bound_runner(step, step.onnx)
+    clean.start(2)
+    torch.testing.assert_close(results[0], clean.run(ids, mask, positions, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_left_padding_and_a_chunked_batched_prefill_match_the_standard_graph(step: GenerativeModule) -> None:
+    """Left-padded rows, a prompt in two chunks over a batch of three (ONNX Runtime's kernel takes several new
+    tokens over a past for one row only: the runner runs such a chunk row by row), then greedy decoding."""
+    grouped = bound_runner(step, grouped_attention_graph(step.onnx))
+    standard = bound_runner(step, step.onnx)
+    batch, prompt = 3, 9
+    ids = torch.randint(1, 90, (batch, prompt), generator=torch.Generator().manual_seed(7))
+    mask = torch.zeros(batch, CAPACITY, dtype=torch.int64)
+    mask[:, :prompt] = 1
+    mask[1, :2] = 0
+    mask[2, :5] = 0
+    positions = (mask[:, :prompt].cumsum(-1) - 1).masked_fill(mask[:, :prompt] == 0, 1)
+    grouped.start(batch)
+    standard.start(batch)
+    for start, end in ((0, 4), (4, prompt)):
+        chunk = (ids[:, start:end], mask, positions[:, start:end], start)
+        logits, expected = grouped.run(*chunk), standard.run(*chunk)
+    nxt = positions[:, -1:] + 1
+    for i in range(CAPACITY - prompt - 1):
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+        token = expected.argmax(-1)
+        assert torch.equal(logits.argmax(-1), token), f"step {i}"
+        mask[:, prompt + i] = 1
+        logits = grouped.run(token[:, None], mask, nxt, prompt + i)
+        expected = standard.run(token[:, None], mask, nxt, prompt + i)
+        nxt = nxt + 1
+
+
+def test_generate_on_the_grouped_session_is_token_identical_to_transformers(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    ids = torch.randint(1, 90, (2, 7), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    new = CAPACITY - ids.shape[1]
+    expected = llama.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None)
+    assert torch.equal(step.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=[]), expected)
