@@ -17,9 +17,10 @@ as :class:`~pipeline.runtime.generation.runners.OrtBoundRunner` binds it) and re
 - queries, keys and values go from [batch, heads, steps, dim] to the kernel's [batch, steps, heads * dim], and the
   output comes back as the ``Attention`` output was.
 
-Only float32 graphs on the CPU provider are rewritten (the float16 graph runs as its float32 emulation there); a
-triple that does not match exactly (another consumer of the written cache, a mask that is not boolean, an attribute
-the kernel lacks) is left as it is. The session's graph only: ``module.onnx`` stays standard ONNX.
+Only float32 graphs on the CPU provider of ONNX Runtime 1.22 or later are rewritten (the float16 graph runs as its
+float32 emulation there); a triple that does not match exactly (another consumer of the written cache, a mask that is
+not boolean, an attribute the kernel lacks) is left as it is.
+The session's graph only: ``module.onnx`` stays standard ONNX.
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ class _Triple:
     attention: onnx.NodeProto
     key_write: onnx.NodeProto
     value_write: onnx.NodeProto
+
+
+#: ONNX Runtime takes ``GroupQueryAttention``'s ``attention_bias`` input (the model's mask) from 1.22.
+MINIMUM_ORT = (1, 22)
+
+
+def kernel_available() -> bool:
+    """Does the installed ONNX Runtime's ``GroupQueryAttention`` take the ``attention_bias`` this rewrite passes?"""
+    import onnxruntime as ort
+
+    release = tuple(int(p) for p in ort.__version__.split("+")[0].split(".")[:2] if p.isdigit())
+    return release >= MINIMUM_ORT
 
 
 def has_cached_attention(model: onnx.ModelProto) -> bool:

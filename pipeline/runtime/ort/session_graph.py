@@ -8,7 +8,7 @@ from __future__ import annotations
 import onnx
 
 from pipeline.runtime.ort.emulation import emulate_fp4, emulate_fp8, has_fp4, has_fp8, has_int8_weights
-from pipeline.runtime.ort.grouped_attention import grouped_attention_graph, has_cached_attention
+from pipeline.runtime.ort.grouped_attention import grouped_attention_graph, has_cached_attention, kernel_available
 from pipeline.runtime.ort.half_emulation import emulate_low_precision, has_low_precision
 from pipeline.runtime.ort.int8 import ort_int8_graph
 from pipeline.settings import Settings
@@ -55,8 +55,12 @@ def emulated_on_cpu(model: onnx.ModelProto, settings: Settings) -> bool:
 
 def grouped_attention(model: onnx.ModelProto, settings: Settings) -> bool:
     """Does the session run ``model``'s cached attention as ``GroupQueryAttention`` (a generation step on the CPU
-    provider, float32 after any emulation, ``settings.ort_grouped_attention`` on)?"""
+    provider, float32 after any emulation, ``settings.ort_grouped_attention`` on, ONNX Runtime 1.22 or later)?"""
     cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
     return (
-        settings.generation is not None and settings.ort_grouped_attention and cpu_only and has_cached_attention(model)
+        settings.generation is not None
+        and settings.ort_grouped_attention
+        and cpu_only
+        and kernel_available()
+        and has_cached_attention(model)
     )
