@@ -20,6 +20,7 @@ from passes.model_io.external_data import (
     without_weights_dir,
 )
 from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.ort.grouped_attention import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
 from pipeline.runtime.ort.int8 import disabled_optimizers
 from pipeline.runtime.ort.session_graph import rewrites, runnable_model
@@ -59,12 +60,14 @@ class OnnxRuntimeExecutor:
             configure_int4(model, options, settings)  # MatMulNBits at an exact accuracy level
             if plugins:
                 prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
-            return ort.InferenceSession(
+            session = ort.InferenceSession(
                 ort_session_bytes(model, options, prepack),
                 sess_options=options,
                 providers=list(settings.ort_providers),
                 disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
             )
+            pairs = cache_pairs(model)  # a grouped-attention step: run() returns the whole cache, as module.onnx
+            return AliasedCacheSession(session, pairs) if pairs else session
 
         try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear
             self.session: Any = PluginSession(create) if plugins else create()

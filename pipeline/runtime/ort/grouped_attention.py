@@ -267,3 +267,59 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
             return
         for i in reversed(dead):
             del graph.node[i]
+
+
+def cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """``(past input, present output)`` of each cache buffer a ``GroupQueryAttention`` node of ``model`` updates."""
+    inputs = {i.name for i in model.graph.input}
+    outputs = {o.name for o in model.graph.output}
+    pairs = []
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+            for past, present in ((node.input[3], node.output[1]), (node.input[4], node.output[2])):
+                if past in inputs and present in outputs:
+                    pairs.append((past, present))
+    return pairs
+
+
+class AliasedCacheSession:
+    """An ONNX Runtime session of a grouped-attention step whose ``run`` returns what ``module.onnx`` returns.
+
+    ``GroupQueryAttention`` writes the new positions into ``present`` and copies nothing past the filled length when
+    ``present`` is another buffer than ``past``: those positions would be uninitialised memory. ``run`` therefore
+    copies each ``past`` input into a fresh buffer, binds the matching ``present`` output to that same buffer, and
+    runs in place: ``present`` is the whole cache with the step's positions written, as ``TensorScatter`` gives it
+    (one copy of the cache per call, as ``TensorScatter`` makes). Everything else (``io_binding``, the decode
+    runners' in-place buffers, ``get_inputs``...) is the session's own."""
+
+    def __init__(self, session: Any, pairs: list[tuple[str, str]]) -> None:
+        self._session = session
+        self._present = dict(pairs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, Any], run_options: Any = None) -> list[Any]:
+        """``InferenceSession.run`` with the cache outputs aliased to copies of the cache inputs."""
+        import onnxruntime as ort
+
+        names = list(output_names) if output_names else [o.name for o in self._session.get_outputs()]
+        binding = self._session.io_binding()
+        caches: dict[str, tuple[np.ndarray, Any]] = {}
+        for name, value in input_feed.items():
+            if name in self._present:
+                buffer = np.array(value, copy=True, order="C")
+                cache = ort.OrtValue.ortvalue_from_numpy(buffer)
+                binding.bind_ortvalue_input(name, cache)
+                caches[self._present[name]] = (buffer, cache)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        rest = [name for name in names if name not in caches]
+        for name in rest:  # bound first: the first len(rest) outputs of the binding
+            binding.bind_output(name)
+        for present, (_, cache) in caches.items():
+            binding.bind_ortvalue_output(present, cache)
+        self._session.run_with_iobinding(binding, run_options)
+        values = binding.get_outputs()
+        produced = {name: values[i].numpy() for i, name in enumerate(rest)}
+        return [caches[name][0] if name in caches else produced[name] for name in names]
