@@ -43,6 +43,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -118,7 +119,7 @@ def build_checkpoint(directory: Path, shape: dict[str, int]) -> transformers.Lla
         max_position_embeddings=8192,
         bos_token_id=BOS,
         eos_token_id=EOS,
-        torch_dtype=torch.float32,
+        dtype=torch.float32,
         **shape,
     )
     model = transformers.LlamaForCausalLM(config).eval()
@@ -212,43 +213,55 @@ class Ours(System):
 
     name = "ours"
 
-    def __init__(self, model: torch.nn.Module, work: Path, validate: bool, int4: dict[str, Any]) -> None:
-        self.model, self.work, self.validate, self.int4 = model, work, validate, int4
+    def __init__(
+        self, checkpoint: Path, work: Path, validate_up_to: int, int4: dict[str, Any], memory_gb: float
+    ) -> None:
+        self.checkpoint, self.work, self.validate_up_to, self.int4 = checkpoint, work, validate_up_to, int4
+        self.memory_gb = memory_gb
         self.artifacts: dict[tuple[str, int], Path] = {}
         self.module: Any = None
 
-    def settings(self, precision: str) -> dict[str, Any]:
+    def settings(self, precision: str, max_length: int) -> dict[str, Any]:
         """The conversion's settings beyond the defaults."""
-        extra: dict[str, Any] = {} if self.validate else {"validate": False}
+        extra: dict[str, Any] = {} if max_length <= self.validate_up_to else {"validate": False}
         return {**extra, **(self.int4 if precision == "int4" else {})}
 
     def convert(self, precision: str, max_length: int) -> dict[str, Any]:
-        """Convert (timed), save; the record of the conversion."""
-        ids = torch.from_numpy(prompts()[:1])
-        settings = self.settings(precision)
-        with quiet_gc():
-            start = time.perf_counter()
-            module = pipeline.convert(
-                self.model, ids, generation={"max_length": max_length, "max_batch": MAX_BATCH}, **settings
-            )
-            seconds = time.perf_counter() - start
+        """Convert in a child process (the conversion timed there), capped in memory so that running out fails the
+        conversion instead of waking the kernel's OOM killer on a shared machine; a default conversion that fails is
+        done again with ``validate=False`` so that the cells still run. The record of the conversion."""
         path = self.work / f"ours_{precision}_{max_length}.ptrt"
-        module.save(path)
-        self.artifacts[precision, max_length] = path
-        record: dict[str, Any] = {
-            "seconds": seconds,
-            "stages": {name: round(s, 3) for name, s in module.report.stages},
-            "settings": {k: v for k, v in settings.items()},
-            "artifact_mb": path.stat().st_size / 2**20,
-        }
-        quantization = getattr(module.report, "quantization", None)
-        if quantization is not None:
-            with contextlib.suppress(Exception):  # an optional detail
-                record["quantization"] = quantization.summary_lines()[0]
-        decoding = getattr(module.report.accuracy, "decoding", None) if module.report.accuracy else None
-        if decoding is not None:
-            record["validation"] = str(getattr(decoding, "greedy", "")) or "decoding validated"
+        settings = self.settings(precision, max_length)
+        record = self._child(path, max_length, settings)
+        if "error" in record and settings.get("validate", True):
+            log(f"ours: the default conversion failed ({record['error'][-300:]}); converting with validate=False")
+            retry = self._child(path, max_length, {**settings, "validate": False})
+            record = {**retry, "default_conversion_error": record["error"]}
+        if "error" not in record:
+            self.artifacts[precision, max_length] = path
         return record
+
+    def _child(self, path: Path, max_length: int, settings: dict[str, Any]) -> dict[str, Any]:
+        """One conversion in a new process of this script (``--convert-child``); its record or its error."""
+        spec = {"checkpoint": str(self.checkpoint), "max_length": max_length, "settings": settings, "out": str(path)}
+        limit = int(self.memory_gb * 2**30)
+
+        def cap() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--convert-child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            preexec_fn=cap,
+        )
+        process_s = time.perf_counter() - start
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            return {"error": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}", "process_s": process_s}
+        return {**json.loads(lines[-1]), "process_s": process_s}
 
     def load(self, precision: str, max_length: int, threads: int) -> tuple[Any, float]:
         """``pipeline.load`` of the cell's artifact (timed)."""
@@ -638,8 +651,38 @@ def compare_tokens(precision: str, results: dict[str, dict[str, Any]], reference
     return lines
 
 
+def convert_child(spec: dict[str, Any]) -> None:
+    """``--convert-child``: one conversion of the checkpoint, timed, saved; its record as the last line of stdout."""
+    model = transformers.LlamaForCausalLM.from_pretrained(spec["checkpoint"], dtype=torch.float32).eval()
+    ids = torch.from_numpy(prompts()[:1])
+    settings = spec["settings"]
+    with quiet_gc():
+        start = time.perf_counter()
+        module = pipeline.convert(
+            model, ids, generation={"max_length": spec["max_length"], "max_batch": MAX_BATCH}, **settings
+        )
+        seconds = time.perf_counter() - start
+    path = Path(spec["out"])
+    module.save(path)
+    record: dict[str, Any] = {
+        "seconds": seconds,
+        "stages": {name: round(s, 3) for name, s in module.report.stages},
+        "settings": settings,
+        "artifact_mb": path.stat().st_size / 2**20,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    quantization = getattr(module.report, "quantization", None)
+    if quantization is not None:
+        with contextlib.suppress(Exception):  # an optional detail
+            record["quantization"] = quantization.summary_lines()[0]
+    print(json.dumps(record))
+
+
 def main() -> None:
     """Parse the flags, build everything, run the cells, print the tables, write the JSON."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--convert-child":
+        convert_child(json.loads(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per system and cell (median), default 3")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -658,7 +701,17 @@ def main() -> None:
     parser.add_argument(
         "--int4-block-size", type=int, default=32, help="int4 block size of both (default 32, GenAI's default)"
     )
-    parser.add_argument("--no-validate", action="store_true", help="convert ours with validate=False (faster)")
+    parser.add_argument(
+        "--validate-up-to",
+        type=int,
+        default=2048,
+        help="ours is converted with its default validation up to this max_length, above it with validate=False "
+        "(default 2048: at 8192 the validation ran out of this machine's 24 GB after 20 minutes); 0: never",
+    )
+    parser.add_argument("--no-validate", action="store_true", help="--validate-up-to 0")
+    parser.add_argument(
+        "--memory-gb", type=float, default=18.0, help="address-space cap of each conversion process (default 18)"
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny model of the same vocabulary: checks the harness")
     parser.add_argument("--optimum-python", type=Path, default=OPTIMUM_PYTHON, help="the python of optimum's venv")
     parser.add_argument("--work", type=Path, default=None, help="where the checkpoint and artifacts go (kept)")
@@ -708,7 +761,8 @@ def main() -> None:
 
     checkpoint = work / "checkpoint"
     log(f"building the checkpoint in {checkpoint}")
-    model = build_checkpoint(checkpoint, TINY if args.tiny else MODEL)
+    build_checkpoint(checkpoint, TINY if args.tiny else MODEL)
+    model = transformers.LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     systems = make_systems(chosen, model, checkpoint, work, args, int4_ours, int4_genai, record)
     reference = eager_reference(model, args.threads[0])
 
@@ -794,7 +848,8 @@ def make_systems(
             continue
         try:
             if name == "ours":
-                systems[name] = Ours(model, work, not args.no_validate, int4_ours)
+                validate_up_to = 0 if args.no_validate else args.validate_up_to
+                systems[name] = Ours(checkpoint, work, validate_up_to, int4_ours, args.memory_gb)
             elif name == "genai":
                 systems[name] = GenAI(checkpoint, work, int4_genai)
             elif name == "optimum":
@@ -1000,6 +1055,14 @@ def _conversion_table(record: dict[str, Any]) -> list[str]:
             out.append(f"| {name} | failed | | {conv['error'][:120]} |")
             continue
         notes = []
+        if "default_conversion_error" in conv:
+            notes.append(
+                f"DEFAULT CONVERSION FAILED ({conv['default_conversion_error'][-160:]}); timed: validate=False"
+            )
+        elif conv.get("settings", {}).get("validate") is False:
+            notes.append("validate=False")
+        if "peak_rss_mb" in conv:
+            notes.append(f"peak RSS {conv['peak_rss_mb']:.0f} MB")
         if "stages" in conv:
             notes.append(", ".join(f"{k} {v:.1f}" for k, v in conv["stages"].items()))
         for nbits in conv.get("matmulnbits", []):
