@@ -6,7 +6,9 @@ with its own weight. One MatMul over the concatenated weights reads ``x`` once, 
 three, and gives the GEMM a wider N (ONNX Runtime GenAI's builder writes the fused form too). The pass is generic:
 any tensor read as the left operand of two or more MatMuls whose right operands are constant 2-D weights of the same
 dtype and the same K. The ``Split`` outputs keep the original MatMuls' output tensors (names included), so whatever
-read them reads them still; only the weights' layout changes.
+read them reads them still; only the weights' layout changes. The two new nodes carry no PyTorch module path (they
+belong to all the projections at once), so a per-layer comparison no longer matches the projection modules
+themselves; it compares their parent (the attention block) as before.
 
 Weights held outside the graph (``external_data_threshold``: a model too large to hold in memory) are left alone, so
 that the pass never loads them; so are quantized weights (a MatMul whose right operand is a ``DequantizeLinear``):
@@ -73,7 +75,9 @@ def _groups(tensor: gs.Tensor) -> list[list[gs.Node]]:
 
 def _merge(graph: gs.Graph, tensor: gs.Tensor, group: Sequence[gs.Node], index: int) -> None:
     weights = [constant_values(node.inputs[1]) for node in group]
-    base = f"{group[0].name or 'matmul'}/merged{index}"
+    # a name of its own, not under one projection's node name: node metadata is restored by name prefix
+    # (passes.model_io.graphs.to_model), and the merged node belongs to none of the projections' modules
+    base = f"merged_matmul{index}.{group[0].name or 'matmul'}"
     merged = gs.Constant(f"{base}/weight", np.ascontiguousarray(np.concatenate(weights, axis=1)))
     product = gs.Variable(f"{base}/product", dtype=group[0].outputs[0].dtype)
     sizes = gs.Constant(f"{base}/sizes", np.array([w.shape[1] for w in weights], np.int64))
