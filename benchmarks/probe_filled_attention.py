@@ -17,6 +17,8 @@ Forms (``--forms``; each with ONNX ``Attention`` or the decomposition ``ops.py``
 - ``b1_total``: the same with ``T`` given as an extra int64 [1] input ``total_length`` (TensorRT: a shape tensor).
 - ``b2_mask``: ``attention_mask`` is [B, T], sized to the filled length; ``T`` is its own dimension (a shape, not a
   value) and the slice bound is ``Shape(attention_mask)[1]``; the mask is built over ``T`` positions directly.
+- ``b2_mask_3p``: ``b2_mask`` with a third optimization profile, generation with the mask width pinned to CAP (the
+  runtime would pick it once the cache is mostly full).
 - ``b3_mask_nopast``: ``b2_mask`` without the ``past_length`` input: the write index is ``T - S`` from shapes.
 - ``c1_trt_mask`` / ``c2_trt_causal``: TensorRT's own ``TRT_KVCacheUpdate`` + ``TRT_Attention`` with
   ``kv_lengths`` = T per row (with the boolean mask over CAP, or ``causal_kind=lower_right`` without a mask);
@@ -101,6 +103,13 @@ class Form:
     layout: str = "bhsd"
     #: TensorRT's ``TRT_decomposable=1`` on the ONNX ``Attention`` node (not in the ONNX schema)
     trt_attr: bool = False
+    #: a third profile: generation with the mask width pinned to CAP (does the slice vanish there?)
+    full_profile: bool = False
+
+    @property
+    def profiles(self) -> int:
+        """How many optimization profiles the engine gets: context, generation (and generation at T = CAP)."""
+        return 3 if self.full_profile else 2
 
     @property
     def standard(self) -> bool:
@@ -122,6 +131,8 @@ FORMS: tuple[Form, ...] = (
     Form("b1_total_dec", "total", "decomposed"),
     Form("b2_mask", "mask", "onnx", note="attention_mask [B,T]: T is a dimension"),
     Form("b2_mask_dec", "mask", "decomposed"),
+    Form("b2_mask_3p", "mask", "onnx", full_profile=True, note="b2 + a generation profile with T = CAP"),
+    Form("b2_mask_dec_3p", "mask", "decomposed", full_profile=True),
     Form("b3_mask_nopast", "mask_nopast", "onnx", note="b2 with write index T-S from shapes"),
     Form("b3_mask_nopast_dec", "mask_nopast", "decomposed"),
     Form("c1_trt_mask", "cap", "trt_mask", write="trt", note="TRT ops, mask over CAP + kv_lengths"),
@@ -500,11 +511,12 @@ def _logger_class() -> type:
     return CollectLogger
 
 
-def _profile_shapes(form: Form, case: Case, generation: bool) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """(min, opt, max) per dynamic input: batch 1..MAX_BATCH, S 1..CAP (context) or 1 (generation), T 1..CAP."""
+def _profile_shapes(form: Form, case: Case, profile: int) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """(min, opt, max) per dynamic input: batch 1..MAX_BATCH; profile 0 (context): S 1..CAP, T 1..CAP; profile 1
+    (generation): S 1, T 1..CAP; profile 2 (generation, full): S 1, T = CAP."""
     cap, d = case.cap, case.head_dim
-    s = (1, 1, 1) if generation else (1, min(64, cap), cap)
-    t = (1, cap // 2, cap) if generation else (1, min(64, cap), cap)
+    s = (1, min(64, cap), cap) if profile == 0 else (1, 1, 1)
+    t = {0: (1, min(64, cap), cap), 1: (1, cap // 2, cap), 2: (cap, cap, cap)}[profile]
     b = (1, 1, MAX_BATCH)
     shapes: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, heads in (("query", HQ), ("key", HKV), ("value", HKV)):
@@ -518,12 +530,12 @@ def _profile_shapes(form: Form, case: Case, generation: bool) -> dict[str, tuple
     return shapes
 
 
-def _shape_input_values(name: str, case: Case, generation: bool) -> tuple[list[int], list[int], list[int]]:
+def _shape_input_values(name: str, case: Case, profile: int) -> tuple[list[int], list[int], list[int]]:
     """(min, opt, max) values of an input TensorRT made a shape tensor."""
     cap = case.cap
     if name == "past_length":
-        return [0], [cap // 2 if generation else 0], [cap - 1]
-    return [1], [cap // 2 if generation else min(64, cap)], [cap]
+        return [0], [cap // 2 if profile else 0], [cap - 1]
+    return [1], [cap // 2 if profile else min(64, cap)], [cap]
 
 
 def _layer_shapes(network: Any) -> list[dict[str, Any]]:
@@ -602,13 +614,13 @@ def build_trt(form: Form, case: Case, path: Path, ccs: Sequence[str]) -> dict[st
         config.num_compute_capabilities = 1
         config.set_compute_capability(getattr(trt.ComputeCapability, cc), 0)
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-        for generation in (False, True):
+        for index in range(form.profiles):
             profile = builder.create_optimization_profile()
-            for name, (lo, opt, hi) in _profile_shapes(form, case, generation).items():
+            for name, (lo, opt, hi) in _profile_shapes(form, case, index).items():
                 if name in names and name not in shape_inputs:
                     profile.set_shape(name, lo, opt, hi)
             for name in shape_inputs:
-                profile.set_shape_input(name, *_shape_input_values(name, case, generation))
+                profile.set_shape_input(name, *_shape_input_values(name, case, index))
             config.add_optimization_profile(profile)
         start = time.perf_counter()
         try:
@@ -639,12 +651,13 @@ def build_trt(form: Form, case: Case, path: Path, ccs: Sequence[str]) -> dict[st
 _LAYER = re.compile(r"^Name: (?P<name>[^,]+), LayerType: (?P<type>[^,]+),")
 _TENSOR = re.compile(r"\{ Name: (?P<name>[^,]+), (?:Location: \w+, )?Dimensions: \[(?P<dims>[^\]]*)\]")
 _TACTIC = re.compile(r"TacticName: (?P<tactic>[^,]*),")
+_PROFILE = re.compile(r"\[profile (\d+)\]")
 
 
 def engine_layers(messages: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     """The builder's engine layer information (printed at verbose level with detailed profiling verbosity: the
     AOT build cannot be deserialized here, so no IEngineInspector): every kernel with its type, tactic, input and
-    output dimensions, and the profile it belongs to (1 when any of its tensors is tagged "[profile 1]")."""
+    output dimensions, and the profile it belongs to (N when its tensors are tagged "[profile N]", else 0)."""
     dump = next((m for _, m in messages if m.startswith("Layers:")), "")
     layers = []
     for line in dump.splitlines():
@@ -660,7 +673,7 @@ def engine_layers(messages: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
                 "name": match["name"],
                 "type": match["type"],
                 "tactic": tactic["tactic"] if tactic else "",
-                "profile": 1 if "[profile 1]" in line else 0,
+                "profile": int(tagged[1]) if (tagged := _PROFILE.search(line)) else 0,
                 "inputs": tensors_in,
                 "outputs": tensors_out,
             }
@@ -694,7 +707,7 @@ def kernel_summary(layers: list[dict[str, Any]]) -> dict[str, Any]:
     in the name) with the dims of the K and V they read ([B, Hkv, L, D]: L -1 is dynamic, else CAP), and the
     kernels that slice the cache (Myelin's "Slic": a copy of the filled part)."""
     out: dict[str, Any] = {}
-    for profile in (0, 1):
+    for profile in sorted({layer["profile"] for layer in layers} | {0, 1}):
         mine = [layer for layer in layers if layer["profile"] == profile and layer["type"] != "shape_call"]
         kernels = [
             {"kernel": _SUFFIX.sub("", layer["name"]), "type": layer["type"], "inputs": [d for _, d in layer["inputs"]]}
@@ -713,15 +726,15 @@ def kernel_summary(layers: list[dict[str, Any]]) -> dict[str, Any]:
 _DATA_MOVEMENT = re.compile(r"^(?:Slic|Move|Resh|Tran|Repl|Conc|Mul)+$")
 
 
-def generation_chain(row_trt: dict[str, Any]) -> str:
-    """The generation profile's kernels in one line (from the first successful build): how many, which only move
+def generation_chain(row_trt: dict[str, Any], profile: int = 1) -> str:
+    """A generation profile's kernels in one line (from the first successful build): how many, which only move
     data (copies of the cache: Myelin's "Slic" = the slice materialised; "Tran"/"Move"/"Repl"/"Conc" =
     transposes and padding), and what the attention reads: the fused kernel's K length, or the GEMMs' (T when
     dynamic, else CAP)."""
     builds = [b for b in row_trt.get("builds", {}).values() if b.get("build")]
-    if not builds:
+    if not builds or f"profile{profile}" not in builds[0]["kernels"]:
         return "-"
-    kernels = builds[0]["kernels"]["profile1"]["kernels"]
+    kernels = builds[0]["kernels"][f"profile{profile}"]["kernels"]
     copies = [k["kernel"] for k in kernels if _DATA_MOVEMENT.match(k["kernel"])]
     reads = []
     for k in kernels:
@@ -743,9 +756,9 @@ def _build_without_shape_values(builder: Any, network: Any, logger: Any, form: F
     logger.messages.clear()
     config = builder.create_builder_config()
     names = {network.get_input(i).name for i in range(network.num_inputs)}
-    for generation in (False, True):
+    for index in range(form.profiles):
         profile = builder.create_optimization_profile()
-        for name, (lo, opt, hi) in _profile_shapes(form, case, generation).items():
+        for name, (lo, opt, hi) in _profile_shapes(form, case, index).items():
             if name in names and not _is_shape_input(network, name):
                 profile.set_shape(name, lo, opt, hi)
         config.add_optimization_profile(profile)
@@ -837,7 +850,7 @@ def _cell_notes(row: Row) -> str:
 def table(rows: list[Row]) -> str:
     """The Markdown table: form x case x parse x build x K length x ORT."""
     lines = [
-        "| form | case | parses | builds (both profiles) | attention K length | ORT matches | ORT decode ms "
+        "| form | case | parses | builds (all profiles) | attention K length | ORT matches | ORT decode ms "
         "(T=200: form / whole capacity) | generation-profile kernels | notes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -856,6 +869,8 @@ def table(rows: list[Row]) -> str:
             ort = "n/a (TRT-only ops)"
         kv = row.trt.get("attention_kv_length", "-") if row.trt else "-"
         chain = generation_chain(row.trt) if row.trt else "-"
+        if generation_chain(row.trt, 2) != "-":
+            chain += "; T=CAP profile: " + generation_chain(row.trt, 2)
         lines.append(
             f"| {row.form} | {row.case} | {parses} | {_cell_build(row)} | {kv} | {ort} | {timing} | {chain} | "
             f"{_cell_notes(row)} |"
