@@ -304,6 +304,9 @@ class AliasedCacheSession:
         import onnxruntime as ort
 
         names = list(output_names) if output_names else [o.name for o in self._session.get_outputs()]
+        if _rows_apart(input_feed):  # the kernel takes several new tokens over a past for one row only
+            rows = [self.run(names, _row(input_feed, row), run_options) for row in range(len(input_feed["input_ids"]))]
+            return [np.concatenate(parts) for parts in zip(*rows, strict=True)]
         binding = self._session.io_binding()
         caches: dict[str, tuple[np.ndarray, Any]] = {}
         for name, value in input_feed.items():
@@ -323,3 +326,17 @@ class AliasedCacheSession:
         values = binding.get_outputs()
         produced = {name: values[i].numpy() for i, name in enumerate(rest)}
         return [caches[name][0] if name in caches else produced[name] for name in names]
+
+
+def _rows_apart(feed: dict[str, Any]) -> bool:
+    """Several rows, several new tokens and a filled past: a call ``GroupQueryAttention`` takes row by row."""
+    ids, past = feed.get("input_ids"), feed.get("past_length")
+    if ids is None or past is None:
+        return False
+    shape = np.shape(ids)
+    return len(shape) == 2 and shape[0] > 1 and shape[1] > 1 and int(np.asarray(past)) > 0
+
+
+def _row(feed: dict[str, Any], row: int) -> dict[str, Any]:
+    """Row ``row`` of every batched input (``past_length`` is the same for all rows)."""
+    return {name: value if name == "past_length" else np.asarray(value)[row : row + 1] for name, value in feed.items()}

@@ -136,3 +136,32 @@ def test_generate_on_the_grouped_session_is_token_identical_to_transformers(
     new = CAPACITY - ids.shape[1]
     expected = llama.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, eos_token_id=None)
     assert torch.equal(step.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=[]), expected)
+
+
+def test_calling_the_step_returns_the_whole_cache_as_module_onnx_does(step: GenerativeModule) -> None:
+    """The plain call (no bound buffers) runs the grouped session graph and still returns ``present`` as
+    ``TensorScatter`` gives it: the past everywhere, the new positions written."""
+    generator = torch.Generator().manual_seed(13)
+    batch, steps, past_length = 2, 3, 5
+    mask = torch.zeros(batch, CAPACITY, dtype=torch.int64)
+    mask[:, : past_length + steps] = 1
+    layout = cache_layout(step.io, step.generation.layers)
+    past = [torch.randn((batch, *shape), generator=generator) for shape in layout.shapes]
+    inputs = [
+        torch.randint(1, 90, (batch, steps), generator=generator),
+        mask,
+        torch.arange(past_length, past_length + steps).expand(batch, steps),
+        torch.tensor(past_length),
+        *past,
+    ]
+    out = step(*inputs)
+    got = list(out.values()) if isinstance(out, dict) else list(out)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    standard = ort.InferenceSession(step.onnx.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in standard.get_inputs()]
+    expected = standard.run(None, {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+    for name, value, reference in zip([o.name for o in standard.get_outputs()], got, expected, strict=True):
+        torch.testing.assert_close(value, torch.from_numpy(reference), rtol=1e-5, atol=1e-5, msg=name)
+    assert torch.equal(got[1][:, :, :past_length], past[0][:, :, :past_length])  # the past kept
+    assert torch.equal(got[1][:, :, past_length + steps :], past[0][:, :, past_length + steps :])  # and after it
