@@ -9,7 +9,8 @@ Systems (each cell runs them in turn, A B C D, A B C D, ... so that the machine'
 
 - ``ours``: ``pipeline.convert(model, ids, generation={"max_length": L, "max_batch": 4})`` (default settings,
   validation included; the int4 column with ``precision="int4"``), saved, ``pipeline.load(path, threads=T,
-  spinning=False)``, ``module.generate(ids, max_new_tokens=64)``;
+  spinning=False)``, ``module.generate(ids, max_new_tokens=64)``; each conversion in a child process capped in memory,
+  without validation above ``--validate-up-to`` (a failed default conversion is redone with ``validate=False``);
 - ``genai``: ONNX Runtime GenAI, its builder from the saved checkpoint (``python -m
   onnxruntime_genai.models.builder -i DIR -o OUT -p fp32|int4 -e cpu``), ``og.Model`` with intra-op threads ``T``
   and spinning off in genai_config.json's ``session_options``, an ``og.Generator`` with search options
@@ -31,6 +32,7 @@ Run from the repository root::
     python benchmarks/bench_generate.py                                   # everything (long)
     python benchmarks/bench_generate.py --threads 1 --batch 1 --max-length 256 --precision fp32 --systems ours,genai
     python benchmarks/bench_generate.py --tiny --runs 1 --no-validate     # a tiny model: checks the harness
+    python benchmarks/bench_generate.py --tables benchmarks/results/bench_generate_2026-11-28.json  # a saved run
 """
 
 from __future__ import annotations
@@ -683,6 +685,14 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--convert-child":
         convert_child(json.loads(sys.argv[2]))
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--tables":  # the tables of a saved run
+        saved = json.loads(Path(sys.argv[2]).read_text())
+        print(tables(saved))
+        start, end = saved["load_average_start"], saved.get("load_average_end", [float("nan")] * 3)
+        print(
+            f"load average at start: {' '.join(f'{x:.2f}' for x in start)}; at end: {' '.join(f'{x:.2f}' for x in end)}"
+        )
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per system and cell (median), default 3")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -1047,17 +1057,23 @@ def _ratios(groups: dict[tuple[str, int, int], dict[int, dict[str, Any]]], batch
     return out
 
 
+def _last_line(error: str) -> str:
+    """The last line of an error (a traceback's ends with the exception), fit for a table cell."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else error)[:200].replace("|", "/")
+
+
 def _conversion_table(record: dict[str, Any]) -> list[str]:
     """Conversion seconds and load seconds."""
     out = ["| what | conversion s | artifact MB | notes |", "|---|---|---|---|"]
     for name, conv in record["conversion"].items():
         if "error" in conv:
-            out.append(f"| {name} | failed | | {conv['error'][:120]} |")
+            out.append(f"| {name} | failed | | {_last_line(conv['error'])} |")
             continue
         notes = []
         if "default_conversion_error" in conv:
             notes.append(
-                f"DEFAULT CONVERSION FAILED ({conv['default_conversion_error'][-160:]}); timed: validate=False"
+                f"DEFAULT CONVERSION FAILED ({_last_line(conv['default_conversion_error'])}); timed: validate=False"
             )
         elif conv.get("settings", {}).get("validate") is False:
             notes.append("validate=False")
