@@ -922,9 +922,10 @@ def convert_all(systems: dict[str, System], args: argparse.Namespace, record: di
                     conversion[key] = ours.convert(precision, max_length)
                 except Exception as error:  # noqa: BLE001
                     conversion[key] = {"error": f"{type(error).__name__}: {error}"}
-                    log(f"ours failed to convert: {error}")
                     traceback.print_exc(file=sys.stderr)
-                if key in conversion and "seconds" in conversion[key]:
+                if "error" in conversion[key]:
+                    log(f"ours failed to convert: {conversion[key]['error'][-1500:]}")
+                elif "seconds" in conversion[key]:
                     log(f"ours converted in {conversion[key]['seconds']:.1f} s: {conversion[key]['stages']}")
     optimum = systems.get("optimum")
     if isinstance(optimum, Optimum) and "fp32" in args.precision:
