@@ -102,7 +102,9 @@ def convert(
             if config.generation is not None:  # whole decodings against the model's own cached generate
                 from pipeline.generation.validation import validate_decoding
 
-                decoding = validate_decoding(original, executor, graph.io, original_sample, config)
+                # a quantized step's logits are judged by the quantization's own envelope, as its plain outputs are
+                judged = quantized_validation_settings(config, graph.quantization)
+                decoding = validate_decoding(original, executor, graph.io, original_sample, judged)
                 accuracy = dataclasses.replace(accuracy, decoding=decoding)
     report = ConversionReport(
         backend=choice.name,

@@ -63,8 +63,10 @@ def effective_settings(settings: Settings) -> Settings:
 
 
 def validation_settings(settings: Settings) -> Settings:
-    """Outputs stay float32, but the graph computes in the low type: float32 outputs are judged by its tolerance."""
-    if settings.precision == "fp32":
+    """Outputs stay float32, but the graph computes in the low type: float32 outputs are judged by its tolerance. A
+    quantized precision (int8, fp8, int4, nvfp4) is judged by the quantization's own per-output tolerances
+    (:func:`pipeline.quantize.stage.quantized_validation_settings`): its settings are returned as they are."""
+    if settings.precision not in LOW_TYPES:
         return settings
     low = LOW_TYPES[settings.precision]
     return dataclasses.replace(settings, tolerances={**settings.tolerances, "float32": _tolerance(settings, low)})

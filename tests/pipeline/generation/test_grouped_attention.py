@@ -165,3 +165,35 @@ def test_calling_the_step_returns_the_whole_cache_as_module_onnx_does(step: Gene
         torch.testing.assert_close(value, torch.from_numpy(reference), rtol=1e-5, atol=1e-5, msg=name)
     assert torch.equal(got[1][:, :, :past_length], past[0][:, :, :past_length])  # the past kept
     assert torch.equal(got[1][:, :, past_length + steps :], past[0][:, :, past_length + steps :])  # and after it
+
+
+def test_an_int4_step_converts_and_its_decoding_is_judged_by_the_quantization_envelope() -> None:
+    """``precision="int4"`` with ``generation=``: the decoding validation judges the logits by the quantization's own
+    per-output tolerance (it raised ``KeyError: 'int4'`` looking for a float16-like type), and the session runs the
+    4-bit weights with GroupQueryAttention when the rest of the graph is float32."""
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(2))
+    module = pipeline.convert(
+        model,
+        ids,
+        generation={"max_length": 32, "max_batch": 2},
+        precision="int4",
+        quantize_fallback="fp32",  # the rest in float32 (the default float16 rest runs without the rewrite on a CPU)
+        validation_inputs=1,
+    )
+    assert isinstance(module, GenerativeModule)
+    decoding = module.report.accuracy.decoding
+    assert decoding is not None and decoding.passed
+    assert any(t.data_type == onnx.TensorProto.INT4 for t in module.onnx.graph.initializer)
+    assert ops(runnable_model(module.onnx, "onnxruntime", module.settings))["GroupQueryAttention"] == 2
+    assert module.generate(ids, max_new_tokens=4).shape == (1, 10)
