@@ -1,35 +1,42 @@
 """Benchmark loading a saved generation artifact: ``pipeline.load(path)`` in fresh processes, beside the floor, a bare
 ``onnxruntime.InferenceSession`` of the same ONNX graph (the artifact's graph and weights written out as an ONNX file
-with its data file).
+with its data file), and beside ONNX Runtime GenAI's ``og.Model`` of its own build of the model (``--genai DIR``).
 
 Each measurement runs in its own process, after ``import torch`` and ``import pipeline`` (ours) or ``import
 onnxruntime`` (the floor: its import is printed apart, ours pays it inside ``pipeline.load``); the median over
-``--runs`` is reported, after one warm-up run of each (page cache, bytecode). Python's bytecode of the child processes
-is cached in a scratch directory even where ``PYTHONDONTWRITEBYTECODE`` is set (compiling the modules a load imports
+``--runs`` is reported, after one warm-up run of each (page cache, bytecode), the measurements taking turns within
+each round so that a change in the machine's load falls on all of them. Python's bytecode of the child processes is
+cached in a scratch directory even where ``PYTHONDONTWRITEBYTECODE`` is set (compiling the modules a load imports
 costs 0.5 s on a 2-core machine, which no deployment pays); ``--as-is`` keeps the environment. The floor is given
 with ONNX Runtime's default options (weights prepacked, as our loaded module does for weights under
 ``external_data_threshold``) and with prepacking off (``ort_prepack_weights=False``).
-ONNX Runtime GenAI is reported only when ``onnxruntime_genai`` imports (it needs its own model folder and is not
-measured here).
+
+``pipeline.load`` is measured twice, with the children's cache directory (``PIPELINE_CACHE_DIR``) in the scratch
+directory: a first load (every run with an empty cache: ONNX Runtime optimizes the graph, as on a new machine) and a
+later one (ONNX Runtime's optimized graph in the session cache, :mod:`pipeline.runtime.ort.session_cache`). ONNX
+Runtime GenAI's load (``--genai``: a folder written by ``python -m onnxruntime_genai.models.builder -i CHECKPOINT -o
+DIR -p fp32 -e cpu``) imports ``onnxruntime_genai`` first (printed apart) and times ``og.Model(DIR)``.
 
 Run from the repository root::
 
     python benchmarks/bench_load.py                          # a random Llama (hidden 512, 8 layers, vocab 32000)
-    python benchmarks/bench_load.py --artifact model.ptrt --runs 9
+    python benchmarks/bench_load.py --artifact model.ptrt --runs 9 --genai genai-llama/
     python benchmarks/bench_load.py --size small --json load.json
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,26 +44,46 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (hidden, intermediate, layers, heads, kv heads, vocab) of the random Llama the benchmark converts.
 SIZES = {"big": (512, 1408, 8, 8, 4, 32000), "small": (64, 128, 2, 4, 2, 256)}
 
+# Each snippet prints, per timed part, its wall time and the process's CPU time (every thread's) over it: on a shared
+# machine the wall times follow the other work, the CPU times much less.
 OURS = """
 import sys, time
 sys.path.insert(0, {root!r})
 import torch, pipeline
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 pipeline.load({path!r})
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, time.process_time() - cpu)
+"""
+
+FILL_CACHE = """
+import sys
+sys.path.insert(0, {root!r})
+import pipeline
+from pipeline.runtime.ort.session_cache import wait_for_builds
+pipeline.load({path!r})
+wait_for_builds()
+"""
+
+GENAI = """
+import time
+start, cpu = time.perf_counter(), time.process_time()
+import onnxruntime_genai as og
+imported, cpu_imported = time.perf_counter(), time.process_time()
+og.Model({path!r})
+print(imported - start, cpu_imported - cpu, time.perf_counter() - imported, time.process_time() - cpu_imported)
 """
 
 FLOOR = """
 import time
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 import onnxruntime as ort
-imported = time.perf_counter()
+imported, cpu_imported = time.perf_counter(), time.process_time()
 options = ort.SessionOptions()
 options.log_severity_level = 3
 if {no_prepack}:
     options.add_session_config_entry("session.disable_prepacking", "1")
 ort.InferenceSession({path!r}, options, providers=["CPUExecutionProvider"])
-print(imported - start, time.perf_counter() - imported)
+print(imported - start, cpu_imported - cpu, time.perf_counter() - imported, time.process_time() - cpu_imported)
 """
 
 
@@ -100,11 +127,35 @@ def run(code: str, env: dict[str, str]) -> list[float]:
     return [float(v) for v in done.stdout.strip().splitlines()[-1].split()]
 
 
-def median_of(code: str, runs: int, env: dict[str, str]) -> list[float]:
-    """The median of each printed number over ``runs`` fresh processes, after a warm-up one."""
-    run(code, env)
-    samples = [run(code, env) for _ in range(runs)]
-    return [statistics.median(column) for column in zip(*samples, strict=True)]
+@dataclass
+class Measurement:
+    """One snippet run in fresh processes; ``before`` runs ahead of each of them (not timed)."""
+
+    code: str
+    env: dict[str, str]
+    before: Callable[[], None] = lambda: None
+    samples: list[list[float]] = field(default_factory=list)
+
+    def once(self) -> list[float]:
+        self.before()
+        return run(self.code, self.env)
+
+    def medians(self) -> list[float]:
+        return [statistics.median(column) for column in zip(*self.samples, strict=True)]
+
+
+def measure_in_turns(measurements: dict[str, Measurement], runs: int) -> None:
+    """A warm-up run of each, then ``runs`` rounds in which each measurement runs once, in turn."""
+    for measurement in measurements.values():
+        measurement.once()
+    for _ in range(runs):
+        for measurement in measurements.values():
+            measurement.samples.append(measurement.once())
+
+
+def empty(directory: Path) -> Callable[[], None]:
+    """Empty ``directory`` (the next load finds no session cache entry)."""
+    return lambda: shutil.rmtree(directory, ignore_errors=True)
 
 
 def main() -> None:
@@ -112,9 +163,11 @@ def main() -> None:
     parser.add_argument("--artifact", type=Path, help="an artifact to load (default: convert a random Llama)")
     parser.add_argument("--size", choices=sorted(SIZES), default="big", help="the random Llama's size")
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per measurement (median reported)")
+    parser.add_argument("--genai", type=Path, help="an ONNX Runtime GenAI model folder of the same model, to load too")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--as-is", action="store_true", help="no bytecode cache for the child processes")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-load-") as scratch:
         env = dict(os.environ)
         if not args.as_is:
@@ -122,25 +175,48 @@ def main() -> None:
             env["PYTHONPYCACHEPREFIX"] = str(Path(scratch) / "pycache")
         artifact = args.artifact or make_artifact(Path(scratch) / f"llama-{args.size}.ptrt", args.size)
         graph = write_onnx(artifact, Path(scratch) / "onnx")
+        first_cache, later_cache = Path(scratch) / "cache-first", Path(scratch) / "cache-later"
+        ours = OURS.format(root=str(ROOT), path=str(artifact))
+        run(
+            FILL_CACHE.format(root=str(ROOT), path=str(artifact)) + "print(0)",
+            {**env, "PIPELINE_CACHE_DIR": str(later_cache)},
+        )
+        measurements = {
+            "pipeline.load, first": Measurement(
+                ours, {**env, "PIPELINE_CACHE_DIR": str(first_cache)}, before=empty(first_cache)
+            ),
+            "pipeline.load, later (session cache)": Measurement(ours, {**env, "PIPELINE_CACHE_DIR": str(later_cache)}),
+            "ort.InferenceSession": Measurement(FLOOR.format(path=str(graph), no_prepack=False), env),
+            "ort.InferenceSession, no prepacking": Measurement(FLOOR.format(path=str(graph), no_prepack=True), env),
+        }
+        if args.genai is not None:
+            measurements["og.Model (ONNX Runtime GenAI)"] = Measurement(GENAI.format(path=str(args.genai)), env)
+        measure_in_turns(measurements, args.runs)
         results: dict[str, Any] = {
             "artifact": str(artifact),
             "artifact_mb": round(os.path.getsize(artifact) / 1e6, 1),
             "runs": args.runs,
-            "pipeline.load": median_of(OURS.format(root=str(ROOT), path=str(artifact)), args.runs, env)[0],
         }
-        for name, no_prepack in (("ort.InferenceSession", False), ("ort.InferenceSession, no prepacking", True)):
-            imported, session = median_of(FLOOR.format(path=str(graph), no_prepack=no_prepack), args.runs, env)
-            results[name] = session
-            results["import onnxruntime"] = imported
-    genai = importlib.util.find_spec("onnxruntime_genai") is not None
-    results["onnxruntime_genai"] = "installed, not measured (needs its model folder)" if genai else "not installed"
+        for name, measurement in measurements.items():  # (wall, cpu) pairs: the import's first where there is one
+            medians = measurement.medians()
+            results[name] = {"wall": medians[-2], "cpu": medians[-1]}
+            if name == "ort.InferenceSession":
+                results["import onnxruntime"] = {"wall": medians[0], "cpu": medians[1]}
+            if name.startswith("og.Model"):
+                results["import onnxruntime_genai"] = {"wall": medians[0], "cpu": medians[1]}
+    results["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
     results["bytecode_cache"] = not args.as_is
     cache = "bytecode cached" if not args.as_is else "environment as is"
     print(f"{results['artifact']} ({results['artifact_mb']} MB), median of {args.runs} fresh processes ({cache}):")
-    width = max(len(k) for k in results)
-    for key in ("pipeline.load", "ort.InferenceSession", "ort.InferenceSession, no prepacking", "import onnxruntime"):
-        print(f"  {key:<{width}}  {results[key]:.3f} s")
-    print(f"  {'onnxruntime_genai':<{width}}  {results['onnxruntime_genai']}")
+    timed = [*measurements, "import onnxruntime", *(["import onnxruntime_genai"] if args.genai is not None else [])]
+    width = max(len(k) for k in timed)
+    print(f"  {'':<{width}}  wall s   CPU s (all threads)")
+    for key in timed:
+        print(f"  {key:<{width}}  {results[key]['wall']:6.3f}  {results[key]['cpu']:6.3f}")
+    print(
+        f"  load average (1, 5, 15 min) before {', '.join(f'{v:.2f}' for v in load_before)}, "
+        f"after {', '.join(f'{v:.2f}' for v in results['load_average']['after'])} ({os.cpu_count()} cores)"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

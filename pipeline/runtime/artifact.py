@@ -59,6 +59,8 @@ SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segme
 METADATA_MEMBER = "metadata.json"
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
 LINK_NAME = "artifact.ptrt"  # the loaded artifact's hard link in the module's private weights directory
+#: The metadata key under which ``session_model`` names the bytes its external tensors read (:class:`RecordedWeights`).
+WEIGHTS_RECORD_KEY = "torch_trt_pipeline.weights"
 #: Initializers of at least this many bytes go to model.onnx.data (onnx.save's own threshold for external data).
 EXTERNAL_MIN_BYTES = 1024
 
@@ -82,6 +84,8 @@ class Artifact:
     #: the same graph reading its weights in place from the artifact (a hard link to it in ``weights``), for an ONNX
     #: Runtime session made before ``pending`` is done (``onnx_model`` reads the copy being written); None for /2
     session_model: onnx.ModelProto | None = None
+    #: the metadata's settings, parsed once by ``read_artifact`` (checking a Settings costs 10-30 ms)
+    parsed_settings: Settings | None = dataclasses.field(default=None, repr=False)
 
     def verified(self) -> Artifact:
         """The artifact, once the weights' SHA-256 matches the manifest (an ArtifactError if it does not), and with
@@ -98,7 +102,54 @@ class Artifact:
     @property
     def settings(self) -> Settings:
         """The settings saved with the artifact."""
+        if self.parsed_settings is not None:
+            return self.parsed_settings
         return settings_from_json(self.metadata["settings"])
+
+
+@dataclass(frozen=True)
+class RecordedWeights:
+    """The bytes a graph's external tensors read: ``length`` bytes at ``offset`` of the file ``location`` (in the
+    graph's weights directory), whose SHA-256 is ``sha256``. ``read_artifact`` records them in ``session_model``
+    (the manifest's digest of the weights member), which lets ONNX Runtime's session cache key on the weights without
+    hashing them (:mod:`pipeline.runtime.ort.session_cache`)."""
+
+    location: str
+    offset: int
+    length: int
+    sha256: str
+
+    def holds(self, location: str, offset: int, length: int | None) -> bool:
+        """Does a tensor at ``offset`` (``length`` bytes) of ``location`` lie inside these bytes?"""
+        return (
+            location == self.location
+            and length is not None
+            and self.offset <= offset
+            and offset + length <= self.offset + self.length
+        )
+
+
+def record_weights(model: onnx.ModelProto, weights: RecordedWeights) -> None:
+    """Name in ``model``'s metadata the bytes its external tensors read (replacing an earlier record)."""
+    kept = [p for p in model.metadata_props if p.key != WEIGHTS_RECORD_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=WEIGHTS_RECORD_KEY, value=json.dumps(dataclasses.asdict(weights), sort_keys=True))
+
+
+def recorded_weights(model: onnx.ModelProto) -> RecordedWeights | None:
+    """The bytes :func:`record_weights` named in ``model``, or None (none recorded, or a malformed record)."""
+    for prop in model.metadata_props:
+        if prop.key == WEIGHTS_RECORD_KEY:
+            try:
+                fields = json.loads(prop.value)
+                weights = RecordedWeights(
+                    str(fields["location"]), int(fields["offset"]), int(fields["length"]), str(fields["sha256"])
+                )
+            except (ValueError, TypeError, KeyError):
+                return None
+            return weights
+    return None
 
 
 def save_artifact(
@@ -218,13 +269,16 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     except Exception as exc:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
     _check_io_against_graph(path, metadata, model)
-    _check_settings(path, metadata, model)
+    settings = _check_settings(path, metadata, model)
     session_model = None
     if members.digest is not None:  # format /3: the weights member is being copied into the private directory
         _check_weights_inside(path, model, members.data_size)
         if members.data_offset is not None:  # and linked: a session can read them where they are stored
             session_model = _pointing_into_artifact(model, members.data_offset)
             set_weights_dir(session_model, weights.directory)
+            # the manifest's digest names those bytes (checked while the session is made): the session cache's key
+            record = RecordedWeights(LINK_NAME, members.data_offset, members.data_size, members.digest.expected)
+            record_weights(session_model, record)
     if any(True for _ in external_tensors(model)):
         set_weights_dir(model, weights.directory)
     kept: WeightFiles | None = weights
@@ -237,7 +291,9 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
     }
     pending = _PendingChecks(path, metadata, here, members.digest)
-    artifact = Artifact(metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, pending, session_model)
+    artifact = Artifact(
+        metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, pending, session_model, settings
+    )
     return artifact.verified() if wait else artifact
 
 
@@ -496,9 +552,9 @@ def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.Mo
                 )
 
 
-def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
-    """The saved settings must be valid and their dynamic dimensions axes the graph leaves dynamic: they are the
-    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> Settings:
+    """The saved settings, which must be valid and their dynamic dimensions axes the graph leaves dynamic: they are
+    the artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
     try:
         settings = settings_from_json(metadata["settings"])
     except (InputError, TypeError, ValueError) as exc:
@@ -514,6 +570,7 @@ def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto
             raise ArtifactError(f"{path}: {where}, but the graph has no such input axis", fix=REWRITE_FIX)
         if (fixed := dims[dim.axis]) is not None:
             raise ArtifactError(f"{path}: {where}, but the graph fixes that axis at {fixed}", fix=REWRITE_FIX)
+    return settings
 
 
 def _fixed_dims(value: onnx.ValueInfoProto) -> list[int | None]:

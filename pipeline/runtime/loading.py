@@ -5,21 +5,29 @@ It sits above :mod:`pipeline.runtime.module` (it makes a ``ConvertedModule``), w
 engine that must be built (``rebuild=True``, TensorRT asked of an artifact without an engine) is built by the
 ``build`` callable the caller passes, which ``pipeline.load`` does (:func:`pipeline.backends.build_executor`, imported
 only then).
+
+Python's cyclic garbage collector is paused while an artifact loads (the modules it imports included, which is why
+they are imported inside :func:`load`): with torch imported, the collector walks some 170,000 objects each time the
+imports' allocations trigger it, which made ``import onnxruntime`` 0.3-0.5 s instead of 0.08 s. A load makes little
+cyclic garbage; the collector runs again, as it was, when the load returns or fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import ArtifactError
-from pipeline.runtime.artifact import Artifact, read_artifact, runtime_cache_beside
-from pipeline.runtime.executors import Executor, ExecutorBuilder, load_executor, select_backend
-from pipeline.runtime.generation.module import module_class
-from pipeline.runtime.module import ConvertedModule
-from pipeline.runtime.reports.conversion import ConversionReport
-from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.runtime.artifact import Artifact
+    from pipeline.runtime.executors import Executor, ExecutorBuilder
+    from pipeline.runtime.module import ConvertedModule
+    from pipeline.settings import Settings
 
 
 def load(
@@ -38,15 +46,30 @@ def load(
     TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's). ``threads`` and
     ``spinning`` set ONNX Runtime's intra-op threads and their spin-waiting for this process (None: the artifact's).
     """
-    # the weights' SHA-256 runs while the executor is made; a corrupt artifact still fails here, as an ArtifactError
-    artifact = read_artifact(path, wait=False)
+    with collector_paused():
+        from pipeline.runtime.artifact import read_artifact
+
+        # the weights' SHA-256 runs while the executor is made; a corrupt artifact still fails here (ArtifactError)
+        artifact = read_artifact(path, wait=False)
+        try:
+            module = _module(artifact, path, backend, rebuild, build, (threads, spinning))
+        except BaseException:
+            artifact.verified()  # corrupt weights are the cause to report, whatever failed on them
+            raise
+        artifact.verified()
+        return module
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block, and back as it was after (see the module docstring)."""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        module = _module(artifact, path, backend, rebuild, build, (threads, spinning))
-    except BaseException:
-        artifact.verified()  # corrupt weights are the cause to report, whatever failed on them
-        raise
-    artifact.verified()
-    return module
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _module(
@@ -58,6 +81,11 @@ def _module(
     runtime: tuple[int | None, bool | None] = (None, None),
 ) -> ConvertedModule:
     """The module of a read artifact (its weights possibly still being checked), with the runtime's thread choices."""
+    from pipeline.runtime.artifact import runtime_cache_beside
+    from pipeline.runtime.executors import load_executor, select_backend
+    from pipeline.runtime.generation.module import module_class
+    from pipeline.runtime.reports.conversion import ConversionReport
+
     settings, io = artifact.settings.with_runtime(*runtime), artifact.io
     chosen = backend or artifact.metadata["backend"]
     engine = None
