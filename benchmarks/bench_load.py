@@ -11,11 +11,10 @@ costs 0.5 s on a 2-core machine, which no deployment pays); ``--as-is`` keeps th
 with ONNX Runtime's default options (weights prepacked, as our loaded module does for weights under
 ``external_data_threshold``) and with prepacking off (``ort_prepack_weights=False``).
 
-``pipeline.load`` is measured twice, with the children's cache directory (``PIPELINE_CACHE_DIR``) in the scratch
-directory: a first load (every run with an empty cache: ONNX Runtime optimizes the graph, as on a new machine) and a
-later one (ONNX Runtime's optimized graph in the session cache, :mod:`pipeline.runtime.ort.session_cache`). ONNX
-Runtime GenAI's load (``--genai``: a folder written by ``python -m onnxruntime_genai.models.builder -i CHECKPOINT -o
-DIR -p fp32 -e cpu``) imports ``onnxruntime_genai`` first (printed apart) and times ``og.Model(DIR)``.
+Each snippet reports the wall time and the process's CPU time (all its threads): on a shared machine the first
+follows the other work, the second much less. ONNX Runtime GenAI's load (``--genai``: a folder written by ``python -m
+onnxruntime_genai.models.builder -i CHECKPOINT -o DIR -p fp32 -e cpu``) imports ``onnxruntime_genai`` first (printed
+apart) and times ``og.Model(DIR)``.
 
 Run from the repository root::
 
@@ -29,13 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (hidden, intermediate, layers, heads, kv heads, vocab) of the random Llama the benchmark converts.
 SIZES = {"big": (512, 1408, 8, 8, 4, 32000), "small": (64, 128, 2, 4, 2, 256)}
 
-# Each snippet prints, per timed part, its wall time and the process's CPU time (every thread's) over it: on a shared
-# machine the wall times follow the other work, the CPU times much less.
 OURS = """
 import sys, time
 sys.path.insert(0, {root!r})
@@ -53,15 +48,6 @@ import torch, pipeline
 start, cpu = time.perf_counter(), time.process_time()
 pipeline.load({path!r})
 print(time.perf_counter() - start, time.process_time() - cpu)
-"""
-
-FILL_CACHE = """
-import sys
-sys.path.insert(0, {root!r})
-import pipeline
-from pipeline.runtime.ort.session_cache import wait_for_builds
-pipeline.load({path!r})
-wait_for_builds()
 """
 
 GENAI = """
@@ -129,15 +115,13 @@ def run(code: str, env: dict[str, str]) -> list[float]:
 
 @dataclass
 class Measurement:
-    """One snippet run in fresh processes; ``before`` runs ahead of each of them (not timed)."""
+    """One snippet run in fresh processes."""
 
     code: str
     env: dict[str, str]
-    before: Callable[[], None] = lambda: None
     samples: list[list[float]] = field(default_factory=list)
 
     def once(self) -> list[float]:
-        self.before()
         return run(self.code, self.env)
 
     def medians(self) -> list[float]:
@@ -151,11 +135,6 @@ def measure_in_turns(measurements: dict[str, Measurement], runs: int) -> None:
     for _ in range(runs):
         for measurement in measurements.values():
             measurement.samples.append(measurement.once())
-
-
-def empty(directory: Path) -> Callable[[], None]:
-    """Empty ``directory`` (the next load finds no session cache entry)."""
-    return lambda: shutil.rmtree(directory, ignore_errors=True)
 
 
 def main() -> None:
@@ -175,17 +154,8 @@ def main() -> None:
             env["PYTHONPYCACHEPREFIX"] = str(Path(scratch) / "pycache")
         artifact = args.artifact or make_artifact(Path(scratch) / f"llama-{args.size}.ptrt", args.size)
         graph = write_onnx(artifact, Path(scratch) / "onnx")
-        first_cache, later_cache = Path(scratch) / "cache-first", Path(scratch) / "cache-later"
-        ours = OURS.format(root=str(ROOT), path=str(artifact))
-        run(
-            FILL_CACHE.format(root=str(ROOT), path=str(artifact)) + "print(0)",
-            {**env, "PIPELINE_CACHE_DIR": str(later_cache)},
-        )
         measurements = {
-            "pipeline.load, first": Measurement(
-                ours, {**env, "PIPELINE_CACHE_DIR": str(first_cache)}, before=empty(first_cache)
-            ),
-            "pipeline.load, later (session cache)": Measurement(ours, {**env, "PIPELINE_CACHE_DIR": str(later_cache)}),
+            "pipeline.load": Measurement(OURS.format(root=str(ROOT), path=str(artifact)), env),
             "ort.InferenceSession": Measurement(FLOOR.format(path=str(graph), no_prepack=False), env),
             "ort.InferenceSession, no prepacking": Measurement(FLOOR.format(path=str(graph), no_prepack=True), env),
         }

@@ -59,8 +59,6 @@ SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segme
 METADATA_MEMBER = "metadata.json"
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
 LINK_NAME = "artifact.ptrt"  # the loaded artifact's hard link in the module's private weights directory
-#: The metadata key under which ``session_model`` names the bytes its external tensors read (:class:`RecordedWeights`).
-WEIGHTS_RECORD_KEY = "torch_trt_pipeline.weights"
 #: Initializers of at least this many bytes go to model.onnx.data (onnx.save's own threshold for external data).
 EXTERNAL_MIN_BYTES = 1024
 
@@ -105,51 +103,6 @@ class Artifact:
         if self.parsed_settings is not None:
             return self.parsed_settings
         return settings_from_json(self.metadata["settings"])
-
-
-@dataclass(frozen=True)
-class RecordedWeights:
-    """The bytes a graph's external tensors read: ``length`` bytes at ``offset`` of the file ``location`` (in the
-    graph's weights directory), whose SHA-256 is ``sha256``. ``read_artifact`` records them in ``session_model``
-    (the manifest's digest of the weights member), which lets ONNX Runtime's session cache key on the weights without
-    hashing them (:mod:`pipeline.runtime.ort.session_cache`)."""
-
-    location: str
-    offset: int
-    length: int
-    sha256: str
-
-    def holds(self, location: str, offset: int, length: int | None) -> bool:
-        """Does a tensor at ``offset`` (``length`` bytes) of ``location`` lie inside these bytes?"""
-        return (
-            location == self.location
-            and length is not None
-            and self.offset <= offset
-            and offset + length <= self.offset + self.length
-        )
-
-
-def record_weights(model: onnx.ModelProto, weights: RecordedWeights) -> None:
-    """Name in ``model``'s metadata the bytes its external tensors read (replacing an earlier record)."""
-    kept = [p for p in model.metadata_props if p.key != WEIGHTS_RECORD_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    model.metadata_props.add(key=WEIGHTS_RECORD_KEY, value=json.dumps(dataclasses.asdict(weights), sort_keys=True))
-
-
-def recorded_weights(model: onnx.ModelProto) -> RecordedWeights | None:
-    """The bytes :func:`record_weights` named in ``model``, or None (none recorded, or a malformed record)."""
-    for prop in model.metadata_props:
-        if prop.key == WEIGHTS_RECORD_KEY:
-            try:
-                fields = json.loads(prop.value)
-                weights = RecordedWeights(
-                    str(fields["location"]), int(fields["offset"]), int(fields["length"]), str(fields["sha256"])
-                )
-            except (ValueError, TypeError, KeyError):
-                return None
-            return weights
-    return None
 
 
 def save_artifact(
@@ -276,9 +229,6 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         if members.data_offset is not None:  # and linked: a session can read them where they are stored
             session_model = _pointing_into_artifact(model, members.data_offset)
             set_weights_dir(session_model, weights.directory)
-            # the manifest's digest names those bytes (checked while the session is made): the session cache's key
-            record = RecordedWeights(LINK_NAME, members.data_offset, members.data_size, members.digest.expected)
-            record_weights(session_model, record)
     if any(True for _ in external_tensors(model)):
         set_weights_dir(model, weights.directory)
     kept: WeightFiles | None = weights

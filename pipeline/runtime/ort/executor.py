@@ -23,7 +23,6 @@ from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.ort.grouped_attention import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
 from pipeline.runtime.ort.int8 import disabled_optimizers
-from pipeline.runtime.ort.session_cache import RecordingOptions, open_session
 from pipeline.runtime.ort.session_graph import rewrites, runnable_model
 from pipeline.settings import Settings
 
@@ -40,20 +39,15 @@ class OnnxRuntimeExecutor:
         plugins = bool(plugin_nodes(model))
         if plugins:  # imported only for such a graph: the plugin machinery costs 0.3-1 s of imports (sympy)
             from pipeline.runtime.plugins import PluginSession, prepare_onnxruntime
-        large = external_bytes(model) > settings.external_data_threshold
         prepack = settings.ort_prepack_weights
         if prepack is None:
             # off for the weights of a large model (mapped, not copied twice); a loaded artifact's graph keeps its
             # weights outside too, whatever their size, and runs as the converted module did: prepacked under the
             # threshold (on this CPU, 1.3x faster decode steps and 1.8x faster prefill of a small Llama)
-            prepack = not large
-        # ONNX Runtime's optimized graph of a loaded artifact is kept per machine (pipeline.runtime.ort.session_cache);
-        # not for plugin graphs, nor for a large model: building the entry has ONNX Runtime write the weights out once
-        # more and reads them twice, twice the model in pages, to save 0.03-0.1 s
-        cache_dir = None if plugins or large else settings.cache_dir
+            prepack = external_bytes(model) <= settings.external_data_threshold
 
         def create() -> ort.InferenceSession:
-            options = RecordingOptions()  # ort.SessionOptions that remember their entries: the session cache's key
+            options = ort.SessionOptions()
             options.log_severity_level = 3
             if settings.ort_intra_op_threads is not None:
                 options.intra_op_num_threads = settings.ort_intra_op_threads
@@ -66,13 +60,15 @@ class OnnxRuntimeExecutor:
             configure_int4(model, options, settings)  # MatMulNBits at an exact accuracy level
             if plugins:
                 prepare_onnxruntime(model, options)  # plugin nodes: their CPU references (onnxruntime-extensions)
-            session = open_session(
-                model,
+            # no cache of ONNX Runtime's optimized graph across processes: measured on a loaded 226 MB Llama step,
+            # it saved 0.02-0.03 s per load and cost 1 s of CPU to build once per artifact, settings and machine;
+            # prepacking (0.25 s of the session's 0.3 s) cannot be saved in ONNX Runtime 1.32, whose saved prepacked
+            # weights are packed again to be found (tests/pipeline/test_session_cache.py; the cache: commit d1102e6)
+            session = ort.InferenceSession(
                 ort_session_bytes(model, options, prepack),
-                options,
-                settings.ort_providers,
-                disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
-                cache_dir,
+                sess_options=options,
+                providers=list(settings.ort_providers),
+                disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
             )
             pairs = cache_pairs(model)  # a grouped-attention step: run() returns the whole cache, as module.onnx
             return AliasedCacheSession(session, pairs) if pairs else session
