@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import torch
+from rtx_build import assert_builds
 
 import pipeline
 from converters.settings import Settings
 from passes.sibling_matmuls import MergeSiblingMatMuls
-from rtx_build import assert_builds
 
 
 class Block(torch.nn.Module):
