@@ -2,19 +2,21 @@
 
 The step graph is first validated like any graph (against the same step in PyTorch, which shares the step's cache
 code and so cannot catch a wrong cache write, mask or position). Then :func:`validate_decoding` decodes with the
-converted step and with the model's own ``model.generate`` (its ``DynamicCache``, greedy, float32) on:
+converted step and with the model's own ``model.generate`` (its ``DynamicCache``, greedy, float32) in two runs:
 
-- the sample prompt,
-- ``validation_inputs`` prompts drawn at random (seeded by ``seed``; distinct lengths, ids anywhere in the
-  vocabulary),
-- a left-padded batch of up to 3 prompts of different lengths (when ``max_batch`` >= 2),
+- the sample prompt, as given (its first ``max_batch`` rows);
+- the drawn prompts in one left-padded batch (several when there are more than ``max_batch``): ``validation_inputs``
+  of them, at least 3 (at most ``max_batch``) when ``max_batch`` >= 2 so that a padded batch is always decoded;
+  drawn at random (seeded by ``seed``; distinct lengths, ids anywhere in the vocabulary);
 
 and judges the logits of the prefill and of ``generation.validation_steps`` decode steps (the graph fed the tokens
 PyTorch chose) by the accuracy policy: the tolerance of the type the graph computes in, anchored to PyTorch's own
 error in that type (float32 graphs: PyTorch in float64; half graphs: PyTorch in that half type) on a prompt where the
-fixed tolerance fails. On the sample it also lets the step decode greedily on its own for up to 32 tokens and counts
-the tokens equal to ``model.generate``'s (:attr:`DecodingAccuracy.greedy`): fp16 may diverge after a near tie, which
-the count shows and the per-step verdict does not fail.
+fixed tolerance fails. On the sample the step decodes greedily on its own for up to 16 tokens and the tokens equal to
+``model.generate``'s are counted (:attr:`DecodingAccuracy.greedy`): fp16 may diverge after a near tie, which the
+count shows and the per-step verdict does not fail. That run is also the sample's teacher-forced one whenever its
+tokens are PyTorch's through the judged steps (the same inputs, so the same logits): the prefill and the steps are
+computed once; only a run that diverges earlier is decoded again, fed PyTorch's tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,10 +43,25 @@ from pipeline.settings import Settings
 from pipeline.validation.decoding import StepJudge, raise_decoding_error
 
 #: New tokens the converted step decodes greedily on its own on the sample (fewer when the cache is smaller).
-GREEDY_TOKENS = 32
+GREEDY_TOKENS = 16
 
-#: (label, input_ids, attention_mask) of one decoding.
-Prompt = tuple[str, torch.Tensor, torch.Tensor]
+#: Rows of the left-padded batch of drawn prompts when ``max_batch`` allows it, however few are asked for.
+PADDED_ROWS = 3
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One decoding run: ``input_ids`` and ``attention_mask`` [rows, width] (drawn rows left-padded with the pad
+    id), and how the report names it."""
+
+    label: str
+    ids: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens over every row, padding not counted."""
+        return int(self.mask.sum())
 
 
 def validate_decoding(
@@ -68,13 +86,17 @@ def validate_decoding(
     prompts = _prompts(_sample_ids(sample), settings, _vocabulary(io), steps)
     judge = StepJudge(judged.tolerance)
     anchor_notes: set[str] = set()
-    greedy, first = 0, -1
-    greedy_tokens = max(1, min(greedy_tokens, generation.max_length - prompts[0][1].shape[1]))
+    greedy = _Greedy()
+    greedy_tokens = max(1, min(greedy_tokens, generation.max_length - prompts[0].ids.shape[1]))
     with _greedy_only(model), eval_mode(model, warn=False):
-        for index, (_, ids, mask) in enumerate(prompts):
+        for index, prompt in enumerate(prompts):
+            ids, mask = prompt.ids, prompt.mask
             new = max(steps + 1, greedy_tokens) if index == 0 else steps + 1
             chosen, expected = _torch_generate(model, ids, mask, new, generation.pad_token_id)
-            actual, _ = _decode(runner, settings, ids, mask, steps + 1, chosen)
+            if index == 0:
+                actual = greedy.decode(runner, settings, prompt, chosen, steps, greedy_tokens)
+            else:
+                actual, _ = _decode(runner, settings, ids, mask, steps + 1, chosen)
             anchor: list[np.ndarray] | None = None
             for step, got in enumerate(actual):
                 want = expected[:, step].numpy()
@@ -85,26 +107,48 @@ def validate_decoding(
                     if anchor:
                         tolerance = anchored_tolerance(judged.tolerance, want, anchor[step], judged.anchor)[0]
                 judge.add(step, got, want, tolerance)
-            if index == 0:
-                _, own = _decode(runner, settings, ids, mask, greedy_tokens, None)
-                same = own == chosen[:, :greedy_tokens]
-                greedy = int(same.sum())
-                first = int((~same).any(0).float().argmax()) if not bool(same.all()) else -1
+    rows = sum(p.ids.shape[0] for p in prompts)
     report = DecodingAccuracy(
-        prompts=tuple(label for label, _, _ in prompts),
+        prompts=tuple(p.label for p in prompts),
         steps=steps,
         computed_in=judged.computed_in,
         tolerance={k: float(v) for k, v in vars(judged.tolerance).items() if isinstance(v, float)},
         per_step=judge.results(),
-        greedy=greedy,
-        greedy_tokens=greedy_tokens * prompts[0][1].shape[0],
-        first_divergence=first,
+        greedy=greedy.same,
+        greedy_tokens=greedy_tokens * prompts[0].ids.shape[0],
+        first_divergence=greedy.first,
         precision=settings.precision,
         note="; ".join(sorted(anchor_notes)),
+        rows=rows,
+        prompt_tokens=sum(p.tokens for p in prompts),
+        logits_judged=rows * (steps + 1),
+        greedy_reused=greedy.reused,
     )
     if not report.passed:
         raise_decoding_error(report)
     return report
+
+
+class _Greedy:
+    """The sample's run: the step decoding greedily on its own, its tokens counted against PyTorch's, and its
+    logits those of the teacher-forced run whenever its tokens are PyTorch's through the judged steps."""
+
+    def __init__(self) -> None:
+        self.same, self.first, self.reused = 0, -1, False
+
+    def decode(
+        self, runner: StepRunner, settings: Settings, prompt: Prompt, chosen: torch.Tensor, steps: int, tokens: int
+    ) -> list[np.ndarray]:
+        """The logits of the prefill and ``steps`` decode steps, fed ``chosen`` [rows, >= steps]; counts the first
+        ``tokens`` greedy tokens."""
+        logits, own = _decode(runner, settings, prompt.ids, prompt.mask, max(tokens, steps + 1), None)
+        same = own[:, :tokens] == chosen[:, :tokens]
+        self.same = int(same.sum())
+        self.first = int((~same).any(0).float().argmax()) if not bool(same.all()) else -1
+        self.reused = bool((own[:, :steps] == chosen[:, :steps]).all())
+        if self.reused:  # each judged step was fed exactly PyTorch's tokens: these are the teacher-forced logits
+            return logits[: steps + 1]
+        return _decode(runner, settings, prompt.ids, prompt.mask, steps + 1, chosen)[0]
 
 
 def _sample_ids(sample: Any) -> torch.Tensor:
@@ -120,28 +164,32 @@ def _vocabulary(io: IOSpec) -> int:
 
 
 def _prompts(sample: torch.Tensor, settings: Settings, vocabulary: int, steps: int) -> list[Prompt]:
-    """The sample, ``validation_inputs`` drawn prompts of distinct lengths, and a left-padded batch."""
+    """The sample, then the drawn prompts (distinct lengths) in left-padded batches of up to ``max_batch`` rows."""
     generation = settings.generation
     assert generation is not None
     longest = max(1, generation.max_length - max(steps, 1))
     ids = sample[: generation.max_batch, :longest]
-    prompts: list[Prompt] = [(f"sample {ids.shape[0]}x{ids.shape[1]}", ids, torch.ones_like(ids))]
+    prompts = [Prompt(f"sample {ids.shape[0]}x{ids.shape[1]}", ids, torch.ones_like(ids))]
     generator = torch.Generator().manual_seed(settings.seed)
-    count = min(settings.validation_inputs, longest)
-    lengths = (torch.randperm(longest, generator=generator)[:count] + 1).tolist()
-    for length in lengths:
-        drawn = torch.randint(0, vocabulary, (1, length), generator=generator)
-        prompts.append((f"drawn 1x{length}", drawn, torch.ones_like(drawn)))
-    rows = min(3, generation.max_batch)
-    if rows >= 2 and longest >= rows:
-        width = int(torch.randint(rows, longest + 1, (1,), generator=generator))
-        batch = torch.randint(0, vocabulary, (rows, width), generator=generator)
-        mask = torch.ones_like(batch)
-        for row in range(1, rows):  # rows 1.. are shorter, padded on the left
-            mask[row, : int(torch.randint(1, width, (1,), generator=generator))] = 0
-        pad = generation.pad_token_id if generation.pad_token_id is not None else 0
-        prompts.append((f"left-padded {rows}x{width}", batch.masked_fill(mask == 0, pad), mask))
+    count = settings.validation_inputs
+    if generation.max_batch >= 2:  # a padded batch always: only left padding shows a mask that ignores it
+        count = max(count, min(PADDED_ROWS, generation.max_batch))
+    lengths = (torch.randperm(longest, generator=generator)[: min(count, longest)] + 1).tolist()
+    pad = generation.pad_token_id if generation.pad_token_id is not None else 0
+    for start in range(0, len(lengths), generation.max_batch):
+        prompts.append(_padded_batch(lengths[start : start + generation.max_batch], vocabulary, pad, generator))
     return prompts
+
+
+def _padded_batch(lengths: list[int], vocabulary: int, pad: int, generator: torch.Generator) -> Prompt:
+    """Prompts of ``lengths`` tokens drawn from the vocabulary, left-padded with ``pad`` into one batch."""
+    width = max(lengths)
+    ids = torch.randint(0, vocabulary, (len(lengths), width), generator=generator)
+    mask = (torch.arange(width) >= width - torch.tensor(lengths).unsqueeze(1)).to(torch.int64)
+    if len(lengths) == 1:
+        return Prompt(f"drawn 1x{width}", ids, mask)
+    label = f"left-padded {len(lengths)}x{width} (drawn, {'/'.join(map(str, lengths))} tokens)"
+    return Prompt(label, ids.masked_fill(mask == 0, pad), mask)
 
 
 @contextlib.contextmanager

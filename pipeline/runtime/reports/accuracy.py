@@ -59,10 +59,14 @@ class StepAccuracy:
 class DecodingAccuracy:
     """Per-step logits of whole decodings against PyTorch with its own cache, and greedy token identity.
 
-    ``prompts`` describes each decoding compared (``"sample 1x6"``, ``"drawn 1x11"``, ``"left-padded 3x9"``);
-    ``steps`` is the number of decode steps judged after the prefill; ``greedy`` counts the tokens the converted step
-    chose (decoding on its own, greedy) equal to PyTorch float32 ``model.generate``'s, of ``greedy_tokens``, on the
-    sample; ``first_divergence`` is the first new token where they differ (-1: none)."""
+    ``prompts`` describes each decoding run compared (``"sample 1x6"``, ``"drawn 1x11"``, ``"left-padded 3x9
+    (drawn, 9/4/2 tokens)"``: one batch of drawn prompts); ``steps`` is the number of decode steps judged after the
+    prefill; ``rows`` the prompts decoded (the rows of every run), ``prompt_tokens`` their tokens (padding not
+    counted) and ``logits_judged`` the logit vectors judged (``rows * (steps + 1)``); ``greedy`` counts the tokens
+    the converted step chose (decoding on its own, greedy) equal to PyTorch float32 ``model.generate``'s, of
+    ``greedy_tokens``, on the sample; ``first_divergence`` is the first new token where they differ (-1: none);
+    ``greedy_reused`` says that run was also the sample's judged one (its tokens were PyTorch's through the judged
+    steps, so its logits are the teacher-forced ones). Reports saved before ``rows`` existed hold 0 there."""
 
     prompts: tuple[str, ...]
     steps: int
@@ -75,6 +79,10 @@ class DecodingAccuracy:
     precision: str = "fp32"
     note: str = ""
     rule: str = DECODING_RULE
+    rows: int = 0
+    prompt_tokens: int = 0
+    logits_judged: int = 0
+    greedy_reused: bool = False
 
     @property
     def passed(self) -> bool:
@@ -89,9 +97,20 @@ class DecodingAccuracy:
     def greedy_line(self) -> str:
         """``"fp16: 29/32 greedy tokens identical to PyTorch fp32 model.generate"``."""
         where = "" if self.first_divergence < 0 else f" (first divergence at new token {self.first_divergence})"
+        reused = " (the same run gave the sample's judged logits)" if self.greedy_reused else ""
         return (
             f"{self.precision}: {self.greedy}/{self.greedy_tokens} greedy tokens identical to PyTorch fp32 "
-            f"model.generate{where}"
+            f"model.generate{where}{reused}"
+        )
+
+    def runs_text(self) -> str:
+        """``"4 prompts in 2 runs (sample 1x6, left-padded 3x9 (drawn, 9/4/2 tokens)): 21 prompt tokens, 36 logit
+        vectors judged"`` (a report saved before ``rows`` existed: ``"3 prompts (...)"``)."""
+        if not self.rows:
+            return f"{len(self.prompts)} prompts ({', '.join(self.prompts)})"
+        return (
+            f"{self.rows} prompts in {len(self.prompts)} runs ({', '.join(self.prompts)}): {self.prompt_tokens} prompt "
+            f"tokens, {self.logits_judged} logit vectors judged"
         )
 
     def summary_lines(self) -> list[str]:
@@ -99,8 +118,8 @@ class DecodingAccuracy:
         worst = self.worst_step
         lines = [
             f"decoding  {'PASS' if self.passed else 'FAIL'}: per-step logits against PyTorch generate (DynamicCache), "
-            f"prefill + {self.steps} decode steps on {len(self.prompts)} prompts ({', '.join(self.prompts)}); judged "
-            f"as {self.computed_in}; worst step {worst.step}: max abs {worst.max_abs:.2e}, max rel {worst.max_rel:.2e}",
+            f"prefill + {self.steps} decode steps on {self.runs_text()}; judged as {self.computed_in}; worst step "
+            f"{worst.step}: max abs {worst.max_abs:.2e}, max rel {worst.max_rel:.2e}",
             *(s.line() for s in self.per_step),
             f"          {self.greedy_line()}",
         ]

@@ -96,18 +96,26 @@ def test_step_graph_holds_the_static_cache_form(step: GenerativeModule) -> None:
 
 
 def test_validation_judges_whole_decodings_against_the_models_own_cache(step: GenerativeModule) -> None:
-    """The conversion's validation decoded the sample, a drawn prompt and a left-padded batch with transformers'
-    own generate (DynamicCache) and judged the prefill and 8 decode steps' logits; the greedy count is reported."""
+    """The conversion's validation decoded the sample and a left-padded batch of 3 drawn prompts (validation_inputs=1,
+    but a padded batch always has 3 rows when max_batch allows) with transformers' own generate (DynamicCache) and
+    judged the prefill and 8 decode steps' logits; the greedy count is reported, and its run gave the sample's judged
+    logits (the same tokens)."""
     assert step.report.accuracy is not None
     decoding = step.report.accuracy.decoding
     assert decoding is not None and decoding.passed
-    assert decoding.prompts[0] == "sample 1x6" and decoding.prompts[-1].startswith("left-padded 3x")
-    assert any(p.startswith("drawn 1x") for p in decoding.prompts)
+    assert len(decoding.prompts) == 2
+    assert decoding.prompts[0] == "sample 1x6" and decoding.prompts[1].startswith("left-padded 3x")
+    lengths = [int(n) for n in decoding.prompts[1].split("drawn, ")[1].split(" tokens")[0].split("/")]
+    assert len(set(lengths)) == 3 and decoding.prompts[1].startswith(f"left-padded 3x{max(lengths)} ")
+    assert (decoding.rows, decoding.prompt_tokens, decoding.logits_judged) == (4, 6 + sum(lengths), 4 * 9)
     assert [s.step for s in decoding.per_step] == list(range(9))
     assert decoding.computed_in == "float32" and decoding.worst_step.max_abs < 1e-5
-    assert (decoding.greedy, decoding.greedy_tokens) == (32, 32)
+    assert (decoding.greedy, decoding.greedy_tokens, decoding.greedy_reused) == (16, 16, True)
     summary = step.report.summary()
-    assert "decoding  PASS" in summary and "fp32: 32/32 greedy tokens identical to PyTorch fp32" in summary
+    assert "decoding  PASS" in summary and "fp32: 16/16 greedy tokens identical to PyTorch fp32" in summary
+    assert (
+        f"on 4 prompts in 2 runs (sample 1x6, {decoding.prompts[1]}): {decoding.prompt_tokens} prompt tokens" in summary
+    )
     loaded = type(step.report).from_dict(step.report.to_dict())
     assert loaded.accuracy is not None and loaded.accuracy.decoding == decoding
 
@@ -116,7 +124,7 @@ def test_decoding_validation_fails_a_perturbed_weight_and_a_wrong_mask(
     step: GenerativeModule, llama: transformers.LlamaForCausalLM
 ) -> None:
     """Planted errors: one weight of the graph 1% off, and a runner that drops the left padding from the mask
-    (only the left-padded batch can show it): both are AccuracyErrors of the decoding validation."""
+    (only the left-padded batch of drawn prompts can show it): both are AccuracyErrors of the decoding validation."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -156,6 +164,81 @@ def test_decoding_validation_fails_a_perturbed_weight_and_a_wrong_mask(
     assert "step 0" in str(error.value)
     single = dataclasses.replace(settings, generation=dataclasses.replace(short, max_batch=1))
     assert validate_decoding(llama, None, step.io, ids, single, NoPadding(), greedy_tokens=1).passed  # unseen
+
+
+class CountingRunner:
+    """The step's runner, recording each decoding run: its rows, its prompt width and its step calls."""
+
+    def __init__(self, step: GenerativeModule, perturb_from: int | None = None) -> None:
+        self.runner = step.runner()
+        self.runs: list[list[int]] = []  # per run: [rows, width of the first call, calls]
+        self.perturb_from = perturb_from  # from this call of the first run on, its logits are nudged
+
+    def start(self, batch: int) -> None:
+        self.runner.start(batch)
+        self.runs.append([batch, 0, 0])
+
+    def run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past: int) -> torch.Tensor:
+        run = self.runs[-1]
+        run[1] = run[1] or ids.shape[1]
+        run[2] += 1
+        logits = self.runner.run(ids, mask, positions, past)
+        if self.perturb_from is not None and len(self.runs) == 1 and run[2] > self.perturb_from:
+            logits = logits.clone()
+            logits[:, 7] += 1e3  # the greedy choice becomes token 7 (teacher-forced runs feed PyTorch's tokens)
+        return logits
+
+
+def test_validation_decodes_the_sample_once_and_the_drawn_prompts_in_one_batch(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    """The work the validation does, run by run: the sample decoded once (16 greedy tokens: its prefill and first
+    8 steps are the judged teacher-forced ones), the drawn prompts in one left-padded batch (prefill and 8 steps);
+    more drawn prompts than max_batch go in several batches, and max_batch=1 decodes each alone, unpadded."""
+    from pipeline.generation.validation import validate_decoding
+
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(1))
+    runner = CountingRunner(step)
+    report = validate_decoding(llama, None, step.io, ids, step.settings, runner)
+    lengths = [int(n) for n in report.prompts[1].split("drawn, ")[1].split(" tokens")[0].split("/")]
+    assert runner.runs == [[1, 6, 1 + 15], [3, max(lengths), 1 + 8]]
+    assert report.greedy_reused and (report.greedy, report.greedy_tokens) == (16, 16)
+
+    many = dataclasses.replace(step.settings, validation_inputs=5)
+    runner = CountingRunner(step)
+    report = validate_decoding(llama, None, step.io, ids, many, runner)
+    assert [r[0] for r in runner.runs] == [1, 3, 2] and report.rows == 6 and report.logits_judged == 6 * 9
+    assert report.prompts[2].startswith("left-padded 2x")
+    widths = [int(p.split("x")[1].split(" ")[0]) for p in report.prompts[1:]]
+    assert [r[1] for r in runner.runs[1:]] == widths and max(widths) <= 48 - 8  # room for the judged steps
+
+    single = dataclasses.replace(
+        step.settings, validation_inputs=2, generation=dataclasses.replace(step.generation, max_batch=1)
+    )
+    runner = CountingRunner(step)
+    report = validate_decoding(llama, None, step.io, ids, single, runner)
+    assert [r[0] for r in runner.runs] == [1, 1, 1] and all(p.startswith("drawn 1x") for p in report.prompts[1:])
+
+
+def test_a_sample_that_diverges_within_the_judged_steps_is_decoded_again_fed_pytorchs_tokens(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    """The greedy run stands for the teacher-forced one only while its tokens are PyTorch's: when its own choice
+    departs at step 4 (planted in that run alone), the sample is decoded again fed PyTorch's tokens and the judged
+    logits are that run's (exact: it passes); a departure after the judged steps is only counted."""
+    from pipeline.generation.validation import validate_decoding
+
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(1))
+    settings = dataclasses.replace(step.settings, validation_inputs=0)
+    early = CountingRunner(step, perturb_from=4)  # the first run's calls 5.. (steps 4..) choose token 7
+    report = validate_decoding(llama, None, step.io, ids, settings, early)
+    assert report.passed and not report.greedy_reused and report.first_divergence == 4 and report.greedy < 16
+    assert [r[2] for r in early.runs] == [16, 9, 9]  # greedy, the sample again teacher-forced, the drawn batch
+    assert "(the same run gave" not in report.greedy_line()
+    late = CountingRunner(step, perturb_from=12)  # beyond the prefill and 8 judged steps: only the count shows it
+    report = validate_decoding(llama, None, step.io, ids, settings, late)
+    assert report.passed and report.greedy_reused and report.first_divergence == 12 and report.greedy < 16
+    assert [r[2] for r in late.runs] == [16, 9]
 
 
 def test_greedy_is_token_identical_to_transformers(
@@ -273,8 +356,8 @@ def test_tensorrt_rtx_builds_the_fp16_step_with_two_profiles(llama: transformers
     decoding = module.report.accuracy.decoding
     assert decoding is not None and decoding.passed and decoding.computed_in == "float16"
     assert decoding.tolerance["rms"] > 0  # the low-precision rule, not float32's
-    assert decoding.greedy >= 24 and decoding.greedy_tokens == 26  # 32 capped by the cache: 32 - 6 prompt tokens
-    assert f"fp16: {decoding.greedy}/26 greedy tokens identical to PyTorch fp32" in module.report.summary()
+    assert decoding.greedy >= 14 and decoding.greedy_tokens == 16
+    assert f"fp16: {decoding.greedy}/16 greedy tokens identical to PyTorch fp32" in module.report.summary()
     assert [[(r.name, r.min, r.opt, r.max) for r in p] for p in module.settings.profiles] == [
         [("sequence", 1, 16, 16)],
         [("sequence", 1, 1, 1)],
