@@ -20,6 +20,12 @@ is known from the static shapes and arguments alone, the same computation writte
   where PyTorch raises on the data, the loss is NaN there (and in a mean or sum over it). The same values
   elsewhere.
 
+- ``Tensor.to`` that changes nothing (the tensor already has that dtype and device, no copy asked): the tensor
+  itself, as PyTorch returns it eagerly. Traced, each such call is a conversion node and a dtype assertion that
+  every later stage of the export carries until the optimizer drops the no-op cast: a float32 RMSNorm converts its
+  input to float32 and back, twice per decoder layer (a fifth of the nodes torch.export traces of a cached Llama
+  step, and of the time the exporter's decompositions take).
+
 Anything else (weights, empty results, complex input or output) is left to PyTorch, and fails or exports as before.
 """
 
@@ -150,7 +156,24 @@ def _gaussian_nll_loss(  # noqa: PLR0913 -- the functional's own signature
     return loss.sum() if reduction == "sum" else loss
 
 
+def _unchanged_to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    """``tensor`` when ``tensor.to(*args, **kwargs)`` would return it unchanged (eagerly: the same object)."""
+    if not isinstance(tensor, torch.Tensor) or kwargs.get("copy") or any(isinstance(a, torch.Tensor) for a in args):
+        return NotImplemented
+    options = {k: v for k, v in kwargs.items() if k not in ("copy", "non_blocking")}
+    try:
+        device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **options)
+    except (TypeError, RuntimeError):  # arguments PyTorch rejects: let it say so
+        return NotImplemented
+    if memory_format not in (None, torch.preserve_format) or (dtype is not None and dtype != tensor.dtype):
+        return NotImplemented
+    if device is not None and torch.device(device) != tensor.device:
+        return NotImplemented
+    return tensor
+
+
 _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
+    torch.Tensor.to: _unchanged_to,
     torch.cov: _cov,
     torch.Tensor.cov: _cov,
     torch.corrcoef: _corrcoef,
@@ -173,7 +196,8 @@ class _StaticComposites(TorchFunctionMode):
         if replacement is not None:
             result = replacement(*args, **kwargs)
             if result is not NotImplemented:
-                logger.debug("%s traced through its static form", getattr(func, "__name__", func))
+                if replacement is not _unchanged_to:  # one per layer of a model: not worth a line each
+                    logger.debug("%s traced through its static form", getattr(func, "__name__", func))
                 return result
         return func(*args, **kwargs)
 

@@ -24,6 +24,7 @@ from pipeline.exporting import errors as export_errors
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.exact_identities import exact_identity_constants
 from pipeline.exporting.io_names import name_dynamic_dims, rename_io
+from pipeline.exporting.local_decompositions import local_decompositions
 from pipeline.exporting.module_to import unchanged_module_to_is_free
 from pipeline.exporting.moe_dispatch import dense_expert_dispatch
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
@@ -203,7 +204,12 @@ def _torch_export(
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
         try:
-            with reused_translation_table(), linear_multi_output_matching(), exact_identity_constants():
+            with (
+                reused_translation_table(),
+                linear_multi_output_matching(),
+                exact_identity_constants(),
+                local_decompositions(),
+            ):
                 program = torch.onnx.export(
                     exported,
                     args,

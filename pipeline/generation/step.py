@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,8 +51,8 @@ class StepCacheLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Write the step's keys and values at ``past_length``; the whole static cache comes back."""
-        self.keys = ops.kv_write(self.keys, key_states.to(self.keys.dtype), self.past_length)
-        self.values = ops.kv_write(self.values, value_states.to(self.values.dtype), self.past_length)
+        self.keys = ops.kv_write(self.keys, _as_type(key_states, self.keys.dtype), self.past_length)
+        self.values = ops.kv_write(self.values, _as_type(value_states, self.values.dtype), self.past_length)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -74,11 +75,48 @@ class StepCache(Cache):
         super().__init__(layers=list(layers))
 
 
+def _as_type(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``; not converted when it is already (the export would trace a no-op ``to`` and its
+    dtype assertion, in every layer)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+#: The masks :func:`step_mask` built (by ``id``, while they live), which already let every query see its own
+#: position, so that ``step_attention`` adds nothing: built once per step, they spare every layer the same
+#: comparison (and the export its trace). Not a WeakSet: its lookup compares live tensors with ``==``.
+_SELF_ATTENDING: dict[int, weakref.ref[torch.Tensor]] = {}
+
+
+def _mark_self_attending(mask: torch.Tensor) -> None:
+    key = id(mask)
+    _SELF_ATTENDING[key] = weakref.ref(mask, lambda _: _SELF_ATTENDING.pop(key, None))
+
+
+def _is_self_attending(mask: torch.Tensor) -> bool:
+    kept = _SELF_ATTENDING.get(id(mask))
+    return kept is not None and kept() is mask
+
+
 def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """transformers' boolean SDPA mask, always built (never skipped for ``is_causal``: the step's query is not
-    aligned with the start of the keys)."""
+    aligned with the start of the keys), in which every query also sees its own position (see
+    :func:`step_attention`)."""
     kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
+    mask = sdpa_mask(*args, **kwargs)
+    sizes = [kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")]
+    if (
+        not isinstance(mask, torch.Tensor)
+        or mask.dtype != torch.bool
+        or mask.dim() != 4
+        or any(size is None for size in sizes)
+    ):
+        return mask
+    q_length, kv_length, q_offset, kv_offset = sizes
+    queries = torch.arange(q_length, device=mask.device) + q_offset
+    keys = torch.arange(kv_length, device=mask.device) + kv_offset
+    mask = mask | (keys.view(1, 1, 1, -1) == queries.view(1, 1, -1, 1))
+    _mark_self_attending(mask)
+    return mask
 
 
 def step_attention(
@@ -94,12 +132,13 @@ def step_attention(
     """The ``AttentionInterface`` function of the step: ``pipeline_generation::attention`` over the static cache.
 
     Every query also attends to its own position, so that the rows of padding tokens (masked everywhere else) stay
-    finite: their outputs are never attended to, but a NaN there would reach later layers' cache entries."""
+    finite: their outputs are never attended to, but a NaN there would reach later layers' cache entries. A mask
+    :func:`step_mask` built has that already; another one (the model's own) gets it here."""
     if attention_mask is None or attention_mask.dtype != torch.bool:
         raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
     past = kwargs.get("_past_length")
     steps, capacity = query.shape[2], key.shape[2]
-    if isinstance(past, torch.Tensor):
+    if isinstance(past, torch.Tensor) and not _is_self_attending(attention_mask):
         own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
         attention_mask = attention_mask | own
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
