@@ -103,15 +103,19 @@ def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     :func:`step_attention`)."""
     kwargs["allow_is_causal_skip"] = False
     mask = sdpa_mask(*args, **kwargs)
-    sizes = [kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")]
+    q_length, kv_length, q_offset, kv_offset = (
+        kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")
+    )
     if (
         not isinstance(mask, torch.Tensor)
         or mask.dtype != torch.bool
         or mask.dim() != 4
-        or any(size is None for size in sizes)
+        or q_length is None
+        or kv_length is None
+        or q_offset is None
+        or kv_offset is None
     ):
         return mask
-    q_length, kv_length, q_offset, kv_offset = sizes
     queries = torch.arange(q_length, device=mask.device) + q_offset
     keys = torch.arange(kv_length, device=mask.device) + kv_offset
     mask = mask | (keys.view(1, 1, 1, -1) == queries.view(1, 1, -1, 1))
