@@ -73,6 +73,9 @@ class OrtBoundRunner:
         self.writes: list[Any] = []
         self.read_arrays: list[np.ndarray] = []
         self.write_arrays: list[np.ndarray] = []
+        self._bound: tuple[list[Any], list[Any]] | None = None  # the cache buffers the binding holds
+        self._logits: tuple[np.ndarray, Any] | None = None  # the bound logits buffer and its OrtValue
+        self._vocabulary = _static_tail(session, "logits")
 
     def start(self, batch: int) -> None:
         """Zeroed ``OrtValue`` buffers for ``batch`` rows (one set when aliased, two otherwise)."""
@@ -134,20 +137,45 @@ class OrtBoundRunner:
         reads: list[Any],
         writes: list[Any],
     ) -> torch.Tensor:
+        """One run; the cache buffers (and a logits buffer of [batch, *vocabulary], when the logits' other
+        dimensions are static) stay bound across the steps that use the same ones, so that a decode step binds
+        only its four small inputs."""
+        import onnxruntime as ort
+
         binding = self.binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
+        batch = int(input_ids.shape[0])
+        if self._bound is None or self._bound[0] is not reads or self._bound[1] is not writes:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+            for name, value in zip(self.layout.names, reads, strict=True):
+                binding.bind_ortvalue_input(name, value)
+            for name, value in zip(self.layout.present_names, writes, strict=True):
+                binding.bind_ortvalue_output(name, value)
+            self._bound, self._logits = (reads, writes), None
+        if self._vocabulary is not None and (self._logits is None or self._logits[0].shape[0] != batch):
+            buffer = np.empty((batch, *self._vocabulary), np.float32)
+            self._logits = (buffer, ort.OrtValue.ortvalue_from_numpy(buffer))
+            binding.bind_ortvalue_output("logits", self._logits[1])
+        elif self._vocabulary is None:
+            binding.bind_output("logits")
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask.numpy()))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
         binding.bind_cpu_input("past_length", np.array(past_length, dtype=np.int64))
-        for name, value in zip(self.layout.names, reads, strict=True):
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits")
-        for name, value in zip(self.layout.present_names, writes, strict=True):
-            binding.bind_ortvalue_output(name, value)
         self.session.run_with_iobinding(binding)
-        return torch.from_numpy(binding.get_outputs()[0].numpy())
+        if self._logits is not None:
+            return torch.from_numpy(self._logits[0].copy())  # the buffer is written again by the next step
+        index = len(self.layout.present_names)  # bound after the cache outputs
+        return torch.from_numpy(binding.get_outputs()[index].numpy())
+
+
+def _static_tail(session: Any, name: str) -> tuple[int, ...] | None:
+    """The dimensions after the first (the batch) of the float32 output ``name``, when all are static."""
+    output = next((o for o in session.get_outputs() if o.name == name), None)
+    if output is None or output.type != "tensor(float)" or len(output.shape) < 2:
+        return None
+    tail = output.shape[1:]
+    return tuple(tail) if all(isinstance(d, int) for d in tail) else None
 
 
 def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, aliased: bool = True) -> StepRunner:

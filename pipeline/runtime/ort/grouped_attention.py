@@ -72,13 +72,13 @@ def grouped_attention_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    shapes = _static_shapes(out)
+    around = _Around(model)
     writes = {id(n) for t in triples for n in (t.key_write, t.value_write)}
     layers = {id(t.attention): (i, t) for i, t in enumerate(triples)}
     biases: dict[str, str] = {}
     nodes = _length_nodes()
     for node in model.graph.node:
-        if id(node) in writes:
+        if id(node) in writes or id(node) in around.skipped:
             continue
         if id(node) not in layers:
             nodes.append(node)
@@ -89,13 +89,42 @@ def grouped_attention_graph(model: onnx.ModelProto) -> onnx.ModelProto:
             bias = _bias_nodes(mask, len(biases))
             nodes.extend(bias)
             biases[mask] = bias[-1].output[0]
-        nodes.extend(_attention_nodes(triple, index, shapes, biases[mask]))
+        nodes.extend(_attention_nodes(triple, index, around, biases[mask]))
     del graph.node[:]
     graph.node.extend(nodes)
     _drop_dead_nodes(graph)
     if not any(o.domain == "com.microsoft" for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return out
+
+
+class _Around:
+    """What surrounds the attention nodes in the original graph: producers, consumers, shapes, and the nodes a
+    rewritten layer takes over (:attr:`skipped`: not copied into the new graph)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.producers = {o: n for n in model.graph.node for o in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in model.graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.outputs = {o.name for o in model.graph.output}
+        self.shapes = _shapes(model)
+        self.skipped: set[int] = set()
+
+    def only_consumer(self, name: str, op_type: str) -> onnx.NodeProto | None:
+        """The single node reading ``name`` when it is an ``op_type`` of the default domain (and ``name`` is not a
+        graph output)."""
+        readers = self.consumers.get(name, [])
+        if name in self.outputs or len(readers) != 1:
+            return None
+        node = readers[0]
+        return node if node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+    def producer(self, name: str, op_type: str) -> onnx.NodeProto | None:
+        """The node making ``name`` when it is an ``op_type`` of the default domain."""
+        node = self.producers.get(name)
+        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
 
 
 def _triples(model: onnx.ModelProto) -> list[_Triple]:
@@ -159,13 +188,28 @@ def _rank4(value: onnx.ValueInfoProto) -> bool:
     return len(dims) == 4 and all(d.HasField("dim_value") for d in dims[1:])
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
-    """Known dimensions of every named value (``None`` where symbolic)."""
-    out: dict[str, list[int | None]] = {}
+Dim = int | str | None
+"""A dimension: its size, its symbolic name, or ``None`` when unknown."""
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list[Dim]]:
+    """The dimensions of every named value with a recorded shape."""
+    out: dict[str, list[Dim]] = {}
     for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
         dims = value.type.tensor_type.shape.dim
-        out[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        out[value.name] = [
+            d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None for d in dims
+        ]
     return out
+
+
+def _size(dim: Dim) -> int | None:
+    return dim if isinstance(dim, int) else None
+
+
+def _same(a: Dim, b: Dim) -> bool:
+    """Two dimensions known to be equal (the same size, or the same symbolic name)."""
+    return a is not None and a == b
 
 
 def _const(name: str, values: Iterable[int] | np.ndarray, dtype: type = np.int64) -> onnx.NodeProto:
@@ -208,20 +252,25 @@ def _bias_nodes(mask: str, index: int) -> list[onnx.NodeProto]:
     ]
 
 
-def _attention_nodes(
-    triple: _Triple, index: int, shapes: dict[str, list[int | None]], bias: str
-) -> list[onnx.NodeProto]:
-    """The layer's ``GroupQueryAttention`` with the layout changes around it; its outputs keep the old names."""
+def _attention_nodes(triple: _Triple, index: int, around: _Around, bias: str) -> list[onnx.NodeProto]:
+    """The layer's ``GroupQueryAttention``; its outputs keep the old names.
+
+    The kernel takes queries, keys and values as [batch, steps, heads * dim] and returns that layout. Where the
+    model split its projections into heads itself (``Reshape`` to [batch, steps, heads, dim], ``Transpose``, and
+    perhaps ``RotaryEmbedding``), the kernel reads the projections as they are (the rotation applied to them in
+    its three-dimensional form); where the model merges the heads back (``Transpose``, ``Reshape`` to [batch,
+    steps, heads * dim]), the kernel's output takes the merged tensor's place. Anything else goes through a
+    ``Transpose`` and a ``Reshape`` each way."""
     p = f"{_PREFIX}/layer{index}"
+    shapes = around.shapes
     attention, key_write, value_write = triple.attention, triple.key_write, triple.value_write
     query = attention.input[0]
     past_key, new_key = key_write.input[0], key_write.input[1]
     past_value, new_value = value_write.input[0], value_write.input[1]
-    cache_shape = shapes[past_key]
-    kv_heads = cache_shape[1]
+    kv_heads = _size(shapes[past_key][1])
     query_shape = shapes.get(query) or []
-    heads = query_shape[1] if len(query_shape) == 4 else None
-    value_dim = (shapes.get(past_value) or [None] * 4)[3]
+    heads = _size(query_shape[1]) if len(query_shape) == 4 else None
+    value_dim = _size((shapes.get(past_value) or [None] * 4)[3])
     if heads is None or kv_heads is None or value_dim is None:
         raise ValueError(f"{attention.name}: the query's heads or the cache's dims are not static")
     attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
@@ -230,9 +279,16 @@ def _attention_nodes(
         gqa_attrs["scale"] = float(attrs["scale"])
     if float(attrs.get("softcap", 0.0)) > 0:
         gqa_attrs["softcap"] = float(attrs["softcap"])
-    nodes = [_const(f"{p}/flat", [0, 0, -1]), _const(f"{p}/split", [0, 0, int(heads), int(value_dim)])]
+    nodes: list[onnx.NodeProto] = []
     flat = []
-    for role, name in (("q", query), ("k", new_key), ("v", new_value)):
+    for role, name, count in (("q", query, heads), ("k", new_key, kv_heads), ("v", new_value, kv_heads)):
+        taken = _merged_heads_input(name, count, f"{p}/{role}", around)
+        if taken is not None:
+            nodes.extend(taken[0])
+            flat.append(taken[1])
+            continue
+        if not nodes or nodes[0].output[0] != f"{p}/flat":
+            nodes.insert(0, _const(f"{p}/flat", [0, 0, -1]))
         nodes.append(
             helper.make_node("Transpose", [name], [f"{p}/{role}_bsnh"], name=f"{p}/{role}_t", perm=[0, 2, 1, 3])
         )
@@ -240,21 +296,82 @@ def _attention_nodes(
             helper.make_node("Reshape", [f"{p}/{role}_bsnh", f"{p}/flat"], [f"{p}/{role}"], name=f"{p}/{role}")
         )
         flat.append(f"{p}/{role}")
+    merged = _merged_heads_output(attention, heads * value_dim, around)
     nodes.append(
         helper.make_node(
             "GroupQueryAttention",
             [*flat, past_key, past_value, f"{_PREFIX}/seqlens", f"{_PREFIX}/total", "", "", "", bias],
-            [f"{p}/out", key_write.output[0], value_write.output[0]],
+            [merged or f"{p}/out", key_write.output[0], value_write.output[0]],
             name=f"{p}/gqa",
             domain="com.microsoft",
             **gqa_attrs,
         )
     )
-    nodes.append(helper.make_node("Reshape", [f"{p}/out", f"{p}/split"], [f"{p}/out4"], name=f"{p}/out4"))
-    nodes.append(
-        helper.make_node("Transpose", [f"{p}/out4"], [attention.output[0]], name=f"{p}/out_t", perm=[0, 2, 1, 3])
-    )
+    if merged is None:
+        nodes.append(_const(f"{p}/split", [0, 0, int(heads), int(value_dim)]))
+        nodes.append(helper.make_node("Reshape", [f"{p}/out", f"{p}/split"], [f"{p}/out4"], name=f"{p}/out4"))
+        nodes.append(
+            helper.make_node("Transpose", [f"{p}/out4"], [attention.output[0]], name=f"{p}/out_t", perm=[0, 2, 1, 3])
+        )
     return nodes
+
+
+def _perm(node: onnx.NodeProto) -> list[int]:
+    return next((list(helper.get_attribute_value(a)) for a in node.attribute if a.name == "perm"), [])
+
+
+def _merged_heads_input(name: str, heads: int, out: str, around: _Around) -> tuple[list[onnx.NodeProto], str] | None:
+    """``name`` [batch, heads, steps, dim] as [batch, steps, heads * dim] without moving data, when the model made it
+    from such a tensor (``Reshape`` to [batch, steps, heads, dim], ``Transpose``), perhaps then rotated
+    (``RotaryEmbedding``, done again on the merged tensor with ``num_heads``): the nodes to add and the name."""
+    rotary = around.producer(name, "RotaryEmbedding")
+    transpose = around.producer(rotary.input[0] if rotary is not None else name, "Transpose")
+    if transpose is None or _perm(transpose) != [0, 2, 1, 3]:
+        return None
+    reshape = around.producer(transpose.input[0], "Reshape")
+    if reshape is None:
+        return None
+    source = reshape.input[0]
+    merged, split = around.shapes.get(source) or [], around.shapes.get(reshape.output[0]) or []
+    dim = _size(split[3]) if len(split) == 4 else None
+    if (
+        len(merged) != 3
+        or dim is None
+        or not (_same(merged[0], split[0]) and _same(merged[1], split[1]))
+        or _size(split[2]) != heads
+        or _size(merged[2]) != heads * dim
+    ):
+        return None
+    if rotary is None:
+        return [], source
+    attrs = {a.name: helper.get_attribute_value(a) for a in rotary.attribute}
+    if attrs.get("num_heads", heads) != heads:
+        return None
+    attrs["num_heads"] = heads
+    node = helper.make_node("RotaryEmbedding", [source, *rotary.input[1:]], [out], name=out, **attrs)
+    return [node], out
+
+
+def _merged_heads_output(attention: onnx.NodeProto, width: int, around: _Around) -> str | None:
+    """The name of the model's [batch, steps, heads * dim] merge of the attention's output (its only reader a
+    ``Transpose`` to [batch, steps, heads, dim], whose only reader a ``Reshape`` to the merged width), which the
+    kernel's own output replaces (the two nodes are skipped); ``None`` when the model does something else."""
+    transpose = around.only_consumer(attention.output[0], "Transpose")
+    if transpose is None or _perm(transpose) != [0, 2, 1, 3]:
+        return None
+    reshape = around.only_consumer(transpose.output[0], "Reshape")
+    if reshape is None or reshape.input[0] != transpose.output[0]:
+        return None
+    split, merged = around.shapes.get(transpose.output[0]) or [], around.shapes.get(reshape.output[0]) or []
+    if (
+        len(split) != 4
+        or len(merged) != 3
+        or not (_same(split[0], merged[0]) and _same(split[1], merged[1]))
+        or _size(merged[2]) != width
+    ):
+        return None
+    around.skipped.update((id(transpose), id(reshape)))
+    return reshape.output[0]
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:

@@ -1,6 +1,7 @@
 """The graph an ONNX Runtime session runs for a final graph: on the CPU, a float16/bfloat16 graph runs as its float32
 emulation, an FP8 or NVFP4 graph as its exact emulation, and an INT8 graph rewritten so that more of it runs in
-integer kernels; a cached decoder step runs its attention as ``GroupQueryAttention`` over the filled part of the cache.
+integer kernels; a cached decoder step runs its attention as ``GroupQueryAttention`` over the filled part of the
+cache, and its residual sums with their norms as ``SkipSimplifiedLayerNormalization``.
 ``module.onnx`` (TensorRT's graph) stays as it is; only the session sees these."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pipeline.runtime.ort.emulation import emulate_fp4, emulate_fp8, has_fp4, ha
 from pipeline.runtime.ort.grouped_attention import grouped_attention_graph, has_cached_attention, kernel_available
 from pipeline.runtime.ort.half_emulation import emulate_low_precision, has_low_precision
 from pipeline.runtime.ort.int8 import ort_int8_graph
+from pipeline.runtime.ort.skip_norm import skip_norm_graph
 from pipeline.settings import Settings
 
 
@@ -19,13 +21,15 @@ def runnable_model(model: onnx.ModelProto, backend: str, settings: Settings) -> 
     FP8 or NVFP4 graph's exact emulation (:mod:`pipeline.runtime.ort.emulation`), and an INT8 graph rewritten so that
     more of it runs in integer kernels (:mod:`pipeline.runtime.ort.int8`: the same quantization, plus the recorded
     convolution outputs with ``settings.ort_int8_conv_outputs="requantize"``), and a cached decoder step with
-    ``GroupQueryAttention`` (:mod:`pipeline.runtime.ort.grouped_attention`; ``settings.ort_grouped_attention``)."""
+    ``GroupQueryAttention`` (:mod:`pipeline.runtime.ort.grouped_attention`; ``settings.ort_grouped_attention``) and
+    ``SkipSimplifiedLayerNormalization`` (:mod:`pipeline.runtime.ort.skip_norm`)."""
     if backend != "onnxruntime":
         return model
     if rewrites(model, settings):
         model = _rewritten(model, settings)
     if grouped_attention(model, settings):
-        model = grouped_attention_graph(model)
+        model = grouped_attention_graph(model)  # a copy
+        model = skip_norm_graph(model)  # residual Add + RMSNormalization as one kernel, on that copy
     return model
 
 

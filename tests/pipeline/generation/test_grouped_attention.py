@@ -77,6 +77,40 @@ def test_session_runs_group_query_attention_and_module_onnx_stays_standard(step:
     assert ops(runnable_model(step.onnx, "onnxruntime", on_gpu))["GroupQueryAttention"] == 0
 
 
+def test_the_kernel_reads_the_projections_and_feeds_the_output_projection_directly(step: GenerativeModule) -> None:
+    """No head split and merge around the kernel: its query and key are the projections rotated in their
+    [batch, steps, heads * dim] form, its value is the projection itself, and its output is what ``o_proj``'s MatMul
+    reads (the model's Reshape/Transpose pairs, and the rewrite's own, are gone)."""
+    graph = runnable_model(step.onnx, "onnxruntime", step.settings).graph
+    producers = {o: n for n in graph.node for o in n.output}
+    readers = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    for gqa in (n for n in graph.node if n.op_type == "GroupQueryAttention"):
+        query, key, value = (producers[name] for name in gqa.input[:3])
+        for rotated in (query, key):
+            assert rotated.op_type == "RotaryEmbedding"
+            assert onnx.helper.get_attribute_value(rotated.attribute[-1]) in (4, 2)  # num_heads: 4 (q), 2 (kv)
+            assert producers[rotated.input[0]].op_type == "Split"  # the merged q/k/v projection
+        assert value.op_type == "Split"
+        assert [r.op_type for r in readers[gqa.output[0]]] == ["MatMul"]
+    assert not [n.name for n in graph.node if n.op_type == "Transpose"]
+
+
+def test_residual_sums_and_their_norms_run_as_one_kernel(step: GenerativeModule) -> None:
+    """Each residual Add and the RMSNormalization of its sum (two per layer) are one SkipSimplifiedLayerNormalization,
+    whose sum output feeds the next residual; only the first norm (of the embeddings: no Add) stays. The numbers are
+    the standard graph's (the other tests compare the two)."""
+    graph = runnable_model(step.onnx, "onnxruntime", step.settings)
+    counts = ops(graph)
+    assert counts["SkipSimplifiedLayerNormalization"] == 4 and counts["RMSNormalization"] == 1
+    fused = [n for n in graph.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert all(n.domain == "com.microsoft" for n in fused)
+    readers = {name for n in graph.graph.node for name in n.input}
+    assert [len(n.output) == 4 and n.output[3] in readers for n in fused] == [True, True, True, False]
+
+
 def test_the_step_reads_only_the_filled_part_of_the_cache(step: GenerativeModule) -> None:
     """NaN past the filled positions: the whole-capacity Attention turns the logits NaN (0 * NaN in the weighted sum),
     GroupQueryAttention never reads there, and both agree on the real positions."""
