@@ -723,6 +723,12 @@ def main() -> None:
         "--memory-gb", type=float, default=18.0, help="address-space cap of each conversion process (default 18)"
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny model of the same vocabulary: checks the harness")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the artifacts and GenAI builds already in --work (the same seeded checkpoint) instead of "
+        "converting again: decode and load cells only, the conversion table says 'reused'",
+    )
     parser.add_argument("--optimum-python", type=Path, default=OPTIMUM_PYTHON, help="the python of optimum's venv")
     parser.add_argument("--work", type=Path, default=None, help="where the checkpoint and artifacts go (kept)")
     parser.add_argument(
@@ -732,6 +738,8 @@ def main() -> None:
         help="the JSON of every cell (default benchmarks/results/bench_generate_<date>.json; none with --tiny)",
     )
     args = parser.parse_args()
+    if args.reuse and args.work is None:
+        parser.error("--reuse needs --work (the directory of an earlier run)")
     chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(chosen) - set(SYSTEMS)
     if unknown:
@@ -906,7 +914,10 @@ def convert_all(systems: dict[str, System], args: argparse.Namespace, record: di
     conversion = record["conversion"]
     for precision in args.precision:
         genai = systems.get("genai")
-        if isinstance(genai, GenAI):
+        if isinstance(genai, GenAI) and args.reuse and (args.work / f"genai_{precision}" / "model.onnx").exists():
+            genai.built[precision] = args.work / f"genai_{precision}"
+            conversion[f"genai {precision}"] = {"reused": str(genai.built[precision])}
+        elif isinstance(genai, GenAI):
             log(f"GenAI builder, {precision}")
             try:
                 conversion[f"genai {precision}"] = genai.build(precision)
@@ -918,6 +929,11 @@ def convert_all(systems: dict[str, System], args: argparse.Namespace, record: di
             for max_length in args.max_length:
                 log(f"ours: convert {precision} max_length {max_length}")
                 key = f"ours {precision} max_length {max_length}"
+                kept = args.work / f"ours_{precision}_{max_length}.ptrt"
+                if args.reuse and kept.exists():
+                    ours.artifacts[precision, max_length] = kept
+                    conversion[key] = {"reused": str(kept)}
+                    continue
                 try:
                     conversion[key] = ours.convert(precision, max_length)
                 except Exception as error:  # noqa: BLE001
@@ -1070,6 +1086,9 @@ def _conversion_table(record: dict[str, Any]) -> list[str]:
     for name, conv in record["conversion"].items():
         if "error" in conv:
             out.append(f"| {name} | failed | | {_last_line(conv['error'])} |")
+            continue
+        if "reused" in conv:
+            out.append(f"| {name} | reused | | from {conv['reused']} (--reuse: not converted in this run) |")
             continue
         notes = []
         if "default_conversion_error" in conv:

@@ -11,6 +11,7 @@ device: :mod:`pipeline.runtime.generation.trt_cache`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -62,20 +63,25 @@ class OrtBoundRunner:
 
     ``aliased=True`` binds each ``present`` output to the very buffer its ``past`` input reads (the step writes the
     cache in place: ``TensorScatter`` copies its input onto itself, then writes the new positions); ``False`` keeps
-    two sets of buffers and swaps them every step (the cache copied once per step inside ONNX Runtime)."""
+    two sets of buffers and swaps them every step (the cache copied once per step inside ONNX Runtime).
 
-    def __init__(self, session: Any, layout: CacheLayout, aliased: bool = True) -> None:
+    ``row_session`` (a callable giving a session or ``None``) is the executor's second session of the same graph for
+    steps of one row and one token (:meth:`pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session`): those
+    steps run there, on the same cache buffers."""
+
+    def __init__(
+        self, session: Any, layout: CacheLayout, aliased: bool = True, row_session: Callable[[], Any] | None = None
+    ) -> None:
         self.session = session
         self.layout = layout
         self.aliased = aliased
-        self.binding = session.io_binding()
+        self.binding = _Binding(session, layout)
+        self._row_session = row_session
+        self._row_binding: _Binding | None = None
         self.reads: list[Any] = []
         self.writes: list[Any] = []
         self.read_arrays: list[np.ndarray] = []
         self.write_arrays: list[np.ndarray] = []
-        self._bound: tuple[list[Any], list[Any]] | None = None  # the cache buffers the binding holds
-        self._logits: tuple[np.ndarray, Any] | None = None  # the bound logits buffer and its OrtValue
-        self._vocabulary = _static_tail(session, "logits")
 
     def start(self, batch: int) -> None:
         """Zeroed ``OrtValue`` buffers for ``batch`` rows (one set when aliased, two otherwise)."""
@@ -105,7 +111,7 @@ class OrtBoundRunner:
         if batch > 1 and steps > 1 and past_length > 0:
             logits = torch.cat(
                 [
-                    self._bound_run(
+                    self.binding.run(
                         input_ids[row : row + 1],
                         attention_mask[row : row + 1],
                         position_ids[row : row + 1],
@@ -117,10 +123,21 @@ class OrtBoundRunner:
                 ]
             )
         else:
-            logits = self._bound_run(input_ids, attention_mask, position_ids, past_length, self.reads, self.writes)
+            target = self._row() if batch == 1 and steps == 1 else None
+            logits = (target or self.binding).run(
+                input_ids, attention_mask, position_ids, past_length, self.reads, self.writes
+            )
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
         return logits
+
+    def _row(self) -> _Binding | None:
+        if self._row_binding is None and self._row_session is not None:
+            session = self._row_session()
+            self._row_session = None  # asked once
+            if session is not None:
+                self._row_binding = _Binding(session, self.layout)
+        return self._row_binding
 
     @staticmethod
     def _rows(arrays: list[np.ndarray], row: int) -> list[Any]:
@@ -128,7 +145,21 @@ class OrtBoundRunner:
 
         return [ort.OrtValue.ortvalue_from_numpy(a[row : row + 1]) for a in arrays]
 
-    def _bound_run(
+
+class _Binding:
+    """One session's ``IOBinding``: the cache buffers (and a logits buffer of [batch, *vocabulary], when the logits'
+    other dimensions are static) stay bound across the steps that use the same ones, so that a decode step binds
+    only its four small inputs."""
+
+    def __init__(self, session: Any, layout: CacheLayout) -> None:
+        self.session = session
+        self.layout = layout
+        self.binding = session.io_binding()
+        self._bound: tuple[list[Any], list[Any]] | None = None  # the cache buffers the binding holds
+        self._logits: tuple[np.ndarray, Any] | None = None  # the bound logits buffer and its OrtValue
+        self._vocabulary = _static_tail(session, "logits")
+
+    def run(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
@@ -137,9 +168,7 @@ class OrtBoundRunner:
         reads: list[Any],
         writes: list[Any],
     ) -> torch.Tensor:
-        """One run; the cache buffers (and a logits buffer of [batch, *vocabulary], when the logits' other
-        dimensions are static) stay bound across the steps that use the same ones, so that a decode step binds
-        only its four small inputs."""
+        """One run on ``reads``/``writes``; the logits."""
         import onnxruntime as ort
 
         binding = self.binding
@@ -190,5 +219,5 @@ def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, alias
     executor = getattr(executor, "onnxruntime", executor)
     session = getattr(executor, "session", None)
     if bound and session is not None and hasattr(session, "io_binding"):
-        return OrtBoundRunner(session, layout, aliased=aliased)
+        return OrtBoundRunner(session, layout, aliased=aliased, row_session=getattr(executor, "row_session", None))
     return CopyingRunner(executor, layout)

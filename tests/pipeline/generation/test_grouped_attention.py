@@ -21,6 +21,7 @@ import pipeline
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.runtime.generation.runners import OrtBoundRunner
+from pipeline.runtime.ort.executor import row_session_wanted
 from pipeline.runtime.ort.grouped_attention import grouped_attention_graph
 from pipeline.runtime.ort.session_graph import runnable_model
 
@@ -172,6 +173,39 @@ def test_generate_on_the_grouped_session_is_token_identical_to_transformers(
     assert torch.equal(step.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=[]), expected)
 
 
+def test_single_row_decode_steps_run_on_the_unprepacked_session_with_the_same_numbers(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    """Batch-1 decode steps run on the executor's second session (no weight prepacking: faster for one row); the
+    prompt and batched steps on the first. Both sessions read and write the same cache buffers: a decode on the
+    two-session runner gives the one-session runner's logits at every step, and generate gives transformers'
+    tokens."""
+    executor = step._executor
+    row = executor.row_session()
+    assert row is not None and row is not executor.session and executor.row_session() is row  # made once
+    layout = cache_layout(step.io, step.generation.layers)
+    both = OrtBoundRunner(executor.session, layout, row_session=executor.row_session)
+    one = OrtBoundRunner(executor.session, layout)
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(21))
+    mask = torch.zeros(1, CAPACITY, dtype=torch.int64)
+    mask[:, :6] = 1
+    for runner in (both, one):
+        runner.start(1)
+    logits = [runner.run(ids, mask, torch.arange(6)[None], 0) for runner in (both, one)]
+    for i in range(10):
+        torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-5)
+        token = logits[1].argmax(-1)[:, None]
+        mask[:, 6 + i] = 1
+        logits = [runner.run(token, mask, torch.tensor([[6 + i]]), 6 + i) for runner in (both, one)]
+    assert both._row_binding is not None and both._row_binding.session is row  # the decode steps ran there
+    single = ids[:, :5]
+    new = CAPACITY - 5
+    expected = llama.generate(single, max_new_tokens=new, do_sample=False, eos_token_id=None)
+    assert torch.equal(step.generate(single, max_new_tokens=new, eos_token_id=[]), expected)
+    off = dataclasses.replace(step.settings, ort_row_session=False)
+    assert not row_session_wanted(step.onnx, off) and row_session_wanted(step.onnx, step.settings)
+
+
 def test_calling_the_step_returns_the_whole_cache_as_module_onnx_does(step: GenerativeModule) -> None:
     """The plain call (no bound buffers) runs the grouped session graph and still returns ``present`` as
     ``TensorScatter`` gives it: the past everywhere, the new positions written."""
@@ -231,3 +265,4 @@ def test_an_int4_step_converts_and_its_decoding_is_judged_by_the_quantization_en
     assert any(t.data_type == onnx.TensorProto.INT4 for t in module.onnx.graph.initializer)
     assert ops(runnable_model(module.onnx, "onnxruntime", module.settings))["GroupQueryAttention"] == 2
     assert module.generate(ids, max_new_tokens=4).shape == (1, 10)
+    assert module._executor.row_session() is None  # 4-bit weights: far slower unpacked, one session for all steps
