@@ -24,6 +24,7 @@ from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.ort.grouped_attention import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
 from pipeline.runtime.ort.int8 import disabled_optimizers
+from pipeline.runtime.ort.projections import split_projections
 from pipeline.runtime.ort.session_graph import rewrites, runnable_model
 from pipeline.settings import Settings
 
@@ -47,6 +48,11 @@ class OnnxRuntimeExecutor:
             # threshold (on this CPU, 1.3x faster decode steps and 1.8x faster prefill of a small Llama)
             prepack = external_bytes(model) <= settings.external_data_threshold
 
+        row = not plugins and prepack and row_session_wanted(model, settings)
+        # the prepacked session of a generation step runs its merged projections apart (faster packed; the row session
+        # keeps them merged: faster unpacked), see pipeline.runtime.ort.projections
+        packed_model = split_projections(model) if row else model
+
         def create(prepack: bool = prepack) -> ort.InferenceSession:
             options = ort.SessionOptions()
             options.log_severity_level = 3
@@ -66,7 +72,7 @@ class OnnxRuntimeExecutor:
             # prepacking (0.25 s of the session's 0.3 s) cannot be saved in ONNX Runtime 1.32, whose saved prepacked
             # weights are packed again to be found (tests/pipeline/test_session_cache.py; the cache: commit d1102e6)
             session = ort.InferenceSession(
-                ort_session_bytes(model, options, prepack),
+                ort_session_bytes(packed_model if prepack else model, options, prepack),
                 sess_options=options,
                 providers=list(settings.ort_providers),
                 disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
@@ -75,7 +81,7 @@ class OnnxRuntimeExecutor:
             return AliasedCacheSession(session, pairs) if pairs else session
 
         # a second session without prepacking, made when a generation step first runs one row and one token
-        self._row_create = create if not plugins and prepack and row_session_wanted(model, settings) else None
+        self._row_create = create if row else None
         self._row_session: Any = None
         self._row_lock = threading.Lock()
         try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear
