@@ -192,15 +192,25 @@ Dim = int | str | None
 """A dimension: its size, its symbolic name, or ``None`` when unknown."""
 
 
+def recorded_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[Dim]]]:
+    """Element type and dimensions of every named value whose type the graph records (inputs, value_info,
+    outputs)."""
+    out: dict[str, tuple[int, list[Dim]]] = {}
+    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        tensor = value.type.tensor_type
+        out[value.name] = (
+            tensor.elem_type,
+            [
+                d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
+                for d in tensor.shape.dim
+            ],
+        )
+    return out
+
+
 def _shapes(model: onnx.ModelProto) -> dict[str, list[Dim]]:
     """The dimensions of every named value with a recorded shape."""
-    out: dict[str, list[Dim]] = {}
-    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        out[value.name] = [
-            d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None for d in dims
-        ]
-    return out
+    return {name: dims for name, (_, dims) in recorded_types(model).items()}
 
 
 def _size(dim: Dim) -> int | None:

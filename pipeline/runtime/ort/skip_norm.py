@@ -16,6 +16,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from pipeline.runtime.ort.grouped_attention import Dim, recorded_types
+
 _PREFIX = "ort_skip_norm"
 
 
@@ -30,7 +32,7 @@ def skip_norm_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
-    shapes = _shapes(model)
+    shapes = recorded_types(model)
     initializers = {i.name: i for i in graph.initializer}
     fused: dict[int, onnx.NodeProto] = {}  # id(RMSNormalization) -> its replacement
     adds: set[int] = set()
@@ -64,20 +66,7 @@ def skip_norm_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, list[int | str | None]]]:
-    """Element type and dimensions of every value with a recorded type."""
-    out = {}
-    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
-        tensor = value.type.tensor_type
-        dims: list[int | str | None] = [
-            d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
-            for d in tensor.shape.dim
-        ]
-        out[value.name] = (tensor.elem_type, dims)
-    return out
-
-
-def _residual(add: onnx.NodeProto, shapes: dict[str, tuple[int, list[int | str | None]]]) -> bool:
+def _residual(add: onnx.NodeProto, shapes: dict[str, tuple[int, list[Dim]]]) -> bool:
     """A float32 sum of two [batch, steps, hidden] tensors of the same recorded dimensions (no broadcasting)."""
     known = [shapes.get(name) for name in (*add.input, add.output[0])]
     if any(k is None for k in known):
@@ -95,7 +84,7 @@ def _residual(add: onnx.NodeProto, shapes: dict[str, tuple[int, list[int | str |
 
 def _exact_norm(
     node: onnx.NodeProto,
-    shapes: dict[str, tuple[int, list[int | str | None]]],
+    shapes: dict[str, tuple[int, list[Dim]]],
     initializers: dict[str, onnx.TensorProto],
 ) -> float | None:
     """The epsilon of an ``RMSNormalization`` the fused kernel computes alike (last axis, float32 statistics, a
