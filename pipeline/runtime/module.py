@@ -150,6 +150,12 @@ class ConvertedModule(torch.nn.Module):
     def _check(self, inputs: list[torch.Tensor]) -> None:
         sizes: dict[str, tuple[str, int]] = {}
         for spec, tensor in zip(self.io.inputs, inputs, strict=True):
+            if tensor.is_meta:
+                raise InputError(
+                    f"input {spec.name!r} is a meta tensor (a shape without data): the backend needs values to run",
+                    fix="pass a tensor with data; a model built on the meta device needs its weights loaded "
+                    "(e.g. load_state_dict(..., assign=True)) and real inputs",
+                )
             if tensor.dtype != spec.torch_dtype:
                 raise InputError(
                     f"input {spec.name!r} is {str(tensor.dtype).removeprefix('torch.')}, the graph takes {spec.dtype}",

@@ -136,20 +136,22 @@ def register_cpu_reference(spec: PluginSpec, inputs: Sequence[np.dtype], outputs
 
 class _Failures:
     """An exception raised inside a CPU reference. onnxruntime-extensions aborts the process when a Python op
-    raises, so the reference returns placeholders instead and the session's ``run`` raises this afterwards."""
+    raises, so the reference returns placeholders instead and the session's ``run`` raises this afterwards.
+
+    Kept per thread: ONNX Runtime runs a graph's kernels (the Python ones included) on the thread that called
+    ``run``, so a failure belongs to the call of that thread, not to another thread's call running at the same
+    time."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._first: BaseException | None = None
+        self._local = threading.local()
 
     def record(self, exc: BaseException) -> None:
-        with self._lock:
-            self._first = self._first or exc
+        self._local.first = getattr(self._local, "first", None) or exc
 
     def take(self) -> BaseException | None:
-        with self._lock:
-            first, self._first = self._first, None
-            return first
+        first = getattr(self._local, "first", None)
+        self._local.first = None
+        return first
 
 
 _failures = _Failures()
@@ -194,13 +196,16 @@ class PluginSession:
         self._create = create
         self._session = create()
         self._generation = _registrations[0]
+        self._remaking = threading.Lock()  # two threads never remake it at once
 
     def _current(self) -> Any:
         if self._generation != _registrations[0]:
-            logger.info("remaking an ONNX Runtime session: plugin CPU references were registered since")
-            _leak(self._session)
-            self._session = self._create()
-            self._generation = _registrations[0]
+            with self._remaking:
+                if self._generation != _registrations[0]:
+                    logger.info("remaking an ONNX Runtime session: plugin CPU references were registered since")
+                    _leak(self._session)
+                    self._session = self._create()
+                    self._generation = _registrations[0]
         return self._session
 
     def __getattr__(self, name: str) -> Any:

@@ -4,11 +4,15 @@ The same loop serves every backend: the executor's runner (:mod:`pipeline.runtim
 the loop holds the tokens, the attention mask and the positions. A prompt longer than the context profile
 (``max_prompt``) is prefilled in chunks. The positions follow transformers (``cumsum(attention_mask) - 1``), so a
 left-padded batch decodes as ``model.generate`` does.
+
+Requests are independent: ``generate`` from many threads at once, and ``stream()`` generators advanced in any order,
+each decode over a cache of their own (:mod:`pipeline.runtime.generation.slots`; at most ``request_slots`` at once).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -18,11 +22,14 @@ from converters.settings import GenerationSettings
 from pipeline.runtime.generation.decoding import DecodingOptions, TokenChooser
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.runners import StepRunner, step_runner
+from pipeline.runtime.generation.slots import DEFAULT_SLOTS, RequestSlots
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
 
 #: transformers' default total length when neither max_new_tokens nor max_length is given.
 DEFAULT_MAX_LENGTH = 20
+
+_MAKING_SLOTS = threading.Lock()  # a module's request slots are made once, whichever thread asks first
 
 
 class GenerativeModule(ConvertedModule):
@@ -37,7 +44,7 @@ class GenerativeModule(ConvertedModule):
     ...     print(tokens)
     """
 
-    _runner: StepRunner | None = None
+    _slots: RequestSlots | None = None
 
     @property
     def generation(self) -> GenerationSettings:
@@ -53,11 +60,48 @@ class GenerativeModule(ConvertedModule):
                 return int(spec.shape[-1])
         return None
 
+    @property
+    def request_slots(self) -> int:
+        """How many requests (``generate`` calls, open ``stream()`` generators) may decode at once, each over its own
+        cache of up to ``max_batch`` rows x ``max_length`` tokens (default 4). More wait for a slot
+        (``request_timeout``)."""
+        return self._request_slots().slots
+
+    @request_slots.setter
+    def request_slots(self, value: int) -> None:
+        self._request_slots().slots = value
+
+    @property
+    def request_timeout(self) -> float | None:
+        """Seconds a request waits for a free slot before :class:`RequestSlotsBusy` (default ``None``: it waits)."""
+        return self._request_slots().timeout
+
+    @request_timeout.setter
+    def request_timeout(self, value: float | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise InputError(f"request_timeout must be seconds >= 0 or None, got {value!r}", fix="pass e.g. 30.0")
+        self._request_slots().timeout = value
+
     def runner(self) -> StepRunner:
-        """The executor's step runner (it holds the cache between steps), made on first use."""
-        if self._runner is None:
-            self._runner = step_runner(self._executor, cache_layout(self.io, self.generation.layers))
-        return self._runner
+        """A new step runner of the executor, with a cache of its own (``generate`` takes one from the module's
+        request slots instead)."""
+        return step_runner(self._executor, cache_layout(self.io, self.generation.layers))
+
+    def _request_slots(self) -> RequestSlots:
+        if self._slots is None:
+            with _MAKING_SLOTS:
+                if self._slots is None:
+                    self._slots = RequestSlots(self.runner, DEFAULT_SLOTS)
+        return self._slots
+
+    def rebind(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`ConvertedModule.rebind`; the request slots' runners are made anew on the new executor (requests
+        running meanwhile finish on the old one)."""
+        super().rebind(*args, **kwargs)
+        with _MAKING_SLOTS:
+            old, self._slots = self._slots, None
+        if old is not None:
+            self._request_slots().slots, self._request_slots().timeout = old.slots, old.timeout
 
     def generate(
         self,
@@ -96,7 +140,7 @@ class GenerativeModule(ConvertedModule):
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         seed: int | None = None,
-    ) -> Iterator[torch.Tensor]:
+    ) -> Generator[torch.Tensor, None, None]:
         """Yield the next token of every row [batch] at each step, until ``max_new_tokens`` (or ``max_length``
         in total; default 20 in total, as transformers) or every row has produced an ``eos_token_id`` (default: the
         model's). Greedy unless ``do_sample``; ``temperature``, ``top_k``, ``top_p`` and ``seed`` shape the draw;
@@ -106,8 +150,20 @@ class GenerativeModule(ConvertedModule):
         chooser = TokenChooser(DecodingOptions(do_sample, temperature, top_k, top_p, repetition_penalty, seed))
         eos = self.generation.eos_token_id if eos_token_id is None else _ints(eos_token_id)
         pad = self.generation.pad_token_id if pad_token_id is None else pad_token_id
+        with self._request_slots().hold() as runner:  # this request's own cache, until its last token
+            yield from self._decode(runner, ids, mask, new, chooser, eos, pad)
+
+    def _decode(
+        self,
+        runner: StepRunner,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        new: int,
+        chooser: TokenChooser,
+        eos: tuple[int, ...],
+        pad: int | None,
+    ) -> Iterator[torch.Tensor]:
         batch, prompt = ids.shape
-        runner = self.runner()
         runner.start(batch)
         full_mask = torch.zeros(batch, self.generation.max_length, dtype=torch.int64)
         full_mask[:, :prompt] = mask
@@ -137,6 +193,12 @@ class GenerativeModule(ConvertedModule):
             raise InputError(
                 "generate takes input_ids as an int64 tensor [batch, tokens]", fix="pass tokenizer(...).input_ids"
             )
+        for name, tensor in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                raise InputError(
+                    f"{name} is a meta tensor (a shape without data): there are no tokens to generate from",
+                    fix="pass a tensor with data (on the CPU or a GPU), e.g. the tokenizer's output",
+                )
         batch = input_ids.shape[0]
         if input_ids.shape[1] == 0:
             raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
@@ -159,6 +221,12 @@ class GenerativeModule(ConvertedModule):
                 f"attention_mask {list(mask.shape)} does not match input_ids {list(input_ids.shape)}",
                 fix="pass the tokenizer's attention_mask for the same prompts",
             )
+        empty = [row for row in range(batch) if not bool(mask[row].any())]
+        if attention_mask is not None and empty:
+            raise InputError(
+                f"attention_mask row(s) {empty[:5]} are all zeros: those prompts have no token to attend to",
+                fix="drop the empty prompts from the batch, or pass the tokenizer's attention_mask (1 on every token)",
+            )
         if attention_mask is not None and bool((mask[:, -1] == 0).any()):
             raise InputError(
                 "attention_mask has padding at the end of a prompt; decoding needs left padding",
@@ -167,6 +235,11 @@ class GenerativeModule(ConvertedModule):
         return input_ids.cpu(), mask
 
     def _new_tokens(self, prompt: int, max_new_tokens: int | None, max_length: int | None) -> int:
+        for name, value in (("max_new_tokens", max_new_tokens), ("max_length", max_length)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InputError(
+                    f"{name} must be a positive int, got {value!r}", fix=f"pass e.g. {name}=32, or leave it out"
+                )
         new = max_new_tokens if max_new_tokens is not None else (max_length or DEFAULT_MAX_LENGTH) - prompt
         capacity = self.generation.max_length
         if new < 1:

@@ -3,8 +3,10 @@
 Each layer's ``past_key_values.{i}.key/value`` input and its ``present.{i}.key/value`` output get the same device
 address (TensorRT's KV-cache-update layer writes the network input's memory: the output is an alias), so nothing
 is copied between steps; only the logits leave the device. The engine's second optimization profile (sequence 1)
-runs the decode steps, the first the prompt. Written against the TensorRT 10/11 runtime API (the names are checked
-against 10.16 and 11.4 by ``tests/pipeline/test_tensorrt_api.py``); it has not run here (no GPU).
+runs the decode steps, the first the prompt. Each request has its own runner and cache buffers (the module's request
+slots); the steps of concurrent requests take turns on the engine's execution context. Written against the TensorRT
+10/11 runtime API (the names are checked against 10.16 and 11.4 by ``tests/pipeline/test_tensorrt_api.py``); it has
+not run here (no GPU).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ class TrtCacheRunner:
         self.runner = runner
         self.layout = layout
         self.cache: list[torch.Tensor] = []
-        self.profile = 0
 
     def start(self, batch: int) -> None:
         """Zeroed device buffers for ``batch`` rows, one per cache tensor."""
@@ -45,29 +46,29 @@ class TrtCacheRunner:
         engine: trt.ICudaEngine = self.runner.engine
         context: trt.IExecutionContext = self.runner.context
         device = self.runner.device
-        stream = torch.cuda.current_stream(device)
         profile = 1 if input_ids.shape[1] == 1 and engine.num_optimization_profiles > 1 else 0
-        if profile != self.profile:
-            context.set_optimization_profile_async(profile, stream.cuda_stream)
-            self.profile = profile
-        feeds = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "past_length": torch.tensor(past_length, dtype=torch.int64),
-        }
-        keep = [self._bind(context, name, tensor.to(device).contiguous()) for name, tensor in feeds.items()]
-        for past, present, buffer in zip(self.layout.names, self.layout.present_names, self.cache, strict=True):
-            self._bind(context, past, buffer)
-            context.set_tensor_address(present, buffer.data_ptr())  # the update writes the input's memory
-        logits = torch.empty(
-            tuple(context.get_tensor_shape("logits")), dtype=self.runner.dtypes["logits"], device=device
-        )
-        context.set_tensor_address("logits", logits.data_ptr())
-        if not context.execute_async_v3(stream.cuda_stream):
-            raise BuildError("TensorRT failed to run the decoder step", fix="see TensorRT's log above")
-        del keep
-        return logits.float().cpu()
+        # the engine's one context serves every request in turn; this request's cache is bound at each turn
+        with self.runner.exclusive() as stream:
+            self.runner.select_profile(profile, stream)
+            feeds = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": position_ids,
+                "past_length": torch.tensor(past_length, dtype=torch.int64),
+            }
+            keep = [self._bind(context, name, tensor.to(device).contiguous()) for name, tensor in feeds.items()]
+            for past, present, buffer in zip(self.layout.names, self.layout.present_names, self.cache, strict=True):
+                self._bind(context, past, buffer)
+                context.set_tensor_address(present, buffer.data_ptr())  # the update writes the input's memory
+            logits = torch.empty(
+                tuple(context.get_tensor_shape("logits")), dtype=self.runner.dtypes["logits"], device=device
+            )
+            context.set_tensor_address("logits", logits.data_ptr())
+            if not context.execute_async_v3(stream.cuda_stream):
+                raise BuildError("TensorRT failed to run the decoder step", fix="see TensorRT's log above")
+            del keep
+            result = logits.float()
+        return result.cpu()
 
     def _bind(self, context: trt.IExecutionContext, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if name in self.runner.inputs:  # TensorRT drops inputs nothing reads

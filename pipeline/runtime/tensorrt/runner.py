@@ -4,7 +4,12 @@ One execution context per engine: input shapes are set on every call and checked
 optimization profile first, tensor addresses come straight from torch tensors (non-contiguous inputs are made
 contiguous), outputs are new torch tensors (data-dependent ones are sized by TensorRT through an
 ``IOutputAllocator``), and the work is enqueued on the current torch CUDA stream, so it is ordered with the
-caller's torch work without a synchronisation. A runner is not thread-safe (one context).
+caller's torch work without a synchronisation.
+
+Calls from several threads take turns on the one context (:meth:`EngineRunner.exclusive`): TensorRT allows contexts
+of one engine to run at once only on separate optimization profiles, and an engine has one (two for a generation
+step, both used by every request). A turn ends when its work is enqueued, not when it has run: the next turn's
+stream waits on an event of the last one, so the GPU runs them in order without the host waiting.
 
 The same code runs TensorRT-RTX engines (``library=TENSORRT_RTX``), whose just-in-time compiled kernels are kept
 in a runtime cache file between runs (``pipeline.runtime.tensorrt.rtx``).
@@ -15,7 +20,10 @@ backend (see ``pipeline.backends.tensorrt.build`` for the conventions), and agai
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,14 +134,45 @@ class EngineRunner:
         self._allocator = _make_output_allocator(self.device, library)
         # TensorRT-RTX captures CUDA graphs itself (its runtime config); TensorRT's are captured with torch
         self._graphs = CudaGraphs(self) if cuda_graphs and not library.rtx else None
+        self._turn = threading.Lock()  # one call at a time on the context (see the module docstring)
+        self._done: torch.cuda.Event | None = None  # the last turn's work, on its stream
+        self.active_profile = 0  # the context's optimization profile (changed by select_profile only)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[torch.cuda.Stream]:
+        """The execution context for one call (bind, select a profile, enqueue), then the next caller's: yields the
+        caller's current CUDA stream, made to wait on the GPU for the work of the turn before (another thread's stream
+        perhaps: the context's scratch memory is reused by every enqueue)."""
+        with self._turn, torch.cuda.device(self.device):
+            stream = torch.cuda.current_stream(self.device)
+            if self._done is not None:
+                stream.wait_event(self._done)
+            try:
+                yield stream
+            finally:
+                done = torch.cuda.Event()
+                done.record(stream)
+                self._done = done
+
+    def select_profile(self, index: int, stream: torch.cuda.Stream) -> None:
+        """Make ``index`` the context's optimization profile (inside :meth:`exclusive`): a generation step's decode
+        profile, or the first for every other call."""
+        if index != self.active_profile:
+            if not self.context.set_optimization_profile_async(index, stream.cuda_stream):
+                raise BuildError(
+                    f"TensorRT could not select optimization profile {index} of the engine",
+                    fix="see TensorRT's log above; the engine may have been built with fewer profiles",
+                )
+            self.active_profile = index
 
     def refit(self, graph: onnx.ModelProto) -> None:
         """Give the engine the weights of ``graph`` (same structure as the one it was built from), in place: the
         execution context stays valid; captured CUDA graphs are dropped (they may hold the old weights' layout)."""
-        torch.cuda.synchronize(self.device)  # the refitter must not change weights under enqueued work
-        refit_from_graph(self.engine, graph, self.library)
-        if self._graphs is not None:
-            self._graphs = CudaGraphs(self)
+        with self.exclusive():  # no call enqueues while the weights change
+            torch.cuda.synchronize(self.device)  # the refitter must not change weights under enqueued work
+            refit_from_graph(self.engine, graph, self.library)
+            if self._graphs is not None:
+                self._graphs = CudaGraphs(self)
 
     def check_io(self, io: IOSpec) -> None:
         """The engine's inputs and outputs are the graph's: same names, same dtypes. (TensorRT drops graph inputs
@@ -148,14 +187,15 @@ class EngineRunner:
             )
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Run the engine on named CUDA tensors; the outputs by name."""
-        if self._graphs is not None:
-            return self._graphs.run(inputs)
-        with torch.cuda.device(self.device):
+        """Run the engine on named CUDA tensors (on its first optimization profile); the outputs by name. Safe from
+        several threads: calls take turns on the context (:meth:`exclusive`)."""
+        with self.exclusive() as stream:
+            self.select_profile(0, stream)
+            if self._graphs is not None:
+                return self._graphs.run(inputs)
             # The tensors TensorRT reads must live until the work is enqueued; after that, torch's stream-aware
             # allocator will not hand their memory to anything that runs before this work on the stream.
             keep_alive, outputs = self.bind(inputs)
-            stream = torch.cuda.current_stream(self.device)
             if not self.context.execute_async_v3(stream.cuda_stream):
                 raise BuildError(
                     "TensorRT failed to run the engine (see TensorRT's log above)",
@@ -165,8 +205,8 @@ class EngineRunner:
                 if name not in outputs:
                     outputs[name] = self._allocated_output(name)
             del keep_alive
-        if self._runtime_cache is not None:
-            self._runtime_cache.save_if_new(tuple(tuple(inputs[n].shape) for n in self.inputs))
+            if self._runtime_cache is not None:
+                self._runtime_cache.save_if_new(tuple(tuple(inputs[n].shape) for n in self.inputs))
         return outputs
 
     def serialize(self) -> Any:
