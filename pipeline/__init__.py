@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and documentation; at ru
     from pipeline.refitting import refit
     from pipeline.runtime.executors import Executor
     from pipeline.runtime.generation.module import GenerativeModule
+    from pipeline.runtime.generation.slots import RequestSlotsBusy
     from pipeline.runtime.io_spec import IOSpec, TensorSpec
     from pipeline.runtime.module import ConvertedModule
     from pipeline.runtime.reports.conversion import ConversionReport
@@ -58,6 +59,7 @@ _LAZY = {
     "FirstCallModule": "pipeline.first_call",
     "on_first_call": "pipeline.first_call",
     "refit": "pipeline.refitting",
+    "RequestSlotsBusy": "pipeline.runtime.generation.slots",
     "GenerativeModule": "pipeline.runtime.generation.module",
     "IOSpec": "pipeline.runtime.io_spec",
     "TensorSpec": "pipeline.runtime.io_spec",
@@ -135,6 +137,7 @@ __all__ = [
     "ParserVerdict",
     "PipelineError",
     "refit",
+    "RequestSlotsBusy",
     "run_passes",
     "Settings",
     "TensorSpec",
