@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -23,8 +24,10 @@ from torch import nn
 
 import pipeline
 from converters.errors import InputError
+from pipeline.precision.buildable import rtx_available
 from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.runtime.generation.slots import RequestSlotsBusy
+from pipeline.runtime.segments.executor import SegmentedExecutor
 
 THREADS, REQUESTS = 8, 125
 
@@ -258,3 +261,45 @@ def _capture(into: list[BaseException], call: Callable[[], Any]) -> None:
         call()
     except BaseException as exc:  # the test reads it
         into.append(exc)
+
+
+class DataDependent(nn.Module):
+    """A boolean-mask sum (NonZero) between two linear layers: TensorRT-RTX engines around an ONNX Runtime segment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        return self.last(h) + h[h > 0.1].sum()
+
+
+@pytest.mark.skipif(not rtx_available(), reason="TensorRT-RTX is not installed")
+def test_a_segmented_module_called_from_eight_threads_answers_as_alone() -> None:
+    """Segments (TensorRT-RTX engines, here run by their ONNX Runtime stand-ins, around an ONNX Runtime segment)
+    from 8 threads at once: each answer is the single-threaded one."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the engine cannot run here: said by a warning the segments test checks
+        module = pipeline.convert(
+            DataDependent().eval(),
+            torch.randn(4, 8),
+            backend="tensorrt-rtx",
+            dynamic={"x": {0: ("batch", 1, 4, 16)}},
+            min_segment_size=1,
+            trt_engine_cache=False,
+            validation_inputs=1,
+        )
+    assert isinstance(module.executor, SegmentedExecutor)
+    inputs = [torch.randn(1 + i % 16, 8, generator=torch.Generator().manual_seed(i)) for i in range(12)]
+    alone = [module(x) for x in inputs]
+
+    def worker(seed: int) -> list[int]:
+        order = random.Random(seed)
+        picks = [order.randrange(len(inputs)) for _ in range(40)]
+        return [i for i in picks if not torch.equal(module(inputs[i]), alone[i])]
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        wrong = [i for future in [pool.submit(worker, s) for s in range(THREADS)] for i in future.result()]
+    assert not wrong, f"{len(wrong)} of {THREADS * 40} answers differ from the single-threaded ones"
