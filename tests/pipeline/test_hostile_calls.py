@@ -112,6 +112,7 @@ CALL_CASES: list[tuple[str, Callable[[pipeline.ConvertedModule], object], str]] 
     ("above-range", lambda m: m(torch.randn(9, 4)), "outside the declared range [1, 8]"),
     ("numpy", lambda m: m(torch.randn(2, 4).numpy()), "must be a tensor"),
     ("list", lambda m: m([1.0, 2.0]), "differs from the sample's"),
+    ("meta", lambda m: m(torch.randn(2, 4, device="meta")), "'input' is a meta tensor"),
 ]
 
 

@@ -310,6 +310,15 @@ def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
         step.generate(torch.ones(1, 0, dtype=torch.int64), max_new_tokens=2)
     with pytest.raises(InputError, match=r"token id\(s\) \[-1, 96\] outside the model's vocabulary \[0, 96\)"):
         step.generate(torch.tensor([[5, 96, -1]]), max_new_tokens=2)
+    # an all-padding row is said as such (not blamed on padding at the end); a negative length is not "nothing to do"
+    with pytest.raises(InputError, match=r"row\(s\) \[1\] are all zeros"):
+        step.generate(torch.ones(2, 3, dtype=torch.int64), torch.tensor([[1, 1, 1], [0, 0, 0]]), max_new_tokens=2)
+    with pytest.raises(InputError, match="max_new_tokens must be a positive int, got -3"):
+        step.generate(torch.ones(1, 3, dtype=torch.int64), max_new_tokens=-3)
+    with pytest.raises(InputError, match="max_length must be a positive int, got 2.5"):
+        step.generate(torch.ones(1, 3, dtype=torch.int64), max_length=2.5)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="input_ids is a meta tensor"):
+        step.generate(torch.ones(1, 3, dtype=torch.int64, device="meta"), max_new_tokens=2)
 
 
 def test_opt_learned_positions_decode_token_identically() -> None:
