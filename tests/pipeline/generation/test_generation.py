@@ -316,7 +316,7 @@ def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
     with pytest.raises(InputError, match="max_new_tokens must be a positive int, got -3"):
         step.generate(torch.ones(1, 3, dtype=torch.int64), max_new_tokens=-3)
     with pytest.raises(InputError, match="max_length must be a positive int, got 2.5"):
-        step.generate(torch.ones(1, 3, dtype=torch.int64), max_length=2.5)  # type: ignore[arg-type]
+        step.generate(torch.ones(1, 3, dtype=torch.int64), max_length=2.5)
     with pytest.raises(InputError, match="input_ids is a meta tensor"):
         step.generate(torch.ones(1, 3, dtype=torch.int64, device="meta"), max_new_tokens=2)
 
