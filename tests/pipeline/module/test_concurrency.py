@@ -25,7 +25,9 @@ from torch import nn
 import pipeline
 from converters.errors import InputError
 from pipeline.precision.buildable import rtx_available
+from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.module import GenerativeModule
+from pipeline.runtime.generation.runners import CopyingRunner
 from pipeline.runtime.generation.slots import RequestSlotsBusy
 from pipeline.runtime.segments.executor import SegmentedExecutor
 
@@ -115,6 +117,7 @@ def requests(step: GenerativeModule, cnn: pipeline.ConvertedModule, drop_in: Any
         kinds.append(partial(step.generate, text, max_new_tokens=6, eos_token_id=[]))
         kinds.append(partial(step.generate, text, max_new_tokens=5, do_sample=True, top_k=20, seed=3, eos_token_id=[]))
     kinds.append(partial(step.generate, ids, mask, max_new_tokens=4, eos_token_id=[]))
+    kinds += [partial(plain_steps, step, text) for text in texts[:2]]
     for first, second, third in ((0, 1, 2), (3, 4, 5)):
         two = [(texts[first], {"max_new_tokens": 5}), (texts[second], {"max_new_tokens": 3})]
         three = [
@@ -124,6 +127,22 @@ def requests(step: GenerativeModule, cnn: pipeline.ConvertedModule, drop_in: Any
         ]
         kinds += [partial(streams_of, step, two), partial(streams_of, step, three)]
     return kinds
+
+
+def plain_steps(step: GenerativeModule, text: torch.Tensor) -> list[int]:
+    """Greedy tokens from plain calls of the step graph (the executor's ``run``: the cache in and out as tensors)."""
+    runner = CopyingRunner(step.executor, cache_layout(step.io, step.generation.layers))
+    runner.start(1)
+    mask = torch.zeros(1, step.generation.max_length, dtype=torch.int64)
+    length = text.shape[1]
+    mask[:, :length] = 1
+    logits = runner.run(text, mask, torch.arange(length)[None], 0)
+    tokens = []
+    for position in range(length, length + 4):
+        tokens.append(int(logits[0].argmax()))
+        mask[:, position] = 1
+        logits = runner.run(torch.tensor([[tokens[-1]]]), mask, torch.tensor([[position]]), position)
+    return tokens
 
 
 def streams_of(step: GenerativeModule, requests: list[tuple[torch.Tensor, dict[str, Any]]]) -> list[list[int]]:
