@@ -12,6 +12,10 @@ from converters.errors import InputError
 
 #: The precisions that store weights in 4 bits.
 FOUR_BIT_PRECISIONS = ("int4", "nvfp4")
+#: NVFP4's block: 16 FP4 values per FP8 scale, fixed by the format (``passes.quantize.blockwise.NVFP4_BLOCK``).
+NVFP4_BLOCK = 16
+#: INT4's block when ``block_size`` is not given (TensorRT takes 32 to 128).
+DEFAULT_INT4_BLOCK = 128
 
 
 def check_block_quantization(settings: Any) -> None:
@@ -33,6 +37,7 @@ def check_block_quantization(settings: Any) -> None:
             f"precision='nvfp4' stores FLOAT4E2M1 weights, which onnx {onnx.__version__} does not have",
             fix="pip install 'onnx>=1.18' (or use precision='int4')",
         )
+    _normalise_block_size(settings)
     if settings.block_size < 16 or settings.block_size & (settings.block_size - 1):
         raise InputError(
             f"block_size must be a power of two >= 16, got {settings.block_size}",
@@ -54,3 +59,19 @@ def check_block_quantization(settings: Any) -> None:
             f"quantize_embeddings=True stores embedding tables in 4 bits, but precision is {settings.precision!r}",
             fix="pass precision='int4' or 'nvfp4' with quantize_embeddings=True",
         )
+
+
+def _normalise_block_size(settings: Any) -> None:
+    """``block_size`` as used: NVFP4's fixed 16 (another value given is an error, never ignored while the settings
+    claim it), else the value given or :data:`DEFAULT_INT4_BLOCK`."""
+    if settings.precision == "nvfp4":
+        if settings.block_size not in (None, NVFP4_BLOCK):
+            raise InputError(
+                f"precision='nvfp4' quantizes weights in blocks of {NVFP4_BLOCK} values, fixed by the format (one FP8 "
+                f"scale per {NVFP4_BLOCK} FP4 values), but block_size={settings.block_size} was given",
+                fix="drop block_size with precision='nvfp4' (or pass 16); block_size chooses the blocks of "
+                "precision='int4' (32 to 128 for TensorRT)",
+            )
+        object.__setattr__(settings, "block_size", NVFP4_BLOCK)
+    elif settings.block_size is None:
+        object.__setattr__(settings, "block_size", DEFAULT_INT4_BLOCK)

@@ -6,7 +6,8 @@ the settings object stays readable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -40,15 +41,16 @@ class GenerationSettings:
             raise InputError(
                 f"unknown generation attention {self.attention!r}", fix="use 'auto', 'onnx' or 'decomposed'"
             )
-        eos = self.eos_token_id
-        object.__setattr__(self, "eos_token_id", (eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
+        object.__setattr__(self, "eos_token_id", token_ids("eos_token_id", self.eos_token_id))
+        if self.pad_token_id is not None:
+            object.__setattr__(self, "pad_token_id", token_ids("pad_token_id", self.pad_token_id, single=True)[0])
         prompt = self.max_length if self.max_prompt is None else self.max_prompt
-        if not (isinstance(self.max_length, int) and isinstance(self.max_batch, int) and isinstance(prompt, int)):
+        if not all(_is_whole(n) for n in (self.max_length, self.max_batch, prompt)):
             raise InputError(
                 f"generation needs whole numbers, got {self}",
                 fix="write generation={'max_length': 256, 'max_batch': 4}",
             )
-        if not isinstance(self.validation_steps, int) or self.validation_steps < 0:
+        if not _is_whole(self.validation_steps) or self.validation_steps < 0:
             raise InputError(
                 f"generation validation_steps must be a whole number >= 0, got {self.validation_steps!r}",
                 fix="write generation={'validation_steps': 8, ...}",
@@ -60,6 +62,59 @@ class GenerationSettings:
                 fix="write generation={'max_length': 256, 'max_batch': 4}",
             )
         object.__setattr__(self, "max_prompt", prompt)
+
+
+def token_ids(name: str, value: Any, *, single: bool = False) -> tuple[int, ...]:
+    """A token-id setting as a tuple of ints >= 0: an int, or (unless ``single``) a sequence of ints. A string (whose
+    characters would be iterated), a bool, a float or anything else is an InputError naming the value and its type.
+
+    >>> token_ids("eos_token_id", [2, 7])
+    (2, 7)
+    """
+    several = not single and isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    if _is_whole(value):
+        ids: tuple[Any, ...] = (value,)
+    elif several and all(_is_whole(i) for i in value):
+        ids = tuple(value)
+    else:
+        wanted = "an int" if single else "an int or a sequence of ints"
+        raise InputError(
+            f"generation {name} must be {wanted} (token ids), got {value!r} ({type(value).__name__})",
+            fix=f"write generation={{'{name}': 2}}" + ("" if single else f" (or '{name}': [2, 7] for several)"),
+        )
+    negative = [int(i) for i in ids if int(i) < 0]
+    if negative:
+        raise InputError(
+            f"generation {name} {negative} is outside the vocabulary: token ids are >= 0",
+            fix=f"pass the {name} of the model's tokenizer (tokenizer.{name})",
+        )
+    return tuple(int(i) for i in ids)
+
+
+def check_token_ids(settings: GenerationSettings, vocabulary: int, from_model: tuple[str, ...] = ()) -> None:
+    """Every token-id setting within ``[0, vocabulary)`` (the width of the model's logits; 0: unknown, not checked),
+    or an InputError naming the setting, the id and the vocabulary. ``from_model``: the settings that were not
+    given but read from the model's generation config, which the message says."""
+    named = [("eos_token_id", i) for i in settings.eos_token_id]
+    if settings.pad_token_id is not None:
+        named.append(("pad_token_id", settings.pad_token_id))
+    outside = [(name, i) for name, i in named if vocabulary > 0 and not 0 <= i < vocabulary]
+    if outside:
+        listed = ", ".join(
+            f"{name}={i}" + (" (from the model's generation_config)" if name in from_model else "")
+            for name, i in outside
+        )
+        raise InputError(
+            f"generation {listed} outside the model's vocabulary [0, {vocabulary}) (the width of its logits): an "
+            "eos the model can never produce, a pad it cannot embed",
+            fix="pass the ids of the model's own tokenizer: generation={'eos_token_id': tokenizer.eos_token_id, "
+            "'pad_token_id': tokenizer.pad_token_id}",
+        )
+
+
+def _is_whole(value: Any) -> bool:
+    """An integer that is not a bool (numpy's integers included)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def normalise_generation(value: Any) -> GenerationSettings | None:

@@ -262,15 +262,16 @@ class Settings:
     calibration_method: CalibrationMethod = option("precision", "auto")
     calibration_percentile: float = option("precision", 99.99)
     # 4-bit weights (README "4-bit weights (INT4, NVFP4)"): precision="int4" stores MatMul/Gemm weights as symmetric
-    # INT4 with one scale per block_size input channels (32 to 128 for TensorRT), "nvfp4" as FP4 E2M1 with FP8 scales
-    # per block of 16 and a float32 scale per tensor; activations stay in quantize_fallback (W4A16).
+    # INT4 with one scale per block_size input channels (32 to 128 for TensorRT; None: 128), "nvfp4" as FP4 E2M1 with
+    # FP8 scales per block of 16 (block_size None becomes 16; any other value is an error) and a float32 scale per
+    # tensor; activations stay in quantize_fallback (W4A16).
     # calibration_method "auto" is "max"; "awq" searches activation-aware scales. keep_head leaves the output head
     # (a MatMul/Gemm whose output is a graph output) in quantize_fallback. ort_int4_accuracy_level is the accuracy
     # level of ONNX Runtime's MatMulNBits, into which its session fuses the INT4 weights: 1 computes in float32
     # (exact), 4 quantizes activations to int8 (faster, ~1% error). nvfp4_activations (precision="nvfp4"): W4A4,
     # activations quantized to NVFP4 at run time (TensorRT's TRT_FP4DynamicQuantize, compute capability 12.x).
     # quantize_embeddings: Gather tables in 4 bits too (a tied table quantized once).
-    block_size: int = option("precision", 128)
+    block_size: int | None = option("precision", None)
     keep_head: bool = option("precision", True)
     nvfp4_activations: bool = option("precision", False)
     quantize_embeddings: bool = option("precision", False)

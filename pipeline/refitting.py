@@ -62,7 +62,8 @@ def refit(
     given, required for a loaded module; ``calibration`` as for ``convert``); its final graph must differ from the
     module's in its weights only. ONNX Runtime then runs the new graph, a TensorRT engine built with
     ``refittable=True`` is refit in place, and the result is validated against the new model unless the module was
-    converted with ``validate=False`` (``module.report.accuracy`` is the new validation).
+    converted with ``validate=False`` (``module.report.accuracy`` is the new validation). New weights with NaN or
+    inf (a buffer: NaN) are an InputError naming the tensors, raised before any stage runs.
     """
     from converters.defaults import default_registry
     from passes import default_passes
@@ -89,6 +90,7 @@ def refit(
             fix="convert with refittable=True to refit it later, or convert the new model",
         )
     model = _new_model(new, source)
+    _check_finite(model)
     sample = source.sample if sample is None else sample
     if sample is None:
         raise InputError(
@@ -150,6 +152,33 @@ def _new_model(new: torch.nn.Module | Mapping[str, torch.Tensor], source: RefitS
             fix="pass a state dict of the same architecture (the same keys and shapes as model.state_dict())",
         ) from exc
     return model
+
+
+def _check_finite(model: torch.nn.Module) -> None:
+    """New weights with NaN or inf would make every output NaN, and NaN compares equal to NaN: refuse them, naming
+    the parameters, before any stage runs. Buffers are checked for NaN only (an attention mask of -inf is a buffer
+    a model may hold on purpose)."""
+    found: list[tuple[str, int, int]] = []
+    tensors: list[tuple[str, torch.Tensor, bool]] = [(name, p, True) for name, p in model.named_parameters()]
+    tensors += [(name, b, False) for name, b in model.named_buffers()]
+    for name, tensor, parameter in tensors:
+        if not tensor.is_floating_point() and not tensor.is_complex():
+            continue
+        with torch.no_grad():
+            bad = ~torch.isfinite(tensor) if parameter else torch.isnan(tensor)
+            count = int(bad.sum())
+        if count:
+            found.append((name, count, tensor.numel()))
+    if found:
+        listed = ", ".join(f"{name} ({count} of {total})" for name, count, total in found[:8])
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        total = sum(count for _, count, _ in found)
+        raise InputError(
+            f"pipeline.refit: the new weights hold {total} non-finite (NaN or inf) value(s), in {len(found)} "
+            f"tensor(s): {listed}{more}; every output would be NaN or inf",
+            fix="check the checkpoint (a diverged fine-tune, a bad load or cast) and pass finite weights; the module "
+            "keeps its current ones",
+        )
 
 
 def _refit_executor(executor: Executor, graph: FinalGraph, settings: Settings) -> Executor:

@@ -3,8 +3,9 @@ the policy that picks each tensor's rule and tolerance (one policy for ``convert
 
 The rule is the validation rule (and Polygraphy's ``elemwise`` check): an element passes when
 ``|x - ref| <= atol`` or ``|x - ref| <= rtol * |ref|``. Matching infinities and NaNs at the same places compare
-equal; a NaN on one side only fails (and is counted). A relative error against a zero reference divides by
-2.22e-16, as Polygraphy does. The tolerance is that of the type the graph computes the tensor in
+equal; a NaN on one side only fails (and is counted); a tensor NaN at every element on both sides, on every input,
+compared nothing and fails (NaN weights give such outputs on both sides). A relative error against a zero reference
+divides by 2.22e-16, as Polygraphy does. The tolerance is that of the type the graph computes the tensor in
 (:func:`judgement`); a tensor that depends on a random node is judged by distribution
 (:mod:`pipeline.accuracy.distribution`).
 """
@@ -30,8 +31,11 @@ from pipeline.settings import (
 
 ELEMENTWISE_RULE = (
     "an element passes when |x - ref| <= atol or |x - ref| <= rtol * |ref| (ref: the PyTorch reference); "
-    "infinities and NaNs at the same places compare equal, a NaN on one side only fails"
+    "infinities and NaNs at the same places compare equal, a NaN on one side only fails; a tensor NaN at every "
+    "element on both sides (on every input) compared nothing and fails, each element counted outside"
 )
+#: The note of a tensor NaN at every element on both sides (see ``ELEMENTWISE_RULE``).
+ALL_NAN_NOTE = "NaN at every element in PyTorch and in the graph on every input: nothing was compared"
 LOW_PRECISION_RULE = (
     "a tensor computed in float16 or bfloat16 is judged relative to its magnitude, on each input: atol is "
     "max(atol, rms_atol * RMS(ref)), and RMS(x - ref) <= max(atol, rms * RMS(ref)) must hold too (float16: "
@@ -139,6 +143,8 @@ class ErrorStats:
     shape_mismatch: str | None = None
     #: elements NaN on one side only (they fail, and are among ``outside``)
     one_sided_nan: int = 0
+    #: NaN at every element on both sides, on every input: nothing was compared, so it fails (every element outside)
+    all_nan: bool = False
     #: the largest atol used (``max(atol, rms_atol * RMS(ref))``, over inputs)
     atol_used: float = 0.0
     #: the worst ``RMS(x - ref) / max(atol, RMS(ref))`` over inputs, and on how many inputs the tolerance's RMS
@@ -150,8 +156,9 @@ class ErrorStats:
 
     @property
     def passed(self) -> bool:
-        """No element outside tolerance, no input beyond the RMS rule (if the tolerance has one), same shapes."""
-        return self.outside == 0 and self.rms_failed == 0 and self.shape_mismatch is None
+        """No element outside tolerance, no input beyond the RMS rule (if the tolerance has one), same shapes, and
+        not NaN everywhere on both sides."""
+        return self.outside == 0 and self.rms_failed == 0 and self.shape_mismatch is None and not self.all_nan
 
     def to_dict(self) -> dict[str, Any]:
         """The statistics as JSON-ready data (non-finite floats as strings)."""
@@ -179,7 +186,7 @@ class ErrorAccumulator:
         self.worst.update(dict.fromkeys(("max_rel", "median_rel", "p99_rel"), 0.0))
         self.cosine = 1.0
         self.mismatch: str | None = None
-        self.one_sided_nan = self.rms_failed = 0
+        self.one_sided_nan = self.rms_failed = self.both_nan = 0
         self.atol_used = tolerance.atol
         self.relative_rms = 0.0
         self.histogram = np.zeros(HIST_BINS + 2, dtype=np.int64)
@@ -204,6 +211,7 @@ class ErrorAccumulator:
         self._check_rms(absdiff, scale, tolerance)
         self.elements += int(absdiff.size)
         self.one_sided_nan += int(np.count_nonzero(np.isnan(actual) != np.isnan(reference)))
+        self.both_nan += int(np.count_nonzero(np.isnan(actual) & np.isnan(reference)))
         self.outside += int(absdiff.size - np.count_nonzero(passing))
         if absdiff.size == 0:
             return
@@ -232,9 +240,10 @@ class ErrorAccumulator:
     def result(self) -> ErrorStats:
         """The statistics over everything added so far."""
         count = max(self.elements, 1)
+        all_nan = 0 < self.elements == self.both_nan  # NaN == NaN everywhere is no agreement: nothing was compared
         return ErrorStats(
             elements=self.elements,
-            outside=self.outside,
+            outside=self.elements if all_nan else self.outside,
             max_abs=self.worst["max_abs"],
             mean_abs=self.sum_abs / count,
             median_abs=self.worst["median_abs"],
@@ -246,6 +255,7 @@ class ErrorAccumulator:
             cosine=self.cosine,
             shape_mismatch=self.mismatch,
             one_sided_nan=self.one_sided_nan,
+            all_nan=all_nan,
             atol_used=self.atol_used,
             relative_rms=self.relative_rms,
             rms_failed=self.rms_failed,

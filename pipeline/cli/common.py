@@ -203,8 +203,9 @@ def add_conversion_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--block-size",
         type=int,
-        default=128,
-        help="int4: input channels per weight scale (32, 64 or 128 for TensorRT; nvfp4's blocks are always 16)",
+        default=None,
+        help="int4: input channels per weight scale (32, 64 or 128 for TensorRT; default 128); nvfp4's blocks are "
+        "fixed at 16 by the format (another value is an error)",
     )
     parser.add_argument(
         "--nvfp4-activations",

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
@@ -36,12 +37,15 @@ def prepare_step(
     generation = settings.generation
     assert generation is not None
     input_ids = _prompt_ids(model, sample)
-    layout = _cache_layout(model, input_ids)
+    check_sample_fits(input_ids, generation, settings.validate)
+    layout, vocabulary = _cache_layout(model, input_ids)
     eos, pad = _special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     attention = _attention_form(model, settings)
+    from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
         generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
     )
+    check_token_ids(generation, vocabulary, from_model)
     use_interface = uses_attention_interface(model)
     if not use_interface:
         logger.warning(
@@ -109,8 +113,39 @@ def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
     return ids
 
 
-def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> list[tuple[int, int, torch.dtype]]:
-    """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens."""
+def check_sample_fits(input_ids: torch.Tensor, generation: GenerationSettings, validate: bool) -> None:
+    """The sample's prompts fit the step: at most ``max_batch`` rows, and their tokens plus the tokens decoded after
+    them (``validation_steps`` when validating, else the one new token any prompt needs) within ``max_length``.
+    Never cut to fit: validation would judge another prompt than the one given."""
+    rows, tokens = input_ids.shape
+    if rows > generation.max_batch:
+        raise InputError(
+            f"the generation sample does not fit: it has {rows} rows (prompts), but generation max_batch="
+            f"{generation.max_batch} is the largest batch the step takes",
+            fix=f"pass generation={{'max_batch': {rows}, ...}} or more, or a sample of at most "
+            f"{generation.max_batch} rows",
+        )
+    after = max(generation.validation_steps, 1) if validate else 1
+    needed = tokens + after
+    if needed > generation.max_length:
+        what = f"the {after} decode step(s) validation judges (validation_steps)" if validate else "one new token"
+        options = [f"pass generation={{'max_length': {needed}, ...}} or more"]
+        if generation.max_length - after >= 1:
+            options.append(f"a sample of at most {generation.max_length - after} tokens")
+        if validate and tokens < generation.max_length:
+            options.append(f"validation_steps={generation.max_length - tokens}")
+        elif generation.max_length - after < 1:
+            options.append(f"a sample shorter than {generation.max_length} tokens with validation_steps lowered to fit")
+        raise InputError(
+            f"the generation sample does not fit: its {tokens} tokens plus {what} need max_length >= {needed}, but "
+            f"generation max_length={generation.max_length} (the cache capacity)",
+            fix=", or ".join(options),
+        )
+
+
+def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[tuple[int, int, torch.dtype]], int]:
+    """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens, and
+    the vocabulary (the width of the logits of that run)."""
     with torch.no_grad():
         out = model(input_ids=input_ids[:1, :2], use_cache=True)
     cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
@@ -135,7 +170,11 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> list[tuple
                 fix="generation= supports equal key and value head dims",
             )
         layout.append((int(keys.shape[1]), int(keys.shape[-1]), keys.dtype))
-    return layout
+    logits = getattr(out, "logits", None)
+    vocabulary = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(logits, torch.Tensor) and logits.dim() >= 1:
+        vocabulary = int(logits.shape[-1])  # what the step returns: the config may pad or omit it
+    return layout, int(vocabulary or 0)
 
 
 def _attention_form(model: torch.nn.Module, settings: Settings) -> str:
@@ -161,12 +200,22 @@ def _special_tokens(
     config = getattr(model, "generation_config", None)
     if not eos:
         found = getattr(config, "eos_token_id", None)
-        eos = (found,) if isinstance(found, int) else tuple(found or ())
+        eos = () if found is None else _configured("eos_token_id", found)
     if pad is None:
-        pad = getattr(config, "pad_token_id", None)
-        if pad is None and eos:
-            pad = eos[0]
-    return tuple(int(e) for e in eos), None if pad is None else int(pad)
+        found = getattr(config, "pad_token_id", None)
+        pad = _configured("pad_token_id", found)[0] if found is not None else (eos[0] if eos else None)
+    return eos, pad
+
+
+def _configured(name: str, value: Any) -> tuple[int, ...]:
+    """A token-id setting read from the model's generation config, checked as a given one is."""
+    try:
+        return token_ids(name, value, single=name == "pad_token_id")
+    except InputError as error:
+        raise InputError(
+            f"the model's generation_config: {error.message}",
+            fix=f"pass generation={{'{name}': ...}} with the tokenizer's id, or fix model.generation_config.{name}",
+        ) from None
 
 
 def _dynamic_dims(layers: int, batch: int, steps: int, max_batch: int, max_prompt: int) -> tuple[DynamicDim, ...]:

@@ -4,7 +4,8 @@ The step graph is first validated like any graph (against the same step in PyTor
 code and so cannot catch a wrong cache write, mask or position). Then :func:`validate_decoding` decodes with the
 converted step and with the model's own ``model.generate`` (its ``DynamicCache``, greedy, float32) in two runs:
 
-- the sample prompt, as given (its first ``max_batch`` rows);
+- the sample prompt, as given (a sample that does not fit, more rows than ``max_batch`` or more tokens than
+  ``max_length`` leaves room for the judged steps, is an InputError: :func:`check_sample_fits`, never cut);
 - the drawn prompts in one left-padded batch (several when there are more than ``max_batch``): ``validation_inputs``
   of them, at least 3 (at most ``max_batch``) when ``max_batch`` >= 2 so that a padded batch is always decoded;
   drawn at random (seeded by ``seed``; distinct lengths, ids anywhere in the vocabulary);
@@ -34,6 +35,7 @@ import torch.utils._pytree as pytree
 from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
 from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
+from pipeline.generation.conversion import check_sample_fits
 from pipeline.precision.stage import validation_settings
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.runners import StepRunner, step_runner
@@ -168,8 +170,8 @@ def _prompts(sample: torch.Tensor, settings: Settings, vocabulary: int, steps: i
     generation = settings.generation
     assert generation is not None
     longest = max(1, generation.max_length - max(steps, 1))
-    ids = sample[: generation.max_batch, :longest]
-    prompts = [Prompt(f"sample {ids.shape[0]}x{ids.shape[1]}", ids, torch.ones_like(ids))]
+    check_sample_fits(sample, generation, validate=True)  # the conversion checked it already: never cut it to fit
+    prompts = [Prompt(f"sample {sample.shape[0]}x{sample.shape[1]}", sample, torch.ones_like(sample))]
     generator = torch.Generator().manual_seed(settings.seed)
     count = settings.validation_inputs
     if generation.max_batch >= 2:  # a padded batch always: only left padding shows a mask that ignores it

@@ -89,7 +89,7 @@ def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None
     """The user's calibration samples, or the sample and ``calibration_inputs`` inputs drawn like it (other seed
     than validation), plus each dynamic dimension's min and max."""
     if calibration is not None:
-        feeds = [_feed(io, item) for item in calibration]
+        feeds = [_feed(io, item, index) for index, item in enumerate(calibration)]
         if not feeds:
             raise InputError("calibration= is empty", fix="give at least one sample, or leave it out")
         return feeds
@@ -99,9 +99,30 @@ def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None
     return validation_feeds(io, io.flatten_call(*normalise_sample(sample)), drawn)
 
 
-def _feed(io: IOSpec, item: Any) -> Feed:
+def _feed(io: IOSpec, item: Any, index: int) -> Feed:
+    """One ``calibration=`` sample as a feed, its shapes checked against the graph's inputs before anything runs."""
     tensors = io.flatten_call(*normalise_sample(item))
+    for spec, tensor in zip(io.inputs, tensors, strict=True):
+        _check_calibration_shape(spec, tuple(tensor.shape), index)
     return {spec.name: t.detach().cpu().numpy() for spec, t in zip(io.inputs, tensors, strict=True)}
+
+
+def _check_calibration_shape(spec: TensorSpec, given: tuple[int, ...], index: int) -> None:
+    """A calibration tensor has the graph input's rank and every static dimension of it (the sample's); a dimension
+    the graph names is dynamic and takes any size."""
+    expected = spec.shape
+    fits = len(given) == len(expected) and all(
+        isinstance(e, str) or e == g for e, g in zip(expected, given, strict=False)
+    )
+    if fits:
+        return
+    shape = "[" + ", ".join(str(e) for e in expected) + "]"
+    raise InputError(
+        f"calibration sample {index}: input {spec.name!r} has shape {list(given)}, but the graph takes {shape} (the "
+        "sample's shape; a named dimension is dynamic)",
+        fix=f"give calibration samples shaped like the sample ({shape} for {spec.name!r}), or declare the differing "
+        "dimension dynamic (dynamic={'" + spec.name + "': {axis: (name, min, opt, max)}})",
+    )
 
 
 def torch_references(model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed]) -> list[dict[str, np.ndarray]]:

@@ -73,6 +73,7 @@ def quantize_four_bit(inputs: StageInputs, base: onnx.ModelProto, fmt: BlockForm
     """``base`` (the graph after the fallback's precision stage) with 4-bit MatMul/Gemm weights (and tables, and
     NVFP4 activations, when asked), their scales by ``method`` ("max" or "awq")."""
     settings, fp32_model, fp32_graph, feeds = inputs.settings, inputs.fp32_model, inputs.fp32_graph, inputs.feeds
+    assert settings.block_size is not None  # Settings normalises it: the format's block (NVFP4: 16)
     block = fmt.block_size(settings.block_size)
     planned, skipped = plan_targets(fp32_graph, settings.keep_fp32)
     weighted = {t.node: t for t in planned}  # tied heads included: they read the 4-bit table

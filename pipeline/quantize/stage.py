@@ -18,6 +18,7 @@ emulation (:func:`pipeline.precision.stage.runnable_model`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -46,6 +47,8 @@ from pipeline.runtime.reports.precision import PrecisionReport
 from pipeline.runtime.reports.quantization import QuantizationReport
 from pipeline.settings import Settings, Tolerance
 from pipeline.validation.stage import validation_feeds
+
+logger = logging.getLogger(__name__)
 
 QUANTIZED_PRECISIONS = (*FORMATS, *BLOCK_FORMATS)
 #: How the accuracy report labels an output judged by the tolerance the quantize stage derived.
@@ -142,7 +145,21 @@ def quantize_precision(
     largest = measured_envelope(final, exported, model, sample, result.measured, feeds, references)
     report = dataclasses.replace(result.report, tolerances=result.tolerances(largest))
     report = judge_quantized_share(report, settings)
+    if method == "awq" and calibration is None:
+        report = _warn_awq_on_drawn_inputs(report, settings)
     return final, records, precision, judge_cpu_fallback(report, settings, result.backend)
+
+
+def _warn_awq_on_drawn_inputs(report: QuantizationReport, settings: Settings) -> QuantizationReport:
+    """AWQ weighs each input channel by its activations: fitted on inputs drawn at random, its scales say little
+    about real data. A loud warning, in the log and the report, never silence."""
+    message = (
+        f"calibration_method='awq' fitted its activation-aware scales on random inputs (the sample and "
+        f"{settings.calibration_inputs} drawn like it): no calibration= was given, so the scales reflect the drawn "
+        "activations, not your data's; fix: pass calibration=[...] with real samples (a few batches of real data)"
+    )
+    logger.warning("%s", message)
+    return dataclasses.replace(report, warnings=(*report.warnings, message))
 
 
 def _format(settings: Settings) -> Format:

@@ -10,6 +10,7 @@ import onnx
 
 from converters.errors import AccuracyError
 from pipeline.accuracy.anchor import NO_ANCHOR
+from pipeline.accuracy.stats import ALL_NAN_NOTE
 
 if TYPE_CHECKING:
     from pipeline.runtime.reports.accuracy import AccuracyReport
@@ -66,6 +67,12 @@ def raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> Non
             "PyTorch's own half precision overflows on this model (the note says where): convert with "
             "precision='bf16' (float32's range), or keep_fp32= the modules whose values leave float16's range "
             "(pipeline compare --per-layer shows them); " + fix
+        )
+    if any(ALL_NAN_NOTE in o.note for o in report.outputs if not o.passed):
+        fix = (
+            "the model itself computes NaN at every element of an output (PyTorch too: nothing could be compared): "
+            "check its weights for NaN or inf (a diverged or badly loaded checkpoint) and give a sample it computes "
+            "finite values on; " + fix
         )
     raise AccuracyError(
         f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: " + "; ".join(failing),

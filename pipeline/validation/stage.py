@@ -31,6 +31,7 @@ from converters.errors import AccuracyError, BuildError, InputError, PipelineErr
 from pipeline.accuracy.anchoring import Anchoring
 from pipeline.accuracy.distribution import DistributionStats, random_outputs
 from pipeline.accuracy.stats import (
+    ALL_NAN_NOTE,
     RULE,
     Accumulator,
     ErrorAccumulator,
@@ -326,6 +327,8 @@ def _summarise(
         note = "; ".join(filter(None, [stats.shape_mismatch, note]))
     if stats.one_sided_nan:
         note = "; ".join(filter(None, [f"{stats.one_sided_nan} elements NaN on one side only", note]))
+    if stats.all_nan:
+        note = "; ".join(filter(None, [ALL_NAN_NOTE, note]))
     return OutputAccuracy(
         name=spec.name,
         dtype=spec.dtype,

@@ -69,6 +69,7 @@ class GenerativeModule(ConvertedModule):
 
     @request_slots.setter
     def request_slots(self, value: int) -> None:
+        """Allow ``value`` requests at once (a positive int); fewer takes effect as running requests finish."""
         self._request_slots().slots = value
 
     @property
@@ -78,6 +79,7 @@ class GenerativeModule(ConvertedModule):
 
     @request_timeout.setter
     def request_timeout(self, value: float | None) -> None:
+        """Wait at most ``value`` seconds for a slot (``None``: as long as it takes)."""
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
             raise InputError(f"request_timeout must be seconds >= 0 or None, got {value!r}", fix="pass e.g. 30.0")
         self._request_slots().timeout = value

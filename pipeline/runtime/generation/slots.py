@@ -51,6 +51,7 @@ class RequestSlots:
 
     @slots.setter
     def slots(self, value: int) -> None:
+        """Allow ``value`` requests at once (a positive int)."""
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(
                 f"request_slots must be a positive int, got {value!r}",
