@@ -6,12 +6,16 @@ the settings object stays readable.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from converters.errors import InputError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,25 +95,39 @@ def token_ids(name: str, value: Any, *, single: bool = False) -> tuple[int, ...]
     return tuple(int(i) for i in ids)
 
 
-def check_token_ids(settings: GenerationSettings, vocabulary: int, from_model: tuple[str, ...] = ()) -> None:
-    """Every token-id setting within ``[0, vocabulary)`` (the width of the model's logits; 0: unknown, not checked),
-    or an InputError naming the setting, the id and the vocabulary. ``from_model``: the settings that were not
-    given but read from the model's generation config, which the message says."""
+def check_token_ids(
+    settings: GenerationSettings, vocabulary: int, from_model: tuple[str, ...] = ()
+) -> GenerationSettings:
+    """``settings`` with every token id within ``[0, vocabulary)`` (the width of the model's logits; 0: unknown, not
+    checked). An id given outside it is an InputError naming the setting, the id and the vocabulary. ``from_model``
+    names the settings read from the model's own generation config instead: an id there outside the vocabulary (a
+    shrunk test config keeps its tokenizer's ids) is dropped with a WARNING, as it changes nothing transformers
+    does: an eos the model cannot produce never stops a row, and such a pad is not used."""
     named = [("eos_token_id", i) for i in settings.eos_token_id]
     if settings.pad_token_id is not None:
         named.append(("pad_token_id", settings.pad_token_id))
     outside = [(name, i) for name, i in named if vocabulary > 0 and not 0 <= i < vocabulary]
-    if outside:
-        listed = ", ".join(
-            f"{name}={i}" + (" (from the model's generation_config)" if name in from_model else "")
-            for name, i in outside
-        )
+    given = [(name, i) for name, i in outside if name not in from_model]
+    if given:
+        listed = ", ".join(f"{name}={i}" for name, i in given)
         raise InputError(
             f"generation {listed} outside the model's vocabulary [0, {vocabulary}) (the width of its logits): an "
             "eos the model can never produce, a pad it cannot embed",
             fix="pass the ids of the model's own tokenizer: generation={'eos_token_id': tokenizer.eos_token_id, "
             "'pad_token_id': tokenizer.pad_token_id}",
         )
+    if not outside:
+        return settings
+    logger.warning(
+        "generation: %s from the model's generation_config outside its vocabulary [0, %d) (the width of its "
+        "logits): dropped (an eos it cannot produce, a pad it cannot embed); pass generation={'eos_token_id': "
+        "..., 'pad_token_id': ...} to choose others",
+        ", ".join(f"{name}={i}" for name, i in outside),
+        vocabulary,
+    )
+    eos = tuple(i for i in settings.eos_token_id if 0 <= i < vocabulary)
+    pad = settings.pad_token_id if ("pad_token_id", settings.pad_token_id) not in outside else None
+    return dataclasses.replace(settings, eos_token_id=eos, pad_token_id=pad)
 
 
 def _is_whole(value: Any) -> bool:

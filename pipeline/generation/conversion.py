@@ -45,7 +45,7 @@ def prepare_step(
     generation = dataclasses.replace(
         generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
     )
-    check_token_ids(generation, vocabulary, from_model)
+    generation = check_token_ids(generation, vocabulary, from_model)
     use_interface = uses_attention_interface(model)
     if not use_interface:
         logger.warning(

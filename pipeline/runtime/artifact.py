@@ -27,7 +27,7 @@ import os
 import threading
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
@@ -44,6 +44,7 @@ from passes.model_io.external_data import (
     set_weights_dir,
     write_compact,
 )
+from pipeline.runtime.graph_agreement import METADATA, io_disagreement, settings_disagreement
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.mapped_zip import DigestThread, MappedZip, aligned_member
 from pipeline.runtime.reports.conversion import ConversionReport
@@ -56,7 +57,7 @@ ONNX_MEMBER = "model.onnx"
 ENGINE_MEMBER = "engine.plan"
 DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
 SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segment i (pipeline.backends.segments)
-METADATA_MEMBER = "metadata.json"
+METADATA_MEMBER = METADATA  # "metadata.json", defined beside the checks against the graph, which name it
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
 LINK_NAME = "artifact.ptrt"  # the loaded artifact's hard link in the module's private weights directory
 #: Initializers of at least this many bytes go to model.onnx.data (onnx.save's own threshold for external data).
@@ -117,11 +118,17 @@ def save_artifact(
     segments: list[dict[str, Any]] | None = None,
     segment_engines: dict[int, bytes] | None = None,
     refit_at_load: bool = False,
+    extra_metadata: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a converted model (what ``ConvertedModule.save`` hands over) as one artifact; external weights are
     streamed into a ``model.onnx.data`` member. :func:`pipeline.load` reads it back. ``segments`` is the plan of a
     module of TensorRT segments and ``segment_engines`` their engines by segment index. ``refit_at_load``: the
-    engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph."""
+    engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph.
+    ``extra_metadata``: JSON-ready entries of the caller's (``on_first_call``'s fingerprint of the weights it
+    converted), read back by :func:`read_metadata`; they cannot replace the metadata's own entries."""
+    taken = sorted(set(extra_metadata or {}) & {*REQUIRED_METADATA, "created", "plugins", "segments", "engine"})
+    if taken:
+        raise ValueError(f"extra_metadata cannot replace the metadata's own {', '.join(taken)}")
     from converters.plugins.spec import plugin_records
     from pipeline.versions import library_versions
 
@@ -134,6 +141,7 @@ def save_artifact(
         "settings": settings_to_json(settings),
         "report": report.to_dict(),
     }
+    metadata.update(extra_metadata or {})
     plugins = plugin_records(onnx_model)
     if plugins:  # the torch op (and its module) behind each plugin node: pipeline.load re-registers them
         metadata["plugins"] = plugins
@@ -169,6 +177,21 @@ def save_artifact(
 
     write_file_atomically(path, write_zip)
     return path
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The metadata of the artifact at ``path``, checked against its manifest (the other members are not read:
+    ``pipeline.load`` checks them), for a look at what an artifact holds without loading it."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            manifest = _manifest_digests(path, archive, set(archive.namelist()))
+            blob = archive.read(METADATA_MEMBER)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ArtifactError(f"{path} is corrupted or not an artifact: {exc}", fix=REWRITE_FIX) from exc
+    if hashlib.sha256(blob).hexdigest() != manifest["sha256"][METADATA_MEMBER]:
+        raise _digest_error(path, METADATA_MEMBER)
+    return _metadata(path, blob)
 
 
 def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str, Any]:
@@ -477,34 +500,19 @@ def _metadata(path: Path, blob: bytes) -> dict[str, Any]:
 
 
 def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
-    """The I/O spec the module calls with must be the graph's: names, element types and ranks, in order."""
+    """The I/O spec the module calls with must be the graph's (:func:`io_disagreement`)."""
     try:
         io = IOSpec.from_json(metadata["io"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{path}: the I/O spec in {METADATA_MEMBER} is malformed: {exc}", fix=REWRITE_FIX) from exc
-    for kind, specs, values in (("input", io.inputs, model.graph.input), ("output", io.outputs, model.graph.output)):
-        graph_side = [(v.name, _dtype_name(v), len(v.type.tensor_type.shape.dim)) for v in values]
-        spec_side = [(t.name, t.dtype, len(t.shape)) for t in specs]
-        if graph_side != spec_side:
-            raise ArtifactError(
-                f"{path}: the I/O spec's {kind}s {spec_side} do not match the graph's {graph_side}",
-                fix=REWRITE_FIX,
-            )
-    for spec, value in zip(io.inputs, model.graph.input, strict=True):
-        for axis, (declared, fixed) in enumerate(zip(spec.shape, _fixed_dims(value), strict=True)):
-            # the module lets through what its spec allows: a size the graph's fixed axis refuses would reach
-            # ONNX Runtime (INVALID_ARGUMENT) on the first call
-            if fixed is not None and declared != fixed:
-                raise ArtifactError(
-                    f"{path}: input {spec.name!r} axis {axis} is {declared!r} in {METADATA_MEMBER}, {fixed} in the "
-                    "graph",
-                    fix=REWRITE_FIX,
-                )
+    reason = io_disagreement(io, model)
+    if reason is not None:
+        raise ArtifactError(f"{path}: {reason}", fix=REWRITE_FIX)
 
 
 def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> Settings:
-    """The saved settings, which must be valid and their dynamic dimensions axes the graph leaves dynamic: they are
-    the artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+    """The saved settings, which must be valid and describe the graph (:func:`settings_disagreement`): they are the
+    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
     try:
         settings = settings_from_json(metadata["settings"])
     except (InputError, TypeError, ValueError) as exc:
@@ -512,25 +520,10 @@ def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto
         raise ArtifactError(
             f"{path}: the settings in {METADATA_MEMBER} are not valid: {cause}", fix=REWRITE_FIX
         ) from exc
-    graph_dims = {value.name: _fixed_dims(value) for value in model.graph.input}
-    for dim in settings.dynamic:
-        dims = graph_dims.get(dim.input, [])
-        where = f"dynamic dimension {dim.name!r} (input {dim.input!r} axis {dim.axis}) in {METADATA_MEMBER}"
-        if not 0 <= dim.axis < len(dims):
-            raise ArtifactError(f"{path}: {where}, but the graph has no such input axis", fix=REWRITE_FIX)
-        if (fixed := dims[dim.axis]) is not None:
-            raise ArtifactError(f"{path}: {where}, but the graph fixes that axis at {fixed}", fix=REWRITE_FIX)
+    reason = settings_disagreement(settings, model)
+    if reason is not None:
+        raise ArtifactError(f"{path}: {reason}", fix=REWRITE_FIX)
     return settings
-
-
-def _fixed_dims(value: onnx.ValueInfoProto) -> list[int | None]:
-    """Each axis's fixed size in the graph, None where it is dynamic."""
-    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-
-
-def _dtype_name(value: onnx.ValueInfoProto) -> str:
-    elem = value.type.tensor_type.elem_type
-    return str(onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem != onnx.TensorProto.BFLOAT16 else "bfloat16"
 
 
 def _warn_on_versions(path: Path, metadata: dict[str, Any], here: dict[str, str]) -> None:
@@ -583,5 +576,7 @@ def settings_from_json(data: dict[str, Any]) -> Settings:
     values["dynamic"] = tuple(DynamicDim(**d) for d in values.get("dynamic", ()))
     values["tolerances"] = {k: Tolerance(**v) for k, v in values.get("tolerances", {}).items()}
     values["ort_providers"] = tuple(values.get("ort_providers", ("CPUExecutionProvider",)))
+    if values.get("precision") == "nvfp4":
+        values.pop("block_size", None)  # written as 128 (the unused default) before NVFP4's fixed 16 was recorded
     known = {f.name for f in dataclasses.fields(Settings)}
     return Settings(**{k: v for k, v in values.items() if k in known})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,11 @@ class ConvertedModule(torch.nn.Module):
         kept alive with the module). :func:`pipeline.refit` calls it with the graph of the new weights."""
         self._executor, self._onnx, self.report, self._weights = executor, onnx_model, report, weights
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
         reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it. A module of
-        TensorRT segments saves its segment plan and one engine per TensorRT segment."""
+        TensorRT segments saves its segment plan and one engine per TensorRT segment. ``metadata``: JSON-ready entries
+        of the caller's, kept in the artifact's metadata (``pipeline.runtime.artifact.read_metadata``)."""
         from pipeline.runtime.segments.executor import SegmentedExecutor
 
         segmented = self._executor if isinstance(self._executor, SegmentedExecutor) else None
@@ -117,6 +119,7 @@ class ConvertedModule(torch.nn.Module):
             segments=None if segmented is None else [p.to_json() for p in segmented.plan],
             segment_engines=None if segmented is None else segmented.segment_engines(),
             refit_at_load=bool(getattr(self._executor, "refit_at_load", False)),
+            extra_metadata=metadata,
         )
 
     def save_onnx(self, path: str | Path) -> list[Path]:
