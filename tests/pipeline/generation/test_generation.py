@@ -280,6 +280,24 @@ def test_sampling_is_seeded_and_filtered(step: GenerativeModule) -> None:
     assert torch.equal(step.generate(ids, max_new_tokens=10, do_sample=True, top_k=1, seed=3, eos_token_id=[]), greedy)
 
 
+def test_sampled_tokens_are_transformers_own_under_the_same_seed(
+    step: GenerativeModule, llama: transformers.LlamaForCausalLM
+) -> None:
+    """A user moving from ``model.generate(do_sample=True)`` after ``torch.manual_seed(s)`` expects ``seed=s`` to give
+    the same tokens: the same processors in the same order (repetition penalty, temperature, top-k, top-p) and the same
+    draw (one multinomial per step over the batch), on a plain and a left-padded batch."""
+    options = {"do_sample": True, "top_k": 20, "top_p": 0.9, "temperature": 0.8, "repetition_penalty": 1.1}
+    plain = torch.randint(1, 90, (2, 5), generator=torch.Generator().manual_seed(9))
+    for ids, mask in ((plain, torch.ones_like(plain)), left_padded_batch()):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            theirs = llama.generate(
+                ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None, pad_token_id=0, **options
+            )
+            ours = step.generate(ids, mask, max_new_tokens=12, seed=seed, eos_token_id=[], pad_token_id=0, **options)
+            assert torch.equal(ours, theirs), (seed, ours, theirs)
+
+
 def test_stream_yields_the_generated_tokens(step: GenerativeModule) -> None:
     ids = torch.randint(1, 90, (1, 4), generator=torch.Generator().manual_seed(5))
     streamed = list(step.stream(ids, max_new_tokens=6, eos_token_id=[]))
