@@ -122,7 +122,13 @@ class OnnxRuntimeExecutor:
             return None
         with self._row_lock:
             if self._row_session is None:
-                self._row_session = self._row_create(False)
+                try:
+                    self._row_session = self._row_create(False)
+                except Exception as exc:
+                    raise BuildError(
+                        f"ONNX Runtime could not make the unprepacked session for single-row decode steps: {exc}",
+                        fix="convert with ort_row_session=False (every step then runs on the prepacked session)",
+                    ) from exc
             return self._row_session
 
     @property

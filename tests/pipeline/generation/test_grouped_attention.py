@@ -18,10 +18,11 @@ import torch
 import transformers
 
 import pipeline
+from converters.errors import BuildError
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.runtime.generation.runners import OrtBoundRunner
-from pipeline.runtime.ort.executor import row_session_wanted
+from pipeline.runtime.ort.executor import OnnxRuntimeExecutor, row_session_wanted
 from pipeline.runtime.ort.grouped_attention import grouped_attention_graph
 from pipeline.runtime.ort.session_graph import runnable_model
 
@@ -204,6 +205,18 @@ def test_single_row_decode_steps_run_on_the_unprepacked_session_with_the_same_nu
     assert torch.equal(step.generate(single, max_new_tokens=new, eos_token_id=[]), expected)
     off = dataclasses.replace(step.settings, ort_row_session=False)
     assert not row_session_wanted(step.onnx, off) and row_session_wanted(step.onnx, step.settings)
+
+
+def test_a_row_session_onnx_runtime_cannot_make_is_a_build_error_naming_the_switch(step: GenerativeModule) -> None:
+    """ONNX Runtime's own error when the second session cannot be made (here: bytes it cannot parse) comes back as a
+    BuildError that says how to do without that session."""
+    import onnxruntime as ort
+
+    executor = OnnxRuntimeExecutor(step.onnx, step.io, step.settings)
+    executor._row_create = lambda prepack=False: ort.InferenceSession(b"not a model")
+    with pytest.raises(BuildError, match="single-row decode steps") as info:
+        executor.row_session()
+    assert "ort_row_session=False" in str(info.value)
 
 
 def test_calling_the_step_returns_the_whole_cache_as_module_onnx_does(step: GenerativeModule) -> None:
