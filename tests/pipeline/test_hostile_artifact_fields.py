@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 import pytest
 import torch
-import transformers
+from tiny_models import tiny_llama
 from torch import nn
 
 import pipeline
@@ -51,23 +51,6 @@ def expect_artifact_error(path: Path, *causes: str) -> None:
         pipeline.load(path)
     text = str(info.value)
     assert all(cause in text for cause in causes) and "fix:" in text, text
-
-
-def tiny_llama() -> transformers.LlamaForCausalLM:
-    """Two layers, 4 query heads over 2 KV heads, a vocabulary of 96, random weights."""
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=95,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import logging
 
 import numpy as np
 import pytest
+import tiny_models
 import torch
 import transformers
 from torch import nn
@@ -31,12 +32,9 @@ def mlp(seed: int) -> nn.Module:
 
 
 def tiny_llama(vocab: int = 128) -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, eos_token_id=2, pad_token_id=0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_models.tiny_llama(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, max_position_embeddings=64, eos_token_id=2
+    )
 
 
 def prompt(rows: int, tokens: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_models import tiny_llama
 
 import pipeline
 from converters.errors import AccuracyError, InputError
@@ -22,23 +23,6 @@ from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.settings import Settings
 
 NEW_TOKENS = 32
-
-
-def tiny_llama() -> transformers.LlamaForCausalLM:
-    """Two layers, 4 query heads over 2 KV heads, random weights."""
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=95,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")

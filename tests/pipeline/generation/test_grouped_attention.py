@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tiny_models
 import torch
 import transformers
 
@@ -30,17 +31,7 @@ CAPACITY = 40
 
 
 def tiny_llama() -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(3)
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_models.tiny_llama(seed=3, eos_token_id=2, pad_token_id=None)
 
 
 @pytest.fixture(scope="module")

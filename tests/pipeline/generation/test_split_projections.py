@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-import transformers
+from tiny_models import tiny_llama
 
 import pipeline
 from passes.model_io.external_data import ort_session_bytes
@@ -19,17 +19,7 @@ from pipeline.runtime.ort.session_graph import runnable_model
 
 
 def test_a_loaded_step_runs_its_projections_apart_with_the_merged_graphs_numbers(tmp_path: Path) -> None:
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(4)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama(seed=4, max_position_embeddings=64, eos_token_id=2, pad_token_id=None)
     ids = torch.randint(1, 90, (1, 5), generator=torch.Generator().manual_seed(3))
     module = pipeline.convert(model, ids, generation={"max_length": 24, "max_batch": 2}, validation_inputs=1)
     module.save(tmp_path / "step.ptrt")

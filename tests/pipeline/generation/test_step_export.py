@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+import tiny_models
 import torch
 import transformers
 
@@ -24,12 +25,7 @@ from pipeline.settings import Settings
 
 
 def tiny_llama(layers: int = 2) -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, eos_token_id=95, pad_token_id=0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_models.tiny_llama(num_hidden_layers=layers)
 
 
 def traced_ops(layers: int) -> collections.Counter[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
+from tiny_models import tiny_llama
 from torch import nn
 
 import pipeline
@@ -32,22 +32,6 @@ from pipeline.runtime.generation.slots import RequestSlotsBusy
 from pipeline.runtime.segments.executor import SegmentedExecutor
 
 THREADS, REQUESTS = 8, 125
-
-
-def tiny_llama() -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=95,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 class SmallCnn(nn.Module):

@@ -1,0 +1,31 @@
+"""The tiny transformers models the generation tests convert (random weights, nothing downloaded), in one place.
+
+>>> model = tiny_llama(seed=3, num_hidden_layers=1)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+
+#: A Llama small enough to convert in seconds, with grouped KV heads (4 query heads over 2) and special tokens inside
+#: its vocabulary of 96.
+TINY_LLAMA: dict[str, Any] = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "eos_token_id": 95,
+    "pad_token_id": 0,
+}
+
+
+def tiny_llama(seed: int = 0, **config: Any) -> transformers.LlamaForCausalLM:
+    """:data:`TINY_LLAMA` with ``config``'s changes, its weights drawn after ``torch.manual_seed(seed)``; eval mode."""
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY_LLAMA, **config})).eval()
