@@ -150,6 +150,23 @@ def test_anchored_tolerance_is_the_factor_over_pytorch_error_and_never_below_the
     assert exact == FLOAT16
 
 
+def test_fp32_anchored_tolerance_is_twice_pytorch_float32_distance_from_float64() -> None:
+    """An fp32 output as close to float64 as PyTorch float32 is lies within 2x PyTorch's distance of PyTorch
+    (the triangle inequality); the factor is pinned from both sides: 1.9x that distance passes, 2.1x fails."""
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal(1000)
+    own = reference + 1e-3 * rng.standard_normal(1000)  # PyTorch float32 vs float64: ~30x the fixed 1e-4 rtol
+    widened, line = anchored_tolerance(FLOAT32, reference, own, "float32")
+    assert "PyTorch float64 vs float32: max" in line
+    worst = float(np.abs(own - reference).max())
+    signs = np.where(rng.standard_normal(1000) > 0, 1.0, -1.0)
+    assert tolerance_ratio(reference + 1.9 * worst * signs, reference, widened) <= 1
+    off = reference.copy()
+    off[123] += 2.1 * worst  # one element beyond 2x
+    assert tolerance_ratio(off, reference, widened) > 1
+    assert anchored_tolerance(FLOAT32, reference, reference, "float32")[0] == FLOAT32
+
+
 def test_pytorch_overflowing_its_own_half_type_is_said_not_hidden() -> None:
     """A model whose values leave float16's range (timm's visformer with random weights: PyTorch's own float16 is
     inf everywhere) has no half-precision error to anchor to: the fixed rule stands and the line says why."""
