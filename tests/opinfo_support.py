@@ -151,6 +151,10 @@ def _result_problem(result: Any) -> str | None:
             return "eager PyTorch returns a complex tensor"
         if leaf.layout != torch.strided:
             return "eager PyTorch returns a sparse or nested tensor"
+    floats = [leaf for leaf in leaves if leaf.is_floating_point() and leaf.numel()]
+    if floats and all(bool(leaf.isnan().all()) for leaf in floats):
+        # the validation refuses to call that a match (nothing was compared), and so would a user
+        return "eager PyTorch returns NaN at every element: nothing to compare"
     return None
 
 
