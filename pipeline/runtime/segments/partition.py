@@ -48,7 +48,7 @@ def used_values(node: onnx.NodeProto) -> list[str]:
 
 def _outer_values(graph: onnx.GraphProto) -> list[str]:
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.name for t in graph.sparse_initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
     outer: list[str] = []
     for node in graph.node:
         outer += [name for name in used_values(node) if name not in defined and name not in outer]
