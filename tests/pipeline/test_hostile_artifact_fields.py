@@ -5,11 +5,9 @@ artifact=path)`` that notices an artifact of other weights, and converts once wh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import onnx
 import pytest
 import torch
+from test_hostile_artifacts import rewrite
 from tiny_models import tiny_llama
 from torch import nn
 
@@ -28,22 +27,19 @@ Members = dict[str, bytes]
 
 
 def forge(source: Path, target: Path, *, metadata: Callable[[dict], Any] = lambda m: None, graph: Any = None) -> Path:
-    """A copy of the artifact with ``metadata`` (and ``graph``, on the ONNX proto) edited, the manifest re-hashed."""
-    with zipfile.ZipFile(source) as archive:
-        members: Members = {name: archive.read(name) for name in archive.namelist()}
-    data = json.loads(members["metadata.json"])
-    metadata(data)
-    members["metadata.json"] = json.dumps(data).encode()
-    if graph is not None:
-        model = onnx.load_model_from_string(members["model.onnx"])
-        graph(model)
-        members["model.onnx"] = model.SerializeToString()
-    digests = {n: hashlib.sha256(b).hexdigest() for n, b in members.items() if n != "manifest.json"}
-    members["manifest.json"] = json.dumps({"format": "torch-trt-pipeline-artifact/2", "sha256": digests}).encode()
-    with zipfile.ZipFile(target, "w") as archive:
-        for name, blob in members.items():
-            archive.writestr(name, blob)
-    return target
+    """A copy of the artifact with ``metadata`` (and ``graph``, on the ONNX proto) edited, the manifest re-hashed
+    (``test_hostile_artifacts.rewrite`` with ``reseal``)."""
+
+    def edit(members: Members) -> None:
+        data = json.loads(members["metadata.json"])
+        metadata(data)
+        members["metadata.json"] = json.dumps(data).encode()
+        if graph is not None:
+            model = onnx.load_model_from_string(members["model.onnx"])
+            graph(model)
+            members["model.onnx"] = model.SerializeToString()
+
+    return rewrite(source, target, edit, reseal=True)
 
 
 def expect_artifact_error(path: Path, *causes: str) -> None:
