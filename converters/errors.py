@@ -80,3 +80,9 @@ class ArtifactError(PipelineError):
     """A saved artifact is corrupted, incomplete, or was made for another TensorRT version or GPU."""
 
     stage = "artifact"
+
+
+class ServingError(PipelineError):
+    """The Triton server could not be found, started or reached, or a model it serves failed to load."""
+
+    stage = "serving"

@@ -22,6 +22,7 @@ from converters.errors import (
     ExportError,
     InputError,
     PipelineError,
+    ServingError,
 )
 from converters.lazy import lazy_names
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and documentation; at ru
     from pipeline.runtime.io_spec import IOSpec, TensorSpec
     from pipeline.runtime.module import ConvertedModule
     from pipeline.runtime.reports.conversion import ConversionReport
+    from pipeline.serving.serve import serve
+    from pipeline.serving.server import TritonServer
     from pipeline.settings import DEFAULT_TOLERANCES, DynamicDim, Settings, Tolerance
 
 #: public name -> the module that defines it (imported on first use: see the module docstring)
@@ -60,6 +63,8 @@ _LAZY = {
     "on_first_call": "pipeline.first_call",
     "refit": "pipeline.refitting",
     "RequestSlotsBusy": "pipeline.runtime.generation.slots",
+    "serve": "pipeline.serving.serve",
+    "TritonServer": "pipeline.serving.server",
     "GenerativeModule": "pipeline.runtime.generation.module",
     "IOSpec": "pipeline.runtime.io_spec",
     "TensorSpec": "pipeline.runtime.io_spec",
@@ -139,7 +144,10 @@ __all__ = [
     "refit",
     "RequestSlotsBusy",
     "run_passes",
+    "serve",
+    "ServingError",
     "Settings",
     "TensorSpec",
     "Tolerance",
+    "TritonServer",
 ]

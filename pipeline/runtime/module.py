@@ -85,6 +85,19 @@ class ConvertedModule(torch.nn.Module):
         outputs = self._executor.run(inputs)
         return self.io.unflatten_outputs([o if o.device == device else o.to(device) for o in outputs])
 
+    def run_flat(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the graph on its inputs in the order of ``module.io.inputs``; its outputs in the order of
+        ``module.io.outputs``. The inputs are checked as a call's are (dtype, rank, declared sizes). A server
+        that speaks in named graph tensors (Triton) calls this instead of the model-shaped ``forward``."""
+        if len(inputs) != len(self.io.inputs):
+            raise InputError(
+                f"the graph takes {len(self.io.inputs)} inputs ({', '.join(t.name for t in self.io.inputs)}), "
+                f"not {len(inputs)}",
+                fix="pass one tensor per graph input, in the order of module.io.inputs",
+            )
+        self._check(inputs)
+        return self._executor.run(inputs)
+
     @property
     def executor(self) -> Executor:
         """The backend's executor (ONNX Runtime session, TensorRT engine, segments) the module calls."""
