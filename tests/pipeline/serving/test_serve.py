@@ -165,8 +165,11 @@ def test_bad_requests_get_errors_naming_the_cause_and_the_server_keeps_serving(
     assert _ask_http(client, "cnn", "image", images, "out").shape == (1, 5)
 
 
-def _stream(server: Any, ids: torch.Tensor, **options: Any) -> tuple[np.ndarray, list[str]]:
-    """One decoupled generation request over gRPC: the tokens of every response, and the errors."""
+def _stream(
+    server: Any, ids: torch.Tensor, on_first: Any = None, **options: Any
+) -> tuple[np.ndarray, list[str]]:
+    """One decoupled generation request over gRPC: the tokens of every response, and the errors (``on_first``
+    is called once the first token is in)."""
     client = grpc.InferenceServerClient(server.grpc_url)
     results: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -184,6 +187,8 @@ def _stream(server: Any, ids: torch.Tensor, **options: Any) -> tuple[np.ndarray,
             final = response.parameters.get("triton_final_response")
             if response.outputs:
                 tokens.append(result.as_numpy("tokens"))
+                if on_first is not None and len(tokens) == 1:
+                    on_first()
             if final is not None and final.bool_param:
                 break
     finally:
@@ -251,3 +256,31 @@ def test_bad_serve_arguments_are_refused_before_the_server_starts(artifacts: dic
         pipeline.serve([artifacts["cnn"], artifacts["cnn"]], start=False)
     with pytest.raises(pipeline.InputError, match="not a Triton model name"):
         pipeline.serve({"a b": artifacts["cnn"]}, start=False)
+
+
+def test_cli_serves_until_sigterm_and_finishes_the_stream_in_flight(artifacts: dict[str, Path]) -> None:
+    """`pipeline serve` in the foreground: ready, streaming; SIGTERM lets the running stream end, then exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.serving.server import free_port
+
+    ports = [free_port() for _ in range(3)]
+    command = [sys.executable, "-m", "pipeline", "serve", str(artifacts["llama"]), "--name", "llama"]
+    command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("serving llama:"), line + process.stderr.read() if process.stderr else line
+        server = type("Endpoint", (), {"grpc_url": f"localhost:{ports[1]}"})()
+        # eos_token_id outside the vocabulary: the stream runs its 30 steps; SIGTERM comes after the first
+        tokens, errors = _stream(
+            server, PROMPT, on_first=lambda: process.send_signal(signal.SIGTERM), max_new_tokens=30, eos_token_id=-1
+        )
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert errors == [] and tokens.shape == (1, 30)
