@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,6 +38,16 @@ from typing import Any
 from converters.errors import ServingError
 
 logger = logging.getLogger(__name__)
+
+# "failed to load 'NAME' version 1: Internal: ArtifactError: ...\n\nAt:\n  traceback" in the server's log
+_FAILED_LOAD = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$", re.M)
+
+
+def _reason(logged: str) -> str:
+    """A logged load failure without Triton's status prefix and the Python traceback, newlines restored."""
+    text = logged.replace("\\n", "\n").split("\n\nAt:")[0]
+    return re.sub(r"^(Internal|Invalid argument|Unavailable): ", "", text).strip()
+
 
 INSTALL_FIX = "pip install 'torch-trt-pipeline[serve]' (nvidia-pytriton ships the server, tritonclient the client)"
 
@@ -197,15 +208,22 @@ class TritonServer:
             if self._process.poll() is not None:
                 raise ServingError(
                     f"tritonserver exited with code {self._process.returncode} while starting: {self.failure()}",
-                    fix=f"read the server's log {self.log_path}",
+                    fix=f"the server's whole log: {self._keep_log()}",
                 )
             if self._get("/v2/health/ready" if self.exit_on_error else "/v2/health/live") == 200:
                 return
             time.sleep(0.25)
         raise ServingError(
             f"tritonserver was not ready after {self.startup_timeout:.0f} s: {self.failure()}",
-            fix=f"read the server's log {self.log_path}; a large model may need a longer startup_timeout",
+            fix=f"a large model may need a longer startup_timeout; the server's whole log: {self._keep_log()}",
         )
+
+    def _keep_log(self) -> Path:
+        """A copy of the server's log outside the private directory (which goes with the server)."""
+        handle, name = tempfile.mkstemp(prefix="pipeline-tritonserver-", suffix=".log")
+        with os.fdopen(handle, "wb") as kept, contextlib.suppress(OSError):
+            kept.write(self.log_path.read_bytes())
+        return Path(name)
 
     def _get(self, route: str) -> int:
         try:
@@ -225,13 +243,18 @@ class TritonServer:
             return index
 
     def failure(self) -> str:
-        """What the server said went wrong (its error lines, or the log's tail)."""
+        """What the server said went wrong: each model that failed to load with its reason, else its error lines
+        (or the log's tail)."""
         try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return "no log"
-        errors = [line for line in lines if line.startswith("E") or "failed to load" in line or "Error" in line]
-        relevant = [e for e in errors if "NVML" not in e and "DCGM" not in e and "CUDA" not in e]
+        failed = {name: _reason(reason) for name, reason in _FAILED_LOAD.findall(text)}
+        if failed:
+            return "; ".join(f"model {name!r} failed to load: {reason}" for name, reason in failed.items())
+        lines = text.splitlines()
+        errors = [line for line in lines if line.startswith("E") or "Error" in line]
+        relevant = [e for e in errors if not any(word in e for word in ("NVML", "DCGM", "CUDA"))]
         return " | ".join((relevant or lines)[-6:]) or "no output"
 
     @property

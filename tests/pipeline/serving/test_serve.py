@@ -165,9 +165,7 @@ def test_bad_requests_get_errors_naming_the_cause_and_the_server_keeps_serving(
     assert _ask_http(client, "cnn", "image", images, "out").shape == (1, 5)
 
 
-def _stream(
-    server: Any, ids: torch.Tensor, on_first: Any = None, **options: Any
-) -> tuple[np.ndarray, list[str]]:
+def _stream(server: Any, ids: torch.Tensor, on_first: Any = None, **options: Any) -> tuple[np.ndarray, list[str]]:
     """One decoupled generation request over gRPC: the tokens of every response, and the errors (``on_first``
     is called once the first token is in)."""
     client = grpc.InferenceServerClient(server.grpc_url)
@@ -284,3 +282,13 @@ def test_cli_serves_until_sigterm_and_finishes_the_stream_in_flight(artifacts: d
         if process.poll() is None:
             process.kill()
     assert errors == [] and tokens.shape == (1, 30)
+
+
+def test_a_model_that_fails_to_load_stops_the_start_with_its_reason(artifacts: dict[str, Path], tmp_path: Path) -> None:
+    doomed = tmp_path / "doomed.ptrt"
+    doomed.write_bytes(artifacts["mlp"].read_bytes())
+    server = pipeline.serve(doomed, http_port=0, grpc_port=0, metrics_port=0, start=False)
+    doomed.unlink()  # gone after the repository was written: the backend's pipeline.load fails
+    with pytest.raises(pipeline.ServingError, match=r"model 'doomed' failed to load: ArtifactError.*no artifact"):
+        server.start()
+    assert not server.running
