@@ -121,6 +121,8 @@ def convert(
         engine_options=describe_engine_options(config) if choice.name in ("tensorrt", "tensorrt-rtx") else None,
         segments=segments,
         fused_ops=fused_ops(graph.exported.model, final),
+        dropped_outputs=dict(graph.exported.dropped_outputs),
+        traced_branches=dict(graph.exported.traced_branches),
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
     return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)

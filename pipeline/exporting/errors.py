@@ -99,7 +99,7 @@ def model_frame(exc: BaseException) -> str | None:
     found = None
     for tb in _frames(exc):
         code = tb.tb_frame.f_code
-        if not code.co_filename.startswith(_not_model_code()):
+        if is_model_code(code.co_filename):
             found = f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
     return found
 
@@ -115,6 +115,12 @@ def _frames(exc: BaseException) -> Iterator[TracebackType]:
             yield tb
             tb = tb.tb_next
         current = current.__cause__ or current.__context__
+
+
+def is_model_code(filename: str) -> bool:
+    """Whether ``filename`` holds the model's own Python: not torch's, the standard library's or this repository's
+    packages'."""
+    return not filename.startswith(_not_model_code())
 
 
 @functools.cache

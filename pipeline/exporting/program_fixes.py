@@ -17,6 +17,14 @@ that an equivalent form it takes can express exactly.
 - ``as_strided_scatter`` through a 0-d view (``size=[]``, ``stride=[]``): the empty lists have no type in ONNX, so
   the node cannot be written; the same one element is the 1-d view ``size=[1]``, ``stride=[1]`` of ``src``
   reshaped to ``[1]``.
+- ``rsub(x, s)`` with a Python number ``s`` (``1.0 - attention_mask`` in XLNet and ProphetNet): the exporter's
+  decompositions write it ``aten.sub(s, x)``, a number as ``self``, which no overload of ``aten.sub`` takes, so the
+  translation fails ("Cannot find a compatible OpOverload for aten.sub"). It is ``sub(scalar_tensor(s), x)`` with the
+  number a 0-d tensor of the result's dtype: the same promotion (a 0-d tensor does not widen a tensor of its
+  category; of a higher category it gives its own dtype, the result's) and the same subtraction.
+- runtime assertions (``torch._check`` on data: LLaVA's image-token count, ``torch_compilable_check``): the exporter
+  removes the assertion nodes but still translates the ops that only fed them, and one of those,
+  ``aten._is_all_true``, has no translation. The assertions and what only they read are removed first.
 """
 
 from __future__ import annotations
@@ -32,6 +40,13 @@ logger = logging.getLogger(__name__)
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
+_ASSERTIONS = (  # the exporter's own list (torch.onnx's remove_assertion_nodes)
+    torch.ops.aten.sym_constrain_range_for_size.default,
+    torch.ops.aten._assert_async.default,
+    torch.ops.aten._assert_async.msg,
+    torch.ops.aten._assert_scalar.default,
+)
+_SUBTRACTIONS = (torch.ops.aten.rsub.Scalar, torch.ops.aten.rsub.Tensor, torch.ops.aten.sub.Tensor)
 _A = torch.ops.aten
 #: Ops the exporter writes with sequence ops; PyTorch's decompositions of them (and of what they decompose into).
 _SEQUENCE_OPS = (
@@ -54,7 +69,13 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     scattered = _scalar_strided_scatter_as_1d(program.graph_module.graph)
     if scattered:
         logger.debug("0-d as_strided_scatter written as 1-d at %d node(s)", scattered)
-    if changed or grouped or scattered:
+    subtracted = _number_minus_tensor_as_sub(program.graph_module.graph)
+    if subtracted:
+        logger.debug("number - tensor written as sub(scalar_tensor, tensor) at %d node(s)", subtracted)
+    unchecked = _without_data_assertions(program.graph_module.graph)
+    if unchecked:
+        logger.debug("%d runtime assertion(s) on data removed with what only they read", unchecked)
+    if changed or grouped or scattered or subtracted or unchecked:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
@@ -191,6 +212,62 @@ def _scalar_strided_scatter_as_1d(graph: torch.fx.Graph) -> int:
             flat = graph.call_function(torch.ops.aten.view.default, (source, [1]))
             flat.meta = {**source.meta, "val": source.meta["val"].view([1])}
         node.args = (node.args[0], flat, [1], [1], *node.args[4:])
+        count += 1
+    return count
+
+
+def _without_data_assertions(graph: torch.fx.Graph) -> int:
+    """Remove the assertion nodes that read data-dependent values (an ``aten._is_all_true`` among what they read),
+    then every node only they read; returns how many assertions."""
+    assertions = [n for n in graph.nodes if n.op == "call_function" and n.target in _ASSERTIONS]
+    if not any(_reads_all_true(n) for n in assertions):
+        return 0
+    for node in assertions:
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    return len(assertions)
+
+
+def _reads_all_true(node: torch.fx.Node) -> bool:
+    """Whether ``node`` reads, directly or through other nodes, an ``aten._is_all_true``."""
+    seen: set[torch.fx.Node] = set()
+    pending = list(node.all_input_nodes)
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.target is torch.ops.aten._is_all_true.default:
+            return True
+        pending.extend(current.all_input_nodes)
+    return False
+
+
+def _number_minus_tensor_as_sub(graph: torch.fx.Graph) -> int:
+    """``rsub(x, s, alpha)`` (``s - alpha * x``) with a number ``s``, and ``sub(s, x, alpha)`` with a number as
+    ``self``, rewritten as ``sub(scalar_tensor(s, dtype=the result's), x, alpha)``; returns how many."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SUBTRACTIONS or len(node.args) < 2:
+            continue
+        value = node.meta.get("val")
+        reverse = node.target is not torch.ops.aten.sub.Tensor
+        number, tensor = (node.args[1], node.args[0]) if reverse else node.args[:2]
+        if not isinstance(value, torch.Tensor) or not isinstance(number, int | float) or isinstance(number, bool):
+            continue
+        if not isinstance(tensor, torch.fx.Node):
+            continue
+        with graph.inserting_before(node):
+            scalar = graph.call_function(
+                torch.ops.aten.scalar_tensor.default, (number,), {"dtype": value.dtype, "device": value.device}
+            )
+            scalar.meta = {**node.meta, "val": value.new_empty((), dtype=value.dtype)}
+            alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
+            kwargs = {} if alpha == 1 else {"alpha": alpha}
+            sub = graph.call_function(torch.ops.aten.sub.Tensor, (scalar, tensor), kwargs)
+            sub.meta = dict(node.meta)
+        node.replace_all_uses_with(sub)
+        graph.erase_node(node)
         count += 1
     return count
 

@@ -7,7 +7,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -21,6 +21,7 @@ from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weigh
 from passes.model_io.graphs import to_graph, to_model
 from pipeline.accuracy.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
+from pipeline.exporting.cache_outputs import forward_without_cache
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.exact_identities import exact_identity_constants
 from pipeline.exporting.io_names import name_dynamic_dims, rename_io
@@ -30,9 +31,10 @@ from pipeline.exporting.moe_dispatch import dense_expert_dispatch
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
+from pipeline.exporting.traced_branches import Branches, branches_as_recorded, branches_on_data, recorded_branches
 from pipeline.exporting.translation_table import reused_translation_table
 from pipeline.noise import quiet_third_party
-from pipeline.runtime import containers, io_spec
+from pipeline.runtime import io_spec
 from pipeline.runtime.io_spec import IOSpec, TensorSpec
 from pipeline.settings import DynamicDim, Settings
 
@@ -64,6 +66,11 @@ class ExportedGraph:
     weights: WeightFiles | None = None
     # the dynamic dimensions as exported: the declared ones, some made multiples of a number the model needs
     dynamic: tuple[DynamicDim, ...] = ()
+    # the outputs exported as None, path -> type: transformers cache objects (pipeline.exporting.cache_outputs)
+    dropped_outputs: dict[str, str] = field(default_factory=dict)
+    # the model's Python branches on tensor data exported as the sample takes them, source line -> the value taken
+    # (pipeline.exporting.traced_branches)
+    traced_branches: dict[str, str] = field(default_factory=dict)
 
 
 def export(
@@ -112,8 +119,8 @@ def export(
             raise export_errors.python_value_error(exc, model, args, kwargs) from exc
         out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
-        with _without_cache_output(model, result):
-            program, dynamic = _torch_export(
+        with forward_without_cache(model, result, args, kwargs) as dropped:
+            program, dynamic, branches = _torch_export(
                 model,
                 signature,
                 args,
@@ -166,7 +173,7 @@ def export(
     for t, out in zip(spec.outputs, out_tensors, strict=True):
         if t.dtype != str(out.dtype).removeprefix("torch."):
             logger.warning("output %s is %s in PyTorch but %s in the graph", t.name, out.dtype, t.dtype)
-    return ExportedGraph(proto, spec, metadata, weights, dynamic)
+    return ExportedGraph(proto, spec, metadata, weights, dynamic, dropped, branches)
 
 
 def _torch_export(
@@ -179,24 +186,13 @@ def _torch_export(
     translations: dict[Any, Callable[..., Any]] | None,
     converter_ops: Iterable[torch._ops.OpOverload],
     complex_outputs: list[str],
-) -> tuple[Any, tuple[DynamicDim, ...]]:
+) -> tuple[Any, tuple[DynamicDim, ...], dict[str, str]]:
     """torch.export first (one trace), then the ONNX translation of that program with every custom op opaque; and
-    the dynamic dimensions as exported (some made multiples of a number, when the model needs it)."""
-    dynamic = settings.dynamic
+    the dynamic dimensions as exported (some made multiples of a number, when the model needs it) and the branches
+    on tensor data exported as the sample takes them (source line -> value)."""
     start = time.perf_counter()
     with _quiet_exporter():
-        try:
-            exported = _export_program(model, signature, args, kwargs, names, dynamic)
-        except Exception as exc:
-            multiples = multiples_from(exc, dynamic)
-            if multiples is None:
-                raise export_errors.torch_export_error(exc) from exc
-            warn_multiples(dynamic, multiples)
-            dynamic = multiples
-            try:
-                exported = _export_program(model, signature, args, kwargs, names, dynamic)
-            except Exception as again:
-                raise export_errors.torch_export_error(again) from again
+        exported, dynamic, branches = _traced_program(model, signature, args, kwargs, names, settings.dynamic)
         if complex_outputs:
             raise export_errors.complex_output_error(exported, complex_outputs)
         exported = fix_program(exported)
@@ -237,7 +233,37 @@ def _torch_export(
         raise ExportError("torch.onnx.export returned no model", fix="report this model")
     restore_lost_initializers(program.model)
     logger.debug("export took %.2f s (%d custom ops opaque)", time.perf_counter() - start, len(table))
-    return program, dynamic
+    return program, dynamic, {} if branches is None else dict(branches.taken)
+
+
+def _traced_program(
+    model: torch.nn.Module,
+    signature: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: list[str],
+    dynamic: tuple[DynamicDim, ...],
+) -> tuple[Any, tuple[DynamicDim, ...], Branches | None]:
+    """torch.export's program, traced again when it fails where the fix is known: with the dynamic dimensions made
+    multiples of a number the model needs (:mod:`pipeline.exporting.multiples`), with the sample's branches on
+    tensor data (:mod:`pipeline.exporting.traced_branches`), or both; each at most once."""
+    branches: Branches | None = None
+    multiplied = False
+    while True:
+        try:
+            return _export_program(model, signature, args, kwargs, names, dynamic, branches), dynamic, branches
+        except Exception as exc:
+            multiples = None if multiplied else multiples_from(exc, dynamic)
+            if multiples is not None:
+                warn_multiples(dynamic, multiples)
+                dynamic, multiplied = multiples, True
+            elif branches is None and branches_on_data(exc):
+                try:
+                    branches = recorded_branches(model, args, kwargs)
+                except Exception:  # noqa: BLE001 -- the model ran eagerly before: the export's error is the one to show
+                    raise export_errors.torch_export_error(exc) from exc
+            else:
+                raise export_errors.torch_export_error(exc) from exc
 
 
 def _export_program(
@@ -247,9 +273,15 @@ def _export_program(
     kwargs: dict[str, Any],
     names: list[str],
     dynamic: tuple[DynamicDim, ...],
+    branches: Branches | None = None,
 ) -> Any:
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, dynamic)
-    with static_composites(), unchanged_module_to_is_free(), dense_expert_dispatch(model):
+    with (
+        static_composites(),
+        unchanged_module_to_is_free(),
+        dense_expert_dispatch(model),
+        branches_as_recorded(branches),
+    ):
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
@@ -278,31 +310,6 @@ def restore_lost_initializers(model: Any) -> None:
     if lost:
         raise ExportError(export_errors.dangling_message(lost), node=lost[0][0],
                           fix="report this model to PyTorch (torch.onnx export) with the tensors named")  # fmt: skip
-
-
-@contextlib.contextmanager
-def _without_cache_output(model: torch.nn.Module, result: Any) -> Iterator[None]:
-    """Export with ``config.use_cache`` off when the model returns a transformers cache object (a causal LM whose
-    config says ``use_cache=True``): the graph computes the plain forward, and the module returns None where the
-    cache was. Said in the log, with the way to convert for decoding."""
-    leaves = containers.flatten_with_paths(result)[0]  # diffusers outputs have no flatten_with_keys_fn
-    dropped = [(pytree.keystr(path), leaf) for path, leaf in leaves if io_spec.is_model_cache(leaf)]
-    config: Any = getattr(model, "config", None)
-    if not dropped or getattr(config, "use_cache", None) is not True:
-        yield
-        return
-    logger.warning(
-        "output %s is a %s (the model's key/value cache): the graph computes the plain forward without it and the "
-        "converted module returns None there; convert with generation={'max_length': ..., 'max_batch': ...} for "
-        "decoding with a cache (module.generate)",
-        ", ".join(path for path, _ in dropped),
-        type(dropped[0][1]).__name__,
-    )
-    config.use_cache = False
-    try:
-        yield
-    finally:
-        config.use_cache = True
 
 
 def _declared_input_names(model: torch.nn.Module, names: list[str]) -> list[str]:

@@ -31,6 +31,12 @@ class ConversionReport:
     engine_options: dict[str, Any] | None = None  # strip_weights, refittable, ...: pipeline.runtime.tensorrt.weights
     #: op type -> nodes the passes put in place of decomposed subgraphs (RMSNormalization, RotaryEmbedding)
     fused_ops: dict[str, int] = field(default_factory=dict)
+    #: outputs of the model the graph does not return (the module returns None there), where they are in the result
+    #: (``result.cache``) -> type: transformers cache objects of a plain conversion (pipeline.exporting.cache_outputs)
+    dropped_outputs: dict[str, str] = field(default_factory=dict)
+    #: the model's Python branches on tensor data exported as the sample takes them: source line -> the value taken
+    #: (``modeling_fsmt.py:266 in make_padding_mask `if not padding_mask.any():``` -> ``"False"``)
+    traced_branches: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_seconds(self) -> float:
@@ -54,6 +60,8 @@ class ConversionReport:
             "segments": self.segments.to_dict() if self.segments else None,
             "engine_options": self.engine_options,
             "fused_ops": dict(self.fused_ops),
+            "dropped_outputs": dict(self.dropped_outputs),
+            "traced_branches": dict(self.traced_branches),
         }
 
     @classmethod
@@ -75,6 +83,8 @@ class ConversionReport:
             segments=SegmentsReport.from_dict(data["segments"]) if data.get("segments") else None,
             engine_options=data.get("engine_options"),
             fused_ops={str(k): int(v) for k, v in data.get("fused_ops", {}).items()},
+            dropped_outputs={str(k): str(v) for k, v in data.get("dropped_outputs", {}).items()},
+            traced_branches={str(k): str(v) for k, v in data.get("traced_branches", {}).items()},
         )
 
     def summary(self) -> str:
@@ -92,6 +102,17 @@ class ConversionReport:
         if self.fused_ops:
             fused = ", ".join(f"{count} {op}" for op, count in self.fused_ops.items())
             lines.append(f"fused     {fused} (opset-23 ops in place of the exported subgraphs)")
+        if self.dropped_outputs:
+            dropped = ", ".join(f"{where} ({kind})" for where, kind in self.dropped_outputs.items())
+            lines.append(
+                f"dropped   {dropped}: the model's key/value cache, not a graph output (the module returns None "
+                "there; generation= converts the cached step)"
+            )
+        for where, value in self.traced_branches.items():
+            lines.append(
+                f"branch    {where} -> {value}: a decision on tensor data, exported as the sample takes it (inputs "
+                "that take the other branch get this one's result)"
+            )
         if self.engine_options is not None:
             options = self.engine_options
             budget = options.get("weight_streaming_budget")

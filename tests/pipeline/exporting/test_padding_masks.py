@@ -1,0 +1,65 @@
+"""A Python branch on tensor data in a model's mask code (FSMT's ``if not padding_mask.any():``, LED's
+``is_global_attn = ....any().item()``), which torch.export cannot trace (``GuardOnDataDependentSymNode``), is
+exported as the sample takes it: the model converts, matches PyTorch, and the report names the line and the value.
+Tiny models with random weights, built from their configs (nothing downloaded)."""
+
+from __future__ import annotations
+
+import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' models
+import torch
+import transformers
+
+import pipeline
+from pipeline.exporting.stage import export
+from pipeline.settings import Settings
+
+SEQ2SEQ = {"encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2}
+FFN = {"encoder_ffn_dim": 64, "decoder_ffn_dim": 64}
+
+
+def ids(length: int, seed: int = 0) -> torch.Tensor:
+    """Token ids from 3 on: no pad token (FSMT's is 1), as a tokenizer gives for an unpadded sentence."""
+    return torch.randint(3, 100, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_fsmt_padding_mask_branch_is_exported_as_the_sample_takes_it() -> None:
+    """With ``use_cache=False`` FSMT makes its decoder's padding mask, and drops it when the input has no pad."""
+    config = transformers.FSMTConfig(
+        src_vocab_size=128, tgt_vocab_size=128, d_model=32, **SEQ2SEQ, **FFN, max_position_embeddings=64,
+        langs=["en", "de"], use_cache=False,
+    )  # fmt: skip
+    model = transformers.FSMTModel(config).eval()
+    sample = {"input_ids": ids(8), "decoder_input_ids": ids(4, seed=1)}
+
+    module = pipeline.convert(model, ((), sample), validation_inputs=2)
+
+    branches = module.report.traced_branches
+    assert list(branches.values()) == ["False"]
+    (where,) = branches
+    assert where.startswith("modeling_fsmt.py:") and "in make_padding_mask `if not padding_mask.any():`" in where
+    assert f"branch    {where} -> False" in module.report.summary()
+    assert module.report.accuracy is not None and module.report.accuracy.passed
+    other = {"input_ids": ids(8, seed=2), "decoder_input_ids": ids(4, seed=3)}
+    with torch.no_grad():
+        want = model(**other)
+    got = module(**other)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-4, atol=1e-5)
+
+
+def test_led_global_attention_flag_is_exported_as_the_sample_takes_it() -> None:
+    """LED asks ``.item()`` of whether any token has global attention, then branches on it in every layer; without
+    a global attention mask, none has. (torch.export and the ONNX translation succeed; the exporter's ONNX for LED's
+    sliding-window attention does not match PyTorch yet, which the conversion's validation reports.)"""
+    config = transformers.LEDConfig(
+        vocab_size=128, d_model=32, **SEQ2SEQ, **FFN, max_encoder_position_embeddings=64,
+        max_decoder_position_embeddings=64, attention_window=[4], use_cache=False,
+    )  # fmt: skip
+    model = transformers.LEDModel(config).eval()
+    sample = {"input_ids": ids(8), "decoder_input_ids": ids(4, seed=1)}
+
+    exported = export(model, ((), sample), Settings())
+
+    (where,) = exported.traced_branches
+    assert where.startswith("modeling_led.py:") and "is_global_attn = is_index_global_attn" in where
+    assert exported.traced_branches[where] == "False"
+    assert [o.name for o in exported.model.graph.output] == ["last_hidden_state", "encoder_last_hidden_state"]
