@@ -254,6 +254,7 @@ PIPELINE_UNITS = (
     "pipeline.noise",
     "pipeline.progress",
     "pipeline.runtime",
+    "pipeline.serving",  # Triton: serving artifacts and exporting model repositories (the runtime alone)
     "pipeline.accuracy",  # the accuracy policy: tolerances, anchors, statistics (validation, comparison, stages)
     "pipeline.exporting",
     "pipeline.validation",

@@ -1,4 +1,4 @@
-"""Command line: ``pipeline convert|check|compare|bench|inspect|generate|serve``; one module per command, shared parsing
+"""Command line: ``pipeline convert|check|compare|bench|inspect|generate|serve|export-triton``; one module per command, shared parsing
 in ``common``."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pipeline.cli.bench import add_bench_command
 from pipeline.cli.check import add_check_command
 from pipeline.cli.compare import add_compare_command
 from pipeline.cli.convert import add_convert_command
+from pipeline.cli.export_triton import add_export_triton_command
 from pipeline.cli.generate import add_generate_command
 from pipeline.cli.inspect import add_inspect_command
 from pipeline.cli.serve import add_serve_command
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_inspect_command,
         add_generate_command,
         add_serve_command,
+        add_export_triton_command,
     ):
         add(commands)
     for sub in commands.choices.values():  # -v after the command too (`pipeline convert ... -v`)

@@ -3,7 +3,9 @@
 ``pipeline serve`` writes one into a private directory and starts the server over it. Each model is
 ``NAME/config.pbtxt`` (the graph's inputs and outputs, batching, instances) and ``NAME/1/model.py``: a few lines
 that put this environment's packages on the backend stub's path and hand over to
-:mod:`pipeline.serving.backend_model`. The artifact is read where it is (its absolute path is a parameter).
+:mod:`pipeline.serving.backend_model`. The artifact is read where it is (its absolute path is a parameter). The
+portable variant (``pipeline export-triton``) copies the artifact beside ``model.py`` and writes no path of this
+machine.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import site
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,30 @@ class TritonPythonModel:
         from pipeline.serving.backend_model import triton_model
 
         self.model = triton_model(args, pb_utils)
+
+    def execute(self, requests):
+        return self.model.execute(requests)
+
+    def finalize(self):
+        self.model.finalize()
+'''
+
+
+PORTABLE_MODEL_PY = '''"""Triton Python-backend model written by `pipeline export-triton`: serves {artifact},
+the artifact beside this file. The server's Python needs the package: pip install torch-trt-pipeline."""
+import json
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        artifact = config["parameters"]["artifact"]
+        artifact["string_value"] = str(Path(__file__).resolve().parent / artifact["string_value"])
+        import triton_python_backend_utils as pb_utils
+        from pipeline.serving.backend_model import triton_model
+
+        self.model = triton_model({{**args, "model_config": json.dumps(config)}}, pb_utils)
 
     def execute(self, requests):
         return self.model.execute(requests)
@@ -95,17 +122,27 @@ def write_serving_model(
     queue_delay_us: int | None,
     instances: int,
     threads: int | None,
+    portable: bool = False,
 ) -> Path:
-    """``repository/NAME``: the model's config and ``model.py``; its directory."""
+    """``repository/NAME``: the model's config and ``model.py``; its directory.
+
+    ``portable`` (``pipeline export-triton``): for a Triton on another machine, whose Python has the package
+    installed: the artifact is copied to ``NAME/1/`` and ``model.py`` finds it beside itself; no path of this machine
+    is written.
+    """
     if instances < 1:
         raise InputError(f"serving {served.name!r}: instances must be >= 1, not {instances}")
-    sites, rest = environment_paths()
-    parameters = {
-        "artifact": str(served.path),
-        "site_dirs": json.dumps(sites),
-        "python_path": json.dumps(rest),
-        "threads": "" if threads is None else str(threads),
-    }
+    threads_text = "" if threads is None else str(threads)
+    if portable:
+        parameters = {"artifact": served.path.name, "threads": threads_text}
+    else:
+        sites, rest = environment_paths()
+        parameters = {
+            "artifact": str(served.path),
+            "site_dirs": json.dumps(sites),
+            "python_path": json.dumps(rest),
+            "threads": threads_text,
+        }
     if served.generative:
         config = model_config(
             served.name,
@@ -134,6 +171,12 @@ def write_serving_model(
         )
     directory = repository / served.name
     (directory / "1").mkdir(parents=True, exist_ok=True)
-    write_file_atomically(directory / "1" / "model.py", MODEL_PY.format(artifact=served.path).encode())
+    if portable:
+        with open(served.path, "rb") as source:
+            write_file_atomically(directory / "1" / served.path.name, lambda out: shutil.copyfileobj(source, out))
+        model_py = PORTABLE_MODEL_PY.format(artifact=served.path.name)
+    else:
+        model_py = MODEL_PY.format(artifact=served.path)
+    write_file_atomically(directory / "1" / "model.py", model_py.encode())
     write_config(config, directory)
     return directory
