@@ -118,7 +118,8 @@ def export_triton(
 ) -> TritonExport:
     """Write the models of ``artifact`` into the Triton model repository ``repository``; what was written.
 
-    ``name`` (default: the artifact's stem) prefixes the model names. ``max_batch`` is Triton's ``max_batch_size``
+    ``name`` (default: the artifact's stem; its directory's name for ``model.ptrt``) prefixes the model names.
+    ``max_batch`` is Triton's ``max_batch_size``
     (default: the batch dimension's declared maximum; 0 when the graph has none, each request one whole call);
     ``max_queue_delay_us`` the dynamic batcher's delay (``dynamic_batching=False``: no dynamic batcher);
     ``instances`` the instances per GPU. An existing model directory is an error unless ``force`` (then replaced).

@@ -90,13 +90,22 @@ class ServedArtifact:
     dynamic: tuple[DynamicDim, ...] = ()
 
 
+def default_name(path: Path) -> str:
+    """An artifact's model name: its file's stem, or for ``model.ptrt`` (what ``pipeline convert -o DIR`` writes)
+    its directory's name, so that ``out/cnn/model.ptrt`` is ``cnn``."""
+    if path.stem == "model" and NAME.match(path.parent.name):
+        return path.parent.name
+    return path.stem
+
+
 def served_artifact(path: str | Path, name: str | None = None) -> ServedArtifact:
-    """Read what an artifact is from its metadata (the weights are not read), under ``name`` (default: its stem)."""
+    """Read what an artifact is from its metadata (the weights are not read), under ``name`` (default:
+    :func:`default_name`)."""
     path = Path(path).resolve()
     if not path.is_file():
         raise InputError(f"serving: no artifact at {path}", fix="pass the path of a file written by module.save()")
     metadata = read_metadata(path)
-    name = name or path.stem
+    name = name or default_name(path)
     if not NAME.match(name):
         raise InputError(
             f"serving: {name!r} is not a Triton model name (letters, digits, '_', '.', '-')",

@@ -35,7 +35,8 @@ def serve(
 ) -> TritonServer:
     """Serve artifacts with Triton; the running server (a context manager that stops it).
 
-    ``artifacts``: paths (each model named after its file's stem) or ``{name: path}``. ``max_batch`` is the
+    ``artifacts``: paths (each model named after its file's stem; ``DIR/model.ptrt`` after DIR) or
+    ``{name: path}``. ``max_batch`` is the
     largest batch Triton's dynamic batcher gathers; None: 8 (at most the converted maximum) for a graph whose inputs
     and outputs share a batch dimension, and 0 (each request is one whole call) for one without; a ``max_batch``
     the graph cannot take is an ``InputError``. ``max_queue_delay_us`` is how long the batcher waits for more.

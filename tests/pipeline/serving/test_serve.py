@@ -292,3 +292,13 @@ def test_a_model_that_fails_to_load_stops_the_start_with_its_reason(artifacts: d
     with pytest.raises(pipeline.ServingError, match=r"model 'doomed' failed to load: ArtifactError.*no artifact"):
         server.start()
     assert not server.running
+
+
+def test_models_are_named_after_their_file_or_the_convert_directory(artifacts: dict[str, Path], tmp_path: Path) -> None:
+    from pipeline.serving.repository import served_artifact
+
+    (tmp_path / "cnn").mkdir()
+    (tmp_path / "cnn" / "model.ptrt").write_bytes(artifacts["cnn"].read_bytes())  # `pipeline convert -o cnn` writes
+    assert served_artifact(tmp_path / "cnn" / "model.ptrt").name == "cnn"
+    assert served_artifact(artifacts["mlp"]).name == "mlp"
+    assert served_artifact(artifacts["mlp"], "other").name == "other"
