@@ -37,6 +37,13 @@ def add_serve_command(commands: Any) -> None:
     serve.add_argument("--no-dynamic-batching", action="store_true", help="run each request on its own")
     serve.add_argument("--instances", type=int, default=1, help="copies of each model (separate processes)")
     serve.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per instance")
+    serve.add_argument(
+        "--ort-spinning",
+        choices=("on", "off"),
+        default=None,
+        help="ONNX Runtime's spin-waiting between calls (default: the artifact's); off leaves the cores to the "
+        "server's own threads on a busy CPU",
+    )
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
@@ -68,6 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
             dynamic_batching=not args.no_dynamic_batching,
             instances=args.instances,
             threads=args.threads,
+            spinning=None if args.ort_spinning is None else args.ort_spinning == "on",
             http_port=args.http_port,
             grpc_port=args.grpc_port,
             metrics_port=args.metrics_port,

@@ -54,7 +54,8 @@ def triton_model(args: dict[str, Any], pb_utils: Any) -> Any:
     config = json.loads(args["model_config"])
     parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
     threads = int(parameters["threads"]) if parameters.get("threads") else None
-    module = load(parameters["artifact"], threads=threads)
+    spinning = parameters["spinning"] == "True" if parameters.get("spinning") else None
+    module = load(parameters["artifact"], threads=threads, spinning=spinning)
     if isinstance(module, GenerativeModule):
         return GenerationModel(module, pb_utils)
     return GraphModel(module, pb_utils, batched=config.get("max_batch_size", 0) > 0)

@@ -131,6 +131,7 @@ def write_serving_model(
     queue_delay_us: int | None,
     instances: int,
     threads: int | None,
+    spinning: bool | None = None,
     portable: bool = False,
 ) -> Path:
     """``repository/NAME``: the model's config and ``model.py``; its directory.
@@ -141,16 +142,17 @@ def write_serving_model(
     """
     if instances < 1:
         raise InputError(f"serving {served.name!r}: instances must be >= 1, not {instances}")
-    threads_text = "" if threads is None else str(threads)
+    runtime = {"threads": "" if threads is None else str(threads)}
+    runtime["spinning"] = "" if spinning is None else str(spinning)
     if portable:
-        parameters = {"artifact": served.path.name, "threads": threads_text}
+        parameters = {"artifact": served.path.name, **runtime}
     else:
         sites, rest = environment_paths()
         parameters = {
             "artifact": str(served.path),
             "site_dirs": json.dumps(sites),
             "python_path": json.dumps(rest),
-            "threads": threads_text,
+            **runtime,
         }
     if served.generative:
         config = model_config(

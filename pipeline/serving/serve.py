@@ -27,6 +27,7 @@ def serve(
     dynamic_batching: bool = True,
     instances: int = 1,
     threads: int | None = None,
+    spinning: bool | None = None,
     http_port: int = 8000,
     grpc_port: int = 8001,
     metrics_port: int = 8002,
@@ -36,13 +37,13 @@ def serve(
     """Serve artifacts with Triton; the running server (a context manager that stops it).
 
     ``artifacts``: paths (each model named after its file's stem; ``DIR/model.ptrt`` after DIR) or
-    ``{name: path}``. ``max_batch`` is the
-    largest batch Triton's dynamic batcher gathers; None: 8 (at most the converted maximum) for a graph whose inputs
-    and outputs share a batch dimension, and 0 (each request is one whole call) for one without; a ``max_batch``
-    the graph cannot take is an ``InputError``. ``max_queue_delay_us`` is how long the batcher waits for more.
-    ``instances`` copies of each model run in separate processes, each with ``threads`` ONNX Runtime threads (None:
-    the artifact's). A generation artifact streams tokens (decoupled) whatever ``max_batch`` is. Ports of 0 take
-    free ones.
+    ``{name: path}``. ``max_batch`` is the largest batch Triton's dynamic batcher gathers; None: 8 (at most the
+    converted maximum) for a graph whose inputs and outputs share a batch dimension, and 0 (each request is one
+    whole call) for one without; a ``max_batch`` the graph cannot take is an ``InputError``.
+    ``max_queue_delay_us`` is how long the batcher waits for more. ``instances`` copies of each model run in
+    separate processes, each with ``threads`` ONNX Runtime threads and ``spinning`` their spin-waiting (None for
+    both: the artifact's). A generation artifact streams tokens (decoupled) whatever ``max_batch`` is. Ports of 0
+    take free ones.
     """
     items = _named(artifacts)
     served = [served_artifact(path, name) for name, path in items]
@@ -70,6 +71,7 @@ def serve(
             queue_delay_us=max_queue_delay_us if dynamic_batching else None,
             instances=instances,
             threads=threads,
+            spinning=spinning,
         )
     return server.start() if start else server
 

@@ -54,7 +54,9 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(artifacts: dict[str, Path]) -> Iterator[pipeline.TritonServer]:
-    with pipeline.serve(artifacts, max_queue_delay_us=2000, http_port=0, grpc_port=0, metrics_port=0) as running:
+    with pipeline.serve(
+        artifacts, max_queue_delay_us=2000, threads=1, spinning=False, http_port=0, grpc_port=0, metrics_port=0
+    ) as running:
         yield running
 
 
@@ -100,6 +102,8 @@ def test_configs_follow_the_graphs(server: Any) -> None:
     cnn = client.get_model_config("cnn")
     assert cnn["max_batch_size"] == 8 and cnn["input"][0]["dims"] == [3, 16, 16]
     assert cnn["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    runtime = {key: cnn["parameters"][key]["string_value"] for key in ("threads", "spinning")}
+    assert runtime == {"threads": "1", "spinning": "False"}  # what each instance's pipeline.load is given
     mlp = client.get_model_config("mlp")  # fixed shapes: whole tensors, no batcher
     assert mlp["max_batch_size"] == 0 and mlp["input"][0]["dims"] == [2, 6] and "dynamic_batching" not in mlp
     assert client.get_model_config("llama")["model_transaction_policy"]["decoupled"] is True
