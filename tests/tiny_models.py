@@ -29,3 +29,23 @@ def tiny_llama(seed: int = 0, **config: Any) -> transformers.LlamaForCausalLM:
     """:data:`TINY_LLAMA` with ``config``'s changes, its weights drawn after ``torch.manual_seed(seed)``; eval mode."""
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY_LLAMA, **config})).eval()
+
+
+def tiny_step(model: transformers.PreTrainedModel, *, max_length: int, max_batch: int) -> Any:
+    """``model`` converted as a cached decoder step (not validated: the tests compare it with the model themselves)
+    from a 6-token prompt; the :class:`~pipeline.GenerativeModule`."""
+    import pipeline
+
+    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(1))
+    module = pipeline.convert(model, ids, generation={"max_length": max_length, "max_batch": max_batch}, validate=False)
+    assert isinstance(module, pipeline.GenerativeModule)
+    return module
+
+
+def left_padded(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of ``lengths`` tokens (ids 1-89), left-padded with the pad id 0 to the longest; ids and mask."""
+    ids = torch.randint(1, 90, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    for row, length in enumerate(lengths):
+        mask[row, : max(lengths) - length] = 0
+    return ids.masked_fill(mask == 0, 0), mask

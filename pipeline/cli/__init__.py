@@ -1,5 +1,5 @@
-"""Command line: ``pipeline convert|check|compare|bench|inspect|generate|serve|export-triton``; one module per command, shared parsing
-in ``common``."""
+"""Command line: ``pipeline convert|check|compare|bench|inspect|generate|serve|export-triton``; one module per
+command, shared parsing in ``common``."""
 
 from __future__ import annotations
 

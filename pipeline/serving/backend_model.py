@@ -10,7 +10,8 @@ packages on the stub's path and hands over to :func:`triton_model`. It imports t
 - A generation artifact is decoupled: each request is a prompt (``input_ids``, optionally ``attention_mask``) and
   gets one response per step with the next token of every row, then an empty final response. The generate options
   (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``,
-  ``eos_token_id``, ``pad_token_id``, ``max_length``) are request parameters. Requests run on threads, each holding
+  ``eos_token_id``, ``pad_token_id``, ``max_length``, ``min_new_tokens``, ``min_length``, ``no_repeat_ngram_size``)
+  are request parameters. Requests run on threads, each holding
   one of the module's request slots (its own cache) for its whole stream.
 
 Tensors cross the stub through DLPack only (see :mod:`pipeline.serving.server` for why).
@@ -42,6 +43,9 @@ GENERATE_OPTIONS: dict[str, Callable[[Any], Any]] = {
     "seed": int,
     "eos_token_id": int,
     "pad_token_id": int,
+    "min_new_tokens": int,
+    "min_length": int,
+    "no_repeat_ngram_size": int,
 }
 TOKENS_OUTPUT = "tokens"
 

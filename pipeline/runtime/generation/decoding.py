@@ -7,6 +7,8 @@ on every backend (not the tokens transformers draws from the global generator).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,10 +42,26 @@ class DecodingOptions:
 
 
 class TokenChooser:
-    """``choose(logits [B, vocab], tokens [B, seen])`` -> the next tokens [B] (int64)."""
+    """``choose(logits [B, vocab], tokens [B, seen])`` -> the next tokens [B] (int64).
 
-    def __init__(self, options: DecodingOptions) -> None:
+    ``processors`` (``(tokens, scores) -> scores``, :mod:`pipeline.runtime.generation.processors`) run on the logits
+    before the sampling warpers; without them, the repetition penalty of ``options`` does. ``record``: the processed
+    scores of every step are kept in :attr:`scores` (transformers' ``output_scores``), the raw logits in
+    :attr:`logits`."""
+
+    def __init__(
+        self,
+        options: DecodingOptions,
+        processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        record: bool = False,
+    ) -> None:
         self.options = options
+        penalty = options.repetition_penalty
+        if processors is None and penalty is not None and penalty != 1.0:
+            processors = functools.partial(_penalise, penalty=penalty)
+        self.processors = processors
+        self.scores: list[torch.Tensor] | None = [] if record else None
+        self.logits: list[torch.Tensor] | None = [] if record else None
         self.generator: torch.Generator | None = None
         if options.do_sample:
             self.generator = torch.Generator()
@@ -52,8 +70,14 @@ class TokenChooser:
     def choose(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The next token of every row."""
         scores = logits.float()
-        if self.options.repetition_penalty is not None and self.options.repetition_penalty != 1.0:
-            scores = repetition_penalty(scores, tokens, self.options.repetition_penalty)
+        if self.logits is not None:
+            self.logits.append(scores.clone())  # a user's processor may write its scores in place
+        if self.processors is not None:
+            scores = self.processors(tokens, scores)
+        if self.options.do_sample:
+            scores = self._warp(scores)
+        if self.scores is not None:
+            self.scores.append(scores)
         if not self.options.do_sample:
             # numpy's argmax (the first maximum, as torch's): torch's runs on its intra-op threads for a batch of
             # logits over 32768 values, which then spin on the cores ONNX Runtime's next step needs (measured at 2
@@ -61,17 +85,34 @@ class TokenChooser:
             if scores.device.type != "cpu":
                 return scores.argmax(dim=-1)
             return torch.from_numpy(np.argmax(scores.numpy(), axis=-1).astype(np.int64, copy=False))
+        probabilities = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1)
+
+    def _warp(self, scores: torch.Tensor) -> torch.Tensor:
+        """The sampling warpers in transformers' order: temperature, top-k, top-p."""
         scores = scores / self.options.temperature
         if self.options.top_k is not None:
             scores = top_k_filter(scores, self.options.top_k)
         if self.options.top_p is not None and self.options.top_p < 1.0:
             scores = top_p_filter(scores, self.options.top_p)
-        probabilities = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probabilities, 1, generator=self.generator).squeeze(1)
+        return scores
 
 
-def repetition_penalty(scores: torch.Tensor, tokens: torch.Tensor, penalty: float) -> torch.Tensor:
-    """transformers' rule: the logit of every token seen so far divided by ``penalty`` (multiplied when negative)."""
+def _penalise(tokens: torch.Tensor, scores: torch.Tensor, penalty: float) -> torch.Tensor:
+    return repetition_penalty(scores, tokens, penalty)
+
+
+def repetition_penalty(
+    scores: torch.Tensor, tokens: torch.Tensor, penalty: float, padding: torch.Tensor | None = None
+) -> torch.Tensor:
+    """transformers' rule: the logit of every token seen so far divided by ``penalty`` (multiplied when negative).
+    ``padding`` [rows]: the left padding of each row, whose tokens are not counted as seen (transformers'
+    ``prompt_ignore_length``, which ``generate`` sets from a padded attention mask)."""
+    if padding is not None:
+        vocab = scores.shape[-1]
+        # the padding's tokens go to a spare column past the vocabulary, dropped after the scatter
+        tokens = tokens.masked_fill(torch.arange(tokens.shape[1]) < padding[:, None], vocab)
+        return repetition_penalty(torch.nn.functional.pad(scores, (0, 1)), tokens, penalty)[..., :vocab]
     seen = torch.gather(scores, 1, tokens)
     seen = torch.where(seen < 0, seen * penalty, seen / penalty)
     return scores.scatter(1, tokens, seen)

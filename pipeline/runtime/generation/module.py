@@ -5,6 +5,11 @@ the loop holds the tokens, the attention mask and the positions. A prompt longer
 (``max_prompt``) is prefilled in chunks. The positions follow transformers (``cumsum(attention_mask) - 1``), so a
 left-padded batch decodes as ``model.generate`` does.
 
+Greedy and sampled decoding yield token by token (:meth:`GenerativeModule.stream`); beam search
+(:mod:`pipeline.runtime.generation.beam_search`) reorders the cache rows between steps and answers at the end. The
+options are transformers' (:mod:`pipeline.runtime.generation.options`), resolved against the step in
+:mod:`pipeline.runtime.generation.request`; the processors are :mod:`pipeline.runtime.generation.processors`.
+
 Requests are independent: ``generate`` from many threads at once, and ``stream()`` generators advanced in any order,
 each decode over a cache of their own (:mod:`pipeline.runtime.generation.slots`; at most ``request_slots`` at once).
 """
@@ -19,15 +24,16 @@ import torch
 
 from converters.errors import InputError
 from converters.settings import GenerationSettings
-from pipeline.runtime.generation.decoding import DecodingOptions, TokenChooser
+from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
+from pipeline.runtime.generation.feed import StepFeed
 from pipeline.runtime.generation.layout import cache_layout
+from pipeline.runtime.generation.options import GenerateOptions, generate_options
+from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
+from pipeline.runtime.generation.request import Decoding, fill_token, resolve
 from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.generation.slots import DEFAULT_SLOTS, RequestSlots
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
-
-#: transformers' default total length when neither max_new_tokens nor max_length is given.
-DEFAULT_MAX_LENGTH = 20
 
 _MAKING_SLOTS = threading.Lock()  # a module's request slots are made once, whichever thread asks first
 
@@ -106,94 +112,102 @@ class GenerativeModule(ConvertedModule):
             self._request_slots().slots, self._request_slots().timeout = old.slots, old.timeout
 
     def generate(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        streamer: Any = None,
-        **options: Any,
-    ) -> torch.Tensor:
-        """The prompt followed by the new tokens, [batch, prompt + new] (transformers' return convention); rows
-        that stopped early are filled with ``pad_token_id``. ``streamer`` (transformers' ``put``/``end``
-        protocol, e.g. ``TextStreamer``) receives the prompt, then each new token. Options: see :meth:`stream`."""
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **options: Any
+    ) -> torch.Tensor | Any:
+        """The prompt followed by the new tokens, [rows, prompt + new] (transformers' return convention); rows
+        that stopped early are filled with ``pad_token_id``. Takes :meth:`stream`'s options and those that need the
+        whole decoding: ``streamer`` (transformers' ``put``/``end`` protocol, e.g. ``TextStreamer``: the prompt,
+        then each new token); beam search (``num_beams``, ``length_penalty``, ``early_stopping``,
+        ``num_return_sequences`` up to ``num_beams``: each prompt's best sequences, best first);
+        ``return_dict_in_generate`` with ``output_scores``/``output_logits`` (transformers'
+        ``GenerateDecoderOnlyOutput``, or ``GenerateBeamDecoderOnlyOutput`` with beams: needs transformers).
+
+        >>> module.generate(ids, num_beams=4, num_return_sequences=2, max_new_tokens=16)  # doctest: +SKIP
+        """
+        request = generate_options("generate", options)
+        ids, mask = self._prompt(input_ids, attention_mask, request.expand, request.num_beams)
+        if request.num_beams > 1:
+            return self._beam_search(ids, mask, request)
+        decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
+        streamer = request.streamer
         if streamer is not None:
-            streamer.put(input_ids.cpu())
+            streamer.put(ids)
         new = []
-        for tokens in self.stream(input_ids, attention_mask, **options):
+        for tokens in self._stream(ids, mask, decoding):
             new.append(tokens)
             if streamer is not None:
                 streamer.put(tokens)
         if streamer is not None:
             streamer.end()
-        return torch.cat([input_ids.cpu(), *(t[:, None] for t in new)], dim=1)
+        sequences = torch.cat([ids, *(t[:, None] for t in new)], dim=1)
+        if not request.return_dict_in_generate:
+            return sequences
+        return decoder_only_output(sequences, decoding.chooser.scores, decoding.chooser.logits, request)
 
     def stream(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        max_new_tokens: int | None = None,
-        max_length: int | None = None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        eos_token_id: int | list[int] | None = None,
-        pad_token_id: int | None = None,
-        seed: int | None = None,
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **options: Any
     ) -> Generator[torch.Tensor, None, None]:
-        """Yield the next token of every row [batch] at each step, until ``max_new_tokens`` (or ``max_length``
+        """Yield the next token of every row [rows] at each step, until ``max_new_tokens`` (or ``max_length``
         in total; default 20 in total, as transformers) or every row has produced an ``eos_token_id`` (default: the
-        model's). Greedy unless ``do_sample``; ``temperature``, ``top_k``, ``top_p`` and ``seed`` shape the draw;
-        ``repetition_penalty`` as transformers. ``attention_mask`` marks left padding (0)."""
-        ids, mask = self._prompt(input_ids, attention_mask)
-        new = self._new_tokens(ids.shape[1], max_new_tokens, max_length)
-        chooser = TokenChooser(DecodingOptions(do_sample, temperature, top_k, top_p, repetition_penalty, seed))
-        eos = self.generation.eos_token_id if eos_token_id is None else _ints(eos_token_id)
-        pad = self.generation.pad_token_id if pad_token_id is None else pad_token_id
-        with self._request_slots().hold() as runner:  # this request's own cache, until its last token
-            yield from self._decode(runner, ids, mask, new, chooser, eos, pad)
+        model's) or met a ``stopping_criteria``. Greedy unless ``do_sample``; ``temperature``, ``top_k``, ``top_p``
+        and ``seed`` shape the draw (``num_return_sequences`` draws per prompt); ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``bad_words_ids``, ``min_length``, ``min_new_tokens`` and a ``logits_processor``
+        as transformers applies them. ``generation_config``: a transformers ``GenerationConfig`` whose fields give
+        the options not passed. ``attention_mask`` marks left padding (0). ``input_ids``: int64 or int32."""
+        request = generate_options("stream", options)
+        ids, mask = self._prompt(input_ids, attention_mask, request.expand, request.num_beams)
+        decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
+        yield from self._stream(ids, mask, decoding)
 
-    def _decode(
-        self,
-        runner: StepRunner,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        new: int,
-        chooser: TokenChooser,
-        eos: tuple[int, ...],
-        pad: int | None,
-    ) -> Iterator[torch.Tensor]:
-        batch, prompt = ids.shape
-        runner.start(batch)
-        full_mask = torch.zeros(batch, self.generation.max_length, dtype=torch.int64)
-        full_mask[:, :prompt] = mask
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        logits = self._prefill(runner, ids, full_mask, positions)
-        tokens, unfinished = ids, torch.ones(batch, dtype=torch.bool)
-        next_position = positions[:, -1:] + 1
-        eos_ids = torch.tensor(eos, dtype=torch.int64)
-        for step in range(new):
-            chosen = chooser.choose(logits, tokens)
-            if pad is not None:
-                chosen = torch.where(unfinished, chosen, torch.tensor(pad))
+    def _stream(self, ids: torch.Tensor, mask: torch.Tensor, decoding: Decoding) -> Iterator[torch.Tensor]:
+        with self._request_slots().hold() as runner:  # this request's own cache, until its last token
+            yield from self._decode(self._feed(runner, ids, mask), decoding)
+
+    def _feed(self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor) -> StepFeed:
+        return StepFeed(runner, ids, mask, self.generation.max_length, self.generation.max_prompt)
+
+    def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
+        logits = feed.prefill()
+        tokens, unfinished = feed.ids, torch.ones(feed.ids.shape[0], dtype=torch.bool)
+        for step in range(decoding.new):
+            chosen = decoding.chooser.choose(logits, tokens)
+            if decoding.pad is not None:
+                chosen = torch.where(unfinished, chosen, torch.tensor(decoding.pad))
             tokens = torch.cat([tokens, chosen[:, None]], dim=1)
             yield chosen
-            if len(eos):
-                unfinished &= ~torch.isin(chosen, eos_ids)
-            if step == new - 1 or not unfinished.any():
+            unfinished &= ~decoding.stops(tokens)
+            if step == decoding.new - 1 or not unfinished.any():
                 return
-            full_mask[:, prompt + step] = 1
-            logits = runner.run(chosen[:, None], full_mask, next_position, prompt + step)
-            next_position = next_position + 1
+            logits = feed.step(chosen)
+
+    def _beam_search(self, ids: torch.Tensor, mask: torch.Tensor, request: GenerateOptions) -> torch.Tensor | Any:
+        decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
+        settings = BeamSettings(
+            request.num_beams, request.length_penalty, request.early_stopping, request.num_return_sequences
+        )
+        fill = fill_token(decoding.eos, decoding.pad)
+        record = request.return_dict_in_generate and (request.output_scores or request.output_logits)
+        processors = decoding.processors if decoding.processors else None
+        with self._request_slots().hold() as runner:
+            feed = self._feed(runner, ids, mask)
+            result = beam_search(
+                feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record
+            )
+        return beam_output(result, request) if request.return_dict_in_generate else result.sequences
 
     def _prompt(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, expand: int = 1, beams: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.int64:
+        """The prompt rows on the CPU as int64, each prompt repeated ``expand`` times (beams, or sequences drawn per
+        prompt), and their attention mask."""
+        if (
+            not isinstance(input_ids, torch.Tensor)
+            or input_ids.dim() != 2
+            or input_ids.dtype not in (torch.int64, torch.int32)
+        ):
             raise InputError(
-                "generate takes input_ids as an int64 tensor [batch, tokens]", fix="pass tokenizer(...).input_ids"
+                "generate takes input_ids as an int64 (or int32) tensor [batch, tokens]",
+                fix="pass tokenizer(...).input_ids",
             )
         for name, tensor in (("input_ids", input_ids), ("attention_mask", attention_mask)):
             if isinstance(tensor, torch.Tensor) and tensor.is_meta:
@@ -212,12 +226,9 @@ class GenerativeModule(ConvertedModule):
                 f"vocabulary [0, {vocab})",
                 fix="pass ids below the vocabulary size (the model's own tokenizer gives them)",
             )
-        if batch > self.generation.max_batch:
-            raise InputError(
-                f"a batch of {batch} prompts, but the step was converted for max_batch={self.generation.max_batch}",
-                fix=f"split the batch, or convert with generation={{'max_batch': {batch}, ...}}",
-            )
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(torch.int64).cpu()
+        self._check_rows(batch, expand, beams)
+        given = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        mask = given.to(torch.int64).cpu()
         if mask.shape != input_ids.shape:
             raise InputError(
                 f"attention_mask {list(mask.shape)} does not match input_ids {list(input_ids.shape)}",
@@ -234,48 +245,26 @@ class GenerativeModule(ConvertedModule):
                 "attention_mask has padding at the end of a prompt; decoding needs left padding",
                 fix="tokenize with padding_side='left'",
             )
-        return input_ids.cpu(), mask
+        ids = input_ids.cpu().to(torch.int64)
+        return ids.repeat_interleave(expand, dim=0), mask.repeat_interleave(expand, dim=0)
 
-    def _new_tokens(self, prompt: int, max_new_tokens: int | None, max_length: int | None) -> int:
-        for name, value in (("max_new_tokens", max_new_tokens), ("max_length", max_length)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InputError(
-                    f"{name} must be a positive int, got {value!r}", fix=f"pass e.g. {name}=32, or leave it out"
-                )
-        new = max_new_tokens if max_new_tokens is not None else (max_length or DEFAULT_MAX_LENGTH) - prompt
-        capacity = self.generation.max_length
-        if new < 1:
+    def _check_rows(self, batch: int, expand: int, beams: int) -> None:
+        """``batch`` prompts of ``expand`` rows each must fit the converted ``max_batch``."""
+        most = self.generation.max_batch
+        if batch * expand <= most:
+            return
+        if expand == 1:
             raise InputError(
-                f"nothing to generate: a prompt of {prompt} tokens and max_length={max_length}",
-                fix="pass max_new_tokens=N",
+                f"a batch of {batch} prompts, but the step was converted for max_batch={most}",
+                fix=f"split the batch, or convert with generation={{'max_batch': {batch}, ...}}",
             )
-        if prompt >= capacity:
-            raise InputError(
-                f"a prompt of {prompt} tokens leaves no room in the cache (max_length={capacity})",
-                fix=f"shorten the prompt, or convert with generation={{'max_length': {prompt + new}, ...}}",
-            )
-        if prompt + new > capacity:
-            raise InputError(
-                f"a prompt of {prompt} tokens plus {new} new ones exceeds the cache capacity max_length={capacity}",
-                fix=f"pass max_new_tokens <= {capacity - prompt}, or convert with generation={{'max_length': "
-                f"{prompt + new}, ...}}",
-            )
-        return new
-
-    def _prefill(
-        self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor:
-        """The prompt through the step, in chunks of the context profile's length; the last chunk's logits."""
-        chunk = self.generation.max_prompt or self.generation.max_length
-        logits = torch.empty(0)
-        for start in range(0, ids.shape[1], chunk):
-            end = min(start + chunk, ids.shape[1])
-            logits = runner.run(ids[:, start:end], mask, positions[:, start:end], start)
-        return logits
-
-
-def _ints(value: int | list[int]) -> tuple[int, ...]:
-    return (value,) if isinstance(value, int) else tuple(int(v) for v in value)
+        what = "beams" if beams > 1 else "sequences per prompt (num_return_sequences)"
+        raise InputError(
+            f"a batch of {batch} prompts x {expand} {what} = {batch * expand} rows, but the step was converted for "
+            f"max_batch={most}",
+            fix=f"pass at most {most // expand} prompt(s) per call, or fewer {what.split(' ')[0]}, or convert with "
+            f"generation={{'max_batch': {batch * expand}, ...}}",
+        )
 
 
 def module_class(settings: Settings) -> type[ConvertedModule]:

@@ -33,6 +33,10 @@ class StepRunner(Protocol):
         """Run the step; the logits of the last position [batch, vocab]."""
         ...
 
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was (int64 [batch]; beam search between steps)."""
+        ...
+
 
 class CopyingRunner:
     """Any executor: the cache goes in and comes back as tensors every step."""
@@ -56,6 +60,10 @@ class CopyingRunner:
         outputs = self.executor.run(inputs)
         self.cache = list(outputs[1:])
         return outputs[0]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """The cache tensors' rows picked anew."""
+        self.cache = [tensor.index_select(0, rows.to(tensor.device)) for tensor in self.cache]
 
 
 class OrtBoundRunner:
@@ -130,6 +138,14 @@ class OrtBoundRunner:
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
         return logits
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """The rows moved in place in the arrays under the bound ``OrtValue`` buffers (they stay bound); both sets
+        when there are two."""
+        index = rows.cpu().numpy()
+        for arrays in (self.read_arrays, self.write_arrays) if not self.aliased else (self.read_arrays,):
+            for array in arrays:
+                array[...] = array[index]  # the fancy index copies first: no row is overwritten before it is read
 
     def _row(self) -> _Binding | None:
         if self._row_binding is None and self._row_session is not None:

@@ -70,6 +70,14 @@ class TrtCacheRunner:
             result = logits.float()
         return result.cpu()
 
+    def reorder(self, rows: torch.Tensor) -> None:
+        """The device buffers' rows moved in place (their addresses stay), on the engine's stream after its last
+        step."""
+        with self.runner.exclusive():  # torch's current stream, made to wait for the engine's work before
+            index = rows.to(self.runner.device)
+            for buffer in self.cache:
+                buffer.copy_(buffer.index_select(0, index))
+
     def _bind(self, context: trt.IExecutionContext, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if name in self.runner.inputs:  # TensorRT drops inputs nothing reads
             context.set_input_shape(name, tuple(tensor.shape))

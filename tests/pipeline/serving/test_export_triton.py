@@ -209,6 +209,7 @@ def test_a_generation_artifact_is_a_portable_python_model(exported: Any) -> None
     assert {key: value.string_value for key, value in parsed.parameters.items()} == {
         "artifact": "llama.ptrt",
         "threads": "",
+        "spinning": "",
     }
     written = (directory / "config.pbtxt").read_text() + (directory / "1/model.py").read_text()
     for machine_path in (sys.prefix, str(Path(pipeline.__file__).parents[1]), "site-packages", "addsitedir"):

@@ -1,0 +1,54 @@
+"""One request's steps over a runner: the prompt prefilled, then one token per row per step.
+
+The feed keeps what transformers keeps beside the cache: the attention mask (the prompt's, then a column of ones
+per step) and the positions (``cumsum(attention_mask) - 1``, so a left-padded row counts from its first token). A
+prompt longer than the context profile (``chunk``) is prefilled in chunks. Greedy, sampled and beam decoding all
+feed the step through it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.runtime.generation.runners import StepRunner
+
+
+class StepFeed:
+    """``prefill()`` the prompt, then ``step(tokens)`` per new token; ``reorder(rows)`` moves the cache rows (beam
+    search) between steps. Each returns the logits of the last position [rows, vocab]."""
+
+    def __init__(
+        self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, capacity: int, chunk: int | None = None
+    ) -> None:
+        self.runner = runner
+        self.ids = ids
+        rows, self.prompt = ids.shape
+        self.chunk = chunk or capacity
+        self.mask = torch.zeros(rows, capacity, dtype=torch.int64)
+        self.mask[:, : self.prompt] = mask
+        self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        self.next_position = self.positions[:, -1:] + 1
+        self.steps = 0
+        runner.start(rows)
+
+    def prefill(self) -> torch.Tensor:
+        """The prompt through the step, in chunks of the context profile's length; the last chunk's logits."""
+        logits = torch.empty(0)
+        for start in range(0, self.prompt, self.chunk):
+            end = min(start + self.chunk, self.prompt)
+            logits = self.runner.run(self.ids[:, start:end], self.mask, self.positions[:, start:end], start)
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row [rows] through the step."""
+        past = self.prompt + self.steps
+        self.mask[:, past] = 1
+        logits = self.runner.run(tokens[:, None], self.mask, self.next_position, past)
+        self.next_position = self.next_position + 1
+        self.steps += 1
+        return logits
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was (the mask and positions are the same for every
+        row of one prompt, and beams only move within their prompt)."""
+        self.runner.reorder(rows)
