@@ -55,7 +55,7 @@ def test_readme_examples_run(tmp_path: Path) -> None:
 
 def test_readme_is_short_and_links_every_guide() -> None:
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 330  # 300 until the serving section's Kubernetes example (issue 39)
+    assert len(text.splitlines()) <= 300
     for guide in sorted((ROOT / "docs" / "guides").glob("*.md")):
         assert f"docs/guides/{guide.name}" in text, guide.name
 

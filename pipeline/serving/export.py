@@ -260,6 +260,21 @@ def _python_model(staging: Path, served: ServedArtifact, instances: int) -> Expo
     )
 
 
+def _gpu_config(
+    name: str, served: ServedArtifact, platform: str, max_batch: int, delay: int | None, instances: int
+) -> Any:
+    """The configuration of a model of the graph on ``platform``, its instances on the GPUs."""
+    return model_config(
+        name,
+        served.io,
+        platform=platform,
+        max_batch=max_batch,
+        queue_delay_us=delay,
+        instances=instances,
+        kind="KIND_GPU",
+    )
+
+
 def _plan_model(
     staging: Path,
     served: ServedArtifact,
@@ -270,15 +285,7 @@ def _plan_model(
     instances: int,
 ) -> ExportedModel:
     name = f"{served.name}_tensorrt"
-    config = model_config(
-        name,
-        served.io,
-        platform=TENSORRT_PLAN,
-        max_batch=max_batch,
-        queue_delay_us=delay,
-        instances=instances,
-        kind="KIND_GPU",
-    )
+    config = _gpu_config(name, served, TENSORRT_PLAN, max_batch, delay, instances)
     profiles = profiles_shapes(served.io, settings) if settings.dynamic else []
     # each instance may run any of the engine's profiles: Triton picks the one that holds a request's shapes
     config.instance_group[0].profile.extend(str(index) for index in range(len(profiles)))
@@ -301,15 +308,7 @@ def _onnx_model(
     instances: int,
 ) -> ExportedModel:
     name = f"{served.name}_onnx"
-    config = model_config(
-        name,
-        served.io,
-        platform=ONNXRUNTIME_ONNX,
-        max_batch=max_batch,
-        queue_delay_us=delay,
-        instances=instances,
-        kind="KIND_GPU",
-    )
+    config = _gpu_config(name, served, ONNXRUNTIME_ONNX, max_batch, delay, instances)
     accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
     precision = PRECISION_MODES.get(settings.precision, "FP32")
     accelerator.parameters["precision_mode"] = precision
