@@ -57,6 +57,8 @@ def _causes(report: PrecisionReport, share: ComputeShare) -> str:
         elif island.source == "search":
             tolerance = f"atol {report.tolerance.atol:g}, rtol {report.tolerance.rtol:g}"
             cause = f"the accuracy search, to meet the {report.dtype} tolerance ({tolerance})"
+        elif island.source == "build":
+            cause = f"TensorRT-RTX does not build them in {report.dtype}"
         else:
             cause = f"{island.source} islands"
         weights[cause] = weights.get(cause, 0.0) + flops

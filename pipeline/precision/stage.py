@@ -33,6 +33,7 @@ from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
 from passes.records import Island, PassRecord
 from pipeline.accuracy.anchoring import anchored_per_input
 from pipeline.exporting.stage import ExportedGraph
+from pipeline.precision.build_fallback import build_fallback
 from pipeline.precision.buildable import BuilderGate
 from pipeline.precision.measure import measured_islands, session_feed
 from pipeline.precision.report import judge_share
@@ -344,11 +345,17 @@ def convert_precision(
             final, records = candidates.build(islands)
             error = search.error_after
     _check_valid(final)
+    fallback = None
     if search is None:  # a searched graph was built when the search accepted it
-        _check_builds(candidates.gate, final, low)
+        fallback = build_fallback(candidates.build, candidates.gate, fp32_model, settings, islands, final)
+    if fallback is not None:
+        islands, final, records = [*islands, *fallback.islands], fallback.model, fallback.records
+        _check_valid(final)
+        error = candidates.score(final)
     report, share = _report(fp32_model, final, settings, [*base.islands, *islands], len(feeds), error, search)
-    if anchor_note:
-        report = dataclasses.replace(report, notes=(*report.notes, anchor_note))
+    notes = [note for note in (anchor_note, fallback.note if fallback else "") if note]
+    if notes:
+        report = dataclasses.replace(report, notes=(*report.notes, *notes))
     return final, records, judge_share(report, share, settings)
 
 
@@ -384,16 +391,6 @@ def _check_valid(model: onnx.ModelProto) -> None:
             f"the graph after the precision pass is not valid ONNX: {exc}",
             fix="convert with precision='fp32' to confirm, and report the model that triggers it",
         ) from exc
-
-
-def _check_builds(gate: BuilderGate, model: onnx.ModelProto, low: LowType) -> None:
-    reason = gate.rejects(model)
-    if reason is not None:
-        raise ConversionError(
-            f"TensorRT-RTX builds the float32 graph but not the {low.dtype_name} graph: {reason}",
-            fix="keep the nodes the error names in float32 (keep_fp32=[...]) or convert with precision='fp32', and "
-            "report the model: the precision rewrite should not emit a graph the builder rejects",
-        )
 
 
 def _report(

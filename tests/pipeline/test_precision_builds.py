@@ -1,5 +1,6 @@
 """The precision stage holds its graph to the real TensorRT-RTX builder (when it imports and builds the float32
-graph): a float16 graph the builder rejects is a ConversionError naming the builder's reason, never a result."""
+graph): a float16 graph the builder rejects gets the nodes that break it kept in float32 (the build fallback), or is a
+ConversionError naming the builder's reason and what was tried, never a result."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rtx_build import SKIP_REASON, rtx_build_error
 from torch import nn
 
 import pipeline
+from pipeline.precision import build_fallback
 from pipeline.precision.buildable import BuilderGate, rtx_available
 
 
@@ -30,14 +32,27 @@ class MaskedAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, 32))
 
 
-def test_fp16_attention_builds_and_a_graph_the_builder_rejects_is_an_error() -> None:
+def test_fp16_attention_builds_and_a_graph_the_builder_rejects_keeps_a_matmul_in_float32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     torch.manual_seed(0)
     model, sample = MaskedAttention().eval(), torch.randn(2, 8, 32)
     module = pipeline.convert(model, sample, backend="onnxruntime", precision="fp16")
     assert "Where" in {n.op_type for n in module.onnx.graph.node}  # the guard is there
     assert rtx_build_error(module.onnx) is None
-    # keeping the guard in float32 puts a Cast between it and the float16 MatMul: what TensorRT-RTX 1.7 rejects
-    with pytest.raises(pipeline.ConversionError, match=r"builds the float32 graph but not the float16 graph.*mha_"):
+    # keeping the guard in float32 puts a Cast between it and the float16 MatMul: what TensorRT-RTX 1.7 rejects; the
+    # build fallback keeps an attention MatMul in float32 too, and the graph builds
+    kept = pipeline.convert(model, sample, backend="onnxruntime", precision="fp16", keep_fp32=("op:Where",))
+    assert kept.report.precision is not None
+    islands = [i for i in kept.report.precision.islands if i.source == "build"]
+    assert [i.op for i in islands] == ["MatMul"] and "mha_fusion" in islands[0].reason
+    assert rtx_build_error(kept.onnx) is None
+    # a search that cannot finish within its builds is the error, naming the builder's reason and what was tried
+    monkeypatch.setattr(build_fallback, "MAX_BUILDS", 2)
+    with pytest.raises(
+        pipeline.ConversionError,
+        match=r"builds the float32 graph but not the float16 graph.*mha_.*no set of nodes found within 2 builds",
+    ):
         pipeline.convert(model, sample, backend="onnxruntime", precision="fp16", keep_fp32=("op:Where",))
 
 
