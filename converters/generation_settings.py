@@ -29,7 +29,13 @@ class GenerationSettings:
     ``Attention`` node per layer), ``"decomposed"`` (MatMul, Softmax, MatMul with the KV heads kept grouped:
     TensorRT has no fp32 kernel for its attention layer and no softcap), ``"auto"`` (decomposed for an fp32 or
     softcapped graph on a TensorRT backend, else ONNX ``Attention``). ``validation_steps``: the decode steps whose
-    logits validation judges after each prompt's prefill (against transformers' own cached ``generate``)."""
+    logits validation judges after each prompt's prefill (against transformers' own cached ``generate``).
+
+    An encoder-decoder (T5, BART, Whisper, ...) converts as an encoder graph and a decoder step (``kind``
+    ``"encoder-decoder"``, filled in at conversion); ``max_prompt`` is then the longest encoder input (source) and
+    ``max_length`` the decoder's capacity. ``decoder_start_token_id`` and ``model_options`` (the model's own
+    generation config: forced and suppressed tokens, and any other option it sets, applied under the caller's) are
+    filled in from the model at conversion."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -39,8 +45,17 @@ class GenerationSettings:
     layers: int = 0
     attention: str = "auto"
     validation_steps: int = 8
+    kind: str = "decoder"
+    decoder_start_token_id: int | None = None
+    model_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InputError(f"unknown generation kind {self.kind!r}", fix=f"use one of {', '.join(KINDS)}")
+        object.__setattr__(self, "model_options", tuple((str(k), _frozen(v)) for k, v in self.model_options))
+        if self.decoder_start_token_id is not None:
+            start = token_ids("decoder_start_token_id", self.decoder_start_token_id, single=True)[0]
+            object.__setattr__(self, "decoder_start_token_id", start)
         if self.attention not in ("auto", "onnx", "decomposed"):
             raise InputError(
                 f"unknown generation attention {self.attention!r}", fix="use 'auto', 'onnx' or 'decomposed'"
@@ -66,6 +81,17 @@ class GenerationSettings:
                 fix="write generation={'max_length': 256, 'max_batch': 4}",
             )
         object.__setattr__(self, "max_prompt", prompt)
+
+
+#: ``decoder``: a causal LM as one cached step; ``encoder-decoder``: an encoder graph and a cached decoder step.
+KINDS = ("decoder", "encoder-decoder")
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` with its lists as tuples (the settings are immutable; JSON gives lists back)."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def token_ids(name: str, value: Any, *, single: bool = False) -> tuple[int, ...]:

@@ -75,11 +75,48 @@ def convert(
     """
     config = quantize_settings(effective_settings(Settings.from_kwargs(settings)))
     registry = default_registry() if converters is None else converters
-    original, original_sample = model, sample
-    if config.generation is not None:  # the cached decoder step of a causal LM is what the stages convert
+    chosen = _Chosen(converters, passes, extra_passes, custom_translation_table, calibration)
+    if config.generation is not None:
+        from pipeline.generation.seq2seq import is_encoder_decoder
+
+        if is_encoder_decoder(model):  # an encoder graph and a cached decoder step, converted one after the other
+            from pipeline.generation.encoder_decoder import convert_encoder_decoder
+
+            def stages_of(part: torch.nn.Module, part_sample: Any, part_config: Settings, part_registry: Any) -> Any:
+                return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
+
+            return convert_encoder_decoder(model, sample, config, registry, stages_of)  # type: ignore[return-value]
         from pipeline.generation.conversion import prepare_step
 
-        model, sample, config, registry = prepare_step(model, sample, config, registry)
+        # the cached decoder step of a causal LM is what the stages convert
+        step, step_sample, config, registry = prepare_step(model, sample, config, registry)
+        return _convert_prepared(step, step_sample, config, registry, chosen, model, sample)
+    return _convert_prepared(model, sample, config, registry, chosen, model, sample)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chosen:
+    """What the caller of :func:`convert` chose besides the settings."""
+
+    converters: ConverterRegistry | None
+    passes: Sequence[GraphPass] | None
+    extra_passes: Sequence[Placement]
+    custom_translation_table: dict[Any, Callable[..., Any]] | None
+    calibration: Iterable[Any] | None
+
+
+def _convert_prepared(
+    model: torch.nn.Module,
+    sample: Any,
+    config: Settings,
+    registry: ConverterRegistry,
+    chosen: _Chosen,
+    original: torch.nn.Module,
+    original_sample: Any,
+) -> ConvertedModule:
+    """The stages on ``model`` (the caller's, or the cached step prepared from ``original``)."""
+    passes, extra_passes, calibration = chosen.passes, chosen.extra_passes, chosen.calibration
+    custom_translation_table, converters = chosen.custom_translation_table, chosen.converters
     stages: list[tuple[str, float]] = []
     pass_list = insert_passes(default_passes(registry) if passes is None else passes, extra_passes)
     choice = select_backend(config.backend, config)
@@ -99,7 +136,8 @@ def convert(
     if config.validate:
         with stage_timer("validate", stages):
             accuracy = validate_executor(model, sample, graph, executor.polygraphy_runner(choice.name))
-            if config.generation is not None:  # whole decodings against the model's own cached generate
+            if config.generation is not None and config.generation.kind == "decoder":
+                # whole decodings against the model's own cached generate
                 from pipeline.generation.validation import validate_decoding
 
                 # a quantized step's logits are judged by the quantization's own envelope, as its plain outputs are

@@ -39,8 +39,8 @@ def prepare_step(
     input_ids = _prompt_ids(model, sample)
     check_sample_fits(input_ids, generation, settings.validate)
     layout, vocabulary = _cache_layout(model, input_ids)
-    eos, pad = _special_tokens(model, generation.eos_token_id, generation.pad_token_id)
-    attention = _attention_form(model, settings)
+    eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
+    attention = attention_form(model, settings)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
         generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
@@ -73,7 +73,7 @@ def prepare_step(
         dynamic=dims,
         opset=opset,
         profiles=_profiles(dims, generation.max_prompt or capacity),
-        precision_io=_precision_io(settings),
+        precision_io=step_precision_io(settings),
     )
     return step, step_sample, config, generation_converters(registry)
 
@@ -86,7 +86,7 @@ def _profiles(dims: tuple[DynamicDim, ...], max_prompt: int) -> tuple[tuple[Prof
     return ((ProfileRange("sequence", 1, min(max_prompt, 64), max_prompt),), (ProfileRange("sequence", 1, 1, 1),))
 
 
-def _precision_io(settings: Settings) -> PrecisionIO:
+def step_precision_io(settings: Settings) -> PrecisionIO:
     """fp16 steps take and return the cache in float16: TensorRT's KV-cache update needs the cache to be a network
     input of the type it computes in (a cast between them is refused), and a float32 cache would be converted
     twice per step."""
@@ -177,7 +177,7 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list
     return layout, int(vocabulary or 0)
 
 
-def _attention_form(model: torch.nn.Module, settings: Settings) -> str:
+def attention_form(model: torch.nn.Module, settings: Settings) -> str:
     """``generation.attention`` made concrete: "auto" is decomposed where TensorRT would refuse ONNX ``Attention``
     (fp32: no dedicated kernel, and not decomposable from ONNX; a softcap: not supported), else "onnx"."""
     assert settings.generation is not None
@@ -192,9 +192,7 @@ def _attention_form(model: torch.nn.Module, settings: Settings) -> str:
     return "decomposed" if trt and (settings.precision in ("fp32", "int8", "fp8") or softcap) else "onnx"
 
 
-def _special_tokens(
-    model: torch.nn.Module, eos: tuple[int, ...], pad: int | None
-) -> tuple[tuple[int, ...], int | None]:
+def special_tokens(model: torch.nn.Module, eos: tuple[int, ...], pad: int | None) -> tuple[tuple[int, ...], int | None]:
     """eos and pad ids: as given, else from the model's generation config (pad: eos[0] when the model has none,
     as transformers does)."""
     config = getattr(model, "generation_config", None)

@@ -61,6 +61,27 @@ def _(
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
+@torch.library.custom_op("pipeline_generation::attention_biased", mutates_args=())
+def attention_biased(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """:func:`attention` with an additive ``bias`` on the scores (broadcast to [batch, q_heads, steps, capacity]:
+    T5's relative position bias), as transformers adds it before the mask."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale + bias
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+@attention_biased.register_fake
+def _(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
 def convert_kv_write(ctx: ConverterContext) -> gs.Tensor:
     """``TensorScatter`` along the sequence axis (-2), one write index per batch row (all equal)."""
     cache, update, position = ctx.input("cache"), ctx.input("update"), ctx.input("position")
@@ -81,8 +102,21 @@ def convert_attention(ctx: ConverterContext) -> gs.Tensor:
     return ctx.op.Attention(ctx.input("query"), ctx.input("key"), ctx.input("value"), ctx.input("mask"), **attrs)
 
 
-def _decomposed_attention(ctx: ConverterContext) -> gs.Tensor:
-    """``softmax(mask(q k^T * scale)) v`` with the query heads folded into [batch, kv_heads, groups, steps, dim],
+def convert_attention_biased(ctx: ConverterContext) -> gs.Tensor:
+    """ONNX ``Attention`` with a float mask: the bias where the boolean mask is True, the type's lowest elsewhere
+    (or the decomposition, with the bias added to the scores)."""
+    generation = ctx.settings.generation
+    if generation is not None and generation.attention == "decomposed":
+        return _decomposed_attention(ctx, bias=ctx.input("bias"))
+    dtype = ctx.input_dtypes[0]
+    lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
+    additive = ctx.op.Where(ctx.input("mask"), ctx.input("bias"), lowest)
+    scale = float(ctx.attrs["scale"])
+    return ctx.op.Attention(ctx.input("query"), ctx.input("key"), ctx.input("value"), additive, scale=scale)
+
+
+def _decomposed_attention(ctx: ConverterContext, bias: gs.Tensor | None = None) -> gs.Tensor:
+    """``softmax(mask(q k^T * scale + bias)) v`` with the query heads folded into [batch, kv_heads, groups, steps, dim],
     so that the keys and values are read once per KV head (never repeated)."""
     query, key, value, mask = ctx.input("query"), ctx.input("key"), ctx.input("value"), ctx.input("mask")
     q_shape = ctx.op.Shape(query)
@@ -98,7 +132,14 @@ def _decomposed_attention(ctx: ConverterContext) -> gs.Tensor:
         ctx.op.MatMul(q, ctx.op.Transpose(k, perm=[0, 1, 2, 4, 3])),
         ctx.constant(np.array(float(ctx.attrs["scale"]), dtype)),
     )
-    softcap = float(ctx.attrs["softcap"])
+    if bias is not None:  # [B or 1, q_heads, S, K] -> [B or 1, kv_heads, groups, S, K]
+        b_shape = ctx.op.Shape(bias)
+        b_head = ctx.op.Slice(b_shape, _ints(ctx, 0), _ints(ctx, 1))
+        b_rest = ctx.op.Slice(b_shape, _ints(ctx, 2), _ints(ctx, 4))
+        scores = ctx.op.Add(
+            scores, ctx.op.Reshape(bias, ctx.op.Concat(b_head, kv_heads, _ints(ctx, -1), b_rest, axis=0))
+        )
+    softcap = float(ctx.attrs.get("softcap", 0.0))
     if softcap > 0:
         cap = ctx.constant(np.array(softcap, dtype))
         scores = ctx.op.Mul(ctx.op.Tanh(ctx.op.Div(scores, cap)), cap)
@@ -117,4 +158,5 @@ def generation_converters(registry: ConverterRegistry) -> ConverterRegistry:
     out = registry.copy()
     out.register("pipeline_generation::kv_write")(convert_kv_write)
     out.register("pipeline_generation::attention")(convert_attention)
+    out.register("pipeline_generation::attention_biased")(convert_attention_biased)
     return out

@@ -85,23 +85,43 @@ def _as_type(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 #: position, so that ``step_attention`` adds nothing: built once per step, they spare every layer the same
 #: comparison (and the export its trace). Not a WeakSet: its lookup compares live tensors with ``==``.
 _SELF_ATTENDING: dict[int, weakref.ref[torch.Tensor]] = {}
+#: The bidirectional masks :func:`step_mask` built (an encoder-decoder's cross-attention over the encoder's tokens):
+#: used as they are, since their queries are not positions among the keys.
+_BIDIRECTIONAL: dict[int, weakref.ref[torch.Tensor]] = {}
 
 
-def _mark_self_attending(mask: torch.Tensor) -> None:
+#: The cross-attention keys an encoder-decoder's step was given (:func:`mark_cross`): attention over them without a
+#: mask (Whisper passes none) attends to every one.
+_CROSS: dict[int, weakref.ref[torch.Tensor]] = {}
+
+
+def mark_cross(keys: torch.Tensor) -> None:
+    """Mark ``keys`` as cross-attention keys over the encoder's tokens (see :func:`step_attention`)."""
+    _mark(_CROSS, keys)
+
+
+def _mark(registry: dict[int, weakref.ref[torch.Tensor]], mask: torch.Tensor) -> None:
     key = id(mask)
-    _SELF_ATTENDING[key] = weakref.ref(mask, lambda _: _SELF_ATTENDING.pop(key, None))
+    registry[key] = weakref.ref(mask, lambda _: registry.pop(key, None))
 
 
-def _is_self_attending(mask: torch.Tensor) -> bool:
-    kept = _SELF_ATTENDING.get(id(mask))
+def _is_marked(registry: dict[int, weakref.ref[torch.Tensor]], mask: torch.Tensor) -> bool:
+    kept = registry.get(id(mask))
     return kept is not None and kept() is mask
 
 
 def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """transformers' boolean SDPA mask, always built (never skipped for ``is_causal``: the step's query is not
-    aligned with the start of the keys), in which every query also sees its own position (see
-    :func:`step_attention`)."""
+    aligned with the start of the keys), in which every query of a causal mask also sees its own position (see
+    :func:`step_attention`). A bidirectional mask (``create_bidirectional_mask``: an encoder-decoder's
+    cross-attention) is built as transformers builds it, never skipped either."""
     kwargs["allow_is_causal_skip"] = False
+    if "allow_is_bidirectional_skip" in kwargs:  # only create_bidirectional_mask passes it
+        kwargs["allow_is_bidirectional_skip"] = False
+        mask = sdpa_mask(*args, **kwargs)
+        if isinstance(mask, torch.Tensor):
+            _mark(_BIDIRECTIONAL, mask)
+        return mask
     mask = sdpa_mask(*args, **kwargs)
     q_length, kv_length, q_offset, kv_offset = (
         kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")
@@ -119,7 +139,7 @@ def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     queries = torch.arange(q_length, device=mask.device) + q_offset
     keys = torch.arange(kv_length, device=mask.device) + kv_offset
     mask = mask | (keys.view(1, 1, 1, -1) == queries.view(1, 1, -1, 1))
-    _mark_self_attending(mask)
+    _mark(_SELF_ATTENDING, mask)
     return mask
 
 
@@ -131,21 +151,33 @@ def step_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     softcap: float | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The ``AttentionInterface`` function of the step: ``pipeline_generation::attention`` over the static cache.
+    """The ``AttentionInterface`` function of the step: ``pipeline_generation::attention`` over the static cache
+    (``attention_biased`` with a model's additive ``position_bias``: T5's relative positions).
 
-    Every query also attends to its own position, so that the rows of padding tokens (masked everywhere else) stay
-    finite: their outputs are never attended to, but a NaN there would reach later layers' cache entries. A mask
-    :func:`step_mask` built has that already; another one (the model's own) gets it here."""
+    Every query of a causal mask also attends to its own position, so that the rows of padding tokens (masked
+    everywhere else) stay finite: their outputs are never attended to, but a NaN there would reach later layers'
+    cache entries. A mask :func:`step_mask` built has that already; another one (the model's own) gets it here. A
+    bidirectional mask (cross-attention) is used as it is; cross-attention without one attends to every key."""
+    if attention_mask is None and _is_marked(_CROSS, key):
+        attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
+        _mark(_BIDIRECTIONAL, attention_mask)
     if attention_mask is None or attention_mask.dtype != torch.bool:
         raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
     past = kwargs.get("_past_length")
     steps, capacity = query.shape[2], key.shape[2]
-    if isinstance(past, torch.Tensor) and not _is_self_attending(attention_mask):
+    own_missing = not _is_marked(_SELF_ATTENDING, attention_mask) and not _is_marked(_BIDIRECTIONAL, attention_mask)
+    if isinstance(past, torch.Tensor) and own_missing:
         own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
         attention_mask = attention_mask | own
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    if position_bias is not None:
+        if softcap:
+            raise TypeError("the step's attention takes a position bias or a softcap, not both")
+        out = ops.attention_biased(query, key, value, attention_mask, position_bias.to(query.dtype), scale)
+        return out.transpose(1, 2).contiguous(), None
     out = ops.attention(query, key, value, attention_mask, scale, float(softcap or 0.0))
     return out.transpose(1, 2).contiguous(), None
 
@@ -170,17 +202,24 @@ def uses_attention_interface(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
-    """Run the block with ``model.config._attn_implementation`` set to ``name`` (None: unchanged), then restore."""
-    config: Any = model.config
+    """Run the block with ``_attn_implementation`` set to ``name`` (None: unchanged) in the config of the model and of
+    every submodule with its own (T5's encoder and decoder stacks hold copies), then restore."""
     if name is None:
         yield
         return
-    previous = config._attn_implementation
-    config._attn_implementation = name
+    configs: dict[int, Any] = {id(model.config): model.config}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            configs.setdefault(id(config), config)
+    previous = {key: config._attn_implementation for key, config in configs.items()}
+    for config in configs.values():
+        config._attn_implementation = name
     try:
         yield
     finally:
-        config._attn_implementation = previous
+        for key, config in configs.items():
+            config._attn_implementation = previous[key]
 
 
 class CachedStep(torch.nn.Module):

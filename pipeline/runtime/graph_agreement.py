@@ -80,7 +80,9 @@ def _generation_disagreement(
 ) -> str | None:
     """A cached decoder step: its step inputs, and each generation field the decoding loop sizes its buffers and
     calls with (the cache's layers and capacity, the batch, the prefill chunk) against the graph."""
-    missing = [name for name in STEP_INPUTS if name not in inputs]
+    seq2seq = generation.kind == "encoder-decoder"
+    required = ("input_ids", "encoder_attention_mask", "past_length") if seq2seq else STEP_INPUTS
+    missing = [name for name in required if name not in inputs]
     if missing:
         return (
             f"settings.generation in {METADATA} makes it a cached decoder step, but the graph lacks the step "
@@ -96,6 +98,8 @@ def _generation_disagreement(
     if presents != layers:
         outputs_held = f"its cache outputs ({present_name(0, 'key')}, ...) {presents}"
         return f"the graph's cache inputs hold {layers} layer(s), {outputs_held}"
+    if seq2seq:  # no decoder mask nor positions: the decoder's positions are the cache's length
+        return _capacity_disagreement(generation.max_length, inputs, outputs, layers, mask=False)
     return (
         _capacity_disagreement(generation.max_length, inputs, outputs, layers)
         or _batch_disagreement(generation.max_batch, inputs, dynamic)
@@ -112,9 +116,10 @@ def _cache_layers(names: Dims, name_of: Callable[[int, str], str]) -> int:
     return count
 
 
-def _capacity_disagreement(max_length: int, inputs: Dims, outputs: Dims, layers: int) -> str | None:
-    """``max_length`` is the width of the attention mask and the positions of every cache tensor."""
-    sized = [("attention_mask", inputs["attention_mask"], 1)]
+def _capacity_disagreement(max_length: int, inputs: Dims, outputs: Dims, layers: int, mask: bool = True) -> str | None:
+    """``max_length`` is the width of the attention mask (``mask``: a decoder-only step has one) and the positions
+    of every cache tensor."""
+    sized = [("attention_mask", inputs["attention_mask"], 1)] if mask else []
     for layer in range(layers):
         for kind in ("key", "value"):
             sized.append((past_name(layer, kind), inputs[past_name(layer, kind)], CACHE_POSITIONS_AXIS))

@@ -46,6 +46,21 @@ def load(
     TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's). ``threads`` and
     ``spinning`` set ONNX Runtime's intra-op threads and their spin-waiting for this process (None: the artifact's).
     """
+    from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
+
+    if Path(path).is_dir() and (Path(path) / DECODER_FILE).is_file():  # an encoder-decoder: two artifacts
+        from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
+
+        if not (Path(path) / ENCODER_FILE).is_file():
+            raise ArtifactError(
+                f"{path} holds {DECODER_FILE} but not {ENCODER_FILE}: an incomplete encoder-decoder",
+                fix="save the module again (EncoderDecoderModule.save writes both, atomically)",
+            )
+        parts = [
+            load(Path(path) / name, backend=backend, rebuild=rebuild, build=build, threads=threads, spinning=spinning)
+            for name in (ENCODER_FILE, DECODER_FILE)
+        ]
+        return EncoderDecoderModule(*parts)  # type: ignore[return-value]
     with collector_paused():
         from pipeline.runtime.artifact import read_artifact
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pipeline.runtime.generation.feed import StepFeed
+from pipeline.runtime.generation.feed import Feed
 
 #: transformers' score of what may not be chosen.
 _LOW = -1.0e9
@@ -48,7 +48,7 @@ class BeamResult:
 
 
 def beam_search(
-    feed: StepFeed,
+    feed: Feed,
     settings: BeamSettings,
     new_tokens: int,
     processors: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,

@@ -8,9 +8,31 @@ feed the step through it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from pipeline.runtime.generation.runners import StepRunner
+
+
+class Feed(Protocol):
+    """What the decoding loops drive: the prompt rows (``ids``), their prefill, one token per row per step, and the
+    cache rows moved between steps (beam search). :class:`StepFeed` for a decoder-only step; an encoder-decoder has
+    its own (:mod:`pipeline.runtime.generation.encoder_decoder`)."""
+
+    ids: torch.Tensor
+
+    def prefill(self) -> torch.Tensor:
+        """The prompt through the step; the logits after its last token [rows, vocab]."""
+        ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row [rows]; the logits [rows, vocab]."""
+        ...
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
+        ...
 
 
 class StepFeed:

@@ -19,6 +19,12 @@ def past_name(layer: int, kind: str) -> str:
     return f"past_key_values.{layer}.{kind}"
 
 
+def cross_name(layer: int, kind: str) -> str:
+    """``cross.{layer}.{kind}``: an encoder-decoder's cross-attention keys or values (the encoder graph's outputs,
+    the step's inputs)."""
+    return f"cross.{layer}.{kind}"
+
+
 def present_name(layer: int, kind: str) -> str:
     """``present.{layer}.{kind}`` (kind: ``key`` or ``value``): a cache output."""
     return f"present.{layer}.{kind}"

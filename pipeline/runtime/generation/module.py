@@ -25,7 +25,7 @@ import torch
 from converters.errors import InputError
 from converters.settings import GenerationSettings
 from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
-from pipeline.runtime.generation.feed import StepFeed
+from pipeline.runtime.generation.feed import Feed, StepFeed
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
@@ -167,18 +167,7 @@ class GenerativeModule(ConvertedModule):
         return StepFeed(runner, ids, mask, self.generation.max_length, self.generation.max_prompt)
 
     def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
-        logits = feed.prefill()
-        tokens, unfinished = feed.ids, torch.ones(feed.ids.shape[0], dtype=torch.bool)
-        for step in range(decoding.new):
-            chosen = decoding.chooser.choose(logits, tokens)
-            if decoding.pad is not None:
-                chosen = torch.where(unfinished, chosen, torch.tensor(decoding.pad))
-            tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-            yield chosen
-            unfinished &= ~decoding.stops(tokens)
-            if step == decoding.new - 1 or not unfinished.any():
-                return
-            logits = feed.step(chosen)
+        return decode(feed, decoding)
 
     def _beam_search(self, ids: torch.Tensor, mask: torch.Tensor, request: GenerateOptions) -> torch.Tensor | Any:
         decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
@@ -267,6 +256,25 @@ class GenerativeModule(ConvertedModule):
         )
 
 
+def decode(feed: Feed, decoding: Decoding) -> Iterator[torch.Tensor]:
+    """Greedy or sampled decoding over ``feed`` (a :class:`StepFeed`, or an encoder-decoder's): the chosen token of
+    every row at each step, finished rows filled with the pad token, until every row stops or ``decoding.new``."""
+    logits = feed.prefill()
+    tokens, unfinished = feed.ids, torch.ones(feed.ids.shape[0], dtype=torch.bool)
+    for step in range(decoding.new):
+        chosen = decoding.chooser.choose(logits, tokens)
+        if decoding.pad is not None:
+            chosen = torch.where(unfinished, chosen, torch.tensor(decoding.pad))
+        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+        yield chosen
+        unfinished &= ~decoding.stops(tokens)
+        if step == decoding.new - 1 or not unfinished.any():
+            return
+        logits = feed.step(chosen)
+
+
 def module_class(settings: Settings) -> type[ConvertedModule]:
-    """:class:`ConvertedModule`, or :class:`GenerativeModule` for a cached decoder step (``generation=``)."""
-    return ConvertedModule if settings.generation is None else GenerativeModule
+    """:class:`ConvertedModule`, or :class:`GenerativeModule` for a cached decoder step (``generation=``). An
+    encoder-decoder's step is a plain module: its ``generate`` is the encoder-decoder module's, which holds both."""
+    generation = settings.generation
+    return GenerativeModule if generation is not None and generation.kind == "decoder" else ConvertedModule

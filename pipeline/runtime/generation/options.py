@@ -36,6 +36,10 @@ class GenerateOptions:
     pad_token_id: int | None = None
     seed: int | None = None
     num_return_sequences: int = 1
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | list[int] | tuple[int, ...] | None = None
+    suppress_tokens: tuple[int, ...] | None = None
+    begin_suppress_tokens: tuple[int, ...] | None = None
     logits_processor: Any = None
     stopping_criteria: Any = None
     # generate() only
@@ -103,6 +107,9 @@ def generate_options(method: str, given: dict[str, Any]) -> GenerateOptions:
     for name in ("bad_words_ids",):
         if values.get(name) is not None:
             values[name] = _token_lists(name, values[name])
+    for name in ("suppress_tokens", "begin_suppress_tokens"):
+        if values.get(name) is not None:
+            values[name] = _token_lists(name, [values[name]])[0] if len(values[name]) else ()
     options = GenerateOptions(**values)
     _check(options)
     return options
@@ -119,7 +126,7 @@ def config_options(config: Any, method: str) -> dict[str, Any]:
     options: dict[str, Any] = {}
     refused = []
     for name, value in config.to_dict().items():
-        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or _is_default(name, value):
+        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or is_default(name, value):
             continue
         if name in taken:
             options[name] = value
@@ -130,7 +137,7 @@ def config_options(config: Any, method: str) -> dict[str, Any]:
     return options
 
 
-def _is_default(name: str, value: Any) -> bool:
+def is_default(name: str, value: Any) -> bool:
     if value is None or value is False:
         return True
     return name in _TRANSFORMERS_DEFAULTS and value == _TRANSFORMERS_DEFAULTS[name]
@@ -170,6 +177,18 @@ def _is_int(value: Any) -> bool:
 
 def _check(options: GenerateOptions) -> None:
     """The checks that need no model (sizes against the model's capacity are the module's)."""
+    forced = [options.forced_bos_token_id]
+    forced += (
+        list(options.forced_eos_token_id)
+        if isinstance(options.forced_eos_token_id, list | tuple)
+        else [options.forced_eos_token_id]
+    )
+    if any(token is not None and (not _is_int(token) or token < 0) for token in forced):
+        raise InputError(
+            f"forced_bos_token_id/forced_eos_token_id must be token ids >= 0, got {options.forced_bos_token_id!r}, "
+            f"{options.forced_eos_token_id!r}",
+            fix="pass the tokenizer's ids, or leave them out",
+        )
     for name in ("min_new_tokens", "min_length", "no_repeat_ngram_size"):
         value = getattr(options, name)
         if value is not None and (not _is_int(value) or value < 0):

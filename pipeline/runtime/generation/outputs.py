@@ -17,20 +17,25 @@ def decoder_only_output(
     scores: list[torch.Tensor] | None,
     logits: list[torch.Tensor] | None,
     options: GenerateOptions,
+    encoder_decoder: bool = False,
 ) -> Any:
-    """``GenerateDecoderOnlyOutput`` (sequences; the processed scores and raw logits of each step when asked)."""
+    """``GenerateDecoderOnlyOutput`` (``GenerateEncoderDecoderOutput`` for an encoder-decoder): the sequences; the
+    processed scores and raw logits of each step when asked."""
     generation = _transformers_generation()
-    return generation.GenerateDecoderOnlyOutput(
+    kind = generation.GenerateEncoderDecoderOutput if encoder_decoder else generation.GenerateDecoderOnlyOutput
+    return kind(
         sequences=sequences,
         scores=tuple(scores) if options.output_scores and scores is not None else None,
         logits=tuple(logits) if options.output_logits and logits is not None else None,
     )
 
 
-def beam_output(result: BeamResult, options: GenerateOptions) -> Any:
-    """``GenerateBeamDecoderOnlyOutput`` (sequences, beam indices; scores and logits when asked)."""
+def beam_output(result: BeamResult, options: GenerateOptions, encoder_decoder: bool = False) -> Any:
+    """``GenerateBeamDecoderOnlyOutput`` (``GenerateBeamEncoderDecoderOutput`` for an encoder-decoder): sequences,
+    beam indices; scores and logits when asked."""
     generation = _transformers_generation()
-    return generation.GenerateBeamDecoderOnlyOutput(
+    kind = generation.GenerateBeamEncoderDecoderOutput if encoder_decoder else generation.GenerateBeamDecoderOnlyOutput
+    return kind(
         sequences=result.sequences,
         sequences_scores=result.sequences_scores if options.output_scores else None,
         scores=result.scores if options.output_scores else None,

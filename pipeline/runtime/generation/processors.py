@@ -55,10 +55,16 @@ class ScoreProcessors:
 
 
 def score_processors(
-    options: Any, prompt: int, padding: torch.Tensor | None, eos: Sequence[int], user: Sequence[Any] | None = None
+    options: Any,
+    prompt: int,
+    padding: torch.Tensor | None,
+    eos: Sequence[int],
+    user: Sequence[Any] | None = None,
+    max_length: int | None = None,
 ) -> ScoreProcessors:
     """The processors ``options`` (:class:`GenerateOptions` or :class:`DecodingOptions`) ask for, for a prompt of
-    ``prompt`` tokens (padding included) whose rows start with ``padding`` pad tokens (``None``: no padding)."""
+    ``prompt`` tokens (padding included) whose rows start with ``padding`` pad tokens (``None``: no padding), and a
+    decoding of ``max_length`` tokens in all (the forced eos comes last)."""
     built_ins = []
     penalty = getattr(options, "repetition_penalty", None)
     if penalty is not None and penalty != 1.0:
@@ -79,7 +85,52 @@ def score_processors(
     if min_new and eos:
         apply = partial(forbid_eos, eos=eos, before=prompt + min_new)
         built_ins.append(BuiltIn("MinNewTokensLengthLogitsProcessor", apply))
+    built_ins += _forced_and_suppressed(options, prompt, max_length)
     return ScoreProcessors(built_ins, user)
+
+
+def _forced_and_suppressed(options: Any, prompt: int, max_length: int | None) -> list[BuiltIn]:
+    """transformers' forced-token and suppression processors, in its order: the forced first token (at length 1),
+    the forced last token (at ``max_length - 1``), the tokens always suppressed, those suppressed at the first
+    generated position."""
+    built_ins = []
+    bos = getattr(options, "forced_bos_token_id", None)
+    if bos is not None:
+        built_ins.append(BuiltIn("ForcedBOSTokenLogitsProcessor", partial(force_tokens, ids=(bos,), at=1)))
+    eos = getattr(options, "forced_eos_token_id", None)
+    if eos is not None and max_length is not None:
+        forced = tuple(eos) if isinstance(eos, list | tuple) else (eos,)
+        apply = partial(force_tokens, ids=forced, at=max_length - 1)
+        built_ins.append(BuiltIn("ForcedEOSTokenLogitsProcessor", apply))
+    suppressed = getattr(options, "suppress_tokens", None)
+    if suppressed:
+        apply = partial(suppress, ids=tuple(suppressed), at=None)
+        built_ins.append(BuiltIn("SuppressTokensLogitsProcessor", apply))
+    at_begin = getattr(options, "begin_suppress_tokens", None)
+    if at_begin:
+        begin = prompt if prompt > 1 or bos is None else prompt + 1
+        apply = partial(suppress, ids=tuple(at_begin), at=begin)
+        built_ins.append(BuiltIn("SuppressTokensAtBeginLogitsProcessor", apply))
+    return built_ins
+
+
+def force_tokens(tokens: torch.Tensor, scores: torch.Tensor, ids: Sequence[int], at: int) -> torch.Tensor:
+    """Only ``ids`` possible (score 0, every other -inf) when the rows hold ``at`` tokens (transformers'
+    ``ForcedBOSTokenLogitsProcessor`` at 1, ``ForcedEOSTokenLogitsProcessor`` at ``max_length - 1``)."""
+    if tokens.shape[-1] != at:
+        return scores
+    forced = torch.full_like(scores, -math.inf)
+    forced[:, list(ids)] = 0
+    return forced
+
+
+def suppress(tokens: torch.Tensor, scores: torch.Tensor, ids: Sequence[int], at: int | None) -> torch.Tensor:
+    """``ids`` at -inf: always (``at`` None: transformers' ``SuppressTokensLogitsProcessor``), or when the rows hold
+    ``at`` tokens (``SuppressTokensAtBeginLogitsProcessor``)."""
+    if at is not None and tokens.shape[-1] != at:
+        return scores
+    vocab = torch.arange(scores.shape[-1], device=scores.device)
+    return torch.where(torch.isin(vocab, torch.tensor(list(ids), device=scores.device)), -math.inf, scores)
 
 
 def _penalise(tokens: torch.Tensor, scores: torch.Tensor, penalty: float, padding: torch.Tensor | None) -> torch.Tensor:

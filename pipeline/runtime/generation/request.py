@@ -50,7 +50,7 @@ def resolve(
     pad = pad if pad is not None or not eos else eos[0]  # transformers pads with the first eos when it has no pad
     _check_vocabulary(options, vocab)
     padding = (mask == 0).to(torch.int64).sum(-1) if bool((mask == 0).any()) else None
-    processors = score_processors(options, ids.shape[1], padding, eos, options.logits_processor)
+    processors = score_processors(options, ids.shape[1], padding, eos, options.logits_processor, ids.shape[1] + new)
     sampling = DecodingOptions(
         options.do_sample, options.temperature, options.top_k, options.top_p, options.repetition_penalty, options.seed
     )

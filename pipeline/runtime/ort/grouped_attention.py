@@ -76,6 +76,7 @@ def grouped_attention_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     writes = {id(n) for t in triples for n in (t.key_write, t.value_write)}
     layers = {id(t.attention): (i, t) for i, t in enumerate(triples)}
     biases: dict[str, str] = {}
+    types = {**{i.name: (i.data_type, list(i.dims)) for i in model.graph.initializer}, **recorded_types(model)}
     nodes = _length_nodes()
     for node in model.graph.node:
         if id(node) in writes or id(node) in around.skipped:
@@ -86,7 +87,8 @@ def grouped_attention_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         index, triple = layers[id(node)]
         mask = node.input[3]
         if mask not in biases:  # one bias per distinct mask (sliding-window layers have their own)
-            bias = _bias_nodes(mask, len(biases))
+            additive = _elem_type(mask, around.producers, types) not in (TensorProto.BOOL, None)  # T5: a float mask
+            bias = _bias_nodes(mask, len(biases), additive)
             nodes.extend(bias)
             biases[mask] = bias[-1].output[0]
         nodes.extend(_attention_nodes(triple, index, around, biases[mask]))
@@ -246,16 +248,49 @@ def _length_nodes() -> list[onnx.NodeProto]:
     ]
 
 
-def _bias_nodes(mask: str, index: int) -> list[onnx.NodeProto]:
-    """The boolean mask [batch, 1, steps, capacity] cut to the filled length, as an additive float bias."""
+_BOOLEAN_OPS = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Not", "Xor"})
+
+
+def _elem_type(
+    name: str, producers: dict[str, onnx.NodeProto], types: dict[str, tuple[int, list[Dim]]], depth: int = 8
+) -> int | None:
+    """The element type of ``name``: recorded, else followed through its producers (None: not found)."""
+    if name in types and types[name][0]:
+        return types[name][0]
+    node = producers.get(name)
+    if node is None or depth == 0:
+        return None
+    if node.op_type in _BOOLEAN_OPS:
+        return TensorProto.BOOL
+    if node.op_type == "Cast":
+        return next(a.i for a in node.attribute if a.name == "to")
+    if node.op_type == "Constant":
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        return value.data_type if value is not None else None
+    sources = node.input[1:3] if node.op_type == "Where" else node.input[:1]
+    for source in sources:
+        found = _elem_type(source, producers, types, depth - 1) if source else None
+        if found is not None:
+            return found
+    return None
+
+
+def _bias_nodes(mask: str, index: int, additive: bool = False) -> list[onnx.NodeProto]:
+    """The boolean mask [batch, 1, steps, capacity] cut to the filled length, as an additive float bias (an
+    ``additive`` mask, already float, is only cut)."""
     p = f"{_PREFIX}/bias{index}"
     lowest = np.array(np.finfo(np.float32).min, np.float32)
-    return [
+    cut = [
         _const(f"{p}/zero_start", [0]),
         _const(f"{p}/axis", [3]),
         helper.make_node(
             "Slice", [mask, f"{p}/zero_start", f"{_PREFIX}/total64", f"{p}/axis"], [f"{p}/filled"], name=f"{p}/filled"
         ),
+    ]
+    if additive:
+        return [*cut, helper.make_node("Identity", [f"{p}/filled"], [f"{p}/bias"], name=f"{p}/bias")]
+    return [
+        *cut,
         _const(f"{p}/zero", np.array(0.0, np.float32), np.float32),
         _const(f"{p}/lowest", lowest, np.float32),
         helper.make_node("Where", [f"{p}/filled", f"{p}/zero", f"{p}/lowest"], [f"{p}/bias"], name=f"{p}/bias"),

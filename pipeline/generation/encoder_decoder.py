@@ -1,0 +1,296 @@
+"""``convert(seq2seq_model, inputs, generation={...})``: an encoder-decoder as two converted graphs.
+
+The encoder graph (:class:`~pipeline.generation.seq2seq.CrossStates`: the encoder's inputs to every decoder layer's
+cross-attention keys and values) and the cached decoder step (:class:`~pipeline.generation.seq2seq.Seq2SeqStep`) go
+through the stages one after the other, each validated against PyTorch on its own sample; then, when validating,
+whole greedy decodings of the sample are compared token for token with the model's own ``generate``. The result is
+an :class:`~pipeline.runtime.generation.encoder_decoder.EncoderDecoderModule`.
+
+The sample is the encoder's inputs as the model takes them: a tensor of its main input (``input_ids``, Whisper's
+``input_features``), or a dict such as ``{"input_ids": ..., "attention_mask": ...}``. 2-D inputs (token ids and
+their mask) get a dynamic source axis up to ``max_prompt``; every input a dynamic batch up to ``max_batch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from converters.errors import AccuracyError, InputError
+from converters.generation_settings import GenerationSettings, check_token_ids
+from converters.registry import ConverterRegistry
+from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
+from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.seq2seq import CrossStates, Seq2SeqStep, cache_of
+from pipeline.generation.step import uses_attention_interface
+from pipeline.runtime.generation.encoder_decoder import (
+    ENCODER_MASK,
+    EncoderDecoderModule,
+    cross_names,
+    model_option_names,
+)
+from pipeline.runtime.generation.layout import past_name
+from pipeline.runtime.generation.options import is_default
+from pipeline.runtime.io_spec import normalise_sample
+from pipeline.runtime.module import ConvertedModule
+from pipeline.settings import DynamicDim, Settings
+
+logger = logging.getLogger(__name__)
+
+#: Convert one part (module, sample, settings, converters) through the stages.
+Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], ConvertedModule]
+
+#: Tokens of the greedy decodings compared with the model's own ``generate`` when validating.
+VALIDATION_TOKENS = 8
+
+
+def convert_encoder_decoder(
+    model: torch.nn.Module, sample: Any, settings: Settings, registry: ConverterRegistry, stages: Stages
+) -> EncoderDecoderModule:
+    """The encoder graph and the decoder step of ``model``, converted (see the module docstring)."""
+    generation = settings.generation
+    assert generation is not None
+    inputs = _encoder_inputs(model, sample)
+    rows = next(iter(inputs.values())).shape[0]
+    if rows > generation.max_batch:
+        raise InputError(
+            f"the generation sample has {rows} rows, but generation max_batch={generation.max_batch}",
+            fix=f"pass generation={{'max_batch': {rows}, ...}} or more, or a sample of fewer rows",
+        )
+    start = _decoder_start(model)
+    layout = _layout(model, inputs, start)
+    eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
+    from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
+    generation = dataclasses.replace(
+        generation,
+        kind="encoder-decoder",
+        layers=layout.layers,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        decoder_start_token_id=start,
+        model_options=_model_options(model),
+        attention=attention_form(model, settings),
+    )
+    generation = check_token_ids(generation, layout.vocabulary, from_model)
+    opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)
+    precision_io = step_precision_io(settings)
+    names = tuple(inputs)
+    source = _source_length(inputs, layout.source)
+    with torch.no_grad():
+        encoder = CrossStates(model, names, layout.layers, start).train(model.training)
+        cross = encoder(*inputs.values())
+    encoder_settings = dataclasses.replace(
+        settings,
+        generation=None,
+        dynamic=_encoder_dims(inputs, generation, source),
+        opset=opset,
+        precision_io=precision_io,
+    )
+    logger.info("encoder-decoder: converting the encoder graph (%s -> cross-attention keys and values)", names)
+    encoder_module = stages(encoder, tuple(inputs.values()), encoder_settings, registry)
+    use_interface = uses_attention_interface(model)
+    if not use_interface:
+        logger.warning(
+            "%s does not dispatch its attention through transformers' AttentionInterface: its own attention code is "
+            "exported as it is over the static cache",
+            type(model).__name__,
+        )
+    step = Seq2SeqStep(model, layout.layers, layout.hidden, use_interface).train(model.training)
+    mask = inputs.get("attention_mask") if source is not None else None
+    encoder_mask = mask.to(torch.int64) if mask is not None else torch.ones(rows, layout.source, dtype=torch.int64)
+    past = []
+    for heads, dim, dtype in layout.self_layers:
+        past += [torch.zeros(rows, heads, generation.max_length, dim, dtype=dtype) for _ in ("key", "value")]
+    states = [*past, *(cross[name] for name in cross_names(layout.layers))]
+    start_ids = torch.full((rows, 1), start, dtype=torch.int64)
+    step_sample: Any = ((start_ids, encoder_mask, torch.tensor(0, dtype=torch.int64), *states), {})
+    step_settings = dataclasses.replace(
+        settings,
+        generation=generation,
+        dynamic=_step_dims(layout.layers, rows, generation, source),
+        opset=opset,
+        profiles=(),
+        precision_io=precision_io,
+    )
+    logger.info("encoder-decoder: converting the decoder step (cache of %d tokens)", generation.max_length)
+    step_module = stages(step, step_sample, step_settings, generation_converters(registry))
+    module = EncoderDecoderModule(encoder_module, step_module)
+    if settings.validate:
+        _validate_greedy(model, module, inputs)
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    layers: int
+    self_layers: tuple[tuple[int, int, torch.dtype], ...]
+    source: int  # the encoder's output length for the sample
+    hidden: int  # the encoder output's width
+    vocabulary: int
+
+
+def _encoder_inputs(model: torch.nn.Module, sample: Any) -> dict[str, torch.Tensor]:
+    """The sample as the encoder's named inputs, in the order the model's forward takes them."""
+    main = str(getattr(model, "main_input_name", "input_ids"))
+    args, kwargs = normalise_sample(sample)
+    first = args[0] if len(args) == 1 else None
+    if isinstance(first, dict) and not kwargs:
+        args, kwargs = (), dict(first)
+    given: dict[str, Any] = dict(kwargs)
+    if args:
+        if len(args) > 1 or main in given:
+            raise InputError(
+                f"an encoder-decoder's generation sample is its encoder's inputs: one tensor ({main}) or a dict of "
+                f"named tensors, got {len(args)} positional values",
+                fix=f'pass pipeline.convert(model, {{"{main}": ..., "attention_mask": ...}}, generation={{...}})',
+            )
+        given[main] = args[0]
+    refused = sorted(name for name in given if name.startswith("decoder_") or name in ("labels", "encoder_outputs"))
+    if refused:
+        raise InputError(
+            f"the generation sample holds {', '.join(refused)}: the decoder's side is what generation makes",
+            fix=f"pass the encoder's inputs only ({main}, attention_mask)",
+        )
+    if main not in given or not isinstance(given[main], torch.Tensor):
+        raise InputError(
+            f"the generation sample of {type(model).__name__} needs its encoder input {main!r} (a tensor)",
+            fix=f'pass pipeline.convert(model, {main}, generation={{...}}) or {{"{main}": ..., "attention_mask": ...}}',
+        )
+    not_tensors = sorted(name for name, value in given.items() if not isinstance(value, torch.Tensor))
+    if not_tensors:
+        raise InputError(
+            f"the generation sample's {', '.join(not_tensors)} are not tensors",
+            fix="pass tensors only (the processor's return_tensors='pt' output)",
+        )
+    rows = {value.shape[0] for value in given.values()}
+    if len(rows) != 1:
+        raise InputError(
+            f"the generation sample's inputs have different batch sizes {sorted(rows)}",
+            fix="pass inputs of one batch (the tokenizer's input_ids and attention_mask together)",
+        )
+    import inspect
+
+    order = list(inspect.signature(model.forward).parameters)
+    return {name: given[name] for name in sorted(given, key=lambda n: order.index(n) if n in order else len(order))}
+
+
+def _decoder_start(model: torch.nn.Module) -> int:
+    for owner in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        start = getattr(owner, "decoder_start_token_id", None)
+        if isinstance(start, list | tuple):
+            start = start[0] if start else None
+        if start is not None:
+            return int(start)
+    raise InputError(
+        f"{type(model).__name__} has no decoder_start_token_id in its generation config or config",
+        fix="set model.generation_config.decoder_start_token_id (the token its decoder starts from)",
+    )
+
+
+def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int) -> _Layout:
+    """The caches the model builds on the sample's first row and one decoder token."""
+    first = {name: value[:1] for name, value in inputs.items()}
+    with torch.no_grad():
+        out = model(**first, decoder_input_ids=torch.full((1, 1), start, dtype=torch.int64), use_cache=True)
+    cache = cache_of(out)
+    self_cache = getattr(cache, "self_attention_cache", None)
+    cross_cache = getattr(cache, "cross_attention_cache", None)
+    if self_cache is None or cross_cache is None:
+        raise InputError(
+            f"{type(model).__name__} returned no EncoderDecoderCache with use_cache=True (got {type(cache).__name__});"
+            " generation= needs an encoder-decoder on transformers' Cache API",
+            fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
+        )
+    self_layers = []
+    source = 0
+    for i, (mine, theirs) in enumerate(zip(self_cache.layers, cross_cache.layers, strict=True)):
+        tensors = [getattr(mine, "keys", None), getattr(mine, "values", None), theirs.keys, theirs.values]
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+            raise InputError(
+                f"decoder layer {i} of {type(model).__name__} has no 4-D attention caches",
+                fix="generation= supports attention caches [batch, heads, tokens, dim]; convert without it",
+            )
+        if tensors[0].shape[-1] != tensors[1].shape[-1]:
+            raise InputError(
+                f"decoder layer {i} has key dim {tensors[0].shape[-1]} but value dim {tensors[1].shape[-1]}",
+                fix="generation= supports equal key and value head dims",
+            )
+        self_layers.append((int(tensors[0].shape[1]), int(tensors[0].shape[-1]), tensors[0].dtype))
+        source = int(theirs.keys.shape[-2])
+    hidden = getattr(out, "encoder_last_hidden_state", None)
+    if not isinstance(hidden, torch.Tensor):
+        raise InputError(
+            f"{type(model).__name__} returned no encoder_last_hidden_state",
+            fix="generation= converts transformers *ForConditionalGeneration models; convert without it",
+        )
+    return _Layout(len(self_layers), tuple(self_layers), source, int(hidden.shape[-1]), int(out.logits.shape[-1]))
+
+
+def _source_length(inputs: dict[str, torch.Tensor], source: int) -> int | None:
+    """The sample's source length when the encoder's output keeps it (token inputs: one state per token), else None
+    (Whisper's features are reduced: the encoder's inputs and outputs keep fixed sizes)."""
+    lengths = {value.shape[1] for value in inputs.values() if value.dim() == 2}
+    return source if lengths == {source} else None
+
+
+def _encoder_dims(inputs: dict[str, torch.Tensor], generation: GenerationSettings, source: int | None) -> tuple:
+    rows = next(iter(inputs.values())).shape[0]
+    dims: list[DynamicDim] = []
+    for name, value in inputs.items():
+        if generation.max_batch >= 2:
+            dims.append(DynamicDim(name, 0, "batch", 1, max(rows, 1), generation.max_batch))
+        if source is not None and value.dim() == 2:
+            longest = max(generation.max_prompt or generation.max_length, source)
+            dims.append(DynamicDim(name, 1, "source", 1, source, longest))
+    return tuple(dims)
+
+
+def _step_dims(layers: int, rows: int, generation: GenerationSettings, source: int | None) -> tuple:
+    names = ["input_ids", ENCODER_MASK, *(past_name(i, k) for i in range(layers) for k in ("key", "value"))]
+    cross = list(cross_names(layers))
+    dims: list[DynamicDim] = []
+    if generation.max_batch >= 2:
+        dims += [DynamicDim(name, 0, "batch", 1, rows, generation.max_batch) for name in [*names, *cross]]
+    if source is not None:
+        longest = max(generation.max_prompt or generation.max_length, source)
+        dims.append(DynamicDim(ENCODER_MASK, 1, "source", 1, source, longest))
+        dims += [DynamicDim(name, 2, "source", 1, source, longest) for name in cross]
+    return tuple(dims)
+
+
+def _model_options(model: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
+    """The options the model's generation config sets away from transformers' defaults that ``generate`` takes
+    (forced and suppressed tokens, beams, n-gram rules, ...): what ``model.generate`` would apply by default."""
+    config = getattr(model, "generation_config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return ()
+
+    taken = model_option_names()
+    return tuple(
+        (name, value)
+        for name, value in sorted(config.to_dict().items())
+        if name in taken and not is_default(name, value) and name not in ("eos_token_id", "pad_token_id")
+    )
+
+
+def _validate_greedy(model: torch.nn.Module, module: EncoderDecoderModule, inputs: dict[str, torch.Tensor]) -> None:
+    """The sample's greedy decoding, token for token against ``model.generate`` (its own cache)."""
+    generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module's __getattr__ types it as a tensor
+    with torch.no_grad():
+        expected = generate(
+            **inputs, max_new_tokens=VALIDATION_TOKENS, do_sample=False, num_beams=1, min_length=0, min_new_tokens=0
+        )
+    actual = module.generate(**inputs, max_new_tokens=VALIDATION_TOKENS, num_beams=1)
+    if expected.shape[1] < actual.shape[1] and torch.equal(expected, actual[:, actual.shape[1] - expected.shape[1] :]):
+        return  # the model's generate left out its decoder prompt (Whisper's does)
+    width = min(expected.shape[1], actual.shape[1])
+    if not torch.equal(expected[:, :width], actual[:, :width]):
+        raise AccuracyError(
+            f"the converted encoder-decoder's greedy tokens differ from {type(model).__name__}.generate on the "
+            f"sample: expected {expected.tolist()}, got {actual.tolist()}",
+            fix="convert with precision='fp32' to confirm; report the model (the step's logits passed validation)",
+        )

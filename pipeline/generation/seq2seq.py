@@ -1,0 +1,180 @@
+"""An encoder-decoder (T5, BART, Marian, Whisper, ...) as two graphs: the encoder with the cross-attention keys and
+values it feeds, and the cached decoder step.
+
+:class:`CrossStates` runs the model once on the encoder's inputs and one decoder token with transformers' own
+``EncoderDecoderCache``, and returns what that cache's cross-attention half holds: every layer's keys and values over
+the encoder's tokens ([batch, heads, source, dim]). The decoder's self-attention and head do not reach those outputs,
+so the exporter drops them: the graph is the encoder plus the cross projections, computed once per request.
+
+:class:`Seq2SeqStep` is the decoder step: the self-attention cache static and written in place
+(:class:`~pipeline.generation.step.StepCacheLayer`, as for a decoder-only model), the cross-attention cache given
+(layers marked as updated, so the model reads them instead of projecting the encoder's output again). The model's
+code decides everything else: learned positions from the cache's length (BART, Marian, Whisper), relative position
+buckets (T5, as an additive bias of the step's attention), the cross-attention mask from ``encoder_attention_mask``.
+Nothing here reads one architecture's code; both modules only call ``model(...)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+from pipeline.generation.step import (
+    ATTENTION_NAME,
+    StepCache,
+    StepCacheLayer,
+    attention_implementation,
+    mark_cross,
+    register_attention,
+)
+from pipeline.runtime.generation.layout import cross_name, past_name, present_name
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` is a transformers encoder-decoder (its config says so)."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def _call_argument(model: torch.nn.Module, *names: str) -> str | None:
+    """The first of ``names`` that ``model.forward`` takes."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in names if name in parameters), None)
+
+
+def cache_of(output: Any) -> Any:
+    """The cache a transformers output holds (``cache`` in transformers 5, ``past_key_values`` before)."""
+    return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+
+
+class CrossStates(torch.nn.Module):
+    """``forward(**encoder_inputs)``: the cross-attention keys and values of every decoder layer, ``{"cross.{i}.key":
+    ..., "cross.{i}.value": ...}``, computed by the model itself with one decoder token (``start``)."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...], layers: int, start: int) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+        self.layers = layers
+        self.start = start
+        #: graph input names of the ``*inputs`` arguments (the exporter reads this mapping)
+        self.onnx_input_names = {f"inputs_{i}": name for i, name in enumerate(names)}
+        if len(names) == 1:  # one varargs input is named after the parameter alone
+            self.onnx_input_names["inputs"] = names[0]
+
+    def forward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The cross keys and values for the encoder inputs ``inputs`` (in the order of ``names``)."""
+        given = dict(zip(self.names, inputs, strict=True))
+        batch = inputs[0].shape[0]
+        start = torch.full((batch, 1), self.start, dtype=torch.int64, device=inputs[0].device)
+        out = self.model(**given, decoder_input_ids=start, use_cache=True)
+        cache = cache_of(out)
+        assert isinstance(cache, EncoderDecoderCache)
+        result = {}
+        for i in range(self.layers):
+            layer: Any = cache.cross_attention_cache.layers[i]
+            result[cross_name(i, "key")] = layer.keys
+            result[cross_name(i, "value")] = layer.values
+        return result
+
+
+class CrossCacheLayer(CacheLayerMixin):
+    """One layer's cross-attention keys and values, given (graph inputs); never updated."""
+
+    is_compileable = False
+    is_sliding = False
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Not called: the layer is marked as updated."""
+        raise RuntimeError("the cross-attention cache of the step is given, not written")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[Any, int]:
+        """The encoder's tokens."""
+        return self.keys.shape[-2], 0
+
+    def get_seq_length(self) -> Any:
+        """The encoder's tokens."""
+        return self.keys.shape[-2]
+
+    def get_max_length(self) -> Any:
+        """The encoder's tokens."""
+        return self.keys.shape[-2]
+
+
+class _CrossCache(Cache):
+    def __init__(self, layers: list[CrossCacheLayer]) -> None:
+        super().__init__(layers=list(layers))
+
+
+class Seq2SeqStep(torch.nn.Module):
+    """One decoder step of an encoder-decoder over a static self-attention cache and given cross-attention states.
+
+    ``forward(input_ids [B, S], encoder_attention_mask [B, source], past_length [] int64, *states)`` with ``states``
+    every layer's self-attention key and value caches [B, heads, capacity, dim] (``past_key_values.{i}.key/value``),
+    then every layer's cross-attention keys and values [B, heads, source, dim] (``cross.{i}.key/value``), returns
+    ``{"logits": [B, vocab] of the last position, "present.{i}.key": ..., ...}``."""
+
+    def __init__(self, model: torch.nn.Module, layers: int, hidden: int, use_interface: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.layers = layers
+        self.hidden = hidden
+        self.use_interface = use_interface
+        self._cache_argument = _call_argument(model, "cache", "past_key_values") or "past_key_values"
+        self._decoder_mask = _call_argument(model, "decoder_attention_mask") is not None
+        self._encoder_mask = _call_argument(model, "attention_mask") is not None
+        if use_interface:
+            register_attention()
+        names = [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+        names += [cross_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+        #: graph input names of the ``*states`` arguments (the exporter reads this mapping)
+        self.onnx_input_names = {f"states_{i}": name for i, name in enumerate(names)}
+
+    def forward(
+        self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, past_length: torch.Tensor, *states: Any
+    ) -> dict[str, torch.Tensor]:
+        """The step: logits of the last position and the updated self-attention cache."""
+        n = self.layers
+        layers = [StepCacheLayer(states[2 * i], states[2 * i + 1], past_length) for i in range(n)]
+        cross = [CrossCacheLayer(states[2 * n + 2 * i], states[2 * n + 2 * i + 1]) for i in range(n)]
+        for given in cross:
+            mark_cross(given.keys)
+        cache = EncoderDecoderCache(StepCache(layers), _CrossCache(cross))
+        cache.is_updated = dict.fromkeys(range(n), True)
+        batch, source = encoder_attention_mask.shape
+        # the decoder reads the encoder's output only for its shape (the cross keys and values are cached)
+        hidden = torch.zeros(batch, source, self.hidden, dtype=states[2 * n].dtype, device=input_ids.device)
+        call: dict[str, Any] = {
+            "decoder_input_ids": input_ids,
+            "encoder_outputs": BaseModelOutput(last_hidden_state=hidden),
+            self._cache_argument: cache,
+            "use_cache": True,
+        }
+        if self._encoder_mask:
+            call["attention_mask"] = encoder_attention_mask
+        if self._decoder_mask:
+            capacity = states[0].shape[-2]
+            call["decoder_attention_mask"] = torch.ones(batch, capacity, dtype=torch.int64, device=input_ids.device)
+        if self.use_interface:
+            call["_past_length"] = past_length
+        with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
+            out = self.model(**call)
+        result = {"logits": out.logits[:, -1, :]}
+        for i, layer in enumerate(layers):
+            result[present_name(i, "key")] = layer.keys
+            result[present_name(i, "value")] = layer.values
+        return result

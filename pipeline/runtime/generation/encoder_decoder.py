@@ -1,0 +1,314 @@
+"""A converted encoder-decoder (T5, BART, Marian, Whisper, ...): the encoder graph run once per request, then the
+cached decoder step, with ``generate()`` as transformers' ``model.generate``.
+
+The encoder graph gives every decoder layer's cross-attention keys and values; the request holds them (repeated for
+each prompt's beams or drawn sequences) beside its self-attention cache, and every decoder step reads them. The
+decoding loop, the options, the processors and beam search are the decoder-only module's
+(:mod:`pipeline.runtime.generation.module`); only the feed differs: the decoder starts from
+``decoder_start_token_id`` (or the caller's ``decoder_input_ids``), its positions are the cache's length, and the
+encoder's padding is the cross-attention mask.
+
+Saved as a directory (``module.save("out/t5")``): ``encoder.ptrt`` and ``decoder.ptrt``, each a whole artifact;
+``pipeline.load("out/t5")`` reads both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.errors import ArtifactError, InputError
+from converters.generation_settings import GenerationSettings
+from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
+from pipeline.runtime.generation.layout import cross_name, past_name, present_name
+from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
+from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
+from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.module import ConvertedModule
+
+#: The step's input holding the encoder's padding mask [batch, source] (1: a token, 0: padding).
+ENCODER_MASK = "encoder_attention_mask"
+#: The two artifacts of a saved encoder-decoder directory.
+ENCODER_FILE, DECODER_FILE = "encoder.ptrt", "decoder.ptrt"
+
+
+def cross_names(layers: int) -> tuple[str, ...]:
+    """``cross.{i}.key``, ``cross.{i}.value`` of every layer, in order."""
+    return tuple(cross_name(i, kind) for i in range(layers) for kind in ("key", "value"))
+
+
+def model_option_names() -> frozenset[str]:
+    """The ``generate`` options a model's generation config may set as the module's defaults."""
+    return frozenset(TAKEN["generate"]) - {"generation_config", "streamer", "logits_processor", "stopping_criteria"}
+
+
+class EncoderDecoderModule(torch.nn.Module):
+    """An encoder-decoder converted for generation (``pipeline.convert(model, inputs, generation={...})`` of a
+    transformers ``*ForConditionalGeneration``).
+
+    ``generate(input_ids, attention_mask=..., **options)`` (or ``input_features=`` for Whisper) returns the decoder's
+    sequences, starting with its start token, as ``model.generate`` does; :meth:`stream` yields the new tokens.
+    ``.encoder`` and ``.decoder`` are the two converted graphs.
+
+    >>> module.generate(input_ids, attention_mask=mask, num_beams=4, max_new_tokens=32)  # doctest: +SKIP
+    """
+
+    def __init__(self, encoder: ConvertedModule, decoder: ConvertedModule) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        generation = decoder.settings.generation
+        if generation is None or generation.kind != "encoder-decoder":
+            raise ArtifactError(
+                "the decoder of an encoder-decoder module must be a step converted with generation= of an "
+                "encoder-decoder model",
+                fix="load a directory written by EncoderDecoderModule.save",
+            )
+        self._encoder_inputs = tuple(spec.name for spec in encoder.io.inputs)
+        self._step_inputs = tuple(spec.name for spec in decoder.io.inputs)
+        self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        self._presents = tuple(present_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        specs = {spec.name: spec for spec in decoder.io.inputs}
+        self._cache_shapes = [tuple(int(d) for d in specs[name].shape[1:]) for name in self._layer_names]
+        self._cache_dtypes = [specs[name].torch_dtype for name in self._layer_names]
+        logits = next(spec for spec in decoder.io.outputs if spec.name == "logits")
+        self._vocabulary = int(logits.shape[-1]) if logits.shape and isinstance(logits.shape[-1], int) else None
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The generation settings of the decoder step (capacity, batch, special tokens, the model's defaults)."""
+        generation = self.decoder.settings.generation
+        assert generation is not None
+        return generation
+
+    @property
+    def report(self) -> Any:
+        """The decoder step's conversion report (the encoder's: ``module.encoder.report``)."""
+        return self.decoder.report
+
+    @property
+    def backend(self) -> str:
+        """The backend both graphs run on."""
+        return self.decoder.backend
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """``generate`` (a converted encoder-decoder is called to generate)."""
+        return self.generate(*args, **kwargs)
+
+    def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | Any:
+        """The decoder's sequences [rows, start + new] (rows: prompts x ``num_return_sequences``), as transformers'
+        ``model.generate``: the encoder's inputs by name (``input_ids``/``attention_mask``, ``input_features``; the
+        first positionally), ``decoder_input_ids`` to start the decoder from (the start token is put first when
+        missing), and the options of the decoder-only module's ``generate`` (beam search included). The model's own
+        generation config (forced and suppressed tokens, ...) applies under the options given."""
+        encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
+        request = generate_options("generate", {**dict(self.generation.model_options), **options})
+        feed, decoding = self._request(encoder_inputs, decoder_ids, request)
+        if request.num_beams > 1:
+            settings = BeamSettings(
+                request.num_beams, request.length_penalty, request.early_stopping, request.num_return_sequences
+            )
+            record = request.return_dict_in_generate and (request.output_scores or request.output_logits)
+            processors = decoding.processors if decoding.processors else None
+            fill = fill_token(decoding.eos, decoding.pad)
+            result = beam_search(
+                feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record
+            )
+            return (
+                beam_output(result, request, encoder_decoder=True)
+                if request.return_dict_in_generate
+                else (result.sequences)
+            )
+        streamer = request.streamer
+        if streamer is not None:
+            streamer.put(feed.ids)
+        new = []
+        for tokens in _decode(feed, decoding):
+            new.append(tokens)
+            if streamer is not None:
+                streamer.put(tokens)
+        if streamer is not None:
+            streamer.end()
+        sequences = torch.cat([feed.ids, *(t[:, None] for t in new)], dim=1)
+        if not request.return_dict_in_generate:
+            return sequences
+        chooser = decoding.chooser
+        return decoder_only_output(sequences, chooser.scores, chooser.logits, request, encoder_decoder=True)
+
+    def stream(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
+        """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
+        of the decoder-only module's ``stream``)."""
+        encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
+        defaults = {k: v for k, v in self.generation.model_options if k not in GENERATE_ONLY}
+        request = generate_options("stream", {**defaults, **options})
+        feed, decoding = self._request(encoder_inputs, decoder_ids, request)
+        yield from _decode(feed, decoding)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt``, atomically: a new directory renamed into place
+        (a directory already there is replaced only once the new one is complete)."""
+        target = Path(path)
+        if target.exists() and not target.is_dir():
+            raise InputError(
+                f"{target} exists and is not a directory: an encoder-decoder saves as a directory of two artifacts",
+                fix="pass a new path, or a directory written by EncoderDecoderModule.save",
+            )
+        if target.is_dir() and any(p.name not in (ENCODER_FILE, DECODER_FILE) for p in target.iterdir()):
+            raise InputError(
+                f"{target} holds other files than an encoder-decoder's {ENCODER_FILE} and {DECODER_FILE}",
+                fix="save into a new or empty directory",
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            self.encoder.save(staging / ENCODER_FILE)
+            self.decoder.save(staging / DECODER_FILE)
+            old = None
+            if target.exists():
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.replace(target, old)
+            os.replace(staging, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return target
+
+    # the request
+
+    def _split(
+        self, inputs: torch.Tensor | None, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, dict[str, Any]]:
+        options = dict(kwargs)
+        given = {name: options.pop(name) for name in self._encoder_inputs if name in options}
+        main = self._encoder_inputs[0]
+        if inputs is not None:
+            if main in given:
+                raise InputError(f"{main} given twice (positionally and by name)", fix=f"pass {main} once")
+            given[main] = inputs
+        if main not in given:
+            raise InputError(
+                f"generate needs the encoder's {main}", fix=f"pass module.generate({main}, ...) as to model.generate"
+            )
+        decoder_ids = options.pop("decoder_input_ids", None)
+        options.pop("decoder_attention_mask", None) if decoder_ids is None else None
+        return given, decoder_ids, options
+
+    def _request(
+        self, given: dict[str, torch.Tensor], decoder_ids: torch.Tensor | None, request: GenerateOptions
+    ) -> tuple[_Feed, Decoding]:
+        generation = self.generation
+        rows = given[self._encoder_inputs[0]].shape[0]
+        if rows * request.expand > generation.max_batch:
+            raise InputError(
+                f"a batch of {rows} x {request.expand} rows, but the step was converted for max_batch="
+                f"{generation.max_batch}",
+                fix=f"split the batch, or convert with generation={{'max_batch': {rows * request.expand}, ...}}",
+            )
+        encoded = self._encode(given)
+        ids = self._decoder_prompt(decoder_ids, rows)
+        ids = ids.repeat_interleave(request.expand, dim=0)
+        states = {name: value.repeat_interleave(request.expand, dim=0) for name, value in encoded.items()}
+        decoding = resolve(request, generation, ids, torch.ones_like(ids), self._vocabulary)
+        return _Feed(self, ids, states), decoding
+
+    def _encode(self, given: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The encoder graph on the request's inputs: the cross keys and values and the encoder's mask."""
+        specs = {spec.name: spec for spec in self.encoder.io.inputs}
+        inputs = []
+        for name in self._encoder_inputs:
+            value = given.get(name)
+            if value is None and name == "attention_mask":
+                main = given[self._encoder_inputs[0]]
+                value = torch.ones(main.shape[:2], dtype=torch.int64)
+            if value is None:
+                raise InputError(f"the encoder takes {name}", fix=f"pass {name}=... as to model.generate")
+            inputs.append(value.cpu().to(specs[name].torch_dtype))
+        outputs = dict(zip((o.name for o in self.encoder.io.outputs), self.encoder.run_flat(inputs), strict=True))
+        cross = {name: outputs[name] for name in cross_names(self.generation.layers)}
+        source = cross[cross_name(0, "key")].shape[-2]
+        mask = given.get("attention_mask")
+        if mask is None or mask.shape[-1] != source:
+            mask = torch.ones(inputs[0].shape[0], source, dtype=torch.int64)
+        return {ENCODER_MASK: mask.cpu().to(torch.int64), **cross}
+
+    def _decoder_prompt(self, decoder_ids: torch.Tensor | None, rows: int) -> torch.Tensor:
+        start = self.generation.decoder_start_token_id
+        assert start is not None
+        first = torch.full((rows, 1), start, dtype=torch.int64)
+        if decoder_ids is None:
+            return first
+        if not isinstance(decoder_ids, torch.Tensor) or decoder_ids.dim() != 2 or decoder_ids.shape[0] != rows:
+            raise InputError(
+                f"decoder_input_ids must be a tensor [{rows}, tokens] (one row per prompt)",
+                fix="pass the decoder's prompt ids, one row per encoder input",
+            )
+        ids = decoder_ids.cpu().to(torch.int64)
+        if bool((ids[:, 0] != start).any()):  # transformers puts the start token first when it is missing
+            ids = torch.cat([first, ids], dim=1)
+        return ids
+
+
+def _decode(feed: _Feed, decoding: Decoding) -> Iterator[torch.Tensor]:
+    from pipeline.runtime.generation.module import decode
+
+    return decode(feed, decoding)
+
+
+class _Feed:
+    """One request's decoder steps: ``prefill()`` the decoder's prompt (token by token: the step takes one), then
+    ``step(tokens)``; ``reorder(rows)`` moves the self-attention cache rows (the cross states are the same for every
+    beam of a prompt, and beams only move within their prompt)."""
+
+    def __init__(self, module: EncoderDecoderModule, ids: torch.Tensor, states: dict[str, torch.Tensor]) -> None:
+        self.module = module
+        self.ids = ids
+        self.states = states
+        rows = ids.shape[0]
+        self.cache = [
+            torch.zeros((rows, *shape), dtype=dtype)
+            for shape, dtype in zip(module._cache_shapes, module._cache_dtypes, strict=True)
+        ]
+        self.length = 0
+        self.capacity = module._cache_shapes[0][1]
+
+    def prefill(self) -> torch.Tensor:
+        """The decoder's prompt through the step; the logits after its last token."""
+        logits = torch.empty(0)
+        for position in range(self.ids.shape[1]):
+            logits = self._run(self.ids[:, position : position + 1])
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row [rows]."""
+        return self._run(tokens[:, None])
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
+        self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+
+    def _run(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.length >= self.capacity:
+            raise InputError(
+                f"the decoder's cache is full ({self.capacity} tokens)",
+                fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
+            )
+        module = self.module
+        named = {
+            "input_ids": ids,
+            "past_length": torch.tensor(self.length, dtype=torch.int64),
+            **self.states,
+            **dict(zip(module._layer_names, self.cache, strict=True)),
+        }
+        outputs = module.decoder.executor.run([named[name] for name in module._step_inputs])
+        by_name = dict(zip((o.name for o in module.decoder.io.outputs), outputs, strict=True))
+        self.cache = [by_name[name] for name in module._presents]
+        self.length += 1
+        return by_name["logits"].float()
