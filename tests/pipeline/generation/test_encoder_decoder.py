@@ -1,0 +1,168 @@
+"""Encoder-decoders (``convert(seq2seq_model, inputs, generation=...)``) judged against transformers' own
+``model.generate`` on tiny random models of three kinds: BART (learned positions, a right-padded batch: the encoder's
+padding is the cross-attention mask), T5 (relative position buckets: an additive bias in the step's attention) and
+Whisper (``input_features``, no cross-attention mask). Greedy and beam-search sequences token-identical, every greedy
+step's scores within 1e-3, transformers' output classes, the model's generation config (forced eos) applied, a saved
+and loaded directory, and the errors a caller meets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+import pipeline
+from converters.errors import ArtifactError, InputError
+from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE, EncoderDecoderModule
+
+GENERATION = {"max_length": 24, "max_batch": 8}
+SIZES = {"vocab_size": 96, "d_model": 32}
+
+
+def lively(make: Callable[[], torch.nn.Module], seed: int, std: float) -> Any:
+    """The model ``make`` builds, with weights wide enough that its greedy tokens vary (transformers' small
+    initialisation gives one token repeated, which a decoding bug would also give); seeds and widths chosen so that
+    every row's tokens vary."""
+    torch.manual_seed(seed)
+    model = make()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, std)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def bart() -> transformers.BartForConditionalGeneration:
+    layers = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4}
+    ffn = {"encoder_ffn_dim": 48, "decoder_ffn_dim": 48, "max_position_embeddings": 64}
+    config = transformers.BartConfig(**SIZES, **layers, **ffn)
+    return lively(lambda: transformers.BartForConditionalGeneration(config), seed=3, std=0.5)
+
+
+@pytest.fixture(scope="module")
+def source() -> dict[str, torch.Tensor]:
+    """Two sources of 7 and 5 tokens, the second right-padded (as BART's tokenizer pads)."""
+    ids = torch.randint(4, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    return {"input_ids": ids.masked_fill(mask == 0, 1), "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def bart_module(bart: torch.nn.Module, source: dict[str, torch.Tensor]) -> EncoderDecoderModule:
+    # not validated here (the tests compare it with the model themselves); T5's and Whisper's conversions validate
+    module = pipeline.convert(bart, source, generation=GENERATION, validate=False)
+    assert isinstance(module, EncoderDecoderModule)
+    return module
+
+
+def varied(sequences: torch.Tensor) -> None:
+    """The decoding is worth comparing: several distinct tokens, one row at least changing its token twice."""
+    assert len(set(sequences.flatten().tolist())) >= 4, sequences
+    assert any(len(set(row.tolist())) >= 3 for row in sequences), sequences
+
+
+def test_bart_greedy_sequences_and_scores_equal_transformers(
+    bart: torch.nn.Module, bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor]
+) -> None:
+    options = {"max_new_tokens": 12, "return_dict_in_generate": True, "output_scores": True}
+    theirs = bart.generate(**source, do_sample=False, **options)
+    ours = bart_module.generate(**source, **options)
+    assert type(ours).__name__ == type(theirs).__name__ == "GenerateEncoderDecoderOutput"
+    assert torch.equal(ours.sequences, theirs.sequences)
+    varied(ours.sequences)
+    assert bart.generation_config.forced_eos_token_id is not None  # the model's default, applied as transformers does
+    for mine, reference in zip(ours.scores, theirs.scores, strict=True):
+        finite = torch.isfinite(reference)
+        assert torch.equal(finite, torch.isfinite(mine))
+        scale = float(reference[finite].abs().max())  # 1e-3 of the step's score range
+        torch.testing.assert_close(mine[finite], reference[finite], rtol=1e-3, atol=1e-3 * max(scale, 1.0))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_beams": 4},
+        {"num_beams": 4, "num_return_sequences": 2, "length_penalty": 0.6},
+        {"num_beams": 3, "no_repeat_ngram_size": 2, "repetition_penalty": 1.3, "early_stopping": True},
+    ],
+)
+def test_bart_beam_search_equals_transformers(
+    bart: torch.nn.Module, bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor], options: dict
+) -> None:
+    theirs = bart.generate(**source, do_sample=False, max_new_tokens=12, **options)
+    ours = bart_module.generate(**source, max_new_tokens=12, **options)
+    assert torch.equal(ours, theirs), (ours, theirs)
+    varied(ours)
+
+
+def test_stream_yields_the_greedy_tokens(bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor]) -> None:
+    whole = bart_module.generate(**source, max_new_tokens=8, eos_token_id=[])
+    streamed = torch.stack(list(bart_module.stream(**source, max_new_tokens=8, eos_token_id=[])), dim=1)
+    assert torch.equal(whole[:, 1:], streamed)
+
+
+def test_t5_relative_positions_give_transformers_tokens() -> None:
+    config = transformers.T5Config(**SIZES, d_kv=8, d_ff=48, num_layers=2, num_heads=4, decoder_start_token_id=0)
+    t5 = lively(lambda: transformers.T5ForConditionalGeneration(config), seed=11, std=0.3)
+    ids = torch.randint(4, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    module = pipeline.convert(t5, ids, generation=GENERATION)
+    for options in ({}, {"num_beams": 4}):
+        theirs = t5.generate(ids, do_sample=False, max_new_tokens=10, **options)
+        assert torch.equal(module.generate(ids, max_new_tokens=10, **options), theirs)
+    varied(theirs)
+    # the relative bias reached the graph as the step's biased attention (its keys and values over the whole cache)
+    assert any(node.op_type == "Attention" for node in module.decoder.onnx.graph.node)
+
+
+def test_whisper_input_features_give_transformers_tokens(tmp_path: Path) -> None:
+    layers = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4}
+    sizes = {"encoder_ffn_dim": 48, "decoder_ffn_dim": 48, "num_mel_bins": 8, "max_source_positions": 16}
+    tokens = {"max_target_positions": 32, "decoder_start_token_id": 3, "pad_token_id": 0, "eos_token_id": 2}
+    config = transformers.WhisperConfig(**SIZES, **layers, **sizes, **tokens, bos_token_id=1)
+    whisper = lively(lambda: transformers.WhisperForConditionalGeneration(config), seed=11, std=0.5)
+    features = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(3))
+    module = pipeline.convert(whisper, features, generation=GENERATION)
+    ours = module.generate(input_features=features, max_new_tokens=10)
+    theirs = whisper.generate(input_features=features, max_new_tokens=10)
+    # transformers' Whisper leaves its decoder prompt out of the sequences; every other model keeps it, as we do
+    assert torch.equal(ours[:, 1:], theirs)
+    varied(theirs)
+
+
+def test_a_saved_directory_loads_and_generates_the_same(
+    bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    target = bart_module.save(tmp_path / "bart")
+    assert sorted(p.name for p in target.iterdir()) == [DECODER_FILE, ENCODER_FILE]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
+    loaded = pipeline.load(target)
+    assert isinstance(loaded, EncoderDecoderModule)
+    assert loaded.generation == bart_module.generation
+    options = {"max_new_tokens": 10, "num_beams": 3}
+    assert torch.equal(loaded.generate(**source, **options), bart_module.generate(**source, **options))
+    bart_module.save(target)  # saving over it again replaces it whole
+    (target / ENCODER_FILE).unlink()
+    with pytest.raises(ArtifactError, match="incomplete encoder-decoder"):
+        pipeline.load(target)
+
+
+def test_bad_calls_name_the_fix(
+    bart: torch.nn.Module, bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    with pytest.raises(InputError, match="decoder_input_ids.*generation makes"):
+        pipeline.convert(bart, {**source, "decoder_input_ids": source["input_ids"]}, generation=GENERATION)
+    with pytest.raises(InputError, match="needs the encoder's input_ids"):
+        bart_module.generate(attention_mask=source["attention_mask"])
+    with pytest.raises(InputError, match="does not take the option.*num_beam"):
+        bart_module.generate(**source, num_beam=2)
+    with pytest.raises(InputError, match="max_batch=8"):
+        bart_module.generate(**source, num_beams=5)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="not a directory"):
+        bart_module.save(tmp_path / "file")
