@@ -4,6 +4,10 @@ Prompts are token ids (``--prompt-ids 1,2,3``, repeatable: one prompt each, left
 (``--prompt TEXT`` with ``--tokenizer DIR``, a local directory ``transformers.AutoTokenizer`` loads offline). The
 new tokens of every prompt are printed on one line each: ids separated by spaces, or text when a tokenizer is
 given. ``--stream`` prints each token as it comes (one prompt; transformers' ``TextStreamer`` for text).
+
+An encoder-decoder (the directory its conversion saves) takes the same prompts as its encoder's sources (right-padded,
+as its tokenizer pads them), or ``--input-features FILE.npy`` (a speech model's log-mel features, [mels, frames] or
+[batch, mels, frames], as its feature extractor makes them). ``--num-beams`` decodes with beam search.
 """
 
 from __future__ import annotations
@@ -21,7 +25,18 @@ from converters.errors import InputError
 def add_generate_command(commands: Any) -> None:
     """Add the ``generate`` subcommand to ``pipeline``'s subparsers."""
     parser = commands.add_parser("generate", help="generate tokens (or text) with a generation artifact")
-    parser.add_argument("artifact", type=Path, help="a .ptrt written by `pipeline convert ... --generation`")
+    parser.add_argument(
+        "artifact",
+        type=Path,
+        help="a .ptrt written by `pipeline convert ... --generation` (an encoder-decoder's: its directory)",
+    )
+    parser.add_argument(
+        "--input-features",
+        type=Path,
+        default=None,
+        metavar="FILE.npy",
+        help="an encoder-decoder speech model's input features ([mels, frames] or [batch, mels, frames])",
+    )
     parser.add_argument(
         "--prompt-ids",
         action="append",
@@ -54,6 +69,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens up to P")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draws (same seed, same tokens)")
     parser.add_argument("--repetition-penalty", type=float, default=None, help="transformers' repetition penalty")
+    parser.add_argument("--num-beams", type=int, default=1, metavar="N", help="beam search over N beams (1: off)")
     parser.add_argument(
         "--eos-token-id",
         type=int,
@@ -78,7 +94,11 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {args.max_new_tokens}: nothing to generate", fix="pass --max-new-tokens 32")
-    if not args.prompt_ids and not args.prompt:
+    if args.input_features is not None and (args.prompt_ids or args.prompt):
+        raise InputError(
+            "--input-features and prompts were both given", fix="give the features (speech) or prompts (text), not both"
+        )
+    if not args.prompt_ids and not args.prompt and args.input_features is None:
         raise InputError("no prompt given", fix="pass --prompt-ids 1,2,3 (or --prompt TEXT with --tokenizer DIR)")
     if args.prompt and args.tokenizer is None:
         raise InputError("--prompt TEXT needs a tokenizer", fix="pass --tokenizer DIR, or give --prompt-ids instead")
@@ -88,8 +108,19 @@ def _generate(args: argparse.Namespace) -> int:
             "were given",
             fix="give one prompt with --stream, or drop --stream to print every prompt's tokens at the end",
         )
+    if args.stream and args.num_beams > 1:
+        raise InputError("--stream cannot follow beam search (the beams are ordered at the end)", fix="drop one")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     module = load_generative(args.artifact, threads=args.threads, spinning=True if args.spinning else None)
+    from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
+
+    if isinstance(module, EncoderDecoderModule):
+        return _generate_encoder_decoder(module, args, tokenizer)
+    if args.input_features is not None:
+        raise InputError(
+            f"--input-features is an encoder-decoder's input; {args.artifact} is a decoder-only model",
+            fix="give --prompt-ids or --prompt",
+        )
     prompts = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
     check_prompts(module, prompts, args.max_new_tokens)
     ids, mask = left_pad(prompts, module.generation.pad_token_id or 0)
@@ -106,6 +137,81 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: Any) -> int:
+    """An encoder-decoder's decoding: the sources (or features) through its encoder, each output line the decoder's
+    new tokens."""
+    generation = module.generation
+    takes = [spec.name for spec in module.encoder.io.inputs]
+    wanted = "input_features" if args.input_features is not None else "input_ids"
+    if wanted not in takes:
+        given = "--input-features" if wanted == "input_features" else "prompts"
+        other = "--prompt-ids or --prompt" if wanted == "input_features" else "--input-features FILE.npy"
+        raise InputError(f"{given} given, but this model's encoder takes {', '.join(takes)}", fix=f"give {other}")
+    if args.input_features is not None:
+        inputs = {"input_features": read_features(args.input_features)}
+        rows = inputs["input_features"].shape[0]
+    else:
+        sources = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
+        if any(not source for source in sources):
+            raise InputError("a prompt is empty (no token ids)", fix="give at least one token id: 1,2,3")
+        ids, mask = right_pad(sources, generation.pad_token_id or 0)
+        inputs, rows = {"input_ids": ids, "attention_mask": mask}, len(sources)
+    if rows * args.num_beams > generation.max_batch:
+        raise InputError(
+            f"{rows} input(s) x {args.num_beams} beam(s), but the artifact was converted for max_batch="
+            f"{generation.max_batch}",
+            fix="give fewer inputs or beams, or convert with a larger --generation max_batch",
+        )
+    options = {**decoding_options(args), **inputs}
+    if args.stream:
+        for count, tokens in enumerate(module.stream(**options)):
+            shown = _text(tokenizer, [int(tokens[0])]) if tokenizer is not None else str(int(tokens[0]))
+            print(("" if count == 0 or tokenizer is not None else " ") + shown, end="", flush=True)
+        print(flush=True)
+        return 0
+    out = module.generate(**options)
+    eos = set(options.get("eos_token_id", generation.eos_token_id))
+    for row in range(rows):
+        new = until_eos(out[row, 1:].tolist(), eos)  # after the decoder's start token
+        print(_text(tokenizer, new) if tokenizer is not None else " ".join(map(str, new)))
+    return 0
+
+
+def read_features(path: Path) -> torch.Tensor:
+    """``--input-features FILE.npy`` as a float32 tensor [batch, mels, frames]."""
+    import numpy as np
+
+    if not path.is_file():
+        raise InputError(f"--input-features {path}: no such file", fix="give a .npy file saved with numpy.save")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"--input-features {path} is not a NumPy .npy file: {exc}", fix="save the features with numpy.save"
+        ) from exc
+    if array.ndim == 2:
+        array = array[None]
+    if array.ndim != 3 or not np.issubdtype(array.dtype, np.floating):
+        raise InputError(
+            f"--input-features {path} holds a {array.dtype} array of shape {list(array.shape)}; features are floats "
+            "[mels, frames] or [batch, mels, frames]",
+            fix="save the feature extractor's input_features (e.g. processor(audio).input_features[0])",
+        )
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+def right_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources as one right-padded batch (encoders' tokenizers pad on the right): ``input_ids`` and
+    ``attention_mask``."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad, dtype=torch.int64)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+        mask[row, : len(prompt)] = 1
+    return ids, mask
+
+
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
     """``GenerativeModule.generate`` keyword arguments from :func:`add_decoding_arguments`'s options."""
     options: dict[str, Any] = {
@@ -117,6 +223,8 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
         "repetition_penalty": args.repetition_penalty,
         "seed": args.seed,
     }
+    if args.num_beams > 1:
+        options["num_beams"] = args.num_beams
     if args.ignore_eos:
         options["eos_token_id"] = []
     elif args.eos_token_id:
@@ -145,14 +253,15 @@ def load_generative(path: Path, threads: int | None = None, spinning: bool | Non
     """The :class:`~pipeline.runtime.generation.module.GenerativeModule` of a generation artifact (ONNX Runtime's
     ``threads`` and ``spinning`` as :func:`pipeline.load` takes them), or a clear error."""
     import pipeline
+    from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
     from pipeline.runtime.generation.module import GenerativeModule
 
-    if not path.is_file():
+    if not path.exists():
         raise InputError(
             f"no such artifact: {path}", fix="give the model.ptrt that `pipeline convert ... --generation` wrote"
         )
     module = pipeline.load(path, threads=threads, spinning=spinning)
-    if not isinstance(module, GenerativeModule):
+    if not isinstance(module, GenerativeModule | EncoderDecoderModule):
         raise InputError(
             f"{path} is not a generation artifact: it was converted for the plain forward (one call, no KV cache)",
             fix="convert it with `pipeline convert SPEC --generation max_length=256,max_batch=4 -o OUTDIR`",

@@ -61,6 +61,9 @@ def convert_encoder_decoder(
             f"the generation sample has {rows} rows, but generation max_batch={generation.max_batch}",
             fix=f"pass generation={{'max_batch': {rows}, ...}} or more, or a sample of fewer rows",
         )
+    if rows == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
+        inputs = {name: value.expand(2, *value.shape[1:]).clone() for name, value in inputs.items()}
+        rows = 2
     start = _decoder_start(model)
     layout = _layout(model, inputs, start)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
@@ -175,6 +178,14 @@ def _encoder_inputs(model: torch.nn.Module, sample: Any) -> dict[str, torch.Tens
     import inspect
 
     order = list(inspect.signature(model.forward).parameters)
+    tokens = given[main]
+    if (
+        "attention_mask" not in given
+        and "attention_mask" in order
+        and tokens.dim() == 2
+        and not tokens.is_floating_point()
+    ):
+        given["attention_mask"] = torch.ones_like(tokens)  # a batch of sources is padded: the graph takes the mask
     return {name: given[name] for name in sorted(given, key=lambda n: order.index(n) if n in order else len(order))}
 
 

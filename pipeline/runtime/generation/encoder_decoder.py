@@ -97,6 +97,20 @@ class EncoderDecoderModule(torch.nn.Module):
         """The backend both graphs run on."""
         return self.decoder.backend
 
+    @property
+    def settings(self) -> Any:
+        """The decoder step's settings (the encoder's: ``module.encoder.settings``)."""
+        return self.decoder.settings
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        """The decoder step's TensorRT engine, or None (the encoder's: ``module.encoder.engine_bytes``)."""
+        return self.decoder.engine_bytes
+
+    def save_onnx(self, path: str | Path) -> list[Path]:
+        """The decoder step's final graph to ``path`` (the encoder's: ``module.encoder.save_onnx``)."""
+        return self.decoder.save_onnx(path)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """``generate`` (a converted encoder-decoder is called to generate)."""
         return self.generate(*args, **kwargs)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -166,3 +167,23 @@ def test_bad_calls_name_the_fix(
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="not a directory"):
         bart_module.save(tmp_path / "file")
+
+
+def test_the_cli_generates_from_a_saved_directory(
+    bart_module: EncoderDecoderModule, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    target = bart_module.save(tmp_path / "bart")
+    sources = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    argv = ["generate", str(target), "--max-new-tokens", "8", "--num-beams", "2", "--ignore-eos"]
+    assert main([*argv, *(item for s in sources for item in ("--prompt-ids", ",".join(map(str, s))))]) == 0
+    printed = [line.split() for line in capsys.readouterr().out.strip().splitlines()]
+    ids = torch.tensor([sources[0], [*sources[1], 1, 1]])  # right-padded with BART's pad id
+    mask = torch.tensor([[1] * 5, [1, 1, 1, 0, 0]])
+    expected = bart_module.generate(ids, attention_mask=mask, max_new_tokens=8, num_beams=2, eos_token_id=[])
+    assert [[int(t) for t in row] for row in printed] == expected[:, 1:].tolist()
+    features = tmp_path / "features.npy"
+    np.save(features, np.zeros((8, 32), np.float32))
+    assert main(["generate", str(target), "--input-features", str(features)]) == 1
+    assert "this model's encoder takes input_ids" in capsys.readouterr().err
