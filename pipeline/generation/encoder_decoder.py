@@ -89,8 +89,8 @@ def convert_encoder_decoder(
     encoder_settings = dataclasses.replace(
         settings,
         generation=None,
+        # the caller's opset (the step's 24 would export the encoder's SDPA as ONNX Attention: no fp32 TensorRT kernel)
         dynamic=_encoder_dims(inputs, generation, source),
-        opset=opset,
         precision_io=precision_io,
     )
     logger.info("encoder-decoder: converting the encoder graph (%s -> cross-attention keys and values)", names)

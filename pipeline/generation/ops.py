@@ -110,7 +110,8 @@ def convert_attention_biased(ctx: ConverterContext) -> gs.Tensor:
         return _decomposed_attention(ctx, bias=ctx.input("bias"))
     dtype = ctx.input_dtypes[0]
     lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
-    additive = ctx.op.Where(ctx.input("mask"), ctx.input("bias"), lowest)
+    # in the query's type: ONNX types the mask apart from the query, TensorRT wants them alike (a float16 graph)
+    additive = ctx.op.CastLike(ctx.op.Where(ctx.input("mask"), ctx.input("bias"), lowest), ctx.input("query"))
     scale = float(ctx.attrs["scale"])
     return ctx.op.Attention(ctx.input("query"), ctx.input("key"), ctx.input("value"), additive, scale=scale)
 
