@@ -187,3 +187,15 @@ def test_the_cli_generates_from_a_saved_directory(
     np.save(features, np.zeros((8, 32), np.float32))
     assert main(["generate", str(target), "--input-features", str(features)]) == 1
     assert "this model's encoder takes input_ids" in capsys.readouterr().err
+
+
+def test_tensorrt_rtx_builds_both_graphs_of_t5_in_float16() -> None:
+    """The real TensorRT-RTX builder takes the encoder graph and the step (T5's biased attention: its float mask in
+    the query's type) in float16."""
+    pytest.importorskip("tensorrt_rtx")
+    config = transformers.T5Config(**SIZES, d_kv=8, d_ff=48, num_layers=1, num_heads=4, decoder_start_token_id=0)
+    t5 = lively(lambda: transformers.T5ForConditionalGeneration(config), seed=11, std=0.3)
+    ids = torch.randint(4, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    module = pipeline.convert(t5, ids, generation=GENERATION, backend="tensorrt-rtx", precision="fp16", validate=False)
+    assert module.encoder.engine_bytes and module.decoder.engine_bytes
+    assert module.generation.attention == "onnx"  # float16: ONNX Attention, TensorRT's attention layer
