@@ -292,9 +292,7 @@ def _validate_greedy(model: torch.nn.Module, module: EncoderDecoderModule, input
     """The sample's greedy decoding, token for token against ``model.generate`` (its own cache)."""
     generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module's __getattr__ types it as a tensor
     with torch.no_grad():
-        expected = generate(
-            **inputs, max_new_tokens=VALIDATION_TOKENS, do_sample=False, num_beams=1, min_length=0, min_new_tokens=0
-        )
+        expected = generate(**inputs, max_new_tokens=VALIDATION_TOKENS, do_sample=False, num_beams=1)
     actual = module.generate(**inputs, max_new_tokens=VALIDATION_TOKENS, num_beams=1)
     if expected.shape[1] < actual.shape[1] and torch.equal(expected, actual[:, actual.shape[1] - expected.shape[1] :]):
         return  # the model's generate left out its decoder prompt (Whisper's does)
