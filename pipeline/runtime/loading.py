@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,10 +47,9 @@ def load(
     TensorRT version or GPU, with ``build`` (:func:`pipeline.load` passes the conversion layer's). ``threads`` and
     ``spinning`` set ONNX Runtime's intra-op threads and their spin-waiting for this process (None: the artifact's).
     """
-    from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
-
-    if Path(path).is_dir() and (Path(path) / DECODER_FILE).is_file():  # an encoder-decoder: two artifacts
-        from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
+    if isinstance(path, str | os.PathLike) and Path(path).is_dir() and (Path(path) / "decoder.ptrt").is_file():
+        # an encoder-decoder: two artifacts
+        from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE, EncoderDecoderModule
 
         if not (Path(path) / ENCODER_FILE).is_file():
             raise ArtifactError(

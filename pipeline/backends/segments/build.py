@@ -84,7 +84,7 @@ def left_out_nodes(
             f"fallback_ops names {sorted(missing)}, which the final graph does not have (its ops: "
             f"{', '.join(sorted({n.op_type for n in graph.node}))}); fallback_ops takes ONNX op types",
             SegmentFallbackWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     for index, node in enumerate(graph.node):
         if node.op_type in ops:
@@ -124,7 +124,7 @@ def build_segmented(
     warnings.warn(
         f"{report.headline()}. report.segments names each node left out and why; fallback='error' refuses instead",
         SegmentFallbackWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return SegmentedExecutor(backend, plan, parts, io), report
 

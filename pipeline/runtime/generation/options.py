@@ -138,6 +138,7 @@ def config_options(config: Any, method: str) -> dict[str, Any]:
 
 
 def is_default(name: str, value: Any) -> bool:
+    """Whether a generation config's field ``name`` holds transformers' default (or no value): not a setting."""
     if value is None or value is False:
         return True
     return name in _TRANSFORMERS_DEFAULTS and value == _TRANSFORMERS_DEFAULTS[name]
