@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
@@ -15,6 +17,8 @@ from transformers import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
 )
 
 from pipeline.runtime.generation.decoding import DecodingOptions, TokenChooser, repetition_penalty
@@ -187,6 +191,30 @@ def test_the_chain_is_transformers_order_with_the_users_processors_merged(case: 
     assert len(user_penalty.processors) == 5
     shifted_first = LogitsProcessorList([Shift(1.5), *transformers_chain(options, 6, [2], [])])(tokens, logits.clone())
     assert not torch.equal(score_processors(options, 6, None, (2,), [Shift(1.5)])(tokens, logits), shifted_first)
+
+
+@pytest.mark.parametrize("case", range(3))
+@pytest.mark.parametrize("seen", [1, 2, 3, 5])
+def test_forced_and_suppressed_tokens_as_transformers(case: int, seen: int) -> None:
+    """The forced first token (at length 1), the forced eos (at max_length - 1, one id or several), the suppressed
+    tokens and those suppressed at the first generated position (after a prompt of 1 token; one more with a forced
+    first token), each against transformers' processor, before, at and after the length where it acts."""
+    logits = logits_cases()[case]
+    tokens = histories(seen)
+    cases = [
+        (GenerateOptions(forced_bos_token_id=3), ForcedBOSTokenLogitsProcessor(3)),
+        (GenerateOptions(forced_eos_token_id=2), ForcedEOSTokenLogitsProcessor(4, 2)),
+        (GenerateOptions(forced_eos_token_id=(2, 5)), ForcedEOSTokenLogitsProcessor(4, [2, 5])),
+        (GenerateOptions(suppress_tokens=(0, 7)), SuppressTokensLogitsProcessor([0, 7])),
+        (GenerateOptions(begin_suppress_tokens=(1, 4)), SuppressTokensAtBeginLogitsProcessor([1, 4], 1)),
+    ]
+    for options, theirs in cases:
+        ours = score_processors(options, 1, None, (), max_length=4)(tokens, logits.clone())
+        assert torch.equal(ours, theirs(tokens, logits.clone())), (options, seen)
+    both = GenerateOptions(forced_bos_token_id=3, begin_suppress_tokens=(1, 4))
+    chain = LogitsProcessorList([ForcedBOSTokenLogitsProcessor(3), SuppressTokensAtBeginLogitsProcessor([1, 4], 2)])
+    ours = score_processors(both, 1, None, (), max_length=4)(tokens, logits.clone())
+    assert torch.equal(ours, chain(tokens, logits.clone())), seen
 
 
 def test_the_chooser_records_processed_scores_and_raw_logits() -> None:
