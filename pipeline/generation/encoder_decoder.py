@@ -3,29 +3,41 @@
 The encoder graph (:class:`~pipeline.generation.seq2seq.CrossStates`: the encoder's inputs to every decoder layer's
 cross-attention keys and values) and the cached decoder step (:class:`~pipeline.generation.seq2seq.Seq2SeqStep`) go
 through the stages one after the other, each validated against PyTorch on its own sample; then, when validating,
-whole greedy decodings of the sample are compared token for token with the model's own ``generate``. The result is
-an :class:`~pipeline.runtime.generation.encoder_decoder.EncoderDecoderModule`.
+whole greedy decodings of the sample are compared token for token with the model's own ``generate`` (or, where the
+model's class wraps transformers' generic loop with its own post-processing, with that loop). Before any export, the
+step in PyTorch is compared with the model's own forward over a few tokens: a model whose attention code cannot run
+over a static cache (FSMT's, LED's, ProphetNet's own) is refused there, with the reason. The result is an
+:class:`~pipeline.runtime.generation.encoder_decoder.EncoderDecoderModule`.
 
 The sample is the encoder's inputs as the model takes them: a tensor of its main input (``input_ids``, Whisper's
 ``input_features``), or a dict such as ``{"input_ids": ..., "attention_mask": ...}``. 2-D inputs (token ids and
-their mask) get a dynamic source axis up to ``max_prompt``; every input a dynamic batch up to ``max_batch``.
+their mask) get a dynamic source axis up to ``max_prompt`` (the sample's length, fixed, when the encoder's code
+decides on it in Python: LongT5's and PEGASUS-X's block padding); every input a dynamic batch up to ``max_batch``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.utils import ModelOutput
 
-from converters.errors import AccuracyError, InputError
+from converters.errors import AccuracyError, ExportError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
 from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
-from pipeline.generation.seq2seq import CrossStates, Seq2SeqStep, cache_of
+from pipeline.generation.seq2seq import (
+    CrossStates,
+    Seq2SeqStep,
+    cache_of,
+    encode_and_decode,
+    encoder_output_type,
+)
 from pipeline.generation.step import uses_attention_interface
 from pipeline.runtime.generation.encoder_decoder import (
     ENCODER_MASK,
@@ -33,7 +45,7 @@ from pipeline.runtime.generation.encoder_decoder import (
     cross_names,
     model_option_names,
 )
-from pipeline.runtime.generation.layout import past_name
+from pipeline.runtime.generation.layout import past_name, present_name
 from pipeline.runtime.generation.options import is_default
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
@@ -46,6 +58,11 @@ Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], Converted
 
 #: Tokens of the greedy decodings compared with the model's own ``generate`` when validating.
 VALIDATION_TOKENS = 8
+#: Decoder steps of the PyTorch step compared with the model's own forward before the step is exported.
+CHECKED_STEPS = 4
+#: Their largest logit difference, relative to the largest logit (or 1), that counts as the same (rounding), for a
+#: model in float32 and in a 16-bit type.
+STEP_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
 
 
 def convert_encoder_decoder(
@@ -83,9 +100,28 @@ def convert_encoder_decoder(
     precision_io = step_precision_io(settings)
     names = tuple(inputs)
     source = _source_length(inputs, layout.source)
+    tokens = source is not None  # one encoder state per input token: the mask over the tokens masks the states
     with torch.no_grad():
         encoder = CrossStates(model, names, layout.layers, start).train(model.training)
         cross = encoder(*inputs.values())
+    use_interface = uses_attention_interface(model)
+    if not use_interface:
+        logger.warning(
+            "%s does not dispatch its attention through transformers' AttentionInterface: its own attention code is "
+            "exported as it is over the static cache",
+            type(model).__name__,
+        )
+    step = Seq2SeqStep(model, layout.layers, layout.hidden, use_interface, layout.encoder_output, tokens)
+    step = step.train(model.training)
+    mask = inputs.get("attention_mask") if tokens else None
+    encoder_mask = mask.to(torch.int64) if mask is not None else torch.ones(rows, layout.source, dtype=torch.int64)
+    past = []
+    for heads, dim, dtype in layout.self_layers:
+        past += [torch.zeros(rows, heads, generation.max_length, dim, dtype=dtype) for _ in ("key", "value")]
+    states = [*past, *(cross[name] for name in cross_names(layout.layers))]
+    start_ids = torch.full((rows, 1), start, dtype=torch.int64)
+    step_sample: Any = ((start_ids, encoder_mask, torch.tensor(0, dtype=torch.int64), *states), {})
+    _check_static_cache(model, step, inputs, step_sample[0], layout.layers)
     encoder_settings = dataclasses.replace(
         settings,
         generation=None,
@@ -94,23 +130,7 @@ def convert_encoder_decoder(
         precision_io=precision_io,
     )
     logger.info("encoder-decoder: converting the encoder graph (%s -> cross-attention keys and values)", names)
-    encoder_module = stages(encoder, tuple(inputs.values()), encoder_settings, registry)
-    use_interface = uses_attention_interface(model)
-    if not use_interface:
-        logger.warning(
-            "%s does not dispatch its attention through transformers' AttentionInterface: its own attention code is "
-            "exported as it is over the static cache",
-            type(model).__name__,
-        )
-    step = Seq2SeqStep(model, layout.layers, layout.hidden, use_interface).train(model.training)
-    mask = inputs.get("attention_mask") if source is not None else None
-    encoder_mask = mask.to(torch.int64) if mask is not None else torch.ones(rows, layout.source, dtype=torch.int64)
-    past = []
-    for heads, dim, dtype in layout.self_layers:
-        past += [torch.zeros(rows, heads, generation.max_length, dim, dtype=dtype) for _ in ("key", "value")]
-    states = [*past, *(cross[name] for name in cross_names(layout.layers))]
-    start_ids = torch.full((rows, 1), start, dtype=torch.int64)
-    step_sample: Any = ((start_ids, encoder_mask, torch.tensor(0, dtype=torch.int64), *states), {})
+    encoder_module, source = _convert_encoder(encoder, inputs, encoder_settings, registry, stages, source)
     step_settings = dataclasses.replace(
         settings,
         generation=generation,
@@ -127,6 +147,54 @@ def convert_encoder_decoder(
     return module
 
 
+def _check_static_cache(
+    model: torch.nn.Module, step: Seq2SeqStep, inputs: dict[str, torch.Tensor], sample: tuple[Any, ...], layers: int
+) -> None:
+    """The step in PyTorch over its static cache, fed its own greedy tokens, against the model's forward over the same
+    tokens without a cache. A model whose own attention code does not mask the static cache's unwritten positions
+    (FSMT's builds its causal mask for the tokens it is given) reads zeros there: no graph of that step could decode,
+    and the export would only be the long way to an accuracy error."""
+    if model.training:  # dropout: two runs of the model differ anyway
+        return
+    ids, encoder_mask, _, *states = sample
+    past, cross = list(states[: 2 * layers]), states[2 * layers :]
+    tokens, logits = [ids], []
+    own = "" if step.use_interface else " (its own attention code: it does not dispatch through AttentionInterface)"
+    with torch.no_grad():
+        try:
+            for position in range(min(CHECKED_STEPS, past[0].shape[-2])):
+                out = step(tokens[-1], encoder_mask, torch.tensor(position, dtype=torch.int64), *past, *cross)
+                past = [out[present_name(i, kind)] for i in range(layers) for kind in ("key", "value")]
+                logits.append(out["logits"].float())
+                tokens.append(out["logits"].argmax(-1, keepdim=True))
+        except Exception as error:  # noqa: BLE001 - the model's code refusing a static cache: said with its cause
+            raise InputError(
+                f"{type(model).__name__}'s decoder fails over a static cache{own}: {type(error).__name__}: "
+                f"{' '.join(str(error).split())[:300]}",
+                fix="convert without generation= (the plain forward); generation= needs a decoder that runs over a "
+                "static cache (transformers' Cache API, attention through AttentionInterface)",
+            ) from error
+        reference, _ = encode_and_decode(model, inputs, torch.cat(tokens[:-1], dim=1), use_cache=False)
+    expected, actual = reference.logits.float(), torch.stack(logits, dim=1)
+    worst = float((expected - actual).abs().amax())
+    scale = max(1.0, float(expected.abs().amax()))
+    bound = STEP_TOLERANCE.get(reference.logits.dtype, STEP_TOLERANCE[torch.float32]) * scale
+    if worst <= bound:
+        return
+    first = int(((expected - actual).abs().amax(dim=(0, 2)) > bound).nonzero()[0])
+    message = (
+        f"{type(model).__name__}'s decoder step over a static cache gives other logits than its forward over the "
+        f"same tokens from decoder position {first} (max difference {worst:.3g}, logits up to {scale:.3g})"
+    )
+    if not step.use_interface:
+        raise InputError(
+            f"{message}{own}: it does not mask the positions of a static cache it has not written",
+            fix="convert without generation= (the plain forward), or use a model whose attention transformers "
+            "dispatches through AttentionInterface",
+        )
+    raise AccuracyError(message, fix="report the model: its attention runs as the step's own")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Layout:
     layers: int
@@ -134,6 +202,7 @@ class _Layout:
     source: int  # the encoder's output length for the sample
     hidden: int  # the encoder output's width
     vocabulary: int
+    encoder_output: type[ModelOutput]  # the class of what the model's encoder returns
 
 
 def _encoder_inputs(model: torch.nn.Module, sample: Any) -> dict[str, torch.Tensor]:
@@ -190,14 +259,18 @@ def _encoder_inputs(model: torch.nn.Module, sample: Any) -> dict[str, torch.Tens
 
 
 def _decoder_start(model: torch.nn.Module) -> int:
-    for owner in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        start = getattr(owner, "decoder_start_token_id", None)
-        if isinstance(start, list | tuple):
-            start = start[0] if start else None
-        if start is not None:
-            return int(start)
+    """The token the decoder starts from: ``decoder_start_token_id``, else ``bos_token_id``, as transformers'
+    ``generate`` takes them (LongT5's config has no start token of its own)."""
+    owners = (getattr(model, "generation_config", None), getattr(model, "config", None))
+    for name in ("decoder_start_token_id", "bos_token_id"):
+        for owner in owners:
+            start = getattr(owner, name, None)
+            if isinstance(start, list | tuple):
+                start = start[0] if start else None
+            if start is not None:
+                return int(start)
     raise InputError(
-        f"{type(model).__name__} has no decoder_start_token_id in its generation config or config",
+        f"{type(model).__name__} has no decoder_start_token_id (nor bos_token_id) in its generation config or config",
         fix="set model.generation_config.decoder_start_token_id (the token its decoder starts from)",
     )
 
@@ -206,7 +279,15 @@ def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int)
     """The caches the model builds on the sample's first row and one decoder token."""
     first = {name: value[:1] for name, value in inputs.items()}
     with torch.no_grad():
-        out = model(**first, decoder_input_ids=torch.full((1, 1), start, dtype=torch.int64), use_cache=True)
+        try:
+            out, encoded = encode_and_decode(model, first, torch.full((1, 1), start, dtype=torch.int64))
+        except Exception as error:  # noqa: BLE001 - the model refusing one decoder token per row: said with its cause
+            raise InputError(
+                f"{type(model).__name__} fails on the sample's first row and one decoder token ([1, 1], the start "
+                f"token {start}): {type(error).__name__}: {' '.join(str(error).split())[:300]}",
+                fix="generation= converts decoders that take one token id per row and step (a text or speech "
+                "recognition decoder); convert without it for the plain forward",
+            ) from error
     cache = cache_of(out)
     self_cache = getattr(cache, "self_attention_cache", None)
     cross_cache = getattr(cache, "cross_attention_cache", None)
@@ -218,7 +299,12 @@ def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int)
         )
     self_layers = []
     source = 0
-    for i, (mine, theirs) in enumerate(zip(self_cache.layers, cross_cache.layers, strict=True)):
+    pairs = list(zip(self_cache.layers, cross_cache.layers, strict=True))
+    # a cache sized from the config may hold more layers than the decoder has (ProphetNet's counts its encoder's):
+    # the layers after the last one the step wrote are not the decoder's
+    while pairs and not any(_written(layer) for layer in pairs[-1]):
+        pairs.pop()
+    for i, (mine, theirs) in enumerate(pairs):
         tensors = [getattr(mine, "keys", None), getattr(mine, "values", None), theirs.keys, theirs.values]
         if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
             raise InputError(
@@ -238,7 +324,55 @@ def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int)
             f"{type(model).__name__} returned no encoder_last_hidden_state",
             fix="generation= converts transformers *ForConditionalGeneration models; convert without it",
         )
-    return _Layout(len(self_layers), tuple(self_layers), source, int(hidden.shape[-1]), int(out.logits.shape[-1]))
+    width, vocabulary = int(hidden.shape[-1]), int(out.logits.shape[-1])
+    return _Layout(len(self_layers), tuple(self_layers), source, width, vocabulary, encoder_output_type(encoded))
+
+
+def _written(layer: Any) -> bool:
+    """Whether a cache layer holds keys (an unused layer holds none, or an empty tensor)."""
+    keys = getattr(layer, "keys", None)
+    return isinstance(keys, torch.Tensor) and keys.numel() > 0
+
+
+def _convert_encoder(
+    encoder: CrossStates,
+    inputs: dict[str, torch.Tensor],
+    settings: Settings,
+    registry: ConverterRegistry,
+    stages: Stages,
+    source: int | None,
+) -> tuple[ConvertedModule, int | None]:
+    """The encoder graph, and the source length that stays dynamic (None: the sample's, fixed). An encoder whose code
+    fixes a dynamic source length (it pads the source to a multiple of its block or window in Python) is converted
+    again for the sample's length, and the step after it."""
+    try:
+        return stages(encoder, tuple(inputs.values()), settings, registry), source
+    except ExportError as error:
+        if source is None or not _source_specialised(error):
+            raise
+    logger.warning(
+        "%s's encoder decides in Python on its source length (it pads the source to a multiple of its block or "
+        "window): torch.export cannot keep that length dynamic, so the encoder graph and the decoder step take "
+        "sources of the sample's %d tokens (pad the inputs to that length, as a tokenizer's padding='max_length' does)",
+        type(encoder.model).__name__,
+        source,
+    )
+    static = dataclasses.replace(settings, dynamic=tuple(d for d in settings.dynamic if d.name != "source"))
+    return stages(encoder, tuple(inputs.values()), static, registry), None
+
+
+def _source_specialised(error: BaseException) -> bool:
+    """Whether torch.export failed because the model's code fixes the dynamic source length (a guard on it that does
+    not hold, or cannot be shown to hold, over its whole range: LED's, LongT5's and PEGASUS-X's block padding)."""
+    current: BaseException | None = error
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if "(source)" in text and ("Constraints violated" in text or "Specializations unexpectedly" in text):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _source_length(inputs: dict[str, torch.Tensor], source: int) -> int | None:
@@ -289,17 +423,42 @@ def _model_options(model: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
 
 
 def _validate_greedy(model: torch.nn.Module, module: EncoderDecoderModule, inputs: dict[str, torch.Tensor]) -> None:
-    """The sample's greedy decoding, token for token against ``model.generate`` (its own cache)."""
-    generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module's __getattr__ types it as a tensor
+    """The sample's greedy decoding, token for token against ``model.generate`` (its own cache), else against
+    transformers' generic ``generate`` loop: what the module reproduces, where the model's class wraps it with its own
+    post-processing (Whisper's leaves out its decoder prompt and turns a final eos into padding)."""
+    actual = _reference_greedy(module.generate, inputs)
+    expected = _reference_greedy(getattr(model, "generate"), inputs)  # noqa: B009 - nn.Module types it as a tensor
+    if _same_tokens(expected, actual):
+        return
+    generic = _generic_generate(model)
+    if generic is not None and _same_tokens(_reference_greedy(generic, inputs), actual):
+        return
+    raise AccuracyError(
+        f"the converted encoder-decoder's greedy tokens differ from {type(model).__name__}.generate on the sample: "
+        f"expected {expected.tolist()}, got {actual.tolist()}",
+        fix="convert with precision='fp32' to confirm; report the model (the step's logits passed validation)",
+    )
+
+
+def _reference_greedy(generate: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``generate``'s greedy tokens for the sample (the same options for the module and the model)."""
     with torch.no_grad():
-        expected = generate(**inputs, max_new_tokens=VALIDATION_TOKENS, do_sample=False, num_beams=1)
-    actual = module.generate(**inputs, max_new_tokens=VALIDATION_TOKENS, num_beams=1)
-    if expected.shape[1] < actual.shape[1] and torch.equal(expected, actual[:, actual.shape[1] - expected.shape[1] :]):
-        return  # the model's generate left out its decoder prompt (Whisper's does)
-    width = min(expected.shape[1], actual.shape[1])
-    if not torch.equal(expected[:, :width], actual[:, :width]):
-        raise AccuracyError(
-            f"the converted encoder-decoder's greedy tokens differ from {type(model).__name__}.generate on the "
-            f"sample: expected {expected.tolist()}, got {actual.tolist()}",
-            fix="convert with precision='fp32' to confirm; report the model (the step's logits passed validation)",
-        )
+        return torch.as_tensor(generate(**inputs, max_new_tokens=VALIDATION_TOKENS, do_sample=False, num_beams=1))
+
+
+def _generic_generate(model: torch.nn.Module) -> Callable[..., Any] | None:
+    """transformers' ``GenerationMixin.generate`` bound to ``model`` when the model's class overrides it, else None."""
+    from transformers.generation.utils import GenerationMixin
+
+    if not isinstance(model, GenerationMixin) or type(model).generate is GenerationMixin.generate:
+        return None
+    return functools.partial(GenerationMixin.generate, model)
+
+
+def _same_tokens(expected: torch.Tensor, actual: torch.Tensor) -> bool:
+    """The sequences are equal, or ``expected`` is ``actual`` without its decoder prompt (a model's ``generate``
+    may return the new tokens only, as Whisper's does)."""
+    width = expected.shape[1]
+    if expected.shape[0] != actual.shape[0] or width > actual.shape[1]:
+        return False
+    return torch.equal(expected, actual[:, actual.shape[1] - width :])

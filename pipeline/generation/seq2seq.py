@@ -10,18 +10,24 @@ so the exporter drops them: the graph is the encoder plus the cross projections,
 (:class:`~pipeline.generation.step.StepCacheLayer`, as for a decoder-only model), the cross-attention cache given
 (layers marked as updated, so the model reads them instead of projecting the encoder's output again). The model's
 code decides everything else: learned positions from the cache's length (BART, Marian, Whisper), relative position
-buckets (T5, as an additive bias of the step's attention), the cross-attention mask from ``encoder_attention_mask``.
-Nothing here reads one architecture's code; both modules only call ``model(...)``.
+buckets (T5, as an additive bias of the step's attention), the cross-attention mask from ``encoder_attention_mask``
+(given as the model's ``attention_mask`` when the encoder's inputs are tokens, and as the ``attention_mask`` of the
+encoder output when the model's encoder returns one: speech encoders that shorten their input). The encoder output the
+step hands the model is of the class the model's encoder returns, its states zeros (only their shape is read).
+Nothing here reads one architecture's code: both modules call the model as transformers' ``generate`` does
+(:func:`encode_and_decode`: ``get_encoder()`` on the encoder's inputs, then ``model(encoder_outputs=...)``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import ModelOutput
 
 from pipeline.generation.step import (
     ATTENTION_NAME,
@@ -70,7 +76,7 @@ class CrossStates(torch.nn.Module):
         given = dict(zip(self.names, inputs, strict=True))
         batch = inputs[0].shape[0]
         start = torch.full((batch, 1), self.start, dtype=torch.int64, device=inputs[0].device)
-        out = self.model(**given, decoder_input_ids=start, use_cache=True)
+        out, _ = encode_and_decode(self.model, given, start)
         cache = cache_of(out)
         assert isinstance(cache, EncoderDecoderCache)
         result = {}
@@ -115,9 +121,66 @@ class CrossCacheLayer(CacheLayerMixin):
         return self.keys.shape[-2]
 
 
+class _SelfCacheLayer(StepCacheLayer):
+    """A layer of the step's self-attention cache whose length is a number (see :meth:`Seq2SeqStep.forward`)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, length: Any) -> None:
+        super().__init__(keys, values, past_length)
+        self.length = length
+
+    def get_seq_length(self) -> Any:
+        """The number of positions written before this step."""
+        return self.length
+
+
 class _CrossCache(Cache):
     def __init__(self, layers: list[CrossCacheLayer]) -> None:
         super().__init__(layers=list(layers))
+
+
+@dataclasses.dataclass
+class EncoderOutput(BaseModelOutput):
+    """The encoder output the step hands a model whose encoder's own output class is unknown (see
+    :func:`encoder_output_type`): the states and the mask over them."""
+
+    attention_mask: torch.Tensor | None = None
+
+
+def encode_and_decode(
+    model: torch.nn.Module, given: dict[str, torch.Tensor], decoder_ids: torch.Tensor, use_cache: bool = True
+) -> tuple[Any, Any]:
+    """The model's output for the encoder inputs ``given`` and the decoder's tokens ``decoder_ids`` (with its cache
+    when ``use_cache``), and its encoder's output: computed as transformers' ``generate`` computes them, the encoder
+    (``get_encoder()``) on the inputs it takes, then the model on the encoder's output (a model's own forward may pass
+    the decoder's options to its encoder too: Switch Transformers' refuses ``use_cache``). A model without an encoder
+    module of its own runs whole (its encoder output is then None)."""
+    get = getattr(model, "get_encoder", None)
+    encoder = get() if callable(get) else None
+    if not isinstance(encoder, torch.nn.Module) or encoder is model:
+        return model(**given, decoder_input_ids=decoder_ids, use_cache=use_cache), None
+    main = str(getattr(model, "main_input_name", "input_ids"))
+    parameters = inspect.signature(encoder.forward).parameters
+    wildcard = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    taken = {name: value for name, value in given.items() if name != main and (wildcard or name in parameters)}
+    # the encoder's own main input name (a speech encoder-decoder's `inputs` are its encoder's `input_values`)
+    taken[str(getattr(encoder, "main_input_name", main))] = given[main]
+    encoded = encoder(**taken, return_dict=True)
+    rest = {name: value for name, value in given.items() if name != main}
+    return model(**rest, encoder_outputs=encoded, decoder_input_ids=decoder_ids, use_cache=use_cache), encoded
+
+
+def encoder_output_type(encoded: Any) -> type[ModelOutput]:
+    """The class of the encoder output the step hands the model: the one its encoder returned (its decoder may read
+    more than the states: the shortened input's ``attention_mask`` of Moonshine's and Canary's, the ``router_logits``
+    of NLLB-MoE's), else :class:`EncoderOutput`."""
+    if isinstance(encoded, ModelOutput) and "last_hidden_state" in _fields(type(encoded)):
+        return type(encoded)
+    return EncoderOutput
+
+
+def _fields(output: type[ModelOutput]) -> set[str]:
+    """The field names of a ``ModelOutput`` dataclass."""
+    return set(getattr(output, "__dataclass_fields__", {}))
 
 
 class Seq2SeqStep(torch.nn.Module):
@@ -126,17 +189,29 @@ class Seq2SeqStep(torch.nn.Module):
     ``forward(input_ids [B, S], encoder_attention_mask [B, source], past_length [] int64, *states)`` with ``states``
     every layer's self-attention key and value caches [B, heads, capacity, dim] (``past_key_values.{i}.key/value``),
     then every layer's cross-attention keys and values [B, heads, source, dim] (``cross.{i}.key/value``), returns
-    ``{"logits": [B, vocab] of the last position, "present.{i}.key": ..., ...}``."""
+    ``{"logits": [B, vocab] of the last position, "present.{i}.key": ..., ...}``. ``token_inputs``: the encoder's
+    inputs are one per state (token ids), so that the mask over the states is the model's ``attention_mask`` too."""
 
-    def __init__(self, model: torch.nn.Module, layers: int, hidden: int, use_interface: bool) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layers: int,
+        hidden: int,
+        use_interface: bool,
+        encoder_output: type[ModelOutput] = EncoderOutput,
+        token_inputs: bool = True,
+    ) -> None:
         super().__init__()
         self.model = model
+        self.encoder_output = encoder_output
         self.layers = layers
         self.hidden = hidden
         self.use_interface = use_interface
         self._cache_argument = _call_argument(model, "cache", "past_key_values") or "past_key_values"
         self._decoder_mask = _call_argument(model, "decoder_attention_mask") is not None
-        self._encoder_mask = _call_argument(model, "attention_mask") is not None
+        # the mask over the encoder's states is the model's `attention_mask` only when its inputs are one per state
+        # (tokens): a speech model's is over its input frames, which its forward reduces again (Speech2Text's)
+        self._encoder_mask = token_inputs and _call_argument(model, "attention_mask") is not None
         if use_interface:
             register_attention()
         names = [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
@@ -149,7 +224,14 @@ class Seq2SeqStep(torch.nn.Module):
     ) -> dict[str, torch.Tensor]:
         """The step: logits of the last position and the updated self-attention cache."""
         n = self.layers
-        layers = [StepCacheLayer(states[2 * i], states[2 * i + 1], past_length) for i in range(n)]
+        # the cache's length as a number (an unbacked size when exported): a model computing its positions as
+        # arange(length, length + steps) then knows they are `steps` long (MVP's own attention checks its shapes)
+        length = past_length.item()
+        torch._check(length >= 0)
+        torch._check(length < states[0].shape[-2])
+        layers: list[StepCacheLayer] = [
+            _SelfCacheLayer(states[2 * i], states[2 * i + 1], past_length, length) for i in range(n)
+        ]
         cross = [CrossCacheLayer(states[2 * n + 2 * i], states[2 * n + 2 * i + 1]) for i in range(n)]
         for given in cross:
             mark_cross(given.keys)
@@ -158,9 +240,14 @@ class Seq2SeqStep(torch.nn.Module):
         batch, source = encoder_attention_mask.shape
         # the decoder reads the encoder's output only for its shape (the cross keys and values are cached)
         hidden = torch.zeros(batch, source, self.hidden, dtype=states[2 * n].dtype, device=input_ids.device)
+        encoded: dict[str, Any] = {"last_hidden_state": hidden}
+        if "attention_mask" in _fields(self.encoder_output):
+            # an encoder that shortens its input returns the mask over its states, which the decoder reads as the
+            # cross-attention mask (Moonshine, Canary): the step's mask over the encoder's states
+            encoded["attention_mask"] = encoder_attention_mask
         call: dict[str, Any] = {
             "decoder_input_ids": input_ids,
-            "encoder_outputs": BaseModelOutput(last_hidden_state=hidden),
+            "encoder_outputs": self.encoder_output(**encoded),
             self._cache_argument: cache,
             "use_cache": True,
         }

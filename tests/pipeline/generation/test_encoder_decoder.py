@@ -121,6 +121,25 @@ def test_t5_relative_positions_give_transformers_tokens() -> None:
     assert any(node.op_type == "Attention" for node in module.decoder.onnx.graph.node)
 
 
+def test_a_decoder_that_cannot_run_over_a_static_cache_is_refused_before_export(
+    source: dict[str, torch.Tensor],
+) -> None:
+    """FSMT's own attention code builds its causal mask for the tokens it is given, so over a static cache it reads
+    the unwritten positions: the PyTorch step is compared with the model's forward before any export, and the
+    refusal says why and what to do."""
+    config = transformers.FSMTConfig(
+        src_vocab_size=96, tgt_vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48,
+        max_position_embeddings=64, langs=["en", "de"],
+    )  # fmt: skip
+    fsmt = lively(lambda: transformers.FSMTForConditionalGeneration(config), seed=3, std=0.5)
+    with pytest.raises(InputError, match="static cache") as caught:
+        pipeline.convert(fsmt, source, generation=GENERATION)
+    assert "FSMTForConditionalGeneration" in str(caught.value)
+    assert "AttentionInterface" in str(caught.value) and "without generation=" in str(caught.value)
+    assert caught.value.stage == "input"
+
+
 def test_whisper_input_features_give_transformers_tokens(tmp_path: Path) -> None:
     layers = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4}
     sizes = {"encoder_ffn_dim": 48, "decoder_ffn_dim": 48, "num_mel_bins": 8, "max_source_positions": 16}
