@@ -204,6 +204,9 @@ class FuseRotaryEmbedding(RewriteRule[RotaryPlan]):
         angles_shape = getattr(cos_angles, "shape", None)
         if angles_shape is None or len(angles_shape) != 3 or angles_shape[-1] != dim:
             return "the angles are not [batch, tokens, head_dim / 2]"
+        if angles_shape[0] != shape[0] and (angles_shape[0] == 1 or isinstance(shape[0], int)):
+            # RotaryEmbedding's caches must have x's batch: one row of angles broadcast over a batch is refused at run
+            return f"the angles' batch ({angles_shape[0]}) is not x's ({shape[0]})"
         return RotaryPlan(x, cos_angles, cos_scale)
 
     def rewrite(self, plan: RotaryPlan, ctx: RewriteContext) -> gs.Tensor:

@@ -46,13 +46,11 @@ def prepare_step(
         generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
     )
     generation = check_token_ids(generation, vocabulary, from_model)
-    use_interface = uses_attention_interface(model)
-    if not use_interface:
-        logger.warning(
-            "%s does not dispatch its attention through transformers' AttentionInterface: the cache is written with "
-            "TensorScatter, but its own attention code is exported as it is (no ONNX Attention node)",
-            type(model).__name__,
-        )
+    use_interface = uses_attention_interface(
+        model,
+        "the cache is written with TensorScatter, but its own attention code is exported as it is (no ONNX "
+        "Attention node)",
+    )
     step = CachedStep(model, len(layout), use_interface).train(model.training)  # no "training mode" warning
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1

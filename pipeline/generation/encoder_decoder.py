@@ -104,13 +104,7 @@ def convert_encoder_decoder(
     with torch.no_grad():
         encoder = CrossStates(model, names, layout.layers, start).train(model.training)
         cross = encoder(*inputs.values())
-    use_interface = uses_attention_interface(model)
-    if not use_interface:
-        logger.warning(
-            "%s does not dispatch its attention through transformers' AttentionInterface: its own attention code is "
-            "exported as it is over the static cache",
-            type(model).__name__,
-        )
+    use_interface = uses_attention_interface(model, "its own attention code is exported as it is over the static cache")
     step = Seq2SeqStep(model, layout.layers, layout.hidden, use_interface, layout.encoder_output, tokens)
     step = step.train(model.training)
     mask = inputs.get("attention_mask") if tokens else None

@@ -36,8 +36,9 @@ from pipeline.generation.step import (
     attention_implementation,
     mark_cross,
     register_attention,
+    step_outputs,
 )
-from pipeline.runtime.generation.layout import cross_name, past_name, present_name
+from pipeline.runtime.generation.layout import cross_name, past_name
 
 
 def is_encoder_decoder(model: Any) -> bool:
@@ -260,8 +261,4 @@ class Seq2SeqStep(torch.nn.Module):
             call["_past_length"] = past_length
         with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
             out = self.model(**call)
-        result = {"logits": out.logits[:, -1, :]}
-        for i, layer in enumerate(layers):
-            result[present_name(i, "key")] = layer.keys
-            result[present_name(i, "value")] = layer.values
-        return result
+        return step_outputs(out.logits, layers)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ from pipeline.runtime.generation.layout import past_name, present_name
 
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"
+
+logger = logging.getLogger(__name__)
 
 
 class StepCacheLayer(CacheLayerMixin):
@@ -190,14 +193,22 @@ def register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_mask)
 
 
-def uses_attention_interface(model: torch.nn.Module) -> bool:
+def uses_attention_interface(model: torch.nn.Module, otherwise: str | None = None) -> bool:
     """Whether the model's attention dispatches through transformers' ``AttentionInterface`` (then the step's
-    attention is ONNX ``Attention``; otherwise the model's own attention code is exported as it is)."""
+    attention is ONNX ``Attention``; otherwise the model's own attention code is exported as it is). When it does not
+    and ``otherwise`` says what that means for the caller's graph, a warning says so."""
     can = getattr(model, "_can_set_attn_implementation", None)
     try:
-        return bool(can()) if callable(can) else False
+        uses = bool(can()) if callable(can) else False
     except Exception:  # noqa: BLE001 - transformers' probe reads the model's source; unreadable means no
-        return False
+        uses = False
+    if not uses and otherwise is not None:
+        logger.warning(
+            "%s does not dispatch its attention through transformers' AttentionInterface: %s",
+            type(model).__name__,
+            otherwise,
+        )
+    return uses
 
 
 @contextlib.contextmanager
@@ -269,8 +280,14 @@ class CachedStep(torch.nn.Module):
             call["_past_length"] = past_length
         with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
             out = self.model(**call)
-        result = {"logits": out.logits[:, -1, :]}
-        for i, layer in enumerate(layers):
-            result[present_name(i, "key")] = layer.keys
-            result[present_name(i, "value")] = layer.values
-        return result
+        return step_outputs(out.logits, layers)
+
+
+def step_outputs(logits: torch.Tensor, layers: Sequence[StepCacheLayer]) -> dict[str, torch.Tensor]:
+    """What a step returns: the logits of the last position [B, vocab] and every layer's whole static cache, as
+    ``present.{i}.key/value``."""
+    result = {"logits": logits[:, -1, :]}
+    for i, layer in enumerate(layers):
+        result[present_name(i, "key")] = layer.keys
+        result[present_name(i, "value")] = layer.values
+    return result

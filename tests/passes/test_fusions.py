@@ -19,8 +19,11 @@ B, H, S, D = 2, 4, 5, 16
 TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 
 
-def decoder_block(dtype: type = np.float32, opset: int = 24, rotate_half: bool = True) -> onnx.ModelProto:
-    """A decomposed RMSNorm (with a weight) feeding queries, and transformers' rotate-half RoPE on them."""
+def decoder_block(
+    dtype: type = np.float32, opset: int = 24, rotate_half: bool = True, angle_rows: int = B
+) -> onnx.ModelProto:
+    """A decomposed RMSNorm (with a weight) feeding queries, and transformers' rotate-half RoPE on them (its angles
+    ``[angle_rows, S, D / 2]``: one row broadcast over the batch when the positions are the same for every row)."""
     t = TYPES[dtype]
     rng = np.random.default_rng(0)
     constants = {
@@ -56,7 +59,10 @@ def decoder_block(dtype: type = np.float32, opset: int = 24, rotate_half: bool =
     graph = helper.make_graph(
         nodes,
         "block",
-        [helper.make_tensor_value_info("h", t, [B, S, H * D]), helper.make_tensor_value_info("f", t, [B, S, D // 2])],
+        [
+            helper.make_tensor_value_info("h", t, [B, S, H * D]),
+            helper.make_tensor_value_info("f", t, [angle_rows, S, D // 2]),
+        ],
         [helper.make_tensor_value_info("y", t, [B, H, S, D])],
         [numpy_helper.from_array(v, k) for k, v in constants.items()],
     )
@@ -103,6 +109,21 @@ def test_what_only_looks_like_rope_or_is_below_opset_23_is_left() -> None:
     old = decoder_block(opset=22)
     after, modified = fused(old)
     assert not modified and [n.op_type for n in after.graph.node] == [n.op_type for n in old.graph.node]
+
+
+def test_angles_of_one_row_for_a_batch_are_left_and_run_as_before() -> None:
+    """ONNX RotaryEmbedding's caches must have x's batch; angles of one row broadcast over a batch of 2 (a decoder
+    computing its positions from the cache's length, as T5Gemma's does) keep the decomposed RoPE."""
+    model = decoder_block(angle_rows=1)
+    after, _ = fused(model)
+    ops = collections.Counter(n.op_type for n in after.graph.node)
+    assert ops["RotaryEmbedding"] == 0 and ops["Neg"] == 1 and ops["RMSNormalization"] == 1
+    rng = np.random.default_rng(2)
+    feed = {
+        "h": rng.normal(size=(B, S, H * D)).astype(np.float32),
+        "f": rng.normal(size=(1, S, D // 2)).astype(np.float32),
+    }
+    np.testing.assert_allclose(run(after, feed), run(model, feed), atol=1e-5, rtol=1e-5)
 
 
 def test_tensorrt_rtx_builds_the_fused_ops() -> None:

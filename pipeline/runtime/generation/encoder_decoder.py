@@ -212,7 +212,14 @@ class EncoderDecoderModule(torch.nn.Module):
                 f"generate needs the encoder's {main}", fix=f"pass module.generate({main}, ...) as to model.generate"
             )
         decoder_ids = options.pop("decoder_input_ids", None)
-        options.pop("decoder_attention_mask", None) if decoder_ids is None else None
+        decoder_mask = options.pop("decoder_attention_mask", None)
+        if decoder_mask is not None and not bool((torch.as_tensor(decoder_mask) != 0).all()):
+            raise InputError(
+                "decoder_attention_mask masks tokens of the decoder's prompt: the step decodes every row's prompt "
+                "whole (its decoder mask is all ones, as transformers builds it when none is given)",
+                fix="pass decoder prompts without padding (rows of one length, or one request per prompt), and no "
+                "decoder_attention_mask",
+            )
         return given, decoder_ids, options
 
     def _request(
@@ -249,7 +256,19 @@ class EncoderDecoderModule(torch.nn.Module):
         cross = {name: outputs[name] for name in cross_names(self.generation.layers)}
         source = cross[cross_name(0, "key")].shape[-2]
         mask = given.get("attention_mask")
-        if mask is None or mask.shape[-1] != source:
+        if mask is not None and mask.shape[-1] != source:
+            if not bool((mask != 0).all()):
+                # a speech encoder that shortens its input (its mask over frames, its states fewer): the mask over
+                # the states is computed inside the model and is not an output of the encoder graph
+                raise InputError(
+                    f"attention_mask masks some of the encoder's {mask.shape[-1]} input positions, but the encoder "
+                    f"returns {source} states: the mask over its states is the model's own, which the converted "
+                    "encoder does not return",
+                    fix="pass unpadded inputs (one request per input, or inputs of one length) with an attention_mask "
+                    "of ones or none",
+                )
+            mask = None
+        if mask is None:
             mask = torch.ones(inputs[0].shape[0], source, dtype=torch.int64)
         return {ENCODER_MASK: mask.cpu().to(torch.int64), **cross}
 

@@ -157,7 +157,14 @@ def _triples(model: onnx.ModelProto) -> list[_Triple]:
         found.append(_Triple(node, key_write, value_write))
     if found and not all(_rank4(inputs[t.key_write.input[0]]) for t in found):
         return []
-    return found
+    # the kernel's head size must be a multiple of 8 (ONNX Runtime refuses the node when run otherwise: a small
+    # Moonshine's 4); such layers keep the standard TensorScatter + Attention
+    return [t for t in found if _head_size(inputs[t.key_write.input[0]]) % 8 == 0]
+
+
+def _head_size(cache: onnx.ValueInfoProto) -> int:
+    """The last dimension of a rank-4 cache input [batch, heads, capacity, head size]."""
+    return int(cache.type.tensor_type.shape.dim[3].dim_value)
 
 
 def _is_cache_write(node: onnx.NodeProto, inputs: dict[str, onnx.ValueInfoProto], consumers: dict[str, int]) -> bool:

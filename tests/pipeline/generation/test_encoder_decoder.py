@@ -183,6 +183,15 @@ def test_bad_calls_name_the_fix(
         bart_module.generate(**source, num_beam=2)
     with pytest.raises(InputError, match="max_batch=8"):
         bart_module.generate(**source, num_beams=5)
+    prompt = torch.tensor([[2, 7, 9], [2, 8, 1]])
+    padded = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with pytest.raises(InputError, match="decoder_attention_mask masks tokens"):
+        bart_module.generate(**source, decoder_input_ids=prompt, decoder_attention_mask=padded, max_new_tokens=2)
+    whole = bart_module.generate(**source, decoder_input_ids=prompt, max_new_tokens=2)
+    ones = torch.ones_like(prompt)
+    assert torch.equal(
+        bart_module.generate(**source, decoder_input_ids=prompt, decoder_attention_mask=ones, max_new_tokens=2), whole
+    )
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="not a directory"):
         bart_module.save(tmp_path / "file")

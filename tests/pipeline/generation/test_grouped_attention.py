@@ -270,3 +270,15 @@ def test_an_int4_step_converts_and_its_decoding_is_judged_by_the_quantization_en
     assert ops(runnable_model(module.onnx, "onnxruntime", module.settings))["GroupQueryAttention"] == 2
     assert module.generate(ids, max_new_tokens=4).shape == (1, 10)
     assert module._executor.row_session() is None  # 4-bit weights: far slower unpacked, one session for all steps
+
+
+def test_a_head_size_the_kernel_refuses_keeps_the_standard_attention() -> None:
+    """ONNX Runtime's GroupQueryAttention runs only head sizes that are multiples of 8; a model with heads of 12
+    keeps TensorScatter + Attention in its session graph and decodes as transformers does."""
+    llama = tiny_models.tiny_llama(seed=5, hidden_size=48, eos_token_id=2, pad_token_id=None)
+    step = tiny_models.tiny_step(llama, max_length=24, max_batch=2)
+    session_graph = runnable_model(step.onnx, "onnxruntime", step.settings)
+    assert ops(session_graph)["GroupQueryAttention"] == 0 and ops(session_graph)["Attention"] == 2
+    ids, mask = tiny_models.left_padded([6, 4], seed=2)
+    expected = llama.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert torch.equal(step.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=[]), expected)
