@@ -7,7 +7,8 @@ given. ``--stream`` prints each token as it comes (one prompt; transformers' ``T
 
 An encoder-decoder (the directory its conversion saves) takes the same prompts as its encoder's sources (right-padded,
 as its tokenizer pads them), or ``--input-features FILE.npy`` (a speech model's log-mel features, [mels, frames] or
-[batch, mels, frames], as its feature extractor makes them). ``--num-beams`` decodes with beam search.
+[batch, mels, frames], as its feature extractor makes them), or ``--audio FILE.wav`` through the model's own
+``--feature-extractor DIR`` (:mod:`pipeline.cli.audio`). ``--num-beams`` decodes with beam search.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ def add_generate_command(commands: Any) -> None:
         default=None,
         metavar="FILE.npy",
         help="an encoder-decoder speech model's input features ([mels, frames] or [batch, mels, frames])",
+    )
+    parser.add_argument(
+        "--audio",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE.wav",
+        help="an encoder-decoder speech model's audio (PCM WAV at the extractor's rate; repeatable: one row each), "
+        "through --feature-extractor",
+    )
+    parser.add_argument(
+        "--feature-extractor",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the speech model's feature extractor, a local directory (AutoFeatureExtractor, offline)",
     )
     parser.add_argument(
         "--prompt-ids",
@@ -94,11 +111,11 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 def _generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {args.max_new_tokens}: nothing to generate", fix="pass --max-new-tokens 32")
-    if args.input_features is not None and (args.prompt_ids or args.prompt):
-        raise InputError(
-            "--input-features and prompts were both given", fix="give the features (speech) or prompts (text), not both"
-        )
-    if not args.prompt_ids and not args.prompt and args.input_features is None:
+    speech = [name for name, given in (("--input-features", args.input_features), ("--audio", args.audio)) if given]
+    if len(speech) + bool(args.prompt_ids or args.prompt) > 1:
+        given = " and ".join([*speech, *(["prompts"] if args.prompt_ids or args.prompt else [])])
+        raise InputError(f"{given} were both given", fix="give one: features or audio (speech), or prompts (text)")
+    if not args.prompt_ids and not args.prompt and not speech:
         raise InputError("no prompt given", fix="pass --prompt-ids 1,2,3 (or --prompt TEXT with --tokenizer DIR)")
     if args.prompt and args.tokenizer is None:
         raise InputError("--prompt TEXT needs a tokenizer", fix="pass --tokenizer DIR, or give --prompt-ids instead")
@@ -116,9 +133,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     if isinstance(module, EncoderDecoderModule):
         return _generate_encoder_decoder(module, args, tokenizer)
-    if args.input_features is not None:
+    if speech:
         raise InputError(
-            f"--input-features is an encoder-decoder's input; {args.artifact} is a decoder-only model",
+            f"{speech[0]} is an encoder-decoder's input; {args.artifact} is a decoder-only model",
             fix="give --prompt-ids or --prompt",
         )
     prompts = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
@@ -142,12 +159,17 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
     new tokens."""
     generation = module.generation
     takes = [spec.name for spec in module.encoder.io.inputs]
-    wanted = "input_features" if args.input_features is not None else "input_ids"
-    if wanted not in takes:
-        given = "--input-features" if wanted == "input_features" else "prompts"
-        other = "--prompt-ids or --prompt" if wanted == "input_features" else "--input-features FILE.npy"
-        raise InputError(f"{given} given, but this model's encoder takes {', '.join(takes)}", fix=f"give {other}")
-    if args.input_features is not None:
+    if args.audio:
+        from pipeline.cli.audio import audio_inputs
+
+        inputs = audio_inputs(args.audio, args.feature_extractor, takes)
+        rows = len(args.audio)
+    elif "input_ids" not in takes or args.input_features is not None:
+        wanted = "input_features" if args.input_features is not None else "input_ids"
+        if wanted not in takes:
+            given = "--input-features" if wanted == "input_features" else "prompts"
+            other = "--prompt-ids or --prompt" if wanted == "input_features" else "--input-features or --audio"
+            raise InputError(f"{given} given, but this model's encoder takes {', '.join(takes)}", fix=f"give {other}")
         inputs = {"input_features": read_features(args.input_features)}
         rows = inputs["input_features"].shape[0]
     else:

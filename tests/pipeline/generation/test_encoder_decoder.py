@@ -7,6 +7,7 @@ and loaded directory, and the errors a caller meets."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def test_a_decoder_that_cannot_run_over_a_static_cache_is_refused_before_export(
     assert caught.value.stage == "input"
 
 
-def test_whisper_input_features_give_transformers_tokens(tmp_path: Path) -> None:
+def test_whisper_input_features_give_transformers_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     layers = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4}
     sizes = {"encoder_ffn_dim": 48, "decoder_ffn_dim": 48, "num_mel_bins": 8, "max_source_positions": 16}
     tokens = {"max_target_positions": 32, "decoder_start_token_id": 3, "pad_token_id": 0, "eos_token_id": 2}
@@ -153,6 +154,59 @@ def test_whisper_input_features_give_transformers_tokens(tmp_path: Path) -> None
     # transformers' Whisper leaves its decoder prompt out of the sequences; every other model keeps it, as we do
     assert torch.equal(ours[:, 1:], theirs)
     varied(theirs)
+    cli_reads_audio_through_the_models_feature_extractor(module, tmp_path, capsys)
+
+
+def cli_reads_audio_through_the_models_feature_extractor(
+    module: EncoderDecoderModule, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pipeline generate DIR --audio A.wav --audio B.wav --feature-extractor FE``: 16-bit and 24-bit stereo PCM
+    files read and averaged to mono, the saved extractor's features, one line of tokens per file, as ``generate``
+    gives them on those features; a file at another rate is refused with the ffmpeg line that fixes it."""
+    import wave
+
+    from pipeline.cli import main
+
+    with pytest.warns(UserWarning, match="mel filter"):  # 8 mel bins over a 1600 Hz signal: some filters are empty
+        extractor = transformers.WhisperFeatureExtractor(
+            feature_size=8, sampling_rate=1600, hop_length=50, chunk_length=1, n_fft=100
+        )
+    extractor.save_pretrained(tmp_path / "extractor")
+    clips = [np.sin(np.arange(n) * f)[:, None] * [0.5, 0.25] for n, f in ((1200, 0.3), (900, 0.05))]
+    for index, (clip, width) in enumerate(zip(clips, (2, 3), strict=True)):
+        scaled = np.round(clip * 2 ** (8 * width - 1)).astype("<i4")
+        data = scaled.astype("<i2").tobytes() if width == 2 else scaled.view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
+        with wave.open(str(tmp_path / f"{index}.wav"), "wb") as writer:
+            writer.setnchannels(2)
+            writer.setsampwidth(width)
+            writer.setframerate(1600)
+            writer.writeframes(data)
+    mono = [clip.mean(axis=1).astype(np.float32) for clip in clips]
+    features = extractor(mono, sampling_rate=1600, return_tensors="pt").input_features  # padded to its window
+    expected = module.generate(input_features=features, max_new_tokens=6, eos_token_id=[])[:, 1:]
+    from pipeline.cli.audio import audio_inputs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the extractor's empty mel filters, again when it loads
+        read = audio_inputs([tmp_path / "0.wav", tmp_path / "1.wav"], tmp_path / "extractor", ["input_features"])
+    assert list(read) == ["input_features"]  # the extractor's attention_mask is not an input of Whisper's encoder
+    torch.testing.assert_close(read["input_features"], features, atol=2e-3, rtol=0)  # the PCM files' rounding
+    target = module.save(tmp_path / "whisper")
+    audio = ["--audio", str(tmp_path / "0.wav"), "--audio", str(tmp_path / "1.wav")]
+    command = ["generate", str(target), *audio, "--feature-extractor", str(tmp_path / "extractor")]
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the extractor's empty mel filters, again when it loads
+        assert main([*command, "--max-new-tokens", "6", "--ignore-eos"]) == 0
+        printed = [[int(t) for t in line.split()] for line in capsys.readouterr().out.strip().splitlines()]
+        assert printed == expected.tolist()
+        with wave.open(str(tmp_path / "0.wav"), "wb") as writer:  # the same samples at another rate
+            writer.setnchannels(1)
+            writer.setsampwidth(2)
+            writer.setframerate(8000)
+            writer.writeframes(np.zeros(800, "<i2").tobytes())
+        assert main(command) == 1
+    assert "sampled at 8000 Hz; the feature extractor takes 1600 Hz" in capsys.readouterr().err
 
 
 def test_a_saved_directory_loads_and_generates_the_same(
