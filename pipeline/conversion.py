@@ -86,6 +86,15 @@ def convert(
                 return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
 
             return convert_encoder_decoder(model, sample, config, registry, stages_of)  # type: ignore[return-value]
+        from pipeline.generation.vision_language import is_vision_language
+
+        if is_vision_language(model, sample):  # a vision graph and the cached text step, converted one after the other
+            from pipeline.generation.vision_language import convert_vision_language
+
+            def parts_of(part: torch.nn.Module, part_sample: Any, part_config: Settings, part_registry: Any) -> Any:
+                return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
+
+            return convert_vision_language(model, sample, config, registry, parts_of)  # type: ignore[return-value]
         from pipeline.generation.conversion import prepare_step
 
         # the cached decoder step of a causal LM is what the stages convert
@@ -136,7 +145,8 @@ def _convert_prepared(
     if config.validate:
         with stage_timer("validate", stages):
             accuracy = validate_executor(model, sample, graph, executor.polygraphy_runner(choice.name))
-            if config.generation is not None and config.generation.kind == "decoder":
+            # (a part of a two-graph model, converted as its own original, is decoded by its caller)
+            if config.generation is not None and config.generation.kind == "decoder" and original is not model:
                 # whole decodings against the model's own cached generate
                 from pipeline.generation.validation import validate_decoding
 

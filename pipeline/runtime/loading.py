@@ -61,6 +61,14 @@ def load(
             for name in (ENCODER_FILE, DECODER_FILE)
         ]
         return EncoderDecoderModule(*parts)  # type: ignore[return-value]
+    if isinstance(path, str | os.PathLike) and Path(path).is_dir() and (Path(path) / "vision_language.json").is_file():
+        # a vision-language model: a vision graph and a text step
+        from pipeline.runtime.generation.vision_language import load_directory
+
+        def part(file: Path) -> ConvertedModule:
+            return load(file, backend=backend, rebuild=rebuild, build=build, threads=threads, spinning=spinning)
+
+        return load_directory(Path(path), part)  # type: ignore[return-value]
     with collector_paused():
         from pipeline.runtime.artifact import read_artifact
 

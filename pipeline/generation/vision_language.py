@@ -1,0 +1,452 @@
+"""``convert(vlm, {"input_ids": ..., "attention_mask": ..., "pixel_values": ...}, generation={...})``: a
+vision-language decoder (LLaVA, PaliGemma, Gemma 3, Idefics3, ...) as two converted graphs.
+
+:class:`ImageFeatures` is the vision graph: one image's inputs (``pixel_values`` and whatever else the model's
+``get_image_features`` takes per image) to its features in the text embedding space, [tokens, hidden]: the vision
+tower and the projector, as the model's own ``get_image_features`` computes them. It runs once per image of a request.
+
+:class:`VisionLanguageStep` is the cached text step of the decoder-only path (:class:`~pipeline.generation.step.
+CachedStep`) with one more input, ``image_features`` [image tokens, hidden]. The features replace the embeddings of
+the model's image tokens (its config's ``image_token_id``) in order, row after row, as the model's own
+``masked_scatter`` does; the step then calls the model with those embeddings. The placement is a gather (the n-th image
+token takes the n-th feature) rather than ``masked_scatter``, whose ONNX form needs ``NonZero``: TensorRT's parser
+refuses it. A model whose config names no image token is handed the features as its multimodal encoder's output
+(transformers' ``mm_encoder_outputs``) and places them itself. The prompt's prefill takes every image's features; a
+decode step takes the image token's own text embedding, so that a generated image token stays what the model's
+embedding makes it. Positions are the decoder-only step's (``cumsum(attention_mask) - 1``, as the model's
+``generate`` computes them). Nothing here reads one architecture's code.
+
+The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
+is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
+the model's own ``generate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from converters.errors import AccuracyError, ExportError, InputError
+from converters.generation_settings import GenerationSettings, check_token_ids
+from converters.registry import ConverterRegistry
+from converters.settings import ProfileRange
+from pipeline.generation.conversion import attention_form, check_sample_fits, special_tokens, step_precision_io
+from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.step import ATTENTION_NAME, CachedStep, StepCache, StepCacheLayer, attention_implementation
+from pipeline.runtime.generation.layout import past_name, present_name
+from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, VisionLanguageModule
+from pipeline.runtime.io_spec import is_model_cache, normalise_sample
+from pipeline.runtime.module import ConvertedModule
+from pipeline.settings import DynamicDim, Settings
+
+logger = logging.getLogger(__name__)
+
+#: Convert one part (module, sample, settings, converters) through the stages.
+Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], ConvertedModule]
+
+#: Tokens of the greedy decoding compared with the model's own ``generate`` when validating.
+VALIDATION_TOKENS = 8
+#: The text inputs of the sample; every other tensor is an input of the vision graph (one row per image).
+TEXT_INPUTS = ("input_ids", "attention_mask")
+
+
+def is_vision_language(model: Any, sample: Any) -> bool:
+    """Whether ``model`` is a transformers image-text-to-text decoder (it has ``get_image_features`` and its forward
+    takes ``pixel_values``) and ``sample`` holds ``pixel_values``: without images, its text decoder converts as a
+    causal LM's step."""
+    features = getattr(model, "get_image_features", None)
+    forward = getattr(model, "forward", None)
+    if not callable(features) or not callable(forward):
+        return False
+    args, kwargs = normalise_sample(sample)
+    given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
+    if "pixel_values" not in given:
+        return False
+    try:
+        return "pixel_values" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class ImageFeatures(torch.nn.Module):
+    """The vision graph: one image's inputs (``names``, in order) to its features [tokens, hidden], the model's own
+    ``get_image_features`` (tower and projector) with the per-image pieces joined as the model joins them."""
+
+    def __init__(
+        self, model: torch.nn.Module, names: tuple[str, ...], fixed: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+        self.fixed = dict(fixed or {})  # inputs held at one image's values (constants of the graph)
+        #: graph input names of the ``*inputs`` arguments (the exporter reads this mapping)
+        self.onnx_input_names = {f"inputs_{i}": name for i, name in enumerate(names)}
+        if len(names) == 1:  # the exporter names a lone variadic argument after the parameter
+            self.onnx_input_names["inputs"] = names[0]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The image's features in the text embedding space."""
+        # as Python values: a tensor constant is still data to torch.export, which cannot decide shapes from it
+        fixed = {name: value.tolist() for name, value in self.fixed.items()}
+        return image_features(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+
+
+def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    """``model.get_image_features(**inputs)`` as one tensor [tokens, hidden] (what the model scatters over its image
+    tokens: the pieces of a list joined in order, a tensor's leading axes flattened)."""
+    out = model.get_image_features(**inputs, return_dict=True)  # type: ignore[operator]
+    pooled = getattr(out, "pooler_output", out)
+    if isinstance(pooled, list | tuple):
+        pooled = torch.cat([piece.reshape(-1, piece.shape[-1]) for piece in pooled], dim=0)
+    if not isinstance(pooled, torch.Tensor):
+        raise InputError(
+            f"{type(model).__name__}.get_image_features returned {type(pooled).__name__}, not the image features",
+            fix="generation= converts image-text-to-text models whose get_image_features returns the features",
+        )
+    return pooled.reshape(-1, pooled.shape[-1])
+
+
+class VisionLanguageStep(CachedStep):
+    """The cached text step with the prompt's image features (see the module docstring).
+
+    ``forward(input_ids, attention_mask, position_ids, past_length, image_features, *past)``. With the model's
+    ``image_token`` known, the features replace the embeddings of the image tokens, in order (what the model's
+    ``masked_scatter`` does, written as a gather: no ``NonZero``, which TensorRT's parser refuses), and the model is
+    called with the embeddings; without it, the features are handed to the model as its multimodal encoder's output
+    (``listed``: as a list, LLaVA's ``pooler_output``), and the model places them itself."""
+
+    def __init__(
+        self, model: torch.nn.Module, layers: int, use_interface: bool, listed: bool, image_token: int | None
+    ) -> None:
+        super().__init__(model, layers, use_interface)
+        self.listed = listed
+        self.image_token = image_token
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_length: torch.Tensor,
+        image_features: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """The step: logits of the last position and the updated cache."""
+        layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length) for i in range(self.layers)]
+        call: dict[str, Any] = {
+            **self._inputs(input_ids, image_features),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            self._cache_argument: StepCache(layers),
+            "use_cache": True,
+        }
+        if self._logits_to_keep:
+            call["logits_to_keep"] = 1
+        if self.use_interface:
+            call["_past_length"] = past_length
+        with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
+            out = self.model(**call)
+        result = {"logits": out.logits[:, -1, :]}
+        for i, layer in enumerate(layers):
+            result[present_name(i, "key")] = layer.keys
+            result[present_name(i, "value")] = layer.values
+        return result
+
+    def _inputs(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> dict[str, Any]:
+        """The model's inputs for the tokens and the features (see the class docstring)."""
+        if self.image_token is None:
+            from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+            pooled: Any = [image_features] if self.listed else image_features
+            return {
+                "input_ids": input_ids,
+                "mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=pooled)},
+            }
+        embeddings = self.model.get_input_embeddings()(input_ids)  # type: ignore[operator]
+        is_image = input_ids == self.image_token
+        # the n-th image token (row after row) takes the n-th feature, as masked_scatter fills it
+        order = is_image.reshape(-1).to(torch.int64).cumsum(0) - 1
+        order = order.clamp(min=0).clamp(max=image_features.shape[0] - 1)
+        placed = image_features.to(embeddings.dtype).index_select(0, order).reshape(embeddings.shape)
+        return {"inputs_embeds": torch.where(is_image.unsqueeze(-1), placed, embeddings)}
+
+
+def convert_vision_language(
+    model: torch.nn.Module, sample: Any, settings: Settings, registry: ConverterRegistry, stages: Stages
+) -> VisionLanguageModule:
+    """The vision graph and the cached text step of ``model``, converted (see the module docstring)."""
+    generation = settings.generation
+    assert generation is not None
+    text, vision = _sample_inputs(model, sample)
+    input_ids = text["input_ids"]
+    check_sample_fits(input_ids, generation, settings.validate)
+    token = image_token_id(model)
+    taken = inspect.signature(model.forward).parameters
+    if ("mm_encoder_outputs" if token is None else "inputs_embeds") not in taken:
+        raise InputError(
+            f"{type(model).__name__}.forward takes no "
+            f"{'mm_encoder_outputs (and its config names no image token)' if token is None else 'inputs_embeds'}: "
+            "the image features cannot be given to the cached text step",
+            fix="convert without generation= (the plain forward)",
+        )
+    with torch.no_grad():
+        features = _features_of(model, vision)
+        layout, vocabulary = _layout(model, text, vision)
+    hidden = int(features.shape[-1])
+    listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)
+    eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
+    from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
+    generation = dataclasses.replace(
+        generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention_form(model, settings)
+    )
+    generation = check_token_ids(generation, vocabulary, from_model)
+    precision_io = step_precision_io(settings)
+    vision_settings = dataclasses.replace(settings, generation=None, dynamic=(), profiles=(), precision_io=precision_io)
+    logger.info("vision-language: converting the vision graph (%s -> image features)", ", ".join(vision))
+    vision_module, fixed = _convert_vision(model, vision, vision_settings, registry, stages)
+    from pipeline.generation.step import uses_attention_interface
+
+    step = VisionLanguageStep(model, len(layout), uses_attention_interface(model), listed, token)
+    step = step.train(model.training)
+    step_sample, dims = _step_sample(text, features, layout, generation)
+    step_settings = dataclasses.replace(
+        settings,
+        generation=generation,
+        dynamic=dims,
+        opset=max(settings.opset or GENERATION_OPSET, GENERATION_OPSET),
+        profiles=_profiles(dims, generation),
+        precision_io=precision_io,
+        validation_inputs=0,  # drawn ids would not match the images: the sample's prompts are what it validates on
+    )
+    logger.info("vision-language: converting the text step (cache of %d tokens)", generation.max_length)
+    step_module = stages(step, step_sample, step_settings, generation_converters(registry))
+    embedding = _token_embedding(model, token, hidden)
+    module = VisionLanguageModule(vision_module, step_module, token, embedding, fixed)
+    if settings.validate:
+        _validate_greedy(model, module, text, vision)
+    return module
+
+
+def _convert_vision(
+    model: torch.nn.Module,
+    vision: dict[str, torch.Tensor],
+    settings: Settings,
+    registry: ConverterRegistry,
+    stages: Stages,
+) -> tuple[ConvertedModule, dict[str, torch.Tensor]]:
+    """The vision graph, and the integer inputs it holds at the sample's first image's values (none unless needed). A
+    tower whose code decides shapes in Python from an integer input (LLaVA-NeXT's and Pixtral's ``image_sizes``)
+    cannot export it as data: the graph is converted again with those inputs fixed, and takes images of that size."""
+    image = dict(zip(vision, _image(vision, 0), strict=True))
+    try:
+        part = ImageFeatures(model, tuple(vision)).train(model.training)
+        return stages(part, tuple(image.values()), settings, registry), {}
+    except ExportError as error:
+        fixed = {name: value for name, value in image.items() if not value.is_floating_point()}
+        if not fixed or "data-dependent" not in str(error):
+            raise
+    logger.warning(
+        "%s's vision tower decides shapes from %s in Python: the vision graph holds them at the sample's values %s "
+        "(it takes images processed to that size)",
+        type(model).__name__,
+        ", ".join(fixed),
+        {name: value.tolist() for name, value in fixed.items()},
+    )
+    names = tuple(name for name in image if name not in fixed)
+    part = ImageFeatures(model, names, fixed).train(model.training)
+    return stages(part, tuple(image[name] for name in names), settings, registry), fixed
+
+
+def image_token_id(model: torch.nn.Module) -> int | None:
+    """The token the model places image features at (its config's ``image_token_id``, or ``image_token_index``)."""
+    config = getattr(model, "config", None)
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _token_embedding(model: torch.nn.Module, token: int | None, hidden: int) -> torch.Tensor:
+    """The model's text embedding of its image token [hidden] (zeros without one): a decode step's features."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if token is None or not callable(embeddings):
+        return torch.zeros(hidden)
+    with torch.no_grad():
+        row = embeddings()(torch.tensor([token], dtype=torch.int64))
+    return row.reshape(-1).float() if row.numel() == hidden else torch.zeros(hidden)
+
+
+def _sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The sample's text inputs (``input_ids``, ``attention_mask``) and its vision inputs (every other tensor, in the
+    order ``get_image_features`` takes them, ``pixel_values`` first)."""
+    args, kwargs = normalise_sample(sample)
+    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+        kwargs, args = dict(args[0]), ()
+    if args or not isinstance(kwargs.get("input_ids"), torch.Tensor) or "pixel_values" not in kwargs:
+        raise InputError(
+            f"the generation sample of a vision-language model ({type(model).__name__}) is a dict of its processor's "
+            "tensors with input_ids and pixel_values",
+            fix='pass pipeline.convert(model, {"input_ids": ..., "attention_mask": ..., "pixel_values": ...}, '
+            "generation={...})",
+        )
+    not_tensors = sorted(name for name, value in kwargs.items() if not isinstance(value, torch.Tensor))
+    if not_tensors:
+        raise InputError(
+            f"the generation sample's {', '.join(not_tensors)} are not tensors",
+            fix="pass tensors only (the processor's return_tensors='pt' output)",
+        )
+    ids = kwargs["input_ids"]
+    if ids.dim() != 2 or ids.is_floating_point():
+        raise InputError(
+            "the sample's input_ids must be token ids [batch, tokens]", fix="pass the processor's input_ids"
+        )
+    mask = kwargs.get("attention_mask", torch.ones_like(ids))
+    text = {"input_ids": ids.to(torch.int64), "attention_mask": mask.to(torch.int64)}
+    taken = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
+    others = [name for name in kwargs if name not in TEXT_INPUTS]
+    refused = sorted(name for name in others if name not in taken)
+    if refused:
+        raise InputError(
+            f"the generation sample holds {', '.join(refused)}, which {type(model).__name__}.get_image_features does "
+            "not take",
+            fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(n for n in taken if n != 'kwargs')})",
+        )
+    vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
+    images = {int(value.shape[0]) for value in vision.values()}
+    if len(images) != 1:
+        raise InputError(
+            f"the sample's image inputs have different leading sizes {sorted(images)}: the vision graph takes one "
+            "image per leading row of every image input (inputs of flattened patches, Qwen2-VL's, are not supported)",
+            fix="pass the processor's pixel_values and their companions for the same images",
+        )
+    return text, vision
+
+
+def _image(vision: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, ...]:
+    """The vision inputs of one image (the vision graph's batch of one)."""
+    return tuple(value[index : index + 1] for value in vision.values())
+
+
+def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:
+    names = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
+    with torch.no_grad():
+        out = model.get_image_features(**dict(zip(names, image, strict=False)), return_dict=True)  # type: ignore[operator]
+    return getattr(out, "pooler_output", out)
+
+
+def _features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every image's features, one image at a time (as the vision graph runs), joined in order [tokens, hidden]."""
+    count = next(iter(vision.values())).shape[0]
+    try:
+        return torch.cat(
+            [image_features(model, {n: v[i : i + 1] for n, v in vision.items()}) for i in range(count)], dim=0
+        )
+    except InputError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the model refusing one image at a time: said with its cause
+        raise InputError(
+            f"{type(model).__name__}.get_image_features fails on one image of the sample: {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}",
+            fix="pass the processor's image inputs (one leading row per image)",
+        ) from error
+
+
+def _layout(
+    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
+) -> tuple[list[tuple[int, int, torch.dtype]], int]:
+    """(kv_heads, head_dim, dtype) of every cached layer, from the cache the model builds on the sample, and the
+    vocabulary (the width of the logits)."""
+    try:
+        out = model(**text, **vision, use_cache=True)
+    except Exception as error:  # noqa: BLE001 - the model refusing its own sample: said with its cause
+        raise InputError(
+            f"{type(model).__name__} fails on the generation sample: {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}",
+            fix="pass the processor's output for the prompts (image tokens matching the images)",
+        ) from error
+    cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if not is_model_cache(cache):
+        raise InputError(
+            f"{type(model).__name__} returned no transformers Cache with use_cache=True (got {type(cache).__name__})",
+            fix="convert without generation= (the plain forward)",
+        )
+    layout = []
+    for i, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
+            raise InputError(
+                f"cache layer {i} of {type(model).__name__} is a {type(layer).__name__} without 4-D keys/values",
+                fix="generation= supports attention caches [batch, heads, tokens, dim]; convert without it",
+            )
+        if values.shape[-1] != keys.shape[-1]:
+            raise InputError(
+                f"cache layer {i} has key dim {keys.shape[-1]} but value dim {values.shape[-1]}",
+                fix="generation= supports equal key and value head dims",
+            )
+        layout.append((int(keys.shape[1]), int(keys.shape[-1]), keys.dtype))
+    return layout, int(out.logits.shape[-1])
+
+
+def _step_sample(
+    text: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    layout: list[tuple[int, int, torch.dtype]],
+    generation: GenerationSettings,
+) -> tuple[Any, tuple[DynamicDim, ...]]:
+    """The step's sample (the sample's prompts prefilled with their image features) and its dynamic dimensions: the
+    batch, the sequence and the image tokens."""
+    ids, mask = text["input_ids"], text["attention_mask"]
+    if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
+        ids, mask, features = ids.expand(2, -1).clone(), mask.expand(2, -1).clone(), features.repeat(2, 1)
+    rows, steps = ids.shape
+    capacity = generation.max_length
+    full = torch.zeros(rows, capacity, dtype=torch.int64)
+    full[:, :steps] = mask
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    past = [torch.zeros(rows, heads, capacity, dim, dtype=dtype) for heads, dim, dtype in layout for _ in range(2)]
+    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *past), {})
+    names = ["input_ids", "attention_mask", "position_ids"]
+    names += [past_name(i, kind) for i in range(len(layout)) for kind in ("key", "value")]
+    longest = generation.max_prompt or capacity
+    dims: list[DynamicDim] = []
+    if generation.max_batch >= 2:
+        dims += [DynamicDim(name, 0, "batch", 1, rows, generation.max_batch) for name in names]
+    dims += [DynamicDim(name, 1, "sequence", 1, steps, longest) for name in ("input_ids", "position_ids")]
+    most = max(longest * generation.max_batch, features.shape[0])
+    dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, int(features.shape[0]), most))
+    return sample, tuple(dims)
+
+
+def _profiles(dims: tuple[DynamicDim, ...], generation: GenerationSettings) -> tuple[tuple[ProfileRange, ...], ...]:
+    """Context (the prompt with its images) and generation (one token, one row of zeros for features)."""
+    longest = generation.max_prompt or generation.max_length
+    images = next(d for d in dims if d.name == "image_tokens")
+    context = (
+        ProfileRange("sequence", 1, min(longest, 64), longest),
+        ProfileRange("image_tokens", 1, images.opt, images.max),
+    )
+    rows = ProfileRange("image_tokens", 1, 1, generation.max_batch)  # a decode step: one embedding row per batch row
+    return (context, (ProfileRange("sequence", 1, 1, 1), rows))
+
+
+def _validate_greedy(
+    model: torch.nn.Module, module: VisionLanguageModule, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
+) -> None:
+    """The sample's greedy decoding, token for token against ``model.generate``."""
+    options: dict[str, Any] = {"max_new_tokens": VALIDATION_TOKENS, "do_sample": False, "num_beams": 1}
+    with torch.no_grad():
+        expected = model.generate(**text, **vision, **options)  # type: ignore[operator]
+    actual = module.generate(**text, **vision, **options)
+    if torch.equal(torch.as_tensor(expected), actual):
+        return
+    raise AccuracyError(
+        f"the converted vision-language model's greedy tokens differ from {type(model).__name__}.generate on the "
+        f"sample: expected {torch.as_tensor(expected).tolist()}, got {actual.tolist()}",
+        fix="convert with precision='fp32' to confirm; report the model (each graph passed its validation)",
+    )

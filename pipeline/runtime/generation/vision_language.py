@@ -1,0 +1,458 @@
+"""A converted vision-language decoder (LLaVA, Gemma 3, ...): the vision graph run once per image of a request, then
+the cached text step, with ``generate()`` as transformers' ``model.generate``.
+
+The vision graph gives each image's features in the text embedding space; the prompts' prefill hands them all to the
+step, which places them at the image tokens (as ``model.generate``'s first step does with ``pixel_values``). The
+prompts are prefilled once each, then their cache rows are repeated for each prompt's beams or drawn sequences
+(transformers prefills the repeated rows: the same numbers). Decode steps place no image: their features are the
+image token's own text embedding (one row per batch row), so that a generated image token stays what the model's
+embedding makes it. The decoding loop, the options, the processors and beam search are the decoder-only module's
+(:mod:`pipeline.runtime.generation.module`); only the feed differs. The feed copies the cache in and out of each step
+(as the encoder-decoder's does), no ``IOBinding`` yet.
+
+Saved as a directory (``module.save("out/llava")``): ``vision.ptrt`` and ``step.ptrt``, each a whole artifact, and
+``vision_language.json`` (the image token and its embedding); ``pipeline.load("out/llava")`` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.errors import ArtifactError, InputError
+from converters.generation_settings import GenerationSettings
+from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
+from pipeline.runtime.generation.layout import STEP_INPUTS, past_name, present_name
+from pipeline.runtime.generation.options import GenerateOptions, generate_options
+from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
+from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.module import ConvertedModule
+
+#: The step's input holding the prompt's image features [image tokens, hidden].
+IMAGE_FEATURES = "image_features"
+#: The files of a saved vision-language directory.
+VISION_FILE, STEP_FILE, META_FILE = "vision.ptrt", "step.ptrt", "vision_language.json"
+
+
+class VisionLanguageModule(torch.nn.Module):
+    """A vision-language decoder converted for generation (``pipeline.convert(llava, {"input_ids": ...,
+    "attention_mask": ..., "pixel_values": ...}, generation={...})``).
+
+    ``generate(input_ids, attention_mask=..., pixel_values=..., **options)`` returns the prompts followed by the new
+    tokens, as ``model.generate`` does; :meth:`stream` yields the new tokens. ``.vision`` and ``.step`` are the two
+    converted graphs.
+
+    >>> module.generate(input_ids, attention_mask=mask, pixel_values=pixels, max_new_tokens=32)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        vision: ConvertedModule,
+        step: ConvertedModule,
+        image_token_id: int | None,
+        token_embedding: torch.Tensor | None = None,
+        fixed_inputs: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__()
+        self.vision = vision
+        self.step = step
+        self.image_token_id = image_token_id
+        #: image inputs the vision graph holds at one image's values (LLaVA-NeXT's ``image_sizes``): each image's
+        #: must be the same
+        self.fixed_inputs = dict(fixed_inputs or {})
+        generation = step.settings.generation
+        step_inputs = tuple(spec.name for spec in step.io.inputs)
+        if generation is None or IMAGE_FEATURES not in step_inputs or not set(STEP_INPUTS) <= set(step_inputs):
+            raise ArtifactError(
+                "the step of a vision-language module must be a text step converted with generation= of a "
+                "vision-language model (with an image_features input)",
+                fix="load a directory written by VisionLanguageModule.save",
+            )
+        self._vision_inputs = tuple(spec.name for spec in vision.io.inputs)
+        self._step_inputs = step_inputs
+        self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        self._presents = tuple(present_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        specs = {spec.name: spec for spec in step.io.inputs}
+        self._cache_shapes = [tuple(int(d) for d in specs[name].shape[1:]) for name in self._layer_names]
+        self._cache_dtypes = [specs[name].torch_dtype for name in self._layer_names]
+        features = specs[IMAGE_FEATURES]
+        self._features_dtype = features.torch_dtype
+        width = features.shape[-1] if features.shape else None
+        if token_embedding is None:
+            token_embedding = torch.zeros(int(width) if isinstance(width, int) else 1)
+        #: the text embedding of the image token [hidden]: the features of a decode step, which leave a generated
+        #: image token as the model embeds it (no image is placed after the prompt)
+        self.token_embedding = token_embedding.reshape(-1).to(self._features_dtype)
+        self._hidden = int(self.token_embedding.shape[0])
+        logits = next(spec for spec in step.io.outputs if spec.name == "logits")
+        self._vocabulary = int(logits.shape[-1]) if logits.shape and isinstance(logits.shape[-1], int) else None
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The generation settings of the text step (capacity, batch, special tokens)."""
+        generation = self.step.settings.generation
+        assert generation is not None
+        return generation
+
+    @property
+    def report(self) -> Any:
+        """The text step's conversion report (the vision graph's: ``module.vision.report``)."""
+        return self.step.report
+
+    @property
+    def backend(self) -> str:
+        """The backend both graphs run on."""
+        return self.step.backend
+
+    @property
+    def settings(self) -> Any:
+        """The text step's settings (the vision graph's: ``module.vision.settings``)."""
+        return self.step.settings
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """``generate`` (a converted vision-language model is called to generate)."""
+        return self.generate(*args, **kwargs)
+
+    def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | Any:
+        """The prompts followed by the new tokens [rows, prompt + new] (rows: prompts x ``num_return_sequences``), as
+        transformers' ``model.generate``: ``input_ids``, ``attention_mask`` (left padding), the image inputs by name
+        (``pixel_values``, and what else the model's vision tower takes), and the options of the decoder-only
+        module's ``generate`` (beam search included)."""
+        ids, mask, images, options = self._split(input_ids, kwargs)
+        request = generate_options("generate", options)
+        feed, decoding = self._request(ids, mask, images, request)
+        if request.num_beams > 1:
+            settings = BeamSettings(
+                request.num_beams, request.length_penalty, request.early_stopping, request.num_return_sequences
+            )
+            record = request.return_dict_in_generate and (request.output_scores or request.output_logits)
+            processors = decoding.processors if decoding.processors else None
+            fill = fill_token(decoding.eos, decoding.pad)
+            result = beam_search(
+                feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record
+            )
+            return beam_output(result, request) if request.return_dict_in_generate else result.sequences
+        streamer = request.streamer
+        if streamer is not None:
+            streamer.put(feed.ids)
+        new = []
+        for tokens in _decode(feed, decoding):
+            new.append(tokens)
+            if streamer is not None:
+                streamer.put(tokens)
+        if streamer is not None:
+            streamer.end()
+        sequences = torch.cat([feed.ids, *(t[:, None] for t in new)], dim=1)
+        if not request.return_dict_in_generate:
+            return sequences
+        return decoder_only_output(sequences, decoding.chooser.scores, decoding.chooser.logits, request)
+
+    def stream(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
+        """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
+        of the decoder-only module's ``stream``)."""
+        ids, mask, images, options = self._split(input_ids, kwargs)
+        request = generate_options("stream", options)
+        feed, decoding = self._request(ids, mask, images, request)
+        yield from _decode(feed, decoding)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/vision.ptrt``, ``path/step.ptrt`` and ``path/vision_language.json``, atomically: a new
+        directory renamed into place (a directory already there is replaced only once the new one is complete)."""
+        target = Path(path)
+        files = (VISION_FILE, STEP_FILE, META_FILE)
+        if target.exists() and not target.is_dir():
+            raise InputError(
+                f"{target} exists and is not a directory: a vision-language model saves as a directory of artifacts",
+                fix="pass a new path, or a directory written by VisionLanguageModule.save",
+            )
+        if target.is_dir() and any(p.name not in files for p in target.iterdir()):
+            raise InputError(
+                f"{target} holds other files than a vision-language model's {', '.join(files)}",
+                fix="save into a new or empty directory",
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            self.vision.save(staging / VISION_FILE)
+            self.step.save(staging / STEP_FILE)
+            fixed = {
+                name: [str(value.dtype).removeprefix("torch."), value.tolist()]
+                for name, value in self.fixed_inputs.items()
+            }
+            meta = {
+                "image_token_id": self.image_token_id,
+                "token_embedding": self.token_embedding.float().tolist(),
+                "fixed_inputs": fixed,
+            }
+            (staging / META_FILE).write_text(json.dumps(meta))
+            old = None
+            if target.exists():
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.replace(target, old)
+            os.replace(staging, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return target
+
+    # the request
+
+    def _split(
+        self, input_ids: torch.Tensor | None, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
+        options = dict(kwargs)
+        given = options.pop("input_ids", None)
+        if input_ids is not None and given is not None:
+            raise InputError("input_ids given twice (positionally and by name)", fix="pass input_ids once")
+        ids = input_ids if input_ids is not None else given
+        mask = options.pop("attention_mask", None)
+        wanted = (*self._vision_inputs, *self.fixed_inputs)
+        images = {name: options.pop(name) for name in wanted if name in options}
+        if ids is None:
+            raise InputError("generate needs input_ids (the prompts)", fix="pass module.generate(input_ids, ...)")
+        missing = [name for name in wanted if name not in images]
+        if missing:
+            raise InputError(
+                f"generate needs the image inputs {', '.join(missing)} (the vision graph's), as the processor gives "
+                "them",
+                fix=f"pass module.generate(input_ids, attention_mask=..., {missing[0]}=...) as to model.generate",
+            )
+        prompt, prompt_mask = self._prompt(ids, mask)
+        return prompt, prompt_mask, images, options
+
+    def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt rows on the CPU as int64 and their mask (the decoder-only module's checks)."""
+        if (
+            not isinstance(input_ids, torch.Tensor)
+            or input_ids.dim() != 2
+            or input_ids.dtype not in (torch.int64, torch.int32)
+        ):
+            raise InputError(
+                "generate takes input_ids as an int64 (or int32) tensor [batch, tokens]",
+                fix="pass the processor's input_ids",
+            )
+        if input_ids.shape[1] == 0:
+            raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
+        ids = input_ids.cpu().to(torch.int64)
+        vocab = self._vocabulary
+        outside = (ids < 0) | (ids >= vocab) if vocab is not None else ids < 0
+        if bool(outside.any()):
+            raise InputError(
+                f"input_ids holds token id(s) {sorted(set(ids[outside].tolist()))[:5]} outside the model's "
+                f"vocabulary [0, {vocab})",
+                fix="pass ids below the vocabulary size (the model's own processor gives them)",
+            )
+        if attention_mask is None:
+            return ids, torch.ones_like(ids)
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != ids.shape:
+            raise InputError(
+                f"attention_mask must be a tensor of input_ids' shape {list(ids.shape)}",
+                fix="pass the processor's attention_mask for the same prompts",
+            )
+        mask = attention_mask.cpu().to(torch.int64)
+        if not bool(mask.any(dim=1).all()):
+            raise InputError(
+                "an attention_mask row is all zeros: that prompt has no token to attend to",
+                fix="drop the empty prompts from the batch",
+            )
+        if bool((mask[:, -1] == 0).any()):
+            raise InputError(
+                "attention_mask has padding at the end of a prompt; decoding needs left padding",
+                fix="process with padding_side='left'",
+            )
+        return ids, mask
+
+    def _request(
+        self, ids: torch.Tensor, mask: torch.Tensor, images: dict[str, torch.Tensor], request: GenerateOptions
+    ) -> tuple[_Feed, Decoding]:
+        generation = self.generation
+        rows = ids.shape[0]
+        if rows * request.expand > generation.max_batch:
+            raise InputError(
+                f"a batch of {rows} x {request.expand} rows, but the step was converted for max_batch="
+                f"{generation.max_batch}",
+                fix=f"split the batch, or convert with generation={{'max_batch': {rows * request.expand}, ...}}",
+            )
+        prompt = ids.shape[1]
+        longest = generation.max_prompt or generation.max_length
+        if prompt > longest:
+            raise InputError(
+                f"a prompt of {prompt} tokens (its image tokens included), but the step prefills at most "
+                f"max_prompt={longest} in one run",
+                fix=f"convert with generation={{'max_prompt': {prompt}, ...}} or more",
+            )
+        features = self._features(images)
+        self._check_image_tokens(ids, features)
+        expanded = ids.repeat_interleave(request.expand, dim=0)
+        expanded_mask = mask.repeat_interleave(request.expand, dim=0)
+        decoding = resolve(request, generation, expanded, expanded_mask, self._vocabulary)
+        return _Feed(self, ids, mask, features, request.expand), decoding
+
+    def _features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Every image's features [image tokens, hidden], the vision graph run once per image."""
+        specs = {spec.name: spec for spec in self.vision.io.inputs}
+        values = []
+        for name in self._vision_inputs:
+            value = images[name]
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                raise InputError(f"{name} must be a tensor with one leading row per image", fix="pass the processor's")
+            values.append(value.cpu().to(specs[name].torch_dtype))
+        count = {int(value.shape[0]) for value in values}
+        if len(count) != 1:
+            raise InputError(
+                f"the image inputs have different numbers of images {sorted(count)}",
+                fix="pass the processor's image inputs for the same images",
+            )
+        pieces = []
+        for index in range(count.pop()):
+            image = [value[index : index + 1] for value in values]
+            self._check_fixed(images, index)
+            for spec, value in zip(self.vision.io.inputs, image, strict=True):
+                expected = tuple(spec.shape)
+                if all(isinstance(d, int) for d in expected) and tuple(value.shape) != expected:
+                    raise InputError(
+                        f"{spec.name} of image {index} is {list(value.shape)}, but the vision graph takes "
+                        f"{list(expected)} per image",
+                        fix="pass images processed as the sample's were (the same size)",
+                    )
+            pieces.append(self.vision.run_flat(image)[0])
+        if not pieces:
+            return torch.zeros(0, self._hidden, dtype=self._features_dtype)
+        return torch.cat(pieces, dim=0).to(self._features_dtype)
+
+    def _check_fixed(self, images: dict[str, torch.Tensor], index: int) -> None:
+        for name, fixed in self.fixed_inputs.items():
+            value = images[name]
+            given = value[index : index + 1] if isinstance(value, torch.Tensor) and value.dim() else value
+            if not isinstance(given, torch.Tensor) or not torch.equal(given.cpu().to(fixed.dtype), fixed):
+                shown = given.tolist() if isinstance(given, torch.Tensor) else given
+                raise InputError(
+                    f"{name} of image {index} is {shown}, but the vision graph was converted for {fixed.tolist()} "
+                    "(the model's tower decides shapes from it)",
+                    fix=f"process images to the sample's size, or convert with a sample of {name}={shown}",
+                )
+
+    def _check_image_tokens(self, ids: torch.Tensor, features: torch.Tensor) -> None:
+        if self.image_token_id is None:
+            return
+        tokens = int((ids == self.image_token_id).sum())
+        if tokens != features.shape[0]:
+            raise InputError(
+                f"the prompts hold {tokens} image tokens ({self.image_token_id}), but the images give "
+                f"{features.shape[0]} features",
+                fix="pass the processor's input_ids and pixel_values together (one image token per feature)",
+            )
+
+
+def _decode(feed: _Feed, decoding: Decoding) -> Iterator[torch.Tensor]:
+    from pipeline.runtime.generation.module import decode
+
+    return decode(feed, decoding)
+
+
+class _Feed:
+    """One request's text steps: ``prefill()`` the prompts with their image features (each prompt once, its cache row
+    then repeated ``expand`` times), then ``step(tokens)``; ``reorder(rows)`` moves the cache rows (beam search)."""
+
+    def __init__(
+        self, module: VisionLanguageModule, ids: torch.Tensor, mask: torch.Tensor, features: torch.Tensor, expand: int
+    ) -> None:
+        self.module = module
+        self.prompts, self.prompt_mask, self.features, self.expand = ids, mask, features, expand
+        self.ids = ids.repeat_interleave(expand, dim=0)
+        rows, self.prompt = self.ids.shape
+        self.capacity = module._cache_shapes[0][1]
+        self.mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
+        self.mask[:, : self.prompt] = mask.repeat_interleave(expand, dim=0)
+        positions = (self.mask[:, : self.prompt].cumsum(-1) - 1).masked_fill(self.mask[:, : self.prompt] == 0, 1)
+        self.next_position = positions[:, -1:] + 1
+        self.cache: list[torch.Tensor] = []
+        self.length = 0
+        # a decode step's features: as many rows as rows may generate the image token, each its own embedding
+        self.no_features = module.token_embedding.expand(rows, -1).contiguous()
+
+    def prefill(self) -> torch.Tensor:
+        """The prompts with their image features through the step; the logits after their last token."""
+        rows = self.prompts.shape[0]
+        self.cache = [
+            torch.zeros((rows, *shape), dtype=dtype)
+            for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
+        ]
+        mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
+        mask[:, : self.prompt] = self.prompt_mask
+        positions = (self.prompt_mask.cumsum(-1) - 1).masked_fill(self.prompt_mask == 0, 1)
+        features = self.features if self.features.shape[0] else self.no_features[:1]
+        logits = self._run(self.prompts, mask, positions, features)
+        if self.expand > 1:
+            self.reorder(torch.arange(rows).repeat_interleave(self.expand))
+            logits = logits.repeat_interleave(self.expand, dim=0)
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row [rows]."""
+        if self.length >= self.capacity:
+            raise InputError(
+                f"the text step's cache is full ({self.capacity} tokens)",
+                fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
+            )
+        self.mask[:, self.length] = 1
+        logits = self._run(tokens[:, None], self.mask, self.next_position, self.no_features)
+        self.next_position = self.next_position + 1
+        return logits
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
+        self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+
+    def _run(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        module = self.module
+        named = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "past_length": torch.tensor(self.length, dtype=torch.int64),
+            IMAGE_FEATURES: features,
+            **dict(zip(module._layer_names, self.cache, strict=True)),
+        }
+        outputs = module.step.executor.run([named[name] for name in module._step_inputs])
+        by_name = dict(zip((o.name for o in module.step.io.outputs), outputs, strict=True))
+        self.cache = [by_name[name] for name in module._presents]
+        self.length += ids.shape[1]
+        return by_name["logits"].float()
+
+
+def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> VisionLanguageModule:
+    """The module saved in ``path`` by :meth:`VisionLanguageModule.save`, each artifact read by ``load``
+    (:func:`pipeline.runtime.loading.load` with its options)."""
+    missing = [name for name in (VISION_FILE, STEP_FILE, META_FILE) if not (path / name).is_file()]
+    if missing:
+        raise ArtifactError(
+            f"{path} lacks {', '.join(missing)}: an incomplete vision-language directory",
+            fix="save the module again (VisionLanguageModule.save writes all three, atomically)",
+        )
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        token = meta.get("image_token_id")
+        embedding = torch.tensor(meta["token_embedding"], dtype=torch.float32)
+        fixed = {
+            str(name): torch.tensor(value, dtype=getattr(torch, str(dtype)))
+            for name, (dtype, value) in meta.get("fixed_inputs", {}).items()
+        }
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+        raise ArtifactError(
+            f"{path / META_FILE} is not the JSON VisionLanguageModule.save writes: {type(error).__name__}: {error}",
+            fix="save the module again",
+        ) from None
+    vision, step = (load(path / name) for name in (VISION_FILE, STEP_FILE))
+    return VisionLanguageModule(vision, step, token if isinstance(token, int) else None, embedding, fixed)

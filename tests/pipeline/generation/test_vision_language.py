@@ -1,0 +1,216 @@
+"""Vision-language decoders (``convert(vlm, {"input_ids", "attention_mask", "pixel_values"}, generation=...)``)
+judged against transformers' own ``model.generate`` on tiny random models: LLaVA (CLIP tower, Llama text) and Gemma 3
+(SigLIP tower, scaled embeddings, sliding windows). Greedy and beam-search sequences token-identical on a left-padded
+batch of 2, a saved and loaded directory, the errors a caller meets, and TensorRT-RTX's real builder on both graphs.
+Nothing is downloaded: the models are built from their configs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' vision models
+import torch
+import transformers
+
+import pipeline
+from converters.errors import InputError
+from pipeline.runtime.generation.vision_language import STEP_FILE, VISION_FILE, VisionLanguageModule
+
+GENERATION = {"max_length": 48, "max_batch": 8}
+IMAGE = 127
+TEXT: dict[str, Any] = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+HEADS: dict[str, Any] = {
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "max_position_embeddings": 64,
+}
+TOWER: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+def lively(make: Callable[[], Any], seed: int, std: float) -> Any:
+    """The model ``make`` builds, with weights wide enough that its greedy tokens vary (transformers' small
+    initialisation gives one token repeated, which a decoding bug would also give); eos off, so that every row
+    decodes every token."""
+    torch.manual_seed(seed)
+    model = make()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, std)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def prompts(image_tokens: int, pixels: int) -> dict[str, torch.Tensor]:
+    """Two prompts, one image each: the second left-padded by 2, its image tokens one place later."""
+    ids = torch.randint(3, 100, (2, image_tokens + 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ids[0, 2 : 2 + image_tokens] = IMAGE
+    mask[1, :2] = 0
+    ids[1, :2] = 0
+    ids[1, 3 : 3 + image_tokens] = IMAGE
+    images = torch.randn(2, 3, pixels, pixels, generator=torch.Generator().manual_seed(1))
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": images}
+
+
+def llava_model() -> Any:
+    vision = transformers.CLIPVisionConfig(**TOWER, image_size=32, patch_size=8)
+    text = transformers.LlamaConfig(**TEXT, **HEADS)
+    config = transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=IMAGE, image_seq_length=16
+    )
+    return lively(lambda: transformers.LlavaForConditionalGeneration(config), seed=0, std=0.3)
+
+
+@pytest.fixture(scope="module")
+def llava() -> Any:
+    return llava_model()
+
+
+@pytest.fixture(scope="module")
+def llava_inputs() -> dict[str, torch.Tensor]:
+    return prompts(16, 32)
+
+
+@pytest.fixture(scope="module")
+def llava_module(llava: Any, llava_inputs: dict[str, torch.Tensor]) -> VisionLanguageModule:
+    # validated: each graph against PyTorch, then the sample's greedy tokens against model.generate
+    module = pipeline.convert(llava, llava_inputs, generation=GENERATION)
+    assert isinstance(module, VisionLanguageModule)
+    return module
+
+
+def reference(model: Any, inputs: dict[str, torch.Tensor], **options: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(**inputs, do_sample=False, **options)
+
+
+def varied(sequences: torch.Tensor) -> None:
+    """The decoding is worth comparing: every row changes its token."""
+    assert all(len(set(row.tolist())) >= 3 for row in sequences), sequences
+
+
+def test_llava_greedy_equals_transformers_on_a_padded_batch(
+    llava: Any, llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    ids = llava_inputs["input_ids"]
+    out = llava_module.generate(
+        ids, attention_mask=llava_inputs["attention_mask"], pixel_values=llava_inputs["pixel_values"], max_new_tokens=16
+    )
+    expected = reference(llava, llava_inputs, max_new_tokens=16)
+    varied(expected[:, ids.shape[1] :])
+    assert torch.equal(out, expected)
+    streamed = list(llava_module.stream(**llava_inputs, max_new_tokens=16))
+    assert torch.equal(torch.stack(streamed, dim=1), expected[:, ids.shape[1] :])
+
+
+def test_llava_beam_search_equals_transformers(
+    llava: Any, llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    options: dict[str, Any] = {"max_new_tokens": 8, "num_beams": 4, "num_return_sequences": 2}
+    assert torch.equal(llava_module.generate(**llava_inputs, **options), reference(llava, llava_inputs, **options))
+
+
+def test_a_generated_image_token_is_embedded_as_the_model_embeds_it(
+    llava: Any, llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    """A decode step places no image: an image token the decoding produces (forced here by a processor) is the
+    model's own embedding of it, as in ``model.generate``."""
+    bias = torch.zeros(llava.config.text_config.vocab_size)
+    bias[IMAGE] = 1e4
+
+    def image_token_first(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores + bias if ids.shape[1] == llava_inputs["input_ids"].shape[1] else scores
+
+    processors = transformers.LogitsProcessorList([image_token_first])
+    out = llava_module.generate(**llava_inputs, max_new_tokens=6, logits_processor=processors)
+    expected = reference(llava, llava_inputs, max_new_tokens=6, logits_processor=processors)
+    assert bool((expected[:, llava_inputs["input_ids"].shape[1]] == IMAGE).all())
+    assert torch.equal(out, expected)
+
+
+def test_a_saved_directory_loads_and_generates_the_same(
+    llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    target = llava_module.save(tmp_path / "llava")
+    assert {p.name for p in target.iterdir()} == {VISION_FILE, STEP_FILE, "vision_language.json"}
+    loaded = pipeline.load(target)
+    assert isinstance(loaded, VisionLanguageModule)
+    options: dict[str, Any] = {"max_new_tokens": 8}
+    assert torch.equal(loaded.generate(**llava_inputs, **options), llava_module.generate(**llava_inputs, **options))
+    llava_module.save(target)  # replaces the directory (atomically)
+    assert {p.name for p in tmp_path.iterdir()} == {"llava"}
+
+
+def test_bad_calls_name_the_fix(llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]) -> None:
+    ids, mask = llava_inputs["input_ids"], llava_inputs["attention_mask"]
+    with pytest.raises(InputError, match="pixel_values"):
+        llava_module.generate(ids, attention_mask=mask, max_new_tokens=4)
+    with pytest.raises(InputError, match="image tokens"):
+        llava_module.generate(ids, attention_mask=mask, pixel_values=llava_inputs["pixel_values"][:1])
+    with pytest.raises(InputError, match="max_batch"):
+        llava_module.generate(**llava_inputs, num_beams=5, max_new_tokens=4)
+    with pytest.raises(InputError, match="left padding"):
+        llava_module.generate(ids, attention_mask=mask.flip(1), pixel_values=llava_inputs["pixel_values"])
+    with pytest.raises(InputError, match="not_an_option"):
+        llava_module.generate(**llava_inputs, not_an_option=1)
+
+
+def test_gemma3_greedy_and_beams_equal_transformers() -> None:
+    """Gemma 3: SigLIP tower and average-pooled projector, scaled text embeddings, sliding-window layers."""
+    vision = transformers.SiglipVisionConfig(**TOWER, image_size=32, patch_size=8)
+    text = transformers.Gemma3TextConfig(**TEXT, **HEADS, sliding_window=16, query_pre_attn_scalar=16)
+    config = transformers.Gemma3Config(
+        vision_config=vision, text_config=text, image_token_index=IMAGE, mm_tokens_per_image=4,
+        boi_token_index=125, eoi_token_index=126,
+    )  # fmt: skip
+    model = lively(lambda: transformers.Gemma3ForConditionalGeneration(config), seed=3, std=0.05)
+    inputs = prompts(4, 32)
+    module = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
+    expected = reference(model, inputs, max_new_tokens=12)
+    varied(expected[:, inputs["input_ids"].shape[1] :])
+    assert torch.equal(module.generate(**inputs, max_new_tokens=12), expected)
+    beams: dict[str, Any] = {"max_new_tokens": 6, "num_beams": 4}
+    assert torch.equal(module.generate(**inputs, **beams), reference(model, inputs, **beams))
+
+
+def test_llava_next_image_sizes_are_held_by_the_vision_graph(tmp_path: Path) -> None:
+    """LLaVA-NeXT's tower decides its patch grid from ``image_sizes`` in Python: the vision graph holds the sample's,
+    and an image of another size is refused with the fix."""
+    vision = transformers.CLIPVisionConfig(**TOWER, image_size=32, patch_size=8)
+    text = transformers.LlamaConfig(**TEXT, **HEADS)
+    config = transformers.LlavaNextConfig(
+        vision_config=vision, text_config=text, image_token_index=IMAGE, image_grid_pinpoints=[[32, 32]]
+    )
+    model = lively(lambda: transformers.LlavaNextForConditionalGeneration(config), seed=0, std=0.3)
+    inputs = prompts(36, 32)  # 16 base tokens, 4 rows of 4 grid tokens and a newline each
+    inputs["pixel_values"] = torch.randn(2, 2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    inputs["image_sizes"] = torch.tensor([[32, 32], [32, 32]])
+    module = pipeline.convert(model, inputs, generation={**GENERATION, "max_length": 64}, validate=False)
+    assert isinstance(module, VisionLanguageModule)
+    assert list(module.fixed_inputs) == ["image_sizes"]
+    expected = reference(model, inputs, max_new_tokens=10)
+    varied(expected[:, inputs["input_ids"].shape[1] :])
+    assert torch.equal(module.generate(**inputs, max_new_tokens=10), expected)
+    with pytest.raises(InputError, match="image_sizes"):
+        module.generate(**{**inputs, "image_sizes": torch.tensor([[32, 32], [32, 64]])}, max_new_tokens=2)
+    loaded = pipeline.load(module.save(tmp_path / "llava-next"))
+    assert isinstance(loaded, VisionLanguageModule)
+    assert torch.equal(loaded.fixed_inputs["image_sizes"], inputs["image_sizes"][:1])
+    assert torch.equal(loaded.generate(**inputs, max_new_tokens=10), expected)
+
+
+def test_tensorrt_rtx_builds_the_vision_graph_and_the_step_in_float16(llava_inputs: dict[str, torch.Tensor]) -> None:
+    """The real TensorRT-RTX builder takes both graphs (the step with its context and generation profiles; the image
+    features placed by a gather, no NonZero)."""
+    pytest.importorskip("tensorrt_rtx")
+    generation = {**GENERATION, "attention": "decomposed"}
+    module = pipeline.convert(
+        llava_model(), llava_inputs, generation=generation, backend="tensorrt-rtx", precision="fp16", validate=False
+    )
+    assert isinstance(module, VisionLanguageModule)
+    assert module.vision.engine_bytes and module.step.engine_bytes
