@@ -40,6 +40,10 @@ from coverage_runner import read_rows as read_table  # noqa: E402
 SIDES = ("fp32", "fp16", "plain")
 COLUMNS = ["model", "source", "family", "owner"] + [f"{s}{x}" for s in SIDES for x in ("", "_reason", "_seconds")]
 COLUMNS.append("timing")  # "warm": first-use costs paid before the sides were timed (model_suite.warm_up)
+#: The order of the sources in the tables.
+SOURCE_ORDER = {source: index for index, source in enumerate(("timm", "torchvision", "transformers", "diffusers"))}
+#: A source with at most this many families gets a row per family in the table of totals per family.
+FAMILY_ROWS = 12
 START_SECONDS = 90  # importing torch and the model library, building the model, before the first side starts
 
 
@@ -165,8 +169,10 @@ def markdown(rows: list[dict[str, str]], command: str) -> str:
         if untimed
         else ""
     )
+    present = sorted({r["source"] for r in rows}, key=lambda source: (SOURCE_ORDER.get(source, 9), source))
+    sources = ", ".join(present[:-1]) + f" and {present[-1]}" if len(present) > 1 else "".join(present)
     lines = [
-        "# Model coverage: timm, torchvision, transformers and diffusers through `pipeline.convert` and TensorRT-RTX",
+        f"# Model coverage: {sources} through `pipeline.convert` and TensorRT-RTX",
         "",
         f"**{headline(rows)}.**",
         "",
@@ -193,6 +199,21 @@ def markdown(rows: list[dict[str, str]], command: str) -> str:
             f"| {source} | {t['models']} | {t['runs']} | {_share(t['fp32'], t['runs'])} | "
             f"{_share(t['fp16'], t['runs'])} | {_share(t['plain'], t['runs'])} | "
             f"{_time_ratio(part, 'fp32')} | {_time_ratio(part, 'fp16')} |"
+        )
+    lines += [
+        "",
+        "## Totals per family",
+        "",
+        "| source | family | models | PyTorch runs | ours fp32 | ours fp16 | plain export |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    grouped = {source: {r["family"] for r in rows if r["source"] == source} for source in {r["source"] for r in rows}}
+    # a source whose families are single models (timm's modules, torchvision's groups) has its models' table only
+    for source, family in sorted((s, f) for s, fs in grouped.items() if len(fs) <= FAMILY_ROWS for f in fs):
+        t = totals([r for r in rows if (r["source"], r["family"]) == (source, family)])
+        lines.append(
+            f"| {source} | {family} | {t['models']} | {t['runs']} | {_share(t['fp32'], t['runs'])} | "
+            f"{_share(t['fp16'], t['runs'])} | {_share(t['plain'], t['runs'])} |"
         )
     counts = {side: Counter(r[side] for r in rows) for side in SIDES}
     lines += ["", "## Totals per class", "", "| class | ours fp32 | ours fp16 | plain export |", "|---|---:|---:|---:|"]
@@ -242,6 +263,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _command(args: argparse.Namespace) -> str:
     command = "python benchmarks/model_coverage.py"
+    if args.sources != parse_args([]).sources:
+        out = args.out.resolve()
+        command += f" --sources {args.sources} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
     return command + (f" --models '{args.models}'" if args.models else "")
 
 
@@ -271,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         record_rows(partial, COLUMNS, lambda write: run_all(todo, _work(args), args.jobs, write), progress)
     merged = {} if args.fresh else read_rows(table)
     merged.update(done)
-    order = {source: index for index, source in enumerate(("timm", "torchvision", "transformers", "diffusers"))}
-    rows = sorted(merged.values(), key=lambda r: (order.get(r["source"], 9), r["family"], r["model"]))
+    rows = sorted(merged.values(), key=lambda r: (SOURCE_ORDER.get(r["source"], 9), r["family"], r["model"]))
     write_atomically(table, csv_text(rows, COLUMNS))
     write_atomically(args.out.with_suffix(".md"), markdown(rows, _command(args)))
     if not args.render_only:

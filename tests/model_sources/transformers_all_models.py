@@ -1,0 +1,373 @@
+"""transformers, every model type: each type of ``CONFIG_MAPPING`` from one generic shrinker, read from transformers.
+
+Nothing here lists architectures. For every model type the library names, the cases are its base model
+(``MODEL_MAPPING_NAMES``) and the first head of :data:`HEADS` it has (the head users deploy: causal LM, seq2seq LM,
+speech recognition, image-text-to-text, image classification, CTC, audio classification), built from
+:func:`~model_sources.transformers_models.shrunk_config` (every size in ``SMALL`` the config takes, sub-configs
+included) plus :data:`OVERRIDES` where a type needs one, each with its reason. The sample is found, not declared:
+:func:`candidate_samples` proposes the inputs the model's ``forward`` names (token ids, an image at the config's size,
+speech features in the layouts transformers' speech models take, a waveform), and the first candidate the model runs
+eagerly is the sample. A type whose config cannot be built, or that runs on none of the candidates, is PyTorch's
+outcome in the table (``pytorch``, not counted), with its error.
+
+Families (:func:`family_of`) are read from the config and the mappings: ``encoder-decoder``, ``multimodal``,
+``moe``, ``state-space``, ``audio``, ``vision``, ``decoder``, ``encoder``, and ``other`` (a type in none of the
+mappings that say: sub-models, time series, reinforcement learning).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model_sources import ModelCase, image, seeded, token_ids
+from model_sources.transformers_models import ARCHITECTURES, SMALL, _fitting
+
+#: (label, mapping name in ``transformers.models.auto.modeling_auto``): the heads tried after the base model, first
+#: found wins.
+HEADS = (
+    # an encoder-decoder's deployed head is its seq2seq one (BART and Whisper also have a decoder-only causal LM)
+    ("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("speech-seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    ("image-text-to-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES"),
+    ("audio-classification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"),
+)
+
+#: model_type -> config overrides beyond ``SMALL``, each with its reason. The curated suite's overrides
+#: (``transformers_models.ARCHITECTURES``) apply too.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # FSMT names its vocabularies per side (42024 each by default)
+    "fsmt": {"src_vocab_size": 128, "tgt_vocab_size": 128},
+    # ProphetNet names its encoder's layers and both sides' heads its own way (12 layers, 16 heads of 2 dims)
+    "prophetnet": {"num_encoder_layers": 2, "num_encoder_attention_heads": 2, "num_decoder_attention_heads": 2},
+    "xlm-prophetnet": {"num_encoder_layers": 2, "num_encoder_attention_heads": 2, "num_decoder_attention_heads": 2},
+    # LED's window of 512 would pad the 8-token sample to 512
+    "led": {"attention_window": 4},
+    # PEGASUS-X's blocks of 512 and 32 global tokens, to the sample's scale
+    "pegasus_x": {"block_size": 4, "num_global_tokens": 4},
+}
+
+#: Token ids stay below this (and below the vocabulary), image-token ids and special ids above it are not drawn.
+TOKENS = 8
+
+
+def _modeling_auto() -> Any:
+    import tests_environment  # noqa: F401 -- torchvision's operator schemas: transformers' vision models import it
+    from transformers.models.auto import modeling_auto
+
+    return modeling_auto
+
+
+def _transformers() -> Any:
+    _modeling_auto()
+    import transformers
+
+    return transformers
+
+
+def model_types() -> list[str]:
+    """Every model type transformers' ``CONFIG_MAPPING`` names, sorted."""
+    return sorted(_modeling_auto().CONFIG_MAPPING_NAMES)
+
+
+def _class_name(names: Any) -> str | None:
+    """The class a mapping names (some map a type to several: the first)."""
+    if isinstance(names, (list, tuple)):
+        return str(names[0]) if names else None
+    return str(names) if names else None
+
+
+def model_classes(model_type: str) -> list[tuple[str, str]]:
+    """``(label, class name)`` of the type's base model and of the first head of :data:`HEADS` it has."""
+    auto = _modeling_auto()
+    found = []
+    base = _class_name(auto.MODEL_MAPPING_NAMES.get(model_type)) or _model_of_config(model_type)
+    if base:
+        found.append(("base", base))
+    for label, mapping in HEADS:
+        head = _class_name(getattr(auto, mapping, {}).get(model_type))
+        if head and head != base:
+            found.append((label, head))
+            break
+    return found
+
+
+def _model_of_config(model_type: str) -> str | None:
+    """A model class for a type the auto mappings leave out (a sub-model's config, ``BlipVisionConfig``): the class
+    its config's name gives (``BlipVisionModel``), when transformers has it."""
+    import transformers
+
+    config = _modeling_auto().CONFIG_MAPPING_NAMES.get(model_type, "")
+    name = config[: -len("Config")] + "Model" if config.endswith("Config") else ""
+    return name if name and hasattr(transformers, name) else None
+
+
+def _overrides(model_type: str) -> dict[str, Any]:
+    curated = ARCHITECTURES.get(model_type)
+    return {**(curated[2] if curated else {}), **OVERRIDES.get(model_type, {})}
+
+
+#: (name, sizes set, sizes of ``SMALL`` left at the config's default): the shrinks tried in turn, the first whose
+#: model builds and runs wins (its name is in the case's reason). Constraints a config checks (heads dividing the
+#: width, key-value heads pairing, token ranges inside the vocabulary) are met by one of them without naming a type.
+VARIANTS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
+    ("small", {}, ()),
+    ("kv heads = heads", {"num_key_value_heads": 2}, ()),
+    ("the config's vocabulary", {}, ("vocab_size",)),
+    (
+        "wider",
+        {"hidden_size": 64, "d_model": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 128, "num_experts_per_tok": 1},
+        ("head_dim", "vocab_size"),
+    ),
+    # windows and strides sized for the config's own image (Swin's 7x7 windows over 224 / 4 patches)
+    ("the config's image size", {}, ("image_size", "patch_size")),
+    # rotary sections a model's code defaults to (Qwen2-VL's M-RoPE: 16 + 24 + 24 = half of 128)
+    (
+        "heads of 128",
+        {"hidden_size": 256, "d_model": 256, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
+         "intermediate_size": 256},
+        ("vocab_size",),
+    ),
+)  # fmt: skip
+
+
+def shrunk(model_type: str, variant: int = 0) -> Any:
+    """The type's small config (:data:`VARIANTS`' ``variant``) with the type's overrides; every sub-config the config
+    class leaves to ``AutoConfig`` (a vision-language model's text model) shrunk as its own type; an image or audio
+    token id outside the small vocabulary moved to its last ids; M-RoPE sections scaled to the small head size."""
+    _name, sizes, kept = VARIANTS[variant]
+    values = {k: v for k, v in SMALL.items() if k not in kept} | sizes
+
+    def make(kind: str, extra: dict[str, Any] | None = None) -> Any:
+        cls = _transformers().CONFIG_MAPPING[kind]
+        return cls(**_fitting(cls, values | _overrides(kind) | (extra or {})))
+
+    config = make(model_type)
+    subs = {}
+    for name, sub in (getattr(type(config), "sub_configs", None) or {}).items():
+        kind = getattr(getattr(config, name, None), "model_type", None)
+        if isinstance(sub, type) and sub.__name__ == "AutoConfig" and kind in _modeling_auto().CONFIG_MAPPING_NAMES:
+            subs[name] = make(kind)
+    if subs:
+        config = make(model_type, subs)
+    vocabulary = int(_attribute(config, "vocab_size", default=128) or 128)
+    named = [name for name in vars(config) if name.endswith(("_token_id", "_token_index"))]
+    free = iter(range(vocabulary - 1, 2, -1))  # the placeholders first, then the other marker tokens, from the top
+    for name in [*SPECIAL_TOKENS, *sorted(set(named) - set(SPECIAL_TOKENS))]:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value >= vocabulary:
+            setattr(config, name, next(free))
+    for owner in _configs(config):
+        _scale_sections(owner)
+    return config
+
+
+def _configs(config: Any) -> list[Any]:
+    """The config and its sub-configs (one level)."""
+    from transformers import PretrainedConfig
+
+    return [config] + [value for value in vars(config).values() if isinstance(value, PretrainedConfig)]
+
+
+def _scale_sections(config: Any) -> None:
+    """M-RoPE's ``mrope_section`` (per axis, summing to half the head size) scaled to the config's head size."""
+    heads, width = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
+    head = getattr(config, "head_dim", None)
+    if not isinstance(head, int) and isinstance(heads, int) and isinstance(width, int) and heads:
+        head = width // heads
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, name, None)
+        sections = rope.get("mrope_section") if isinstance(rope, dict) else None
+        if not isinstance(head, int) or not isinstance(sections, list) or sum(sections) == head // 2:
+            continue
+        scaled = [max(1, round(x * (head // 2) / sum(sections))) for x in sections]
+        scaled[0] += head // 2 - sum(scaled)
+        rope["mrope_section"] = scaled
+
+
+#: Token ids of placeholders a multimodal model replaces with its image or audio features.
+SPECIAL_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "audio_token_id", "audio_token_index")
+
+
+def _attribute(config: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` the config (or its vision, audio, encoder or text sub-config) has."""
+    owners = [config] + [
+        getattr(config, sub, None) for sub in ("vision_config", "audio_config", "encoder_config", "text_config")
+    ]
+    for owner in owners:
+        for name in names:
+            value = getattr(owner, name, None) if owner is not None else None
+            if value is not None:
+                return value
+    return default
+
+
+def _image_side(config: Any) -> int:
+    size = _attribute(config, "image_size", "input_size", default=32)
+    if isinstance(size, dict):
+        size = size.get("height", 32)
+    return int(size[0] if isinstance(size, (list, tuple)) else size)
+
+
+def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any]]:
+    """The samples to try, in order: the inputs the model's ``forward`` names, filled from its config."""
+    parameters = inspect.signature(model.forward).parameters
+    main = str(getattr(model, "main_input_name", "input_ids"))
+    vocabulary = int(_attribute(config, "vocab_size", default=128) or 128)
+    ids = token_ids(TOKENS, high=max(4, min(100, vocabulary)))
+    text: dict[str, Any] = {"input_ids": ids}
+    if "attention_mask" in parameters:
+        text["attention_mask"] = torch.ones_like(ids)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
+        text["decoder_input_ids"] = token_ids(4, high=max(4, min(100, vocabulary)))
+    decoder = {k: v for k, v in text.items() if k == "decoder_input_ids"}
+    channels = int(_attribute(config, "num_channels", "in_channels", "num_input_channels", default=3) or 3)
+    side = _image_side(config)
+    pixels = image(side, channels)
+    mels = int(_attribute(config, "num_mel_bins", "feature_size", "input_feat_per_channel", default=16) or 16)
+    positions = int(_attribute(config, "max_source_positions", default=16) or 16)
+    frames = _attribute(config, "max_length", default=None)
+    candidates: list[dict[str, Any]] = []
+    if main == "pixel_values" or ("pixel_values" in parameters and "input_ids" not in parameters):
+        candidates.append({"pixel_values": pixels, **decoder})
+    if "input_ids" in parameters and "pixel_values" in parameters:
+        placeholders = [getattr(config, name, None) for name in SPECIAL_TOKENS[:2]]
+        placeholder = next((token for token in placeholders if token is not None), None)
+        if placeholder is None:
+            candidates.append({**text, "pixel_values": pixels})
+        else:  # a placeholder token per image feature: as many as the vision tower's plausible feature counts
+            patch = int(_attribute(config, "patch_size", default=8) or 8)
+            grid = max(1, side // patch)
+            for count in dict.fromkeys((grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)):
+                with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
+                mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
+                candidates.append({**text, "input_ids": with_image, **mask, "pixel_values": pixels})
+    if main == "input_features" or "input_features" in parameters:
+        for layout in ((1, mels, 2 * positions), (1, 2 * positions, mels), (1, 64, mels), (1, mels, 64)):
+            candidates.append({"input_features": torch.randn(*layout, generator=seeded()), **decoder})
+    if main == "input_values" or "input_values" in parameters:
+        candidates.append({"input_values": torch.randn(1, 1600, generator=seeded()), **decoder})
+        if frames:
+            candidates.append({"input_values": torch.randn(1, int(frames), mels, generator=seeded())})
+    if "input_ids" in parameters:
+        candidates.append(text)
+    if not candidates:
+        candidates.append({main: ids})
+    return candidates
+
+
+def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:
+    """The model (random weights, eval mode) of the first :data:`VARIANTS` shrink it builds and runs with, on the first
+    candidate sample it runs on; raises with every variant's first error when none runs."""
+    errors = []
+    for variant, (name, _sizes, _kept) in enumerate(VARIANTS):
+        try:
+            return _build(model_type, class_name, variant)
+        except Exception as exc:  # noqa: BLE001 - the next shrink; all are reported when none runs
+            errors.append(f"[{name}] {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+    raise RuntimeError(f"{class_name} does not run eagerly from a small config: " + " || ".join(errors))
+
+
+def _build(model_type: str, class_name: str, variant: int) -> tuple[torch.nn.Module, Any]:
+    import transformers
+
+    config = shrunk(model_type, variant)
+    cls = getattr(transformers, class_name)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    errors = []
+    for sample in candidate_samples(model, config):
+        try:
+            with torch.no_grad():
+                model(**sample)
+        except Exception as exc:  # noqa: BLE001 - the next candidate; all of them are reported when none runs
+            errors.append(f"{sorted(sample)}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
+            continue
+        return model, ((), sample)
+    raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
+
+
+def family_of(model_type: str) -> str:
+    """The type's family, read from its config class's defaults and transformers' mappings."""
+    auto = _modeling_auto()
+    try:
+        config = shrunk(model_type)
+    except Exception:  # noqa: BLE001 - a config that cannot be built is listed under the family of its mappings
+        config = None
+    if config is not None and getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    if model_type in auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES or model_type in getattr(
+        auto, "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", {}
+    ):
+        return "multimodal"
+    if config is not None:
+        subs = {name for name in ("vision_config", "text_config", "audio_config") if getattr(config, name, None)}
+        if len(subs) >= 2:
+            return "multimodal"
+        if any(_attribute(config, name) for name in ("num_experts", "num_local_experts", "n_routed_experts")):
+            return "moe"
+        if _attribute(config, "state_size", "ssm_state_size", "mamba_d_state", "d_state") is not None:
+            return "state-space"
+
+    def in_mappings(*words: str) -> bool:
+        names = [n for n in dir(auto) if n.startswith("MODEL_FOR_") and n.endswith("_MAPPING_NAMES")]
+        return any(model_type in getattr(auto, n) for n in names if any(word in n for word in words))
+
+    if in_mappings("AUDIO", "CTC", "SPEECH", "WAVEFORM", "SPECTROGRAM") or any(
+        word in model_type for word in ("audio", "speech", "wav")
+    ):
+        return "audio"
+    pixels = ("IMAGE", "OBJECT", "SEGMENTATION", "DEPTH", "KEYPOINT", "VIDEO", "MASK_GENERATION", "BACKBONE", "POSE")
+    if in_mappings(*pixels) or "vision" in model_type or model_type.endswith(("_vit", "vit")):
+        return "vision"
+    if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "decoder"
+    if in_mappings("MASKED_LM", "SEQUENCE_CLASSIFICATION", "TOKEN_CLASSIFICATION", "QUESTION_ANSWER", "TEXT_ENCODING"):
+        return "encoder"
+    return "other"
+
+
+#: The families :func:`family_of` found, by model type (it builds each type's config: half a minute for all of them,
+#: in every worker process of a coverage run). A type missing here (a newer transformers) is classified on the spot.
+FAMILIES = Path(__file__).with_name("transformers_all_families.json")
+
+
+def families() -> dict[str, str]:
+    """:data:`FAMILIES`' table."""
+    return json.loads(FAMILIES.read_text()) if FAMILIES.exists() else {}
+
+
+def cases() -> list[ModelCase]:
+    """One case per model type and class (base, head); a type with no model class is one case that says so."""
+    found = []
+    known = families()
+    for model_type in model_types():
+        classes = model_classes(model_type)
+        family = known.get(model_type) or family_of(model_type)
+        if not classes:
+            found.append(ModelCase("transformers_all", model_type, family, lambda t=model_type: _no_model(t)))
+        for label, class_name in classes:
+            name = model_type if label == "base" else f"{model_type}:{label}"
+            found.append(ModelCase("transformers_all", name, family, lambda t=model_type, c=class_name: build(t, c)))
+    return found
+
+
+def _no_model(model_type: str) -> tuple[torch.nn.Module, Any]:
+    raise RuntimeError(f"{model_type} has a config but no model class in transformers' auto mappings")
+
+
+if __name__ == "__main__":  # python tests/model_sources/transformers_all_models.py: write FAMILIES again
+    import logging
+
+    logging.disable(logging.WARNING)
+    table = {model_type: family_of(model_type) for model_type in model_types()}
+    FAMILIES.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"{len(table)} model types -> {FAMILIES}")

@@ -1,0 +1,56 @@
+"""The every-type transformers source (``tests/model_sources/transformers_all_models.py``): it enumerates what
+transformers names, not a list, and its generic shrinker and sample search give models that run."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from model_sources import transformers_all_models as every
+
+FAMILIES = {"encoder", "decoder", "encoder-decoder", "vision", "audio", "multimodal", "moe", "state-space", "other"}
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, every.ModelCase]:
+    return {case.name: case for case in every.cases()}
+
+
+def test_every_model_type_of_transformers_is_a_case_with_a_family(cases: dict[str, every.ModelCase]) -> None:
+    types = every.model_types()
+    assert len(types) > 800  # transformers 5.24 names 822
+    assert {name.split(":")[0] for name in cases} == set(types)
+    assert set(every.families()) == set(types), "write the families again: python -m ...transformers_all_models"
+    assert {case.family for case in cases.values()} <= FAMILIES
+    heads = collections.Counter(name.split(":")[1] for name in cases if ":" in name)
+    assert heads["causal-lm"] > 100 and heads["seq2seq-lm"] > 20 and heads["image-classification"] > 40
+    # an encoder-decoder's deployed head is its seq2seq one, though BART and Whisper have a causal LM too
+    assert "bart:seq2seq-lm" in cases and "whisper:speech-seq2seq" in cases and "bart:causal-lm" not in cases
+
+
+@pytest.mark.parametrize(
+    ("name", "inputs"),
+    [
+        ("bert", {"input_ids", "attention_mask"}),
+        ("llava:image-text-to-text", {"input_ids", "attention_mask", "pixel_values"}),
+        ("whisper:speech-seq2seq", {"input_features", "decoder_input_ids"}),
+        ("donut-swin:image-classification", {"pixel_values"}),
+    ],
+)
+def test_the_sample_is_found_from_the_forward_and_the_model_runs_on_it(
+    cases: dict[str, every.ModelCase], name: str, inputs: set[str]
+) -> None:
+    """The first candidate the model runs on: LLaVA's prompt holds one placeholder token per image feature (the
+    model checks the count); Donut-Swin needs its config's own image size (its 7x7 windows), which a shrink variant
+    keeps."""
+    model, (args, kwargs) = cases[name].build()
+    assert args == () and set(kwargs) == inputs
+    with torch.no_grad():
+        model(**kwargs)
+    if name.startswith("llava"):
+        placeholder = model.config.image_token_id
+        assert placeholder < model.config.text_config.vocab_size <= 256  # the text model shrunk too
+        assert int((kwargs["input_ids"] == placeholder).sum()) > 1
+    if name.startswith("donut-swin"):
+        assert kwargs["pixel_values"].shape[-1] == model.config.image_size == 224
