@@ -22,6 +22,9 @@ that an equivalent form it takes can express exactly.
   translation fails ("Cannot find a compatible OpOverload for aten.sub"). It is ``sub(scalar_tensor(s), x)`` with the
   number a 0-d tensor of the result's dtype: the same promotion (a 0-d tensor does not widen a tensor of its
   category; of a higher category it gives its own dtype, the result's) and the same subtraction.
+- ``squeeze`` of an axis whose size is known and not 1 (Pixtral's ``squeeze(0)`` of its patch features when there
+  are several): PyTorch leaves such an axis, ONNX ``Squeeze`` refuses it (the graph does not load), and the exporter
+  writes the ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
 - runtime assertions (``torch._check`` on data: LLaVA's image-token count, ``torch_compilable_check``): the exporter
   removes the assertion nodes but still translates the ops that only fed them, and one of those,
   ``aten._is_all_true``, has no translation. The assertions and what only they read are removed first.
@@ -75,7 +78,10 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     unchecked = _without_data_assertions(program.graph_module.graph)
     if unchecked:
         logger.debug("%d runtime assertion(s) on data removed with what only they read", unchecked)
-    if changed or grouped or scattered or subtracted or unchecked:
+    kept = _squeeze_only_ones(program.graph_module.graph)
+    if kept:
+        logger.debug("squeeze of an axis not of size 1 left out at %d node(s)", kept)
+    if changed or grouped or scattered or subtracted or unchecked or kept:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
@@ -213,6 +219,30 @@ def _scalar_strided_scatter_as_1d(graph: torch.fx.Graph) -> int:
             flat.meta = {**source.meta, "val": source.meta["val"].view([1])}
         node.args = (node.args[0], flat, [1], [1], *node.args[4:])
         count += 1
+    return count
+
+
+def _squeeze_only_ones(graph: torch.fx.Graph) -> int:
+    """``squeeze.dim``/``squeeze.dims`` nodes without the axes whose size is known and not 1 (PyTorch keeps those);
+    a node left with no axis replaced by its input. Returns how many nodes changed."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (_A.squeeze.dim, _A.squeeze.dims):
+            continue
+        shape = _shape(node.args[0])
+        given = node.args[1] if node.target is _A.squeeze.dims else [node.args[1]]
+        rank = len(shape)
+        if not rank or not all(isinstance(axis, int) for axis in given):
+            continue
+        kept = [axis for axis in given if not (isinstance(shape[axis % rank], int) and shape[axis % rank] != 1)]
+        if len(kept) == len(given):
+            continue
+        count += 1
+        if kept:  # squeeze.dims: one of one axis (squeeze.dim) is kept or dropped whole
+            node.args = (node.args[0], kept)
+        else:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
     return count
 
 

@@ -172,3 +172,22 @@ def test_0d_as_strided_scatter_converts_matches_and_builds(shape: tuple[int, ...
     a, src = torch.randn(shape), torch.randn(())
     torch.testing.assert_close(module(a, src), model(a, src), atol=0, rtol=0)
     assert_builds(module)
+
+
+class SqueezeAxes(nn.Module):
+    """PyTorch's squeeze leaves an axis whose size is not 1; ONNX's Squeeze refuses it (Pixtral squeezes axis 0 of
+    its patch features, several of them)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2
+        return y.squeeze(0), y.squeeze((0, 1)), y.squeeze(2)
+
+
+def test_squeeze_of_an_axis_not_of_size_one_converts_matches_and_builds() -> None:
+    x = torch.randn(4, 1, 3)
+    module = pipeline.convert(SqueezeAxes().eval(), x)
+    for ours, theirs in zip(module(x), SqueezeAxes()(x), strict=True):
+        assert ours.shape == theirs.shape and torch.allclose(ours, theirs)
+    squeezes = [n for n in module.onnx.graph.node if n.op_type == "Squeeze"]
+    assert len(squeezes) <= 1  # only axis 1 of the second output is squeezed
+    assert_builds(module)
