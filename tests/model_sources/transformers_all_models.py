@@ -249,8 +249,10 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
             for count in dict.fromkeys((grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)):
                 with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
                 mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
-                sizes = {"image_sizes": torch.tensor([[side, side]])} if "image_sizes" in parameters else {}
-                candidates.append({**text, "input_ids": with_image, **mask, "pixel_values": pixels, **sizes})
+                candidates.append({**text, "input_ids": with_image, **mask, "pixel_values": pixels})
+                if "image_sizes" in parameters:  # an optional input some towers need (Pixtral's), others refuse
+                    sizes = torch.tensor([[side, side]])
+                    candidates.append({**candidates[-1], "image_sizes": sizes})
     if main == "input_features" or "input_features" in parameters:
         for layout in ((1, mels, 2 * positions), (1, 2 * positions, mels), (1, 64, mels), (1, mels, 64)):
             candidates.append({"input_features": torch.randn(*layout, generator=seeded()), **decoder})

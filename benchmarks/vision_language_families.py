@@ -1,0 +1,226 @@
+"""Which transformers vision-language families generate token-identically after ``convert(..., generation=...)``.
+
+The families are every model type of transformers' ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES``, read from
+transformers, not listed here. Each model is the every-type source's
+(``tests/model_sources/transformers_all_models.py``): one generic shrinker, the sample found among the inputs its
+forward names, with one image and as many placeholder tokens as the model takes; its matrices drawn wider so that
+greedy tokens vary, eos off. The batch is two prompts: the sample's and a copy left-padded by 2 tokens with another
+image.
+
+For each family, in a process of its own (a crash or a hang is that family's row): transformers' own
+``model.generate`` on the batch (else the row says "cannot run eagerly" and why), then
+``pipeline.convert(model, batch, generation={"max_length": 64, "max_batch": 4}, validate=True)`` on ONNX Runtime fp32;
+greedy 8 new tokens and beam search with 2 beams compared with ``model.generate``'s; the module saved and loaded back
+gives the same greedy tokens. Rows are appended to ``--jsonl`` as they finish: a stopped run resumes.
+
+Run from the repository root::
+
+    python benchmarks/vision_language_families.py                      # every family, the markdown table
+    python benchmarks/vision_language_families.py --only llava gemma3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
+import torch  # noqa: E402
+from model_sources import transformers_all_models as every  # noqa: E402
+
+import pipeline  # noqa: E402
+
+GENERATION = {"max_length": 64, "max_batch": 4}
+NEW_TOKENS = 8
+BEAMS = 2
+PAD = 2  # the second prompt's left padding
+
+
+class CannotRunEagerly(Exception):
+    """transformers' own model fails on the small config or the batch."""
+
+
+def families() -> dict[str, str]:
+    """model type -> its image-text-to-text class, from transformers' mapping."""
+    from transformers.models.auto import modeling_auto
+
+    names = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return {kind: name if isinstance(name, str) else name[0] for kind, name in sorted(names.items())}
+
+
+def lively(model: torch.nn.Module, seed: int = 0) -> Any:
+    """``model`` with its matrices drawn wider (greedy tokens vary), eos off (every row decodes every token)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and parameter.is_floating_point():
+                fan_in = parameter[0].numel()
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 1.5 / fan_in**0.5)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.eos_token_id = None
+    return model.eval()
+
+
+def batch_of_two(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The sample's prompt and a copy left-padded by :data:`PAD` tokens with another image: a batch of two."""
+    ids = sample["input_ids"]
+    mask = sample.get("attention_mask", torch.ones_like(ids))
+    pad = torch.zeros(1, PAD, dtype=ids.dtype)
+    batch = {
+        "input_ids": torch.cat([torch.cat([pad, ids], 1), torch.cat([ids[:, :PAD], ids], 1)]),
+        "attention_mask": torch.cat([torch.cat([pad, mask], 1), torch.cat([torch.ones_like(pad), mask], 1)]),
+    }
+    batch["input_ids"][0, :PAD] = 0
+    batch["input_ids"][1, :PAD] = ids[0, -PAD:]  # text tokens (the sample's prompt ends in text)
+    generator = torch.Generator().manual_seed(3)
+    for name, value in sample.items():
+        if name in batch:
+            continue
+        if value.is_floating_point():  # another image for the second prompt
+            batch[name] = torch.cat([value, torch.randn(value.shape, generator=generator)])
+        else:
+            batch[name] = torch.cat([value, value])
+    return batch
+
+
+def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any]:
+    """One family's row, filled in ``row`` as it goes."""
+    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
+    beam = {**greedy, "num_beams": BEAMS}
+    try:
+        model, (_args, sample) = every.build(kind, class_name)
+        if "pixel_values" not in sample:
+            raise CannotRunEagerly(f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found")
+        model = lively(model)
+        inputs = batch_of_two(sample)
+        with torch.no_grad():
+            expected_greedy = model.generate(**inputs, **greedy)
+    except CannotRunEagerly:
+        raise
+    except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
+        raise CannotRunEagerly(f"{type(error).__name__}: {_first_line(error)}") from error
+    try:
+        with torch.no_grad():
+            expected_beam = model.generate(**inputs, **beam)
+    except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
+        expected_beam = None
+        row["beam"] = f"n/a: transformers' {type(error).__name__}: {_first_line(error)[:120]}"
+    row["tokens"] = f"{tuple(expected_greedy.shape)}, {len(set(expected_greedy.flatten().tolist()))} distinct"
+    start = time.perf_counter()
+    module = pipeline.convert(model, inputs, generation=GENERATION, validate=True)
+    row["convert_s"] = round(time.perf_counter() - start, 1)
+    row["converts"] = "yes"
+    ours = module.generate(**inputs, **greedy)
+    row["greedy"] = torch.equal(ours, expected_greedy)
+    if expected_beam is not None:
+        row["beam"] = torch.equal(module.generate(**inputs, **beam), expected_beam)
+    with tempfile.TemporaryDirectory() as directory:
+        module.save(Path(directory) / kind)
+        loaded = pipeline.load(Path(directory) / kind)
+        row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
+    return row
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else "")[:320]
+
+
+def row_of(kind: str, class_name: str) -> dict[str, Any]:
+    """The family's row, every failure in it (with what was measured before)."""
+    row: dict[str, Any] = {"family": kind}
+    try:
+        return run_family(kind, class_name, row)
+    except CannotRunEagerly as exc:
+        return {**row, "converts": "cannot run eagerly", "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
+        traceback.print_exc()
+        return {**row, "converts": "**no**", "error": f"{type(exc).__name__}: {_first_line(exc)}"}
+
+
+def run_isolated(kind: str, timeout: float) -> dict[str, Any]:
+    """The family's row from a child process (a crash, an exhausted memory or a hang is that family's row)."""
+    command = [sys.executable, __file__, "--child", kind]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"family": kind, "converts": "**no**", "error": f"timed out after {timeout:.0f} s"}
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    row = dict(json.loads(rows[-1])) if rows else {}
+    if done.returncode or row.get("converts") == "**no**":  # the traceback, for the failures that are ours
+        sys.stderr.write(f"--- {kind}\n{done.stderr[-6000:]}")
+    return row or {"family": kind, "converts": "**no**", "error": f"the child process exited with {done.returncode}"}
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The results table and its summary line."""
+    head = "| family | converts | greedy equal | beam (2) equal | saved + loaded equal | convert s | greedy tokens |"
+    lines = [head + " error (or note) |", "|---" * head.count("|") + "|"]
+    yes = {True: "yes", False: "**no**", None: ""}
+    for r in rows:
+        beam = r.get("beam")
+        cells = [
+            r["family"],
+            r.get("converts", ""),
+            yes[r.get("greedy")],
+            beam if isinstance(beam, str) else yes[beam],
+            yes[r.get("reloaded")],
+            r.get("convert_s", ""),
+            r.get("tokens", ""),
+            r.get("error", ""),
+        ]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    eager = [r for r in rows if r.get("converts") != "cannot run eagerly"]
+    converted = [r for r in eager if r.get("converts") == "yes"]
+    equal = [r for r in converted if r.get("greedy") and r.get("beam") is not False and r.get("reloaded")]
+    lines += [
+        "",
+        f"{len(rows)} model types: {len(eager)} run eagerly with an image from the small config, {len(converted)} "
+        f"convert, {len(equal)} decode as transformers does (greedy, beam search, saved + loaded)",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run the families (resuming from ``--jsonl``) and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="model types (as transformers names them: llava, gemma3)")
+    parser.add_argument("--jsonl", type=Path, default=Path("vision_language_families.jsonl"), help="rows, resumable")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one family may take")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one family, its row printed as JSON
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    warnings.simplefilter("ignore")
+    known = families()
+    if args.child:
+        print(json.dumps(row_of(args.child, known[args.child])), flush=True)
+        return
+    done = {}
+    if args.jsonl.exists():
+        done = {row["family"]: row for row in map(json.loads, args.jsonl.read_text().splitlines()) if row}
+    chosen = [kind for kind in known if not args.only or kind in args.only]
+    print(f"{len(known)} image-text-to-text model types in transformers; {len(chosen)} chosen", flush=True)
+    for kind in chosen:
+        if kind in done:
+            continue
+        done[kind] = run_isolated(kind, args.timeout)
+        with args.jsonl.open("a") as out:
+            out.write(json.dumps(done[kind]) + "\n")
+        print(json.dumps(done[kind]), flush=True)
+    print(markdown([done[kind] for kind in chosen if kind in done]))
+
+
+if __name__ == "__main__":
+    main()
