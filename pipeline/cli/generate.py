@@ -8,7 +8,9 @@ given. ``--stream`` prints each token as it comes (one prompt; transformers' ``T
 An encoder-decoder (the directory its conversion saves) takes the same prompts as its encoder's sources (right-padded,
 as its tokenizer pads them), or ``--input-features FILE.npy`` (a speech model's log-mel features, [mels, frames] or
 [batch, mels, frames], as its feature extractor makes them), or ``--audio FILE.wav`` through the model's own
-``--feature-extractor DIR`` (:mod:`pipeline.cli.audio`). ``--num-beams`` decodes with beam search.
+``--feature-extractor DIR`` (:mod:`pipeline.cli.audio`). A vision-language model (its saved directory) takes
+``--prompt TEXT --image FILE`` pairs through its own ``--processor DIR`` (:mod:`pipeline.cli.images`).
+``--num-beams`` decodes with beam search.
 """
 
 from __future__ import annotations
@@ -53,6 +55,22 @@ def add_generate_command(commands: Any) -> None:
         default=None,
         metavar="DIR",
         help="the speech model's feature extractor, a local directory (AutoFeatureExtractor, offline)",
+    )
+    parser.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a vision-language model's image (repeatable: one per --prompt, whose text holds the image placeholder), "
+        "through --processor",
+    )
+    parser.add_argument(
+        "--processor",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the vision-language model's processor, a local directory (AutoProcessor, offline): images and prompts",
     )
     parser.add_argument(
         "--prompt-ids",
@@ -117,7 +135,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise InputError(f"{given} were both given", fix="give one: features or audio (speech), or prompts (text)")
     if not args.prompt_ids and not args.prompt and not speech:
         raise InputError("no prompt given", fix="pass --prompt-ids 1,2,3 (or --prompt TEXT with --tokenizer DIR)")
-    if args.prompt and args.tokenizer is None:
+    if args.prompt and args.tokenizer is None and args.processor is None:
         raise InputError("--prompt TEXT needs a tokenizer", fix="pass --tokenizer DIR, or give --prompt-ids instead")
     if args.stream and len(args.prompt_ids) + len(args.prompt) > 1:
         raise InputError(
@@ -130,7 +148,12 @@ def _generate(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     module = load_generative(args.artifact, threads=args.threads, spinning=True if args.spinning else None)
     from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
+    from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
+    if isinstance(module, VisionLanguageModule):
+        return _generate_vision_language(module, args)
+    if args.image:
+        raise InputError(f"--image is a vision-language model's input; {args.artifact} is not one", fix="drop --image")
     if isinstance(module, EncoderDecoderModule):
         return _generate_encoder_decoder(module, args, tokenizer)
     if speech:
@@ -151,6 +174,40 @@ def _generate(args: argparse.Namespace) -> int:
         new = until_eos(out[row, ids.shape[1] :].tolist(), eos)
         shown = (prompt if args.echo else []) + new
         print(_text(tokenizer, shown) if tokenizer is not None else " ".join(map(str, shown)))
+    return 0
+
+
+def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
+    """A vision-language model's decoding: each --prompt with its --image through the model's processor, each
+    output line the prompt's new tokens as text."""
+    from pipeline.cli.images import image_prompts, load_processor
+
+    if args.processor is None or not args.image or not args.prompt:
+        raise InputError(
+            "a vision-language model takes --prompt TEXT and --image FILE pairs through its --processor DIR",
+            fix="pass --processor DIR --image a.png --prompt 'USER: <image> What is shown? ASSISTANT:'",
+        )
+    if args.prompt_ids:
+        raise InputError("--prompt-ids cannot place an image", fix="give --prompt TEXT with the image placeholder")
+    processor = load_processor(args.processor)
+    inputs = image_prompts(processor, args.prompt, args.image)
+    rows = len(args.prompt)
+    if rows * args.num_beams > module.generation.max_batch:
+        raise InputError(
+            f"{rows} prompt(s) x {args.num_beams} beam(s), but the artifact was converted for max_batch="
+            f"{module.generation.max_batch}",
+            fix="give fewer prompts or beams, or convert with a larger --generation max_batch",
+        )
+    options = decoding_options(args)
+    if args.stream:
+        tokens = [int(step[0]) for step in module.stream(**inputs, **options)]
+        print(_text(processor.tokenizer, tokens), flush=True)
+        return 0
+    out = module.generate(**inputs, **options)
+    eos = set(options.get("eos_token_id", module.generation.eos_token_id))
+    width = inputs["input_ids"].shape[1]
+    for row in range(rows):
+        print(_text(processor.tokenizer, until_eos(out[row, width:].tolist(), eos)))
     return 0
 
 
@@ -277,13 +334,14 @@ def load_generative(path: Path, threads: int | None = None, spinning: bool | Non
     import pipeline
     from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
     from pipeline.runtime.generation.module import GenerativeModule
+    from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
     if not path.exists():
         raise InputError(
             f"no such artifact: {path}", fix="give the model.ptrt that `pipeline convert ... --generation` wrote"
         )
     module = pipeline.load(path, threads=threads, spinning=spinning)
-    if not isinstance(module, GenerativeModule | EncoderDecoderModule):
+    if not isinstance(module, GenerativeModule | EncoderDecoderModule | VisionLanguageModule):
         raise InputError(
             f"{path} is not a generation artifact: it was converted for the plain forward (one call, no KV cache)",
             fix="convert it with `pipeline convert SPEC --generation max_length=256,max_batch=4 -o OUTDIR`",

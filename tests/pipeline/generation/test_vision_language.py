@@ -160,6 +160,59 @@ def test_bad_calls_name_the_fix(llava_module: VisionLanguageModule, llava_inputs
         llava_module.generate(**llava_inputs, not_an_option=1)
 
 
+def tiny_processor(directory: Path) -> Any:
+    """A LLaVA processor for the tiny LLaVA, saved to ``directory``: a word-level tokenizer over the model's 128 ids
+    ("w3" is id 3, "<image>" the image token 127) and CLIP's image processor at 32 x 32 (16 image tokens)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocabulary = {"<pad>": 0, "<unk>": 1, "<s>": 2, **{f"w{i}": i for i in range(3, IMAGE)}, "<image>": IMAGE}
+    words = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", pad_token="<pad>", extra_special_tokens={"image_token": "<image>"}
+    )
+    images = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = transformers.LlavaProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default",
+        image_token="<image>", num_additional_image_tokens=1,
+    )  # fmt: skip
+    processor.save_pretrained(directory)
+    return processor
+
+
+def test_the_cli_generates_from_images_and_prompts_through_the_processor(
+    llava_module: VisionLanguageModule, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pipeline generate DIR --processor P --image a.png --prompt '... <image> ...'`` (twice): the processor's
+    prompts, left-padded, and pixels; each line the prompt's new tokens as text, as ``generate`` gives them."""
+    from PIL import Image
+
+    from pipeline.cli import main
+
+    processor = tiny_processor(tmp_path / "processor")
+    prompts = ["w5 <image> w9 w12", "<image> w40 w41 w42 w43"]
+    pixels = torch.Generator().manual_seed(4)
+    for index in range(2):
+        array = torch.randint(0, 256, (20, 24, 3), generator=pixels, dtype=torch.uint8).numpy()
+        Image.fromarray(array).save(tmp_path / f"{index}.png")
+    target = llava_module.save(tmp_path / "llava")
+    files = [str(tmp_path / f"{i}.png") for i in range(2)]
+    pairs = [item for text, file in zip(prompts, files, strict=True) for item in ("--prompt", text, "--image", file)]
+    command = ["generate", str(target), "--processor", str(tmp_path / "processor"), *pairs, "--max-new-tokens", "6"]
+    assert main(command) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    processor.tokenizer.padding_side = "left"
+    images = [Image.open(tmp_path / f"{i}.png").convert("RGB") for i in range(2)]
+    inputs = dict(processor(text=prompts, images=images, return_tensors="pt", padding=True))
+    assert int((inputs["input_ids"] == IMAGE).sum()) == 32 and inputs["attention_mask"][1, 0] == 1
+    out = llava_module.generate(**inputs, max_new_tokens=6)[:, inputs["input_ids"].shape[1] :]
+    assert printed == [processor.tokenizer.decode(row) for row in out.tolist()]
+    assert main([*command, "--prompt", "w5 <image>"]) == 1
+    assert "3 prompt(s) and 2 image(s): each prompt takes one image" in capsys.readouterr().err
+    assert main([*command, "--prompt", "w5 w9", "--image", files[0]]) == 1
+    assert "a prompt lacks the image placeholder '<image>'" in capsys.readouterr().err
+
+
 def test_gemma3_greedy_and_beams_equal_transformers() -> None:
     """Gemma 3: SigLIP tower and average-pooled projector, scaled text embeddings, sliding-window layers."""
     vision = transformers.SiglipVisionConfig(**TOWER, image_size=32, patch_size=8)
