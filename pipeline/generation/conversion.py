@@ -144,8 +144,17 @@ def check_sample_fits(input_ids: torch.Tensor, generation: GenerationSettings, v
 def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[tuple[int, int, torch.dtype]], int]:
     """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens, and
     the vocabulary (the width of the logits of that run)."""
-    with torch.no_grad():
-        out = model(input_ids=input_ids[:1, :2], use_cache=True)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=input_ids[:1, :2], use_cache=True)
+    except Exception as error:  # noqa: BLE001 - the model refusing a text-only call: said with its cause
+        raise InputError(
+            f"{type(model).__name__} fails on two tokens of the prompt alone (input_ids [1, 2], use_cache=True): "
+            f"{type(error).__name__}: {' '.join(str(error).split())[:300]}",
+            fix="generation= converts causal LMs (a decoder that takes token ids and caches keys and values), "
+            "encoder-decoders and vision-language decoders with get_image_features; convert without generation= "
+            "for the plain forward",
+        ) from error
     cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if not is_model_cache(cache):
         raise InputError(

@@ -267,3 +267,15 @@ def test_tensorrt_rtx_builds_the_vision_graph_and_the_step_in_float16(llava_inpu
     )
     assert isinstance(module, VisionLanguageModule)
     assert module.vision.engine_bytes and module.step.engine_bytes
+
+
+def test_a_captioning_model_the_step_cannot_call_is_an_input_error() -> None:
+    """BLIP's captioning head takes pixel_values in every call (no image features of its own to place): neither the
+    vision-language path nor the causal LM's takes it, and the error says why instead of transformers' TypeError."""
+    from model_sources import transformers_all_models as every
+
+    blip, (_args, sample) = every.build("blip", "BlipForConditionalGeneration")
+    assert "pixel_values" in sample
+    with pytest.raises(InputError, match=r"BlipForConditionalGeneration fails on two tokens.*pixel_values") as caught:
+        pipeline.convert(blip, sample, generation=GENERATION)
+    assert "without generation=" in str(caught.value)
