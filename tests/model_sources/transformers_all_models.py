@@ -269,13 +269,23 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
 
 def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:
     """The model (random weights, eval mode) of the first :data:`VARIANTS` shrink it builds and runs with, on the first
-    candidate sample it runs on; raises with every variant's first error when none runs."""
+    candidate sample it runs on; raises with every variant's first error when none runs. A model whose forward takes
+    images but ran on text alone tries the other shrinks for a sample with an image first (a tower sized for its
+    config's own image: Aria's)."""
     errors = []
+    text_only = None
     for variant, (name, _sizes, _kept) in enumerate(VARIANTS):
         try:
-            return _build(model_type, class_name, variant)
+            model, sample = _build(model_type, class_name, variant)
         except Exception as exc:  # noqa: BLE001 - the next shrink; all are reported when none runs
             errors.append(f"[{name}] {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+            continue
+        takes_images = "pixel_values" in inspect.signature(model.forward).parameters
+        if not takes_images or "pixel_values" in sample[1]:
+            return model, sample
+        text_only = text_only or (model, sample)
+    if text_only is not None:
+        return text_only
     raise RuntimeError(f"{class_name} does not run eagerly from a small config: " + " || ".join(errors))
 
 
