@@ -68,9 +68,14 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_engine_cache.py",
         "tests/pipeline/test_engine_cache_bound.py",
         "tests/pipeline/test_engine_cache_key.py",
+        "tests/pipeline/test_engine_cache_reports.py",
         "--deselect",
         "tests/pipeline/test_engine_cache.py::test_two_processes_build_the_same_engine_once",
     ),
+    # the quantize stage's own tests convert models (test_quantize_verdicts.py: 42 s): unit tests on small arrays
+    "pipeline/quantize/awq.py": ("tests/pipeline/quantize/test_awq_units.py",),
+    "passes/quantize/blockwise.py": ("tests/passes/test_blockwise_units.py",),
+    "pipeline/quantize/four_bit.py": ("tests/pipeline/quantize/test_four_bit_units.py",),
 }
 #: What the tests of the scratch copy need of the tree (mutmut copies the packages and tests/ on into mutants/).
 COPIED = ("pipeline", "converters", "passes", "tests", "examples", "pyproject.toml")

@@ -7,33 +7,17 @@ The cache stores bytes, so the "engines" here are arbitrary bytes; nothing is mo
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from engine_cache_support import ENGINE, ENTRY, LOGGER, age, store
 
 from converters.errors import InputError
 from converters.settings import Settings
 from pipeline.backends.tensorrt.engine_cache import EngineCache
-
-LOGGER = "pipeline.backends.tensorrt.engine_cache"
-ENGINE = 1000  # bytes of each fake engine
-ENTRY = ENGINE + 64  # and its SHA-256 file (64 hex digits)
-
-
-def store(cache: EngineCache, key: str, size: int = ENGINE) -> str:
-    """Store an engine of ``size`` bytes under ``key``; the cache's status ("built", "hit", ...)."""
-    return cache.get_or_build(key, lambda: key.encode()[:1] * size).status
-
-
-def age(cache: EngineCache, key: str, seconds_ago: float) -> None:
-    """Date an entry's last use back, as if it were stored or hit that long ago."""
-    when = time.time() - seconds_ago
-    os.utime(cache.entry_path(key), (when, when))
 
 
 def kept(directory: Path) -> set[str]:

@@ -9,10 +9,8 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from engine_cache_support import external_model
 
 from converters.errors import BuildError
 from passes.model_io.external_data import set_weights_dir
@@ -37,20 +35,6 @@ def test_the_key_does_not_depend_on_the_order_of_the_settings() -> None:
     device = dict(reversed(list(DEVICE.items())))
     assert list(reordered) != list(BUILD) and cache_key(GRAPH, device, reordered) == cache_key(GRAPH, DEVICE, BUILD)
     assert cache_key(GRAPH, DEVICE, {**BUILD, "trt_tf32": False}) != cache_key(GRAPH, DEVICE, BUILD)
-
-
-def external_model(tmp_path: Path) -> onnx.ModelProto:
-    weight = numpy_helper.from_array(np.full((4, 4), 2.0, dtype=np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-        [weight],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save_model(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
-    return onnx.load_model(tmp_path / "m.onnx", load_external_data=False)
 
 
 def test_the_digest_reads_the_weights_from_the_directory_the_model_names(tmp_path: Path) -> None:
