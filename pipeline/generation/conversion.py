@@ -94,6 +94,10 @@ def step_precision_io(settings: Settings) -> PrecisionIO:
     return settings.precision_io
 
 
+#: Sample inputs of images or audio (besides any name holding "pixel" or "image") that a causal LM's step cannot take.
+MEDIA_INPUTS = frozenset({"input_features", "input_values", "audio_values", "audio_features"})
+
+
 def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
     if not (hasattr(model, "config") and hasattr(model, "generate")):
         raise InputError(
@@ -102,6 +106,15 @@ def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
             fix="pass a transformers *ForCausalLM model, or convert without generation=",
         )
     args, kwargs = normalise_sample(sample)
+    media = [name for name in kwargs if name in MEDIA_INPUTS or "pixel" in name or "image" in name]
+    if media:  # the causal LM's step takes token ids only: the images or audio would be dropped without a word
+        raise InputError(
+            f"the generation sample holds {', '.join(media)}, which {type(model).__name__} is not converted with: "
+            "generation= places images for models with get_image_features whose forward takes pixel_values "
+            "(vision-language decoders), and audio for encoder-decoders; this one is neither",
+            fix="convert its text decoder with a sample of input_ids (and attention_mask) alone, or convert "
+            "without generation= for the plain forward",
+        )
     ids = kwargs.get("input_ids", args[0] if args else None)
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
         raise InputError(
