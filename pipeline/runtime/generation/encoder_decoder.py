@@ -14,9 +14,6 @@ Saved as a directory (``module.save("out/t5")``): ``encoder.ptrt`` and ``decoder
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +21,12 @@ from typing import Any
 import torch
 
 from converters.errors import ArtifactError, InputError
-from converters.generation_settings import GenerationSettings
 from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
 from pipeline.runtime.generation.layout import cross_name, past_name, present_name
 from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
 from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
 from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
 #: The step's input holding the encoder's padding mask [batch, source] (1: a token, 0: padding).
@@ -48,7 +45,7 @@ def model_option_names() -> frozenset[str]:
     return frozenset(TAKEN["generate"]) - {"generation_config", "streamer", "logits_processor", "stopping_criteria"}
 
 
-class EncoderDecoderModule(torch.nn.Module):
+class EncoderDecoderModule(TwoGraphModule):
     """An encoder-decoder converted for generation (``pipeline.convert(model, inputs, generation={...})`` of a
     transformers ``*ForConditionalGeneration``).
 
@@ -80,40 +77,9 @@ class EncoderDecoderModule(torch.nn.Module):
         logits = next(spec for spec in decoder.io.outputs if spec.name == "logits")
         self._vocabulary = int(logits.shape[-1]) if logits.shape and isinstance(logits.shape[-1], int) else None
 
-    @property
-    def generation(self) -> GenerationSettings:
-        """The generation settings of the decoder step (capacity, batch, special tokens, the model's defaults)."""
-        generation = self.decoder.settings.generation
-        assert generation is not None
-        return generation
-
-    @property
-    def report(self) -> Any:
-        """The decoder step's conversion report (the encoder's: ``module.encoder.report``)."""
-        return self.decoder.report
-
-    @property
-    def backend(self) -> str:
-        """The backend both graphs run on."""
-        return self.decoder.backend
-
-    @property
-    def settings(self) -> Any:
-        """The decoder step's settings (the encoder's: ``module.encoder.settings``)."""
-        return self.decoder.settings
-
-    @property
-    def engine_bytes(self) -> bytes | None:
-        """The decoder step's TensorRT engine, or None (the encoder's: ``module.encoder.engine_bytes``)."""
-        return self.decoder.engine_bytes
-
-    def save_onnx(self, path: str | Path) -> list[Path]:
-        """The decoder step's final graph to ``path`` (the encoder's: ``module.encoder.save_onnx``)."""
-        return self.decoder.save_onnx(path)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """``generate`` (a converted encoder-decoder is called to generate)."""
-        return self.generate(*args, **kwargs)
+    def step_graph(self) -> ConvertedModule:
+        """The decoder step (the encoder's settings, report and engine: ``module.encoder``'s)."""
+        return self.decoder
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | Any:
         """The decoder's sequences [rows, start + new] (rows: prompts x ``num_return_sequences``), as transformers'
@@ -165,35 +131,13 @@ class EncoderDecoderModule(torch.nn.Module):
         yield from _decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
-        """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt``, atomically: a new directory renamed into place
-        (a directory already there is replaced only once the new one is complete)."""
-        target = Path(path)
-        if target.exists() and not target.is_dir():
-            raise InputError(
-                f"{target} exists and is not a directory: an encoder-decoder saves as a directory of two artifacts",
-                fix="pass a new path, or a directory written by EncoderDecoderModule.save",
-            )
-        if target.is_dir() and any(p.name not in (ENCODER_FILE, DECODER_FILE) for p in target.iterdir()):
-            raise InputError(
-                f"{target} holds other files than an encoder-decoder's {ENCODER_FILE} and {DECODER_FILE}",
-                fix="save into a new or empty directory",
-            )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt``, atomically (:func:`save_directory`)."""
+
+        def write(staging: Path) -> None:
             self.encoder.save(staging / ENCODER_FILE)
             self.decoder.save(staging / DECODER_FILE)
-            old = None
-            if target.exists():
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                os.replace(target, old)
-            os.replace(staging, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return target
+
+        return save_directory(path, (ENCODER_FILE, DECODER_FILE), write, "an encoder-decoder")
 
     # the request
 

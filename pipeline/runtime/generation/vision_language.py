@@ -17,9 +17,6 @@ Saved as a directory (``module.save("out/llava")``): ``vision.ptrt`` and ``step.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +24,12 @@ from typing import Any
 import torch
 
 from converters.errors import ArtifactError, InputError
-from converters.generation_settings import GenerationSettings
 from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
 from pipeline.runtime.generation.layout import STEP_INPUTS, past_name, present_name
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
 from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
 #: The step's input holding the prompt's image features [image tokens, hidden].
@@ -41,7 +38,7 @@ IMAGE_FEATURES = "image_features"
 VISION_FILE, STEP_FILE, META_FILE = "vision.ptrt", "step.ptrt", "vision_language.json"
 
 
-class VisionLanguageModule(torch.nn.Module):
+class VisionLanguageModule(TwoGraphModule):
     """A vision-language decoder converted for generation (``pipeline.convert(llava, {"input_ids": ...,
     "attention_mask": ..., "pixel_values": ...}, generation={...})``).
 
@@ -94,31 +91,9 @@ class VisionLanguageModule(torch.nn.Module):
         logits = next(spec for spec in step.io.outputs if spec.name == "logits")
         self._vocabulary = int(logits.shape[-1]) if logits.shape and isinstance(logits.shape[-1], int) else None
 
-    @property
-    def generation(self) -> GenerationSettings:
-        """The generation settings of the text step (capacity, batch, special tokens)."""
-        generation = self.step.settings.generation
-        assert generation is not None
-        return generation
-
-    @property
-    def report(self) -> Any:
-        """The text step's conversion report (the vision graph's: ``module.vision.report``)."""
-        return self.step.report
-
-    @property
-    def backend(self) -> str:
-        """The backend both graphs run on."""
-        return self.step.backend
-
-    @property
-    def settings(self) -> Any:
-        """The text step's settings (the vision graph's: ``module.vision.settings``)."""
-        return self.step.settings
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """``generate`` (a converted vision-language model is called to generate)."""
-        return self.generate(*args, **kwargs)
+    def step_graph(self) -> ConvertedModule:
+        """The text step (the vision graph's settings, report and engine: ``module.vision``'s)."""
+        return self.step
 
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | Any:
         """The prompts followed by the new tokens [rows, prompt + new] (rows: prompts x ``num_return_sequences``), as
@@ -163,23 +138,10 @@ class VisionLanguageModule(torch.nn.Module):
         yield from _decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
-        """Write ``path/vision.ptrt``, ``path/step.ptrt`` and ``path/vision_language.json``, atomically: a new
-        directory renamed into place (a directory already there is replaced only once the new one is complete)."""
-        target = Path(path)
-        files = (VISION_FILE, STEP_FILE, META_FILE)
-        if target.exists() and not target.is_dir():
-            raise InputError(
-                f"{target} exists and is not a directory: a vision-language model saves as a directory of artifacts",
-                fix="pass a new path, or a directory written by VisionLanguageModule.save",
-            )
-        if target.is_dir() and any(p.name not in files for p in target.iterdir()):
-            raise InputError(
-                f"{target} holds other files than a vision-language model's {', '.join(files)}",
-                fix="save into a new or empty directory",
-            )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        """Write ``path/vision.ptrt``, ``path/step.ptrt`` and ``path/vision_language.json``, atomically
+        (:func:`save_directory`)."""
+
+        def write(staging: Path) -> None:
             self.vision.save(staging / VISION_FILE)
             self.step.save(staging / STEP_FILE)
             fixed = {
@@ -192,17 +154,8 @@ class VisionLanguageModule(torch.nn.Module):
                 "fixed_inputs": fixed,
             }
             (staging / META_FILE).write_text(json.dumps(meta))
-            old = None
-            if target.exists():
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                os.replace(target, old)
-            os.replace(staging, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return target
+
+        return save_directory(path, (VISION_FILE, STEP_FILE, META_FILE), write, "a vision-language model")
 
     # the request
 

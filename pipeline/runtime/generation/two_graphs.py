@@ -1,0 +1,97 @@
+"""What the generation modules made of two converted graphs share (an encoder-decoder's encoder and decoder step, a
+vision-language model's vision graph and text step): the step's settings, report and backend as the module's own,
+and the saved directory of artifacts, written atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from converters.errors import InputError
+from converters.generation_settings import GenerationSettings
+from pipeline.runtime.module import ConvertedModule
+
+
+class TwoGraphModule(torch.nn.Module):
+    """A module whose cached step (:meth:`step_graph`) holds its generation settings; the other graph's settings,
+    report and engine are its own attribute's. Calling the module generates."""
+
+    def step_graph(self) -> ConvertedModule:
+        """The converted step: its settings, report and engine are the module's."""
+        raise NotImplementedError
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The step's generation settings (capacity, batch, special tokens, the model's defaults)."""
+        generation = self.step_graph().settings.generation
+        assert generation is not None
+        return generation
+
+    @property
+    def report(self) -> Any:
+        """The step's conversion report (the other graph's is its own attribute's ``.report``)."""
+        return self.step_graph().report
+
+    @property
+    def backend(self) -> str:
+        """The backend both graphs run on."""
+        return self.step_graph().backend
+
+    @property
+    def settings(self) -> Any:
+        """The step's settings (the other graph's is its own attribute's ``.settings``)."""
+        return self.step_graph().settings
+
+    @property
+    def engine_bytes(self) -> bytes | None:
+        """The step's TensorRT engine, or None (the other graph's is its own attribute's ``.engine_bytes``)."""
+        return self.step_graph().engine_bytes
+
+    def save_onnx(self, path: str | Path) -> list[Path]:
+        """The step's final graph to ``path`` (the other graph's: its own attribute's ``.save_onnx``)."""
+        return self.step_graph().save_onnx(path)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """Each module's own ``generate``."""
+        raise NotImplementedError
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """``generate`` (a converted generative model is called to generate)."""
+        return self.generate(*args, **kwargs)
+
+
+def save_directory(path: str | Path, files: tuple[str, ...], write: Callable[[Path], None], what: str) -> Path:
+    """Write the directory ``path`` holding ``files`` (``write(staging)`` writes them), atomically: a new directory
+    renamed into place (a directory already there is replaced only once the new one is complete). ``what`` names the
+    module in the errors ("an encoder-decoder", "a vision-language model")."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise InputError(
+            f"{target} exists and is not a directory: {what} saves as a directory of {', '.join(files)}",
+            fix="pass a new path, or a directory its save wrote",
+        )
+    if target.is_dir() and any(p.name not in files for p in target.iterdir()):
+        raise InputError(
+            f"{target} holds other files than {what}'s {', '.join(files)}", fix="save into a new or empty directory"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(staging)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+        os.replace(staging, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
