@@ -296,6 +296,7 @@ def _build(model_type: str, class_name: str, variant: int) -> tuple[torch.nn.Mod
     cls = getattr(transformers, class_name)
     torch.manual_seed(0)
     model = cls(config).eval()
+    redraw_constant_matrices(model, float(_attribute(config, "initializer_range", default=0.02) or 0.02))
     errors = []
     for sample in candidate_samples(model, config):
         try:
@@ -306,6 +307,26 @@ def _build(model_type: str, class_name: str, variant: int) -> tuple[torch.nn.Mod
             continue
         return model, ((), sample)
     raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
+
+
+def redraw_constant_matrices(model: torch.nn.Module, std: float) -> list[str]:
+    """Draw again (normal, ``std``, seeded) every weight of two or more dimensions whose elements are all equal,
+    and return their names. transformers initialises some to zeros (AFMoE's router gate, adaLN-zero projections):
+    a trained checkpoint never has them so, and a zero router scores every expert alike, so its top-k picks among
+    ties, whose order PyTorch and ONNX do not share (PyTorch took experts 2 and 3 of 4, ONNX's TopK 0 and 1). One-
+    dimensional parameters (biases, norms, AFMoE's expert bias) keep their values."""
+    generator = seeded()
+    redrawn = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() < 2 or parameter.numel() < 2 or not parameter.is_floating_point():
+                continue
+            flat = parameter.reshape(-1)
+            if bool((flat == flat[0]).all()):
+                drawn = torch.randn(parameter.shape, generator=generator, dtype=torch.float32) * std
+                parameter.copy_(drawn.to(parameter.dtype))
+                redrawn.append(name)
+    return redrawn
 
 
 def family_of(model_type: str) -> str:

@@ -54,3 +54,20 @@ def test_the_sample_is_found_from_the_forward_and_the_model_runs_on_it(
         assert int((kwargs["input_ids"] == placeholder).sum()) > 1
     if name.startswith("donut-swin"):
         assert kwargs["pixel_values"].shape[-1] == model.config.image_size == 224
+
+
+def test_weights_initialised_constant_are_drawn_again_so_routers_do_not_pick_among_ties() -> None:
+    """AFMoE initialises its router's gate to zeros: every expert scores alike, and PyTorch's top-k and ONNX's TopK
+    break the ties differently (all 1,024 outputs were off). The source draws such weights again, as a checkpoint's."""
+    model, (_, kwargs) = every.build("afmoe", "AfmoeModel")
+    constant = [
+        name
+        for name, parameter in model.named_parameters()
+        if parameter.dim() >= 2 and bool((parameter == parameter.reshape(-1)[0]).all())
+    ]
+    assert constant == []
+    moe = next(module for module in model.modules() if type(module).__name__ == "AfmoeSparseMoeBlock")
+    hidden = torch.randn(1, 16, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    _, _, experts = moe.router(hidden, moe.expert_bias)
+    assert len({tuple(sorted(row.tolist())) for row in experts}) > 1  # tokens are routed, not tied
+    assert every.redraw_constant_matrices(model, 0.02) == []  # nothing constant is left to draw
