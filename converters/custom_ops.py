@@ -80,8 +80,10 @@ def opaque_translations(
     return {**table, **user_table}
 
 
+@functools.cache
 def opaque_translation(op: torch._ops.OpOverload) -> Callable[..., Any]:
-    """An exporter translation that writes ``op`` as one node of its own domain."""
+    """An exporter translation that writes ``op`` as one node of its own domain (one per op: every export asks for
+    the translations of every op with a converter)."""
     from onnxscript.values import Op, Opset
 
     schema, tensor_args, attr_args = _onnx_schema(op)

@@ -199,10 +199,19 @@ def _patch() -> SharedPatch | None:
     if not needed:
         return None
 
+    @functools.lru_cache(maxsize=8)
+    def table(registered: frozenset[Any], _operators: tuple[int, int]) -> dict[Any, Any]:
+        return decomp.create_onnx_friendly_decomposition_table(set(registered))
+
     def wrap(original: Any) -> Any:
         def decompose_with_registry(program: Any, registry: Any) -> Any:
-            registered = set(decomp.get_onnx_implemented_overloads(registry))
-            if decompose_locally(program, decomp.create_onnx_friendly_decomposition_table(registered)):
+            registered = frozenset(decomp.get_onnx_implemented_overloads(registry))
+            # The table costs a quarter of a small model's conversion (it collects every CompositeImplicitAutograd
+            # op of every namespace); it changes only with the registry or when an operator or a composite kernel
+            # is defined.
+            composites = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+            operators = (len(torch._C._dispatch_get_all_op_names()), len(composites))
+            if decompose_locally(program, dict(table(registered, operators))):
                 logger.debug("decompositions done node by node, without a retrace")
                 return program
             return original(program, registry)
