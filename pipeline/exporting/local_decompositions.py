@@ -66,7 +66,68 @@ def _contiguous(node: torch.fx.Node) -> bool | None:
         return None
 
 
-Rewrite = tuple[Any, tuple[Any, ...], dict[str, Any]] | torch.fx.Node
+Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+class Step(int):
+    """In a rewrite of several calls, an argument that is the node an earlier call of the same rewrite made."""
+
+
+#: One call, the node the original is replaced by, or several calls whose last replaces the original.
+Rewrite = Call | torch.fx.Node | list[Call]
+
+
+def _static_value(node: Any) -> torch.Tensor | None:
+    """The node's fake value when every size of it is a plain number (no symbolic size), else None."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not all(isinstance(size, int) for size in value.shape):
+        return None
+    return value
+
+
+def _reshaped(source: Any, shape: Any) -> Rewrite | None:
+    """What the retrace writes for a reshape of ``source`` to ``shape`` (``aten.reshape``'s composite): a view at
+    the shape as given when ``source`` is contiguous, at the inferred shape when its strides allow a view, else a
+    contiguous copy viewed at the inferred shape; None when a size is symbolic."""
+    value = _static_value(source)
+    if value is None or not isinstance(shape, list | tuple) or not all(type(size) is int for size in shape):
+        return None
+    inferred = list(value.reshape(list(shape)).shape)
+    if _contiguous(source):
+        return _A.view.default, (source, list(shape)), {}  # as given: -1 stays -1
+    try:
+        value.view(inferred)
+    except (RuntimeError, ValueError):  # the layout needs a copy
+        pass
+    else:
+        return _A.view.default, (source, inferred), {}  # a strided view takes the inferred shape
+    return [
+        (_A.clone.default, (source,), {"memory_format": torch.contiguous_format}),
+        (_A._unsafe_view.default, (Step(0), inferred), {}),
+    ]
+
+
+def _differences(node: torch.fx.Node) -> Rewrite | None:
+    """``aten.diff(x, 1, dim, prepend, append)`` of one order along a static axis: the tensors concatenated when a
+    prepend or append is given, then the later slice less the earlier, as the retrace writes it (booleans, orders
+    above one and symbolic sizes are retraced)."""
+    names = ("self", "n", "dim", "prepend", "append")
+    given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+    source, dim = given["self"], given.get("dim", -1)
+    parts = [given.get("prepend"), source, given.get("append")]
+    values = [_static_value(part) for part in parts if part is not None]
+    if given.get("n", 1) != 1 or None in values or not isinstance(dim, int) or values[0].dtype == torch.bool:
+        return None
+    if not -values[0].dim() <= dim < values[0].dim():
+        return None
+    length = sum(value.shape[dim] for value in values)
+    calls: list[Call] = []
+    if len(values) > 1:
+        calls.append((_A.cat.default, ([part for part in parts if part is not None], dim), {}))
+    whole = Step(0) if calls else source
+    first = len(calls)
+    calls += [(_A.slice.Tensor, (whole, dim, 0, length - 1), {}), (_A.slice.Tensor, (whole, dim, 1, length), {})]
+    return [*calls, (_A.sub.Tensor, (Step(first + 1), Step(first)), {})]
 
 
 def _rewrite(node: torch.fx.Node) -> Rewrite | None:
@@ -89,7 +150,14 @@ def _rewrite(node: torch.fx.Node) -> Rewrite | None:
             return None
         return args[0] if contiguous else (_A.clone.default, args, {"memory_format": torch.contiguous_format})
     if target is _A.reshape.default and len(args) == 2 and not kwargs and isinstance(args[0], torch.fx.Node):
-        return (_A.view.default, args, {}) if _contiguous(args[0]) else None
+        if _contiguous(args[0]):
+            return _A.view.default, args, {}
+        return _reshaped(args[0], args[1])
+    if target is _A.flatten.using_ints and not kwargs and isinstance(args[0], torch.fx.Node):
+        value = _static_value(node)
+        return None if value is None else _reshaped(args[0], list(value.shape))
+    if target is _A.diff.default and isinstance(args[0], torch.fx.Node):
+        return _differences(node)
     return None
 
 
@@ -133,14 +201,33 @@ def decompose_locally(program: torch.export.ExportedProgram, table: dict[Any, An
         if isinstance(rewrite, torch.fx.Node):
             node.replace_all_uses_with(rewrite)
         else:
-            with graph.inserting_before(node):
-                new = graph.call_function(*rewrite)
-            new.meta = dict(node.meta)
-            node.replace_all_uses_with(new)
+            node.replace_all_uses_with(_insert(graph, node, rewrite if isinstance(rewrite, list) else [rewrite]))
         graph.erase_node(node)
     graph.eliminate_dead_code()
     program.graph_module.recompile()
     return True
+
+
+def _insert(graph: torch.fx.Graph, node: torch.fx.Node, calls: list[Call]) -> torch.fx.Node:
+    """The calls inserted before ``node``, each with the node's metadata and its own value (the last: the node's)."""
+    made: list[torch.fx.Node] = []
+
+    def resolved(value: Any, fake: bool) -> Any:
+        if isinstance(value, list | tuple):
+            return type(value)(resolved(item, fake) for item in value)
+        if isinstance(value, Step):
+            value = made[value]
+        return value.meta["val"] if fake and isinstance(value, torch.fx.Node) else value
+
+    for index, (target, args, kwargs) in enumerate(calls):
+        with graph.inserting_before(node):
+            new = graph.call_function(target, resolved(args, False), kwargs)
+        new.meta = dict(node.meta)
+        if index < len(calls) - 1:  # an intermediate's value, from the fake values of its arguments
+            new.meta.pop("tensor_meta", None)
+            new.meta["val"] = target(*resolved(args, True), **kwargs)
+        made.append(new)
+    return made[-1]
 
 
 def _signature_matches(program: torch.export.ExportedProgram, output: torch.fx.Node) -> bool:

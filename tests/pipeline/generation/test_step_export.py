@@ -182,9 +182,49 @@ def test_the_cached_step_takes_the_local_way_and_writes_the_same_graph(monkeypat
     assert torch.equal(*(m.generate(prompt, mask, max_new_tokens=8, eos_token_id=[]) for m in modules))
 
 
+class _Reshaping(torch.nn.Module):
+    """The reshapes and differences the local decompositions write: copying and viewing reshapes of strided
+    tensors, flattens, and ``diff`` with and without prepend and append (transformers' packed-sequence check)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        copied = x.transpose(1, 2).reshape(x.shape[0], -1)  # a copy, then a view at the inferred shape
+        viewed = x.transpose(0, 1).reshape(5, 3, 2, 2)  # strided, yet a view
+        flat = x.flatten(1) + x.transpose(1, 2).flatten(1)
+        steps = torch.diff(x, dim=1).sum() + torch.diff(x, prepend=x[:, :, :1] - 1, dim=-1).sum()
+        return copied + flat, viewed.sum(-1), steps + torch.diff(x, append=x[:1], dim=0).sum()
+
+
+def test_reshapes_and_differences_are_decomposed_locally_as_the_retrace_writes_them(monkeypatch, caplog) -> None:
+    x = torch.randn(3, 5, 4)
+    (local, local_out, took), (retraced, retraced_out, _) = _exports(
+        _Reshaping().eval(), (x,), {}, monkeypatch, caplog
+    )
+    assert took and local == retraced
+    for got, want in zip(local_out, retraced_out, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_bert_is_decomposed_locally_to_the_retraces_graph(monkeypatch, caplog) -> None:
+    """BERT's attention reshapes a transposed tensor (a copy): node by node, to the same graph."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    ids = torch.randint(1, 90, (2, 7), generator=torch.Generator().manual_seed(3))
+    (local, local_out, took), (retraced, retraced_out, _) = _exports(
+        transformers.BertModel(config).eval(), (ids,), {}, monkeypatch, caplog
+    )
+    assert took and local == retraced
+    assert list(local_out) == list(retraced_out) == ["last_hidden_state", "pooler_output"]
+    for name in local_out:
+        assert torch.equal(local_out[name], retraced_out[name])
+
+
 class _Strided(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(1, 2).reshape(x.shape[0], -1)  # a reshape that copies: the retrace writes it
+        return torch.diff(x.transpose(1, 2), n=2)  # a second-order difference: the retrace writes it
 
 
 class _Normed(torch.nn.Module):
@@ -196,7 +236,7 @@ class _Normed(torch.nn.Module):
         return self.norm(x)
 
 
-@pytest.mark.parametrize("model", [_Strided(), _Normed()], ids=["copying-reshape", "batch-norm"])
+@pytest.mark.parametrize("model", [_Strided(), _Normed()], ids=["second-difference", "batch-norm"])
 def test_programs_beyond_the_table_are_retraced(model: torch.nn.Module, monkeypatch, caplog) -> None:
     x = torch.randn(3, 5, 4)
     (local, local_out, took), (retraced, retraced_out, _) = _exports(model.eval(), (x,), {}, monkeypatch, caplog)
