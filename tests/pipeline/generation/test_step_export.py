@@ -196,9 +196,7 @@ class _Reshaping(torch.nn.Module):
 
 def test_reshapes_and_differences_are_decomposed_locally_as_the_retrace_writes_them(monkeypatch, caplog) -> None:
     x = torch.randn(3, 5, 4)
-    (local, local_out, took), (retraced, retraced_out, _) = _exports(
-        _Reshaping().eval(), (x,), {}, monkeypatch, caplog
-    )
+    (local, local_out, took), (retraced, retraced_out, _) = _exports(_Reshaping().eval(), (x,), {}, monkeypatch, caplog)
     assert took and local == retraced
     for got, want in zip(local_out, retraced_out, strict=True):
         assert torch.equal(got, want)
