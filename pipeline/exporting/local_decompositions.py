@@ -115,12 +115,13 @@ def _differences(node: torch.fx.Node) -> Rewrite | None:
     given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
     source, dim = given["self"], given.get("dim", -1)
     parts = [given.get("prepend"), source, given.get("append")]
-    values = [_static_value(part) for part in parts if part is not None]
-    if given.get("n", 1) != 1 or None in values or not isinstance(dim, int) or values[0].dtype == torch.bool:
+    found = [_static_value(part) for part in parts if part is not None]
+    values = [value for value in found if value is not None]
+    if given.get("n", 1) != 1 or len(values) < len(found) or not isinstance(dim, int):
         return None
-    if not -values[0].dim() <= dim < values[0].dim():
+    if values[0].dtype == torch.bool or not -values[0].dim() <= dim < values[0].dim():
         return None
-    length = sum(value.shape[dim] for value in values)
+    length = sum(int(value.shape[dim]) for value in values)
     calls: list[Call] = []
     if len(values) > 1:
         calls.append((_A.cat.default, ([part for part in parts if part is not None], dim), {}))
