@@ -168,6 +168,13 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list
             "encoder-decoders and vision-language decoders with get_image_features; convert without generation= "
             "for the plain forward",
         ) from error
+    return layout_of(model, out)
+
+
+def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[tuple[int, int, torch.dtype]], int]:
+    """(kv_heads, head_dim, dtype) of every cached layer of the cache in ``out`` (the model's output with
+    ``use_cache=True``) and the vocabulary (the width of its logits); an InputError for a cache the step cannot
+    hold."""
     cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if not is_model_cache(cache):
         raise InputError(

@@ -265,13 +265,24 @@ class CachedStep(torch.nn.Module):
         *past: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
         """The step: logits of the last position and the updated cache."""
+        return self.run({"input_ids": input_ids}, attention_mask, position_ids, past_length, past)
+
+    def run(
+        self,
+        tokens: dict[str, Any],
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_length: torch.Tensor,
+        past: Sequence[torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """The model called on ``tokens`` (its ``input_ids``, or ``inputs_embeds`` a subclass computed) with the
+        static cache updated in place: :func:`step_outputs`."""
         layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length) for i in range(self.layers)]
-        cache = StepCache(layers)
         call: dict[str, Any] = {
-            "input_ids": input_ids,
+            **tokens,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            self._cache_argument: cache,
+            self._cache_argument: StepCache(layers),
             "use_cache": True,
         }
         if self._logits_to_keep:

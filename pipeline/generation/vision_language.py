@@ -35,12 +35,18 @@ from converters.errors import AccuracyError, ExportError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import ProfileRange
-from pipeline.generation.conversion import attention_form, check_sample_fits, special_tokens, step_precision_io
+from pipeline.generation.conversion import (
+    attention_form,
+    check_sample_fits,
+    layout_of,
+    special_tokens,
+    step_precision_io,
+)
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
-from pipeline.generation.step import ATTENTION_NAME, CachedStep, StepCache, StepCacheLayer, attention_implementation
-from pipeline.runtime.generation.layout import past_name, present_name
+from pipeline.generation.step import CachedStep
+from pipeline.runtime.generation.layout import past_name
 from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, VisionLanguageModule
-from pipeline.runtime.io_spec import is_model_cache, normalise_sample
+from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import DynamicDim, Settings
 
@@ -137,25 +143,7 @@ class VisionLanguageStep(CachedStep):
         *past: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
         """The step: logits of the last position and the updated cache."""
-        layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length) for i in range(self.layers)]
-        call: dict[str, Any] = {
-            **self._inputs(input_ids, image_features),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            self._cache_argument: StepCache(layers),
-            "use_cache": True,
-        }
-        if self._logits_to_keep:
-            call["logits_to_keep"] = 1
-        if self.use_interface:
-            call["_past_length"] = past_length
-        with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
-            out = self.model(**call)
-        result = {"logits": out.logits[:, -1, :]}
-        for i, layer in enumerate(layers):
-            result[present_name(i, "key")] = layer.keys
-            result[present_name(i, "value")] = layer.values
-        return result
+        return self.run(self._inputs(input_ids, image_features), attention_mask, position_ids, past_length, past)
 
     def _inputs(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> dict[str, Any]:
         """The model's inputs for the tokens and the features (see the class docstring)."""
@@ -370,27 +358,7 @@ def _layout(
             f"{' '.join(str(error).split())[:300]}",
             fix="pass the processor's output for the prompts (image tokens matching the images)",
         ) from error
-    cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    if not is_model_cache(cache):
-        raise InputError(
-            f"{type(model).__name__} returned no transformers Cache with use_cache=True (got {type(cache).__name__})",
-            fix="convert without generation= (the plain forward)",
-        )
-    layout = []
-    for i, layer in enumerate(cache.layers):
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
-            raise InputError(
-                f"cache layer {i} of {type(model).__name__} is a {type(layer).__name__} without 4-D keys/values",
-                fix="generation= supports attention caches [batch, heads, tokens, dim]; convert without it",
-            )
-        if values.shape[-1] != keys.shape[-1]:
-            raise InputError(
-                f"cache layer {i} has key dim {keys.shape[-1]} but value dim {values.shape[-1]}",
-                fix="generation= supports equal key and value head dims",
-            )
-        layout.append((int(keys.shape[1]), int(keys.shape[-1]), keys.dtype))
-    return layout, int(out.logits.shape[-1])
+    return layout_of(model, out)
 
 
 def _step_sample(

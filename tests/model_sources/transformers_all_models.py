@@ -54,6 +54,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "pegasus_x": {"block_size": 4, "num_global_tokens": 4},
 }
 
+#: Config attributes that state how many placeholder tokens an image takes (Gemma 3's 256 per image, PaliGemma's and
+#: Chameleon's sequence length, BLIP-2's query tokens), tried before the counts read from the vision tower's grid.
+DECLARED_IMAGE_TOKENS = (
+    "mm_tokens_per_image",
+    "image_seq_length",
+    "num_image_tokens",
+    "image_token_count",
+    "tokens_per_image",
+    "num_query_tokens",
+)
+
 #: Token ids stay below this (and below the vocabulary), image-token ids and special ids above it are not drawn.
 TOKENS = 8
 
@@ -167,7 +178,22 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
             setattr(config, name, next(free))
     for owner in _configs(config):
         _scale_sections(owner)
+    _fit_image_tokens(config)
     return config
+
+
+def _fit_image_tokens(config: Any) -> None:
+    """A declared count of tokens per image (Gemma 3's ``mm_tokens_per_image``, 256, pooled from the tower's patch
+    grid) made a square that divides the small tower's grid: the grid pooled to half its side, or kept whole."""
+    count = getattr(config, "mm_tokens_per_image", None)
+    vision = getattr(config, "vision_config", None)
+    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if not isinstance(count, int) or not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
+        return
+    grid = size // patch
+    side = grid // 2 if grid % 2 == 0 and grid >= 2 else grid
+    if count > grid * grid or grid % max(1, round(count**0.5)) != 0:
+        config.mm_tokens_per_image = max(1, side) ** 2
 
 
 def _configs(config: Any) -> list[Any]:
@@ -246,7 +272,9 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
         else:  # a placeholder token per image feature: as many as the vision tower's plausible feature counts
             patch = int(_attribute(config, "patch_size", default=8) or 8)
             grid = max(1, side // patch)
-            for count in dict.fromkeys((grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)):
+            declared = [_attribute(config, name) for name in DECLARED_IMAGE_TOKENS]
+            declared = [int(count) for count in declared if isinstance(count, int) and 0 < count <= 4096]
+            for count in dict.fromkeys((*declared, grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)):
                 with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
                 mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
                 candidates.append({**text, "input_ids": with_image, **mask, "pixel_values": pixels})

@@ -189,52 +189,8 @@ class GenerativeModule(ConvertedModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt rows on the CPU as int64, each prompt repeated ``expand`` times (beams, or sequences drawn per
         prompt), and their attention mask."""
-        if (
-            not isinstance(input_ids, torch.Tensor)
-            or input_ids.dim() != 2
-            or input_ids.dtype not in (torch.int64, torch.int32)
-        ):
-            raise InputError(
-                "generate takes input_ids as an int64 (or int32) tensor [batch, tokens]",
-                fix="pass tokenizer(...).input_ids",
-            )
-        for name, tensor in (("input_ids", input_ids), ("attention_mask", attention_mask)):
-            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
-                raise InputError(
-                    f"{name} is a meta tensor (a shape without data): there are no tokens to generate from",
-                    fix="pass a tensor with data (on the CPU or a GPU), e.g. the tokenizer's output",
-                )
-        batch = input_ids.shape[0]
-        if input_ids.shape[1] == 0:
-            raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
-        vocab = self.vocabulary_size
-        outside = (input_ids < 0) | (input_ids >= vocab) if vocab is not None else input_ids < 0
-        if bool(outside.any()):
-            raise InputError(
-                f"input_ids holds token id(s) {sorted(set(input_ids[outside].tolist()))[:5]} outside the model's "
-                f"vocabulary [0, {vocab})",
-                fix="pass ids below the vocabulary size (the model's own tokenizer gives them)",
-            )
-        self._check_rows(batch, expand, beams)
-        given = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        mask = given.to(torch.int64).cpu()
-        if mask.shape != input_ids.shape:
-            raise InputError(
-                f"attention_mask {list(mask.shape)} does not match input_ids {list(input_ids.shape)}",
-                fix="pass the tokenizer's attention_mask for the same prompts",
-            )
-        empty = [row for row in range(batch) if not bool(mask[row].any())]
-        if attention_mask is not None and empty:
-            raise InputError(
-                f"attention_mask row(s) {empty[:5]} are all zeros: those prompts have no token to attend to",
-                fix="drop the empty prompts from the batch, or pass the tokenizer's attention_mask (1 on every token)",
-            )
-        if attention_mask is not None and bool((mask[:, -1] == 0).any()):
-            raise InputError(
-                "attention_mask has padding at the end of a prompt; decoding needs left padding",
-                fix="tokenize with padding_side='left'",
-            )
-        ids = input_ids.cpu().to(torch.int64)
+        ids, mask = checked_prompt(input_ids, attention_mask, self.vocabulary_size)
+        self._check_rows(ids.shape[0], expand, beams)
         return ids.repeat_interleave(expand, dim=0), mask.repeat_interleave(expand, dim=0)
 
     def _check_rows(self, batch: int, expand: int, beams: int) -> None:
@@ -254,6 +210,62 @@ class GenerativeModule(ConvertedModule):
             fix=f"pass at most {most // expand} prompt(s) per call, or fewer {what.split(' ')[0]}, or convert with "
             f"generation={{'max_batch': {batch * expand}, ...}}",
         )
+
+
+def checked_prompt(
+    input_ids: Any, attention_mask: Any, vocab: int | None, source: str = "tokenizer"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt rows on the CPU as int64 and their mask, or an InputError naming what is wrong and the fix (the
+    ``source`` of the ids: the tokenizer, a processor)."""
+    if (
+        not isinstance(input_ids, torch.Tensor)
+        or input_ids.dim() != 2
+        or input_ids.dtype not in (torch.int64, torch.int32)
+    ):
+        raise InputError(
+            "generate takes input_ids as an int64 (or int32) tensor [batch, tokens]",
+            fix=f"pass {source}(...).input_ids",
+        )
+    for name, tensor in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            raise InputError(
+                f"{name} is a meta tensor (a shape without data): there are no tokens to generate from",
+                fix="pass a tensor with data (on the CPU or a GPU), e.g. the tokenizer's output",
+            )
+    batch = input_ids.shape[0]
+    if input_ids.shape[1] == 0:
+        raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
+    outside = (input_ids < 0) | (input_ids >= vocab) if vocab is not None else input_ids < 0
+    if bool(outside.any()):
+        raise InputError(
+            f"input_ids holds token id(s) {sorted(set(input_ids[outside].tolist()))[:5]} outside the model's "
+            f"vocabulary [0, {vocab})",
+            fix=f"pass ids below the vocabulary size (the model's own {source} gives them)",
+        )
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise InputError(
+            f"attention_mask is a {type(attention_mask).__name__}, not a tensor of input_ids' shape",
+            fix=f"pass the {source}'s attention_mask (return_tensors='pt')",
+        )
+    given = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    mask = given.to(torch.int64).cpu()
+    if mask.shape != input_ids.shape:
+        raise InputError(
+            f"attention_mask {list(mask.shape)} does not match input_ids {list(input_ids.shape)}",
+            fix=f"pass the {source}'s attention_mask for the same prompts",
+        )
+    empty = [row for row in range(batch) if not bool(mask[row].any())]
+    if attention_mask is not None and empty:
+        raise InputError(
+            f"attention_mask row(s) {empty[:5]} are all zeros: those prompts have no token to attend to",
+            fix=f"drop the empty prompts from the batch, or pass the {source}'s attention_mask (1 on every token)",
+        )
+    if attention_mask is not None and bool((mask[:, -1] == 0).any()):
+        raise InputError(
+            "attention_mask has padding at the end of a prompt; decoding needs left padding",
+            fix=f"{'tokenize' if source == 'tokenizer' else 'process'} with padding_side='left'",
+        )
+    return input_ids.cpu().to(torch.int64), mask
 
 
 def decode(feed: Feed, decoding: Decoding) -> Iterator[torch.Tensor]:

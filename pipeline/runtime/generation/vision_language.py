@@ -184,45 +184,9 @@ class VisionLanguageModule(TwoGraphModule):
 
     def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt rows on the CPU as int64 and their mask (the decoder-only module's checks)."""
-        if (
-            not isinstance(input_ids, torch.Tensor)
-            or input_ids.dim() != 2
-            or input_ids.dtype not in (torch.int64, torch.int32)
-        ):
-            raise InputError(
-                "generate takes input_ids as an int64 (or int32) tensor [batch, tokens]",
-                fix="pass the processor's input_ids",
-            )
-        if input_ids.shape[1] == 0:
-            raise InputError("the prompt is empty (input_ids has no tokens)", fix="pass at least one token per row")
-        ids = input_ids.cpu().to(torch.int64)
-        vocab = self._vocabulary
-        outside = (ids < 0) | (ids >= vocab) if vocab is not None else ids < 0
-        if bool(outside.any()):
-            raise InputError(
-                f"input_ids holds token id(s) {sorted(set(ids[outside].tolist()))[:5]} outside the model's "
-                f"vocabulary [0, {vocab})",
-                fix="pass ids below the vocabulary size (the model's own processor gives them)",
-            )
-        if attention_mask is None:
-            return ids, torch.ones_like(ids)
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != ids.shape:
-            raise InputError(
-                f"attention_mask must be a tensor of input_ids' shape {list(ids.shape)}",
-                fix="pass the processor's attention_mask for the same prompts",
-            )
-        mask = attention_mask.cpu().to(torch.int64)
-        if not bool(mask.any(dim=1).all()):
-            raise InputError(
-                "an attention_mask row is all zeros: that prompt has no token to attend to",
-                fix="drop the empty prompts from the batch",
-            )
-        if bool((mask[:, -1] == 0).any()):
-            raise InputError(
-                "attention_mask has padding at the end of a prompt; decoding needs left padding",
-                fix="process with padding_side='left'",
-            )
-        return ids, mask
+        from pipeline.runtime.generation.module import checked_prompt
+
+        return checked_prompt(input_ids, attention_mask, self._vocabulary, "processor")
 
     def _request(
         self, ids: torch.Tensor, mask: torch.Tensor, images: dict[str, torch.Tensor], request: GenerateOptions

@@ -321,6 +321,8 @@ def test_capacity_and_batch_errors_say_the_fix(step: GenerativeModule) -> None:
         step.generate(torch.ones(1, 3, dtype=torch.int64), max_length=2.5)
     with pytest.raises(InputError, match="input_ids is a meta tensor"):
         step.generate(torch.ones(1, 3, dtype=torch.int64, device="meta"), max_new_tokens=2)
+    with pytest.raises(InputError, match="attention_mask is a list, not a tensor"):
+        step.generate(torch.ones(1, 3, dtype=torch.int64), [[1, 1, 1]], max_new_tokens=2)
 
 
 def test_opt_learned_positions_decode_token_identically() -> None:
