@@ -25,7 +25,12 @@ same: ``tests/pipeline/generation/test_step_export.py`` compares both ways' grap
 ``a & b``, ``a | b``, ``a ^ b`` (``__and__``)  ``aten.bitwise_and`` / ``bitwise_or`` / ``bitwise_xor``
 ``dropout(x, p, train=False)``                 ``aten.clone(x)``
 ``x.contiguous()``                             ``x`` when contiguous, else ``aten.clone(x, memory_format=contiguous)``
-``x.reshape(shape)``                           ``aten.view(x, shape)`` when ``x`` is contiguous (else: retrace)
+``x.reshape(shape)``                           ``aten.view(x, shape)`` when ``x`` is contiguous; a strided ``x``
+                                               of static size: ``view(x, inferred)`` when its strides allow,
+                                               else ``_unsafe_view(clone(x, contiguous), inferred)``
+``x.flatten(start, end)``                      as ``reshape`` to the output's static shape
+``torch.diff(x, dim=d[, prepend, append])``    ``cat`` of the parts, then ``sub(slice 1:, slice :-1)`` (one
+                                               order, static sizes, not boolean)
 ``aten._assert_tensor_metadata``               kept (the exporter removes assertions afterwards)
 =============================================  ========================================================
 
