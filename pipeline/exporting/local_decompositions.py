@@ -91,15 +91,13 @@ def _static_value(node: Any) -> torch.Tensor | None:
 
 
 def _reshaped(source: Any, shape: Any) -> Rewrite | None:
-    """What the retrace writes for a reshape of ``source`` to ``shape`` (``aten.reshape``'s composite): a view at
-    the shape as given when ``source`` is contiguous, at the inferred shape when its strides allow a view, else a
-    contiguous copy viewed at the inferred shape; None when a size is symbolic."""
+    """What the retrace writes for a reshape of a strided ``source`` (a contiguous one is viewed at the shape as
+    given, in :func:`_rewrite`) or a flatten to ``shape`` (static): a view at the inferred shape when the strides
+    allow one, else a contiguous copy viewed at the inferred shape; None when a size is symbolic."""
     value = _static_value(source)
     if value is None or not isinstance(shape, list | tuple) or not all(type(size) is int for size in shape):
         return None
     inferred = list(value.reshape(list(shape)).shape)
-    if _contiguous(source):
-        return _A.view.default, (source, list(shape)), {}  # as given: -1 stays -1
     try:
         value.view(inferred)
     except (RuntimeError, ValueError):  # the layout needs a copy

@@ -34,6 +34,7 @@ def test_every_model_type_of_transformers_is_a_case_with_a_family(cases: dict[st
     [
         ("bert", {"input_ids", "attention_mask"}),
         ("llava:image-text-to-text", {"input_ids", "attention_mask", "pixel_values"}),
+        ("gemma3:image-text-to-text", {"input_ids", "attention_mask", "pixel_values"}),
         ("whisper:speech-seq2seq", {"input_features", "decoder_input_ids"}),
         ("donut-swin:image-classification", {"pixel_values"}),
     ],
@@ -52,6 +53,10 @@ def test_the_sample_is_found_from_the_forward_and_the_model_runs_on_it(
         placeholder = model.config.image_token_id
         assert placeholder < model.config.text_config.vocab_size <= 256  # the text model shrunk too
         assert int((kwargs["input_ids"] == placeholder).sum()) > 1
+    if name.startswith("gemma3"):  # 256 tokens per image pooled from a 4x4 grid had a pooling kernel of 0
+        grid = model.config.vision_config.image_size // model.config.vision_config.patch_size
+        assert int((kwargs["input_ids"] == model.config.image_token_id).sum()) == model.config.mm_tokens_per_image
+        assert grid % round(model.config.mm_tokens_per_image**0.5) == 0
     if name.startswith("donut-swin"):
         assert kwargs["pixel_values"].shape[-1] == model.config.image_size == 224
 
