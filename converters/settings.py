@@ -10,36 +10,26 @@ import dataclasses
 import functools
 import math
 import os
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from converters.block_settings import check_block_quantization
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, normalise_generation
+from converters.setting_choices import (
+    Backend,
+    CalibrationMethod,
+    CheckParser,
+    Fallback,
+    HardwareCompatibility,
+    OrtInt8ConvOutputs,
+    Precision,
+    PrecisionIO,
+    QuantizeFallback,
+    check_values,
+)
 from converters.shapes import DynamicDim, ProfileRange, normalise_dynamic, normalise_profiles
-
-Backend = Literal["auto", "onnxruntime", "tensorrt", "tensorrt-rtx"]
-BACKENDS: tuple[str, ...] = ("auto", "onnxruntime", "tensorrt", "tensorrt-rtx")
-CheckParser = Literal["auto", "tensorrt", "tensorrt-rtx", "static"]
-CHECK_PARSERS: tuple[str, ...] = ("auto", "tensorrt", "tensorrt-rtx", "static")
-HardwareCompatibility = Literal["none", "ampere_plus", "same_compute_capability"]
-HARDWARE_COMPATIBILITY: tuple[str, ...] = ("none", "ampere_plus", "same_compute_capability")
-Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8", "int4", "nvfp4")
-QuantizeFallback = Literal["fp16", "fp32"]
-QUANTIZE_FALLBACKS: tuple[str, ...] = ("fp16", "fp32")
-OrtInt8ConvOutputs = Literal["requantize", "exact"]
-ORT_INT8_CONV_OUTPUTS: tuple[str, ...] = ("requantize", "exact")
-CalibrationMethod = Literal["auto", "max", "percentile", "entropy", "mse", "awq"]
-CALIBRATION_METHODS: tuple[str, ...] = ("auto", "max", "percentile", "entropy", "mse", "awq")
-Fallback = Literal["onnxruntime", "error"]
-FALLBACKS: tuple[str, ...] = ("onnxruntime", "error")
-PrecisionIO = Literal["model", "low"]
-PRECISION_IO: tuple[str, ...] = ("model", "low")
 
 
 @dataclass(frozen=True)
@@ -278,42 +268,11 @@ class Settings:
     ort_int4_accuracy_level: int = option("onnxruntime", 1)
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        if self.backend not in BACKENDS:
-            raise InputError(f"unknown backend {self.backend!r}", fix=f"use one of {', '.join(map(repr, BACKENDS))}")
+        check_values(self)  # each value's type and range (converters.setting_choices)
         object.__setattr__(self, "dynamic", normalise_dynamic(self.dynamic))
         object.__setattr__(self, "generation", normalise_generation(self.generation))
         object.__setattr__(self, "profiles", normalise_profiles(self.profiles, self.dynamic))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
-        if self.validation_inputs < 0:
-            raise InputError("validation_inputs must be >= 0", fix="pass validation_inputs=0 or more")
-        if self.check_parser not in CHECK_PARSERS:
-            raise InputError(
-                f"unknown check_parser {self.check_parser!r}", fix=f"use one of {', '.join(map(repr, CHECK_PARSERS))}"
-            )
-        if self.trt_hardware_compatibility not in HARDWARE_COMPATIBILITY:
-            raise InputError(
-                f"unknown trt_hardware_compatibility {self.trt_hardware_compatibility!r}",
-                fix=f"use one of {', '.join(map(repr, HARDWARE_COMPATIBILITY))}",
-            )
-        if self.weight_streaming_budget is not None and self.weight_streaming_budget < -1:
-            raise InputError(
-                f"weight_streaming_budget must be -1 (automatic) or a number of bytes >= 0, got "
-                f"{self.weight_streaming_budget}",
-                fix="pass weight_streaming_budget=-1, a byte count such as 2 << 30, or None to build without streaming",
-            )
-        if self.ort_intra_op_threads is not None and self.ort_intra_op_threads < 0:
-            raise InputError(
-                f"threads (ort_intra_op_threads) must be >= 0, got {self.ort_intra_op_threads}",
-                fix="pass the number of ONNX Runtime intra-op threads, 0 or None for ONNX Runtime's default",
-            )
-        if self.trt_engine_cache_size is not None and self.trt_engine_cache_size < 0:
-            raise InputError(
-                f"trt_engine_cache_size must be a number of bytes >= 0, got {self.trt_engine_cache_size}",
-                fix="pass e.g. trt_engine_cache_size=20 << 30 (20 GiB), or None (or 0) to keep every engine",
-            )
-        _check_precision(self)
-        _check_fallback(self)
 
     def with_runtime(self, threads: int | None = None, spinning: bool | None = None) -> Settings:
         """These settings with the runtime's own choices: ONNX Runtime's intra-op ``threads`` and whether they
@@ -378,73 +337,6 @@ class Settings:
         return {d.axis: d for d in self.dynamic if d.input == input_name}
 
 
-def _check_fallback(settings: Settings) -> None:
-    if settings.fallback not in FALLBACKS:
-        raise InputError(f"unknown fallback {settings.fallback!r}", fix=f"use one of {', '.join(map(repr, FALLBACKS))}")
-    if settings.min_segment_size < 1:
-        raise InputError(
-            f"min_segment_size must be >= 1, got {settings.min_segment_size}",
-            fix="pass min_segment_size=1 or more (TensorRT runs of fewer compute nodes join ONNX Runtime)",
-        )
-    if settings.fallback_ops and settings.fallback == "error":
-        raise InputError(
-            f"fallback_ops={list(settings.fallback_ops)} moves ops to ONNX Runtime, but fallback='error' forbids it",
-            fix="drop fallback_ops, or pass fallback='onnxruntime'",
-        )
-
-
-def _check_types(settings: Settings) -> None:
-    """Every plain setting has its declared type (``validation_inputs="3"`` is an error, not a crash later on)."""
-    hints = typing.get_type_hints(Settings)
-    for f in fields(settings):
-        if f.name in ("dynamic", "tolerances", "keep_fp32", "profiles"):  # normalised and checked by their readers
-            continue
-        value = getattr(settings, f.name)
-        allowed = _allowed(hints[f.name])
-        if allowed is None:
-            continue
-        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
-            object.__setattr__(settings, f.name, float(value))
-            continue
-        if not _is_instance(value, allowed):
-            names = " or ".join(sorted({_type_name(t) for t in allowed}))
-            raise InputError(
-                f"setting {f.name} must be {names}, got {value!r} ({type(value).__name__})",
-                fix=f"pass {f.name}= a value of type {names} (default: {_default_text(f)})",
-            )
-
-
-def _allowed(hint: Any) -> tuple[Any, ...] | None:
-    """The runtime types a type hint admits, or None for hints this check does not read (mappings)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        parts = [_allowed(a) for a in typing.get_args(hint)]
-        return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
-    if origin is typing.Literal:  # the value's type here; membership is checked with the list of choices
-        return tuple({type(a) for a in typing.get_args(hint)})
-    if hint is type(None):
-        return (type(None),)
-    if origin is tuple:
-        return (tuple,)
-    if hint in (int, float, bool, str):
-        return (hint,)
-    return None
-
-
-def _is_instance(value: Any, allowed: tuple[Any, ...]) -> bool:
-    if isinstance(value, bool):
-        return bool in allowed
-    return isinstance(value, tuple(t for t in allowed if isinstance(t, type)))
-
-
-def _type_name(t: Any) -> str:
-    return "None" if t is type(None) else (t.__name__ if isinstance(t, type) else repr(t))
-
-
-def _default_text(f: Any) -> str:
-    return repr(f.default) if f.default is not MISSING else "computed"
-
-
 def _normalise_tolerances(tolerances: Any) -> Mapping[str, Tolerance]:
     if not isinstance(tolerances, Mapping):
         raise InputError(
@@ -469,62 +361,3 @@ def _normalise_tolerances(tolerances: Any) -> Mapping[str, Tolerance]:
         source = value.source if isinstance(value, Tolerance) else ""
         out[str(key)] = Tolerance(atol, rtol, *extra, source=source)
     return out
-
-
-def _check_precision(settings: Settings) -> None:
-    if settings.precision not in PRECISIONS:
-        raise InputError(
-            f"unknown precision {settings.precision!r}", fix=f"use one of {', '.join(map(repr, PRECISIONS))}"
-        )
-    keep = settings.keep_fp32
-    object.__setattr__(settings, "keep_fp32", (keep,) if isinstance(keep, str) else tuple(str(k) for k in keep))
-    if settings.calibration_inputs < 0:
-        raise InputError("calibration_inputs must be >= 0", fix="pass calibration_inputs=0 or more")
-    if settings.precision_range_margin < 1:
-        raise InputError("precision_range_margin must be >= 1", fix="pass e.g. precision_range_margin=4.0")
-    if not 0 <= settings.precision_min_share <= 1:
-        raise InputError("precision_min_share must be within [0, 1]", fix="pass e.g. precision_min_share=0.5")
-    _check_quantization(settings)
-    _check_precision_io(settings)
-
-
-def _check_quantization(settings: Settings) -> None:
-    for name, choices in (
-        ("quantize_fallback", QUANTIZE_FALLBACKS),
-        ("calibration_method", CALIBRATION_METHODS),
-        ("ort_int8_conv_outputs", ORT_INT8_CONV_OUTPUTS),
-    ):
-        if getattr(settings, name) not in choices:
-            raise InputError(
-                f"unknown {name} {getattr(settings, name)!r}", fix=f"use one of {', '.join(map(repr, choices))}"
-            )
-    if not 0 < settings.calibration_percentile <= 100:
-        raise InputError("calibration_percentile must be within (0, 100]", fix="pass e.g. calibration_percentile=99.99")
-    check_block_quantization(settings)
-    if settings.precision in ("int8", "fp8", "int4", "nvfp4") and settings.precision_io == "low":
-        raise InputError(
-            f"precision_io='low' is not supported with precision={settings.precision!r}: graph inputs stay float32",
-            fix="leave precision_io='model' with int8/fp8/int4/nvfp4",
-        )
-
-
-def _check_precision_io(settings: Settings) -> None:
-    if settings.precision_io not in PRECISION_IO:
-        raise InputError(
-            f"unknown precision_io {settings.precision_io!r}", fix=f"use one of {', '.join(map(repr, PRECISION_IO))}"
-        )
-    if settings.precision_io == "model" or settings.precision == "fp16":
-        return
-    if settings.precision == "fp32":
-        raise InputError(
-            "precision_io='low' needs a low precision, but precision is 'fp32'",
-            fix="pass precision='fp16' with precision_io='low', or leave precision_io='model'",
-        )
-    # bf16: the graph would take and return bfloat16 tensors, which cannot be fed or checked here
-    raise InputError(
-        "precision_io='low' is not supported with precision='bf16': numpy has no bfloat16 type, so ONNX Runtime "
-        "cannot be fed bfloat16 inputs or return bfloat16 outputs, and a bfloat16 graph could not be run or "
-        "validated against PyTorch",
-        fix="use precision_io='model' with bf16 (float32 inputs and outputs, casts at the boundary), or "
-        "precision='fp16' with precision_io='low'",
-    )

@@ -31,7 +31,7 @@ import torch
 from converters.errors import InputError
 from converters.shapes import ProfileRange
 from pipeline.conversion import convert
-from pipeline.runtime.artifact import read_metadata
+from pipeline.runtime.artifact_reading import read_metadata
 from pipeline.runtime.loading import load
 from pipeline.runtime.module import ConvertedModule
 

@@ -4,24 +4,19 @@ It is defined in ``converters/settings.py`` because converters and passes read i
 ``pipeline`` may import ``pipeline``; this is where the pipeline's own modules and users find it.
 """
 
-from converters.settings import (
+from converters.setting_choices import (
     BACKENDS,
     CALIBRATION_METHODS,
     CHECK_PARSERS,
-    COMPUTE_TYPES,
-    DEFAULT_TOLERANCES,
     FALLBACKS,
-    FLOAT64_COMPUTED_IN,
-    GROUPS,
     HARDWARE_COMPATIBILITY,
     ORT_INT8_CONV_OUTPUTS,
     PRECISION_IO,
     PRECISIONS,
     QUANTIZE_FALLBACKS,
-    DynamicDim,
-    Settings,
-    Tolerance,
 )
+from converters.settings import COMPUTE_TYPES, DEFAULT_TOLERANCES, FLOAT64_COMPUTED_IN, GROUPS, Settings, Tolerance
+from converters.shapes import DynamicDim
 
 __all__ = [
     "BACKENDS",

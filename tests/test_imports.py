@@ -287,6 +287,7 @@ RUNTIME_MAY_IMPORT = (
     "converters.files",
     "converters.lazy",
     "converters.settings",
+    "converters.setting_choices",
     "converters.block_settings",
     "converters.generation_settings",
     "converters.shapes",

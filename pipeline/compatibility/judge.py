@@ -75,7 +75,7 @@ def _graph_of(model: Any) -> tuple[onnx.ModelProto, Path | None, Any]:
         )
     path = Path(model)
     if path.suffix == ".ptrt" or (path.is_file() and zipfile.is_zipfile(path)):
-        from pipeline.runtime.artifact import read_artifact
+        from pipeline.runtime.artifact_reading import read_artifact
 
         artifact = read_artifact(path)
         return artifact.onnx_model, None, artifact

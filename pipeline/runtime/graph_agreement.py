@@ -5,7 +5,7 @@ re-hashes them, and a metadata that says ``max_length`` 64 over a graph whose ca
 then fail inside ONNX Runtime (``Got invalid dimensions for input: attention_mask``). Each check here reads the graph's
 declarations only (names, element types, fixed dimensions, node attributes), never a weight, so a load stays fast;
 each returns the disagreement in words (the field, the metadata's value and the graph's), None when they agree, and
-:func:`pipeline.runtime.artifact.read_artifact` raises it as an ArtifactError.
+:func:`pipeline.runtime.artifact_reading.read_artifact` raises it as an ArtifactError.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def load(
 
         return load_directory(Path(path), part)  # type: ignore[return-value]
     with collector_paused():
-        from pipeline.runtime.artifact import read_artifact
+        from pipeline.runtime.artifact_reading import read_artifact
 
         # the weights' SHA-256 runs while the executor is made; a corrupt artifact still fails here (ArtifactError)
         artifact = read_artifact(path, wait=False)

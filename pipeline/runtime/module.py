@@ -114,7 +114,7 @@ class ConvertedModule(torch.nn.Module):
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
         reads it back); a TensorRT-RTX module that ran here also leaves its runtime cache beside it. A module of
         TensorRT segments saves its segment plan and one engine per TensorRT segment. ``metadata``: JSON-ready entries
-        of the caller's, kept in the artifact's metadata (``pipeline.runtime.artifact.read_metadata``)."""
+        of the caller's, kept in the artifact's metadata (``pipeline.runtime.artifact_reading.read_metadata``)."""
         from pipeline.runtime.segments.executor import SegmentedExecutor
 
         segmented = self._executor if isinstance(self._executor, SegmentedExecutor) else None

@@ -31,7 +31,8 @@ from typing import Any
 from converters.errors import InputError
 from converters.files import write_file_atomically
 from passes.model_io.external_data import save_onnx
-from pipeline.runtime.artifact import Artifact, read_artifact, read_metadata, settings_from_json
+from pipeline.runtime.artifact import Artifact, settings_from_json
+from pipeline.runtime.artifact_reading import read_artifact, read_metadata
 from pipeline.runtime.tensorrt.profiles import ProfileShapes, profile_shapes, profiles_shapes
 from pipeline.serving.model_config import batch_axis, check_max_batch, model_config, write_config
 from pipeline.serving.repository import NAME, ServedArtifact, served_artifact, write_serving_model

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
-from pipeline.runtime.artifact import read_metadata, settings_from_json
+from pipeline.runtime.artifact import settings_from_json
+from pipeline.runtime.artifact_reading import read_metadata
 from pipeline.runtime.io_spec import IOSpec, TensorSpec
 from pipeline.serving.backend_model import TOKENS_OUTPUT
 from pipeline.serving.model_config import batch_axis, check_max_batch, model_config, write_config

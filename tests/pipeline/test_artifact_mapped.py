@@ -21,8 +21,9 @@ from torch import nn
 
 import pipeline
 from passes.model_io.external_data import ALIGNMENT, external_tensors, weights_dir
-from pipeline.runtime import artifact as artifact_module
-from pipeline.runtime.artifact import DATA_MEMBER, FORMAT, INLINE_FORMAT, LINK_NAME, read_artifact
+from pipeline.runtime import artifact_reading
+from pipeline.runtime.artifact import DATA_MEMBER, FORMAT, INLINE_FORMAT, LINK_NAME
+from pipeline.runtime.artifact_reading import read_artifact
 from pipeline.runtime.mapped_zip import MappedZip
 from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
@@ -132,8 +133,8 @@ def test_session_reads_the_copy_where_no_link_can_be_made(
     def refuse(*args: object) -> None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(artifact_module.os, "link", refuse)
-    with caplog.at_level(logging.INFO, logger="pipeline.runtime.artifact"):
+    monkeypatch.setattr(artifact_reading.os, "link", refuse)
+    with caplog.at_level(logging.INFO, logger="pipeline.runtime.artifact_reading"):
         loaded = pipeline.load(saved)
     assert "the session waits for the copy of its weights" in caplog.text  # said, not silent
     directory = weights_dir(loaded.onnx)

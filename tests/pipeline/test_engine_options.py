@@ -15,7 +15,7 @@ import torch
 import pipeline
 from converters.errors import BuildError, ConversionError, InputError
 from converters.settings import Settings
-from pipeline.runtime.artifact import read_artifact
+from pipeline.runtime.artifact_reading import read_artifact
 from pipeline.runtime.tensorrt.identity import build_options
 from pipeline.runtime.tensorrt.weights import weight_flag_names
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import pipeline
-from pipeline.runtime.artifact import ArtifactVersionWarning
+from pipeline.runtime.artifact_reading import ArtifactVersionWarning
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from passes.model_io.external_data import (
     without_weights_dir,
 )
 from pipeline.runtime.io_spec import IOSpec
-from pipeline.runtime.ort.grouped_attention import AliasedCacheSession, cache_pairs
+from pipeline.runtime.ort.aliased_cache import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
 from pipeline.runtime.ort.int8 import disabled_optimizers
 from pipeline.runtime.ort.projections import split_projections

@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.runtime.ort.recorded_types import Dim, dim_size, recorded_types, same_dim, shapes_of
+
 #: The attribute names of ONNX ``Attention`` this rewrite carries over (any other one keeps the node as it is).
 _CARRIED = frozenset({"scale", "softcap"})
 _PREFIX = "ort_gqa"
@@ -111,7 +113,7 @@ class _Around:
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node)
         self.outputs = {o.name for o in model.graph.output}
-        self.shapes = _shapes(model)
+        self.shapes = shapes_of(model)
         self.skipped: set[int] = set()
 
     def only_consumer(self, name: str, op_type: str) -> onnx.NodeProto | None:
@@ -195,40 +197,6 @@ def _reads_past_length(name: str, producers: dict[str, onnx.NodeProto], depth: i
 def _rank4(value: onnx.ValueInfoProto) -> bool:
     dims = value.type.tensor_type.shape.dim
     return len(dims) == 4 and all(d.HasField("dim_value") for d in dims[1:])
-
-
-Dim = int | str | None
-"""A dimension: its size, its symbolic name, or ``None`` when unknown."""
-
-
-def recorded_types(model: onnx.ModelProto) -> dict[str, tuple[int, list[Dim]]]:
-    """Element type and dimensions of every named value whose type the graph records (inputs, value_info,
-    outputs)."""
-    out: dict[str, tuple[int, list[Dim]]] = {}
-    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
-        tensor = value.type.tensor_type
-        out[value.name] = (
-            tensor.elem_type,
-            [
-                d.dim_value if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
-                for d in tensor.shape.dim
-            ],
-        )
-    return out
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, list[Dim]]:
-    """The dimensions of every named value with a recorded shape."""
-    return {name: dims for name, (_, dims) in recorded_types(model).items()}
-
-
-def _size(dim: Dim) -> int | None:
-    return dim if isinstance(dim, int) else None
-
-
-def _same(a: Dim, b: Dim) -> bool:
-    """Two dimensions known to be equal (the same size, or the same symbolic name)."""
-    return a is not None and a == b
 
 
 def _const(name: str, values: Iterable[int] | np.ndarray, dtype: type = np.int64) -> onnx.NodeProto:
@@ -319,10 +287,10 @@ def _attention_nodes(triple: _Triple, index: int, around: _Around, bias: str) ->
     query = attention.input[0]
     past_key, new_key = key_write.input[0], key_write.input[1]
     past_value, new_value = value_write.input[0], value_write.input[1]
-    kv_heads = _size(shapes[past_key][1])
+    kv_heads = dim_size(shapes[past_key][1])
     query_shape = shapes.get(query) or []
-    heads = _size(query_shape[1]) if len(query_shape) == 4 else None
-    value_dim = _size((shapes.get(past_value) or [None] * 4)[3])
+    heads = dim_size(query_shape[1]) if len(query_shape) == 4 else None
+    value_dim = dim_size((shapes.get(past_value) or [None] * 4)[3])
     if heads is None or kv_heads is None or value_dim is None:
         raise ValueError(f"{attention.name}: the query's heads or the cache's dims are not static")
     attrs = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
@@ -385,13 +353,13 @@ def _merged_heads_input(name: str, heads: int, out: str, around: _Around) -> tup
         return None
     source = reshape.input[0]
     merged, split = around.shapes.get(source) or [], around.shapes.get(reshape.output[0]) or []
-    dim = _size(split[3]) if len(split) == 4 else None
+    dim = dim_size(split[3]) if len(split) == 4 else None
     if (
         len(merged) != 3
         or dim is None
-        or not (_same(merged[0], split[0]) and _same(merged[1], split[1]))
-        or _size(split[2]) != heads
-        or _size(merged[2]) != heads * dim
+        or not (same_dim(merged[0], split[0]) and same_dim(merged[1], split[1]))
+        or dim_size(split[2]) != heads
+        or dim_size(merged[2]) != heads * dim
     ):
         return None
     if rotary is None:
@@ -418,8 +386,8 @@ def _merged_heads_output(attention: onnx.NodeProto, width: int, around: _Around)
     if (
         len(split) != 4
         or len(merged) != 3
-        or not (_same(split[0], merged[0]) and _same(split[1], merged[1]))
-        or _size(merged[2]) != width
+        or not (same_dim(split[0], merged[0]) and same_dim(split[1], merged[1]))
+        or dim_size(merged[2]) != width
     ):
         return None
     around.skipped.update((id(transpose), id(reshape)))
@@ -436,76 +404,3 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
             return
         for i in reversed(dead):
             del graph.node[i]
-
-
-def cache_pairs(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """``(past input, present output)`` of each cache buffer a ``GroupQueryAttention`` node of ``model`` updates."""
-    inputs = {i.name for i in model.graph.input}
-    outputs = {o.name for o in model.graph.output}
-    pairs = []
-    for node in model.graph.node:
-        if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
-            for past, present in ((node.input[3], node.output[1]), (node.input[4], node.output[2])):
-                if past in inputs and present in outputs:
-                    pairs.append((past, present))
-    return pairs
-
-
-class AliasedCacheSession:
-    """An ONNX Runtime session of a grouped-attention step whose ``run`` returns what ``module.onnx`` returns.
-
-    ``GroupQueryAttention`` writes the new positions into ``present`` and copies nothing past the filled length when
-    ``present`` is another buffer than ``past``: those positions would be uninitialised memory. ``run`` therefore
-    copies each ``past`` input into a fresh buffer, binds the matching ``present`` output to that same buffer, and
-    runs in place: ``present`` is the whole cache with the step's positions written, as ``TensorScatter`` gives it
-    (one copy of the cache per call, as ``TensorScatter`` makes). Everything else (``io_binding``, the decode
-    runners' in-place buffers, ``get_inputs``...) is the session's own."""
-
-    def __init__(self, session: Any, pairs: list[tuple[str, str]]) -> None:
-        self._session = session
-        self._present = dict(pairs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
-
-    def run(self, output_names: list[str] | None, input_feed: dict[str, Any], run_options: Any = None) -> list[Any]:
-        """``InferenceSession.run`` with the cache outputs aliased to copies of the cache inputs."""
-        import onnxruntime as ort
-
-        names = list(output_names) if output_names else [o.name for o in self._session.get_outputs()]
-        if _rows_apart(input_feed):  # the kernel takes several new tokens over a past for one row only
-            rows = [self.run(names, _row(input_feed, row), run_options) for row in range(len(input_feed["input_ids"]))]
-            return [np.concatenate(parts) for parts in zip(*rows, strict=True)]
-        binding = self._session.io_binding()
-        caches: dict[str, tuple[np.ndarray, Any]] = {}
-        for name, value in input_feed.items():
-            if name in self._present:
-                buffer = np.array(value, copy=True, order="C")
-                cache = ort.OrtValue.ortvalue_from_numpy(buffer)
-                binding.bind_ortvalue_input(name, cache)
-                caches[self._present[name]] = (buffer, cache)
-            else:
-                binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        rest = [name for name in names if name not in caches]
-        for name in rest:  # bound first: the first len(rest) outputs of the binding
-            binding.bind_output(name)
-        for present, (_, cache) in caches.items():
-            binding.bind_ortvalue_output(present, cache)
-        self._session.run_with_iobinding(binding, run_options)
-        values = binding.get_outputs()
-        produced = {name: values[i].numpy() for i, name in enumerate(rest)}
-        return [caches[name][0] if name in caches else produced[name] for name in names]
-
-
-def _rows_apart(feed: dict[str, Any]) -> bool:
-    """Several rows, several new tokens and a filled past: a call ``GroupQueryAttention`` takes row by row."""
-    ids, past = feed.get("input_ids"), feed.get("past_length")
-    if ids is None or past is None:
-        return False
-    shape = np.shape(ids)
-    return len(shape) == 2 and shape[0] > 1 and shape[1] > 1 and int(np.asarray(past)) > 0
-
-
-def _row(feed: dict[str, Any], row: int) -> dict[str, Any]:
-    """Row ``row`` of every batched input (``past_length`` is the same for all rows)."""
-    return {name: value if name == "past_length" else np.asarray(value)[row : row + 1] for name, value in feed.items()}

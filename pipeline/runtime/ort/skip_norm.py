@@ -16,7 +16,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from pipeline.runtime.ort.grouped_attention import Dim, recorded_types
+from pipeline.runtime.ort.recorded_types import Dim, recorded_types
 
 _PREFIX = "ort_skip_norm"
 
