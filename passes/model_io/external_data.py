@@ -34,6 +34,9 @@ from converters.errors import ConversionError
 from converters.files import write_file_atomically
 
 WEIGHTS_DIR_KEY = "torch_trt_pipeline.weights_dir"
+#: The location of a weight held apart from a light graph (passes.model_io.weightless): no file, handed over as an
+#: array with the graph.
+IN_MEMORY = "in-memory"
 #: Protobuf cannot serialise a message of 2 GiB or more.
 PROTOBUF_LIMIT = (2 << 30) - 1
 #: Offsets of tensors in the data files we write are multiples of this, so a runtime can map them in place.
@@ -117,7 +120,7 @@ def base_dir_of(model: onnx.ModelProto) -> Path | None:
     """Where the model's external data files are; an error naming the tensor when it has some but no directory."""
     directory = weights_dir(model)
     if directory is None:
-        tensor = next(external_tensors(model), None)
+        tensor = next((t for t in external_tensors(model) if ExternalDataInfo(t).location != IN_MEMORY), None)
         if tensor is not None:
             raise ConversionError(
                 f"tensor {tensor.name!r} keeps its data in the external file {ExternalDataInfo(tensor).location!r}, "

@@ -19,6 +19,7 @@ from typing import Any
 import onnx
 
 from converters.errors import InputError
+from passes.model_io.weightless import weightless
 from passes.parser_fixes import declined_fixes
 from pipeline.compatibility.ops import DEFAULT_TRT_VERSION, custom_ops, min_version, parse_version, support_table
 from pipeline.compatibility.rules import GraphFacts, node_problems
@@ -106,17 +107,32 @@ def check(model: onnx.ModelProto | str | Path, trt_version: str = DEFAULT_TRT_VE
         raise InputError(
             f"cannot read TensorRT version {trt_version!r}", fix="write it like '10.16' or '11.4'"
         ) from None
+    # the rules read types, ranks and small constants, never a weight's values: the light graph (weights held apart,
+    # unread) is inferred and judged, as a model with external data is
+    light, _ = weightless(proto)
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
+        inferred = onnx.shape_inference.infer_shapes(light)
     except Exception:  # inference is best effort: unknown types just skip the type rules
-        inferred = proto
+        inferred = light
     facts = GraphFacts.of(inferred, parse_version(trt_version))
     functions = {(f.domain, f.name): f for f in proto.functions}
     results = [_check(node, facts, functions, trt_version, scope="") for node in inferred.graph.node]
     nodes = [r for group in results for r in group]
-    declined = declined_fixes(inferred, {n.node for n in nodes if n.status in (UNSUPPORTED, RESTRICTED)})
+    problems = {n.node for n in nodes if n.status in (UNSUPPORTED, RESTRICTED)}
+    declined = declined_fixes(_with_weights(inferred, proto), problems) if problems else {}
     nodes = [replace(n, declined=tuple(declined[n.node])) if n.node in declined else n for n in nodes]
     return CompatibilityReport(trt_version, tuple(nodes))
+
+
+def _with_weights(inferred: onnx.ModelProto, proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The inferred graph with ``proto``'s initializers (a parser fix may read a weight's values)."""
+    if inferred is proto:
+        return inferred
+    full = onnx.ModelProto()
+    full.CopyFrom(inferred)
+    del full.graph.initializer[:]
+    full.graph.initializer.extend(proto.graph.initializer)
+    return full
 
 
 def _check(

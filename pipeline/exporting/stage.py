@@ -19,6 +19,7 @@ from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
 from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
 from passes.model_io.graphs import to_graph, to_model
+from passes.model_io.weightless import serialized_size
 from pipeline.accuracy.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.cache_outputs import forward_without_cache
@@ -33,6 +34,7 @@ from pipeline.exporting.program_fixes import fix_program
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
 from pipeline.exporting.traced_branches import Branches, branches_as_recorded, branches_on_data, recorded_branches
 from pipeline.exporting.translation_table import reused_translation_table
+from pipeline.exporting.type_promotion import fast_type_promotion
 from pipeline.noise import quiet_third_party
 from pipeline.runtime import io_spec
 from pipeline.runtime.io_spec import IOSpec, TensorSpec
@@ -205,6 +207,7 @@ def _torch_export(
                 linear_multi_output_matching(),
                 exact_identity_constants(),
                 local_decompositions(),
+                fast_type_promotion(),
             ):
                 program = torch.onnx.export(
                     exported,
@@ -350,7 +353,7 @@ def _save_external(program: Any, weights: WeightFiles) -> onnx.ModelProto:
 
 
 def _check_protobuf_limit(model: onnx.ModelProto) -> None:
-    size = model.ByteSize()
+    size = serialized_size(model)
     if size > PROTOBUF_LIMIT:
         raise ExportError(
             f"the exported graph is {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit, and was kept in memory "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from passes.model_io.external_data import (
     weights_dir,
     without_weights_dir,
 )
+from passes.model_io.weightless import weightless
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.ort.aliased_cache import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
@@ -27,6 +29,9 @@ from pipeline.runtime.ort.int8 import disabled_optimizers
 from pipeline.runtime.ort.projections import split_projections
 from pipeline.runtime.ort.session_graph import rewrites, runnable_model
 from pipeline.settings import Settings
+
+#: The weights each session reads in place (``add_external_initializers``), kept while the session lives.
+_HANDED_OVER: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
 
 class OnnxRuntimeExecutor:
@@ -71,12 +76,20 @@ class OnnxRuntimeExecutor:
             # it saved 0.02-0.03 s per load and cost 1 s of CPU to build once per artifact, settings and machine;
             # prepacking (0.25 s of the session's 0.3 s) cannot be saved in ONNX Runtime 1.32, whose saved prepacked
             # weights are packed again to be found (tests/pipeline/test_session_cache.py; the cache: commit d1102e6)
+            graph = packed_model if prepack else model
+            weights: dict[str, np.ndarray] = {}
+            if not prepack:  # ONNX Runtime reads unpacked weights in place: handed over as arrays, not serialised
+                graph, weights = weightless(graph)
+            values = [ort.OrtValue.ortvalue_from_numpy(w) for w in weights.values()]
+            if weights:
+                options.add_external_initializers(list(weights), values)
             session = ort.InferenceSession(
-                ort_session_bytes(packed_model if prepack else model, options, prepack),
+                ort_session_bytes(graph, options, prepack),
                 sess_options=options,
                 providers=list(settings.ort_providers),
                 disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
             )
+            _HANDED_OVER[session] = values  # the session reads their memory: they live as long as it does
             pairs = cache_pairs(model)  # a grouped-attention step: run() returns the whole cache, as module.onnx
             return AliasedCacheSession(session, pairs) if pairs else session
 
