@@ -51,7 +51,7 @@ def weightless(model: onnx.ModelProto, min_bytes: int = MIN_BYTES) -> tuple[onnx
 
 
 def serialized_size(model: onnx.ModelProto) -> int:
-    """About the bytes ``model`` serialises to (within a few bytes per large weight), without serialising its weights
+    """About the bytes ``model`` serialises to (at most 64 bytes over per large weight), without serialising its weights
     (upb's ``ByteSize`` serialises the whole message: 0.4 s for 216 MB)."""
     light = _light(model, MIN_BYTES, None)
     held = {t.name for t in light.graph.initializer if t.data_location == TensorProto.EXTERNAL}
