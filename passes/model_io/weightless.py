@@ -65,8 +65,8 @@ def _light(model: onnx.ModelProto, min_bytes: int, weights: dict[str, np.ndarray
     if not any(movable) or has_external_data(model):
         return model
     light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(graph, light.graph, skip="initializer")
+    copy_fields(model, light, skip=("graph",))
+    copy_fields(graph, light.graph, skip=("initializer",))
     for tensor, move in zip(graph.initializer, movable, strict=True):
         if move and weights is not None:
             data = tensor.raw_data  # one copy of the bytes, which the array then reads
@@ -95,10 +95,11 @@ def _size(tensor: onnx.TensorProto) -> int:
     return math.prod(tensor.dims) * np.dtype(_NUMPY_TYPES[tensor.data_type]).itemsize
 
 
-def _copy_fields(source: Any, target: Any, skip: str) -> None:
-    """Every set field of ``source`` but ``skip`` copied into ``target`` (of the same message type)."""
+def copy_fields(source: Any, target: Any, skip: tuple[str, ...]) -> None:
+    """Every set field of ``source`` but those named in ``skip`` copied into ``target`` (a message of the same type):
+    a copy of a model or graph without the fields the caller fills itself (no copy of weights it replaces)."""
     for field, value in source.ListFields():
-        if field.name == skip:
+        if field.name in skip:
             continue
         if field.label == field.LABEL_REPEATED:
             getattr(target, field.name).extend(value)

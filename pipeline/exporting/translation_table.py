@@ -42,6 +42,42 @@ def _operator_count() -> int:
     return len(torch._C._dispatch_get_all_op_names())
 
 
+@contextmanager
+def listed_without_parsing() -> Iterator[None]:
+    """While the table is built, onnxscript lists its ATen functions without parsing their source again.
+
+    onnxscript's ``get_torchlib_ops`` reads each function's domain from ``function.function_ir``, which, for the
+    ~300 traced functions, reads and parses the function's source to build its signature (0.7 of the table's 1.3 s).
+    The domain is the function's opset's domain (checked for every function of onnxscript 0.7: all 557 agree), so
+    the same list is made from ``function.opset.domain``. Where onnxscript lists them otherwise, nothing changes."""
+    try:
+        lazy = importlib.import_module("torch.onnx._internal._lazy_import")
+        apis: Any = importlib.import_module(lazy.onnxscript_apis._name)  # the module the exporter lists them from
+        listing = importlib.import_module(apis.get_torchlib_ops.__module__)
+        meta = listing._OnnxFunctionMeta
+        registration = importlib.import_module("onnxscript.function_libs.torch_lib.registration")
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def get_torchlib_ops() -> list[Any]:
+        importlib.import_module("onnxscript.function_libs.torch_lib.ops")  # registers the functions
+        return [
+            meta(qualified_name=name, function=f, domain=f.opset.domain, name=f.name, is_complex=is_complex)
+            for name, functions in registration.default_registry.items()
+            if not name.startswith("internal::")
+            for is_complex, group in ((False, functions.overloads), (True, functions.complex))
+            for f in group
+        ]
+
+    original = apis.get_torchlib_ops
+    apis.get_torchlib_ops = get_torchlib_ops
+    try:
+        yield
+    finally:
+        apis.get_torchlib_ops = original
+
+
 def _copy(kept: Any) -> Any:
     fresh = copy.copy(kept)
     fresh.functions = {target: list(decompositions) for target, decompositions in kept.functions.items()}
@@ -65,7 +101,8 @@ def reused_translation_table() -> Iterator[None]:
         with _LOCK:
             kept_count, kept = _KEPT.get(opset_version, (-1, None))
             if kept_count != count or type(kept) is not cls:
-                kept = build(cls, opset_version=opset_version)
+                with listed_without_parsing():
+                    kept = build(cls, opset_version=opset_version)
                 _KEPT[opset_version] = (count, kept)
             return _copy(kept)
 

@@ -268,3 +268,43 @@ def test_compare_and_bench_offer_tensorrt_rtx_and_say_what_ran(bert: Any) -> Non
     assert module.runs_on == "onnxruntime"
     label = backend_label({"backend": module.backend, "runs_on": module.runs_on})
     assert label == "converted (tensorrt-rtx engine not run: onnxruntime timed)"
+
+
+def test_weights_handed_to_the_parser_in_place_give_the_network_a_plain_parse_gives() -> None:
+    """parse_onnx gives TensorRT-RTX's parser a light graph and each large weight by address (no 2nd copy of the
+    weights serialised): the network's layers and constant weights are those of the whole model parsed."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from pipeline.backends.tensorrt.build import library_logger, parse_onnx
+
+    weight = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)  # 12 KB: handed over apart
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 48])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (_, network, parser), failures = parse_onnx(model, library=TENSORRT_RTX)
+    assert failures == [] and list(parser.weights) == ["w"]
+
+    logger = library_logger(TENSORRT_RTX)
+    builder = trt.Builder(logger)
+    plain = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    plain_parser = trt.OnnxParser(plain, logger)
+    assert plain_parser.parse(model.SerializeToString())
+
+    def constants(net: Any) -> list[np.ndarray]:
+        found = []
+        for layer in (net.get_layer(i) for i in range(net.num_layers)):
+            if layer.type == trt.LayerType.CONSTANT:
+                layer.__class__ = trt.IConstantLayer  # the binding hands out the base class (as Polygraphy casts it)
+                found.append(np.array(layer.weights))
+        return found
+
+    assert network.num_layers == plain.num_layers
+    got, want = constants(network), constants(plain)
+    assert len(got) == 1 and all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert np.array_equal(got[0].reshape(weight.shape), weight)

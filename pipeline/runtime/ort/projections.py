@@ -23,6 +23,7 @@ from onnx import TensorProto, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
 
 from passes.model_io.external_data import weights_dir
+from passes.model_io.weightless import copy_fields
 
 _PREFIX = "ort_split_projection"
 
@@ -52,8 +53,9 @@ def split_projections(model: onnx.ModelProto) -> onnx.ModelProto:
             found.append((node, split, sizes))
     if not found:
         return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = onnx.ModelProto()  # the graph's nodes and initializers are filled below: the weights are copied once
+    copy_fields(model, out, skip=("graph",))
+    copy_fields(graph, out.graph, skip=("node", "initializer"))
     directory = weights_dir(model)
     sink = _PartsFile(directory) if directory is not None else None
     replaced: dict[int, list[onnx.NodeProto]] = {}  # the Split's position -> its MatMuls
@@ -76,15 +78,12 @@ def split_projections(model: onnx.ModelProto) -> onnx.ModelProto:
     if sink is not None:
         sink.close()
     kept = []
-    for i, node in enumerate(out.graph.node):  # the copy keeps the order
+    for i, node in enumerate(graph.node):
         if i not in dropped:
             kept.extend(replaced.get(i, [node]))
-    del out.graph.node[:]
     out.graph.node.extend(kept)
     unused = {matmul.input[1] for matmul, _, _ in found} - {n for node in kept for n in node.input}
-    remaining = [i for i in out.graph.initializer if i.name not in unused]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend([*remaining, *parts])
+    out.graph.initializer.extend([*(i for i in graph.initializer if i.name not in unused), *parts])
     return out
 
 

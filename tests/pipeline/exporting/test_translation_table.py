@@ -70,3 +70,21 @@ def test_pipeline_conversions_match_with_the_kept_table() -> None:
     second = pipeline.convert(model, sample)
     torch.testing.assert_close(second(sample), model(sample))
     assert [n.op_type for n in first.onnx.graph.node] == [n.op_type for n in second.onnx.graph.node]
+
+
+def test_torchlib_is_listed_without_parsing_as_onnxscript_lists_it() -> None:
+    """The translation table's functions, listed from each function's opset (pipeline.exporting.translation_table),
+    are onnxscript's own list: the same functions, names, domains and kinds, in the same order."""
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+
+    from pipeline.exporting.translation_table import listed_without_parsing
+
+    def listing() -> list[tuple]:
+        return [
+            (m.qualified_name, m.function, m.domain, m.name, m.is_complex) for m in onnxscript_apis.get_torchlib_ops()
+        ]
+
+    want = listing()
+    with listed_without_parsing():
+        got = listing()
+    assert len(got) > 500 and got == want
