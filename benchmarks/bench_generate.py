@@ -929,8 +929,8 @@ def convert_all(systems: dict[str, System], args: argparse.Namespace, record: di
             for max_length in args.max_length:
                 log(f"ours: convert {precision} max_length {max_length}")
                 key = f"ours {precision} max_length {max_length}"
-                kept = args.work / f"ours_{precision}_{max_length}.ptrt"
-                if args.reuse and kept.exists():
+                kept = args.work / f"ours_{precision}_{max_length}.ptrt" if args.reuse else None
+                if kept is not None and kept.exists():
                     ours.artifacts[precision, max_length] = kept
                     conversion[key] = {"reused": str(kept)}
                     continue

@@ -75,10 +75,12 @@ print(imported - start, cpu_imported - cpu, time.perf_counter() - imported, time
 
 def make_artifact(path: Path, size: str) -> Path:
     """Convert a random ``LlamaForCausalLM`` as one generation step (``max_length=256, max_batch=4``) and save it."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT / "tests"))
+    import tests_environment  # noqa: F401  (torchvision's operator schemas, before transformers imports it)
     import torch
     import transformers
 
-    sys.path.insert(0, str(ROOT))
     import pipeline
 
     hidden, intermediate, layers, heads, kv_heads, vocab = SIZES[size]
