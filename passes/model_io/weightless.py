@@ -101,9 +101,15 @@ def copy_fields(source: Any, target: Any, skip: tuple[str, ...]) -> None:
     for field, value in source.ListFields():
         if field.name in skip:
             continue
-        if field.label == field.LABEL_REPEATED:
+        if repeated(field):
             getattr(target, field.name).extend(value)
         elif field.message_type is not None:
             getattr(target, field.name).CopyFrom(value)
         else:
             setattr(target, field.name, value)
+
+
+def repeated(field: Any) -> bool:
+    """Is the field repeated? protobuf 7 has no ``FieldDescriptor.label``; before 5.28 there is no ``is_repeated``."""
+    repeated = getattr(field, "is_repeated", None)
+    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED

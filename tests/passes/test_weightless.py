@@ -78,3 +78,16 @@ def test_a_model_with_nothing_to_hold_apart_is_returned_as_it_is() -> None:
     for tensor in model.graph.initializer:
         tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor)[:2].copy(), tensor.name))
     assert weightless(model) == (model, {})
+
+
+def test_fields_are_copied_whichever_protobuf_describes_them() -> None:
+    """protobuf 7 (what `pip install .` takes; the dev extras hold protobuf below 7) has no FieldDescriptor.label, and
+    protobuf before 5.28 no is_repeated: the light copy reads whichever the descriptor has."""
+    import types
+
+    from passes.model_io.weightless import repeated
+
+    seven = types.SimpleNamespace(is_repeated=True)
+    old = types.SimpleNamespace(label=3, LABEL_REPEATED=3)
+    single = types.SimpleNamespace(label=1, LABEL_REPEATED=3)
+    assert [repeated(f) for f in (seven, old, single)] == [True, True, False]
