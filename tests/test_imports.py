@@ -299,6 +299,7 @@ RUNTIME_MAY_IMPORT = (
     "passes.records",
     "passes.model_io",
     "passes.model_io.external_data",
+    "passes.model_io.weightless",
     "passes.model_io.gc_pause",
     "passes.model_io.graphs",
     "passes.model_io.onnx_export",

@@ -23,7 +23,9 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one() -> None:
     assert "pipeline convert examples/cnn.py:build" in install_and_run
     assert "-c constraints.txt" in install_and_run and "-c constraints.txt" in install_and_test
     assert "pytest" in install_and_test
-    assert install_and_test in (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert install_and_test in ci.splitlines()
+    assert install_and_run in ci  # in a copy of the tree, beside the tests: a plain install's newest releases
 
 
 def test_constraints_pin_torch_for_our_installs_only() -> None:
