@@ -15,14 +15,12 @@ is cast back to the recorded type (``_rerun_node_after_type_promotion``), so the
 
 from __future__ import annotations
 
-import logging
+import contextlib
 from typing import Any
 
 import torch
 
 from pipeline.exporting.patching import SharedPatch
-
-logger = logging.getLogger(__name__)
 
 
 def _recorded(node: torch.fx.Node) -> Any:
@@ -66,6 +64,4 @@ _PATCH = _patch()
 def fast_type_promotion() -> Any:
     """A context in which the exporter's type-promotion pass reuses the values torch.export recorded (a no-op where
     this PyTorch's pass is not the one this was written for)."""
-    import contextlib
-
     return _PATCH.held() if _PATCH is not None else contextlib.nullcontext()
