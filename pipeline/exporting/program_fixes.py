@@ -25,6 +25,8 @@ that an equivalent form it takes can express exactly.
 - ``squeeze`` of an axis whose size is known and not 1 (Pixtral's ``squeeze(0)`` of its patch features when there
   are several): PyTorch leaves such an axis, ONNX ``Squeeze`` refuses it (the graph does not load), and the exporter
   writes the ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
+- complex arithmetic inside the model (rotary embeddings written with ``torch.polar``/``view_as_complex``): written
+  as real arithmetic on (real, imaginary) pairs (:mod:`pipeline.exporting.complex_as_real`).
 - runtime assertions (``torch._check`` on data: LLaVA's image-token count, ``torch_compilable_check``): the exporter
   removes the assertion nodes but still translates the ops that only fed them, and one of those,
   ``aten._is_all_true``, has no translation. The assertions and what only they read are removed first.
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 
+from pipeline.exporting.complex_as_real import complex_as_real
 from pipeline.exporting.histogram_edges import histogramdd_per_dimension
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ _SEQUENCE_OPS = (
 
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` with every rewrite applied (in place; returned for chaining)."""
+    complex_as_real(program)
     changed = _attention_to_4d(program.graph_module.graph)
     grouped = _broadcast_heads_as_grouped(program.graph_module.graph)
     if grouped:
