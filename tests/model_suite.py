@@ -36,6 +36,7 @@ from torch.utils import _pytree as pytree
 import pipeline
 from converters.errors import AccuracyError, BuildError, ConversionError, ExportError, InputError, PipelineError
 from pipeline.precision.buildable import build_error
+from pipeline.validation.attention_paths import SDPA_DISAGREES
 
 STATUSES = (
     "ok",
@@ -95,6 +96,8 @@ def classify_error(exc: BaseException) -> Outcome:
     text = one_line(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, BuildError) and "ONNX parser rejected" in str(exc):
         return Outcome("parser", text)
+    if isinstance(exc, AccuracyError) and SDPA_DISAGREES in str(exc):  # no single PyTorch reference to match
+        return Outcome("pytorch", text)
     for cls, status in _OUR_CLASSES:
         if isinstance(exc, cls):
             return Outcome(status, text)

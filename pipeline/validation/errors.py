@@ -50,8 +50,10 @@ def _origin(node: onnx.NodeProto) -> str:
     return f"{classes[-1]} in module {where!r}{owner}" if where else f"{classes[-1]} in the model's forward{owner}"
 
 
-def raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> None:
-    """The AccuracyError for a failed ``report``: each failing output's summary and the PyTorch op that computes it."""
+def raise_accuracy_error(report: AccuracyReport, origins: dict[str, str], cause: str | None = None) -> None:
+    """The AccuracyError for a failed ``report``: each failing output's summary and the PyTorch op that computes it;
+    ``cause``, when validation found why (:mod:`pipeline.validation.attention_paths`), leads the message and the
+    fix."""
     dropped = f" ({len(report.dropped)} drawn input(s) dropped: PyTorch refused them)" if report.dropped else ""
     failing = [
         o.summary() + (f" [computed by {origins[o.name]}]" if o.name in origins else "")
@@ -74,8 +76,16 @@ def raise_accuracy_error(report: AccuracyReport, origins: dict[str, str]) -> Non
             "check its weights for NaN or inf (a diverged or badly loaded checkpoint) and give a sample it computes "
             "finite values on; " + fix
         )
+    if cause is not None:
+        fix = (
+            "call model.set_attn_implementation('eager') before converting: PyTorch then applies the causal mask on "
+            "every input, as the graph does (report the model to transformers: its 'sdpa' path attends "
+            "bidirectionally only when nothing is padded); " + fix
+        )
+    because = f" ({cause})" if cause is not None else ""
     raise AccuracyError(
-        f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}: " + "; ".join(failing),
+        f"outputs differ from PyTorch beyond tolerance on {report.inputs} input(s){dropped}{because}: "
+        + "; ".join(failing),
         per_output={
             o.name: {
                 "max_abs": o.max_abs,

@@ -45,6 +45,7 @@ from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats, uninit
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.reports.accuracy import AccuracyReport, OutputAccuracy
 from pipeline.settings import DEFAULT_TOLERANCES, Settings
+from pipeline.validation.attention_paths import skipped_causal_mask
 from pipeline.validation.draws import draw_like, properties
 from pipeline.validation.errors import output_origins, raise_accuracy_error
 from pipeline.validation.screening import ScreenedFeeds, torch_function
@@ -184,6 +185,7 @@ def validate(
     anchoring = Anchoring(model, io, elementwise)
     torch_runner = ScreeningTorchRunner(model, io)
     loader = ScreenedFeeds(feeds, torch_runner, given)
+    actual: dict[str, Any] = {}
     with polygraphy_quiet(), _backend_errors(backend_runner):
         for single in Comparator.run([torch_runner, backend_runner], data_loader=loader, streaming=True):
             (_, expected), (_, actual) = [(name, iterations[0]) for name, iterations in single.items()]
@@ -216,7 +218,8 @@ def validate(
             fix="give a sample the model takes (it is always validated on), or convert with validate=False",
         )
     if not report.passed:
-        raise_accuracy_error(report, output_origins(graph) if graph is not None else {})
+        cause = skipped_causal_mask(model, torch_runner.call, torch_runner.last_feed, actual)
+        raise_accuracy_error(report, output_origins(graph) if graph is not None else {}, cause)
     return report
 
 
