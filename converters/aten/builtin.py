@@ -17,6 +17,7 @@ from converters.aten.antialias import register_antialias_converters
 from converters.aten.eigen import register_eigen_converters
 from converters.aten.embedding import register_embedding_converters
 from converters.aten.grouped_mm import register_grouped_mm_converters
+from converters.aten.masked_scatter import register_masked_scatter_converters
 from converters.aten.misc import register_misc_converters
 from converters.aten.more import register_more_converters
 from converters.aten.overrides import register_override_converters
@@ -120,4 +121,5 @@ def register_builtin_converters(registry: ConverterRegistry) -> None:
     register_embedding_converters(registry)
     register_sort_converters(registry)
     register_grouped_mm_converters(registry)
+    register_masked_scatter_converters(registry)
     register_antialias_converters(registry)
