@@ -16,7 +16,11 @@ def add_export_triton_command(commands: Any) -> None:
         help="write a Triton Inference Server model repository from a saved artifact (TensorRT plan, ONNX model "
         "with the TensorRT accelerator, or a Python-backend model for generation)",
     )
-    exporter.add_argument("artifact", type=Path, help="a file written by module.save()")
+    exporter.add_argument(
+        "artifact",
+        type=Path,
+        help="a file written by module.save(), or an encoder-decoder's or a vision-language model's directory",
+    )
     exporter.add_argument("repository", type=Path, help="the model repository (created if missing)")
     exporter.add_argument("--name", default=None, help="prefix of the model names (default: the artifact's stem)")
     exporter.add_argument(

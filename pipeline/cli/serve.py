@@ -19,7 +19,13 @@ def add_serve_command(commands: Any) -> None:
         help="serve artifacts with a real Triton Inference Server (HTTP, gRPC, metrics; dynamic batching; token "
         "streaming for generation artifacts) until SIGTERM or Ctrl-C",
     )
-    serve.add_argument("artifacts", type=Path, nargs="+", help="artifacts written by module.save()")
+    serve.add_argument(
+        "artifacts",
+        type=Path,
+        nargs="+",
+        help="artifacts written by module.save() (a file, or the directory of an "
+        "encoder-decoder or a vision-language model)",
+    )
     serve.add_argument(
         "--name",
         action="append",

@@ -7,8 +7,10 @@ packages on the stub's path and hands over to :func:`triton_model`. It imports t
   batcher gathered are concatenated on the batch dimension, run together and split again. Requests whose other
   dimensions differ run as separate calls. A request the module refuses (a size outside the converted range) gets
   that error alone; the others are answered.
-- A generation artifact is decoupled: each request is a prompt (``input_ids``, optionally ``attention_mask``) and
-  gets one response per step with the next token of every row, then an empty final response. The generate options
+- A generation artifact is decoupled: each request is a prompt (``input_ids``, optionally ``attention_mask``; an
+  encoder-decoder's encoder inputs and optionally ``decoder_input_ids``; a vision-language model's prompt and image
+  inputs such as ``pixel_values``) and gets one response per step with the next token of every row, then an empty
+  final response. The generate options
   (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``,
   ``eos_token_id``, ``pad_token_id``, ``max_length``, ``min_new_tokens``, ``min_length``, ``no_repeat_ngram_size``)
   are request parameters. Requests run on threads, each holding
@@ -53,6 +55,7 @@ TOKENS_OUTPUT = "tokens"
 def triton_model(args: dict[str, Any], pb_utils: Any) -> Any:
     """The served model for one instance (``args`` as Triton gives ``initialize``)."""
     from pipeline.runtime.generation.module import GenerativeModule
+    from pipeline.runtime.generation.two_graphs import TwoGraphModule
     from pipeline.runtime.loading import load
 
     config = json.loads(args["model_config"])
@@ -60,8 +63,8 @@ def triton_model(args: dict[str, Any], pb_utils: Any) -> Any:
     threads = int(parameters["threads"]) if parameters.get("threads") else None
     spinning = parameters["spinning"] == "True" if parameters.get("spinning") else None
     module = load(parameters["artifact"], threads=threads, spinning=spinning)
-    if isinstance(module, GenerativeModule):
-        return GenerationModel(module, pb_utils)
+    if isinstance(module, GenerativeModule | TwoGraphModule):
+        return GenerationModel(module, pb_utils, tuple(entry["name"] for entry in config.get("input", ())))
     return GraphModel(module, pb_utils, batched=config.get("max_batch_size", 0) > 0)
 
 
@@ -140,9 +143,10 @@ class GraphModel:
 class GenerationModel:
     """A generation artifact in decoupled mode: each request streams its tokens from a thread of its own."""
 
-    def __init__(self, module: Any, pb_utils: Any) -> None:
+    def __init__(self, module: Any, pb_utils: Any, inputs: tuple[str, ...] = ("input_ids", "attention_mask")) -> None:
         self.module = module
         self.pb_utils = pb_utils
+        self.inputs = inputs  # the request's tensors (the first required), passed to stream() by name
         self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
 
@@ -158,8 +162,8 @@ class GenerationModel:
         sender = request.get_response_sender()
         final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            ids, mask, options = self._request(request)
-            for token in self.module.stream(ids, mask, **options):
+            tensors, options = self._request(request)
+            for token in self.module.stream(**tensors, **options):
                 tokens = token.reshape(-1, 1).to(torch.int64)
                 sender.send(
                     self.pb_utils.InferenceResponse(output_tensors=[_tensor(self.pb_utils, TOKENS_OUTPUT, tokens)])
@@ -172,12 +176,15 @@ class GenerationModel:
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
-    def _request(self, request: Any) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any]]:
-        ids = torch.from_dlpack(self.pb_utils.get_input_tensor_by_name(request, "input_ids")).clone()
-        given = self.pb_utils.get_input_tensor_by_name(request, "attention_mask")
-        mask = torch.from_dlpack(given).clone() if given is not None else None
+    def _request(self, request: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The request's tensors by name (the optional ones it holds) and its generate options."""
+        tensors = {}
+        for name in self.inputs:
+            given = self.pb_utils.get_input_tensor_by_name(request, name)
+            if given is not None:
+                tensors[name] = torch.from_dlpack(given).clone()
         options = request_options(request.parameters())
-        return ids, mask, options
+        return tensors, options
 
     def finalize(self) -> None:
         """Let running streams end (the server waits for them on shutdown)."""

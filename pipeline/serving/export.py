@@ -6,8 +6,9 @@ What the artifact holds decides the models (each ``REPO/MODEL/config.pbtxt`` and
   (``1/model.plan``) whose instances use the engine's optimization profiles;
 - the final ONNX graph, always (but for a generation artifact): ``NAME_onnx``, an ``onnxruntime_onnx`` model
   (``1/model.onnx``, its weights in ``1/model.onnx.data``) with ONNX Runtime's TensorRT execution accelerator;
-- a generation artifact: ``NAME``, a Python-backend model around the step that loads the artifact (copied to
-  ``NAME/1/``) with :func:`pipeline.load` and streams tokens (:mod:`pipeline.serving.repository`).
+- a generation artifact (a decoder-only step, or the directory of an encoder-decoder or a vision-language model):
+  ``NAME``, a Python-backend model that loads the artifact (copied to ``NAME/1/``) with :func:`pipeline.load` and
+  streams tokens (:mod:`pipeline.serving.repository`).
 
 Not exported, and said so in :meth:`TritonExport.summary`: a TensorRT-RTX plan (Triton's ``tensorrt`` backend runs
 NVIDIA TensorRT plans, not TensorRT-RTX ones), the segment plans of a segmented artifact, and a weight-stripped or
@@ -135,7 +136,7 @@ def export_triton(
     repository = Path(repository)
     if repository.exists() and not repository.is_dir():
         raise InputError(f"export-triton: {repository} is a file", fix="give a directory (created if missing)")
-    metadata = read_metadata(served.path)
+    metadata = read_metadata(served.metadata_file)
     settings = settings_from_json(metadata["settings"])
     delay = max_queue_delay_us if dynamic_batching else None
     if served.generative:

@@ -80,15 +80,31 @@ class TritonPythonModel:
 '''
 
 
+#: what a decoder-only generation request holds: the prompt and its padding (optional)
+PROMPT_INPUTS = (
+    TensorSpec("input_ids", "int64", ("batch", "length")),
+    TensorSpec("attention_mask", "int64", ("batch", "length")),
+)
+
+
 @dataclass(frozen=True)
 class ServedArtifact:
-    """One artifact to serve: its model name and file, and what its metadata says it is."""
+    """One artifact to serve: its model name and file (or directory: an encoder-decoder's, a vision-language
+    model's), and what its metadata says it is. ``request`` is a generation request's inputs (the first required,
+    the others optional); ``metadata_path`` the artifact whose metadata and settings speak for it (the step's)."""
 
     name: str
     path: Path
     io: IOSpec
     generative: bool
     dynamic: tuple[DynamicDim, ...] = ()
+    request: tuple[TensorSpec, ...] = ()
+    metadata_path: Path | None = None
+
+    @property
+    def metadata_file(self) -> Path:
+        """The artifact file whose metadata describes what is served."""
+        return self.metadata_path or self.path
 
 
 def default_name(path: Path) -> str:
@@ -103,9 +119,15 @@ def served_artifact(path: str | Path, name: str | None = None) -> ServedArtifact
     """Read what an artifact is from its metadata (the weights are not read), under ``name`` (default:
     :func:`default_name`)."""
     path = Path(path).resolve()
-    if not path.is_file():
-        raise InputError(f"serving: no artifact at {path}", fix="pass the path of a file written by module.save()")
-    metadata = read_metadata(path)
+    parts = _two_graphs(path) if path.is_dir() else None
+    if parts is None and not path.is_file():
+        raise InputError(
+            f"serving: no artifact at {path}",
+            fix="pass the path of a file written by module.save(), or the directory an encoder-decoder's or a "
+            "vision-language model's save() wrote",
+        )
+    step, request = parts if parts is not None else (path, None)
+    metadata = read_metadata(step)
     name = name or default_name(path)
     if not NAME.match(name):
         raise InputError(
@@ -114,7 +136,32 @@ def served_artifact(path: str | Path, name: str | None = None) -> ServedArtifact
         )
     settings = settings_from_json(metadata["settings"])
     io = IOSpec.from_json(metadata["io"])
-    return ServedArtifact(name, path, io, settings.generation is not None, tuple(settings.dynamic))
+    generative = settings.generation is not None
+    if request is None:
+        request = PROMPT_INPUTS if generative else ()
+    return ServedArtifact(name, path, io, generative, tuple(settings.dynamic), request, step)
+
+
+def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
+    """For a directory an encoder-decoder or a vision-language model saved: its step's artifact and what a request
+    holds (the first input required); None for any other directory."""
+    from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
+    from pipeline.runtime.generation.vision_language import META_FILE, STEP_FILE, VISION_FILE
+
+    if (directory / DECODER_FILE).is_file() and (directory / ENCODER_FILE).is_file():
+        encoder = IOSpec.from_json(read_metadata(directory / ENCODER_FILE)["io"])
+        decoder_ids = TensorSpec("decoder_input_ids", "int64", ("batch", "decoder_length"))
+        return directory / DECODER_FILE, (*(_any_size(spec) for spec in encoder.inputs), decoder_ids)
+    if (directory / META_FILE).is_file() and (directory / VISION_FILE).is_file() and (directory / STEP_FILE).is_file():
+        vision = IOSpec.from_json(read_metadata(directory / VISION_FILE)["io"])
+        return directory / STEP_FILE, (*PROMPT_INPUTS, *(_any_size(spec) for spec in vision.inputs))
+    return None
+
+
+def _any_size(spec: TensorSpec) -> TensorSpec:
+    """``spec`` with every dimension free: a request holds any number of rows (or images) of any size the module
+    takes; the module checks them."""
+    return TensorSpec(spec.name, spec.dtype, tuple(f"{spec.name}_{axis}" for axis in range(len(spec.shape))))
 
 
 def environment_paths() -> tuple[list[str], list[str]]:
@@ -162,14 +209,12 @@ def write_serving_model(
             backend="python",
             instances=instances,
             decoupled=True,
-            inputs=(
-                TensorSpec("input_ids", "int64", ("batch", "length")),
-                TensorSpec("attention_mask", "int64", ("batch", "length")),
-            ),
+            inputs=served.request,
             outputs=(TensorSpec(TOKENS_OUTPUT, "int64", ("batch", 1)),),
             parameters=parameters,
         )
-        config.input[1].optional = True
+        for optional in config.input[1:]:
+            optional.optional = True
     else:
         check_max_batch(served.name, batch_axis(served.io, served.dynamic), max_batch)
         config = model_config(
@@ -183,7 +228,10 @@ def write_serving_model(
         )
     directory = repository / served.name
     (directory / "1").mkdir(parents=True, exist_ok=True)
-    if portable:
+    if portable and served.path.is_dir():  # inside the export's staging directory: renamed into place whole
+        shutil.copytree(served.path, directory / "1" / served.path.name, dirs_exist_ok=True)
+        model_py = PORTABLE_MODEL_PY.format(artifact=served.path.name)
+    elif portable:
         with open(served.path, "rb") as source:
             write_file_atomically(directory / "1" / served.path.name, lambda out: shutil.copyfileobj(source, out))
         model_py = PORTABLE_MODEL_PY.format(artifact=served.path.name)
