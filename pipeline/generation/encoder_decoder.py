@@ -30,6 +30,7 @@ from converters.errors import AccuracyError, ExportError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
 from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
+from pipeline.generation.generate_scores import greedy_options, judged_logits, prompt_tokens, with_decoding
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.seq2seq import (
     CrossStates,
@@ -137,7 +138,7 @@ def convert_encoder_decoder(
     step_module = stages(step, step_sample, step_settings, generation_converters(registry))
     module = EncoderDecoderModule(encoder_module, step_module)
     if settings.validate:
-        _validate_greedy(model, module, inputs)
+        _validate_greedy(model, module, inputs, step_settings)
     return module
 
 
@@ -416,16 +417,31 @@ def _model_options(model: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
     )
 
 
-def _validate_greedy(model: torch.nn.Module, module: EncoderDecoderModule, inputs: dict[str, torch.Tensor]) -> None:
+def _validate_greedy(
+    model: torch.nn.Module, module: EncoderDecoderModule, inputs: dict[str, torch.Tensor], settings: Settings
+) -> None:
     """The sample's greedy decoding, token for token against ``model.generate`` (its own cache), else against
     transformers' generic ``generate`` loop: what the module reproduces, where the model's class wraps it with its own
-    post-processing (Whisper's leaves out its decoder prompt and turns a final eos into padding)."""
+    post-processing (Whisper's leaves out its decoder prompt and turns a final eos into padding). Then every step's
+    logits against the ``generate`` that gave the same tokens (:mod:`pipeline.generation.generate_scores`)."""
     actual = _reference_greedy(module.generate, inputs)
     expected = _reference_greedy(getattr(model, "generate"), inputs)  # noqa: B009 - nn.Module types it as a tensor
-    if _same_tokens(expected, actual):
-        return
-    generic = _generic_generate(model)
-    if generic is not None and _same_tokens(_reference_greedy(generic, inputs), actual):
+    reference: Callable[..., Any] | None = getattr(model, "generate")  # noqa: B009
+    if not _same_tokens(expected, actual):
+        reference = _generic_generate(model)
+        if reference is None or not _same_tokens(_reference_greedy(reference, inputs), actual):
+            reference = None
+    if reference is not None:
+        with torch.no_grad():
+            theirs = reference(**inputs, **greedy_options(VALIDATION_TOKENS))
+        ours: Any = module.generate(**inputs, **greedy_options(VALIDATION_TOKENS))
+        if len(theirs.logits) == len(ours.logits):  # a model's own generate may add steps of its own (none: judged)
+            main = next(iter(inputs.values()))
+            tokens = prompt_tokens(inputs.get("attention_mask"), main) if main.dtype == torch.int64 else main.shape[0]
+            label = f"sample of {main.shape[0]} row(s), its {next(iter(inputs))}"
+            again = functools.partial(reference, **inputs, **greedy_options(VALIDATION_TOKENS))
+            judged = judged_logits(ours, theirs, module.decoder.io, settings, label, tokens, again, model)
+            with_decoding(module.decoder, judged)
         return
     raise AccuracyError(
         f"the converted encoder-decoder's greedy tokens differ from {type(model).__name__}.generate on the sample: "

@@ -24,6 +24,7 @@ the model's own ``generate``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from pipeline.generation.conversion import (
     special_tokens,
     step_precision_io,
 )
+from pipeline.generation.generate_scores import greedy_options, judged_logits, prompt_tokens, with_decoding
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.generation.layout import past_name
@@ -216,7 +218,7 @@ def convert_vision_language(
     embedding = _token_embedding(model, token, hidden)
     module = VisionLanguageModule(vision_module, step_module, token, embedding, fixed)
     if settings.validate:
-        _validate_greedy(model, module, text, vision)
+        _validate_greedy(model, module, text, vision, step_settings)
     return module
 
 
@@ -404,17 +406,27 @@ def _profiles(dims: tuple[DynamicDim, ...], generation: GenerationSettings) -> t
 
 
 def _validate_greedy(
-    model: torch.nn.Module, module: VisionLanguageModule, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
+    model: torch.nn.Module,
+    module: VisionLanguageModule,
+    text: dict[str, torch.Tensor],
+    vision: dict[str, torch.Tensor],
+    settings: Settings,
 ) -> None:
-    """The sample's greedy decoding, token for token against ``model.generate``."""
-    options: dict[str, Any] = {"max_new_tokens": VALIDATION_TOKENS, "do_sample": False, "num_beams": 1}
+    """The sample's greedy decoding, token for token against ``model.generate``, then every step's logits
+    (:mod:`pipeline.generation.generate_scores`): the step's report holds them as its ``decoding``."""
+    options = greedy_options(VALIDATION_TOKENS)
     with torch.no_grad():
         expected = model.generate(**text, **vision, **options)  # type: ignore[operator]
-    actual = module.generate(**text, **vision, **options)
-    if torch.equal(torch.as_tensor(expected), actual):
-        return
-    raise AccuracyError(
-        f"the converted vision-language model's greedy tokens differ from {type(model).__name__}.generate on the "
-        f"sample: expected {torch.as_tensor(expected).tolist()}, got {actual.tolist()}",
-        fix="convert with precision='fp32' to confirm; report the model (each graph passed its validation)",
-    )
+    actual: Any = module.generate(**text, **vision, **options)
+    if not torch.equal(torch.as_tensor(expected.sequences), actual.sequences):
+        raise AccuracyError(
+            f"the converted vision-language model's greedy tokens differ from {type(model).__name__}.generate on the "
+            f"sample: expected {torch.as_tensor(expected.sequences).tolist()}, got {actual.sequences.tolist()}",
+            fix="convert with precision='fp32' to confirm; report the model (each graph passed its validation)",
+        )
+    ids = text["input_ids"]
+    label = f"sample {ids.shape[0]}x{ids.shape[1]} with its images"
+    tokens = prompt_tokens(text.get("attention_mask"), ids)
+    generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module types it as a tensor
+    again = functools.partial(generate, **text, **vision, **options)
+    with_decoding(module.step, judged_logits(actual, expected, module.step.io, settings, label, tokens, again, model))

@@ -108,6 +108,15 @@ def test_llava_greedy_equals_transformers_on_a_padded_batch(
     assert torch.equal(torch.stack(streamed, dim=1), expected[:, ids.shape[1] :])
 
 
+def test_validation_judges_every_steps_logits_against_transformers(llava_module: VisionLanguageModule) -> None:
+    accuracy = llava_module.report.accuracy
+    assert accuracy is not None and accuracy.decoding is not None
+    decoding = accuracy.decoding
+    assert decoding.passed and decoding.rows == 2 and decoding.computed_in == "float32"
+    assert len(decoding.per_step) == 8 and all(step.elements == 2 * 128 for step in decoding.per_step)
+    assert max(step.max_abs for step in decoding.per_step) < 1e-3
+
+
 def test_llava_beam_search_equals_transformers(
     llava: Any, llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
 ) -> None:

@@ -1,0 +1,167 @@
+"""Per-step logits of a two-graph generation module (a vision-language model, an encoder-decoder) against
+transformers' own ``model.generate`` on the conversion's sample.
+
+Each graph is validated against PyTorch on its own, and the sample's greedy tokens against ``model.generate``; the
+tokens alone would pass a step whose logits drift but keep their argmax. Here both ``generate`` calls return their
+raw logits (``output_logits``), the tokens must be the same (so every step was fed the same tokens: the logits are
+comparable one for one), and each step's logits are judged by the accuracy policy
+(:func:`pipeline.accuracy.stats.judgement`; where the fixed tolerance fails, within PyTorch's own error: its
+``generate`` run again with every float32 op in float64, or in the half type) into a :class:`DecodingAccuracy`, the
+report's ``decoding``. A float32 conversion fails on a step more than :data:`GROSS` times beyond its tolerance (a
+wrong cache write, mask or position); within that, the two graphs' rounding compounds (the encoder's or the vision
+tower's error carried into the step: each graph alone passed its validation) and the note says so. A half-precision
+conversion's figures are reported and only its tokens can fail it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
+from pipeline.accuracy.stats import judgement, tolerance_ratio
+from pipeline.precision.stage import validation_settings
+from pipeline.runtime.io_spec import IOSpec
+from pipeline.runtime.reports.accuracy import DecodingAccuracy
+from pipeline.settings import Settings
+from pipeline.validation.decoding import StepJudge, raise_decoding_error
+
+#: How far past its tolerance a float32 step's logits fail the conversion (a wrong cache write, mask or position is
+#: off by orders of magnitude; two graphs' rounding compounded is within a few times the anchored tolerance).
+GROSS = 10.0
+UNANCHORED_NOTE = "half-precision logits of a two-graph model: reported, not failed; the greedy tokens are identical"
+
+
+def greedy_options(tokens: int) -> dict[str, Any]:
+    """The options of both ``generate`` calls: greedy, ``tokens`` new tokens, the raw logits of every step."""
+    return {
+        "max_new_tokens": tokens,
+        "do_sample": False,
+        "num_beams": 1,
+        "return_dict_in_generate": True,
+        "output_logits": True,
+    }
+
+
+def judged_logits(
+    ours: Any,
+    theirs: Any,
+    io: IOSpec,
+    settings: Settings,
+    label: str,
+    prompt_tokens: int,
+    reference: Callable[[], Any] | None = None,
+    model: torch.nn.Module | None = None,
+) -> DecodingAccuracy:
+    """The per-step figures of two ``generate`` outputs with the same ``sequences`` (``ours``: the module's, ``theirs``:
+    the model's), the step graph's ``io`` naming the logits' type; raises the decoding AccuracyError when a float32
+    conversion's step is more than :data:`GROSS` times beyond the policy. ``reference()`` runs ``model``'s
+    ``generate`` again (the same call): where the fixed tolerance fails, it runs once with the model's weights and ops
+    in the anchor type (float64 for a float32 graph) and the step is judged within PyTorch's own error there, as every
+    validation judges."""
+    logits_dtype = next(o.dtype for o in io.outputs if o.name == "logits")
+    judged = judgement("logits", logits_dtype, validation_settings(settings))
+    judge = StepJudge(judged.tolerance)
+    notes: set[str] = set()
+    anchor: Any = None
+    ratios: dict[int, float] = {}  # each step's worst element against what it is allowed (1: at the limit)
+    for step, (got, want) in enumerate(zip(ours.logits, theirs.logits, strict=True)):
+        got_array, want_array = got.float().cpu().numpy(), want.float().cpu().numpy()
+        tolerance = None
+        if (
+            judged.anchor
+            and reference is not None
+            and model is not None
+            and tolerance_ratio(got_array, want_array, judged.tolerance) > 1
+        ):
+            if anchor is None:
+                anchor = _anchor_run(reference, model, judged.anchor, notes) or ()
+            if _fed_alike(anchor, theirs, step):
+                own = anchor.logits[step].double().cpu().numpy()
+                tolerance = anchored_tolerance(judged.tolerance, want_array, own, judged.anchor)[0]
+        judge.add(step, got_array, want_array, tolerance)
+        ratios[step] = tolerance_ratio(got_array, want_array, tolerance or judged.tolerance)
+    rows, steps = int(ours.sequences.shape[0]), len(ours.logits)
+    per_step = judge.results()
+    half = judged.computed_in != "float32"
+    beyond = [s for s in per_step if not s.passed]
+    worst = max((ratios[s.step] for s in beyond), default=0.0)
+    if half:
+        notes.add(UNANCHORED_NOTE)
+    elif beyond and worst <= GROSS:
+        notes.add(
+            f"{len(beyond)} step(s) beyond the policy by at most {worst:.1f}x the tolerance, with identical tokens: "
+            f"the two graphs' float32 rounding compounds (the encoder's states through the cross-attention, the image "
+            f"features through the text); reported, failed only beyond {GROSS:g}x"
+        )
+    report = DecodingAccuracy(
+        prompts=(label,),
+        steps=max(steps - 1, 0),
+        computed_in=judged.computed_in,
+        tolerance={k: float(v) for k, v in vars(judged.tolerance).items() if isinstance(v, float)},
+        per_step=per_step,
+        greedy=rows * steps,
+        greedy_tokens=rows * steps,
+        precision=settings.precision,
+        note="; ".join(sorted(notes)),
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        logits_judged=rows * steps,
+        greedy_reused=True,
+    )
+    if beyond and not half and worst > GROSS:
+        raise_decoding_error(report)
+    return report
+
+
+def _anchor_run(reference: Callable[[], Any], model: torch.nn.Module, computed_in: str, notes: set[str]) -> Any:
+    """The model's ``generate`` with its float32 weights and every float32 op in the anchor type of ``computed_in``
+    (the weights put back after); None (with a note) when the model cannot run so."""
+    dtype = ANCHOR_DTYPES[computed_in]
+    mode = PrecisionMode(dtype)
+    try:
+        with torch.no_grad(), _weights_in(model, dtype), mode:
+            out = reference()
+    except Exception as error:  # noqa: BLE001 - the fixed tolerance stands, and the report says why
+        notes.add(
+            f"PyTorch cannot generate in {ANCHOR_DTYPES[computed_in]} for the anchored rule: {type(error).__name__}"
+        )
+        return None
+    return out
+
+
+@contextlib.contextmanager
+def _weights_in(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """``model``'s float32 parameters and buffers in ``dtype`` within the block, as they were after it."""
+    kept = [(t, t.data) for t in (*model.parameters(), *model.buffers()) if t.dtype == torch.float32]
+    try:
+        for tensor, data in kept:
+            tensor.data = data.to(dtype)
+        yield
+    finally:
+        for tensor, data in kept:
+            tensor.data = data
+
+
+def _fed_alike(anchor: Any, theirs: Any, step: int) -> bool:
+    """Whether the anchor run was fed the same tokens as the reference up to ``step`` (its logits there compare)."""
+    if not anchor or len(anchor.logits) <= step:
+        return False
+    width = theirs.sequences.shape[1] - len(theirs.logits) + step  # the prompt, then the tokens chosen before
+    return bool(torch.equal(anchor.sequences[:, :width], theirs.sequences[:, :width]))
+
+
+def with_decoding(module: Any, decoding: DecodingAccuracy) -> None:
+    """``module``'s report (a converted graph's) with ``decoding`` in its accuracy report."""
+    report = module.report
+    if report is not None and report.accuracy is not None:
+        module.report = dataclasses.replace(report, accuracy=dataclasses.replace(report.accuracy, decoding=decoding))
+
+
+def prompt_tokens(mask: torch.Tensor | None, ids: torch.Tensor) -> int:
+    """The prompt's tokens, padding not counted."""
+    return int(mask.sum()) if mask is not None else int(ids.numel())
