@@ -25,6 +25,8 @@ that an equivalent form it takes can express exactly.
 - ``squeeze`` of an axis whose size is known and not 1 (Pixtral's ``squeeze(0)`` of its patch features when there
   are several): PyTorch leaves such an axis, ONNX ``Squeeze`` refuses it (the graph does not load), and the exporter
   writes the ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
+- ``as_strided`` of a view whose strides are not row-major (Longformer's and LED's sliding chunks): applied to the
+  contiguous tensor whose memory the view reads (:mod:`pipeline.exporting.strided_views`).
 - complex arithmetic inside the model (rotary embeddings written with ``torch.polar``/``view_as_complex``): written
   as real arithmetic on (real, imaginary) pairs (:mod:`pipeline.exporting.complex_as_real`).
 - runtime assertions (``torch._check`` on data: LLaVA's image-token count, ``torch_compilable_check``): the exporter
@@ -41,6 +43,7 @@ import torch
 
 from pipeline.exporting.complex_as_real import complex_as_real
 from pipeline.exporting.histogram_edges import histogramdd_per_dimension
+from pipeline.exporting.strided_views import as_strided_on_base
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ _SEQUENCE_OPS = (
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` with every rewrite applied (in place; returned for chaining)."""
     complex_as_real(program)
+    rebased = as_strided_on_base(program.graph_module.graph)
+    if rebased:
+        logger.debug("as_strided of a strided view applied to its contiguous base at %d node(s)", rebased)
     changed = _attention_to_4d(program.graph_module.graph)
     grouped = _broadcast_heads_as_grouped(program.graph_module.graph)
     if grouped:
@@ -85,7 +91,7 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     kept = _squeeze_only_ones(program.graph_module.graph)
     if kept:
         logger.debug("squeeze of an axis not of size 1 left out at %d node(s)", kept)
-    if changed or grouped or scattered or subtracted or unchecked or kept:
+    if changed or grouped or scattered or subtracted or unchecked or kept or rebased:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
