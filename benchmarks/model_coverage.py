@@ -75,21 +75,23 @@ def run_model(case_id: str, timeout: float) -> dict[str, str]:
     return row
 
 
-def _failed_row(case_id: str, status: str, reason: str, seconds: float) -> dict[str, str]:
+def _failed_row(
+    case_id: str, status: str, reason: str, seconds: float, families: dict[str, str] | None = None
+) -> dict[str, str]:
     source, name = case_id.split("/", 1)
-    row = {"model": name, "source": source, "family": "", "owner": ""}
+    row = {"model": name, "source": source, "family": (families or {}).get(case_id, ""), "owner": ""}
     for side in SIDES:
         row |= {side: status, f"{side}_reason": reason, f"{side}_seconds": f"{seconds / len(SIDES):.1f}"}
     return row
 
 
-def _work(args: argparse.Namespace) -> Work:
+def _work(args: argparse.Namespace, families: dict[str, str] | None = None) -> Work:
     """A fresh process per model, killed at its deadline."""
     return Work(
         setup=_setup,
         run=functools.partial(run_model, timeout=args.timeout),
         deadline=args.timeout * (len(SIDES) + 1) + START_SECONDS,  # the warm-up has a side's deadline too
-        failed_row=_failed_row,
+        failed_row=functools.partial(_failed_row, families=families),
         crash="crash: the model's process died (exit code {code})",
         per_worker=1,
         log=args.log,
@@ -247,6 +249,31 @@ def markdown(rows: list[dict[str, str]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The README's family rows, in this order (the every-type source's families).
+README_FAMILIES = (
+    "encoder", "decoder", "encoder-decoder", "vision", "audio", "multimodal", "moe", "state-space", "other",
+)  # fmt: skip
+
+
+def readme_table(rows: list[dict[str, str]]) -> str:
+    """The README's coverage table of a source by family: the types PyTorch runs, ours in fp32 and fp16, plain
+    export; and the total."""
+    lines = [
+        "| family | run eagerly | ours fp32 | ours fp16 | plain export |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    families = [f for f in README_FAMILIES if any(r["family"] == f for r in rows)]
+    families += sorted({r["family"] for r in rows} - set(families))
+    for family in (*families, "all"):
+        t = totals([r for r in rows if family in ("all", r["family"])])
+        name = "**all**" if family == "all" else family or "(unread)"
+        lines.append(
+            f"| {name} | {t['runs']} | {_share(t['fp32'], t['runs'])} | {_share(t['fp16'], t['runs'])} | "
+            f"{_share(t['plain'], t['runs'])} |"
+        )
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,6 +284,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "model_coverage", help="path without suffix")
     parser.add_argument("--fresh", action="store_true", help="ignore a partial run and the existing table")
     parser.add_argument("--render-only", action="store_true", help="run nothing: write the table from the rows")
+    parser.add_argument("--readme", action="store_true", help="run nothing: print the README's table by family")
     parser.add_argument("--log", default=os.devnull, help="where the model processes' output goes")
     return parser.parse_args(argv)
 
@@ -277,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
 
     table, partial = args.out.with_suffix(".csv"), Path(f"{args.out}.partial.csv")
     cases = model_suite.all_cases(tuple(args.sources.split(",")))
+    if args.readme:
+        rows = list({**read_rows(table), **read_rows(partial)}.values())
+        for row in rows:  # rows of models killed before the runner knew their family
+            row["family"] = row["family"] or getattr(cases.get(_model_id(row)), "family", "")
+        print(readme_table(rows))
+        return 0
     ids = interleaved([c for i, c in cases.items() if re.search(args.models, i)])
     done = resume(partial, COLUMNS, _model_id, "plain_seconds", args.fresh)
     todo = [] if args.render_only else [i for i in ids if i not in done]
@@ -292,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     if todo:  # rows written as they finish: a killed run loses none
-        record_rows(partial, COLUMNS, lambda write: run_all(todo, _work(args), args.jobs, write), progress)
+        families = {i: c.family for i, c in cases.items()}  # a killed model's row has its family too
+        work = _work(args, families)
+        record_rows(partial, COLUMNS, lambda write: run_all(todo, work, args.jobs, write), progress)
     merged = {} if args.fresh else read_rows(table)
     merged.update(done)
+    for row in merged.values():  # rows of models killed before the runner knew their family
+        row["family"] = row["family"] or getattr(cases.get(_model_id(row)), "family", "")
     rows = sorted(merged.values(), key=lambda r: (SOURCE_ORDER.get(r["source"], 9), r["family"], r["model"]))
     write_atomically(table, csv_text(rows, COLUMNS))
     write_atomically(args.out.with_suffix(".md"), markdown(rows, _command(args)))
