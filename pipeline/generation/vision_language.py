@@ -47,7 +47,7 @@ from pipeline.generation.generate_scores import greedy_options, judged_logits, p
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.generation.layout import past_name
-from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, VisionLanguageModule
+from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES, VisionLanguageModule
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import DynamicDim, Settings
@@ -60,7 +60,7 @@ Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], Converted
 #: Tokens of the greedy decoding compared with the model's own ``generate`` when validating.
 VALIDATION_TOKENS = 8
 #: The text inputs of the sample; every other tensor is an input of the vision graph (one row per image).
-TEXT_INPUTS = ("input_ids", "attention_mask")
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def is_vision_language(model: Any, sample: Any) -> bool:
@@ -129,11 +129,22 @@ class VisionLanguageStep(CachedStep):
     (``listed``: as a list, LLaVA's ``pooler_output``), and the model places them itself."""
 
     def __init__(
-        self, model: torch.nn.Module, layers: int, use_interface: bool, listed: bool, image_token: int | None
+        self,
+        model: torch.nn.Module,
+        layers: int,
+        use_interface: bool,
+        listed: bool,
+        image_token: int | None,
+        typed: bool = False,
     ) -> None:
         super().__init__(model, layers, use_interface)
         self.listed = listed
         self.image_token = image_token
+        #: ``token_type_ids`` [B, S] is an input after ``image_features`` (the model's forward takes them): zeros in
+        #: a decode step, the prompt's in the prefill
+        self.typed = typed
+        names = [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+        self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(([TOKEN_TYPES] if typed else []) + names)}
 
     def forward(  # type: ignore[override]
         self,
@@ -142,10 +153,15 @@ class VisionLanguageStep(CachedStep):
         position_ids: torch.Tensor,
         past_length: torch.Tensor,
         image_features: torch.Tensor,
-        *past: torch.Tensor,
+        *rest: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """The step: logits of the last position and the updated cache."""
-        return self.run(self._inputs(input_ids, image_features), attention_mask, position_ids, past_length, past)
+        """The step: logits of the last position and the updated cache (``rest``: the token types when
+        :attr:`typed`, then the cache)."""
+        types, past = (rest[0], rest[1:]) if self.typed else (None, rest)
+        inputs = self._inputs(input_ids, image_features)
+        if types is not None:
+            inputs[TOKEN_TYPES] = types
+        return self.run(inputs, attention_mask, position_ids, past_length, past)
 
     def _inputs(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> dict[str, Any]:
         """The model's inputs for the tokens and the features (see the class docstring)."""
@@ -201,7 +217,12 @@ def convert_vision_language(
     vision_module, fixed = _convert_vision(model, vision, vision_settings, registry, stages)
     from pipeline.generation.step import uses_attention_interface
 
-    step = VisionLanguageStep(model, len(layout), uses_attention_interface(model), listed, token)
+    typed = TOKEN_TYPES in text
+    if typed and (generation.max_prompt or generation.max_length) >= generation.max_length:
+        # transformers pads the image blocks' ids up to the cache's length only when the prompt is shorter (a branch
+        # torch.export holds as a bound): a prompt leaves one position at least
+        generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
+    step = VisionLanguageStep(model, len(layout), uses_attention_interface(model), listed, token, typed)
     step = step.train(model.training)
     step_sample, dims = _step_sample(text, features, layout, generation)
     step_settings = dataclasses.replace(
@@ -212,7 +233,11 @@ def convert_vision_language(
         profiles=_profiles(dims, generation),
         precision_io=precision_io,
         validation_inputs=0,  # drawn ids would not match the images: the sample's prompts are what it validates on
+        # an image block attends both ways in the prefill: ONNX Runtime's GroupQueryAttention masks causally itself
+        ort_grouped_attention=settings.ort_grouped_attention and not typed,
     )
+    if typed and settings.ort_grouped_attention:
+        logger.info("vision-language: token_type_ids: the step runs ONNX Attention (GroupQueryAttention is causal)")
     logger.info("vision-language: converting the text step (cache of %d tokens)", generation.max_length)
     step_module = stages(step, step_sample, step_settings, generation_converters(registry))
     embedding = _token_embedding(model, token, hidden)
@@ -298,6 +323,15 @@ def _sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch
         )
     mask = kwargs.get("attention_mask", torch.ones_like(ids))
     text = {"input_ids": ids.to(torch.int64), "attention_mask": mask.to(torch.int64)}
+    if TOKEN_TYPES in kwargs:
+        types = kwargs[TOKEN_TYPES]
+        if TOKEN_TYPES not in inspect.signature(model.forward).parameters or types.shape != ids.shape:
+            raise InputError(
+                f"the generation sample's token_type_ids ({list(types.shape)}) are not {type(model).__name__}'s: its "
+                "forward takes none, or they are not one per token of input_ids",
+                fix="pass the processor's token_type_ids with its input_ids, or leave them out",
+            )
+        text[TOKEN_TYPES] = types.to(torch.int64)
     taken = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
     others = [name for name in kwargs if name not in TEXT_INPUTS]
     refused = sorted(name for name in others if name not in taken)
@@ -371,23 +405,26 @@ def _step_sample(
 ) -> tuple[Any, tuple[DynamicDim, ...]]:
     """The step's sample (the sample's prompts prefilled with their image features) and its dynamic dimensions: the
     batch, the sequence and the image tokens."""
-    ids, mask = text["input_ids"], text["attention_mask"]
+    ids, mask, types = text["input_ids"], text["attention_mask"], text.get(TOKEN_TYPES)
     if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
         ids, mask, features = ids.expand(2, -1).clone(), mask.expand(2, -1).clone(), features.repeat(2, 1)
+        types = types.expand(2, -1).clone() if types is not None else None
     rows, steps = ids.shape
     capacity = generation.max_length
     full = torch.zeros(rows, capacity, dtype=torch.int64)
     full[:, :steps] = mask
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     past = [torch.zeros(rows, heads, capacity, dim, dtype=dtype) for heads, dim, dtype in layout for _ in range(2)]
-    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *past), {})
-    names = ["input_ids", "attention_mask", "position_ids"]
+    typed = [types] if types is not None else []
+    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *typed, *past), {})
+    names = ["input_ids", "attention_mask", "position_ids", *([TOKEN_TYPES] if typed else [])]
     names += [past_name(i, kind) for i in range(len(layout)) for kind in ("key", "value")]
     longest = generation.max_prompt or capacity
     dims: list[DynamicDim] = []
     if generation.max_batch >= 2:
         dims += [DynamicDim(name, 0, "batch", 1, rows, generation.max_batch) for name in names]
-    dims += [DynamicDim(name, 1, "sequence", 1, steps, longest) for name in ("input_ids", "position_ids")]
+    sequences = ("input_ids", "position_ids", *([TOKEN_TYPES] if typed else []))
+    dims += [DynamicDim(name, 1, "sequence", 1, steps, longest) for name in sequences]
     most = max(longest * generation.max_batch, features.shape[0])
     dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, int(features.shape[0]), most))
     return sample, tuple(dims)

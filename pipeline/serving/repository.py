@@ -146,7 +146,7 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
     """For a directory an encoder-decoder or a vision-language model saved: its step's artifact and what a request
     holds (the first input required); None for any other directory."""
     from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
-    from pipeline.runtime.generation.vision_language import META_FILE, STEP_FILE, VISION_FILE
+    from pipeline.runtime.generation.vision_language import META_FILE, STEP_FILE, TOKEN_TYPES, VISION_FILE
 
     if (directory / DECODER_FILE).is_file() and (directory / ENCODER_FILE).is_file():
         encoder = IOSpec.from_json(read_metadata(directory / ENCODER_FILE)["io"])
@@ -154,7 +154,13 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
         return directory / DECODER_FILE, (*(_any_size(spec) for spec in encoder.inputs), decoder_ids)
     if (directory / META_FILE).is_file() and (directory / VISION_FILE).is_file() and (directory / STEP_FILE).is_file():
         vision = IOSpec.from_json(read_metadata(directory / VISION_FILE)["io"])
-        return directory / STEP_FILE, (*PROMPT_INPUTS, *(_any_size(spec) for spec in vision.inputs))
+        step = IOSpec.from_json(read_metadata(directory / STEP_FILE)["io"])
+        typed = (
+            [TensorSpec(TOKEN_TYPES, "int64", ("batch", "length"))]
+            if any(spec.name == TOKEN_TYPES for spec in step.inputs)
+            else []
+        )
+        return directory / STEP_FILE, (*PROMPT_INPUTS, *(_any_size(spec) for spec in vision.inputs), *typed)
     return None
 
 

@@ -34,6 +34,9 @@ from pipeline.runtime.module import ConvertedModule
 
 #: The step's input holding the prompt's image features [image tokens, hidden].
 IMAGE_FEATURES = "image_features"
+#: Gemma 3's and PaliGemma's token types (1 at image tokens): the prefill's image tokens attend to each other both
+#: ways; a step converted from a sample with them takes them after the image features.
+TOKEN_TYPES = "token_type_ids"
 #: The files of a saved vision-language directory.
 VISION_FILE, STEP_FILE, META_FILE = "vision.ptrt", "step.ptrt", "vision_language.json"
 
@@ -168,6 +171,12 @@ class VisionLanguageModule(TwoGraphModule):
             raise InputError("input_ids given twice (positionally and by name)", fix="pass input_ids once")
         ids = input_ids if input_ids is not None else given
         mask = options.pop("attention_mask", None)
+        types = options.pop(TOKEN_TYPES, None)
+        if types is not None and TOKEN_TYPES not in self._step_inputs:
+            raise InputError(
+                "token_type_ids given, but the module was converted from a sample without them (its step takes none)",
+                fix="convert with the processor's token_type_ids in the sample, or leave them out here",
+            )
         wanted = (*self._vision_inputs, *self.fixed_inputs)
         images = {name: options.pop(name) for name in wanted if name in options}
         if ids is None:
@@ -180,6 +189,14 @@ class VisionLanguageModule(TwoGraphModule):
                 fix=f"pass module.generate(input_ids, attention_mask=..., {missing[0]}=...) as to model.generate",
             )
         prompt, prompt_mask = self._prompt(ids, mask)
+        if types is not None:
+            types = torch.as_tensor(types).cpu().to(torch.int64)
+            if types.shape != prompt.shape:
+                raise InputError(
+                    f"token_type_ids are {list(types.shape)}, the input_ids {list(prompt.shape)}",
+                    fix="pass the processor's token_type_ids with its input_ids (one per token)",
+                )
+            images = {**images, TOKEN_TYPES: types}
         return prompt, prompt_mask, images, options
 
     def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,12 +224,16 @@ class VisionLanguageModule(TwoGraphModule):
                 f"max_prompt={longest} in one run",
                 fix=f"convert with generation={{'max_prompt': {prompt}, ...}} or more",
             )
+        types = images.get(TOKEN_TYPES)
         features = self._features(images)
         self._check_image_tokens(ids, features)
         expanded = ids.repeat_interleave(request.expand, dim=0)
         expanded_mask = mask.repeat_interleave(request.expand, dim=0)
         decoding = resolve(request, generation, expanded, expanded_mask, self._vocabulary)
-        return _Feed(self, ids, mask, features, request.expand), decoding
+        feed = _Feed(self, ids, mask, features, request.expand)
+        if TOKEN_TYPES in self._step_inputs:  # the prefill's types (none given: text everywhere, as the model's)
+            feed.types = types if types is not None else torch.zeros_like(ids)
+        return feed, decoding
 
     def _features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """Every image's features [image tokens, hidden], the vision graph run once per image."""
@@ -296,6 +317,8 @@ class _Feed:
         self.length = 0
         # a decode step's features: as many rows as rows may generate the image token, each its own embedding
         self.no_features = module.token_embedding.expand(rows, -1).contiguous()
+        #: the prompts' token types (a step that takes them); a decode step's are zeros, as transformers passes none
+        self.types: torch.Tensor | None = None
 
     def prefill(self) -> torch.Tensor:
         """The prompts with their image features through the step; the logits after their last token."""
@@ -308,7 +331,7 @@ class _Feed:
         mask[:, : self.prompt] = self.prompt_mask
         positions = (self.prompt_mask.cumsum(-1) - 1).masked_fill(self.prompt_mask == 0, 1)
         features = self.features if self.features.shape[0] else self.no_features[:1]
-        logits = self._run(self.prompts, mask, positions, features)
+        logits = self._run(self.prompts, mask, positions, features, self.types)
         if self.expand > 1:
             self.reorder(torch.arange(rows).repeat_interleave(self.expand))
             logits = logits.repeat_interleave(self.expand, dim=0)
@@ -322,7 +345,8 @@ class _Feed:
                 fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
             )
         self.mask[:, self.length] = 1
-        logits = self._run(tokens[:, None], self.mask, self.next_position, self.no_features)
+        zeros = torch.zeros_like(tokens[:, None]) if self.types is not None else None
+        logits = self._run(tokens[:, None], self.mask, self.next_position, self.no_features, zeros)
         self.next_position = self.next_position + 1
         return logits
 
@@ -331,10 +355,15 @@ class _Feed:
         self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
 
     def _run(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, features: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        features: torch.Tensor,
+        types: torch.Tensor | None = None,
     ) -> torch.Tensor:
         module = self.module
-        named = {
+        named: dict[str, torch.Tensor] = {
             "input_ids": ids,
             "attention_mask": mask,
             "position_ids": positions,
@@ -342,6 +371,8 @@ class _Feed:
             IMAGE_FEATURES: features,
             **dict(zip(module._layer_names, self.cache, strict=True)),
         }
+        if types is not None:
+            named[TOKEN_TYPES] = types
         outputs = module.step.executor.run([named[name] for name in module._step_inputs])
         by_name = dict(zip((o.name for o in module.step.io.outputs), outputs, strict=True))
         self.cache = [by_name[name] for name in module._presents]

@@ -240,6 +240,38 @@ def test_gemma3_greedy_and_beams_equal_transformers() -> None:
     assert torch.equal(module.generate(**inputs, **beams), reference(model, inputs, **beams))
 
 
+def test_gemma3_token_type_ids_make_the_prefills_image_tokens_attend_both_ways(tmp_path: Path) -> None:
+    """With the processor's ``token_type_ids`` (1 at image tokens) Gemma 3's prefill lets an image's tokens attend to
+    each other both ways: the module takes them, as ``model.generate`` does, and decodes its tokens (which differ
+    from those without); saved and loaded, the same."""
+    vision = transformers.SiglipVisionConfig(**TOWER, image_size=32, patch_size=8)
+    text = transformers.Gemma3TextConfig(**TEXT, **HEADS, sliding_window=16, query_pre_attn_scalar=16)
+    config = transformers.Gemma3Config(
+        vision_config=vision, text_config=text, image_token_index=IMAGE, mm_tokens_per_image=4,
+        boi_token_index=125, eoi_token_index=126,
+    )  # fmt: skip
+    model = lively(lambda: transformers.Gemma3ForConditionalGeneration(config), seed=3, std=0.05)
+    inputs = prompts(4, 32)
+    typed = {**inputs, "token_type_ids": (inputs["input_ids"] == IMAGE).to(torch.int64)}
+    module = pipeline.convert(model, typed, generation=GENERATION)  # validated: tokens and every step's logits
+    expected = reference(model, typed, max_new_tokens=12)
+    assert not torch.equal(expected, reference(model, inputs, max_new_tokens=12))  # the types change the decoding
+    assert torch.equal(module.generate(**typed, max_new_tokens=12), expected)
+    assert torch.equal(module.generate(**inputs, max_new_tokens=12), reference(model, inputs, max_new_tokens=12))
+    beams: dict[str, Any] = {"max_new_tokens": 6, "num_beams": 4}
+    assert torch.equal(module.generate(**typed, **beams), reference(model, typed, **beams))
+    loaded = pipeline.load(module.save(tmp_path / "gemma3"))
+    assert torch.equal(loaded.generate(**typed, max_new_tokens=12), expected)
+
+
+def test_token_type_ids_for_a_module_converted_without_them_are_refused(
+    llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    types = torch.zeros_like(llava_inputs["input_ids"])
+    with pytest.raises(InputError, match="converted from a sample without them"):
+        llava_module.generate(**llava_inputs, token_type_ids=types, max_new_tokens=2)
+
+
 def test_llava_next_image_sizes_are_held_by_the_vision_graph(tmp_path: Path) -> None:
     """LLaVA-NeXT's tower decides its patch grid from ``image_sizes`` in Python: the vision graph holds the sample's,
     and an image of another size is refused with the fix."""
