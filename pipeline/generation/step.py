@@ -241,6 +241,10 @@ class CachedStep(torch.nn.Module):
     ``past_key_values.{i}.key/value``: :attr:`onnx_input_names`) returns ``{"logits": [B, vocab] of the last
     position, "present.{i}.key": ..., ...}``."""
 
+    #: The cache says it is not initialized, so that a model builds the masks of its first call: PaliGemma's
+    #: bidirectional prefix reads ``token_type_ids`` only then (a vision-language step that takes them sets it).
+    prefill_masks = False
+
     def __init__(self, model: torch.nn.Module, layers: int, use_interface: bool) -> None:
         super().__init__()
         self.model = model
@@ -278,6 +282,9 @@ class CachedStep(torch.nn.Module):
         """The model called on ``tokens`` (its ``input_ids``, or ``inputs_embeds`` a subclass computed) with the
         static cache updated in place: :func:`step_outputs`."""
         layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length) for i in range(self.layers)]
+        if self.prefill_masks:  # the model's first-call masks apply (its decode steps' inputs make them no-ops)
+            for layer in layers:
+                layer.is_initialized = False
         call: dict[str, Any] = {
             **tokens,
             "attention_mask": attention_mask,

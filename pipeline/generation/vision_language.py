@@ -143,6 +143,7 @@ class VisionLanguageStep(CachedStep):
         #: ``token_type_ids`` [B, S] is an input after ``image_features`` (the model's forward takes them): zeros in
         #: a decode step, the prompt's in the prefill
         self.typed = typed
+        self.prefill_masks = typed
         names = [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
         self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(([TOKEN_TYPES] if typed else []) + names)}
 
