@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import re
 import sysconfig
@@ -81,8 +82,29 @@ def torch_export_error(exc: BaseException) -> ExportError:
             fix="pass that input explicitly in the sample (transformers: attention_mask=torch.ones_like(input_ids)); "
             "else see the line named here",
         )
+    if _BROADCAST.search(reason(exc)) and _in_attention(exc, where):
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (the attention mask the model builds does not fit its keys: "
+            "transformers keeps under torch.export a mask it skips when it runs eagerly with nothing masked, so a "
+            "mask built for another length than the keys only fails here)",
+            node=where,
+            fix="the model's mask length differs from its keys' (a model bug eager PyTorch hides): check it with "
+            "model.set_attn_implementation('eager'), which applies the mask when it runs; fix the mask's length at "
+            "the line named here, or report it to the model's authors",
+        )
     return ExportError(f"torch.export failed: {reason(exc)}", node=where, fix=EXPORT_FIXES)
 
+
+def _in_attention(exc: BaseException, where: str | None) -> bool:
+    """Whether torch.export failed inside scaled-dot-product attention (the op, or a frame that calls it)."""
+    if "scaled_dot_product_attention" in (where or ""):
+        return True
+    return any("scaled_dot_product_attention" in linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+               for tb in _frames(exc))  # fmt: skip
+
+
+#: A shape that does not broadcast (an attention mask of another length than the keys).
+_BROADCAST = re.compile(r"Attempting to broadcast a dimension of length \d+")
 
 #: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")

@@ -147,3 +147,22 @@ def test_a_module_converting_its_own_weights_to_what_they_are_converts() -> None
     assert module.report.accuracy is not None and module.report.accuracy.passed
     assert torch.allclose(module(x), model(x), atol=1e-6)
     assert nn.Module.__dict__["to"] is original_to  # the patch is removed after the export
+
+
+class MaskSkippedEagerly(torch.nn.Module):
+    """transformers' way: an all-ones mask is dropped when running eagerly, kept under torch.export; this one is built
+    for another length than the keys, which only the export meets."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(1, 1, x.shape[2], x.shape[2] * 2, dtype=torch.bool)
+        if not torch.compiler.is_exporting() and bool(mask.all()):
+            mask = None
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+def test_an_attention_mask_that_does_not_fit_its_keys_is_named_with_its_fix() -> None:
+    with pytest.raises(pipeline.ExportError) as caught:
+        pipeline.convert(MaskSkippedEagerly(), torch.randn(1, 2, 4, 8))
+    assert "Attempting to broadcast" in str(caught.value)
+    assert "mask length differs from its keys'" in caught.value.fix
+    assert "usual fixes" not in caught.value.fix
