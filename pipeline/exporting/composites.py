@@ -186,13 +186,18 @@ _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 
 class _StaticComposites(TorchFunctionMode):
-    """Calls of the functions in ``_REPLACEMENTS`` go to their static form when it applies, all else to PyTorch."""
+    """Calls of the functions in ``_REPLACEMENTS`` go to their static form when it applies, all else to PyTorch
+    (``unchanged_to=False``: ``Tensor.to`` too)."""
+
+    def __init__(self, unchanged_to: bool = True) -> None:
+        super().__init__()
+        self.skipped = () if unchanged_to else (torch.Tensor.to,)
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        replacement = _REPLACEMENTS.get(func)
+        replacement = None if func in self.skipped else _REPLACEMENTS.get(func)
         if replacement is not None:
             result = replacement(*args, **kwargs)
             if result is not NotImplemented:
@@ -203,12 +208,15 @@ class _StaticComposites(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def static_composites() -> Iterator[None]:
+def static_composites(unchanged_to: bool = True) -> Iterator[None]:
     """Within the block, ``torch.cov``, ``torch.corrcoef`` and ``torch.combinations`` run in their static forms
     (the same values; see the module docstring) wherever those apply; torch.export traces those forms.
+    ``unchanged_to=False`` leaves ``Tensor.to`` to PyTorch: a model that assigns the unchanged result back to its
+    buffer in ``forward`` (CTRL's ``self.pos_encoding = self.pos_encoding.to(...)``) gets a buffer write torch.export
+    cannot place in a module, which its verifier refuses.
 
     >>> with static_composites():  # doctest: +SKIP
     ...     program = torch.export.export(model, args, strict=False)
     """
-    with _StaticComposites():
+    with _StaticComposites(unchanged_to):
         yield

@@ -249,15 +249,21 @@ def _traced_program(
 ) -> tuple[Any, tuple[DynamicDim, ...], Branches | None]:
     """torch.export's program, traced again when it fails where the fix is known: with the dynamic dimensions made
     multiples of a number the model needs (:mod:`pipeline.exporting.multiples`), with the sample's branches on
-    tensor data (:mod:`pipeline.exporting.traced_branches`), or both; each at most once."""
+    tensor data (:mod:`pipeline.exporting.traced_branches`), or both; each at most once. A verifier refusal of a
+    node outside any module (a buffer assigned its unchanged ``.to`` in forward) is traced again with ``Tensor.to``
+    left to PyTorch."""
     branches: Branches | None = None
     multiplied = False
+    unchanged_to = True
     while True:
         try:
-            return _export_program(model, signature, args, kwargs, names, dynamic, branches), dynamic, branches
+            program = _export_program(model, signature, args, kwargs, names, dynamic, branches, unchanged_to)
+            return program, dynamic, branches
         except Exception as exc:
             multiples = None if multiplied else multiples_from(exc, dynamic)
-            if multiples is not None:
+            if unchanged_to and "missing nn_module_stack" in str(exc):  # a buffer written back in forward
+                unchanged_to = False
+            elif multiples is not None:
                 warn_multiples(dynamic, multiples)
                 dynamic, multiplied = multiples, True
             elif branches is None and branches_on_data(exc):
@@ -277,10 +283,11 @@ def _export_program(
     names: list[str],
     dynamic: tuple[DynamicDim, ...],
     branches: Branches | None = None,
+    unchanged_to: bool = True,
 ) -> Any:
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, dynamic)
     with (
-        static_composites(),
+        static_composites(unchanged_to),
         unchanged_module_to_is_free(),
         dense_expert_dispatch(model),
         branches_as_recorded(branches),
