@@ -82,6 +82,15 @@ def torch_export_error(exc: BaseException) -> ExportError:
             fix="pass that input explicitly in the sample (transformers: attention_mask=torch.ones_like(input_ids)); "
             "else see the line named here",
         )
+    keys_or_values = "scaled_dot_product_attention" in (where or "") and _KEY_ARGUMENT.search(reason(exc))
+    if _BROADCAST.search(reason(exc)) and keys_or_values:
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (the attention's keys or values do not fit its queries: their "
+            "heads or head size, which eager PyTorch may still run through another kernel)",
+            node=where,
+            fix="check the model's config: the key/value heads (num_key_value_heads) must divide the query heads "
+            "and the query and key head sizes agree; a model whose config makes them so is converted as it is",
+        )
     if _BROADCAST.search(reason(exc)) and _in_attention(exc, where):
         return ExportError(
             f"torch.export failed: {reason(exc)}\n    (the attention mask the model builds does not fit its keys: "
@@ -105,6 +114,8 @@ def _in_attention(exc: BaseException, where: str | None) -> bool:
 
 #: A shape that does not broadcast (an attention mask of another length than the keys).
 _BROADCAST = re.compile(r"Attempting to broadcast a dimension of length \d+")
+#: ... of scaled-dot-product attention's keys or values (its arguments 1 and 2; 3 is the mask).
+_KEY_ARGUMENT = re.compile(r"Mismatching argument at index [12]\b")
 
 #: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
