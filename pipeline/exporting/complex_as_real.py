@@ -101,6 +101,8 @@ def _same_on_pair(axes: tuple[int, ...] = ()) -> Rule:
 
     def rule(r: _Rewriter, node: torch.fx.Node) -> Any:
         args = [r.pair(a) for a in _args(node)]
+        if node.target in (_A.sum.dim_IntList, _A.mean.dim) and (len(args) < 2 or not args[1]):
+            raise _Unsupported("a reduction over every axis of a complex tensor")  # it would sum the pair too
         for i in axes:
             if i < len(args):
                 args[i] = [_axis(a) for a in args[i]] if isinstance(args[i], list | tuple) else _axis(args[i])
@@ -114,7 +116,6 @@ def _same_on_pair(axes: tuple[int, ...] = ()) -> Rule:
 
 def _with_pair_size(r: _Rewriter, node: torch.fx.Node) -> Any:
     """``view``/``reshape``/``expand``: the sizes with the pair's 2 at the end."""
-
     return r.call(node.target, r.pair(_args(node)[0]), [*_args(node)[1], 2], *_args(node)[2:], **_kwargs(node))
 
 
