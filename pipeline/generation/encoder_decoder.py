@@ -435,13 +435,12 @@ def _validate_greedy(
         with torch.no_grad():
             theirs = reference(**inputs, **greedy_options(VALIDATION_TOKENS))
         ours: Any = module.generate(**inputs, **greedy_options(VALIDATION_TOKENS))
-        if len(theirs.logits) == len(ours.logits):  # a model's own generate may add steps of its own (none: judged)
-            main = next(iter(inputs.values()))
-            tokens = prompt_tokens(inputs.get("attention_mask"), main) if main.dtype == torch.int64 else main.shape[0]
-            label = f"sample of {main.shape[0]} row(s), its {next(iter(inputs))}"
-            again = functools.partial(reference, **inputs, **greedy_options(VALIDATION_TOKENS))
-            judged = judged_logits(ours, theirs, module.decoder.io, settings, label, tokens, again, model)
-            with_decoding(module.decoder, judged)
+        main = next(iter(inputs.values()))
+        tokens = prompt_tokens(inputs.get("attention_mask"), main) if main.dtype == torch.int64 else main.shape[0]
+        label = f"sample of {main.shape[0]} row(s), its {next(iter(inputs))}"
+        again = functools.partial(reference, **inputs, **greedy_options(VALIDATION_TOKENS))
+        judged = judged_logits(ours, theirs, module.decoder.io, settings, label, tokens, again, model)
+        with_decoding(module.decoder, judged)
         return
     raise AccuracyError(
         f"the converted encoder-decoder's greedy tokens differ from {type(model).__name__}.generate on the sample: "

@@ -56,13 +56,18 @@ def judged_logits(
     prompt_tokens: int,
     reference: Callable[[], Any] | None = None,
     model: torch.nn.Module | None = None,
-) -> DecodingAccuracy:
+) -> DecodingAccuracy | None:
     """The per-step figures of two ``generate`` outputs with the same ``sequences`` (``ours``: the module's, ``theirs``:
-    the model's), the step graph's ``io`` naming the logits' type; raises the decoding AccuracyError when a float32
+    the model's), the step graph's ``io`` naming the logits' type (None when either has no logits, or not as many
+    steps); raises the decoding AccuracyError when a float32
     conversion's step is more than :data:`GROSS` times beyond the policy. ``reference()`` runs ``model``'s
     ``generate`` again (the same call): where the fixed tolerance fails, it runs once with the model's weights and ops
     in the anchor type (float64 for a float32 graph) and the step is judged within PyTorch's own error there, as every
     validation judges."""
+    if getattr(ours, "logits", None) is None or getattr(theirs, "logits", None) is None:
+        return None  # a generate that returns no logits (a model's own generate may drop output_logits)
+    if len(ours.logits) != len(theirs.logits):
+        return None  # a model's own generate that adds steps of its own: the tokens were compared
     logits_dtype = next(o.dtype for o in io.outputs if o.name == "logits")
     judged = judgement("logits", logits_dtype, validation_settings(settings))
     judge = StepJudge(judged.tolerance)
@@ -155,10 +160,10 @@ def _fed_alike(anchor: Any, theirs: Any, step: int) -> bool:
     return bool(torch.equal(anchor.sequences[:, :width], theirs.sequences[:, :width]))
 
 
-def with_decoding(module: Any, decoding: DecodingAccuracy) -> None:
-    """``module``'s report (a converted graph's) with ``decoding`` in its accuracy report."""
+def with_decoding(module: Any, decoding: DecodingAccuracy | None) -> None:
+    """``module``'s report (a converted graph's) with ``decoding`` in its accuracy report (None: nothing to add)."""
     report = module.report
-    if report is not None and report.accuracy is not None:
+    if decoding is not None and report is not None and report.accuracy is not None:
         module.report = dataclasses.replace(report, accuracy=dataclasses.replace(report.accuracy, decoding=decoding))
 
 
