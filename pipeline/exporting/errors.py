@@ -101,6 +101,14 @@ def torch_export_error(exc: BaseException) -> ExportError:
             "model.set_attn_implementation('eager'), which applies the mask when it runs; fix the mask's length at "
             "the line named here, or report it to the model's authors",
         )
+    if _BROADCAST.search(reason(exc)):  # shapes PyTorch broadcast when the model ran eagerly (it did, just before)
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (shapes that did not meet when the model ran eagerly: a branch "
+            "it takes otherwise under torch.export, such as an all-ones mask dropped eagerly and kept when traced)",
+            node=where,
+            fix="the line named here combines two tensors whose shapes disagree only under torch.export: make the "
+            "model build them the same way eagerly and traced (pass the mask it builds, or fix its length there)",
+        )
     return ExportError(f"torch.export failed: {reason(exc)}", node=where, fix=EXPORT_FIXES)
 
 

@@ -166,3 +166,20 @@ def test_an_attention_mask_that_does_not_fit_its_keys_is_named_with_its_fix() ->
     assert "Attempting to broadcast" in str(caught.value)
     assert "mask length differs from its keys'" in caught.value.fix
     assert "usual fixes" not in caught.value.fix
+
+
+class AddSkippedEagerly(torch.nn.Module):
+    """Shapes that meet only eagerly: the addition is skipped when its tensor is all zeros, except under export."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = torch.zeros(x.shape[0], x.shape[1] * 2)
+        if not torch.compiler.is_exporting() and not bool(bias.any()):
+            return x
+        return x + bias
+
+
+def test_shapes_that_meet_only_eagerly_name_the_models_line() -> None:
+    with pytest.raises(pipeline.ExportError) as caught:
+        pipeline.convert(AddSkippedEagerly(), torch.randn(2, 3))
+    assert "disagree only under torch.export" in caught.value.fix
+    assert "test_export_errors.py" in str(caught.value.node) and "in forward" in str(caught.value.node)
