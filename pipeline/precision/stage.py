@@ -88,7 +88,9 @@ def passes_before_precision(passes: Sequence[GraphPass], settings: Settings) -> 
 
 def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None, settings: Settings) -> list[Feed]:
     """The user's calibration samples, or the sample and ``calibration_inputs`` inputs drawn like it (other seed
-    than validation), plus each dynamic dimension's min and max."""
+    than validation), plus each dynamic dimension's min and max; and, when the conversion validates, the inputs
+    validation draws: a graph whose search passed on its calibration inputs failed validation on a draw the search
+    never saw (ERNIE 4.5 MoE and BiT in float16)."""
     if calibration is not None:
         feeds = [_feed(io, item, index) for index, item in enumerate(calibration)]
         if not feeds:
@@ -97,7 +99,11 @@ def calibration_feeds(io: IOSpec, sample: Any, calibration: Iterable[Any] | None
     drawn = dataclasses.replace(
         settings, validation_inputs=settings.calibration_inputs, seed=settings.seed + CALIBRATION_SEED_OFFSET
     )
-    return validation_feeds(io, io.flatten_call(*normalise_sample(sample)), drawn)
+    inputs = io.flatten_call(*normalise_sample(sample))
+    feeds = validation_feeds(io, inputs, drawn)
+    if settings.validate:  # the inputs validation will judge too (not the sample twice): the search sees them all
+        feeds += validation_feeds(io, inputs, settings)[1:]
+    return feeds
 
 
 def _feed(io: IOSpec, item: Any, index: int) -> Feed:
