@@ -8,8 +8,9 @@ importer, so that node left the whole model's engine split in two with ``NonZero
 in order: the ``n``-th masked element takes ``source.flatten()[n]``. So each element's source index is the count
 of masked elements up to it, less one (a ``CumSum`` of the flattened mask), and the result is a ``Gather`` of the
 flattened source at those indices, kept where the mask is set (``Where``). Exact, static shapes, no data-dependent
-output size. Unmasked places read index 0 and are discarded; a source shorter than the mask count is an error in
-PyTorch and reads past the end here (as ``ScatterND`` would).
+output size. Unmasked places read index 0 and are discarded (the source gets one zero appended, so that an empty
+source, with no place masked, still has an element 0); a source shorter than the mask count is an error in PyTorch
+and reads past its end here (as ``ScatterND`` would).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ class _BroadcastMask(torch.nn.Module):
         return x.masked_scatter(x[0, 0, :] > 0, source)
 
 
+class _NothingPlaced(torch.nn.Module):
+    """No place masked and an empty source (a prompt without images): ``x`` unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.masked_scatter(x > 100, x.new_zeros(0))
+
+
+@converter_case(_NothingPlaced, inputs=[((2, 5), "float32")])
 @converter_case(_PlaceRows, inputs=[((2, 6, 8), "float32"), ((96,), "float32")])
 @converter_case(_PlaceElements, inputs=[((3, 5), "float32"), ((20,), "float32")])
 @converter_case(_BroadcastMask, inputs=[((2, 4, 3), "float32"), ((24,), "float32")])
@@ -59,7 +68,10 @@ def convert_masked_scatter(ctx: ConverterContext) -> gs.Tensor:
     flat_mask = op.Reshape(mask, flat)
     counted = op.CumSum(op.Cast(flat_mask, to=onnx.TensorProto.INT64), ctx.constant(np.array(0, np.int64)))
     index = op.Max(op.Sub(counted, ctx.constant(np.array(1, np.int64))), ctx.constant(np.array(0, np.int64)))
-    picked = op.Gather(op.Reshape(source, flat), index, axis=0)
+    # one zero past the source's elements: an empty source (no place masked, which PyTorch allows) still gathers
+    dtype = ctx.input_dtypes[2] or ctx.input_dtypes[0] or np.dtype(np.float32)
+    padded = op.Concat(op.Reshape(source, flat), ctx.constant(np.zeros(1, dtype)), axis=0)
+    picked = op.Gather(padded, index, axis=0)
     return op.Reshape(op.Where(flat_mask, picked, op.Reshape(x, flat)), op.Shape(x))
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import torch
 
+from converters.errors import BuildError, PipelineError
 from pipeline.runtime.io_spec import IOSpec, TensorSpec
 from pipeline.settings import DynamicDim, Settings
 
@@ -54,7 +55,17 @@ def observe(
     runs: list[dict[str, np.ndarray]] = []
     for feed in feeds:
         tensors = [torch.from_numpy(np.ascontiguousarray(feed[spec.name])) for spec in inputs]
-        results = executor.run(tensors)
+        try:
+            results = executor.run(tensors)
+        except PipelineError:
+            raise
+        except Exception as error:  # ONNX Runtime refusing the graph on an input: said, with its node, not raw
+            raise BuildError(
+                "segments: ONNX Runtime could not run the final graph on a validation input to plan the segments: "
+                f"{type(error).__name__}: {' '.join(str(error).split())[:400]}",
+                fix="the node named in the message is where it failed: convert with backend='onnxruntime' to see it "
+                "alone, inspect module.onnx there, and please report it with the model",
+            ) from error
         runs.append({spec.name: r.numpy() for spec, r in zip(outputs, results, strict=True)})
         runs[-1].update({name: np.asarray(feed[name]) for name in feed})
     seen = [n for n in dict.fromkeys(names)]

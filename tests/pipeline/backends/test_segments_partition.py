@@ -233,3 +233,29 @@ def test_a_segment_model_keeps_the_models_local_functions() -> None:
     sub = segment_model(model, whole, {"x": vector("x"), "b": vector("b")})
     assert [f.name for f in sub.functions] == ["Twice"]
     onnx.checker.check_model(sub, full_check=True)
+
+
+def test_a_graph_onnx_runtime_cannot_run_while_planning_segments_is_a_build_error() -> None:
+    """ONNX Runtime failing on the final graph while the segments' shapes are observed (a Gather past its data) is a
+    BuildError naming the node, never a raw ONNX Runtime error."""
+    import numpy as np
+    import onnx
+    import pytest
+    from onnx import TensorProto, helper
+
+    from converters.errors import BuildError
+    from pipeline.runtime.segments.shapes import observe
+    from pipeline.settings import Settings
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["data", "index"], ["out"], name="past_the_end")],
+        "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [0]),
+         helper.make_tensor_value_info("index", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"data": np.zeros(0, np.float32), "index": np.zeros(1, np.int64)}
+    with pytest.raises(BuildError, match="past_the_end"):
+        observe(model, ["out"], [feed], Settings())
+    onnx.checker.check_model(model)
