@@ -59,7 +59,8 @@ def test_promote_leaves_frozen_objects_frozen() -> None:
         frozen = gc.get_freeze_count()
         with gc_paused(promote=True):
             built = Node()
-        assert gc.get_freeze_count() == frozen
+        # still frozen (not unfrozen, none added); a frozen object that died meanwhile (another thread's) leaves it
+        assert 0 < gc.get_freeze_count() <= frozen
         assert not in_generation(built, 2)  # young (a collection since may have moved it to the middle one)
     finally:
         gc.unfreeze()
