@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,3 +50,19 @@ def left_padded(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tens
     for row, length in enumerate(lengths):
         mask[row, : max(lengths) - length] = 0
     return ids.masked_fill(mask == 0, 0), mask
+
+
+def lively(make: Callable[[], Any], seed: int, std: float, *, keep_eos: bool = True) -> Any:
+    """The model ``make`` builds (after ``torch.manual_seed(seed)``), every weight of two or more dimensions drawn
+    again with ``std``, wide enough that its greedy tokens vary (transformers' small initialisation gives one token
+    repeated, which a decoding bug would also give); ``keep_eos=False``: no end-of-sequence token, so that every row
+    decodes every token. Eval mode."""
+    torch.manual_seed(seed)
+    model = make()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, std)
+    if not keep_eos:
+        model.generation_config.eos_token_id = None
+    return model.eval()

@@ -8,6 +8,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' models
 import torch
 import transformers
+from rtx_build import assert_builds
 
 import pipeline
 
@@ -59,3 +60,8 @@ def test_longformer_sliding_window_attention_matches() -> None:
     with torch.no_grad():
         want = model(**sample).last_hidden_state
     torch.testing.assert_close(module(**sample).last_hidden_state, want, rtol=1e-4, atol=1e-5)
+
+
+def test_tensorrt_rtx_builds_the_rewritten_gather() -> None:
+    x = torch.randn(1, 8, 2, 16, generator=torch.Generator().manual_seed(0))
+    assert_builds(pipeline.convert(ResultKeepsStrides(), (x,), validate=False))

@@ -8,14 +8,13 @@ and loaded directory, and the errors a caller meets."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import transformers
+from tiny_models import lively
 
 import pipeline
 from converters.errors import ArtifactError, InputError
@@ -23,19 +22,6 @@ from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FI
 
 GENERATION = {"max_length": 24, "max_batch": 8}
 SIZES = {"vocab_size": 96, "d_model": 32}
-
-
-def lively(make: Callable[[], torch.nn.Module], seed: int, std: float) -> Any:
-    """The model ``make`` builds, with weights wide enough that its greedy tokens vary (transformers' small
-    initialisation gives one token repeated, which a decoding bug would also give); seeds and widths chosen so that
-    every row's tokens vary."""
-    torch.manual_seed(seed)
-    model = make()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.normal_(0.0, std)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' vision models
+import tiny_models
 import torch
 import transformers
 
@@ -32,17 +33,8 @@ TOWER: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden
 
 
 def lively(make: Callable[[], Any], seed: int, std: float) -> Any:
-    """The model ``make`` builds, with weights wide enough that its greedy tokens vary (transformers' small
-    initialisation gives one token repeated, which a decoding bug would also give); eos off, so that every row
-    decodes every token."""
-    torch.manual_seed(seed)
-    model = make()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.normal_(0.0, std)
-    model.generation_config.eos_token_id = None
-    return model.eval()
+    """:func:`tiny_models.lively` without an end-of-sequence token: every row decodes every token."""
+    return tiny_models.lively(make, seed, std, keep_eos=False)
 
 
 def prompts(image_tokens: int, pixels: int) -> dict[str, torch.Tensor]:
@@ -222,7 +214,7 @@ def test_the_cli_generates_from_images_and_prompts_through_the_processor(
     assert "a prompt lacks the image placeholder '<image>'" in capsys.readouterr().err
 
 
-def test_gemma3_greedy_and_beams_equal_transformers() -> None:
+def gemma3_model() -> Any:
     """Gemma 3: SigLIP tower and average-pooled projector, scaled text embeddings, sliding-window layers."""
     vision = transformers.SiglipVisionConfig(**TOWER, image_size=32, patch_size=8)
     text = transformers.Gemma3TextConfig(**TEXT, **HEADS, sliding_window=16, query_pre_attn_scalar=16)
@@ -230,7 +222,12 @@ def test_gemma3_greedy_and_beams_equal_transformers() -> None:
         vision_config=vision, text_config=text, image_token_index=IMAGE, mm_tokens_per_image=4,
         boi_token_index=125, eoi_token_index=126,
     )  # fmt: skip
-    model = lively(lambda: transformers.Gemma3ForConditionalGeneration(config), seed=3, std=0.05)
+    return lively(lambda: transformers.Gemma3ForConditionalGeneration(config), seed=3, std=0.05)
+
+
+def test_gemma3_greedy_and_beams_equal_transformers() -> None:
+    """Gemma 3: SigLIP tower and average-pooled projector, scaled text embeddings, sliding-window layers."""
+    model = gemma3_model()
     inputs = prompts(4, 32)
     module = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
     expected = reference(model, inputs, max_new_tokens=12)
@@ -244,13 +241,7 @@ def test_gemma3_token_type_ids_make_the_prefills_image_tokens_attend_both_ways(t
     """With the processor's ``token_type_ids`` (1 at image tokens) Gemma 3's prefill lets an image's tokens attend to
     each other both ways: the module takes them, as ``model.generate`` does, and decodes its tokens (which differ
     from those without); saved and loaded, the same."""
-    vision = transformers.SiglipVisionConfig(**TOWER, image_size=32, patch_size=8)
-    text = transformers.Gemma3TextConfig(**TEXT, **HEADS, sliding_window=16, query_pre_attn_scalar=16)
-    config = transformers.Gemma3Config(
-        vision_config=vision, text_config=text, image_token_index=IMAGE, mm_tokens_per_image=4,
-        boi_token_index=125, eoi_token_index=126,
-    )  # fmt: skip
-    model = lively(lambda: transformers.Gemma3ForConditionalGeneration(config), seed=3, std=0.05)
+    model = gemma3_model()
     inputs = prompts(4, 32)
     typed = {**inputs, "token_type_ids": (inputs["input_ids"] == IMAGE).to(torch.int64)}
     module = pipeline.convert(model, typed, generation=GENERATION)  # validated: tokens and every step's logits

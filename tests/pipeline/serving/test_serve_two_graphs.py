@@ -7,7 +7,7 @@ Tiny BART and LLaVA with random weights wide enough that their greedy tokens var
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' vision models
 import torch
 import transformers
+from tiny_models import lively
 
 import pipeline
 from pipeline.serving.export import export_triton
@@ -27,24 +28,12 @@ GENERATION = {"max_length": 32, "max_batch": 2}
 IMAGE = 127
 
 
-def lively(make: Callable[[], Any], seed: int, std: float) -> Any:
-    """``make()`` with wide weights (varied greedy tokens) and no end-of-sequence token (every step decodes)."""
-    torch.manual_seed(seed)
-    model = make()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.normal_(0.0, std)
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
 def bart() -> Any:
     config = transformers.BartConfig(
         vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
     )  # fmt: skip
-    return lively(lambda: transformers.BartForConditionalGeneration(config), seed=3, std=0.5)
+    return lively(lambda: transformers.BartForConditionalGeneration(config), seed=3, std=0.5, keep_eos=False)
 
 
 def llava() -> Any:
@@ -55,7 +44,7 @@ def llava() -> Any:
     )  # fmt: skip
     vision = transformers.CLIPVisionConfig(**tower, image_size=32, patch_size=8)
     config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE)
-    return lively(lambda: transformers.LlavaForConditionalGeneration(config), seed=0, std=0.3)
+    return lively(lambda: transformers.LlavaForConditionalGeneration(config), seed=0, std=0.3, keep_eos=False)
 
 
 def requests() -> dict[str, dict[str, torch.Tensor]]:
