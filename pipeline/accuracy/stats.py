@@ -12,8 +12,9 @@ divides by 2.22e-16, as Polygraphy does. The tolerance is that of the type the g
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +29,11 @@ from pipeline.settings import (
     Settings,
     Tolerance,
 )
+
+if TYPE_CHECKING:
+    import onnx
+
+    from pipeline.accuracy.uninitialised import ShapeAccumulator
 
 ELEMENTWISE_RULE = (
     "an element passes when |x - ref| <= atol or |x - ref| <= rtol * |ref| (ref: the PyTorch reference); "
@@ -112,9 +118,31 @@ def _computed_note(dtype: str, computed: str, settings: Settings) -> str:
     return f"a {dtype} tensor computed in {computed} (precision={settings.precision!r}), judged as {computed}"
 
 
-def accumulator(tolerance: Tolerance, random_sources: tuple[str, ...] | None = None) -> Accumulator:
-    """The accumulator for one tensor: by distribution when it depends on random nodes, else element by element."""
-    return DistributionAccumulator(random_sources) if random_sources else ErrorAccumulator(tolerance)
+def accumulator(
+    tolerance: Tolerance, random_sources: tuple[str, ...] | None = None, free_dims: Iterable[int] = ()
+) -> Accumulator:
+    """The accumulator for one tensor: by distribution when it depends on random nodes (``free_dims``: its dimensions
+    sized by computed data, which may differ), else element by element."""
+    return DistributionAccumulator(random_sources, free_dims) if random_sources else ErrorAccumulator(tolerance)
+
+
+def output_accumulators(
+    graph: onnx.ModelProto | None, tolerances: dict[str, Tolerance]
+) -> dict[str, Accumulator | ShapeAccumulator]:
+    """One accumulator per output of ``tolerances``, as ``graph`` (the graph the backend runs, if known) computes it:
+    by shape when it is uninitialised memory, by distribution when it depends on a random node, else by element."""
+    from pipeline.accuracy.distribution import drawn_dims, random_outputs
+    from pipeline.accuracy.uninitialised import ShapeAccumulator, uninitialised_outputs
+
+    random = random_outputs(graph) if graph is not None else {}
+    drawn = drawn_dims(graph) if graph is not None else {}
+    uninitialised = uninitialised_outputs(graph) if graph is not None else {}
+    return {
+        name: ShapeAccumulator(uninitialised[name])
+        if name in uninitialised
+        else accumulator(tolerance, random.get(name), drawn.get(name, ()))
+        for name, tolerance in tolerances.items()
+    }
 
 
 #: Histogram of absolute errors: log10 bins from 1e-10 to 1e2, plus "below" (including exact 0) and "above".

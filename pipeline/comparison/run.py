@@ -32,10 +32,10 @@ import torch
 from converters.errors import InputError
 from pipeline.accuracy.anchor import AnchorRuns
 from pipeline.accuracy.anchoring import Anchoring
-from pipeline.accuracy.distribution import DistributionStats, random_outputs
-from pipeline.accuracy.stats import RULE, Accumulator, ErrorAccumulator, Judgement, accumulator, judgement
+from pipeline.accuracy.distribution import DistributionStats, measure_torch_spread
+from pipeline.accuracy.stats import RULE, Accumulator, ErrorAccumulator, Judgement, judgement, output_accumulators
 from pipeline.accuracy.uninitialised import RULE as UNINITIALISED_RULE
-from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
+from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats
 from pipeline.comparison import DEFAULT_MEMORY_BUDGET, REFERENCE_DTYPES, TENSORRT
 from pipeline.comparison.layers import LayerBackend, OnnxRuntimeLayers, compare_layers
 from pipeline.comparison.report import ComparisonReport, OutputComparison, RunnerInfo
@@ -230,19 +230,15 @@ def compare_outputs(
     from polygraphy.comparator import Comparator
 
     judged = {spec.name: judgement(spec.name, spec.dtype, settings) for spec in io.outputs}
-    random = random_outputs(final) if final is not None else {}
-    uninitialised = uninitialised_outputs(final) if final is not None else {}
+    tolerances = {spec.name: judged[spec.name].tolerance for spec in io.outputs}
     references = [r for r in runners if isinstance(r, TorchReference)]
     accumulators: dict[tuple[str, str], Accumulator | ShapeAccumulator] = {
-        (r.name, spec.name): ShapeAccumulator(uninitialised[spec.name])
-        if spec.name in uninitialised
-        else accumulator(judged[spec.name].tolerance, random.get(spec.name))
-        for r in runners[1:]
-        for spec in io.outputs
+        (r.name, name): kept for r in runners[1:] for name, kept in output_accumulators(final, tolerances).items()
     }
     loader = ScreenedFeeds(list(feeds), ReferenceScreen(references), len(feeds) if given is None else given)
     reference_outputs: list[Feed] = []
     anchorings = _anchorings(runners, io, judged, accumulators)
+    compared: list[Feed] = []  # the feeds compared, in order (a random output's yardstick draws PyTorch on them)
     with polygraphy_quiet():
         for single in Comparator.run(list(runners), data_loader=loader, streaming=True):
             results = [(name, iterations[0]) for name, iterations in single.items()]
@@ -250,6 +246,8 @@ def compare_outputs(
             reference_outputs.append(
                 {s.name: np.array(expected[s.name], dtype=_numpy_dtype(s.dtype)) for s in io.outputs}
             )
+            if references:
+                compared.append(references[0].last_feed)
             for name, actual in results[1:]:
                 anchored = anchorings[name].tolerances(runners[0].last_feed, actual, expected) if anchorings else {}
                 for spec in io.outputs:
@@ -259,6 +257,10 @@ def compare_outputs(
                         acc.add(*pair, anchored[spec.name])
                     else:
                         acc.add(*pair)
+    if references and references[0] is runners[0]:  # the reference is PyTorch: random outputs get its own spread
+        for runner in runners[1:]:
+            by_output = {output: acc for (name, output), acc in accumulators.items() if name == runner.name}
+            measure_torch_spread(by_output, references[0].call, compared)
     comparisons = []
     for (runner, output), acc in accumulators.items():
         spec = next(s for s in io.outputs if s.name == output)

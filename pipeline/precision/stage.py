@@ -32,6 +32,7 @@ from passes.precision.convert import ConvertPrecision, plan_precision
 from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
 from passes.records import Island, PassRecord
 from pipeline.accuracy.anchoring import anchored_per_input
+from pipeline.accuracy.distribution import random_outputs
 from pipeline.exporting.stage import ExportedGraph
 from pipeline.precision.build_fallback import build_fallback
 from pipeline.precision.buildable import BuilderGate
@@ -196,9 +197,15 @@ class _Candidates:
         self.fp32_model, self.exported, self.settings, self.base = fp32_model, exported, settings, base
         self.feeds, self.references = feeds, references
         low = LOW_TYPES[settings.precision]
+        # an output that depends on a random node has no value to compare value by value (validation judges its
+        # distribution): the search is scored on the others, and needs no run when there are none
+        random = random_outputs(fp32_model)
+        if random:
+            logger.info("precision: %s depend on random nodes: not scored value by value", ", ".join(sorted(random)))
         self.tolerances = {
             o.name: settings.tolerance_for(o.name, low.dtype_name if o.dtype == "float32" else o.dtype)
             for o in exported.io.outputs
+            if o.name not in random
         }
         self.per_input: list[dict[str, Tolerance]] | None = None  # the anchored rule's, once the fixed one fails
         self.builds = 0
@@ -218,11 +225,21 @@ class _Candidates:
         return model, records
 
     def score(self, model: onnx.ModelProto) -> float:
-        session = _session(runnable_model(model, "onnxruntime", self.settings), self.settings)
         names = list(self.tolerances)
-        outputs = [
-            dict(zip(names, session.run(names, session_feed(session, feed)), strict=True)) for feed in self.feeds
-        ]
+        if not names:
+            return 0.0
+        session = _session(runnable_model(model, "onnxruntime", self.settings), self.settings)
+        outputs = []
+        for index, feed in enumerate(self.feeds):
+            try:
+                outputs.append(dict(zip(names, session.run(names, session_feed(session, feed)), strict=True)))
+            except Exception as error:  # ONNX Runtime refusing the graph on an input: said, with the stage, not raw
+                raise ConversionError(
+                    f"the {self.settings.precision} graph failed to run on calibration input {index} on ONNX "
+                    f"Runtime (PyTorch ran it): {str(error).strip()}",
+                    fix="keep the node the error names in float32 (keep_fp32=[...]), pass calibration=[...] with "
+                    "inputs like the sample, or convert with precision='fp32'",
+                ) from error
         return error_ratio(outputs, self.references, self.per_input or self.tolerances)
 
     def accepted(self, model: onnx.ModelProto, error: float) -> bool:

@@ -29,7 +29,7 @@ from polygraphy.logger import G_LOGGER
 
 from converters.errors import AccuracyError, BuildError, InputError, PipelineError
 from pipeline.accuracy.anchoring import Anchoring
-from pipeline.accuracy.distribution import DistributionStats, random_outputs
+from pipeline.accuracy.distribution import DistributionStats, measure_torch_spread
 from pipeline.accuracy.stats import (
     ALL_NAN_NOTE,
     RULE,
@@ -37,11 +37,11 @@ from pipeline.accuracy.stats import (
     ErrorAccumulator,
     ErrorStats,
     Judgement,
-    accumulator,
     judgement,
+    output_accumulators,
 )
 from pipeline.accuracy.uninitialised import RULE as UNINITIALISED_RULE
-from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats, uninitialised_outputs
+from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.reports.accuracy import AccuracyReport, OutputAccuracy
 from pipeline.settings import DEFAULT_TOLERANCES, Settings
@@ -186,6 +186,7 @@ def validate(
     torch_runner = ScreeningTorchRunner(model, io)
     loader = ScreenedFeeds(feeds, torch_runner, given)
     actual: dict[str, Any] = {}
+    compared: list[Feed] = []  # the feeds compared, in order (a random output's yardstick draws PyTorch on them)
     with polygraphy_quiet(), _backend_errors(backend_runner):
         for single in Comparator.run([torch_runner, backend_runner], data_loader=loader, streaming=True):
             (_, expected), (_, actual) = [(name, iterations[0]) for name, iterations in single.items()]
@@ -195,6 +196,7 @@ def validate(
                     f"output {missing[0]!r} is missing from the backend's results",
                     fix="a pass renamed or removed a graph output; graph outputs must be kept",
                 )
+            compared.append(torch_runner.last_feed)
             anchored = anchoring.tolerances(torch_runner.last_feed, actual, expected)
             for o in outputs:
                 accumulator_ = accumulators[o.name]
@@ -203,6 +205,7 @@ def validate(
                 else:
                     accumulator_.add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
     anchoring.log_cost()
+    measure_torch_spread(accumulators, torch_runner.call, compared)
     results = {o.name: accumulators[o.name].result() for o in outputs}
     shape_only = any(isinstance(r, ShapeStats) for r in results.values())
     report = AccuracyReport(
@@ -227,14 +230,7 @@ def _accumulators(
     outputs: Any, judged: dict[str, Judgement], graph: onnx.ModelProto | None
 ) -> dict[str, Accumulator | ShapeAccumulator]:
     """One accumulator per output: by shape (uninitialised memory), by distribution (random) or by element."""
-    random = random_outputs(graph) if graph is not None else {}
-    uninitialised = uninitialised_outputs(graph) if graph is not None else {}
-    return {
-        o.name: ShapeAccumulator(uninitialised[o.name])
-        if o.name in uninitialised
-        else accumulator(judged[o.name].tolerance, random.get(o.name))
-        for o in outputs
-    }
+    return output_accumulators(graph, {o.name: judged[o.name].tolerance for o in outputs})
 
 
 class ScreeningTorchRunner(TorchRunner):

@@ -7,12 +7,20 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from onnx import helper
 from torch import nn
 
 import pipeline
-from pipeline.accuracy.distribution import DistributionAccumulator, ks_distance, random_outputs, random_tensors
+from pipeline.accuracy.distribution import (
+    YARDSTICK_DRAWS,
+    DistributionAccumulator,
+    ks_distance,
+    measure_torch_spread,
+    random_outputs,
+    random_tensors,
+)
 
 
 def _graph(
@@ -135,3 +143,63 @@ def test_per_layer_judges_modules_after_a_random_node_by_distribution(tmp_path: 
     assert rows["lin"].stats.max_abs < 1e-4  # type: ignore[union-attr]  # before the noise: element by element
     assert "RandomNormalLike" in rows["noise"].stats.note  # type: ignore[union-attr]
     assert "(random: by distribution)" in (tmp_path / "report.md").read_text()  # type: ignore[operator]
+
+
+def test_a_dimension_sized_by_data_may_differ_and_another_may_not() -> None:
+    drawn = DistributionAccumulator(("RandomNormalLike 'n'",), free_dims=(1,))
+    rng = np.random.default_rng(2)
+    drawn.add(rng.standard_normal((2, 300)), rng.standard_normal((2, 500)))
+    result = drawn.result()
+    assert result.passed and "dimension 1 sized by data" in result.note
+    fixed = DistributionAccumulator(("RandomNormalLike 'n'",), free_dims=(1,))
+    fixed.add(rng.standard_normal((3, 300)), rng.standard_normal((2, 300)))
+    assert not fixed.result().passed and "shape [3, 300]" in fixed.result().note
+
+
+def _shared_offset_draw(rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Values that share one draw (a per-call offset), as a generated waveform's do: far from independent."""
+    return scale * (rng.standard_normal(4000) + 0.3 * rng.standard_normal())
+
+
+def test_values_sharing_a_draw_are_judged_against_pytorchs_own_spread() -> None:
+    rng = np.random.default_rng(3)
+    accumulators = {"right": DistributionAccumulator(("RandomNormalLike 'n'",))}
+    accumulators["scaled"] = DistributionAccumulator(("RandomNormalLike 'n'",))
+    feeds = [0, 1, 2, 3]
+    for _ in feeds:
+        reference = _shared_offset_draw(rng)
+        accumulators["right"].add(_shared_offset_draw(rng), reference)
+        accumulators["scaled"].add(_shared_offset_draw(rng, scale=4.0), reference)
+    assert not accumulators["right"].result().passed  # independent values' bound: the offsets differ
+    calls = []
+
+    def torch_call(feed: int) -> dict[str, np.ndarray]:
+        calls.append(feed)
+        draw = _shared_offset_draw(rng)
+        return {"right": draw, "scaled": draw}
+
+    measured = measure_torch_spread(accumulators, torch_call, feeds)
+    assert set(measured) == {"right", "scaled"} and calls == feeds * YARDSTICK_DRAWS
+    right, scaled = accumulators["right"].result(), accumulators["scaled"].result()
+    assert right.passed and right.torch_spread is not None and "within 2x" in right.note
+    assert not scaled.passed and "beyond 2x" in scaled.note  # a wrong scale stays a failure
+
+
+class DrawnLength(nn.Module):
+    """A length drawn by the model (as VITS's stochastic durations draw its waveform's), values sharing a draw."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        durations = torch.ceil(torch.rand(x.shape[-1]) * 4).long()
+        frames = torch.repeat_interleave(x, durations, dim=-1)
+        return torch.tanh(frames + torch.randn_like(frames) * 0.3 + torch.randn(()))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_model_drawing_its_output_length_converts_and_validates(precision: str) -> None:
+    torch.manual_seed(0)
+    module = pipeline.convert(DrawnLength().eval(), torch.randn(2, 64), precision=precision, backend="onnxruntime")
+    (output,) = module.report.accuracy.outputs  # type: ignore[union-attr]
+    assert output.passed and "RandomNormalLike" in output.note
+    assert module(torch.randn(2, 64)).shape[0] == 2
+    if precision == "fp16":  # a random output is not scored value by value: no search for an error it cannot mend
+        assert module.report.precision is not None and module.report.precision.search is None
