@@ -336,13 +336,39 @@ def _build(model_type: str, class_name: str, variant: int) -> tuple[torch.nn.Mod
     errors = []
     for sample in candidate_samples(model, config):
         try:
-            with torch.no_grad():
+            with torch.no_grad(), UngroupedKeys() as keys:
                 model(**sample)
         except Exception as exc:  # noqa: BLE001 - the next candidate; all of them are reported when none runs
             errors.append(f"{sorted(sample)}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
             continue
+        if keys.found:  # not a config a checkpoint has: the next shrink (key-value heads = heads) is
+            raise RuntimeError(keys.found)
         return model, ((), sample)
     raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
+
+
+class UngroupedKeys(torch.overrides.TorchFunctionMode):
+    """Watches grouped-query attention calls (``enable_gqa=True``) for keys and values not grouped as the config's
+    ``num_key_value_heads`` says: keys with as many heads as the queries (multi-head latent attention expands them per
+    query head) or keys and values with different head counts. PyTorch's eager attention takes these (one group of
+    one), but transformers' traced path repeats them by the config's groups and torch.export fails on a shape no
+    checkpoint has (real configs of these types pair key-value heads with heads one to one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: str | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and kwargs.get("enable_gqa") and len(args) >= 3:
+            query, key, value = args[:3]
+            heads = (query.shape[-3], key.shape[-3], value.shape[-3])
+            if self.found is None and heads[0] != 1 and (heads[1] == heads[0] or heads[1] != heads[2]):
+                self.found = (
+                    f"grouped-query attention on keys not grouped as num_key_value_heads says (query, key, value "
+                    f"heads {heads}): the shrink's key-value heads do not fit the model"
+                )
+        return func(*args, **kwargs)
 
 
 def redraw_constant_matrices(model: torch.nn.Module, std: float) -> list[str]:

@@ -76,3 +76,17 @@ def test_weights_initialised_constant_are_drawn_again_so_routers_do_not_pick_amo
     _, _, experts = moe.router(hidden, moe.expert_bias)
     assert len({tuple(sorted(row.tolist())) for row in experts}) > 1  # tokens are routed, not tied
     assert every.redraw_constant_matrices(model, 0.02) == []  # nothing constant is left to draw
+
+
+def test_a_shrink_whose_keys_are_not_grouped_as_its_config_says_gives_way_to_paired_heads() -> None:
+    """GLM-4 MoE Lite's latent attention expands keys to every query head: with the small shrink's one key-value head
+    for two heads, eager attention ran (one group of one) but transformers' traced path repeated the keys by two and
+    torch.export failed on a shape no checkpoint has (its real configs pair them one to one). The source takes the
+    next shrink, key-value heads = heads, and the model exports."""
+    model, (_, kwargs) = every.build("glm4_moe_lite", "Glm4MoeLiteModel")
+    assert model.config.num_key_value_heads == model.config.num_attention_heads
+    torch.export.export(model, (), kwargs, strict=False)
+    with every.UngroupedKeys() as keys, torch.no_grad():  # the check itself: keys as many as the queries
+        query = torch.randn(1, 2, 4, 8)
+        torch.nn.functional.scaled_dot_product_attention(query, query, query, enable_gqa=True)
+    assert keys.found is not None and "(2, 2, 2)" in keys.found
