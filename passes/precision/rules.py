@@ -3,8 +3,8 @@
 Each rule is pure: it looks at the graph and returns ``{node name: reason}``. Type rules (TensorRT's parser, the ONNX
 schema, custom ops, control flow) always apply: breaking them makes a graph TensorRT or ONNX rejects. Accuracy
 rules (normalization statistics and the normalized value, the residual stream a normalization reads, large
-reductions, Exp/Pow/Log in fp16, cumulative sums, shape and index arithmetic, random generators, constants beyond the
-half type's range) apply unless ``precision_rules=False``.
+reductions, Exp/Pow/Log in fp16, cumulative sums, comparisons, shape and index arithmetic, random generators,
+constants beyond the half type's range) apply unless ``precision_rules=False``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from passes.precision.types import (
     shape_of,
     trt_accepts,
 )
+
+#: Comparisons of float values: their bool result costs nothing to compute in float32, and rounding their inputs to a
+#: half type ties values that differ (a mixture-of-experts router's Less picked other experts in Kimi Linear).
+COMPARISONS = frozenset({"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"})
 
 #: A reduction over more elements than this accumulates enough rounding error to keep in float32.
 LARGE_REDUCTION = 4096
@@ -167,6 +171,8 @@ def _node_reason(node: gs.Node, ctx: RuleContext) -> str | None:
         return "cumulative sum: rounding error grows along the axis"
     if node.op == "Range":
         return "index arithmetic: a float Range loses exact integers in a half type"
+    if node.op in COMPARISONS:
+        return "comparison: a half type rounds values apart to one and flips the decision (routing, masks)"
     if ctx.low.name == "fp16" and node.op in FP16_RANGE:
         return FP16_RANGE[node.op]
     if node.op in REDUCTIONS:

@@ -273,6 +273,25 @@ def test_exp_is_an_island_in_fp16_but_not_in_bf16() -> None:
     assert plan_precision(graph, Settings(precision="bf16")).islands == ()
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_comparison_of_floats_decides_in_float32(precision: str) -> None:
+    """2049 < 2050 on the graph's float32 input; a half type rounds both to one value and the Less flips (a router
+    picked other experts). The comparison keeps its inputs' float32; the MatMul beside it goes low."""
+    nodes = [
+        helper.make_node("Less", ["x", "limit"], ["below"], name="less"),
+        helper.make_node("Cast", ["below"], ["flags"], name="to_float", to=T.FLOAT),
+        helper.make_node("MatMul", ["flags", "w"], ["y"], name="fc"),
+    ]
+    limit = numpy_helper.from_array(np.full((1,), 2050.0, np.float32), "limit")
+    eye = numpy_helper.from_array(np.eye(2, dtype=np.float32), "w")
+    source = model(nodes, [("x", T.FLOAT, [1, 2])], {"y": [1, 2]}, [eye, limit])
+    graph, _ = to_graph(source)
+    reasons = {i.node: i.reason for i in plan_precision(graph, Settings(precision=precision)).islands}
+    assert reasons["less"].startswith("comparison:") and "fc" not in reasons
+    feed = {"x": np.array([[2049.0, 2051.0]], np.float32)}
+    assert run(emulate_low_precision(convert(source, precision=precision)), feed)[0].tolist() == [[1.0, 0.0]]
+
+
 def test_large_reductions_count_dynamic_dims_at_their_declared_max() -> None:
     source = elementwise(
         [("ReduceSum", {"inputs": ["axes"], "keepdims": 1}), ("Expand", {"inputs": ["shape"]})], [2, "seq"]
