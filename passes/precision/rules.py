@@ -3,7 +3,7 @@
 Each rule is pure: it looks at the graph and returns ``{node name: reason}``. Type rules (TensorRT's parser, the ONNX
 schema, custom ops, control flow) always apply: breaking them makes a graph TensorRT or ONNX rejects. Accuracy
 rules (normalization statistics and the normalized value, the residual stream a normalization reads, large
-reductions, Exp/Pow/Log in fp16, cumulative sums, comparisons, shape and index arithmetic, random generators,
+reductions, Exp/Pow/Log in fp16, cumulative sums, comparisons, routers, shape and index arithmetic, random generators,
 constants beyond the half type's range) apply unless ``precision_rules=False``.
 """
 
@@ -408,6 +408,53 @@ def _big(name: str, values: np.ndarray, low: LowType) -> Iterator[tuple[str, flo
         yield name, peak
 
 
+#: The scores a TopK picks among are followed back through these ops (and followers) to the projection making them.
+SCORE_OPS = frozenset({"Softmax", "Sigmoid", "Add", "Sub", "Mul", "Div", "Cast", "Relu", "Softplus", "LogSoftmax"})
+
+#: A projection making routing scores has at most this many outputs (the experts); a vocabulary's (an LM head whose
+#: logits a TopK samples from) is far wider and stays low.
+ROUTER_WIDTH = 1024
+
+
+def _routing(ctx: RuleContext) -> dict[str, str]:
+    """A mixture-of-experts router decides in float32: the TopK, the scores it picks among (softmax, sigmoid, bias,
+    scale) and the narrow projection making them. A half type ties near scores and sends tokens to other experts
+    (HunYuan's every-type case: 1.7x the float16 tolerance and a search of 33 builds); DeepSeek-V3 and vLLM compute
+    their gates in float32 for the same reason. The projection costs hidden x experts: little."""
+    reason = "routing: a half type ties near scores and the TopK picks other experts"
+    out: dict[str, str] = {}
+    for node in ctx.graph.nodes:
+        if node.op != "TopK" or not ctx.float_tensors(node):
+            continue
+        out[node.name] = reason
+        stack, seen = [node.inputs[0]], set()
+        while stack and len(seen) < 16:
+            tensor = stack.pop()
+            if not tensor.inputs or tensor.name in seen:
+                continue
+            seen.add(tensor.name)
+            producer = tensor.inputs[0]
+            if producer.op in ("MatMul", "Gemm"):
+                width = _projection_width(producer)
+                if width is not None and width <= ROUTER_WIDTH:
+                    out[producer.name] = reason
+                continue
+            if producer.op in SCORE_OPS or producer.op in FOLLOWER_OPS:
+                if ctx.float_tensors(producer):
+                    out[producer.name] = reason
+                stack.extend(t for t in producer.inputs if not isinstance(t, gs.Constant))
+    return out
+
+
+def _projection_width(node: gs.Node) -> int | None:
+    """The output width of a MatMul or Gemm with a constant weight (its last dimension), if it has one."""
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    if not isinstance(weight, gs.Constant) or len(weight.shape) < 2:
+        return None
+    transposed = node.op == "Gemm" and bool(node.attrs.get("transB", 0))
+    return int(weight.shape[-2] if transposed else weight.shape[-1])
+
+
 ACCURACY_RULES: tuple[Callable[[RuleContext], dict[str, str]], ...] = (
     _per_node,
     _variance_statistics,
@@ -416,4 +463,5 @@ ACCURACY_RULES: tuple[Callable[[RuleContext], dict[str, str]], ...] = (
     _vanishing_constants,
     _shape_arithmetic,
     _index_arithmetic,
+    _routing,
 )

@@ -292,6 +292,26 @@ def test_a_comparison_of_floats_decides_in_float32(precision: str) -> None:
     assert run(emulate_low_precision(convert(source, precision=precision)), feed)[0].tolist() == [[1.0, 0.0]]
 
 
+def test_a_router_decides_in_float32_and_a_vocabulary_projection_stays_low() -> None:
+    """A mixture-of-experts gate (MatMul to 8 experts, Softmax, TopK) is kept in float32; a TopK over an LM head's
+    4096-wide logits leaves the head low (only the TopK itself is kept)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "gate"], ["logits"], name="router"),
+        helper.make_node("Softmax", ["logits"], ["scores"], name="softmax", axis=-1),
+        helper.make_node("TopK", ["scores", "k"], ["top", "experts"], name="topk"),
+        helper.make_node("MatMul", ["x", "head"], ["vocab"], name="lm_head"),
+        helper.make_node("TopK", ["vocab", "k"], ["best", "tokens"], name="sample"),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="expert"),
+    ]
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    inits = [weight("gate", 16, 8), weight("head", 16, 4096), weight("w", 16, 16), k]
+    source = model(nodes, [("x", T.FLOAT, [4, 16])], {"y": [4, 16], "top": [4, 2], "best": [4, 2]}, inits)
+    graph, _ = to_graph(source)
+    reasons = {i.node: i.reason for i in plan_precision(graph, Settings(precision="fp16")).islands}
+    assert {n for n, r in reasons.items() if r.startswith("routing:")} == {"router", "softmax", "topk", "sample"}
+    assert "lm_head" not in reasons and "expert" not in reasons
+
+
 def test_large_reductions_count_dynamic_dims_at_their_declared_max() -> None:
     source = elementwise(
         [("ReduceSum", {"inputs": ["axes"], "keepdims": 1}), ("Expand", {"inputs": ["shape"]})], [2, "seq"]
