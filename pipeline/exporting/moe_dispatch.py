@@ -1,9 +1,10 @@
 """Mixture-of-experts modules that loop over the experts their tokens chose, exported as a dense dispatch.
 
-Some transformers expert modules (Switch Transformers, NLLB-MoE, DBRX, LongCat-Flash) are plain Python loops:
-``expert_hit = (expert_mask.sum(...) > 0).nonzero()``, then ``for expert_idx in expert_hit`` gather the tokens routed
-to that expert, run it and ``index_add_`` the weighted result back. The loop's length and every gather's size are
-data, so torch.export stops at the first one (``GuardOnDataDependentSymNode``), in plain ``torch.onnx.export`` too.
+Some transformers expert modules (Switch Transformers, NLLB-MoE, DBRX, LongCat-Flash, OpenAI's privacy filter) are
+plain Python loops: ``expert_hit = (expert_mask.sum(...) > 0).nonzero()``, then ``for expert_idx in expert_hit`` gather
+the tokens routed to that expert, run it and ``index_add_`` the weighted result back. The loop's length and every
+gather's size are data, so torch.export stops at the first one (``GuardOnDataDependentSymNode``), in plain
+``torch.onnx.export`` too.
 (transformers' other MoE models go through ``transformers::grouped_mm_fallback`` when exported, which
 :mod:`converters.aten.grouped_mm` lowers.)
 
@@ -108,6 +109,21 @@ def _longcat(
     return _dense(hidden_states, expert_mask, top_k_weights, self.total_experts, run)
 
 
+def _privacy_filter(
+    self: Any, hidden_states: torch.Tensor, router_indices: torch.Tensor, routing_weights: torch.Tensor
+) -> torch.Tensor:
+    """``OpenAIPrivacyFilterExperts.forward``: GPT-OSS's clamped GLU with biases, every product in float32 and the sum
+    too (cast back to the input's type at the end, as the loop does)."""
+
+    def run(e: int, h: torch.Tensor) -> torch.Tensor:
+        gate_up = h.float() @ self.gate_up_proj[e].float() + self.gate_up_proj_bias[e].float()
+        return self._apply_gate(gate_up).float() @ self.down_proj[e].float() + self.down_proj_bias[e].float()
+
+    expert_mask = F.one_hot(router_indices, num_classes=self.num_experts).permute(2, 1, 0)
+    total = _dense(hidden_states.float(), expert_mask, routing_weights.float(), self.num_experts, run)
+    return total.to(hidden_states.dtype)
+
+
 # (module, class name) -> the dense forward and how to read the expert count off an instance
 _DISPATCH: dict[tuple[str, str], tuple[Callable[..., torch.Tensor], Callable[[Any], int]]] = {
     ("transformers.models.switch_transformers.modeling_switch_transformers", "SwitchTransformersExperts"): (
@@ -119,6 +135,10 @@ _DISPATCH: dict[tuple[str, str], tuple[Callable[..., torch.Tensor], Callable[[An
     ("transformers.models.longcat_flash.modeling_longcat_flash", "LongcatFlashExperts"): (
         _longcat,
         lambda m: m.total_experts,
+    ),
+    ("transformers.models.openai_privacy_filter.modeling_openai_privacy_filter", "OpenAIPrivacyFilterExperts"): (
+        _privacy_filter,
+        lambda m: m.num_experts,
     ),
 }
 _PATCHES: dict[type, SharedPatch] = {}

@@ -1,8 +1,8 @@
 """Mixture-of-experts modules that loop over the experts their tokens chose (``for expert_idx in expert_hit`` over a
-``nonzero``: Switch Transformers, NLLB-MoE, DBRX, LongCat-Flash) export as a dense dispatch: the models convert and
-match PyTorch, the graph has no data-dependent op left and TensorRT-RTX builds it; the routing may change at run
-time (an expert with no tokens, a non-finite output of an expert nobody was routed to); the eager loop is back after
-the conversion."""
+``nonzero``: Switch Transformers, NLLB-MoE, DBRX, LongCat-Flash, the privacy filter) export as a dense dispatch: the
+models convert and match PyTorch, the graph has no data-dependent op left and TensorRT-RTX builds it; the routing may
+change at run time (an expert with no tokens, a non-finite output of an expert nobody was routed to); the eager loop
+is back after the conversion."""
 
 from __future__ import annotations
 
@@ -100,3 +100,14 @@ def test_any_routing_gives_the_eager_loops_result() -> None:
         (got,) = session.run(None, feed)
         assert np.isfinite(want).all()
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_privacy_filters_float32_expert_loop_converts_matches_and_builds() -> None:
+    """OpenAI's privacy filter (from the every-type source: the curated list does not have it) keeps GPT-OSS's loop
+    and computes every expert in float32; plain export stops at its ``nonzero``."""
+    from model_sources import transformers_all_models
+
+    model, (_, kwargs) = transformers_all_models.build("openai_privacy_filter", "OpenAIPrivacyFilterModel")
+    module = pipeline.convert(model, kwargs)
+    assert "NonZero" not in {n.op_type for n in module.onnx.graph.node}
+    assert_builds(module)
