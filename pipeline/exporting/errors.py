@@ -59,8 +59,19 @@ def python_value_error(
     )
 
 
-def torch_export_error(exc: BaseException) -> ExportError:
-    """torch.export's failure, with the op and a specific fix when a value depends on the tensors' data."""
+def torch_export_error(exc: BaseException, padded: str | None = None) -> ExportError:
+    """torch.export's failure, with the op and a specific fix when a value depends on the tensors' data. ``padded``:
+    PyTorch's own error on the sample with its all-ones attention mask padding one position
+    (:func:`padded_mask_failure`), when it fails so."""
+    if padded is not None and _BROADCAST.search(reason(exc)):
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (the model fails in PyTorch too once its attention mask pads "
+            f"anything: {padded}; eagerly it drops an all-ones mask, so only unpadded inputs ever ran)",
+            node=_where(traced_op(exc), model_frame(exc)),
+            fix="the model handles a mask only by dropping it when nothing is padded, which a graph cannot decide "
+            "(the mask it builds without one is kept too): fix its mask handling at the line named here (PyTorch's "
+            "error above is the same bug), or report it to the model's authors",
+        )
     text = f"{reason(exc)}\n{_all_text(exc)}"
     op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
     data_dependent = ("data-dependent", "GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound")
@@ -110,6 +121,22 @@ def torch_export_error(exc: BaseException) -> ExportError:
             "model build them the same way eagerly and traced (pass the mask it builds, or fix its length there)",
         )
     return ExportError(f"torch.export failed: {reason(exc)}", node=where, fix=EXPORT_FIXES)
+
+
+def padded_mask_failure(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """PyTorch's error (one line) when ``model`` runs on the sample with its all-ones ``attention_mask`` padding the
+    last position of each row; None when the sample has no such mask or the model takes the padding."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[-1] < 2 or not bool((mask == 1).all()):
+        return None
+    padded = mask.clone()
+    padded[:, -1] = 0
+    try:
+        with torch.no_grad():
+            model(*args, **{**kwargs, "attention_mask": padded})
+    except Exception as error:  # noqa: BLE001 -- the model's own failure is what the message quotes
+        return f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+    return None
 
 
 def _in_attention(exc: BaseException, where: str | None) -> bool:

@@ -272,7 +272,13 @@ def _traced_program(
                 except Exception:  # noqa: BLE001 -- the model ran eagerly before: the export's error is the one to show
                     raise export_errors.torch_export_error(exc) from exc
             else:
-                raise export_errors.torch_export_error(exc) from exc
+                padded = export_errors.padded_mask_failure(model, args, kwargs) if _broadcast(exc) else None
+                raise export_errors.torch_export_error(exc, padded) from exc
+
+
+def _broadcast(exc: BaseException) -> bool:
+    """Shapes that did not broadcast under torch.export (the model ran eagerly just before)."""
+    return "Attempting to broadcast a dimension" in export_errors.reason(exc)
 
 
 def _export_program(

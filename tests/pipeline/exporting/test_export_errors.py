@@ -183,3 +183,23 @@ def test_shapes_that_meet_only_eagerly_name_the_models_line() -> None:
         pipeline.convert(AddSkippedEagerly(), torch.randn(2, 3))
     assert "disagree only under torch.export" in caught.value.fix
     assert "test_export_errors.py" in str(caught.value.node) and "in forward" in str(caught.value.node)
+
+
+class MaskDroppedUnlessPadded(torch.nn.Module):
+    """Nystromformer's way: a mask built [L, L] against scores [L/2, L]; all ones, it is dropped eagerly, so only an
+    unpadded input ever runs, and a padded one fails in PyTorch as the export does."""
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        scores = x[:, : x.shape[1] // 2, None] * x[:, None, :]  # [B, L/2, L]
+        if not torch.compiler.is_exporting() and bool(attention_mask.all()):
+            return scores
+        mask = (1.0 - attention_mask[:, None, :].float()) * attention_mask[:, :, None].float()  # [B, L, L]
+        return scores + mask
+
+
+def test_a_model_that_fails_in_pytorch_once_padded_is_said_so() -> None:
+    with pytest.raises(pipeline.ExportError) as caught:
+        pipeline.convert(MaskDroppedUnlessPadded(), {"x": torch.randn(1, 8), "attention_mask": torch.ones(1, 8)})
+    assert "fails in PyTorch too once its attention mask pads anything: RuntimeError" in str(caught.value)
+    assert "report it to the model's authors" in caught.value.fix and "usual fixes" not in caught.value.fix
+    assert "test_export_errors.py" in str(caught.value.node)
