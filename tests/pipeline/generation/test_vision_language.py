@@ -320,6 +320,17 @@ def test_tensorrt_rtx_builds_the_vision_graph_and_the_step_in_float16(llava_inpu
     assert module.vision.engine_bytes and module.step.engine_bytes
 
 
+def test_tensorrt_rtx_builds_gemma3s_typed_step_as_one_engine() -> None:
+    """Gemma 3 with ``token_type_ids``: the step that takes them (an image's tokens attending both ways in the
+    prefill) builds with the real TensorRT-RTX builder as one engine, no segment left to ONNX Runtime."""
+    pytest.importorskip("tensorrt_rtx")
+    inputs = prompts(4, 32)
+    typed = {**inputs, "token_type_ids": (inputs["input_ids"] == IMAGE).to(torch.int64)}
+    module = pipeline.convert(gemma3_model(), typed, generation=GENERATION, backend="tensorrt-rtx", validate=False)
+    assert isinstance(module, VisionLanguageModule)
+    assert module.vision.engine_bytes and module.step.engine_bytes and module.step.report.segments is None
+
+
 def test_a_captioning_model_the_step_cannot_call_is_an_input_error() -> None:
     """BLIP's captioning head takes pixel_values in every call (no image features of its own to place): the
     vision-language path does not take it, and the causal LM's would drop its images. Both are said, instead of a
