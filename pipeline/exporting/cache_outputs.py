@@ -65,28 +65,36 @@ def _where(path: tuple[Any, ...]) -> str:
 
 @contextlib.contextmanager
 def forward_without_cache(
-    model: torch.nn.Module, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    model: torch.nn.Module, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any], python_values: bool = False
 ) -> Iterator[dict[str, str]]:
     """Within the block, ``model``'s forward returns None in place of every cache object of ``result`` (its output
     on ``args`` and ``kwargs``), called with ``use_cache=False`` when that gives the same outputs (module doc);
-    the block gets the dropped outputs (:func:`cache_outputs`), and nothing changes when there are none."""
+    the block gets the dropped outputs (:func:`cache_outputs`), and nothing changes when there are none.
+    ``python_values``: Python numbers, bools and strings in the result are None in the traced result too (the module
+    returns them as constants: a graph has only tensor outputs)."""
     dropped = cache_outputs(result)
-    if not dropped:
+    if not dropped and not python_values:
         yield dropped
         return
-    logger.warning(
-        "output %s dropped: %s",
-        ", ".join(f"{where} ({kind})" for where, kind in dropped.items()),
-        DROPPED_CACHE,
-    )
+    if dropped:
+        logger.warning(
+            "output %s dropped: %s",
+            ", ".join(f"{where} ({kind})" for where, kind in dropped.items()),
+            DROPPED_CACHE,
+        )
     bound = model.forward
-    asks = "use_cache" in inspect.signature(bound).parameters and _same_without_cache(bound, result, args, kwargs)
+    asks = (
+        bool(dropped)
+        and "use_cache" in inspect.signature(bound).parameters
+        and _same_without_cache(bound, result, args, kwargs)
+    )
+    replaced = _none_for_value if python_values else _none_for_cache
 
     @functools.wraps(bound)
     def forward(*args: Any, **kwargs: Any) -> Any:
         if asks:
             kwargs["use_cache"] = False
-        return pytree.tree_map(_none_for_cache, bound(*args, **kwargs))
+        return pytree.tree_map(replaced, bound(*args, **kwargs))
 
     own = model.__dict__.get("forward")  # a forward set on the instance itself, if any, to put back
     model.forward = forward
@@ -124,3 +132,7 @@ def _tensors(result: Any) -> dict[str, torch.Tensor]:
 
 def _none_for_cache(leaf: Any) -> Any:
     return None if is_model_cache(leaf) else leaf
+
+
+def _none_for_value(leaf: Any) -> Any:
+    return None if is_model_cache(leaf) or isinstance(leaf, bool | int | float | str) else leaf

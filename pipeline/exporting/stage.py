@@ -115,13 +115,24 @@ def export(
                 f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",
                 fix="check the sample's shapes and dtypes against what forward() expects",
             ) from exc
+        python_values = False
         try:
             out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
         except ExportError as exc:
-            raise export_errors.python_value_error(exc, model, args, kwargs) from exc
+            error = export_errors.python_value_error(exc, model, args, kwargs)
+            if error is not exc or settings.dynamic or "only tensors (and None)" not in exc.message:
+                raise error from exc
+            # numbers of the call's shapes (MaskFormer-Swin's spatial sizes): fixed, as every shape of a static graph
+            out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result, True)
+            python_values = True
+            logger.warning(
+                "the model returns Python values beside its tensors (%s): the module returns them as the sample "
+                "gave them, fixed as the graph's shapes are (no tensor data makes them)",
+                exc.message.split(";")[0].removeprefix("output "),
+            )
         out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
-        with forward_without_cache(model, result, args, kwargs) as dropped:
+        with forward_without_cache(model, result, args, kwargs, python_values) as dropped:
             program, dynamic, branches = _torch_export(
                 model,
                 signature,

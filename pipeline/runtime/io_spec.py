@@ -272,8 +272,12 @@ def input_names_and_leaves(
     return names, tensors, tuple(slots), dump_tree(tree)
 
 
-def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
+def output_names_and_leaves(
+    result: Any, constants: bool = False
+) -> tuple[list[str], list[torch.Tensor], tuple[Leaf, ...], str]:
     """The tensor outputs of a model's result: names from their pytree paths, tensors, leaves and the tree.
+    ``constants``: a Python number, bool or string in the result is kept as a constant leaf (the module returns that
+    value), else it is an ExportError.
 
     Dataclasses nobody registered with torch's pytree are registered first (:func:`containers.register_dataclasses`),
     so that they come back as their own type; any other unknown container is an ExportError that names it.
@@ -290,6 +294,8 @@ def output_names_and_leaves(result: Any) -> tuple[list[str], list[torch.Tensor],
             tensors.append(leaf)
         elif leaf is None or is_model_cache(leaf):  # a transformers cache object: not a graph output (None)
             slots.append(Leaf(CONSTANT, value=None))
+        elif constants and isinstance(leaf, bool | int | float | str):  # a number of the call's shapes
+            slots.append(Leaf(CONSTANT, value=leaf))
         else:
             raise containers.unknown_container_error(path, leaf)
     if not tensors:

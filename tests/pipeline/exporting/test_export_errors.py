@@ -4,6 +4,7 @@ exception): complex tensors, Python values computed from tensor data, data-depen
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,6 +73,23 @@ def test_python_value_outputs_name_the_op(fn: Callable[..., Any], op: str, kind:
     error = _convert_error(fn, torch.randn(3), torch.randn(3))
     assert isinstance(error, pipeline.ExportError) and f"is a {kind}" in error.message
     assert error.node is not None and error.node.startswith(op)
+
+
+class ReturnsItsSizes(torch.nn.Module):
+    """MaskFormer-Swin's way: Python numbers of the call's shapes beside the tensors (its spatial dimensions)."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        return {"features": x * 2, "sizes": (x.shape[0], x.shape[1]), "name": "stage1"}
+
+
+def test_python_numbers_of_the_shapes_come_back_as_the_sample_gave_them(tmp_path: Path) -> None:
+    x = torch.randn(2, 3)
+    module = pipeline.convert(ReturnsItsSizes(), x, backend="onnxruntime")
+    out = pipeline.load(module.save(tmp_path / "sizes")).forward(x)
+    assert out["sizes"] == (2, 3) and out["name"] == "stage1" and torch.allclose(out["features"], x * 2)
+    assert [o.name for o in module.onnx.graph.output] == ["features"]
+    with pytest.raises(pipeline.ExportError, match="only tensors"):  # with dynamic shapes they would vary
+        pipeline.convert(ReturnsItsSizes(), x, backend="onnxruntime", dynamic={"x": {0: ("batch", 1, 2, 4)}})
 
 
 def test_data_dependent_values_inside_the_model_name_the_op() -> None:
