@@ -427,7 +427,8 @@ def _routing(ctx: RuleContext) -> dict[str, str]:
         if node.op != "TopK" or not ctx.float_tensors(node):
             continue
         out[node.name] = reason
-        stack, seen = [node.inputs[0]], set()
+        stack: list[gs.Tensor] = [node.inputs[0]]
+        seen: set[str] = set()
         while stack and len(seen) < 16:
             tensor = stack.pop()
             if not tensor.inputs or tensor.name in seen:
