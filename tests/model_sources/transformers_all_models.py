@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -157,13 +158,22 @@ VARIANTS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
 def shrunk(model_type: str, variant: int = 0) -> Any:
     """The type's small config (:data:`VARIANTS`' ``variant``) with the type's overrides; every sub-config the config
     class leaves to ``AutoConfig`` (a vision-language model's text model) shrunk as its own type; an image or audio
-    token id outside the small vocabulary moved to its last ids; M-RoPE sections scaled to the small head size."""
+    token id outside the small vocabulary moved to its last ids; M-RoPE sections scaled to the small head size. A size
+    the config's own validation ties to another (:func:`_tied_size`) is set to match it, up to four times."""
     _name, sizes, kept = VARIANTS[variant]
     values = {k: v for k, v in SMALL.items() if k not in kept} | sizes
 
     def make(kind: str, extra: dict[str, Any] | None = None) -> Any:
         cls = _transformers().CONFIG_MAPPING[kind]
-        return cls(**_fitting(cls, values | _overrides(kind) | (extra or {})))
+        repairs: dict[str, Any] = {}
+        while True:
+            try:
+                return cls(**_fitting(cls, values | _overrides(kind) | (extra or {}) | repairs))
+            except Exception as exc:
+                repair = _tied_size(str(exc), values | repairs)
+                if repair is None or repair[0] in repairs or len(repairs) >= 4:
+                    raise
+                repairs[repair[0]] = repair[1]
 
     config = make(model_type)
     subs = {}
@@ -184,6 +194,25 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         _scale_sections(owner)
     _fit_image_tokens(config)
     return config
+
+
+#: A config's own check that two sizes agree: "`a.b` (768) must equal the backbone `c` (32)", "x must match y".
+_TIED = re.compile(r"`?([\w.]+)`? (?:\((\d+)\) )?must (?:match|equal)(?: the \w+)? `?([\w.]+)`?(?: \((\d+)\))?")
+
+
+def _tied_size(message: str, values: dict[str, Any]) -> tuple[str, int] | None:
+    """The size a config's validation says must equal another, and that other's value (from the message, or the
+    shrink's own): the shrink set one side of a pair it does not know is tied (WavTokenizer's codebook and hidden
+    sizes, a flow head's condition size and its backbone's). None when the message names no such pair, or the same
+    name on both sides (two sub-configs' ``hidden_size``: no one value fits both)."""
+    found = _TIED.search(message)
+    if found is None:
+        return None
+    name, other = found.group(1).rsplit(".", 1)[-1], found.group(3).rsplit(".", 1)[-1]
+    value = int(found.group(4)) if found.group(4) else values.get(other)
+    if name == other or not isinstance(value, int):
+        return None
+    return name, value
 
 
 def _fit_image_tokens(config: Any) -> None:

@@ -90,3 +90,14 @@ def test_a_shrink_whose_keys_are_not_grouped_as_its_config_says_gives_way_to_pai
         query = torch.randn(1, 2, 4, 8)
         torch.nn.functional.scaled_dot_product_attention(query, query, query, enable_gqa=True)
     assert keys.found is not None and "(2, 2, 2)" in keys.found
+
+
+def test_sizes_a_config_ties_to_another_are_set_from_its_own_check() -> None:
+    """Pocket TTS checks that its flow head's ``condition_dim`` (1024) equals the backbone's ``hidden_size``: the
+    shrink set one side only. The source reads the pair off the config's own validation error and sets the other
+    side, so the type runs instead of being listed as not building."""
+    model, (_, kwargs) = every.build("pocket_tts", "PocketTTSModel")
+    with torch.no_grad():
+        model(**kwargs)
+    assert every._tied_size("`codebook_dim` (512) must equal `hidden_size` (32)", {}) == ("codebook_dim", 32)
+    assert every._tied_size("`a.hidden_size` (32) must match `b.hidden_size` (1024)", {}) is None  # no one value
