@@ -69,8 +69,12 @@ def test_model_that_fails_export_gets_reason_and_fixes() -> None:
 
 
 def test_non_tensor_output_is_named() -> None:
+    """A Python number in the result is a constant on a static conversion (the module returns it), and named as an
+    output that cannot be a graph output when the shapes are dynamic (it could vary with them)."""
+    dynamic = {"x": {0: ("n", 1, 3, 4)}}
     with pytest.raises(pipeline.ExportError, match=r"(?s)output \[1\] is a int; only tensors"):
-        pipeline.convert(ReturnsNumber(), torch.randn(3), backend="onnxruntime")
+        pipeline.convert(ReturnsNumber(), torch.randn(3), backend="onnxruntime", dynamic=dynamic)
+    assert pipeline.convert(ReturnsNumber(), torch.randn(3), backend="onnxruntime")(torch.zeros(3))[1] == 3
 
 
 def test_unknown_setting_lists_known_ones() -> None:
