@@ -199,27 +199,29 @@ class DistributionAccumulator:
 
 
 def measure_torch_spread(
-    accumulators: dict[str, Any], call: Callable[[Any], dict[str, np.ndarray]], feeds: Sequence[Any]
+    accumulators: Iterable[tuple[str, Any]], call: Callable[[Any], dict[str, np.ndarray]], feeds: Sequence[Any]
 ) -> list[str]:
-    """For each :class:`DistributionAccumulator` of ``accumulators`` (output name -> accumulator) that fails the KS
-    bound with shapes that agree, draw PyTorch (``call``: a feed -> its outputs by name) :data:`YARDSTICK_DRAWS` more
-    times on ``feeds`` (the inputs compared, in order) to measure its own spread. Returns the outputs measured."""
-    failing = {
-        name: acc
-        for name, acc in accumulators.items()
+    """For each :class:`DistributionAccumulator` of ``accumulators`` ((output name, accumulator) pairs: one output may
+    have one per backend compared) that fails the KS bound with shapes that agree, draw PyTorch (``call``: a feed -> its
+    outputs by name) :data:`YARDSTICK_DRAWS` more times on ``feeds`` (the inputs compared, in order), once for all, to
+    measure its own spread. Returns the outputs measured."""
+    failing = [
+        (name, acc)
+        for name, acc in accumulators
         if isinstance(acc, DistributionAccumulator) and acc.mismatch is None and not acc.result().passed
-    }
+    ]
+    names = list(dict.fromkeys(name for name, _ in failing))
     if failing and feeds:
         logger.info(
             "validation: %s fail the distribution bound: drawing PyTorch %d more times for its own spread",
-            ", ".join(failing),
+            ", ".join(names),
             YARDSTICK_DRAWS,
         )
         for _ in range(YARDSTICK_DRAWS):
             outputs = [call(feed) for feed in feeds]
-            for name, acc in failing.items():
+            for name, acc in failing:
                 acc.add_torch_draw([o[name] for o in outputs])
-    return list(failing)
+    return names
 
 
 def ks_distance(a: np.ndarray, b: np.ndarray) -> float:

@@ -258,9 +258,7 @@ def compare_outputs(
                     else:
                         acc.add(*pair)
     if references and references[0] is runners[0]:  # the reference is PyTorch: random outputs get its own spread
-        for runner in runners[1:]:
-            by_output = {output: acc for (name, output), acc in accumulators.items() if name == runner.name}
-            measure_torch_spread(by_output, references[0].call, compared)
+        measure_torch_spread(((output, acc) for (_, output), acc in accumulators.items()), references[0].call, compared)
     comparisons = []
     for (runner, output), acc in accumulators.items():
         spec = next(s for s in io.outputs if s.name == output)

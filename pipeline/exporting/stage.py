@@ -17,9 +17,8 @@ import torch.utils._pytree as pytree
 
 from converters.custom_ops import custom_ops_in, opaque_translations
 from converters.errors import ExportError, InputError
-from passes.model_io.external_data import PROTOBUF_LIMIT, WeightFiles, set_weights_dir
+from passes.model_io.external_data import WeightFiles
 from passes.model_io.graphs import to_graph, to_model
-from passes.model_io.weightless import serialized_size
 from pipeline.accuracy.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.cache_outputs import forward_without_cache
@@ -31,6 +30,12 @@ from pipeline.exporting.module_to import unchanged_module_to_is_free
 from pipeline.exporting.moe_dispatch import dense_expert_dispatch
 from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
 from pipeline.exporting.program_fixes import fix_program
+from pipeline.exporting.program_weights import (
+    check_protobuf_limit,
+    restore_lost_initializers,
+    save_external,
+    weight_bytes,
+)
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
 from pipeline.exporting.traced_branches import Branches, branches_as_recorded, branches_on_data, recorded_branches
 from pipeline.exporting.translation_table import reused_translation_table
@@ -115,21 +120,9 @@ def export(
                 f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",
                 fix="check the sample's shapes and dtypes against what forward() expects",
             ) from exc
-        python_values = False
-        try:
-            out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result)
-        except ExportError as exc:
-            error = export_errors.python_value_error(exc, model, args, kwargs)
-            if error is not exc or settings.dynamic or "only tensors (and None)" not in exc.message:
-                raise error from exc
-            # numbers of the call's shapes (MaskFormer-Swin's spatial sizes): fixed, as every shape of a static graph
-            out_names, out_tensors, output_leaves, output_tree = io_spec.output_names_and_leaves(result, True)
-            python_values = True
-            logger.warning(
-                "the model returns Python values beside its tensors (%s): the module returns them as the sample "
-                "gave them, fixed as the graph's shapes are (no tensor data makes them)",
-                exc.message.split(";")[0].removeprefix("output "),
-            )
+        (out_names, out_tensors, output_leaves, output_tree), python_values = _outputs(
+            result, model, args, kwargs, settings
+        )
         out_names = io_spec.distinct_output_names(out_names, names)
         complex_outputs = [n for n, t in zip(out_names, out_tensors, strict=True) if t.is_complex()]
         with forward_without_cache(model, result, args, kwargs, python_values) as dropped:
@@ -146,12 +139,12 @@ def export(
             )
 
     weights = None
-    if _weight_bytes(program) > settings.external_data_threshold:
+    if weight_bytes(program) > settings.external_data_threshold:
         weights = WeightFiles(settings.weights_dir)
-        original = _save_external(program, weights)
+        original = save_external(program, weights)
     else:
         original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
-        _check_protobuf_limit(original)
+        check_protobuf_limit(original)
     uninitialised = uninitialised_in_program(program.exported_program, out_names)  # its outputs judged by shape
     del program  # it holds the torch weights only by reference, but nothing needs it now
     exported, metadata = to_graph(original)
@@ -187,6 +180,28 @@ def export(
         if t.dtype != str(out.dtype).removeprefix("torch."):
             logger.warning("output %s is %s in PyTorch but %s in the graph", t.name, out.dtype, t.dtype)
     return ExportedGraph(proto, spec, metadata, weights, dynamic, dropped, branches)
+
+
+def _outputs(
+    result: Any, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], settings: Settings
+) -> tuple[tuple[list[str], list[torch.Tensor], tuple[io_spec.Leaf, ...], str], bool]:
+    """The result's tensor outputs (:func:`io_spec.output_names_and_leaves`), and whether it holds Python values.
+    A Python number, bool or string no tensor data made (MaskFormer-Swin's spatial sizes: numbers of the call's
+    shapes) is returned by the module as the sample gave it, on a static conversion, where every shape is fixed too;
+    made of tensor data (``.item()``) or with dynamic shapes, it is the ExportError naming it."""
+    try:
+        return io_spec.output_names_and_leaves(result), False
+    except ExportError as exc:
+        error = export_errors.python_value_error(exc, model, args, kwargs)
+        if error is not exc or settings.dynamic:
+            raise error from exc
+        outputs = io_spec.output_names_and_leaves(result, constants=True)  # an unknown container still raises
+        logger.warning(
+            "the model returns Python values beside its tensors (%s): the module returns them as the sample gave "
+            "them, fixed as the graph's shapes are (no tensor data makes them)",
+            exc.message.split(";")[0].removeprefix("output "),
+        )
+        return outputs, True
 
 
 def _torch_export(
@@ -312,33 +327,6 @@ def _export_program(
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
-def restore_lost_initializers(model: Any) -> None:
-    """Register the constants the exporter's optimizer left unregistered, in its ONNX IR ``model`` (main graph).
-
-    onnxscript 0.7.2's ``Clip(Clip(x))`` fusion names the fused bounds ``{x}_min``/``{x}_max``; chains sharing ``x``
-    (timm's Gemma4 ViT clamps the input of its query, key and value projections between buffers) get ``_1``, ``_2``
-    names that are never registered, so the graph reads tensors nothing produces. The values still hold their data:
-    registered, the graph is exactly what the optimizer meant. A read of a tensor without data is the exporter's
-    error, raised here, before any pass of ours.
-    """
-    graph = model.graph
-    known = {id(v) for v in graph.inputs} | {id(v) for v in graph.initializers.values()}
-    lost: list[tuple[str, str]] = []
-    for node in graph:
-        for value in node.inputs:
-            if value is None or value.producer() is not None or id(value) in known:
-                continue
-            if value.const_value is None or value.name in graph.initializers:
-                lost.append((str(node.name), str(value.name)))
-                continue
-            graph.register_initializer(value)
-            known.add(id(value))
-            logger.info("registered the exporter's lost constant %s (read by %s)", value.name, node.name)
-    if lost:
-        raise ExportError(export_errors.dangling_message(lost), node=lost[0][0],
-                          fix="report this model to PyTorch (torch.onnx export) with the tensors named")  # fmt: skip
-
-
 def _declared_input_names(model: torch.nn.Module, names: list[str]) -> list[str]:
     """The graph input names, after the module's own ``onnx_input_names`` mapping (derived name -> graph name), if
     it has one: the cached generation step names its cache inputs ``past_key_values.{i}.key`` as optimum does,
@@ -347,44 +335,6 @@ def _declared_input_names(model: torch.nn.Module, names: list[str]) -> list[str]
     if not isinstance(declared, dict):
         return names
     return [str(declared.get(name, name)) for name in names]
-
-
-def _weight_bytes(program: Any) -> int:
-    """Bytes of the exported program's initializers (the ONNX IR refers to the torch tensors: nothing is copied)."""
-    return sum(
-        value.const_value.nbytes for value in program.model.graph.initializers.values() if value.const_value is not None
-    )
-
-
-def _save_external(program: Any, weights: WeightFiles) -> onnx.ModelProto:
-    """Write the weights to ``model.onnx.data`` in ``weights`` tensor by tensor, and read back the graph alone."""
-    path = weights.directory / "model.onnx"
-    start = time.perf_counter()
-    try:
-        program.save(str(path), external_data=True)
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        weights.cleanup()
-        raise ExportError(
-            f"writing the exported weights to {weights.directory} failed: {type(exc).__name__}: {exc}",
-            fix="free disk space there, or pass weights_dir= a directory with room for the model's weights",
-        ) from exc
-    finally:
-        path.unlink(missing_ok=True)  # the graph lives on as a proto; only the data file stays
-    set_weights_dir(model, weights.directory)
-    logger.debug("weights written to %s in %.2f s", weights.directory, time.perf_counter() - start)
-    return model
-
-
-def _check_protobuf_limit(model: onnx.ModelProto) -> None:
-    size = serialized_size(model)
-    if size > PROTOBUF_LIMIT:
-        raise ExportError(
-            f"the exported graph is {size / 2**30:.2f} GiB, over protobuf's 2 GiB limit, and was kept in memory "
-            "because external_data_threshold is set above the size of its weights",
-            fix="leave external_data_threshold at its default (1 GiB) or lower it, so the weights go to an external "
-            "data file",
-        )
 
 
 def _torch_dynamic_shapes(

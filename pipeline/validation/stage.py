@@ -33,7 +33,6 @@ from pipeline.accuracy.distribution import DistributionStats, measure_torch_spre
 from pipeline.accuracy.stats import (
     ALL_NAN_NOTE,
     RULE,
-    Accumulator,
     ErrorAccumulator,
     ErrorStats,
     Judgement,
@@ -41,7 +40,7 @@ from pipeline.accuracy.stats import (
     output_accumulators,
 )
 from pipeline.accuracy.uninitialised import RULE as UNINITIALISED_RULE
-from pipeline.accuracy.uninitialised import ShapeAccumulator, ShapeStats
+from pipeline.accuracy.uninitialised import ShapeStats
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.reports.accuracy import AccuracyReport, OutputAccuracy
 from pipeline.settings import DEFAULT_TOLERANCES, Settings
@@ -180,7 +179,7 @@ def validate(
         backend_runner = _FloatOutputs(backend_runner)
         outputs = backend_io.outputs  # the backend's output dtypes pick the tolerance
     judged = {o.name: judgement(o.name, o.dtype, settings) for o in outputs}
-    accumulators = _accumulators(outputs, judged, graph)
+    accumulators = output_accumulators(graph, {o.name: judged[o.name].tolerance for o in outputs})
     elementwise = {n: j for n, j in judged.items() if isinstance(accumulators[n], ErrorAccumulator)}
     anchoring = Anchoring(model, io, elementwise)
     torch_runner = ScreeningTorchRunner(model, io)
@@ -205,7 +204,7 @@ def validate(
                 else:
                     accumulator_.add(np.asarray(actual[o.name]), np.asarray(expected[o.name]))
     anchoring.log_cost()
-    measure_torch_spread(accumulators, torch_runner.call, compared)
+    measure_torch_spread(accumulators.items(), torch_runner.call, compared)
     results = {o.name: accumulators[o.name].result() for o in outputs}
     shape_only = any(isinstance(r, ShapeStats) for r in results.values())
     report = AccuracyReport(
@@ -224,13 +223,6 @@ def validate(
         cause = skipped_causal_mask(model, torch_runner.call, torch_runner.last_feed, actual)
         raise_accuracy_error(report, output_origins(graph) if graph is not None else {}, cause)
     return report
-
-
-def _accumulators(
-    outputs: Any, judged: dict[str, Judgement], graph: onnx.ModelProto | None
-) -> dict[str, Accumulator | ShapeAccumulator]:
-    """One accumulator per output: by shape (uninitialised memory), by distribution (random) or by element."""
-    return output_accumulators(graph, {o.name: judged[o.name].tolerance for o in outputs})
 
 
 class ScreeningTorchRunner(TorchRunner):

@@ -178,7 +178,7 @@ def test_values_sharing_a_draw_are_judged_against_pytorchs_own_spread() -> None:
         draw = _shared_offset_draw(rng)
         return {"right": draw, "scaled": draw}
 
-    measured = measure_torch_spread(accumulators, torch_call, feeds)
+    measured = measure_torch_spread(accumulators.items(), torch_call, feeds)
     assert set(measured) == {"right", "scaled"} and calls == feeds * YARDSTICK_DRAWS
     right, scaled = accumulators["right"].result(), accumulators["scaled"].result()
     assert right.passed and right.torch_spread is not None and "within 2x" in right.note

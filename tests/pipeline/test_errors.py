@@ -183,8 +183,8 @@ def test_zero_dimensional_input_converts_and_validates() -> None:
 def test_graph_kept_in_memory_over_the_protobuf_limit_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    export_stage = importlib.import_module("pipeline.exporting.stage")
-    monkeypatch.setattr(export_stage, "PROTOBUF_LIMIT", 1000)  # a real 2 GiB graph in memory takes minutes and 13 GB
+    program_weights = importlib.import_module("pipeline.exporting.program_weights")
+    monkeypatch.setattr(program_weights, "PROTOBUF_LIMIT", 1000)  # a real 2 GiB graph in memory takes minutes and 13 GB
     with pytest.raises(pipeline.ExportError, match=r"(?s)over protobuf's 2 GiB limit.*external_data_threshold"):
         pipeline.convert(nn.Linear(64, 64), torch.randn(2, 64), backend="onnxruntime", external_data_threshold=1 << 40)
 

@@ -12,7 +12,7 @@ from rtx_build import assert_builds
 
 import pipeline
 from converters.errors import ExportError
-from pipeline.exporting.stage import restore_lost_initializers
+from pipeline.exporting.program_weights import restore_lost_initializers
 
 
 def _model_reading(lost: ir.Value) -> ir.Model:
