@@ -220,7 +220,8 @@ def validate(
             fix="give a sample the model takes (it is always validated on), or convert with validate=False",
         )
     if not report.passed:
-        cause = skipped_causal_mask(model, torch_runner.call, torch_runner.last_feed, actual)
+        failed = frozenset(o.name for o in report.outputs if not o.passed)
+        cause = skipped_causal_mask(model, torch_runner.call, torch_runner.last_feed, actual, failed)
         raise_accuracy_error(report, output_origins(graph) if graph is not None else {}, cause)
     return report
 
