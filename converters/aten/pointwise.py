@@ -137,6 +137,14 @@ class _Uniform(torch.nn.Module):
         return x + ((u >= -2.0) & (u < 3.0)).to(x.dtype)
 
 
+class _Normal(torch.nn.Module):
+    """Whether every draw lies within 10 standard deviations (UnivNet's noise: ``torch.randn(..., generator=None)``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.randn((4, 100), generator=None, dtype=x.dtype)
+        return x + (z.abs() < 10.0).to(x.dtype)
+
+
 def _static_shape(node: gs.Node, settings: object) -> bool:
     return all(isinstance(d, int) for d in node.attrs.get("shape", []))
 
@@ -153,6 +161,21 @@ def convert_uniform(ctx: ConverterContext) -> gs.Tensor:
         high=float(ctx.attrs["high"]),
         dtype=to,
     )
+
+
+def _static_size_no_generator(node: gs.Node, settings: object) -> bool:
+    return node.attrs.get("generator") is None and all(isinstance(d, int) for d in node.attrs.get("size", []))
+
+
+@converter_case(lambda: _Normal(), inputs=[((4, 100), "float32")])
+def convert_randn_generator(ctx: ConverterContext) -> gs.Tensor:
+    """``aten::randn.generator(size, generator=None, dtype)``, the overload a ``generator=`` argument picks even
+    when it is None (UnivNet's noise): ``RandomNormal``, as the plain overload; its values differ from PyTorch's,
+    their distribution does not (validation judges such outputs by distribution). A real generator's state cannot
+    travel into the graph: the validator leaves that call to the exporter's error."""
+    dtype = ctx.attrs.get("dtype")
+    to = int(dtype) if isinstance(dtype, int) and dtype in onnx.TensorProto.DataType.values() else 1
+    return ctx.op.RandomNormal(shape=[int(d) for d in ctx.attrs["size"]], mean=0.0, scale=1.0, dtype=to)
 
 
 def _scaled(m: Math, a: Any, exponent: Any) -> Any:
@@ -232,6 +255,9 @@ def register_aten1_converters(registry: ConverterRegistry) -> None:
     registry.register("prims::frexp")(convert_frexp)
     registry.register("prims::nextafter")(convert_nextafter)
     registry.register("prims::uniform", validator=_static_shape, supports_dynamic_shapes=False)(convert_uniform)
+    registry.register(
+        "aten::randn.generator", validator=_static_size_no_generator, supports_dynamic_shapes=False
+    )(convert_randn_generator)
     register_special_converters(registry)
     register_gamma_converters(registry)
     register_order_stat_converters(registry)
