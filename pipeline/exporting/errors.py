@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import linecache
 import os
 import re
+import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -285,3 +288,21 @@ def dangling_message(dangling: list[tuple[str, str]]) -> str:
         f"torch.onnx.export wrote a graph that reads tensors nothing produces ({shown}{more}): the exporter's "
         "translation or its optimizer (onnxscript) lost them, before any pass of ours ran"
     )
+
+
+@contextlib.contextmanager
+def partial_graph_unprinted() -> Iterator[None]:
+    """torch.export prints the partial graph of a trace that fails to stderr before raising (hundreds of lines for a
+    transformers model, once per failed trace of the export's retry loop); within the block that print is dropped,
+    and everything else written to stderr is passed on when the trace ends. The error itself names the model's line."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except BaseException as exc:
+        partial = getattr(exc, "partial_fx_graph", None)
+        text = buffer.getvalue()
+        sys.stderr.write(text.replace(f"{partial}\n", "") if isinstance(partial, str) and partial else text)
+        raise
+    else:
+        sys.stderr.write(buffer.getvalue())

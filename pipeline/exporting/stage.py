@@ -37,7 +37,14 @@ from pipeline.exporting.program_weights import (
     weight_bytes,
 )
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
-from pipeline.exporting.traced_branches import Branches, branches_as_recorded, branches_on_data, recorded_branches
+from pipeline.exporting.traced_branches import (
+    Branches,
+    branches_as_recorded,
+    branches_on_data,
+    decided_sizes,
+    real_values_decide,
+    recorded_branches,
+)
 from pipeline.exporting.translation_table import reused_translation_table
 from pipeline.exporting.type_promotion import fast_type_promotion
 from pipeline.noise import quiet_third_party
@@ -275,16 +282,18 @@ def _traced_program(
 ) -> tuple[Any, tuple[DynamicDim, ...], Branches | None]:
     """torch.export's program, traced again when it fails where the fix is known: with the dynamic dimensions made
     multiples of a number the model needs (:mod:`pipeline.exporting.multiples`), with the sample's branches on
-    tensor data (:mod:`pipeline.exporting.traced_branches`), or both; each at most once. A verifier refusal of a
-    node outside any module (a buffer assigned its unchanged ``.to`` in forward) is traced again with ``Tensor.to``
-    left to PyTorch."""
+    tensor data (:mod:`pipeline.exporting.traced_branches`), then with the sample's real values deciding the guards
+    on data-dependent sizes, or several; each at most once. A verifier refusal of a node outside any module (a buffer
+    assigned its unchanged ``.to`` in forward) is traced again with ``Tensor.to`` left to PyTorch."""
     branches: Branches | None = None
     multiplied = False
     unchanged_to = True
+    real_values: BaseException | None = None  # the error that made the sample's real values decide sizes
     while True:
         try:
-            program = _export_program(model, signature, args, kwargs, names, dynamic, branches, unchanged_to)
-            return program, dynamic, branches
+            program = _export_program(
+                model, signature, args, kwargs, names, dynamic, branches, unchanged_to, real_values is not None
+            )
         except Exception as exc:
             multiples = None if multiplied else multiples_from(exc, dynamic)
             if unchanged_to and "missing nn_module_stack" in str(exc):  # a buffer written back in forward
@@ -297,9 +306,15 @@ def _traced_program(
                     branches = recorded_branches(model, args, kwargs)
                 except Exception:  # noqa: BLE001 -- the model ran eagerly before: the export's error is the one to show
                     raise export_errors.torch_export_error(exc) from exc
+            elif branches is not None and real_values is None and branches_on_data(exc):
+                real_values = exc  # a guard on a size computed from data: decided by the sample's values
             else:
                 padded = export_errors.padded_mask_failure(model, args, kwargs) if _broadcast(exc) else None
                 raise export_errors.torch_export_error(exc, padded) from exc
+            continue
+        if real_values is not None and branches is not None and decided_sizes(program, branches):
+            raise export_errors.torch_export_error(real_values) from real_values  # a decision on values: not ours
+        return program, dynamic, branches
 
 
 def _broadcast(exc: BaseException) -> bool:
@@ -316,6 +331,7 @@ def _export_program(
     dynamic: tuple[DynamicDim, ...],
     branches: Branches | None = None,
     unchanged_to: bool = True,
+    real_values: bool = False,
 ) -> Any:
     dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, dynamic)
     with (
@@ -323,6 +339,8 @@ def _export_program(
         unchanged_module_to_is_free(),
         dense_expert_dispatch(model),
         branches_as_recorded(branches),
+        real_values_decide(branches) if real_values and branches is not None else contextlib.nullcontext(),
+        export_errors.partial_graph_unprinted(),
     ):
         return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 

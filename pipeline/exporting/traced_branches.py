@@ -15,8 +15,17 @@ decide returns the recorded value (each call at a line takes the next value reco
 are traced as before. The decisions taken are logged, named by source line, and written into the conversion report
 (``report.traced_branches``); the conversion's validation compares the graph with PyTorch on the sample and on
 inputs drawn like it. An input that would take the other branch (a pad token in FSMT's decoder input) gets the
-traced branch's result: convert with a sample that takes the branch those inputs need. Any other decision on data
-(``if x.sum() > 0:``) is not recorded, and stays the export error that names its line and the fixes.
+traced branch's result: convert with a sample that takes the branch those inputs need.
+
+Other decisions on sizes computed from data (LightOnOCR's patch count from ``image_sizes``, then transformers'
+``is_causal = q_length > 1 and ...``) are not calls a mode sees. When the export fails on one even with the recorded
+branches, :func:`real_values_decide` traces once more with PyTorch's real-tensor propagation (what
+``torch.export.draft_export`` does): each guard on a data-dependent expression is decided by the sample's real values
+(torch.export keeps a runtime assertion of it in the program; the ONNX graph does not). Only decisions on sizes are
+taken (:func:`decided_sizes`): one on a value read from a bool or float tensor (``if x.sum() > 0:``) stays the export
+error. Each decision is written into the report as above, by the model's source line and the expression
+(``sdpa_attention.py:148 in sdpa_attention_forward `is_causal = ...`: u1*u3 > 1`` -> ``True``), and validation
+compares the graph with PyTorch as for the recorded branches.
 """
 
 from __future__ import annotations
@@ -28,9 +37,11 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
+import torch._functorch.config
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, free_unbacked_symbols
 from torch.overrides import TorchFunctionMode
 
@@ -54,6 +65,9 @@ class Branches:
 
     recorded: dict[Site, list[bool]]
     taken: dict[str, str] = field(default_factory=dict)
+    #: decisions on data-dependent expressions the sample's real values took (:func:`real_values_decide`): the
+    #: model's line and the expression -> (the value, the expression's symbols)
+    decided: dict[str, tuple[str, set[str]]] = field(default_factory=dict)
 
 
 def branches_on_data(exc: BaseException) -> bool:
@@ -87,9 +101,71 @@ def branches_as_recorded(branches: Branches | None) -> Iterator[None]:
         yield
 
 
-def _call_site() -> Site | None:
-    """The innermost frame of the model's own Python on the stack (not torch's, ours or the standard library's)."""
-    frame = sys._getframe(2)
+@contextlib.contextmanager
+def real_values_decide(branches: Branches) -> Iterator[None]:
+    """Within the block, torch.export decides each guard on data-dependent sizes by the sample's real values (module
+    doc); the decisions are kept in ``branches.decided`` for :func:`decided_sizes` to accept or refuse."""
+    shapes_logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+
+    def decided(record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("propagate_real_tensors evaluate_expr") or len(record.args or ()) != 2:
+            return True  # another message: shown as before
+        expr, value = record.args  # type: ignore[misc]
+        site = _call_site(sys._getframe(1))
+        key = f"{_site_text(site) if site is not None else 'the model'}: {expr}"
+        symbols = {str(s) for s in getattr(expr, "free_symbols", ())}
+        branches.decided[key] = (str(value), symbols)
+        return False  # torch's own warning: decided_sizes says it with the model's line
+
+    shapes_logger.addFilter(decided)
+    try:
+        with torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
+            yield
+    finally:
+        shapes_logger.removeFilter(decided)
+
+
+def decided_sizes(program: Any, branches: Branches) -> list[str]:
+    """Accept the decisions :func:`real_values_decide` took in tracing ``program`` (an ExportedProgram) when they
+    are on sizes: each is logged and added to ``branches.taken``. Returns the decisions on values instead (a
+    symbol read by ``.item()`` from a bool or float tensor: ``if x.sum() > 0:``), which an input's values would
+    decide otherwise; nothing is accepted then (the export's error stands)."""
+    read_from_values: set[str] = set()
+    for node in program.graph.nodes:
+        if node.target not in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
+            continue
+        source = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+        dtype = getattr(source, "dtype", None)
+        if dtype is not None and (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex):
+            expr = getattr(getattr(node.meta.get("val"), "node", None), "expr", None)
+            read_from_values |= {str(s) for s in getattr(expr, "free_symbols", ())}
+    on_values = [key for key, (_, symbols) in branches.decided.items() if symbols & read_from_values]
+    if on_values:
+        return on_values
+    new = {key: value for key, (value, _) in branches.decided.items() if key not in branches.taken}
+    if new:
+        logger.warning(
+            "%d decision(s) on sizes computed from tensor data, which a graph cannot hold, exported as the sample "
+            "takes them: %s; inputs whose sizes would decide otherwise get these decisions' graph (convert with a "
+            "sample like them)",
+            len(new),
+            "; ".join(f"{key} -> {value}" for key, value in new.items()),
+        )
+    branches.taken.update({key: value for key, (value, _) in branches.decided.items()})
+    return []
+
+
+def _site_text(site: Site) -> str:
+    filename, line, function = site
+    where = f"{filename.rsplit('/', 1)[-1]}:{line} in {function}"
+    source = linecache.getline(filename, line).strip()
+    return f"{where} `{source}`" if source else where
+
+
+def _call_site(start: FrameType | None = None) -> Site | None:
+    """The innermost frame of the model's own Python on the stack (not torch's, ours or the standard library's),
+    from ``start`` (the caller's caller by default) outwards."""
+    frame = start if start is not None else sys._getframe(2)
     while frame is not None:
         code = frame.f_code
         if is_model_code(code.co_filename):
@@ -156,10 +232,7 @@ class _Replay(TorchFunctionMode):
         return value
 
     def _taken(self, site: Site, value: bool) -> None:
-        filename, line, function = site
-        where = f"{filename.rsplit('/', 1)[-1]}:{line} in {function}"
-        source = linecache.getline(filename, line).strip()
-        key = f"{where} `{source}`" if source else where
+        key = _site_text(site)
         before = self.branches.taken.get(key)
         if before is None:
             logger.warning(

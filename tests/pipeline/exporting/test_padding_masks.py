@@ -63,3 +63,31 @@ def test_led_global_attention_flag_is_exported_as_the_sample_takes_it() -> None:
     assert where.startswith("modeling_led.py:") and "is_global_attn = is_index_global_attn" in where
     assert exported.traced_branches[where] == "False"
     assert [o.name for o in exported.model.graph.output] == ["last_hidden_state", "encoder_last_hidden_state"]
+
+
+class _CropBySize(torch.nn.Module):
+    """Crops its patches to the count its second input holds (as Pixtral crops to ``image_sizes``), then decides in
+    Python on that count (as transformers' ``is_causal = q_length > 1 and ...``): a guard on a size computed from
+    data, which no recorded ``any()`` explains."""
+
+    def forward(self, patches: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        kept = patches[:, : count[0].item()]
+        if kept.shape[1] > 1:
+            return kept.softmax(dim=1)
+        return kept
+
+
+def test_a_size_computed_from_data_is_decided_by_the_sample(capfd) -> None:  # type: ignore[no-untyped-def]
+    model = _CropBySize().eval()
+    patches = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
+
+    module = pipeline.convert(model, (patches, torch.tensor([6])), validation_inputs=1)
+
+    branches = module.report.traced_branches
+    (where,) = (k for k in branches if "kept.shape[1] > 1" in k)
+    assert where.startswith("test_padding_masks.py:") and branches[where] == "True"
+    assert module.report.accuracy is not None and module.report.accuracy.passed
+    other = torch.tensor([3])  # another count on the same side of the decision: the crop follows it
+    torch.testing.assert_close(module(patches, other), model(patches, other))
+    # torch.export prints each failed trace's partial graph to stderr: the retries' are not shown
+    assert "def forward(self" not in capfd.readouterr().err
