@@ -164,12 +164,12 @@ class Settings:
     # grouped_attention): a decode step costs what the cache holds, not max_length. False runs module.onnx's ONNX
     # Attention over the whole capacity (the graph TensorRT builds). A runtime choice, like the threads.
     ort_grouped_attention: bool = option("onnxruntime", True)
-    # A generation step on ONNX Runtime's CPU provider with float32 weights runs its single-row, single-token steps
-    # (batch-1 decode) on a second session of the same graph without weight prepacking, made on first use
-    # (pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session): MLAS reads an unpacked weight faster for one
-    # row (12.9 against 18.3 ms per step on a 226 MB Llama), the packed one is kept for prompts and batches. False:
-    # one session for every step. A runtime choice, like the threads.
-    ort_row_session: bool = option("onnxruntime", True)
+    # True: a generation step on ONNX Runtime's CPU provider with float32 weights runs its single-row, single-token
+    # steps (batch-1 decode) on a second session of the same graph without weight prepacking, made on first use
+    # (pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session). Off by default: with the session graph's split
+    # projections the prepacked session is the faster one for one row too (the issue-35 Llama, one thread, quiet
+    # machine: 64 tokens in 0.611 s against 0.660 s). A runtime choice, like the threads.
+    ort_row_session: bool = option("onnxruntime", False)
     # INT8 on ONNX Runtime (pipeline.runtime.ort.int8, rewrite 0): "requantize" gives the float output of a quantized
     # convolution before a residual Add its own calibrated INT8 pair in ONNX Runtime's session (QLinearConv +
     # QLinearAdd: 1.4x faster on the bundled CNN, one 8-bit rounding more than TensorRT's fused kernel); "exact" keeps

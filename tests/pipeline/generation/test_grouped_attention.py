@@ -168,11 +168,13 @@ def test_generate_on_the_grouped_session_is_token_identical_to_transformers(
 def test_single_row_decode_steps_run_on_the_unprepacked_session_with_the_same_numbers(
     step: GenerativeModule, llama: transformers.LlamaForCausalLM
 ) -> None:
-    """Batch-1 decode steps run on the executor's second session (no weight prepacking: faster for one row); the
-    prompt and batched steps on the first. Both sessions read and write the same cache buffers: a decode on the
-    two-session runner gives the one-session runner's logits at every step, and generate gives transformers'
-    tokens."""
-    executor = step._executor
+    """With ``ort_row_session=True``, batch-1 decode steps run on the executor's second session (no weight
+    prepacking); the prompt and batched steps on the first. Both sessions read and write the same cache buffers: a
+    decode on the two-session runner gives the one-session runner's logits at every step, and generate gives
+    transformers' tokens. Off by default (one session: faster with the split projections)."""
+    assert step._executor.row_session() is None  # the default: one session
+    on = dataclasses.replace(step.settings, ort_row_session=True)
+    executor = OnnxRuntimeExecutor(step.onnx, step.io, on)
     row = executor.row_session()
     assert row is not None and row is not executor.session and executor.row_session() is row  # made once
     layout = cache_layout(step.io, step.generation.layers)
@@ -194,8 +196,7 @@ def test_single_row_decode_steps_run_on_the_unprepacked_session_with_the_same_nu
     new = CAPACITY - 5
     expected = llama.generate(single, max_new_tokens=new, do_sample=False, eos_token_id=None)
     assert torch.equal(step.generate(single, max_new_tokens=new, eos_token_id=[]), expected)
-    off = dataclasses.replace(step.settings, ort_row_session=False)
-    assert not row_session_wanted(step.onnx, off) and row_session_wanted(step.onnx, step.settings)
+    assert row_session_wanted(step.onnx, on) and not row_session_wanted(step.onnx, step.settings)
 
 
 def test_a_row_session_onnx_runtime_cannot_make_is_a_build_error_naming_the_switch(step: GenerativeModule) -> None:
@@ -203,7 +204,7 @@ def test_a_row_session_onnx_runtime_cannot_make_is_a_build_error_naming_the_swit
     BuildError that says how to do without that session."""
     import onnxruntime as ort
 
-    executor = OnnxRuntimeExecutor(step.onnx, step.io, step.settings)
+    executor = OnnxRuntimeExecutor(step.onnx, step.io, dataclasses.replace(step.settings, ort_row_session=True))
     executor._row_create = lambda prepack=False: ort.InferenceSession(b"not a model")
     with pytest.raises(BuildError, match="single-row decode steps") as info:
         executor.row_session()
