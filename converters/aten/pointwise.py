@@ -255,9 +255,9 @@ def register_aten1_converters(registry: ConverterRegistry) -> None:
     registry.register("prims::frexp")(convert_frexp)
     registry.register("prims::nextafter")(convert_nextafter)
     registry.register("prims::uniform", validator=_static_shape, supports_dynamic_shapes=False)(convert_uniform)
-    registry.register(
-        "aten::randn.generator", validator=_static_size_no_generator, supports_dynamic_shapes=False
-    )(convert_randn_generator)
+    registry.register("aten::randn.generator", validator=_static_size_no_generator, supports_dynamic_shapes=False)(
+        convert_randn_generator
+    )
     register_special_converters(registry)
     register_gamma_converters(registry)
     register_order_stat_converters(registry)

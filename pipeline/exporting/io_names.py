@@ -7,6 +7,9 @@ import re
 from typing import Any
 
 import onnx_graphsurgeon as gs
+import torch
+import torch.utils._pytree as pytree
+from torch.export.graph_signature import OutputKind, TensorArgument
 
 from converters.context import unique_name
 from converters.errors import ExportError
@@ -70,3 +73,28 @@ def name_dynamic_dims(graph: gs.Graph, dims: tuple[DynamicDim, ...]) -> None:
     for tensor in graph.tensors().values():
         if isinstance(tensor, gs.Variable) and tensor.shape is not None:
             tensor.shape = [rename(dim) for dim in tensor.shape]
+
+
+def outputs_in_call_order(graph: gs.Graph, program: torch.export.ExportedProgram, result: Any) -> bool:
+    """Put the graph's outputs in the order the eager call returns its tensors, in place, when the trace built the
+    result in another order (Mistral 3's image outputs: a ``ModelOutput`` whose fields were set in another order
+    under torch.export, so its pooler output came before its hidden states). Only when the program's output paths
+    are the eager tensors' paths, reordered; returns whether the outputs moved."""
+    spec = program.call_spec.out_spec
+    user = [o for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
+    if spec is None or len(user) != spec.num_leaves:
+        return False
+    leaves = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))[0]
+    traced = [
+        pytree.keystr(path) for (path, _), o in zip(leaves, user, strict=True) if isinstance(o.arg, TensorArgument)
+    ]
+    eager = [
+        pytree.keystr(path) for path, leaf in pytree.tree_flatten_with_path(result)[0] if isinstance(leaf, torch.Tensor)
+    ]
+    if len(traced) != len(graph.outputs) or traced == eager or sorted(traced) != sorted(eager):
+        return False
+    if len(set(traced)) != len(traced):
+        return False
+    position = {path: index for index, path in enumerate(traced)}
+    graph.outputs = [graph.outputs[position[path]] for path in eager]
+    return True

@@ -23,8 +23,9 @@ that an equivalent form it takes can express exactly.
   number a 0-d tensor of the result's dtype: the same promotion (a 0-d tensor does not widen a tensor of its
   category; of a higher category it gives its own dtype, the result's) and the same subtraction.
 - ``squeeze`` of an axis whose size is known and not 1 (Pixtral's ``squeeze(0)`` of its patch features when there
-  are several): PyTorch leaves such an axis, ONNX ``Squeeze`` refuses it (the graph does not load), and the exporter
-  writes the ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
+  are several), or sized from data and decided not 1 by the trace (the result keeps its rank): PyTorch leaves such
+  an axis, ONNX ``Squeeze`` refuses it (the graph does not load, or fails at run time), and the exporter writes the
+  ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
 - ``as_strided`` of a view whose strides are not row-major (Longformer's and LED's sliding chunks): applied to the
   contiguous tensor whose memory the view reads (:mod:`pipeline.exporting.strided_views`).
 - complex arithmetic inside the model (rotary embeddings written with ``torch.polar``/``view_as_complex``): written
@@ -234,7 +235,8 @@ def _scalar_strided_scatter_as_1d(graph: torch.fx.Graph) -> int:
 
 def _squeeze_only_ones(graph: torch.fx.Graph) -> int:
     """``squeeze.dim``/``squeeze.dims`` nodes without the axes whose size is known and not 1 (PyTorch keeps those);
-    a node left with no axis replaced by its input. Returns how many nodes changed."""
+    a node left with no axis replaced by its input, as is one whose result keeps its input's rank (an axis sized
+    from data that the trace decided is not 1: Mistral 3's patch features). Returns how many nodes changed."""
     count = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in (_A.squeeze.dim, _A.squeeze.dims):
@@ -245,6 +247,8 @@ def _squeeze_only_ones(graph: torch.fx.Graph) -> int:
         if not rank or not all(isinstance(axis, int) for axis in given):
             continue
         kept = [axis for axis in given if not (isinstance(shape[axis % rank], int) and shape[axis % rank] != 1)]
+        if len(_shape(node)) == rank:  # PyTorch squeezed nothing: a size from data, not 1 for the sample
+            kept = []
         if len(kept) == len(given):
             continue
         count += 1

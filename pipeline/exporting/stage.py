@@ -24,7 +24,7 @@ from pipeline.exporting import errors as export_errors
 from pipeline.exporting.cache_outputs import forward_without_cache
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.exact_identities import exact_identity_constants
-from pipeline.exporting.io_names import name_dynamic_dims, rename_io
+from pipeline.exporting.io_names import name_dynamic_dims, outputs_in_call_order, rename_io
 from pipeline.exporting.local_decompositions import local_decompositions
 from pipeline.exporting.module_to import unchanged_module_to_is_free
 from pipeline.exporting.moe_dispatch import dense_expert_dispatch
@@ -153,6 +153,7 @@ def export(
         original = program.model_proto  # rebuilt from the ONNX IR on every access: read it once
         check_protobuf_limit(original)
     uninitialised = uninitialised_in_program(program.exported_program, out_names)  # its outputs judged by shape
+    traced_program = program.exported_program
     del program  # it holds the torch weights only by reference, but nothing needs it now
     exported, metadata = to_graph(original)
     if len(exported.inputs) != len(names) or len(exported.outputs) != len(out_names):
@@ -161,6 +162,9 @@ def export(
             f"{len(names)} tensor arguments and the result {len(out_names)} tensors",
             fix="report this model: the exporter dropped or added graph inputs/outputs",
         )
+    if outputs_in_call_order(exported, traced_program, result):
+        logger.debug("the exported program returned its outputs in another order than the call: put in call order")
+    del traced_program
     rename_io(exported, names, out_names)
     name_dynamic_dims(exported, dynamic)
     try:

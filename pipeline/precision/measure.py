@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 
 from converters.context import unique_name
+from converters.errors import ConversionError
 from passes.model_io.external_data import ort_session_bytes
 from passes.model_io.graphs import module_path
 from passes.precision.types import LowType
@@ -53,7 +54,17 @@ def observe(
         session = _session(_with_outputs(model, [n for n in chunk if n not in inputs]), providers)
         wanted = [n for n in chunk if n not in inputs]
         for index, feed in enumerate(feeds):
-            values = dict(zip(wanted, session.run(wanted, session_feed(session, feed)), strict=True)) if wanted else {}
+            try:
+                ran = session.run(wanted, session_feed(session, feed)) if wanted else []
+            except Exception as error:  # ONNX Runtime refusing the graph on an input: said, with the stage, not raw
+                raise ConversionError(
+                    f"the graph failed to run on calibration input {index} on ONNX Runtime while its tensors were "
+                    f"measured (PyTorch ran that input): {str(error).strip()}",
+                    fix="pass calibration=[...] with inputs like the sample (a graph exported as the sample decides "
+                    "sizes from data serves inputs that decide alike: see the export's warning), or convert with "
+                    "precision='fp32'",
+                ) from error
+            values = dict(zip(wanted, ran, strict=True))
             for name in chunk:
                 visit(name, index, np.asarray(feed[name] if name in inputs else values[name]))
 

@@ -176,8 +176,16 @@ def error_ratio(
 
     per_input = [tolerances] * len(outputs) if isinstance(tolerances, dict) else list(tolerances)
     worst = 0.0
-    for got, want, judged in zip(outputs, references, per_input, strict=True):
+    for index, (got, want, judged) in enumerate(zip(outputs, references, per_input, strict=True)):
         for name, tolerance in judged.items():
+            if np.shape(got[name]) != np.shape(want[name]):  # no precision choice changes a shape
+                raise ConversionError(
+                    f"output {name!r} has shape {list(np.shape(got[name]))} in the graph and "
+                    f"{list(np.shape(want[name]))} in PyTorch on calibration input {index}: the graph differs from "
+                    "PyTorch whatever its precision",
+                    fix="convert with precision='fp32' for validation's report of it (the output and the module "
+                    "computing it), and fix that first",
+                )
             worst = max(worst, tolerance_ratio(got[name], want[name], tolerance))
     return worst
 

@@ -301,6 +301,7 @@ def engine_from_network(
     library: TrtLibrary = TENSORRT,
 ) -> bytes:
     """Serialized engine for a parsed ``(builder, network, parser)``; see :func:`build_engine`."""
+    _refuse_shape_tensor_inputs(network[1], library)
     config = create_config(io, settings, timing_cache, library)
     from polygraphy.backend.trt import EngineBytesFromNetwork  # bound to ``library`` by create_config
 
@@ -322,6 +323,21 @@ def engine_from_network(
             "memory, or convert with backend='onnxruntime'",
         ) from exc
     return bytes(engine)
+
+
+def _refuse_shape_tensor_inputs(network: Any, library: TrtLibrary) -> None:
+    """An input whose values size tensors in the graph (a shape tensor to TensorRT: Pixtral's ``image_sizes``, read
+    with ``.item()`` to crop the patches) needs its values in every optimization profile, which the conversion does
+    not give; the builder then fails with only "Invalid Engine". Said here instead, naming the input."""
+    names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
+    if names:
+        raise BuildError(
+            f"{library.title} reads input(s) {', '.join(map(repr, names))} as shape tensors: their values size "
+            "tensors in the graph (sizes computed from data, as the export's decisions say), and a profile would "
+            "need those values, which the conversion does not set",
+            fix="make those sizes shapes instead of values (crop or pad the tensors they size before the call, and "
+            "pass them without the size input), or convert with backend='onnxruntime'",
+        )
 
 
 def timing_cache_path(settings: Settings, library: TrtLibrary = TENSORRT) -> Path | None:

@@ -5,6 +5,7 @@ Tiny models with random weights, built from their configs (nothing downloaded)."
 
 from __future__ import annotations
 
+import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' models
 import torch
 import transformers
@@ -91,3 +92,30 @@ def test_a_size_computed_from_data_is_decided_by_the_sample(capfd) -> None:  # t
     torch.testing.assert_close(module(patches, other), model(patches, other))
     # torch.export prints each failed trace's partial graph to stderr: the retries' are not shown
     assert "def forward(self" not in capfd.readouterr().err
+
+
+class _SqueezeFirst(torch.nn.Module):
+    """Keeps as many rows as its second input says, then ``squeeze(0)``: a no-op in PyTorch unless one row is
+    kept (Mistral 3's patch features), decided by the sample's count; ONNX ``Squeeze`` would refuse the axis."""
+
+    def forward(self, rows: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        return rows[: count[0].item()].squeeze(0) * 2.0
+
+
+def test_a_squeeze_the_trace_decided_against_is_not_in_the_graph() -> None:
+    model = _SqueezeFirst().eval()
+    rows = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    module = pipeline.convert(model, (rows, torch.tensor([4])), validation_inputs=1)
+    assert not any(n.op_type == "Squeeze" for n in module.onnx.graph.node)
+    assert module.report.accuracy is not None and module.report.accuracy.passed
+    torch.testing.assert_close(module(rows, torch.tensor([3])), model(rows, torch.tensor([3])))
+
+
+def test_tensorrt_rtx_refuses_an_input_read_as_sizes_by_name() -> None:
+    """The count sizes the crop: TensorRT-RTX's parser makes it a shape tensor, whose values a profile would need;
+    the builder alone says only "Invalid Engine"."""
+    pytest.importorskip("tensorrt_rtx")
+    patches = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(pipeline.BuildError, match=r"reads input\(s\) 'count' as shape tensors") as caught:
+        pipeline.convert(_CropBySize().eval(), (patches, torch.tensor([6])), backend="tensorrt-rtx")
+    assert "backend='onnxruntime'" in caught.value.fix
