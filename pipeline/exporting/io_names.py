@@ -84,13 +84,15 @@ def outputs_in_call_order(graph: gs.Graph, program: torch.export.ExportedProgram
     user = [o for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
     if spec is None or len(user) != spec.num_leaves:
         return False
-    leaves = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))[0]
+    try:  # a type registered with pytree without key paths (diffusers' outputs) cannot be compared: left as is
+        leaves = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(spec.num_leaves)), spec))[0]
+        flat = pytree.tree_flatten_with_path(result)[0]
+    except ValueError:
+        return False
     traced = [
         pytree.keystr(path) for (path, _), o in zip(leaves, user, strict=True) if isinstance(o.arg, TensorArgument)
     ]
-    eager = [
-        pytree.keystr(path) for path, leaf in pytree.tree_flatten_with_path(result)[0] if isinstance(leaf, torch.Tensor)
-    ]
+    eager = [pytree.keystr(path) for path, leaf in flat if isinstance(leaf, torch.Tensor)]
     if len(traced) != len(graph.outputs) or traced == eager or sorted(traced) != sorted(eager):
         return False
     if len(set(traced)) != len(traced):
