@@ -166,9 +166,9 @@ class Settings:
     ort_grouped_attention: bool = option("onnxruntime", True)
     # True: a generation step on ONNX Runtime's CPU provider with float32 weights runs its single-row, single-token
     # steps (batch-1 decode) on a second session of the same graph without weight prepacking, made on first use
-    # (pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session). Off by default: with the session graph's split
-    # projections the prepacked session is the faster one for one row too (the issue-35 Llama, one thread, quiet
-    # machine: 64 tokens in 0.611 s against 0.660 s). A runtime choice, like the threads.
+    # (pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session). Off by default: the prepacked session, which
+    # runs the merged projections apart, is as fast for one row (the issue-35 Llama, one thread, quiet machine: 64
+    # tokens in 0.665 against 0.671 s) and one session saves memory. A runtime choice, like the threads.
     ort_row_session: bool = option("onnxruntime", False)
     # INT8 on ONNX Runtime (pipeline.runtime.ort.int8, rewrite 0): "requantize" gives the float output of a quantized
     # convolution before a residual Add its own calibrated INT8 pair in ONNX Runtime's session (QLinearConv +

@@ -53,10 +53,12 @@ class OnnxRuntimeExecutor:
             # threshold (on this CPU, 1.3x faster decode steps and 1.8x faster prefill of a small Llama)
             prepack = external_bytes(model) <= settings.external_data_threshold
 
-        row = not plugins and prepack and row_session_wanted(model, settings)
-        # the prepacked session of a generation step runs its merged projections apart (faster packed; the row session
-        # keeps them merged: faster unpacked), see pipeline.runtime.ort.projections
-        packed_model = split_projections(model) if row else model
+        float_step = not plugins and prepack and float_generation_step(model, settings)
+        row = float_step and settings.ort_row_session
+        # the prepacked session of a float32 generation step runs its merged projections apart (faster packed: the
+        # issue-35 Llama's 64 tokens 0.678 against 0.765 s at batch 1, 1.019 against 1.099 s at batch 4; the row
+        # session keeps them merged: faster unpacked), see pipeline.runtime.ort.projections
+        packed_model = split_projections(model) if float_step else model
 
         def create(prepack: bool = prepack) -> ort.InferenceSession:
             options = ort.SessionOptions()
@@ -164,11 +166,18 @@ class OnnxRuntimeExecutor:
 
 def row_session_wanted(model: onnx.ModelProto, settings: Settings) -> bool:
     """Does a generation step get a second, unprepacked session for its single-row steps
-    (:meth:`OnnxRuntimeExecutor.row_session`)? On the CPU provider, ``settings.ort_row_session`` on, for a graph
-    whose matrix products are float32 ``MatMul`` over constant weights: 4-bit ``MatMulNBits`` and the integer
-    kernels of a Q/DQ graph are far slower unpacked (228 ms against 4.7 ms per int4 decode step)."""
+    (:meth:`OnnxRuntimeExecutor.row_session`)? ``settings.ort_row_session`` on (off by default), for a
+    :func:`float_generation_step`."""
+    return settings.ort_row_session and float_generation_step(model, settings)
+
+
+def float_generation_step(model: onnx.ModelProto, settings: Settings) -> bool:
+    """A generation step on the CPU provider whose matrix products are float32 ``MatMul`` over constant weights:
+    its prepacked session runs the merged projections apart, and it may have a row session. 4-bit ``MatMulNBits``
+    and the integer kernels of a Q/DQ graph are neither (far slower unpacked: 228 ms against 4.7 ms per int4 decode
+    step)."""
     cpu_only = set(settings.ort_providers) <= {"CPUExecutionProvider"}
-    if settings.generation is None or not settings.ort_row_session or not cpu_only:
+    if settings.generation is None or not cpu_only:
         return False
     ops = {n.op_type for n in model.graph.node}
     quantized = {"MatMulNBits", "QuantizeLinear", "DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QAttention"}

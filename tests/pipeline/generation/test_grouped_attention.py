@@ -199,6 +199,28 @@ def test_single_row_decode_steps_run_on_the_unprepacked_session_with_the_same_nu
     assert row_session_wanted(step.onnx, on) and not row_session_wanted(step.onnx, step.settings)
 
 
+def test_the_one_prepacked_session_runs_the_projections_apart(
+    step: GenerativeModule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no row session (the default), the prepacked session still gets the merged q/k/v and gate/up projections
+    apart (faster packed at batch 1 and 4); the merged form stays in module.onnx."""
+    import pipeline.runtime.ort.executor as executor_module
+
+    seen: list[int] = []
+    real = executor_module.split_projections
+
+    def counting(model: onnx.ModelProto) -> onnx.ModelProto:
+        split = real(model)
+        seen.append(ops(split)["MatMul"] - ops(model)["MatMul"])
+        return split
+
+    monkeypatch.setattr(executor_module, "split_projections", counting)
+    executor = OnnxRuntimeExecutor(step.onnx, step.io, step.settings)
+    assert executor.row_session() is None
+    assert seen and seen[0] > 0  # more MatMuls: the merged ones apart
+    assert any(n.op_type == "Split" for n in step.onnx.graph.node)
+
+
 def test_a_row_session_onnx_runtime_cannot_make_is_a_build_error_naming_the_switch(step: GenerativeModule) -> None:
     """ONNX Runtime's own error when the second session cannot be made (here: bytes it cannot parse) comes back as a
     BuildError that says how to do without that session."""
