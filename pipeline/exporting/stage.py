@@ -316,7 +316,7 @@ def _traced_program(
                 padded = export_errors.padded_mask_failure(model, args, kwargs) if _broadcast(exc) else None
                 raise export_errors.torch_export_error(exc, padded) from exc
             continue
-        if real_values is not None and branches is not None and decided_sizes(program, branches):
+        if real_values is not None and branches is not None and decided_sizes(branches):
             raise export_errors.torch_export_error(real_values) from real_values  # a decision on values: not ours
         return program, dynamic, branches
 

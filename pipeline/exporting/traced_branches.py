@@ -22,7 +22,7 @@ Other decisions on sizes computed from data (LightOnOCR's patch count from ``ima
 branches, :func:`real_values_decide` traces once more with PyTorch's real-tensor propagation (what
 ``torch.export.draft_export`` does): each guard on a data-dependent expression is decided by the sample's real values
 (torch.export keeps a runtime assertion of it in the program; the ONNX graph does not). Only decisions on sizes are
-taken (:func:`decided_sizes`): one on a value read from a bool or float tensor (``if x.sum() > 0:``) stays the export
+taken (:func:`decided_sizes`): one on a float or bool read from a tensor (``if x.sum() > 0:``) stays the export
 error. Each decision is written into the report as above, by the model's source line and the expression
 (``sdpa_attention.py:148 in sdpa_attention_forward `is_causal = ...`: u1*u3 > 1`` -> ``True``), and validation
 compares the graph with PyTorch as for the recorded branches.
@@ -66,8 +66,8 @@ class Branches:
     recorded: dict[Site, list[bool]]
     taken: dict[str, str] = field(default_factory=dict)
     #: decisions on data-dependent expressions the sample's real values took (:func:`real_values_decide`): the
-    #: model's line and the expression -> (the value, the expression's symbols)
-    decided: dict[str, tuple[str, set[str]]] = field(default_factory=dict)
+    #: model's line and the expression -> (the value, whether it decides on a value rather than a size)
+    decided: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
 
 def branches_on_data(exc: BaseException) -> bool:
@@ -113,8 +113,7 @@ def real_values_decide(branches: Branches) -> Iterator[None]:
         expr, value = record.args  # type: ignore[misc]
         site = _call_site(sys._getframe(1))
         key = f"{_site_text(site) if site is not None else 'the model'}: {expr}"
-        symbols = {str(s) for s in getattr(expr, "free_symbols", ())}
-        branches.decided[key] = (str(value), symbols)
+        branches.decided[key] = (str(value), _on_values(expr, _shape_env(sys._getframe(1))))
         return False  # torch's own warning: decided_sizes says it with the model's line
 
     shapes_logger.addFilter(decided)
@@ -125,21 +124,37 @@ def real_values_decide(branches: Branches) -> Iterator[None]:
         shapes_logger.removeFilter(decided)
 
 
-def decided_sizes(program: Any, branches: Branches) -> list[str]:
-    """Accept the decisions :func:`real_values_decide` took in tracing ``program`` (an ExportedProgram) when they
-    are on sizes: each is logged and added to ``branches.taken``. Returns the decisions on values instead (a
-    symbol read by ``.item()`` from a bool or float tensor: ``if x.sum() > 0:``), which an input's values would
-    decide otherwise; nothing is accepted then (the export's error stands)."""
-    read_from_values: set[str] = set()
-    for node in program.graph.nodes:
-        if node.target not in (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default):
-            continue
-        source = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
-        dtype = getattr(source, "dtype", None)
-        if dtype is not None and (dtype == torch.bool or dtype.is_floating_point or dtype.is_complex):
-            expr = getattr(getattr(node.meta.get("val"), "node", None), "expr", None)
-            read_from_values |= {str(s) for s in getattr(expr, "free_symbols", ())}
-    on_values = [key for key, (_, symbols) in branches.decided.items() if symbols & read_from_values]
+def _shape_env(frame: FrameType | None) -> Any:
+    """The ShapeEnv logging the decision: the ``self`` of the innermost frame that has one."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, ShapeEnv):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _on_values(expr: Any, shape_env: Any) -> bool:
+    """Whether ``expr`` decides on a value rather than a size: one of its symbols is a float read with ``.item()``
+    (``zuf0``) or a bool (its range 0..1: ``if x.sum() > 0:``, ``if (x == 0).any():``)."""
+    ranges = getattr(shape_env, "var_to_range", {})
+    for symbol in getattr(expr, "free_symbols", ()):
+        if str(symbol).startswith(("zuf", "zf")):
+            return True
+        bounds = ranges.get(symbol)
+        if bounds is not None and bounds.lower >= 0 and bounds.upper <= 1:
+            return True
+    return False
+
+
+def decided_sizes(branches: Branches) -> list[str]:
+    """Accept the decisions :func:`real_values_decide` took when all are on sizes: each is logged and added to
+    ``branches.taken``. Returns the decisions on values instead (a float or bool read with ``.item()``:
+    ``if duration.sum() == 0:``), which an input's values would decide otherwise; nothing is accepted then (the
+    export's error stands)."""
+    on_values = [key for key, (_, values) in branches.decided.items() if values]
     if on_values:
         return on_values
     new = {key: value for key, (value, _) in branches.decided.items() if key not in branches.taken}

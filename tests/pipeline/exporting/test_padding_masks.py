@@ -119,3 +119,17 @@ def test_tensorrt_rtx_refuses_an_input_read_as_sizes_by_name() -> None:
     with pytest.raises(pipeline.BuildError, match=r"reads input\(s\) 'count' as shape tensors") as caught:
         pipeline.convert(_CropBySize().eval(), (patches, torch.tensor([6])), backend="tensorrt-rtx")
     assert "backend='onnxruntime'" in caught.value.fix
+
+
+class _DegenerateDurations(torch.nn.Module):  # FastSpeech2's length regulator, in small
+    def forward(self, states: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:
+        if durations.sum() == 0:  # a decision on the durations' values, not on a size
+            durations = durations + 1
+        return states * durations.to(states.dtype)[:, None]
+
+
+def test_a_decision_on_integer_values_stays_the_export_error() -> None:
+    states = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(pipeline.ExportError, match="data-dependent") as caught:
+        pipeline.convert(_DegenerateDurations().eval(), (states, torch.tensor([1, 0, 2, 1])))
+    assert "test_padding_masks.py:" in str(caught.value)  # the model's line
