@@ -173,6 +173,7 @@ class _Binding:
         self.binding = session.io_binding()
         self._bound: tuple[list[Any], list[Any]] | None = None  # the cache buffers the binding holds
         self._logits: tuple[np.ndarray, Any] | None = None  # the bound logits buffer and its OrtValue
+        self._inputs: dict[str, tuple[np.ndarray, Any]] = {}  # bound input buffers, written in place while shapes hold
         self._vocabulary = _static_tail(session, "logits")
 
     def run(
@@ -196,22 +197,36 @@ class _Binding:
                 binding.bind_ortvalue_input(name, value)
             for name, value in zip(self.layout.present_names, writes, strict=True):
                 binding.bind_ortvalue_output(name, value)
-            self._bound, self._logits = (reads, writes), None
+            self._bound, self._logits, self._inputs = (reads, writes), None, {}
         if self._vocabulary is not None and (self._logits is None or self._logits[0].shape[0] != batch):
             buffer = np.empty((batch, *self._vocabulary), np.float32)
             self._logits = (buffer, ort.OrtValue.ortvalue_from_numpy(buffer))
             binding.bind_ortvalue_output("logits", self._logits[1])
         elif self._vocabulary is None:
             binding.bind_output("logits")
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids.numpy()))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask.numpy()))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids.numpy()))
-        binding.bind_cpu_input("past_length", np.array(past_length, dtype=np.int64))
+        self._input("input_ids", input_ids.numpy())
+        self._input("attention_mask", attention_mask.numpy())
+        self._input("position_ids", position_ids.numpy())
+        self._input("past_length", np.array(past_length, dtype=np.int64))
         self.session.run_with_iobinding(binding)
         if self._logits is not None:
             return torch.from_numpy(self._logits[0].copy())  # the buffer is written again by the next step
         index = len(self.layout.present_names)  # bound after the cache outputs
         return torch.from_numpy(binding.get_outputs()[index].numpy())
+
+    def _input(self, name: str, value: np.ndarray) -> None:
+        """``value`` into the buffer bound for ``name``: written in place when the shape and dtype are the bound
+        ones (a decode step's four inputs: no binding call per step, measured 0.1 ms of a step's Python after the
+        weights went through the caches), else a new buffer bound."""
+        bound = self._inputs.get(name)
+        if bound is not None and bound[0].shape == value.shape and bound[0].dtype == value.dtype:
+            np.copyto(bound[0], value)
+            return
+        import onnxruntime as ort
+
+        buffer = np.array(value, copy=True, order="C")
+        self._inputs[name] = (buffer, ort.OrtValue.ortvalue_from_numpy(buffer))
+        self.binding.bind_ortvalue_input(name, self._inputs[name][1])
 
 
 def _static_tail(session: Any, name: str) -> tuple[int, ...] | None:
