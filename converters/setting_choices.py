@@ -86,7 +86,7 @@ def _check_types(settings: Any) -> None:
     """Every plain setting has its declared type (``validation_inputs="3"`` is an error, not a crash later on)."""
     hints = typing.get_type_hints(type(settings))
     for f in fields(settings):
-        if f.name in ("dynamic", "tolerances", "keep_fp32", "profiles"):  # normalised and checked by their readers
+        if f.name in ("dynamic", "tolerances", "keep_fp32", "profiles", "shape_tensor_values"):  # normalised by readers
             continue
         value = getattr(settings, f.name)
         allowed = _allowed(hints[f.name])

@@ -15,6 +15,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, normalise_generation
 from converters.setting_choices import (
@@ -133,6 +135,11 @@ class Settings:
     dynamic: tuple[DynamicDim, ...] = option("export", (), engine=True)
     generation: GenerationSettings | None = option("generation", None, engine=True)
     profiles: tuple[tuple[ProfileRange, ...], ...] = option("tensorrt", (), engine=True)
+    # Values of inputs TensorRT reads as shape tensors (their values size tensors in the graph: Pixtral's image_sizes,
+    # read with .item() to crop its patches): every optimization profile must hold them, and the engine takes exactly
+    # these. {name: values} or ((name, values), ...). A TensorRT conversion that gives none takes the sample's values
+    # of such inputs (pipeline.backends.tensorrt.shape_inputs).
+    shape_tensor_values: tuple[tuple[str, tuple[int, ...]], ...] = option("tensorrt", (), engine=True)
     validate: bool = option("validation", True)
     validation_inputs: int = option("validation", 3)
     seed: int = option("validation", 0)
@@ -273,6 +280,7 @@ class Settings:
         object.__setattr__(self, "generation", normalise_generation(self.generation))
         object.__setattr__(self, "profiles", normalise_profiles(self.profiles, self.dynamic))
         object.__setattr__(self, "tolerances", _normalise_tolerances(self.tolerances))
+        object.__setattr__(self, "shape_tensor_values", _normalise_shape_values(self.shape_tensor_values))
 
     def with_runtime(self, threads: int | None = None, spinning: bool | None = None) -> Settings:
         """These settings with the runtime's own choices: ONNX Runtime's intra-op ``threads`` and whether they
@@ -335,6 +343,19 @@ class Settings:
     def dims_of(self, input_name: str) -> dict[int, DynamicDim]:
         """The declared dynamic dimensions of one graph input, by axis."""
         return {d.axis: d for d in self.dynamic if d.input == input_name}
+
+
+def _normalise_shape_values(given: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``shape_tensor_values`` as ((name, flat integer values), ...), sorted by name."""
+    pairs = given.items() if isinstance(given, Mapping) else given
+    try:
+        normalised = {str(name): tuple(int(v) for v in np.asarray(values).ravel()) for name, values in pairs}
+    except (TypeError, ValueError) as exc:
+        raise InputError(
+            f"shape_tensor_values must map input names to integer values, got {given!r}",
+            fix="pass e.g. shape_tensor_values={'image_sizes': [[448, 448]]}",
+        ) from exc
+    return tuple(sorted(normalised.items()))
 
 
 def _normalise_tolerances(tolerances: Any) -> Mapping[str, Tolerance]:

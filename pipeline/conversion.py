@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 
@@ -131,6 +132,8 @@ def _convert_prepared(
     choice = select_backend(config.backend, config)
     graph = final_graph(model, sample, config, registry, pass_list, calibration, stages, custom_translation_table)
     final, config = graph.final, graph.settings
+    if choice.name in ("tensorrt", "tensorrt-rtx") and not config.shape_tensor_values:
+        config = _sample_shape_values(final, sample, graph, config)
     with stage_timer("check", stages):
         compatibility = check_for_backend(final, choice.name, config)
     segments: SegmentsReport | None = None
@@ -174,6 +177,26 @@ def _convert_prepared(
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
     return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
+
+
+def _sample_shape_values(final: onnx.ModelProto, sample: Any, graph: Any, config: Settings) -> Settings:
+    """``config`` with the sample's values of the inputs TensorRT may read as shape tensors
+    (:mod:`pipeline.backends.tensorrt.shape_inputs`): the engine is built for exactly those values, as said here."""
+    from pipeline.backends.tensorrt.shape_inputs import shape_value_candidates
+
+    if not shape_value_candidates(final):
+        return config
+    feed = graph_feeds(sample, graph)[0]
+    values = {name: feed[name] for name in shape_value_candidates(final) if name in feed}
+    if not values:
+        return config
+    logger.warning(
+        "input(s) %s size tensors in the graph by their values: a TensorRT engine takes exactly the sample's (%s); "
+        "pass shape_tensor_values={name: values} for others",
+        ", ".join(map(repr, values)),
+        "; ".join(f"{n} = {np.asarray(v).tolist()}" for n, v in values.items()),
+    )
+    return dataclasses.replace(config, shape_tensor_values=values)  # type: ignore[arg-type]  # normalised
 
 
 def fused_ops(exported: onnx.ModelProto, final: onnx.ModelProto) -> dict[str, int]:

@@ -65,6 +65,7 @@ def test_build_options_hold_every_engine_setting_and_nothing_else() -> None:
         "trt_compute_capabilities": [],
         "generation": None,
         "profiles": [],
+        "shape_tensor_values": [],
         "strip_weights": False,
         "refittable": False,
         "sparse_weights": False,

@@ -35,6 +35,7 @@ from converters.errors import ArtifactError, BuildError
 from converters.plugins.spec import plugin_nodes
 from passes.model_io.external_data import base_dir_of
 from passes.model_io.weightless import weightless
+from pipeline.backends.tensorrt.shape_inputs import profile_values, with_values
 from pipeline.noise import third_party_shown
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.tensorrt.identity import build_options, device_identity
@@ -62,13 +63,23 @@ StaticCheck = Callable[[onnx.ModelProto], Mapping[str, str]]
 Shape = tuple[int, ...]
 
 
-def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, library: TrtLibrary = TENSORRT) -> Any:
+def create_config(
+    io: IOSpec,
+    settings: Settings,
+    timing_cache: Path | None,
+    library: TrtLibrary = TENSORRT,
+    shape_values: Mapping[str, tuple[int, ...]] | None = None,
+) -> Any:
     """Polygraphy's ``CreateConfig`` for these settings (``CreateConfigRTX`` for TensorRT-RTX, with the target compute
     capabilities and no timing cache: one would make the CPU-only build query a GPU). No precision flags: the graph
-    carries its precision."""
+    carries its precision. ``shape_values``: the values of the network's shape-tensor inputs, in every profile."""
     tensorrt = library.import_module()
-    bind_polygraphy(library)
+    bind_polygraphy(library)  # before any Polygraphy TensorRT import (the profiles' too)
     from polygraphy.backend.trt import CreateConfig
+
+    profiles = optimization_profiles(io, settings)
+    if shape_values:
+        profiles = with_values(profiles, shape_values)
 
     pools = {}
     if settings.trt_workspace_bytes is not None:
@@ -81,10 +92,10 @@ def create_config(io: IOSpec, settings: Settings, timing_cache: Path | None, lib
         "same_compute_capability": tensorrt.HardwareCompatibilityLevel.SAME_COMPUTE_CAPABILITY,
     }[settings.trt_hardware_compatibility]
     if library.rtx:
-        return with_weight_flags(_create_config_rtx(io, settings, pools), settings, library)
+        return with_weight_flags(_create_config_rtx(settings, pools, profiles), settings, library)
     config = CreateConfig(
         tf32=settings.trt_tf32,
-        profiles=optimization_profiles(io, settings),
+        profiles=profiles,
         memory_pool_limits=pools or None,
         builder_optimization_level=settings.trt_builder_optimization_level,
         hardware_compatibility_level=hardware,
@@ -105,7 +116,7 @@ def with_weight_flags(config: Any, settings: Settings, library: TrtLibrary) -> A
     return PostprocessConfig(config, func=lambda builder, network, cfg: set_weight_flags(cfg, settings, library))
 
 
-def _create_config_rtx(io: IOSpec, settings: Settings, pools: dict[Any, int]) -> Any:
+def _create_config_rtx(settings: Settings, pools: dict[Any, int], profiles: list[Any]) -> Any:
     """TensorRT-RTX's config: its targets; TF32 set as asked (it is on by default in TensorRT-RTX, and its
     ``CreateConfigRTX`` takes no ``tf32``); no hardware compatibility level (unsupported in TensorRT-RTX)."""
     from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
@@ -119,7 +130,7 @@ def _create_config_rtx(io: IOSpec, settings: Settings, pools: dict[Any, int]) ->
     requested = settings.trt_compute_capabilities
     targets = [tuple(int(p) for p in cc.split(".")) for cc in rtx_targets(requested)] if requested else None
     config = CreateConfigRTX(
-        profiles=optimization_profiles(io, settings),
+        profiles=profiles,
         memory_pool_limits=pools or None,
         builder_optimization_level=settings.trt_builder_optimization_level,
         version_compatible=settings.trt_version_compatible or None,
@@ -301,8 +312,7 @@ def engine_from_network(
     library: TrtLibrary = TENSORRT,
 ) -> bytes:
     """Serialized engine for a parsed ``(builder, network, parser)``; see :func:`build_engine`."""
-    _refuse_shape_tensor_inputs(network[1], library)
-    config = create_config(io, settings, timing_cache, library)
+    config = create_config(io, settings, timing_cache, library, profile_values(network[1], settings))
     from polygraphy.backend.trt import EngineBytesFromNetwork  # bound to ``library`` by create_config
 
     if timing_cache is not None:
@@ -323,21 +333,6 @@ def engine_from_network(
             "memory, or convert with backend='onnxruntime'",
         ) from exc
     return bytes(engine)
-
-
-def _refuse_shape_tensor_inputs(network: Any, library: TrtLibrary) -> None:
-    """An input whose values size tensors in the graph (a shape tensor to TensorRT: Pixtral's ``image_sizes``, read
-    with ``.item()`` to crop the patches) needs its values in every optimization profile, which the conversion does
-    not give; the builder then fails with only "Invalid Engine". Said here instead, naming the input."""
-    names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
-    if names:
-        raise BuildError(
-            f"{library.title} reads input(s) {', '.join(map(repr, names))} as shape tensors: their values size "
-            "tensors in the graph (sizes computed from data, as the export's decisions say), and a profile would "
-            "need those values, which the conversion does not set",
-            fix="make those sizes shapes instead of values (crop or pad the tensors they size before the call, and "
-            "pass them without the size input), or convert with backend='onnxruntime'",
-        )
 
 
 def timing_cache_path(settings: Settings, library: TrtLibrary = TENSORRT) -> Path | None:

@@ -131,6 +131,12 @@ class EngineRunner:
         self.dtypes = {n: torch_dtype(self.engine.get_tensor_dtype(n), library) for n in names}
         self.profile = {n: self._profile(n) for n in self.inputs}
         self._on_host = {n: self.engine.is_shape_inference_io(n) for n in self.inputs}  # shape tensors: host memory
+        # a shape tensor's (min, max) values in the first profile (settings.shape_tensor_values: the built ones)
+        self._values = {
+            n: (values[0], values[2])
+            for n in self.inputs
+            if self._on_host[n] and len(values := self.engine.get_tensor_profile_values(0, n)) == 3
+        }
         self._allocator = _make_output_allocator(self.device, library)
         # TensorRT-RTX captures CUDA graphs itself (its runtime config); TensorRT's are captured with torch
         self._graphs = CudaGraphs(self) if cuda_graphs and not library.rtx else None
@@ -244,6 +250,8 @@ class EngineRunner:
                 fix=f"pass a {self.dtypes[name]} tensor",
             )
         tensor = tensor.to(torch.device("cpu") if self._on_host[name] else self.device).contiguous()
+        if name in self._values:
+            self._check_values(name, tensor)
         if not self.context.set_input_shape(name, shape):
             raise InputError(
                 f"TensorRT refused shape {list(shape)} for input {name!r}",
@@ -251,6 +259,17 @@ class EngineRunner:
             )
         self.context.set_tensor_address(name, tensor.data_ptr())
         return tensor
+
+    def _check_values(self, name: str, tensor: torch.Tensor) -> None:
+        """A shape tensor's values within those the engine was built for (TensorRT would fail the run unnamed)."""
+        lo, hi = self._values[name]
+        values = [int(v) for v in tensor.flatten().tolist()]
+        if len(values) != len(lo) or not all(a <= v <= b for v, a, b in zip(values, lo, hi, strict=True)):
+            raise InputError(
+                f"input {name!r} holds {values}, which size tensors in the engine; it was built for {list(lo)}"
+                + (f" to {list(hi)}" if list(lo) != list(hi) else ""),
+                fix=f"convert again with a sample holding these values, or shape_tensor_values={{{name!r}: [...]}}",
+            )
 
     def _allocated_output(self, name: str) -> torch.Tensor:
         buffer, shape = self._allocator.buffers.pop(name, None), self._allocator.shapes.pop(name, None)

@@ -111,14 +111,35 @@ def test_a_squeeze_the_trace_decided_against_is_not_in_the_graph() -> None:
     torch.testing.assert_close(module(rows, torch.tensor([3])), model(rows, torch.tensor([3])))
 
 
-def test_tensorrt_rtx_refuses_an_input_read_as_sizes_by_name() -> None:
-    """The count sizes the crop: TensorRT-RTX's parser makes it a shape tensor, whose values a profile would need;
-    the builder alone says only "Invalid Engine"."""
+def test_tensorrt_rtx_builds_an_input_read_as_sizes_for_the_sample_values() -> None:
+    """The count sizes the crop: TensorRT-RTX's parser makes it a shape tensor, whose values every profile must hold
+    (without them its builder says only "Invalid Engine"). The conversion takes the sample's and says so; given
+    values win; an input the parser marks without values is the BuildError naming it."""
     pytest.importorskip("tensorrt_rtx")
     patches = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
+    module = pipeline.convert(_CropBySize().eval(), (patches, torch.tensor([6])), backend="tensorrt-rtx")
+    assert module.settings.shape_tensor_values == (("count", (6,)),)
+    assert module.engine_bytes  # built by TensorRT-RTX
+    given = pipeline.convert(
+        _CropBySize().eval(), (patches, torch.tensor([6])), backend="tensorrt-rtx", shape_tensor_values={"count": [5]}
+    )
+    assert given.settings.shape_tensor_values == (("count", (5,)),) and given.engine_bytes
+
+
+def test_a_shape_tensor_input_without_values_is_a_build_error_naming_it() -> None:
+    pytest.importorskip("tensorrt_rtx")
+    from converters.settings import Settings
+    from pipeline.backends.tensorrt.build import parse_network
+    from pipeline.backends.tensorrt.shape_inputs import profile_values
+    from pipeline.runtime.tensorrt.library import TENSORRT_RTX
+
+    patches = torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(0))
+    module = pipeline.convert(_CropBySize().eval(), (patches, torch.tensor([6])), validate=False)
+    _, network, _ = parse_network(module.onnx, None, library=TENSORRT_RTX)
+    assert profile_values(network, Settings(shape_tensor_values={"count": [6]})) == {"count": (6,)}
     with pytest.raises(pipeline.BuildError, match=r"reads input\(s\) 'count' as shape tensors") as caught:
-        pipeline.convert(_CropBySize().eval(), (patches, torch.tensor([6])), backend="tensorrt-rtx")
-    assert "backend='onnxruntime'" in caught.value.fix
+        profile_values(network, Settings())
+    assert "shape_tensor_values={'count': [...]}" in caught.value.fix
 
 
 class _DegenerateDurations(torch.nn.Module):  # FastSpeech2's length regulator, in small

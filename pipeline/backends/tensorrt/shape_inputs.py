@@ -1,0 +1,104 @@
+"""Inputs whose values size tensors in the graph: TensorRT reads them as *shape tensors*, whose values every
+optimization profile must hold (Pixtral's ``image_sizes``: the patches are cropped to ``size // patch`` with
+``.item()``; LightOnOCR, Mistral 3). Without values in the profile the builder fails with only "Invalid Engine".
+
+:func:`shape_value_candidates` finds, in the ONNX graph, the small integer inputs whose values reach an input that
+sizes a tensor (``Reshape``'s shape, ``Slice``'s bounds, ``Range``, ``Expand``, ...) through any chain of nodes but
+``Shape``/``Size`` (which read only the metadata): a superset of what the parser marks. :func:`sample_shape_values`
+takes their values from the sample for ``settings.shape_tensor_values`` (the engine then takes exactly those); the
+build gives the profile values only for the inputs the parser does mark (:func:`profile_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+#: Op -> the input positions whose values are sizes, axes or counts.
+SHAPE_SLOTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Range": (0, 1, 2),
+    "ConstantOfShape": (0,),
+    "Tile": (1,),
+    "Resize": (2, 3),
+    "Upsample": (1,),
+    "TopK": (1,),
+    "Pad": (1,),
+    "Split": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "OneHot": (1,),
+}
+#: At most this many values: a shape tensor holds a few sizes, not data.
+MAX_VALUES = 64
+_INTEGERS = {onnx.TensorProto.INT32, onnx.TensorProto.INT64}
+
+
+def shape_value_candidates(model: onnx.ModelProto) -> list[str]:
+    """The graph's static integer inputs of at most :data:`MAX_VALUES` values whose values reach a sizing input."""
+    found = []
+    for value in model.graph.input:
+        tensor = value.type.tensor_type
+        if tensor.elem_type not in _INTEGERS or not all(d.HasField("dim_value") for d in tensor.shape.dim):
+            continue
+        if int(np.prod([d.dim_value for d in tensor.shape.dim], dtype=np.int64)) > MAX_VALUES:
+            continue
+        if _reaches_a_size(model.graph, value.name):
+            found.append(value.name)
+    return found
+
+
+def _reaches_a_size(graph: onnx.GraphProto, name: str) -> bool:
+    derived, changed = {name}, True
+    while changed:
+        changed = False
+        for node in graph.node:
+            if node.op_type in ("Shape", "Size"):
+                continue  # metadata only
+            slots = SHAPE_SLOTS.get(node.op_type, ())
+            if any(i in slots and x in derived for i, x in enumerate(node.input)):
+                return True
+            if any(x in derived for x in node.input) and not derived.issuperset(o for o in node.output if o):
+                derived.update(o for o in node.output if o)
+                changed = True
+    return False
+
+
+def sample_shape_values(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The sample's values (``feed``: the final graph's inputs by name) of :func:`shape_value_candidates`."""
+    return {name: np.asarray(feed[name]) for name in shape_value_candidates(model) if name in feed}
+
+
+def profile_values(network: Any, settings: Any) -> dict[str, tuple[int, ...]]:
+    """The values each shape-tensor input of the parsed ``network`` takes in every profile, from
+    ``settings.shape_tensor_values``; a missing one is the BuildError naming it."""
+    from converters.errors import BuildError
+
+    given = dict(settings.shape_tensor_values)
+    names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise BuildError(
+            f"TensorRT reads input(s) {', '.join(map(repr, missing))} as shape tensors (their values size tensors "
+            "in the graph), and every profile needs their values, which shape_tensor_values does not give",
+            fix=f"pass shape_tensor_values={{{missing[0]!r}: [...]}} with the values the engine is to take (a "
+            "conversion that gives none takes the sample's), or convert with backend='onnxruntime'",
+        )
+    return {n: given[n] for n in names}
+
+
+def with_values(profiles: Sequence[Any], values: Mapping[str, tuple[int, ...]]) -> list[Any]:
+    """Polygraphy profiles (one made when there are none) with ``values`` as every shape tensor's min, opt and
+    max."""
+    from polygraphy.backend.trt import Profile
+
+    out = list(profiles) or [Profile()]
+    for profile in out:
+        for name, taken in values.items():
+            profile.add(name, min=taken, opt=taken, max=taken)
+    return out
