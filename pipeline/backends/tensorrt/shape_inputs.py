@@ -33,6 +33,11 @@ SHAPE_SLOTS: dict[str, tuple[int, ...]] = {
     "Squeeze": (1,),
     "Unsqueeze": (1,),
     "OneHot": (1,),
+    "CumSum": (1,),  # an axis TensorRT needs at build time
+    **{
+        f"Reduce{kind}": (1,)
+        for kind in ("Sum", "Mean", "Max", "Min", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
+    },
 }
 #: At most this many values: a shape tensor holds a few sizes, not data.
 MAX_VALUES = 64
