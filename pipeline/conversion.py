@@ -30,7 +30,7 @@ from pipeline.compatibility.ops import DEFAULT_TRT_VERSION
 from pipeline.compatibility.static import CompatibilityReport
 from pipeline.compatibility.static import check as static_check
 from pipeline.exporting.stage import ExportedGraph, eval_mode, export
-from pipeline.final_graph import final_graph, graph_feeds, stage_timer, validate_executor
+from pipeline.final_graph import FinalGraph, final_graph, graph_feeds, stage_timer, validate_executor
 from pipeline.precision.stage import (
     effective_settings,
 )
@@ -179,15 +179,16 @@ def _convert_prepared(
     return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
 
 
-def _sample_shape_values(final: onnx.ModelProto, sample: Any, graph: Any, config: Settings) -> Settings:
+def _sample_shape_values(final: onnx.ModelProto, sample: Any, graph: FinalGraph, config: Settings) -> Settings:
     """``config`` with the sample's values of the inputs TensorRT may read as shape tensors
     (:mod:`pipeline.backends.tensorrt.shape_inputs`): the engine is built for exactly those values, as said here."""
     from pipeline.backends.tensorrt.shape_inputs import shape_value_candidates
 
-    if not shape_value_candidates(final):
+    candidates = shape_value_candidates(final)
+    if not candidates:
         return config
-    feed = graph_feeds(sample, graph)[0]
-    values = {name: feed[name] for name in shape_value_candidates(final) if name in feed}
+    feed = graph_feeds(sample, graph)[0]  # the sample, as the final graph's inputs
+    values = {name: feed[name] for name in candidates if name in feed}
     if not values:
         return config
     logger.warning(

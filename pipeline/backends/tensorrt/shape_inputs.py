@@ -4,9 +4,9 @@ optimization profile must hold (Pixtral's ``image_sizes``: the patches are cropp
 
 :func:`shape_value_candidates` finds, in the ONNX graph, the small integer inputs whose values reach an input that
 sizes a tensor (``Reshape``'s shape, ``Slice``'s bounds, ``Range``, ``Expand``, ...) through any chain of nodes but
-``Shape``/``Size`` (which read only the metadata): a superset of what the parser marks. :func:`sample_shape_values`
-takes their values from the sample for ``settings.shape_tensor_values`` (the engine then takes exactly those); the
-build gives the profile values only for the inputs the parser does mark (:func:`profile_values`).
+``Shape``/``Size`` (which read only the metadata): a superset of what the parser marks. A conversion takes their
+values from the sample for ``settings.shape_tensor_values`` (the engine then takes exactly those); the build gives
+the profile values only for the inputs the parser does mark (:func:`profile_values`).
 """
 
 from __future__ import annotations
@@ -72,11 +72,6 @@ def _reaches_a_size(graph: onnx.GraphProto, name: str) -> bool:
                 derived.update(o for o in node.output if o)
                 changed = True
     return False
-
-
-def sample_shape_values(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The sample's values (``feed``: the final graph's inputs by name) of :func:`shape_value_candidates`."""
-    return {name: np.asarray(feed[name]) for name in shape_value_candidates(model) if name in feed}
 
 
 def profile_values(network: Any, settings: Any) -> dict[str, tuple[int, ...]]:
