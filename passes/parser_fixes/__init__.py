@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from passes.parser_fixes.average_pool import OversizedAveragePoolToGlobal
 from passes.parser_fixes.bitwise import BitwiseToArithmetic
+from passes.parser_fixes.boolean_where import BooleanWhereAsLogic
 from passes.parser_fixes.col2im import Col2ImToGather
 from passes.parser_fixes.dft import DftToMatMul
 from passes.parser_fixes.edge_pad import NegativeEdgePadToGather
@@ -36,6 +37,7 @@ __all__ = [
     "AffineGridToMatMul",
     "BernoulliAsUniform",
     "BitwiseToArithmetic",
+    "BooleanWhereAsLogic",
     "CenterCropPadToSlicePad",
     "ClassLossToGather",
     "Col2ImToGather",
@@ -79,6 +81,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         NegativeEdgePadToGather(),
         UInt8ConstantOutputsAsCasts(),
         MixedTypeArithmetic(),
+        BooleanWhereAsLogic(),
         ReduceAxesToInitializers(),
     )
 

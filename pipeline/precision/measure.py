@@ -143,7 +143,15 @@ def _session(model: onnx.ModelProto, providers: Sequence[str]) -> ort.InferenceS
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(ort_session_bytes(model, options), sess_options=options, providers=list(providers))
+    try:
+        return ort.InferenceSession(ort_session_bytes(model, options), sess_options=options, providers=list(providers))
+    except Exception as error:  # ONNX Runtime refusing the graph itself: said, with the stage, not raw
+        raise ConversionError(
+            f"ONNX Runtime could not load the graph whose tensors the precision stage measures: {str(error).strip()}",
+            fix="the graph after the passes is one ONNX Runtime cannot run (an op or type it has no kernel for): "
+            "convert with precision='fp32' and validate=False and inspect module.onnx, or add a pass that rewrites "
+            "the node named above",
+        ) from error
 
 
 def peak_magnitudes(
