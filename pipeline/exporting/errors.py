@@ -76,6 +76,16 @@ def torch_export_error(exc: BaseException, padded: str | None = None) -> ExportE
             "error above is the same bug), or report it to the model's authors",
         )
     text = f"{reason(exc)}\n{_all_text(exc)}"
+    if _UNHASHABLE_SIZE.search(reason(exc)):
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (the model puts a traced number in a set or a dict key: a "
+            "dynamic dimension, or a value read from a tensor with .tolist() / .item(), which the trace holds as a "
+            "symbol, not a Python int)",
+            node=_where(traced_op(exc), model_frame(exc) or _failing_line(text)),
+            fix="at the line named here, compare the numbers instead of hashing them (`len(set(lengths)) > 1` -> "
+            "`any(n != lengths[0] for n in lengths)`) or compute with tensors; when a dynamic dimension is hashed, "
+            "leave that dimension out of dynamic=",
+        )
     op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
     data_dependent = ("data-dependent", "GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound")
     if op is not None or any(marker in text for marker in data_dependent):
@@ -156,6 +166,7 @@ _BROADCAST = re.compile(r"Attempting to broadcast a dimension of length \d+")
 _KEY_ARGUMENT = re.compile(r"Mismatching argument at index [12]\b")
 
 #: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
+_UNHASHABLE_SIZE = re.compile(r"unhashable type: .*Sym(Int|Float|Bool)")
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
 
 

@@ -154,3 +154,27 @@ def test_a_decision_on_integer_values_stays_the_export_error() -> None:
     with pytest.raises(pipeline.ExportError, match="data-dependent") as caught:
         pipeline.convert(_DegenerateDurations().eval(), (states, torch.tensor([1, 0, 2, 1])))
     assert "test_padding_masks.py:" in str(caught.value)  # the model's line
+
+
+class _LengthsInASet(torch.nn.Module):
+    """Lumina 2's joint-attention check, ``use_mask = len(set(seq_lengths)) > 1`` on lengths read from the mask."""
+
+    def __init__(self, hashed: bool) -> None:
+        super().__init__()
+        self.hashed = hashed
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        lengths = mask.sum(1).tolist()
+        use_mask = len(set(lengths)) > 1 if self.hashed else any(n != lengths[0] for n in lengths)
+        return x * 2 if use_mask else x + 1
+
+
+def test_lengths_read_from_data_in_a_set_name_the_line_and_the_fix_that_converts() -> None:
+    x, mask = torch.randn(2, 4, generator=torch.Generator().manual_seed(0)), torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(pipeline.ExportError, match="unhashable") as caught:
+        pipeline.convert(_LengthsInASet(hashed=True).eval(), (x, mask))
+    text = str(caught.value)
+    assert "test_padding_masks.py:" in text and "any(n != lengths[0] for n in lengths)" in text
+    assert "usual fixes" not in text
+    module = pipeline.convert(_LengthsInASet(hashed=False).eval(), (x, mask))  # the fix the error names
+    torch.testing.assert_close(module(x, mask), x + 1)
