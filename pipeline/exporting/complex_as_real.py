@@ -10,8 +10,10 @@ TensorRT takes none of that form anyway.
 :func:`complex_as_real` rewrites the torch.export program instead: every complex tensor between the model's real
 inputs and real outputs becomes its real pair ``[..., 2]``, and each op on it the real ops that compute the same
 numbers (a product ``(a + bi)(c + di)`` is ``ac - bd`` and ``ad + bc``; a shape op takes the same arguments with
-negative axes counted past the pair's axis). The rewrite is all or nothing: when one complex op has no rule here,
-or a complex tensor is an input, a weight or an output of the program, nothing changes (the exporter then fails or
+negative axes counted past the pair's axis). A list of complex tensors (``split``, ``chunk``, ``unbind``) becomes
+the list of their pairs, and a stored complex tensor (a buffer of rotary frequencies, as QwenImage's) is read
+through ``view_as_real``, which the exporter translates. The rewrite is all or nothing: when one complex op has no
+rule here, or a complex tensor is an input or an output of the program, nothing changes (the exporter then fails or
 translates as before, and the error names the op).
 """
 
@@ -38,6 +40,14 @@ def _complex(value: Any) -> bool:
 
 def _is_complex_node(value: Any) -> bool:
     return isinstance(value, torch.fx.Node) and _complex(value.meta.get("val"))
+
+
+def _is_complex_list(value: Any) -> bool:
+    """A node whose value is a list of complex tensors (``split``, ``unbind``), read through ``getitem``."""
+    if not isinstance(value, torch.fx.Node):
+        return False
+    meta = value.meta.get("val")
+    return isinstance(meta, list | tuple) and bool(meta) and all(_complex(v) for v in meta)
 
 
 def _axis(axis: int) -> int:
@@ -78,7 +88,7 @@ class _Rewriter:
         return node
 
     def pair(self, value: Any) -> Any:
-        return self.pairs[value] if _is_complex_node(value) else value
+        return self.pairs[value] if _is_complex_node(value) or _is_complex_list(value) else value
 
     def pair_of(self, value: Any) -> torch.fx.Node:
         """The real pair of a complex node."""
@@ -276,11 +286,16 @@ _RULES: dict[Any, Rule] = {
     _A.cat.default: _join_lists,
     _A.stack.default: _join_lists,
     _A._assert_tensor_metadata.default: _dropped,
+    _A.split.Tensor: _same_on_pair((2,)),
+    _A.split_with_sizes.default: _same_on_pair((2,)),
+    _A.chunk.default: _same_on_pair((2,)),
+    _A.unbind.int: _same_on_pair((1,)),
+    operator.getitem: lambda r, node: r.call(operator.getitem, r.pair(_args(node)[0]), _args(node)[1]),
 }
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:
-    return _is_complex_node(node) or any(_is_complex_node(a) for a in node.all_input_nodes)
+    return _is_complex_node(node) or any(_is_complex_node(a) or _is_complex_list(a) for a in node.all_input_nodes)
 
 
 def complex_as_real(program: torch.export.ExportedProgram) -> int:
@@ -290,7 +305,12 @@ def complex_as_real(program: torch.export.ExportedProgram) -> int:
     touched = [n for n in graph.nodes if _touches_complex(n)]
     if not touched:
         return 0
-    blocked = _first_blocker(touched)
+    stored = {
+        spec.arg.name
+        for spec in program.graph_signature.input_specs
+        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT
+    }
+    blocked = _first_blocker(touched, stored)
     if blocked is not None:
         logger.debug("complex ops left to the exporter: %s", blocked)
         return 0
@@ -299,9 +319,13 @@ def complex_as_real(program: torch.export.ExportedProgram) -> int:
     try:
         for node in touched:
             rewriter.node = node
+            if node.op == "placeholder":  # a stored complex tensor: read as its pair, the placeholder kept
+                with graph.inserting_after(node):
+                    rewriter.pairs[node] = rewriter.call(_A.view_as_real.default, node)
+                continue
             with graph.inserting_before(node):
                 new = _RULES[node.target](rewriter, node)
-            if _is_complex_node(node):
+            if _is_complex_node(node) or _is_complex_list(node):
                 rewriter.pairs[node] = new
             else:
                 replacements[node] = new
@@ -314,20 +338,27 @@ def complex_as_real(program: torch.export.ExportedProgram) -> int:
         if new is not None:
             node.replace_all_uses_with(new)
     for node in reversed(touched):
-        graph.erase_node(node)
+        if node.op != "placeholder":
+            graph.erase_node(node)
     program.graph_module.recompile()
     logger.debug("%d complex op(s) written as real ops", len(touched))
     return len(touched)
 
 
-def _first_blocker(touched: list[torch.fx.Node]) -> str | None:
-    """Why the program's complex ops cannot be rewritten, or None when they can."""
+def _first_blocker(touched: list[torch.fx.Node], stored: set[str]) -> str | None:
+    """Why the program's complex ops cannot be rewritten, or None when they can (``stored``: the placeholders of
+    weights, buffers and constants, which are read as their real pairs)."""
     for node in touched:
+        if node.op == "placeholder" and node.name in stored:
+            continue
         if node.op != "call_function":
             return f"a complex {node.op} ({node.name})"
         if node.target not in _RULES:
             return f"{node.target} on a complex tensor ({node.name})"
+        if node.target is operator.getitem and not _is_complex_list(node.args[0]):
+            return f"an item of a value that is not a list of complex tensors ({node.name})"
+        listed = _is_complex_list(node)  # its getitem users are rewritten with it
         for user in node.users:
-            if user.op == "output" or (user.op == "call_function" and user.target is operator.getitem):
+            if user.op == "output" or (user.op == "call_function" and user.target is operator.getitem and not listed):
                 return f"a complex value {node.name} leaves the program or is a tuple"
     return None

@@ -1,4 +1,5 @@
-"""RemoveIdentityElements and MergeSqueezeChains: what they rewrite, what they must leave, and the same numbers."""
+"""RemoveIdentityElements, MergeScaleChains and MergeSqueezeChains: what they rewrite, what they must leave, and
+the same numbers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from converters.settings import Settings
 from passes import PassManager, default_passes
 from passes.base import GraphPass
 from passes.cleanup.simplify import (
+    MergeScaleChains,
     MergeSqueezeChains,
     RemoveIdentityElements,
     merged_squeeze_axes,
@@ -432,13 +434,114 @@ def _squeezable(x: np.ndarray) -> list[tuple[int, ...]]:
     return lists
 
 
+# -- chains of scalings ----------------------------------------------------------------------------------------------
+
+
+def scale_chain(first: str, second: str, a: np.ndarray, b: np.ndarray, *, shape: Shape = (2, 3)) -> onnx.ModelProto:
+    """x -> first(x, a) -> second(., b) -> Abs -> y."""
+    nodes = [
+        helper.make_node(first, ["x", "a"], ["t"], name="inner"),
+        helper.make_node(second, ["t", "b"], ["u"], name="outer"),
+        helper.make_node("Abs", ["u"], ["y"], name="abs"),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], {"a": a, "b": b})
+
+
+@pytest.mark.parametrize(("first", "second"), list(itertools.product(("Mul", "Div"), repeat=2)))
+def test_two_scalings_become_one_mul_within_an_ulp(first: str, second: str) -> None:
+    model = scale_chain(first, second, np.array(3.0, np.float32), np.array([0.7], np.float32))
+    after, modified = run_pass(MergeScaleChains(), model)
+    assert modified and ops(after) == ["Mul", "Abs"]
+    feed = feed_for(model)
+    (want,), (got,) = run(model, feed), run(after, feed)
+    np.testing.assert_allclose(got, want, rtol=2 * np.finfo(np.float32).eps)
+    assert after.graph.node[0].input[0] == "x"
+
+
+def test_divide_then_multiply_by_one_value_leaves_x_in_the_default_list() -> None:
+    model = scale_chain("Div", "Mul", np.array([1.5], np.float32), np.array([1.5], np.float32))
+    graph, _ = PassManager(default_passes(), max_iterations=4).run(gs.import_onnx(model), Settings())
+    after = gs.export_onnx(graph)
+    assert ops(after) == ["Abs"]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shape", "reason"),
+    [
+        (np.array(0.0, np.float32), np.array(2.0, np.float32), (2, 3), "not a finite non-zero float"),
+        (np.array(2.0, np.float32), np.array([1.0, 2.0, 3.0], np.float32), (2, 3), "no one-element constant"),
+        (np.array(2.0, np.float32), np.ones((1, 1, 1), np.float32), (2, 3), "raises the rank"),
+        (np.array(2.0, np.float64), np.array(2.0, np.float64), (2, 3), "dtype"),
+    ],
+)
+def test_scalings_that_cannot_merge_are_left(a: np.ndarray, b: np.ndarray, shape: Shape, reason: str) -> None:
+    if a.dtype == np.float64:  # the ONNX checker refuses mixed types: a float64 x with float32 constants
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        nodes = [
+            helper.make_node("Mul", ["x", "a"], ["t"], name="inner"),
+            helper.make_node("Mul", ["t", "b"], ["u"], name="outer"),
+            helper.make_node("Abs", ["u"], ["y"], name="abs"),
+        ]
+        model = onnx_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], {"a": a, "b": b})
+        graph = gs.import_onnx(model)
+        graph.inputs[0].dtype = np.float64  # what the pass reads: x's dtype against the constants'
+    else:
+        graph = gs.import_onnx(scale_chain("Mul", "Mul", a, b, shape=shape))
+    outer = next(n for n in graph.nodes if n.name == "outer")
+    assert reason in str(MergeScaleChains().reason(outer, Facts(graph)))
+
+
+def test_a_scaled_value_read_elsewhere_is_left() -> None:
+    nodes = [
+        helper.make_node("Mul", ["x", "a"], ["t"], name="inner"),
+        helper.make_node("Mul", ["t", "b"], ["u"], name="outer"),
+        helper.make_node("Add", ["u", "t"], ["y"], name="add"),
+    ]
+    constants = {"a": np.array(2.0, np.float32), "b": np.array(3.0, np.float32)}
+    model = make_model(nodes, [("x", TensorProto.FLOAT, (2, 3))], [("y", TensorProto.FLOAT, None)], constants)
+    _, modified = run_pass(MergeScaleChains(), model)
+    assert not modified
+
+
+def test_tensorrt_rtx_builds_the_chain_its_compiler_failed_on() -> None:
+    """AutoencoderRAE's decoder: x / c * c between two Reshapes feeding a MatMul fails inside Myelin; merged, it
+    builds."""
+    from rtx_build import rtx_build_error
+
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Reshape", ["t", "s4"], ["r"]),
+        helper.make_node("Div", ["r", "c"], ["d"]),
+        helper.make_node("Mul", ["d", "c2"], ["m"]),
+        helper.make_node("Reshape", ["m", "s3"], ["r2"]),
+        helper.make_node("Transpose", ["r2"], ["t2"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["t2", "w"], ["y"]),
+    ]
+    constants = {
+        "s4": np.array([1, 64, 16, 16], np.int64),
+        "s3": np.array([1, 64, 256], np.int64),
+        "c": np.array([1.5], np.float32),
+        "c2": np.array([2.5], np.float32),
+        "w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32),
+    }
+    model = onnx_model(nodes, [("x", TensorProto.FLOAT, (1, 256, 64))], [("y", TensorProto.FLOAT, None)], constants)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)  # the exporter records inner types too
+    error = rtx_build_error(model)
+    assert error is not None and "Myelin" in error, f"TensorRT-RTX built the chain: the rule may be unneeded ({error})"
+    after, modified = run_pass(MergeScaleChains(), model)
+    assert modified and "Div" not in ops(after)
+    assert rtx_build_error(after) is None
+    feed = feed_for(model)
+    np.testing.assert_allclose(run(after, feed)[0], run(model, feed)[0], rtol=1e-5, atol=1e-3)
+
+
 # -- in the default list ---------------------------------------------------------------------------------------------
 
 
 def test_default_list_runs_them_after_folding() -> None:
     names = [p.name for p in default_passes()]
     fold = names.index("fold_constants")
-    assert fold < names.index("remove_identity_elements")
+    assert fold < names.index("merge_scale_chains") < names.index("remove_identity_elements")
     assert names.index("explicit_squeeze_axes") < names.index("merge_squeeze_chains")
 
 

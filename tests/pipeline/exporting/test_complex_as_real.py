@@ -55,6 +55,35 @@ def test_complex_ops_build_with_tensorrt_rtx() -> None:
     assert_builds(pipeline.convert(ComplexRope(), _sample(), validate=False))
 
 
+class SplitComplexFrequencies(torch.nn.Module):
+    """QwenImage's ControlNet: complex rotary frequencies stored in a buffer, split per axis (``split_with_sizes``),
+    unbound and chunked, each part used on its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        angles = torch.arange(6).float() / 7
+        self.register_buffer("turn", torch.polar(torch.ones(6), angles), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        freqs = positions[..., None].float() * torch.arange(1, 7).float()
+        cis = torch.polar(torch.ones_like(freqs), freqs) * self.turn  # [batch, length, 6]
+        frame, height, width = cis.split([1, 2, 3], dim=-1)
+        first, second = cis.unbind(0)
+        left, right = cis.chunk(2, dim=-1)
+        z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))  # [batch, length, 6]
+        joined = torch.cat([frame, height * 2, width.conj()], dim=-1) * z
+        return torch.view_as_real(joined + (first * second)[None] + torch.cat([right, left], dim=-1)).flatten(2)
+
+
+def test_complex_lists_split_unbound_and_chunked_match_and_build() -> None:
+    model, sample = SplitComplexFrequencies(), (torch.randn(2, 5, 12), torch.arange(5).expand(2, 5))
+    module = pipeline.convert(model, sample)
+    types = {v.type.tensor_type.elem_type for v in (*module.onnx.graph.value_info, *module.onnx.graph.output)}
+    assert not types & {14, 15}
+    torch.testing.assert_close(module(*sample), model(*sample), rtol=1e-4, atol=1e-5)
+    assert_builds(module)
+
+
 class ComplexPower(torch.nn.Module):
     """A complex op the rewrite has no rule for: nothing is rewritten and the error names the op, as before."""
 
