@@ -111,7 +111,7 @@ def export(
             fix="pass the model object (an nn.Module instance), not its class or a function",
         )
     signature = io_spec.forward_signature(model)
-    args, kwargs = io_spec.bind_call(signature, *io_spec.normalise_sample(sample))
+    args, kwargs = _apart(*io_spec.bind_call(signature, *io_spec.normalise_sample(sample)))
     names, tensors, input_leaves, input_tree = io_spec.input_names_and_leaves(signature, args, kwargs)
     names = _declared_input_names(model, names)
     if not tensors:
@@ -213,6 +213,29 @@ def _outputs(
             exc.message.split(";")[0].removeprefix("output "),
         )
         return outputs, True
+
+
+def _apart(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call with every sample tensor that shares memory with an earlier one copied. torch.export traces aliased
+    inputs as one (a sample passing one tensor as ``sample`` and ``image_latents`` made a graph that reads
+    ``image_latents`` for both), so the graph would tie inputs that only the sample tied."""
+    leaves, tree = pytree.tree_flatten((args, kwargs))
+    seen: set[int] = set()
+    copied = 0
+    for index, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor) or leaf.device.type == "meta" or leaf.numel() == 0:
+            continue
+        storage = leaf.untyped_storage().data_ptr()
+        if storage in seen:
+            leaves[index] = leaf.clone()
+            copied += 1
+        else:
+            seen.add(storage)
+    if not copied:
+        return args, kwargs
+    logger.info("%d sample tensor(s) share memory with another input: exported from copies, kept apart", copied)
+    new_args, new_kwargs = pytree.tree_unflatten(leaves, tree)
+    return tuple(new_args), dict(new_kwargs)
 
 
 def _torch_export(
