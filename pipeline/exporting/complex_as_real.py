@@ -147,6 +147,17 @@ def _join_lists(r: _Rewriter, node: torch.fx.Node) -> Any:
     return r.call(node.target, [r.pair_of(t) for t in tensors], _axis(axis))
 
 
+def _pad_sequence(r: _Rewriter, node: torch.fx.Node) -> Any:
+    """``pad_sequence`` of complex tensors (their leading axis padded) with zeros: the pairs padded alike."""
+    tensors, *rest = _args(node)
+    if not all(_is_complex_node(t) for t in tensors):
+        raise _Unsupported("a complex tensor padded beside a real one")
+    padding = rest[1] if len(rest) > 1 else _kwargs(node).get("padding_value", 0.0)
+    if padding != 0:
+        raise _Unsupported("complex sequences padded with a value other than zero")
+    return r.call(node.target, [r.pair_of(t) for t in tensors], *rest, **_kwargs(node))
+
+
 def _to_copy(r: _Rewriter, node: torch.fx.Node) -> Any:
     kwargs = dict(_kwargs(node))
     dtype = kwargs.get("dtype")
@@ -275,6 +286,7 @@ _RULES: dict[Any, Rule] = {
     _A.transpose.int: _same_on_pair((1, 2)),
     _A.flatten.using_ints: _same_on_pair((1, 2)),
     _A.index_select.default: _same_on_pair((1,)),
+    _A.index.Tensor: _same_on_pair(),  # indices on the leading axes: the pair's axis stays last
     _A.sum.dim_IntList: _same_on_pair((1,)),
     _A.mean.dim: _same_on_pair((1,)),
     _A.view.default: _with_pair_size,
@@ -285,6 +297,7 @@ _RULES: dict[Any, Rule] = {
     _A.repeat.default: _repeat,
     _A.cat.default: _join_lists,
     _A.stack.default: _join_lists,
+    _A.pad_sequence.default: _pad_sequence,
     _A._assert_tensor_metadata.default: _dropped,
     _A.split.Tensor: _same_on_pair((2,)),
     _A.split_with_sizes.default: _same_on_pair((2,)),

@@ -28,6 +28,8 @@ that an equivalent form it takes can express exactly.
   ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
 - ``as_strided`` of a view whose strides are not row-major (Longformer's and LED's sliding chunks): applied to the
   contiguous tensor whose memory the view reads (:mod:`pipeline.exporting.strided_views`).
+- autocast regions that change nothing (``torch.autocast("cuda", enabled=False)`` around Z-Image's rotary
+  embedding): inlined, so the rewrites below see their ops (:mod:`pipeline.exporting.autocast_regions`).
 - complex arithmetic inside the model (rotary embeddings written with ``torch.polar``/``view_as_complex``): written
   as real arithmetic on (real, imaginary) pairs (:mod:`pipeline.exporting.complex_as_real`).
 - runtime assertions (``torch._check`` on data: LLaVA's image-token count, ``torch_compilable_check``): the exporter
@@ -42,6 +44,7 @@ from typing import Any
 
 import torch
 
+from pipeline.exporting.autocast_regions import inline_inert_autocast
 from pipeline.exporting.complex_as_real import complex_as_real
 from pipeline.exporting.histogram_edges import histogramdd_per_dimension
 from pipeline.exporting.strided_views import as_strided_on_base
@@ -68,6 +71,8 @@ _SEQUENCE_OPS = (
 
 def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``program`` with every rewrite applied (in place; returned for chaining)."""
+    if inline_inert_autocast(program):
+        logger.debug("autocast regions that change nothing inlined")
     complex_as_real(program)
     rebased = as_strided_on_base(program.graph_module.graph)
     if rebased:

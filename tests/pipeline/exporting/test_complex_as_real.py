@@ -84,6 +84,27 @@ def test_complex_lists_split_unbound_and_chunked_match_and_build() -> None:
     assert_builds(module)
 
 
+class AutocastOffRope(torch.nn.Module):
+    """Z-Image's rotary embedding: complex frequencies indexed by position ids, padded per sequence, inside an
+    autocast region that turns autocast off."""
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", enabled=False):
+            table = torch.polar(torch.ones(16, 4), torch.arange(64).float().reshape(16, 4) / 9)
+            cis = table[ids]  # [batch, length, 4]
+            padded = torch.nn.utils.rnn.pad_sequence([cis[0], cis[1, :3]], batch_first=True)
+            z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(z * padded).flatten(2)
+
+
+def test_complex_ops_in_an_inert_autocast_region_indexed_and_padded_convert() -> None:
+    model = AutocastOffRope()
+    sample = (torch.randn(2, 5, 8), torch.tensor([[0, 3, 5, 7, 9], [1, 2, 4, 6, 8]]))
+    module = pipeline.convert(model, sample)
+    torch.testing.assert_close(module(*sample), model(*sample), rtol=1e-4, atol=1e-5)
+    assert_builds(module)
+
+
 class ComplexPower(torch.nn.Module):
     """A complex op the rewrite has no rule for: nothing is rewritten and the error names the op, as before."""
 
