@@ -26,6 +26,11 @@ is known from the static shapes and arguments alone, the same computation writte
   input to float32 and back, twice per decoder layer (a fifth of the nodes torch.export traces of a cached Llama
   step, and of the time the exporter's decompositions take).
 
+- ``Tensor.data`` read in ``forward`` (CogVideoX's patch embedding builds its positional table for another size and
+  writes it through ``joint.data[:, n:].copy_(table)``): ``detach()``, the same memory without autograd (the export
+  runs without gradients). torch.export traces ``.data`` as a fresh constant and fails on the write ("We found a
+  fake tensor in the exported program constant's list"); a ``detach`` view keeps the write in the graph.
+
 Anything else (weights, empty results, complex input or output) is left to PyTorch, and fails or exports as before.
 """
 
@@ -172,7 +177,13 @@ def _unchanged_to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     return tensor
 
 
+def _data_as_detach(tensor: Any) -> Any:
+    """``tensor.data`` as ``tensor.detach()``: one memory, no autograd history (module doc)."""
+    return tensor.detach() if isinstance(tensor, torch.Tensor) else NotImplemented
+
+
 _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
+    torch.Tensor.data.__get__: _data_as_detach,  # type: ignore[attr-defined]
     torch.Tensor.to: _unchanged_to,
     torch.cov: _cov,
     torch.Tensor.cov: _cov,
@@ -201,7 +212,7 @@ class _StaticComposites(TorchFunctionMode):
         if replacement is not None:
             result = replacement(*args, **kwargs)
             if result is not NotImplemented:
-                if replacement is not _unchanged_to:  # one per layer of a model: not worth a line each
+                if replacement not in (_unchanged_to, _data_as_detach):  # per layer: not worth a line each
                     logger.debug("%s traced through its static form", getattr(func, "__name__", func))
                 return result
         return func(*args, **kwargs)

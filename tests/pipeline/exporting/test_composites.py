@@ -143,3 +143,21 @@ def test_a_buffer_assigned_its_unchanged_to_in_forward_converts() -> None:
     model = BufferWrittenBack().eval()
     module = pipeline.convert(model, (ids, x), validation_inputs=1)
     torch.testing.assert_close(module(ids, x), model(ids, x), rtol=0, atol=0)
+
+
+class _TableWrittenThroughData(torch.nn.Module):
+    """CogVideoX's patch embedding at another size than its config's: a table built in forward and written through
+    ``.data``, read by the rest of the model."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        joint = x.new_zeros(1, x.shape[1], x.shape[2])
+        joint.data[:, 2:].copy_(torch.sin(x[:, 2:] * 3))
+        return x + joint
+
+
+def test_a_tensor_written_through_data_in_forward_converts_and_matches() -> None:
+    model, x = _TableWrittenThroughData(), torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(0))
+    module = pipeline.convert(model, x)
+    other = torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(module(other), model(other))
+    assert_builds(module)
