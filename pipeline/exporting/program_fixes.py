@@ -28,6 +28,9 @@ that an equivalent form it takes can express exactly.
   ``Squeeze`` anyway. The axis is dropped from the node, and a node left with no axis is its input.
 - ``as_strided`` of a view whose strides are not row-major (Longformer's and LED's sliding chunks): applied to the
   contiguous tensor whose memory the view reads (:mod:`pipeline.exporting.strided_views`).
+- ``copy_`` of a source PyTorch broadcasts to its destination (CogVideoX writes a ``[n, d]`` table into a
+  ``[1, n, d]`` slice): the exporter's translation keeps the source's shape, and the ``slice_scatter`` it writes
+  then has an invalid ``Transpose``; the source is expanded to the destination's static shape first.
 - autocast regions that change nothing (``torch.autocast("cuda", enabled=False)`` around Z-Image's rotary
   embedding): inlined, so the rewrites below see their ops (:mod:`pipeline.exporting.autocast_regions`).
 - complex arithmetic inside the model (rotary embeddings written with ``torch.polar``/``view_as_complex``): written
@@ -91,13 +94,16 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     subtracted = _number_minus_tensor_as_sub(program.graph_module.graph)
     if subtracted:
         logger.debug("number - tensor written as sub(scalar_tensor, tensor) at %d node(s)", subtracted)
+    expanded = _copy_sources_expanded(program.graph_module.graph)
+    if expanded:
+        logger.debug("the source of a broadcasting copy_ expanded to its destination's shape at %d node(s)", expanded)
     unchecked = _without_data_assertions(program.graph_module.graph)
     if unchecked:
         logger.debug("%d runtime assertion(s) on data removed with what only they read", unchecked)
     kept = _squeeze_only_ones(program.graph_module.graph)
     if kept:
         logger.debug("squeeze of an axis not of size 1 left out at %d node(s)", kept)
-    if changed or grouped or scattered or subtracted or unchecked or kept or rebased:
+    if changed or grouped or scattered or subtracted or expanded or unchecked or kept or rebased:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
@@ -262,6 +268,28 @@ def _squeeze_only_ones(graph: torch.fx.Graph) -> int:
         else:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
+    return count
+
+
+def _copy_sources_expanded(graph: torch.fx.Graph) -> int:
+    """``copy_``/``copy`` of a source of another shape (PyTorch broadcasts it to the destination's) with the source
+    expanded to the destination's static shape first; returns how many."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (_A.copy_.default, _A.copy.default) or len(node.args) < 2:
+            continue
+        destination, source = node.args[0], node.args[1]
+        if not isinstance(source, torch.fx.Node):
+            continue
+        shape, given = _shape(destination), _shape(source)
+        if given == shape or not shape or not all(isinstance(d, int) for d in shape):
+            continue
+        with graph.inserting_before(node):
+            expanded = graph.call_function(_A.expand.default, (source, list(shape)))
+        expanded.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        expanded.meta["val"] = _val(source).expand(shape)
+        node.args = (destination, expanded, *node.args[2:])
+        count += 1
     return count
 
 

@@ -191,3 +191,20 @@ def test_squeeze_of_an_axis_not_of_size_one_converts_matches_and_builds() -> Non
     squeezes = [n for n in module.onnx.graph.node if n.op_type == "Squeeze"]
     assert len(squeezes) <= 1  # only axis 1 of the second output is squeezed
     assert_builds(module)
+
+
+class _BroadcastingCopy(torch.nn.Module):
+    """CogVideoX's positional table: ``joint[:, n:].copy_(table)`` with a table of one axis fewer than the slice,
+    which PyTorch broadcasts; the exporter's translation of the copy left it unbroadcast (an invalid Transpose)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        joint = x.new_zeros(1, x.shape[1], x.shape[2])
+        joint[:, 2:].copy_(torch.sin(x[0, 2:] * 3))
+        return x + joint
+
+
+def test_a_copy_that_broadcasts_its_source_converts_and_matches() -> None:
+    model, x = _BroadcastingCopy(), torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(0))
+    module = pipeline.convert(model, x)
+    other = torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(module(other), model(other))
