@@ -49,6 +49,7 @@ TEXT_KEYS = (
     "caption_channels", "text_embed_dim", "text_dim", "joint_attention_dim", "context_in_dim", "cap_feat_dim",
     "text_in_dim", "in_text_dim", "cond_token_dim", "text_hidden_dim", "dit_text_dim", "encoder_hid_dim",
     "cross_attention_input_dim", "cross_attention_dim", "encoder_hidden_size", "condition_dim", "prefix_inner_dim",
+    "text_encoder_dim",
 )  # fmt: skip
 POOLED_KEYS = (
     "pooled_projection_dim", "global_states_input_dim", "clip_text_pooled_in_channels", "in_text_dim2", "embedding_dim",
@@ -60,7 +61,7 @@ OPTIONAL = (
     "timestep", "timesteps", "t", "encoder_hidden_states", "pooled_projections", "img_ids", "txt_ids", "img_shapes",
     "guidance", "class_labels", "controlnet_cond", "conditioning_scale", "added_time_ids", "image_embeddings",
     "global_hidden_states", "pooled_embeds", "num_frames", "height", "width", "control_hidden_states", "padding_mask",
-    *MASKS,
+    "text_hidden_states", "start_seconds", "end_seconds", *MASKS,
 )  # fmt: skip
 #: The inputs a Multi-ControlNet takes one of per ControlNet.
 PER_NET = ("controlnet_cond", "conditioning_scale", "controlnet_mode")
@@ -167,6 +168,8 @@ def _input(name: str, model: torch.nn.Module, shape: dict[str, Any]) -> Any:
         "crop_coords": lambda: torch.zeros(1, 2),
         "micro_conds": lambda: _randn(1, 5, seed=3),
         "controlnet_cond": lambda: _condition(model, shape),
+        "start_seconds": lambda: torch.tensor([1.0]),  # Stable Audio's projection: seconds into the clip
+        "end_seconds": lambda: torch.tensor([5.0]),
     }
     value = values[name]() if name in values else _derived(name, model, shape)
     nets = getattr(model, "nets", None)
