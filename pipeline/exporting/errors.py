@@ -98,6 +98,16 @@ def torch_export_error(exc: BaseException, padded: str | None = None) -> ExportE
             "valid; or move that part out of forward()",
         )
     where = _where(traced_op(exc), model_frame(exc))
+    if _inside_torch_assertion(exc):
+        return ExportError(
+            f"torch.export failed: {reason(exc)}\n    (an assertion inside PyTorch's own decomposition of the op "
+            "named here, reached from the model's line: a limitation of PyTorch's tracing, most often met on a "
+            "tensor whose size comes from data, as after nonzero() or unique(), or on Python lists of such tensors)",
+            node=where,
+            fix="at the line named here, compute with fixed sizes instead (a mask and torch.where in place of "
+            "nonzero()/unique() and per-row lists), or move that part out of forward(); if the line has no "
+            "data-dependent size, report it to PyTorch with the op and the line",
+        )
     if _NONE_VALUE.search(reason(exc)):  # a default the model fills in only when it runs eagerly
         return ExportError(
             f"torch.export failed: {reason(exc)}\n    (a value that is None under torch.export: models often fill "
@@ -168,6 +178,23 @@ _KEY_ARGUMENT = re.compile(r"Mismatching argument at index [12]\b")
 #: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
 _UNHASHABLE_SIZE = re.compile(r"unhashable type: .*Sym(Int|Float|Bool)")
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
+
+
+def _inside_torch_assertion(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ``AssertionError`` raised by PyTorch's own prims, references or decompositions (not by
+    the model, nor by an assertion of this package)."""
+    if not isinstance(exc, AssertionError):
+        cause = exc.__cause__ or exc.__context__
+        return cause is not None and cause is not exc and _inside_torch_assertion(cause)
+    innermost = None
+    tb = exc.__traceback__
+    while tb is not None:
+        innermost = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    torch_dir = os.path.dirname(torch.__file__)
+    return innermost is not None and any(
+        innermost.startswith(os.path.join(torch_dir, part) + os.sep) for part in ("_prims", "_refs", "_decomp")
+    )
 
 
 def _where(op: str | None, frame: str | None) -> str | None:

@@ -221,3 +221,18 @@ def test_a_model_that_fails_in_pytorch_once_padded_is_said_so() -> None:
     assert "fails in PyTorch too once its attention mask pads anything: RuntimeError" in str(caught.value)
     assert "report it to the model's authors" in caught.value.fix and "usual fixes" not in caught.value.fix
     assert "test_export_errors.py" in str(caught.value.node)
+
+
+def test_an_assertion_inside_pytorchs_decomposition_names_the_line_and_fixed_sizes() -> None:
+    """ViLT's patch sampling (per-row lists of nonzero() indices over unique() rows) trips an assertion inside
+    PyTorch's prims while torch.export traces it: the error names the model's line and what to compute instead,
+    not only the generic list."""
+    import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' models
+    from model_sources.transformers_all_models import build
+
+    model, (_, kwargs) = build("vilt", "ViltModel")
+    with pytest.raises(pipeline.ExportError) as caught:
+        pipeline.convert(model, kwargs)
+    text = str(caught.value)
+    assert "modeling_vilt.py:" in text and "PyTorch's own decomposition" in text and "nonzero()" in text
+    assert "usual fixes" not in text
