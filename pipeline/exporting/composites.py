@@ -31,6 +31,10 @@ is known from the static shapes and arguments alone, the same computation writte
   runs without gradients). torch.export traces ``.data`` as a fresh constant and fails on the write ("We found a
   fake tensor in the exported program constant's list"); a ``detach`` view keeps the write in the graph.
 
+- ``torch.nn.functional.group_norm`` of a non-contiguous input (ConsistencyDecoderVAE's UNet): PyTorch's CPU kernel
+  takes any layout, its tracing kernel asserts a contiguous one ("Expected X.is_contiguous(memory_format)"); the
+  input is made contiguous first, the same values.
+
 Anything else (weights, empty results, complex input or output) is left to PyTorch, and fails or exports as before.
 """
 
@@ -177,6 +181,13 @@ def _unchanged_to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     return tensor
 
 
+def _contiguous_group_norm(x: Any, *args: Any, **kwargs: Any) -> Any:
+    """``group_norm`` of ``x`` made contiguous when it is not (module doc)."""
+    if not isinstance(x, torch.Tensor) or x.is_contiguous():
+        return NotImplemented
+    return torch.nn.functional.group_norm(x.contiguous(), *args, **kwargs)
+
+
 def _data_as_detach(tensor: Any) -> Any:
     """``tensor.data`` as ``tensor.detach()``: one memory, no autograd history (module doc)."""
     return tensor.detach() if isinstance(tensor, torch.Tensor) else NotImplemented
@@ -184,6 +195,7 @@ def _data_as_detach(tensor: Any) -> Any:
 
 _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.Tensor.data.__get__: _data_as_detach,  # type: ignore[attr-defined]
+    torch.nn.functional.group_norm: _contiguous_group_norm,
     torch.Tensor.to: _unchanged_to,
     torch.cov: _cov,
     torch.Tensor.cov: _cov,
@@ -212,7 +224,7 @@ class _StaticComposites(TorchFunctionMode):
         if replacement is not None:
             result = replacement(*args, **kwargs)
             if result is not NotImplemented:
-                if replacement not in (_unchanged_to, _data_as_detach):  # per layer: not worth a line each
+                if replacement not in (_unchanged_to, _data_as_detach, _contiguous_group_norm):  # per layer
                     logger.debug("%s traced through its static form", getattr(func, "__name__", func))
                 return result
         return func(*args, **kwargs)

@@ -161,3 +161,16 @@ def test_a_tensor_written_through_data_in_forward_converts_and_matches() -> None
     other = torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(module(other), model(other))
     assert_builds(module)
+
+
+def test_a_group_norm_of_a_non_contiguous_tensor_is_traced() -> None:
+    """ConsistencyDecoderVAE's UNet normalises a tensor whose strides PyTorch's tracing kernel refuses ("Expected
+    X.is_contiguous(memory_format)"); made contiguous, the trace goes on to the model's real limit, its scheduler's
+    decision on a value read from a tensor, named with its fix."""
+    import tests_environment  # noqa: F401 -- torchvision's operator schemas, before diffusers' models
+    from model_sources.diffusers_all_models import build
+
+    model, (_, kwargs) = build("ConsistencyDecoderVAE")
+    with pytest.raises(ExportError) as caught:
+        pipeline.convert(model, kwargs)
+    assert "is_contiguous" not in str(caught.value) and "data-dependent" in str(caught.value)
