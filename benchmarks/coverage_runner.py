@@ -201,6 +201,7 @@ def record_rows(
 
 
 def cell(text: str, limit: int) -> str:
-    """``text`` as one Markdown table cell, cut at ``limit`` characters."""
+    """``text`` as one Markdown table cell, cut at ``limit`` characters (brackets escaped: ``x['a']['b']`` in an
+    error would read as a reference link)."""
     text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text.replace("|", "\\|").replace("\n", " ") or " "
+    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("\n", " ") or " "
