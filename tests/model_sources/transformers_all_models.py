@@ -193,7 +193,35 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     for owner in _configs(config):
         _scale_sections(owner)
     _fit_image_tokens(config)
+    _fit_feature_layers(config)
     return config
+
+
+#: Config attributes naming the vision tower's layers whose outputs a multimodal model reads.
+FEATURE_LAYERS = ("vision_feature_layer", "vision_feature_layers", "select_layer", "vision_feature_select_layer")
+
+
+def _fit_feature_layers(config: Any) -> None:
+    """Layer indices the model reads features from (VipLLaVA's ``(-2, -5, -8, -11, 6)``) brought within the shrunk
+    vision tower's hidden states (its layers and the embeddings: ``-n - 1 .. n``), each kept in order and counted
+    from the same end, so that a model reading several layers still reads several."""
+    vision = getattr(config, "vision_config", None)
+    layers = getattr(vision, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers <= 0:
+        return
+    states = layers + 1  # the embeddings' output, then one per layer
+
+    def fit(index: Any) -> Any:
+        if not isinstance(index, int) or -states <= index < states:
+            return index
+        return max(-states, min(states - 1, index))
+
+    for name in FEATURE_LAYERS:
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            setattr(config, name, fit(value))
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+            setattr(config, name, type(value)(fit(v) for v in value))
 
 
 #: A config's own check that two sizes agree: "`a.b` (768) must equal the backbone `c` (32)", "x must match y".
@@ -307,7 +335,9 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
             grid = max(1, side // patch)
             declared = [_attribute(config, name) for name in DECLARED_IMAGE_TOKENS]
             declared = [int(count) for count in declared if isinstance(count, int) and 0 < count <= 4096]
-            for count in dict.fromkeys((*declared, grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)):
+            measured = _feature_count(model, pixels)
+            counts = (*measured, *declared, grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)
+            for count in dict.fromkeys(counts):
                 with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
                 mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
                 candidates.append({**text, "input_ids": with_image, **mask, "pixel_values": pixels})
@@ -326,6 +356,28 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     if not candidates:
         candidates.append({main: ids})
     return candidates
+
+
+def _feature_count(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[int, ...]:
+    """How many features the model's own ``get_image_features`` makes of one image (the placeholder tokens it
+    replaces), or () when it has none or refuses the image alone."""
+    owners = [model, getattr(model, "model", None)]
+    method = next((o.get_image_features for o in owners if hasattr(o, "get_image_features")), None)
+    if method is None:
+        return ()
+    try:
+        with torch.no_grad():
+            features = method(pixel_values=pixels)
+    except Exception:  # noqa: BLE001 - a tower that needs more than the image: the guessed counts follow
+        return ()
+    features = getattr(features, "pooler_output", features)
+    if isinstance(features, (list, tuple)):
+        count = sum(int(f.reshape(-1, f.shape[-1]).shape[0]) for f in features if isinstance(f, torch.Tensor))
+    elif isinstance(features, torch.Tensor) and features.dim() >= 2:
+        count = int(features.reshape(-1, features.shape[-1]).shape[0])
+    else:
+        return ()
+    return (count,) if 0 < count <= 4096 else ()
 
 
 def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:

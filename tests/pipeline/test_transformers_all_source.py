@@ -101,3 +101,21 @@ def test_sizes_a_config_ties_to_another_are_set_from_its_own_check() -> None:
         model(**kwargs)
     assert every._tied_size("`codebook_dim` (512) must equal `hidden_size` (32)", {}) == ("codebook_dim", 32)
     assert every._tied_size("`a.hidden_size` (32) must match `b.hidden_size` (1024)", {}) is None  # no one value
+
+
+def test_the_layers_a_vision_language_model_reads_are_within_its_shrunk_tower() -> None:
+    """VipLLaVA reads its tower's layers (-2, -5, -8, -11, 6): shrunk to two layers, they are brought within its three
+    hidden states, and the model runs with an image, as many placeholder tokens as its own get_image_features makes."""
+    import transformers
+
+    config = every.shrunk("vipllava")
+    states = config.vision_config.num_hidden_layers + 1
+    assert all(-states <= index < states for index in config.vision_feature_layers)
+    model, (_, sample) = every.build("vipllava", "VipLlavaForConditionalGeneration")
+    assert "pixel_values" in sample
+    with torch.no_grad():
+        features = model.model.get_image_features(pixel_values=sample["pixel_values"])
+    features = getattr(features, "pooler_output", features)
+    tokens = int((sample["input_ids"] == config.image_token_id).sum())
+    assert tokens == features.reshape(-1, features.shape[-1]).shape[0]
+    assert isinstance(model, transformers.VipLlavaForConditionalGeneration)
