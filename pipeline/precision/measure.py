@@ -148,9 +148,9 @@ def _session(model: onnx.ModelProto, providers: Sequence[str]) -> ort.InferenceS
     except Exception as error:  # ONNX Runtime refusing the graph itself: said, with the stage, not raw
         raise ConversionError(
             f"ONNX Runtime could not load the graph whose tensors the precision stage measures: {str(error).strip()}",
-            fix="the graph after the passes is one ONNX Runtime cannot run (an op or type it has no kernel for): "
-            "convert with precision='fp32' and validate=False and inspect module.onnx, or add a pass that rewrites "
-            "the node named above",
+            fix="ONNX Runtime has no kernel for the node named above with its types: check the custom passes or "
+            "converters that wrote it (debug_passes=True names the pass after which the graph stops loading); a "
+            "graph the default passes give should always load, so report the model if none of yours is involved",
         ) from error
 
 
