@@ -3,9 +3,10 @@
 A model that turns autocast off around a part of ``forward`` (``with torch.autocast("cuda", enabled=False):``, as
 Z-Image's rotary embedding does to keep its complex arithmetic in float32) is traced by torch.export into a
 ``wrap_with_autocast`` higher-order op whose body is a sub-module. The region is a no-op when it disables autocast
-(the export runs without autocast) or names another device than the sample's (CPU): its ops compute exactly as they
-would outside it. Inlined, the rewrites that read the top-level graph (:mod:`pipeline.exporting.complex_as_real`)
-see its ops. A region that enables autocast on the CPU changes dtypes and is left as traced.
+(the export runs without autocast) or names a device none of the program's tensors is on (``"cuda"`` for a model
+exported on the CPU): its ops compute exactly as they would outside it. Inlined, the rewrites that read the
+top-level graph (:mod:`pipeline.exporting.complex_as_real`) see its ops. A region that enables autocast on a device
+the tensors are on (a model on a GPU) changes dtypes and is left as traced.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ def inline_inert_autocast(program: torch.export.ExportedProgram) -> int:
     """Inline every ``wrap_with_autocast`` of ``program`` that changes nothing (module doc); the number inlined."""
     module = program.graph_module
     graph = module.graph
+    regions = [n for n in graph.nodes if n.op == "call_function" and n.target is wrap_with_autocast]
+    if not regions:
+        return 0
+    values = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+    devices = {value.device.type for value in values if isinstance(value, torch.Tensor)}
     inlined = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not wrap_with_autocast:
-            continue
+    for node in regions:
         device_type, _dtype, enabled, _cache, body, *operands = node.args
-        if enabled and device_type == "cpu":
+        if enabled and device_type in devices:
             continue
         if not isinstance(body, torch.fx.Node) or body.op != "get_attr":
             continue

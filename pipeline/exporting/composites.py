@@ -208,6 +208,10 @@ _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
 }
 
 
+#: Replacements met in every layer of a model: not worth a log line each.
+_PER_LAYER = frozenset({_unchanged_to, _data_as_detach, _contiguous_group_norm})
+
+
 class _StaticComposites(TorchFunctionMode):
     """Calls of the functions in ``_REPLACEMENTS`` go to their static form when it applies, all else to PyTorch
     (``unchanged_to=False``: ``Tensor.to`` too)."""
@@ -224,7 +228,7 @@ class _StaticComposites(TorchFunctionMode):
         if replacement is not None:
             result = replacement(*args, **kwargs)
             if result is not NotImplemented:
-                if replacement not in (_unchanged_to, _data_as_detach, _contiguous_group_norm):  # per layer
+                if replacement not in _PER_LAYER:
                     logger.debug("%s traced through its static form", getattr(func, "__name__", func))
                 return result
         return func(*args, **kwargs)

@@ -175,26 +175,24 @@ _BROADCAST = re.compile(r"Attempting to broadcast a dimension of length \d+")
 #: ... of scaled-dot-product attention's keys or values (its arguments 1 and 2; 3 is the mask).
 _KEY_ARGUMENT = re.compile(r"Mismatching argument at index [12]\b")
 
-#: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
+#: a traced number (a symbolic size or a value read from a tensor) put in a set or used as a dict key
 _UNHASHABLE_SIZE = re.compile(r"unhashable type: .*Sym(Int|Float|Bool)")
+#: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
 
 
 def _inside_torch_assertion(exc: BaseException) -> bool:
-    """Whether ``exc`` is an ``AssertionError`` raised by PyTorch's own prims, references or decompositions (not by
-    the model, nor by an assertion of this package)."""
-    if not isinstance(exc, AssertionError):
-        cause = exc.__cause__ or exc.__context__
-        return cause is not None and cause is not exc and _inside_torch_assertion(cause)
-    innermost = None
-    tb = exc.__traceback__
-    while tb is not None:
-        innermost = tb.tb_frame.f_code.co_filename
-        tb = tb.tb_next
-    torch_dir = os.path.dirname(torch.__file__)
-    return innermost is not None and any(
-        innermost.startswith(os.path.join(torch_dir, part) + os.sep) for part in ("_prims", "_refs", "_decomp")
-    )
+    """Whether ``exc`` or one of its causes is an ``AssertionError`` raised by PyTorch's own prims, references or
+    decompositions (not by the model, nor by an assertion of this package)."""
+    torch_dir = Path(torch.__file__).parent
+    inside = tuple(f"{torch_dir / part}{os.sep}" for part in ("_prims", "_refs", "_decomp"))
+    for error in _chain(exc):
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if isinstance(error, AssertionError) and tb is not None and tb.tb_frame.f_code.co_filename.startswith(inside):
+            return True
+    return False
 
 
 def _where(op: str | None, frame: str | None) -> str | None:
@@ -213,17 +211,23 @@ def model_frame(exc: BaseException) -> str | None:
     return found
 
 
-def _frames(exc: BaseException) -> Iterator[TracebackType]:
-    """Every traceback entry of ``exc`` and of its causes and contexts, outermost first within each."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its causes (or contexts), each once."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        tb = current.__traceback__
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _frames(exc: BaseException) -> Iterator[TracebackType]:
+    """Every traceback entry of ``exc`` and of its causes and contexts, outermost first within each."""
+    for error in _chain(exc):
+        tb = error.__traceback__
         while tb is not None:
             yield tb
             tb = tb.tb_next
-        current = current.__cause__ or current.__context__
 
 
 def is_model_code(filename: str) -> bool:

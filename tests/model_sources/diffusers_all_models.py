@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree  # diffusers registers its output classes
 
 from model_sources import ModelCase
 from model_sources.diffusers_samples import (
@@ -264,19 +265,10 @@ def _build(class_name: str, variant: int) -> tuple[torch.nn.Module, Any]:
         except Exception as exc:  # noqa: BLE001 - the next candidate; the first one's error is reported
             first = first or one_line(exc, 200)
             continue
-        if not any(isinstance(leaf, torch.Tensor) for leaf in _leaves(result)):
+        if not any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(result)):
             raise RuntimeError("forward returns no tensor (a container of other models, or a stub to load weights)")
         return model, ((), sample)
     raise RuntimeError(f"no candidate sample runs: {first}")
-
-
-def _leaves(value: Any) -> list[Any]:
-    """The leaves of a result: tensors in tuples, lists, dicts and diffusers' output classes."""
-    if isinstance(value, dict):  # diffusers' BaseOutput is an OrderedDict
-        return [leaf for item in value.values() for leaf in _leaves(item)]
-    if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in _leaves(item)]
-    return [value]
 
 
 def build(class_name: str) -> tuple[torch.nn.Module, Any]:

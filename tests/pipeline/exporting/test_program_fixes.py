@@ -208,3 +208,32 @@ def test_a_copy_that_broadcasts_its_source_converts_and_matches() -> None:
     module = pipeline.convert(model, x)
     other = torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(module(other), model(other))
+    assert_builds(module)
+
+
+class _TwoAutocastRegions(torch.nn.Module):
+    """One region autocast cannot touch here (CUDA, tensors on the CPU) and one it changes (bfloat16 on the CPU)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast("cuda", enabled=False):
+            inert = x @ x.T
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lowered = x @ x.T
+        return inert, lowered
+
+
+def test_only_autocast_regions_that_change_nothing_are_inlined() -> None:
+    from torch._higher_order_ops.wrap import wrap_with_autocast
+
+    from pipeline.exporting.autocast_regions import inline_inert_autocast
+
+    program = torch.export.export(_TwoAutocastRegions(), (torch.randn(3, 3),), strict=False)
+    regions = [n for n in program.graph.nodes if n.target is wrap_with_autocast]
+    assert [n.args[0] for n in regions] == ["cuda", "cpu"]
+    assert inline_inert_autocast(program) == 1
+    left = [n for n in program.graph.nodes if n.target is wrap_with_autocast]
+    assert [n.args[0] for n in left] == ["cpu"]
+    x = torch.randn(3, 3)
+    inert, lowered = program.module()(x)
+    torch.testing.assert_close(inert, x @ x.T)
+    assert lowered.dtype == torch.bfloat16  # the region that changes dtypes still does
