@@ -88,7 +88,9 @@ def batch_of_two(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for name, value in sample.items():
         if name in batch:
             continue
-        if value.is_floating_point():  # another image for the second prompt
+        if value.shape == ids.shape:  # one per token (M-RoPE's mm_token_type_ids): the prepended tokens are text
+            batch[name] = torch.cat([torch.cat([torch.zeros_like(pad), value], 1)] * 2).to(value.dtype)
+        elif value.is_floating_point():  # another image for the second prompt
             batch[name] = torch.cat([value, torch.randn(value.shape, generator=generator)])
         else:
             batch[name] = torch.cat([value, value])

@@ -43,10 +43,13 @@ from pipeline.generation.conversion import (
     special_tokens,
     step_precision_io,
 )
+from pipeline.generation.image_positions import image_positions
+from pipeline.generation.known_values import KnownValues
 from pipeline.generation.generate_scores import greedy_options, judged_logits, prompt_tokens, with_decoding
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.generation.layout import past_name
+from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES, VisionLanguageModule
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
@@ -99,9 +102,10 @@ class ImageFeatures(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The image's features in the text embedding space."""
-        # as Python values: a tensor constant is still data to torch.export, which cannot decide shapes from it
-        fixed = {name: value.tolist() for name, value in self.fixed.items()}
-        return image_features(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+        # known while tracing: a tensor constant is still data to torch.export, which cannot decide shapes from it
+        with KnownValues() as known:
+            fixed = {name: known.tensor(value) for name, value in self.fixed.items()}
+            return image_features(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
 
 
 def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -204,6 +208,9 @@ def convert_vision_language(
     with torch.no_grad():
         features = _features_of(model, vision)
         layout, vocabulary = _layout(model, text, vision)
+    positions = image_positions(model, {**text, **vision}, token)
+    if positions is not None:
+        logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
     listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
@@ -225,7 +232,7 @@ def convert_vision_language(
         generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
     step = VisionLanguageStep(model, len(layout), uses_attention_interface(model), listed, token, typed)
     step = step.train(model.training)
-    step_sample, dims = _step_sample(text, features, layout, generation)
+    step_sample, dims = _step_sample(text, features, layout, generation, positions)
     step_settings = dataclasses.replace(
         settings,
         generation=generation,
@@ -242,7 +249,7 @@ def convert_vision_language(
     logger.info("vision-language: converting the text step (cache of %d tokens)", generation.max_length)
     step_module = stages(step, step_sample, step_settings, generation_converters(registry))
     embedding = _token_embedding(model, token, hidden)
-    module = VisionLanguageModule(vision_module, step_module, token, embedding, fixed)
+    module = VisionLanguageModule(vision_module, step_module, token, embedding, fixed, positions)
     if settings.validate:
         _validate_greedy(model, module, text, vision, step_settings)
     return module
@@ -334,7 +341,10 @@ def _sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch
             )
         text[TOKEN_TYPES] = types.to(torch.int64)
     taken = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
-    others = [name for name in kwargs if name not in TEXT_INPUTS]
+    for name, value in kwargs.items():  # per-token inputs of the model's own (M-RoPE's mm_token_type_ids)
+        if name not in (*TEXT_INPUTS, *taken) and value.shape == ids.shape and not value.is_floating_point():
+            text[name] = value
+    others = [name for name in kwargs if name not in (*TEXT_INPUTS, *text)]
     refused = sorted(name for name in others if name not in taken)
     if refused:
         raise InputError(
@@ -343,19 +353,13 @@ def _sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch
             fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(n for n in taken if n != 'kwargs')})",
         )
     vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
-    images = {int(value.shape[0]) for value in vision.values()}
-    if len(images) != 1:
-        raise InputError(
-            f"the sample's image inputs have different leading sizes {sorted(images)}: the vision graph takes one "
-            "image per leading row of every image input (inputs of flattened patches, Qwen2-VL's, are not supported)",
-            fix="pass the processor's pixel_values and their companions for the same images",
-        )
+    image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here
     return text, vision
 
 
 def _image(vision: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, ...]:
     """The vision inputs of one image (the vision graph's batch of one)."""
-    return tuple(value[index : index + 1] for value in vision.values())
+    return tuple(image_rows(vision)[index].values())
 
 
 def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:
@@ -367,11 +371,8 @@ def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:
 
 def _features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> torch.Tensor:
     """Every image's features, one image at a time (as the vision graph runs), joined in order [tokens, hidden]."""
-    count = next(iter(vision.values())).shape[0]
     try:
-        return torch.cat(
-            [image_features(model, {n: v[i : i + 1] for n, v in vision.items()}) for i in range(count)], dim=0
-        )
+        return torch.cat([image_features(model, image) for image in image_rows(vision)], dim=0)
     except InputError:
         raise
     except Exception as error:  # noqa: BLE001 - the model refusing one image at a time: said with its cause
@@ -403,9 +404,10 @@ def _step_sample(
     features: torch.Tensor,
     layout: list[tuple[int, int, torch.dtype]],
     generation: GenerationSettings,
+    laid: ImagePositions | None = None,
 ) -> tuple[Any, tuple[DynamicDim, ...]]:
     """The step's sample (the sample's prompts prefilled with their image features) and its dynamic dimensions: the
-    batch, the sequence and the image tokens."""
+    batch, the sequence and the image tokens. With ``laid``, positions have an axis dimension first."""
     ids, mask, types = text["input_ids"], text["attention_mask"], text.get(TOKEN_TYPES)
     if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
         ids, mask, features = ids.expand(2, -1).clone(), mask.expand(2, -1).clone(), features.repeat(2, 1)
@@ -414,7 +416,7 @@ def _step_sample(
     capacity = generation.max_length
     full = torch.zeros(rows, capacity, dtype=torch.int64)
     full[:, :steps] = mask
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if laid is None else laid.prompt(ids, mask)
     past = [torch.zeros(rows, heads, capacity, dim, dtype=dtype) for heads, dim, dtype in layout for _ in range(2)]
     typed = [types] if types is not None else []
     sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *typed, *past), {})
@@ -422,10 +424,11 @@ def _step_sample(
     names += [past_name(i, kind) for i in range(len(layout)) for kind in ("key", "value")]
     longest = generation.max_prompt or capacity
     dims: list[DynamicDim] = []
+    axis = {"position_ids": 0 if laid is None else 1}  # the positions' batch axis
     if generation.max_batch >= 2:
-        dims += [DynamicDim(name, 0, "batch", 1, rows, generation.max_batch) for name in names]
+        dims += [DynamicDim(name, axis.get(name, 0), "batch", 1, rows, generation.max_batch) for name in names]
     sequences = ("input_ids", "position_ids", *([TOKEN_TYPES] if typed else []))
-    dims += [DynamicDim(name, 1, "sequence", 1, steps, longest) for name in sequences]
+    dims += [DynamicDim(name, axis.get(name, 0) + 1, "sequence", 1, steps, longest) for name in sequences]
     most = max(longest * generation.max_batch, features.shape[0])
     dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, int(features.shape[0]), most))
     return sample, tuple(dims)

@@ -55,6 +55,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "pegasus_x": {"block_size": 4, "num_global_tokens": 4},
 }
 
+#: Sizes of vision towers named their own way (Qwen2-VL's 32 blocks of 1280), beyond ``SMALL``.
+TOWER: dict[str, Any] = {"depth": 2, "embed_dim": 32}
+
 #: Config attributes that state how many placeholder tokens an image takes (Gemma 3's 256 per image, PaliGemma's and
 #: Chameleon's sequence length, BLIP-2's query tokens), tried before the counts read from the vision tower's grid.
 DECLARED_IMAGE_TOKENS = (
@@ -161,7 +164,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     token id outside the small vocabulary moved to its last ids; M-RoPE sections scaled to the small head size. A size
     the config's own validation ties to another (:func:`_tied_size`) is set to match it, up to four times."""
     _name, sizes, kept = VARIANTS[variant]
-    values = {k: v for k, v in SMALL.items() if k not in kept} | sizes
+    values = {k: v for k, v in SMALL.items() if k not in kept} | TOWER | sizes
 
     def make(kind: str, extra: dict[str, Any] | None = None) -> Any:
         cls = _transformers().CONFIG_MAPPING[kind]
@@ -194,7 +197,17 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         _scale_sections(owner)
     _fit_image_tokens(config)
     _fit_feature_layers(config)
+    _fit_tower_output(config)
     return config
+
+
+def _fit_tower_output(config: Any) -> None:
+    """A vision tower's output width (``out_hidden_size``: Qwen2.5-VL's merger projects to the text model's width)
+    set to the shrunk text model's width."""
+    vision, text = getattr(config, "vision_config", None), getattr(config, "text_config", None)
+    width = getattr(text, "hidden_size", None)
+    if isinstance(getattr(vision, "out_hidden_size", None), int) and isinstance(width, int):
+        vision.out_hidden_size = width
 
 
 #: Config attributes naming the vision tower's layers whose outputs a multimodal model reads.
@@ -335,12 +348,16 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
             grid = max(1, side // patch)
             declared = [_attribute(config, name) for name in DECLARED_IMAGE_TOKENS]
             declared = [int(count) for count in declared if isinstance(count, int) and 0 < count <= 4096]
-            measured = _feature_count(model, pixels)
+            flattened = _flattened_patches(model, config)
+            images = {"pixel_values": pixels} if flattened is None else flattened
+            measured = _feature_count(model, images)
             counts = (*measured, *declared, grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)
             for count in dict.fromkeys(counts):
                 with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
                 mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
-                candidates.append({**text, "input_ids": with_image, **mask, "pixel_values": pixels})
+                if "mm_token_type_ids" in parameters:  # which tokens are image tokens (M-RoPE's positions read it)
+                    mask["mm_token_type_ids"] = (with_image == int(placeholder)).to(torch.int32)
+                candidates.append({**text, "input_ids": with_image, **mask, **images})
                 if "image_sizes" in parameters:  # an optional input some towers need (Pixtral's), others refuse
                     sizes = torch.tensor([[side, side]])
                     candidates.append({**candidates[-1], "image_sizes": sizes})
@@ -358,16 +375,38 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     return candidates
 
 
-def _feature_count(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[int, ...]:
+def _image_features_method(model: torch.nn.Module) -> Any:
+    owners = [model, getattr(model, "model", None)]
+    return next((o.get_image_features for o in owners if hasattr(o, "get_image_features")), None)
+
+
+def _flattened_patches(model: torch.nn.Module, config: Any) -> dict[str, torch.Tensor] | None:
+    """One image as a tower of flattened patches takes it (Qwen2-VL's and its descendants': ``pixel_values`` [patches,
+    channels * frames * patch * patch] and the ``image_grid_thw`` [1, 3] of frames, rows and columns of patches), for
+    a model whose ``get_image_features`` takes a ``*grid_thw``; None for any other."""
+    method = _image_features_method(model)
+    grids = [n for n in inspect.signature(method).parameters if n.endswith("grid_thw")] if method else []
+    if not grids:
+        return None
+    vision = getattr(config, "vision_config", None) or config
+    patch = int(getattr(vision, "patch_size", 8) or 8)
+    frames = int(getattr(vision, "temporal_patch_size", 1) or 1)
+    channels = int(_attribute(vision, "in_channels", "num_channels", "in_chans", default=3) or 3)
+    merge = int(getattr(vision, "spatial_merge_size", 1) or 1)
+    side = 2 * merge  # rows and columns of patches: two merged tokens each way
+    pixels = torch.randn(side * side, channels * frames * patch * patch, generator=seeded())
+    return {"pixel_values": pixels, grids[0]: torch.tensor([[1, side, side]])}
+
+
+def _feature_count(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> tuple[int, ...]:
     """How many features the model's own ``get_image_features`` makes of one image (the placeholder tokens it
     replaces), or () when it has none or refuses the image alone."""
-    owners = [model, getattr(model, "model", None)]
-    method = next((o.get_image_features for o in owners if hasattr(o, "get_image_features")), None)
+    method = _image_features_method(model)
     if method is None:
         return ()
     try:
         with torch.no_grad():
-            features = method(pixel_values=pixels)
+            features = method(**images)
     except Exception:  # noqa: BLE001 - a tower that needs more than the image: the guessed counts follow
         return ()
     features = getattr(features, "pooler_output", features)

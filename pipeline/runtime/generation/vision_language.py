@@ -25,6 +25,7 @@ import torch
 
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
+from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.layout import STEP_INPUTS, past_name, present_name
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
@@ -37,6 +38,8 @@ IMAGE_FEATURES = "image_features"
 #: Gemma 3's and PaliGemma's token types (1 at image tokens): the prefill's image tokens attend to each other both
 #: ways; a step converted from a sample with them takes them after the image features.
 TOKEN_TYPES = "token_type_ids"
+#: Which tokens of the prompt are images (M-RoPE models' processors give it; the module reads the image tokens).
+MODALITIES = "mm_token_type_ids"
 #: The files of a saved vision-language directory.
 VISION_FILE, STEP_FILE, META_FILE = "vision.ptrt", "step.ptrt", "vision_language.json"
 
@@ -59,6 +62,7 @@ class VisionLanguageModule(TwoGraphModule):
         image_token_id: int | None,
         token_embedding: torch.Tensor | None = None,
         fixed_inputs: dict[str, torch.Tensor] | None = None,
+        positions: ImagePositions | None = None,
     ) -> None:
         super().__init__()
         self.vision = vision
@@ -67,6 +71,8 @@ class VisionLanguageModule(TwoGraphModule):
         #: image inputs the vision graph holds at one image's values (LLaVA-NeXT's ``image_sizes``): each image's
         #: must be the same
         self.fixed_inputs = dict(fixed_inputs or {})
+        #: how the prompt's positions are laid out on several axes (M-RoPE: Qwen2-VL's), None for one axis
+        self.positions = positions
         generation = step.settings.generation
         step_inputs = tuple(spec.name for spec in step.io.inputs)
         if generation is None or IMAGE_FEATURES not in step_inputs or not set(STEP_INPUTS) <= set(step_inputs):
@@ -155,6 +161,7 @@ class VisionLanguageModule(TwoGraphModule):
                 "image_token_id": self.image_token_id,
                 "token_embedding": self.token_embedding.float().tolist(),
                 "fixed_inputs": fixed,
+                "positions": self.positions.to_json() if self.positions is not None else None,
             }
             (staging / META_FILE).write_text(json.dumps(meta))
 
@@ -172,6 +179,7 @@ class VisionLanguageModule(TwoGraphModule):
         ids = input_ids if input_ids is not None else given
         mask = options.pop("attention_mask", None)
         types = options.pop(TOKEN_TYPES, None)
+        modalities = options.pop(MODALITIES, None)
         if types is not None and TOKEN_TYPES not in self._step_inputs:
             raise InputError(
                 "token_type_ids given, but the module was converted from a sample without them (its step takes none)",
@@ -189,6 +197,8 @@ class VisionLanguageModule(TwoGraphModule):
                 fix=f"pass module.generate(input_ids, attention_mask=..., {missing[0]}=...) as to model.generate",
             )
         prompt, prompt_mask = self._prompt(ids, mask)
+        if modalities is not None:
+            self._check_modalities(prompt, modalities)
         if types is not None:
             types = torch.as_tensor(types).cpu().to(torch.int64)
             if types.shape != prompt.shape:
@@ -198,6 +208,23 @@ class VisionLanguageModule(TwoGraphModule):
                 )
             images = {**images, TOKEN_TYPES: types}
         return prompt, prompt_mask, images, options
+
+    def _check_modalities(self, ids: torch.Tensor, modalities: Any) -> None:
+        """The processor's ``mm_token_type_ids`` (which tokens are images, M-RoPE's) must mark the image tokens: the
+        module reads them from ``input_ids``, and places no other modality (video)."""
+        given = torch.as_tensor(modalities).cpu()
+        if given.shape != ids.shape:
+            raise InputError(
+                f"{MODALITIES} are {list(given.shape)}, the input_ids {list(ids.shape)}",
+                fix=f"pass the processor's {MODALITIES} with its input_ids (one per token)",
+            )
+        images = ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=bool)
+        if not torch.equal(given != 0, images):
+            raise InputError(
+                f"{MODALITIES} mark tokens other than the image tokens ({self.image_token_id}): the module places "
+                "images only (no video or audio)",
+                fix="pass prompts whose only media are images",
+            )
 
     def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompt rows on the CPU as int64 and their mask (the decoder-only module's checks)."""
@@ -238,22 +265,16 @@ class VisionLanguageModule(TwoGraphModule):
     def _features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """Every image's features [image tokens, hidden], the vision graph run once per image."""
         specs = {spec.name: spec for spec in self.vision.io.inputs}
-        values = []
-        for name in self._vision_inputs:
+        values = {}
+        for name in (*self._vision_inputs, *self.fixed_inputs):
             value = images[name]
             if not isinstance(value, torch.Tensor) or value.dim() == 0:
                 raise InputError(f"{name} must be a tensor with one leading row per image", fix="pass the processor's")
-            values.append(value.cpu().to(specs[name].torch_dtype))
-        count = {int(value.shape[0]) for value in values}
-        if len(count) != 1:
-            raise InputError(
-                f"the image inputs have different numbers of images {sorted(count)}",
-                fix="pass the processor's image inputs for the same images",
-            )
+            values[name] = value.cpu().to(specs[name].torch_dtype if name in specs else value.dtype)
         pieces = []
-        for index in range(count.pop()):
-            image = [value[index : index + 1] for value in values]
-            self._check_fixed(images, index)
+        for index, cut in enumerate(image_rows(values)):
+            image = [cut[name] for name in self._vision_inputs]
+            self._check_fixed(cut, index)
             for spec, value in zip(self.vision.io.inputs, image, strict=True):
                 expected = tuple(spec.shape)
                 if all(isinstance(d, int) for d in expected) and tuple(value.shape) != expected:
@@ -267,12 +288,11 @@ class VisionLanguageModule(TwoGraphModule):
             return torch.zeros(0, self._hidden, dtype=self._features_dtype)
         return torch.cat(pieces, dim=0).to(self._features_dtype)
 
-    def _check_fixed(self, images: dict[str, torch.Tensor], index: int) -> None:
+    def _check_fixed(self, image: dict[str, torch.Tensor], index: int) -> None:
         for name, fixed in self.fixed_inputs.items():
-            value = images[name]
-            given = value[index : index + 1] if isinstance(value, torch.Tensor) and value.dim() else value
-            if not isinstance(given, torch.Tensor) or not torch.equal(given.cpu().to(fixed.dtype), fixed):
-                shown = given.tolist() if isinstance(given, torch.Tensor) else given
+            given = image[name]
+            if given.shape != fixed.shape or not torch.equal(given.to(fixed.dtype), fixed):
+                shown = given.tolist()
                 raise InputError(
                     f"{name} of image {index} is {shown}, but the vision graph was converted for {fixed.tolist()} "
                     "(the model's tower decides shapes from it)",
@@ -311,8 +331,7 @@ class _Feed:
         self.capacity = module._cache_shapes[0][1]
         self.mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
         self.mask[:, : self.prompt] = mask.repeat_interleave(expand, dim=0)
-        positions = (self.mask[:, : self.prompt].cumsum(-1) - 1).masked_fill(self.mask[:, : self.prompt] == 0, 1)
-        self.next_position = positions[:, -1:] + 1
+        self.next_position = _prompt_positions(module, self.ids, self.mask[:, : self.prompt])[1]
         self.cache: list[torch.Tensor] = []
         self.length = 0
         # a decode step's features: as many rows as rows may generate the image token, each its own embedding
@@ -329,7 +348,7 @@ class _Feed:
         ]
         mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
         mask[:, : self.prompt] = self.prompt_mask
-        positions = (self.prompt_mask.cumsum(-1) - 1).masked_fill(self.prompt_mask == 0, 1)
+        positions = _prompt_positions(self.module, self.prompts, self.prompt_mask)[0]
         features = self.features if self.features.shape[0] else self.no_features[:1]
         logits = self._run(self.prompts, mask, positions, features, self.types)
         if self.expand > 1:
@@ -346,7 +365,10 @@ class _Feed:
             )
         self.mask[:, self.length] = 1
         zeros = torch.zeros_like(tokens[:, None]) if self.types is not None else None
-        logits = self._run(tokens[:, None], self.mask, self.next_position, self.no_features, zeros)
+        positions = self.next_position
+        if self.module.positions is not None:  # a new token is text: the same position on every axis
+            positions = positions.unsqueeze(0).expand(self.module.positions.axes, -1, -1)
+        logits = self._run(tokens[:, None], self.mask, positions, self.no_features, zeros)
         self.next_position = self.next_position + 1
         return logits
 
@@ -380,6 +402,18 @@ class _Feed:
         return by_name["logits"].float()
 
 
+def _prompt_positions(
+    module: VisionLanguageModule, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts' positions ([rows, tokens], or [axes, rows, tokens] laid out by the module's image positions) and
+    each row's next position [rows, 1]."""
+    if module.positions is None:
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        return positions, positions[:, -1:] + 1
+    laid = module.positions.prompt(ids, mask)
+    return laid, ImagePositions.next_positions(laid, mask)
+
+
 def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> VisionLanguageModule:
     """The module saved in ``path`` by :meth:`VisionLanguageModule.save`, each artifact read by ``load``
     (:func:`pipeline.runtime.loading.load` with its options)."""
@@ -397,10 +431,12 @@ def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> Visio
             str(name): torch.tensor(value, dtype=getattr(torch, str(dtype)))
             for name, (dtype, value) in meta.get("fixed_inputs", {}).items()
         }
+        laid = meta.get("positions")
+        positions = ImagePositions.from_json(laid) if laid is not None else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
         raise ArtifactError(
             f"{path / META_FILE} is not the JSON VisionLanguageModule.save writes: {type(error).__name__}: {error}",
             fix="save the module again",
         ) from None
     vision, step = (load(path / name) for name in (VISION_FILE, STEP_FILE))
-    return VisionLanguageModule(vision, step, token if isinstance(token, int) else None, embedding, fixed)
+    return VisionLanguageModule(vision, step, token if isinstance(token, int) else None, embedding, fixed, positions)
