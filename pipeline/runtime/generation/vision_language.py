@@ -219,10 +219,10 @@ class VisionLanguageModule(TwoGraphModule):
                 fix=f"pass the processor's {MODALITIES} with its input_ids (one per token)",
             )
         images = ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=bool)
-        if not torch.equal(given != 0, images):
+        if not torch.equal(given.to(torch.int64), images.to(torch.int64)):  # transformers' types: text 0, image 1
             raise InputError(
-                f"{MODALITIES} mark tokens other than the image tokens ({self.image_token_id}): the module places "
-                "images only (no video or audio)",
+                f"{MODALITIES} mark tokens other than the image tokens ({self.image_token_id}) or as another "
+                "modality than images (1): the module places images only (no video or audio)",
                 fix="pass prompts whose only media are images",
             )
 
