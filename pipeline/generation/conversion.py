@@ -20,7 +20,7 @@ from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep, uses_attention_interface
-from pipeline.runtime.generation.layout import past_name
+from pipeline.runtime.generation.layout import CachedLayer, past_name
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
 
@@ -59,9 +59,7 @@ def prepare_step(
     mask = torch.zeros(batch, capacity, dtype=torch.int64)
     mask[:, :steps] = 1
     positions = torch.arange(steps).unsqueeze(0).expand(batch, -1).clone()
-    past = []
-    for heads, dim, dtype in layout:
-        past += [torch.zeros(batch, heads, capacity, dim, dtype=dtype) for _ in ("key", "value")]
+    past = [tensor for layer in layout for tensor in layer.storage(batch, capacity)]
     step_sample: Any = ((ids, mask, positions, torch.tensor(0, dtype=torch.int64), *past), {})
     dims = _dynamic_dims(len(layout), batch, steps, generation.max_batch, generation.max_prompt or capacity)
     opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)
@@ -154,7 +152,7 @@ def check_sample_fits(input_ids: torch.Tensor, generation: GenerationSettings, v
         )
 
 
-def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[tuple[int, int, torch.dtype]], int]:
+def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[CachedLayer], int]:
     """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens, and
     the vocabulary (the width of the logits of that run)."""
     try:
@@ -171,8 +169,8 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list
     return layout_of(model, out)
 
 
-def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[tuple[int, int, torch.dtype]], int]:
-    """(kv_heads, head_dim, dtype) of every cached layer of the cache in ``out`` (the model's output with
+def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[CachedLayer], int]:
+    """The heads, key and value widths and dtype of every cached layer of the cache in ``out`` (the model's output with
     ``use_cache=True``) and the vocabulary (the width of its logits); an InputError for a cache the step cannot
     hold."""
     cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
@@ -191,12 +189,13 @@ def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[tuple[int, int, to
                 "(linear attention or a state-space layer)",
                 fix="generation= supports attention caches [batch, heads, tokens, dim]; convert without it",
             )
-        if values.shape[-1] != keys.shape[-1]:
+        if values.shape[1] != keys.shape[1] or values.dtype != keys.dtype:
             raise InputError(
-                f"cache layer {i} has key dim {keys.shape[-1]} but value dim {values.shape[-1]}",
-                fix="generation= supports equal key and value head dims",
+                f"cache layer {i} of {type(model).__name__} holds keys of {keys.shape[1]} heads ({keys.dtype}) but "
+                f"values of {values.shape[1]} ({values.dtype})",
+                fix="generation= supports caches whose keys and values have the same heads and dtype",
             )
-        layout.append((int(keys.shape[1]), int(keys.shape[-1]), keys.dtype))
+        layout.append(CachedLayer.of(keys, values))
     logits = getattr(out, "logits", None)
     vocabulary = getattr(getattr(model, "config", None), "vocab_size", None)
     if isinstance(logits, torch.Tensor) and logits.dim() >= 1:

@@ -46,7 +46,7 @@ from pipeline.runtime.generation.encoder_decoder import (
     cross_names,
     model_option_names,
 )
-from pipeline.runtime.generation.layout import past_name, present_name
+from pipeline.runtime.generation.layout import CachedLayer, past_name, present_name
 from pipeline.runtime.generation.options import is_default
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
@@ -110,9 +110,7 @@ def convert_encoder_decoder(
     step = step.train(model.training)
     mask = inputs.get("attention_mask") if tokens else None
     encoder_mask = mask.to(torch.int64) if mask is not None else torch.ones(rows, layout.source, dtype=torch.int64)
-    past = []
-    for heads, dim, dtype in layout.self_layers:
-        past += [torch.zeros(rows, heads, generation.max_length, dim, dtype=dtype) for _ in ("key", "value")]
+    past = [tensor for layer in layout.self_layers for tensor in layer.storage(rows, generation.max_length)]
     states = [*past, *(cross[name] for name in cross_names(layout.layers))]
     start_ids = torch.full((rows, 1), start, dtype=torch.int64)
     step_sample: Any = ((start_ids, encoder_mask, torch.tensor(0, dtype=torch.int64), *states), {})
@@ -193,7 +191,7 @@ def _check_static_cache(
 @dataclasses.dataclass(frozen=True)
 class _Layout:
     layers: int
-    self_layers: tuple[tuple[int, int, torch.dtype], ...]
+    self_layers: tuple[CachedLayer, ...]
     source: int  # the encoder's output length for the sample
     hidden: int  # the encoder output's width
     vocabulary: int
@@ -306,12 +304,13 @@ def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int)
                 f"decoder layer {i} of {type(model).__name__} has no 4-D attention caches",
                 fix="generation= supports attention caches [batch, heads, tokens, dim]; convert without it",
             )
-        if tensors[0].shape[-1] != tensors[1].shape[-1]:
+        if tensors[0].shape[1] != tensors[1].shape[1]:
             raise InputError(
-                f"decoder layer {i} has key dim {tensors[0].shape[-1]} but value dim {tensors[1].shape[-1]}",
-                fix="generation= supports equal key and value head dims",
+                f"decoder layer {i} of {type(model).__name__} caches keys of {tensors[0].shape[1]} heads but values "
+                f"of {tensors[1].shape[1]}",
+                fix="generation= supports caches whose keys and values have the same heads",
             )
-        self_layers.append((int(tensors[0].shape[1]), int(tensors[0].shape[-1]), tensors[0].dtype))
+        self_layers.append(CachedLayer.of(tensors[0], tensors[1]))
         source = int(theirs.keys.shape[-2])
     hidden = getattr(out, "encoder_last_hidden_state", None)
     if not isinstance(hidden, torch.Tensor):

@@ -40,9 +40,7 @@ def decoder_positions(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.T
     return found if isinstance(found, torch.Tensor) else None
 
 
-def image_positions(
-    model: torch.nn.Module, inputs: dict[str, Any], image_token: int | None
-) -> ImagePositions | None:
+def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token: int | None) -> ImagePositions | None:
     """The model's image positions read from its own on ``inputs`` (the sample: ``input_ids``, ``attention_mask``
     and the image inputs), or None when its positions have one axis."""
     positions = decoder_positions(model, inputs)

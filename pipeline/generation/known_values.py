@@ -33,9 +33,7 @@ class KnownValues(TorchFunctionMode):
         self._known[id(known)] = known
         return known
 
-    def __torch_function__(
-        self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if tensors and all(id(t) in self._known for t in tensors):

@@ -157,7 +157,9 @@ def _decomposed_attention(ctx: ConverterContext, bias: gs.Tensor | None = None) 
     lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
     scores = ctx.op.Where(ctx.op.Unsqueeze(mask, _ints(ctx, 2)), scores, lowest)
     out = ctx.op.MatMul(ctx.op.Softmax(scores, axis=-1), v)
-    return ctx.op.Reshape(out, q_shape)
+    # [B, Hq, S, value width]: a value may be narrower than a query (multi-head latent attention's 128 against 192)
+    width = ctx.op.Slice(ctx.op.Shape(value), _ints(ctx, 3), _ints(ctx, 4))
+    return ctx.op.Reshape(out, ctx.op.Concat(ctx.op.Slice(q_shape, _ints(ctx, 0), _ints(ctx, 3)), width, axis=0))
 
 
 def _ints(ctx: ConverterContext, *values: int) -> gs.Constant:

@@ -43,13 +43,13 @@ from pipeline.generation.conversion import (
     special_tokens,
     step_precision_io,
 )
+from pipeline.generation.generate_scores import greedy_options, judged_logits, prompt_tokens, with_decoding
 from pipeline.generation.image_positions import image_positions
 from pipeline.generation.known_values import KnownValues
-from pipeline.generation.generate_scores import greedy_options, judged_logits, prompt_tokens, with_decoding
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
-from pipeline.runtime.generation.layout import past_name
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
+from pipeline.runtime.generation.layout import CachedLayer, past_name
 from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES, VisionLanguageModule
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
@@ -385,8 +385,8 @@ def _features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> tor
 
 def _layout(
     model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
-) -> tuple[list[tuple[int, int, torch.dtype]], int]:
-    """(kv_heads, head_dim, dtype) of every cached layer, from the cache the model builds on the sample, and the
+) -> tuple[list[CachedLayer], int]:
+    """The cached layers, from the cache the model builds on the sample, and the
     vocabulary (the width of the logits)."""
     try:
         out = model(**text, **vision, use_cache=True)
@@ -402,7 +402,7 @@ def _layout(
 def _step_sample(
     text: dict[str, torch.Tensor],
     features: torch.Tensor,
-    layout: list[tuple[int, int, torch.dtype]],
+    layout: list[CachedLayer],
     generation: GenerationSettings,
     laid: ImagePositions | None = None,
 ) -> tuple[Any, tuple[DynamicDim, ...]]:
@@ -417,7 +417,7 @@ def _step_sample(
     full = torch.zeros(rows, capacity, dtype=torch.int64)
     full[:, :steps] = mask
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if laid is None else laid.prompt(ids, mask)
-    past = [torch.zeros(rows, heads, capacity, dim, dtype=dtype) for heads, dim, dtype in layout for _ in range(2)]
+    past = [tensor for layer in layout for tensor in layer.storage(rows, capacity)]
     typed = [types] if types is not None else []
     sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *typed, *past), {})
     names = ["input_ids", "attention_mask", "position_ids", *([TOKEN_TYPES] if typed else [])]

@@ -31,6 +31,28 @@ def present_name(layer: int, kind: str) -> str:
 
 
 @dataclass(frozen=True)
+class CachedLayer:
+    """One cached attention layer as the model writes it: its key-value heads, the widths of a key and of a value
+    (equal in most models; multi-head latent attention's keys are wider: DeepSeek-V3's 192 against 128) and dtype."""
+
+    heads: int
+    key_dim: int
+    value_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, keys: torch.Tensor, values: torch.Tensor) -> CachedLayer:
+        """The layer of a cache's 4-D ``keys`` and ``values`` [batch, heads, tokens, width]."""
+        return cls(int(keys.shape[1]), int(keys.shape[-1]), int(values.shape[-1]), keys.dtype)
+
+    def storage(self, rows: int, capacity: int) -> list[torch.Tensor]:
+        """The layer's static key and value storage of ``capacity`` tokens, zeros."""
+        return [
+            torch.zeros(rows, self.heads, capacity, width, dtype=self.dtype) for width in (self.key_dim, self.value_dim)
+        ]
+
+
+@dataclass(frozen=True)
 class CacheLayout:
     """The cache inputs of a step graph: per tensor its name, shape after the batch axis, and dtype."""
 

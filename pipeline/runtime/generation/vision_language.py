@@ -218,7 +218,9 @@ class VisionLanguageModule(TwoGraphModule):
                 f"{MODALITIES} are {list(given.shape)}, the input_ids {list(ids.shape)}",
                 fix=f"pass the processor's {MODALITIES} with its input_ids (one per token)",
             )
-        images = ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=bool)
+        images = (
+            ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=torch.bool)
+        )
         if not torch.equal(given.to(torch.int64), images.to(torch.int64)):  # transformers' types: text 0, image 1
             raise InputError(
                 f"{MODALITIES} mark tokens other than the image tokens ({self.image_token_id}) or as another "

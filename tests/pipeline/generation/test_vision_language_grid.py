@@ -41,7 +41,9 @@ def qwen2_vl() -> Any:
     vision = transformers.Qwen2VLVisionConfig(
         depth=1, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8, temporal_patch_size=2, spatial_merge_size=2
     )
-    config = transformers.Qwen2VLConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_id=IMAGE)
+    config = transformers.Qwen2VLConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_id=IMAGE
+    )
     make = lambda: transformers.Qwen2VLForConditionalGeneration(config)  # noqa: E731
     return tiny_models.lively(make, 0, 0.3, keep_eos=False)
 
