@@ -394,8 +394,20 @@ def _flattened_patches(model: torch.nn.Module, config: Any) -> dict[str, torch.T
     channels = int(_attribute(vision, "in_channels", "num_channels", "in_chans", default=3) or 3)
     merge = int(getattr(vision, "spatial_merge_size", 1) or 1)
     side = 2 * merge  # rows and columns of patches: two merged tokens each way
-    pixels = torch.randn(side * side, channels * frames * patch * patch, generator=seeded())
-    return {"pixel_values": pixels, grids[0]: torch.tensor([[1, side, side]])}
+    grid = {grids[0]: torch.tensor([[1, side, side]])}
+    count = side * side
+    layouts = (  # as the tower reads its patches: flattened (with its frames, or two), or as small images
+        (count, channels * frames * patch * patch),
+        (count, channels * 2 * patch * patch),
+        (count, channels, patch, patch),
+        (count, channels, frames, patch, patch),
+        (1, count, channels, patch, patch),
+    )
+    for layout in dict.fromkeys(layouts):
+        images = {"pixel_values": torch.randn(*layout, generator=seeded()), **grid}
+        if _feature_count(model, images):
+            return images
+    return {"pixel_values": torch.randn(*layouts[0], generator=seeded()), **grid}
 
 
 def _feature_count(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> tuple[int, ...]:
@@ -441,10 +453,19 @@ def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:
     raise RuntimeError(f"{class_name} does not run eagerly from a small config: " + " || ".join(errors))
 
 
-def _build(model_type: str, class_name: str, variant: int) -> tuple[torch.nn.Module, Any]:
+#: transformers' error for M-RoPE sections a model's code defaults to (GLM-4V's 8 + 12 + 12) that the head does not fit.
+SECTIONS_ERROR = re.compile(r"split_sizes to sum exactly to (\d+) .*but got split_sizes=\[([\d, ]+)\]")
+
+
+def _build(
+    model_type: str, class_name: str, variant: int, sections: list[int] | None = None
+) -> tuple[torch.nn.Module, Any]:
     import transformers
 
     config = shrunk(model_type, variant)
+    for owner in _configs(config) if sections else ():  # the code's default sections, scaled to the small head
+        if isinstance(getattr(owner, "rope_parameters", None), dict):
+            owner.rope_parameters["mrope_section"] = sections
     cls = getattr(transformers, class_name)
     with torch.device("meta"):  # counted before a byte is allocated: a shrink that is not small is refused
         size = sum(p.numel() for p in cls(config).parameters())
@@ -459,12 +480,23 @@ def _build(model_type: str, class_name: str, variant: int) -> tuple[torch.nn.Mod
             with torch.no_grad(), UngroupedKeys() as keys:
                 model(**sample)
         except Exception as exc:  # noqa: BLE001 - the next candidate; all of them are reported when none runs
+            found = SECTIONS_ERROR.search(str(exc))
+            if found and sections is None:
+                return _build(model_type, class_name, variant, _scaled(found[2], int(found[1])))
             errors.append(f"{sorted(sample)}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
             continue
         if keys.found:  # not a config a checkpoint has: the next shrink (key-value heads = heads) is
             raise RuntimeError(keys.found)
         return model, ((), sample)
     raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
+
+
+def _scaled(sections: str, total: int) -> list[int]:
+    """Sections (``"8, 12, 12"``) scaled to sum to ``total``, each at least 1."""
+    values = [int(x) for x in sections.split(",")]
+    scaled = [max(1, round(x * total / sum(values))) for x in values]
+    scaled[0] += total - sum(scaled)
+    return scaled
 
 
 class UngroupedKeys(torch.overrides.TorchFunctionMode):
