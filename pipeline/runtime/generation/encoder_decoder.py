@@ -22,10 +22,11 @@ import torch
 
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
-from pipeline.runtime.generation.layout import cross_name, past_name, present_name
+from pipeline.runtime.generation.layout import cache_layout, cross_name, past_name, present_name
 from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
 from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
 from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.generation.runners import bound_runner
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
@@ -249,12 +250,19 @@ class _Feed:
         self.ids = ids
         self.states = states
         rows = ids.shape[0]
-        self.cache = [
-            torch.zeros((rows, *shape), dtype=dtype)
-            for shape, dtype in zip(module._cache_shapes, module._cache_dtypes, strict=True)
-        ]
         self.length = 0
         self.capacity = module._cache_shapes[0][1]
+        #: on ONNX Runtime the cache stays in bound buffers written in place (the cross states bound once)
+        self.runner = bound_runner(module.decoder.executor, cache_layout(module.decoder.io, module.generation.layers))
+        self.cache: list[torch.Tensor] = []
+        if self.runner is not None:
+            self.runner.start(rows)
+            self.held = {name: value.contiguous().numpy() for name, value in states.items()}
+        else:
+            self.cache = [
+                torch.zeros((rows, *shape), dtype=dtype)
+                for shape, dtype in zip(module._cache_shapes, module._cache_dtypes, strict=True)
+            ]
 
     def prefill(self) -> torch.Tensor:
         """The decoder's prompt through the step; the logits after its last token."""
@@ -269,7 +277,10 @@ class _Feed:
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
-        self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+        if self.runner is not None:
+            self.runner.reorder(rows)
+        else:
+            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
 
     def _run(self, ids: torch.Tensor) -> torch.Tensor:
         if self.length >= self.capacity:
@@ -277,6 +288,10 @@ class _Feed:
                 f"the decoder's cache is full ({self.capacity} tokens)",
                 fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
             )
+        if self.runner is not None:
+            logits = self.runner.run(ids, None, None, self.length, self.held)
+            self.length += 1
+            return logits.float()
         module = self.module
         named = {
             "input_ids": ids,

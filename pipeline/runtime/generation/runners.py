@@ -108,9 +108,17 @@ class OrtBoundRunner:
         self.writes = self.reads if self.aliased else [ort.OrtValue.ortvalue_from_numpy(a) for a in self.write_arrays]
 
     def run(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        past_length: int,
+        extra: dict[str, np.ndarray] | None = None,
     ) -> torch.Tensor:
-        """One step on the bound buffers; only the logits are read back.
+        """One step on the bound buffers; only the logits are read back. ``extra``: the step's other inputs by name
+        (an encoder-decoder's cross keys and values, a vision-language step's image features); an array given again
+        as the same object stays bound (the cross states: bound once per request). A step without an attention mask
+        or positions (an encoder-decoder's) takes None for them.
 
         A prompt chunk after the first (several tokens over a filled cache) runs one row at a time when the batch
         has several: ONNX Runtime's ``GroupQueryAttention`` (the session graph of
@@ -120,10 +128,13 @@ class OrtBoundRunner:
             logits = torch.cat(
                 [
                     self.binding.run(
-                        input_ids[row : row + 1],
-                        attention_mask[row : row + 1],
-                        position_ids[row : row + 1],
-                        past_length,
+                        _named(
+                            input_ids[row : row + 1],
+                            None if attention_mask is None else attention_mask[row : row + 1],
+                            None if position_ids is None else position_ids[row : row + 1],
+                            past_length,
+                            {name: value[row : row + 1] for name, value in (extra or {}).items()},
+                        ),
                         self._rows(self.read_arrays, row),
                         self._rows(self.write_arrays, row),
                     )
@@ -132,12 +143,35 @@ class OrtBoundRunner:
             )
         else:
             target = self._row() if batch == 1 and steps == 1 else None
-            logits = (target or self.binding).run(
-                input_ids, attention_mask, position_ids, past_length, self.reads, self.writes
-            )
+            named = _named(input_ids, attention_mask, position_ids, past_length, extra)
+            logits = (target or self.binding).run(named, self.reads, self.writes)
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
         return logits
+
+    def prefill_leading(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        extra: dict[str, np.ndarray] | None = None,
+    ) -> torch.Tensor:
+        """A prefill (nothing cached yet) of the buffers' first ``input_ids.shape[0]`` rows: each prompt once, its
+        rows then repeated for its beams by :meth:`reorder`."""
+        rows = int(input_ids.shape[0])
+        named = _named(input_ids, attention_mask, position_ids, 0, extra)
+        reads = [self._leading(a, rows) for a in self.read_arrays]
+        writes = reads if self.aliased else [self._leading(a, rows) for a in self.write_arrays]
+        logits = self.binding.run(named, reads, writes)
+        self.reads, self.writes = self.writes, self.reads
+        self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
+        return logits
+
+    @staticmethod
+    def _leading(array: np.ndarray, rows: int) -> Any:
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_numpy(array[:rows])
 
     def reorder(self, rows: torch.Tensor) -> None:
         """The rows moved in place in the arrays under the bound ``OrtValue`` buffers (they stay bound); both sets
@@ -173,23 +207,16 @@ class _Binding:
         self.binding = session.io_binding()
         self._bound: tuple[list[Any], list[Any]] | None = None  # the cache buffers the binding holds
         self._logits: tuple[np.ndarray, Any] | None = None  # the bound logits buffer and its OrtValue
-        self._inputs: dict[str, tuple[np.ndarray, Any]] = {}  # bound input buffers, written in place while shapes hold
+        #: bound input buffers (written in place while shapes hold), their OrtValues and the array last given
+        self._inputs: dict[str, tuple[np.ndarray, Any, np.ndarray]] = {}
         self._vocabulary = _static_tail(session, "logits")
 
-    def run(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        past_length: int,
-        reads: list[Any],
-        writes: list[Any],
-    ) -> torch.Tensor:
-        """One run on ``reads``/``writes``; the logits."""
+    def run(self, named: dict[str, np.ndarray], reads: list[Any], writes: list[Any]) -> torch.Tensor:
+        """One run of the inputs ``named`` on ``reads``/``writes``; the logits."""
         import onnxruntime as ort
 
         binding = self.binding
-        batch = int(input_ids.shape[0])
+        batch = int(named["input_ids"].shape[0])
         if self._bound is None or self._bound[0] is not reads or self._bound[1] is not writes:
             binding.clear_binding_inputs()
             binding.clear_binding_outputs()
@@ -204,10 +231,8 @@ class _Binding:
             binding.bind_ortvalue_output("logits", self._logits[1])
         elif self._vocabulary is None:
             binding.bind_output("logits")
-        self._input("input_ids", input_ids.numpy())
-        self._input("attention_mask", attention_mask.numpy())
-        self._input("position_ids", position_ids.numpy())
-        self._input("past_length", np.array(past_length, dtype=np.int64))
+        for name, value in named.items():
+            self._input(name, value)
         self.session.run_with_iobinding(binding)
         if self._logits is not None:
             return torch.from_numpy(self._logits[0].copy())  # the buffer is written again by the next step
@@ -217,16 +242,36 @@ class _Binding:
     def _input(self, name: str, value: np.ndarray) -> None:
         """``value`` into the buffer bound for ``name``: written in place when the shape and dtype are the bound
         ones (a decode step's four inputs: no binding call per step, measured 0.1 ms of a step's Python after the
-        weights went through the caches), else a new buffer bound."""
+        weights went through the caches), else a new buffer bound. The very array given last time is taken as
+        unchanged (callers hand a request's fixed inputs as one array each and never write to them)."""
         bound = self._inputs.get(name)
+        if bound is not None and bound[2] is value:  # the very array bound before (a request's cross states)
+            return
         if bound is not None and bound[0].shape == value.shape and bound[0].dtype == value.dtype:
             np.copyto(bound[0], value)
+            self._inputs[name] = (bound[0], bound[1], value)
             return
         import onnxruntime as ort
 
         buffer = np.array(value, copy=True, order="C")
-        self._inputs[name] = (buffer, ort.OrtValue.ortvalue_from_numpy(buffer))
+        self._inputs[name] = (buffer, ort.OrtValue.ortvalue_from_numpy(buffer), value)
         self.binding.bind_ortvalue_input(name, self._inputs[name][1])
+
+
+def _named(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    past_length: int,
+    extra: dict[str, np.ndarray] | None,
+) -> dict[str, np.ndarray]:
+    """A step's inputs by name (those given)."""
+    named = {"input_ids": input_ids.numpy(), "past_length": np.array(past_length, dtype=np.int64)}
+    if attention_mask is not None:
+        named["attention_mask"] = attention_mask.numpy()
+    if position_ids is not None:
+        named["position_ids"] = position_ids.numpy()
+    return {**named, **(extra or {})}
 
 
 def _static_tail(session: Any, name: str) -> tuple[int, ...] | None:
@@ -252,3 +297,16 @@ def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, alias
     if bound and session is not None and hasattr(session, "io_binding"):
         return OrtBoundRunner(session, layout, aliased=aliased, row_session=getattr(executor, "row_session", None))
     return CopyingRunner(executor, layout)
+
+
+def bound_runner(executor: Any, layout: CacheLayout) -> OrtBoundRunner | None:
+    """The in-place runner on ``executor``'s ONNX Runtime session (also the one beside a TensorRT-RTX engine that
+    cannot run here), None for any other executor (a TensorRT engine, or one without a session): the two-graph
+    modules (encoder-decoder, vision-language) then copy their cache through ``executor.run``."""
+    if getattr(executor, "engine_runner", None) is not None:
+        return None
+    executor = getattr(executor, "onnxruntime", executor)
+    session = getattr(executor, "session", None)
+    if session is None or not hasattr(session, "io_binding"):
+        return None
+    return OrtBoundRunner(session, layout)

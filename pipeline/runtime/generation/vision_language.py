@@ -7,8 +7,9 @@ prompts are prefilled once each, then their cache rows are repeated for each pro
 (transformers prefills the repeated rows: the same numbers). Decode steps place no image: their features are the
 image token's own text embedding (one row per batch row), so that a generated image token stays what the model's
 embedding makes it. The decoding loop, the options, the processors and beam search are the decoder-only module's
-(:mod:`pipeline.runtime.generation.module`); only the feed differs. The feed copies the cache in and out of each step
-(as the encoder-decoder's does), no ``IOBinding`` yet.
+(:mod:`pipeline.runtime.generation.module`); only the feed differs. On ONNX Runtime the cache stays in bound buffers
+written in place (:func:`~pipeline.runtime.generation.runners.bound_runner`, as the encoder-decoder's); on a TensorRT
+engine the feed copies it in and out of each step.
 
 Saved as a directory (``module.save("out/llava")``): ``vision.ptrt`` and ``step.ptrt``, each a whole artifact, and
 ``vision_language.json`` (the image token and its embedding); ``pipeline.load("out/llava")`` reads them.
@@ -26,10 +27,11 @@ import torch
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
-from pipeline.runtime.generation.layout import STEP_INPUTS, past_name, present_name
+from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
 from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.generation.runners import bound_runner
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
@@ -338,21 +340,31 @@ class _Feed:
         self.length = 0
         # a decode step's features: as many rows as rows may generate the image token, each its own embedding
         self.no_features = module.token_embedding.expand(rows, -1).contiguous()
+        #: on ONNX Runtime the cache stays in bound buffers written in place (a decode step's features bound once)
+        self.runner = bound_runner(module.step.executor, cache_layout(module.step.io, module.generation.layers))
+        if self.runner is not None:
+            self.runner.start(rows)
+            self.held = {IMAGE_FEATURES: self.no_features.numpy()}
         #: the prompts' token types (a step that takes them); a decode step's are zeros, as transformers passes none
         self.types: torch.Tensor | None = None
 
     def prefill(self) -> torch.Tensor:
         """The prompts with their image features through the step; the logits after their last token."""
         rows = self.prompts.shape[0]
-        self.cache = [
-            torch.zeros((rows, *shape), dtype=dtype)
-            for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
-        ]
         mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
         mask[:, : self.prompt] = self.prompt_mask
         positions = _prompt_positions(self.module, self.prompts, self.prompt_mask)[0]
         features = self.features if self.features.shape[0] else self.no_features[:1]
-        logits = self._run(self.prompts, mask, positions, features, self.types)
+        if self.runner is not None:
+            extra = {IMAGE_FEATURES: features.numpy(), **self._types(self.types)}
+            logits = self.runner.prefill_leading(self.prompts, mask, positions, extra).float()
+            self.length += self.prompts.shape[1]
+        else:
+            self.cache = [
+                torch.zeros((rows, *shape), dtype=dtype)
+                for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
+            ]
+            logits = self._run(self.prompts, mask, positions, features, self.types)
         if self.expand > 1:
             self.reorder(torch.arange(rows).repeat_interleave(self.expand))
             logits = logits.repeat_interleave(self.expand, dim=0)
@@ -370,13 +382,25 @@ class _Feed:
         positions = self.next_position
         if self.module.positions is not None:  # a new token is text: the same position on every axis
             positions = positions.unsqueeze(0).expand(self.module.positions.axes, -1, -1)
-        logits = self._run(tokens[:, None], self.mask, positions, self.no_features, zeros)
+        if self.runner is not None:
+            extra = {**self.held, **self._types(zeros)}
+            logits = self.runner.run(tokens[:, None], self.mask, positions, self.length, extra).float()
+            self.length += 1
+        else:
+            logits = self._run(tokens[:, None], self.mask, positions, self.no_features, zeros)
         self.next_position = self.next_position + 1
         return logits
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
-        self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+        if self.runner is not None:
+            self.runner.reorder(rows)
+        else:
+            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+
+    @staticmethod
+    def _types(types: torch.Tensor | None) -> dict[str, Any]:
+        return {} if types is None else {TOKEN_TYPES: types.numpy()}
 
     def _run(
         self,

@@ -89,6 +89,24 @@ def test_bart_beam_search_equals_transformers(
     varied(ours)
 
 
+def test_the_decoders_cache_stays_in_bound_buffers_on_onnx_runtime(
+    bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step writes its cache in place in ``IOBinding`` buffers (no copy in and out per step); the copying form a
+    TensorRT engine uses gives the same beams."""
+    from pipeline.runtime.generation import encoder_decoder
+    from pipeline.runtime.generation.runners import OrtBoundRunner
+
+    runners: list[object] = []
+    kept = encoder_decoder.bound_runner
+    monkeypatch.setattr(encoder_decoder, "bound_runner", lambda *a: runners.append(kept(*a)) or runners[-1])
+    options = {"max_new_tokens": 10, "num_beams": 3, "num_return_sequences": 2}
+    bound = bart_module.generate(**source, **options)
+    assert runners and all(isinstance(runner, OrtBoundRunner) for runner in runners)
+    monkeypatch.setattr(encoder_decoder, "bound_runner", lambda *a: None)
+    assert torch.equal(bart_module.generate(**source, **options), bound)
+
+
 def test_stream_yields_the_greedy_tokens(bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor]) -> None:
     whole = bart_module.generate(**source, max_new_tokens=8, eos_token_id=[])
     streamed = torch.stack(list(bart_module.stream(**source, max_new_tokens=8, eos_token_id=[])), dim=1)
