@@ -212,7 +212,7 @@ def convert_vision_language(
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
-    listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)
+    listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)  # also refuses features placed otherwise
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
@@ -366,7 +366,21 @@ def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:
     names = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
     with torch.no_grad():
         out = model.get_image_features(**dict(zip(names, image, strict=False)), return_dict=True)  # type: ignore[operator]
+    keys = getattr(out, "keys", None)
+    for field in keys() if callable(keys) else ():
+        value = out[field]
+        if field not in _PLACED_OUTPUTS and isinstance(value, list | tuple) and value:
+            raise InputError(
+                f"{type(model).__name__}.get_image_features also returns {field} ({len(value)}), which the model adds "
+                "inside its decoder layers at the image tokens (Qwen3-VL's deepstack); the cached step places the "
+                "image features in the embeddings only, and would decode otherwise than the model",
+                fix="convert without generation= (the plain forward), or a model whose images enter at the embeddings",
+            )
     return getattr(out, "pooler_output", out)
+
+
+#: Fields of ``get_image_features``' output the step accounts for (the features it places, and the tower's own).
+_PLACED_OUTPUTS = ("pooler_output", "last_hidden_state", "hidden_states", "attentions")
 
 
 def _features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> torch.Tensor:
