@@ -18,7 +18,10 @@ Systems (each cell runs them in turn, A B C D, A B C D, ... so that the machine'
 - ``optimum``: optimum-onnx's ``ORTModelForCausalLM`` (exported from the checkpoint, loaded with ``T`` threads and
   spinning off), in its own venv (its transformers pin conflicts with ours): ``benchmarks/peers/optimum_worker.py``
   says how to create it; without it the column is skipped;
-- ``eager``: PyTorch ``model.generate`` (transformers' DynamicCache), ``torch.set_num_threads(T)``.
+- ``eager``: PyTorch ``model.generate`` (transformers' DynamicCache), ``torch.set_num_threads(T)``;
+- ``floor`` (fp32): not a system but the ceiling of any: ONNX Runtime running only the model's weight MatMuls, each
+  matrix read once per step, ``T`` threads. A decode step reads every weight, so no system's fp32 decode is faster;
+  the ratios table gives the floor's tokens/s against GenAI's (below 1.1x: 1.1x GenAI is beyond this machine).
 
 Per cell (precision, threads, max_length, batch): decode tokens/s (the new tokens after the first, per row x batch,
 over the time from the first new token to the last) and prefill ms (the call's start to its first new token: the
@@ -71,9 +74,9 @@ import transformers  # noqa: E402
 
 import pipeline  # noqa: E402
 
-SYSTEMS = ("ours", "genai", "optimum", "eager")
+SYSTEMS = ("ours", "genai", "optimum", "eager", "floor")
 PRECISIONS = ("fp32", "int4")
-#: which systems have a column at each precision (optimum and eager run fp32 only)
+#: which systems have a column at each precision (optimum, eager and the weight-reading floor run fp32 only)
 RUNS_AT = {"fp32": SYSTEMS, "int4": ("ours", "genai")}
 PROMPT, NEW, MAX_BATCH = 128, 64, 4
 VOCAB, BOS, EOS = 32000, 1, 2
@@ -487,6 +490,60 @@ class Optimum(System):
         self.stderr.close()
 
 
+class Floor(System):
+    """Not a system: the ceiling of any fp32 decode on this machine. Each step reads every weight matrix of the model
+    once (batch 1 and 4 decode are bound by that: 160 MB per token for the issue's Llama); here ONNX Runtime runs
+    only those MatMuls ([batch, in] x [in, out], each matrix once, on its own input), nothing else, as a step. Its
+    tokens/s is what a decode step could reach if everything but reading the weights were free."""
+
+    name = "floor"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.matrices = [
+            module.weight.detach().T.contiguous().numpy()
+            for module in model.modules()
+            if isinstance(module, torch.nn.Linear)
+        ]
+        self.session: Any = None
+        self.widths: list[int] = []
+
+    def prepare(self, precision: str, threads: int, max_length: int) -> None:
+        """A session of the weights' MatMuls with the cell's threads, spinning off."""
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        widths = sorted({int(m.shape[0]) for m in self.matrices})
+        nodes, weights, sums = [], [], []
+        for i, matrix in enumerate(self.matrices):
+            weights.append(numpy_helper.from_array(matrix, f"w{i}"))
+            nodes.append(helper.make_node("MatMul", [f"x{matrix.shape[0]}", f"w{i}"], [f"y{i}"]))
+            nodes.append(helper.make_node("ReduceSum", [f"y{i}"], [f"s{i}"], keepdims=0))
+            sums.append(f"s{i}")
+        nodes.append(helper.make_node("Sum", sums, ["out"]))
+        inputs = [helper.make_tensor_value_info(f"x{w}", TensorProto.FLOAT, ["batch", w]) for w in widths]
+        output = helper.make_tensor_value_info("out", TensorProto.FLOAT, [])
+        graph = helper.make_graph(nodes, "weights", inputs, [output], weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.widths = widths
+
+    def generate(self, ids: np.ndarray) -> Run:
+        """NEW steps of the weight-reading graph (tokens: zeros; prefill: not measured)."""
+        batch = ids.shape[0]
+        feed = {f"x{w}": np.ones((batch, w), np.float32) for w in self.widths}
+        start = time.perf_counter()
+        for _ in range(NEW - 1):
+            self.session.run(None, feed)
+        return Run(np.zeros((batch, NEW), np.int64), float("nan"), time.perf_counter() - start)
+
+    def close(self) -> None:
+        """The session."""
+        self.session = None
+
+
 class Eager(System):
     """PyTorch eager ``model.generate`` (greedy, transformers' DynamicCache)."""
 
@@ -634,7 +691,7 @@ def compare_tokens(precision: str, results: dict[str, dict[str, Any]], reference
     lines = []
     genai = results.get("genai", {}).get("tokens")
     for name, result in results.items():
-        if "tokens" not in result:
+        if "tokens" not in result or name == "floor":  # the floor decodes nothing
             continue
         tokens = np.asarray(result["tokens"])
         result["vs_eager_fp32"] = agreement(tokens, reference)
@@ -881,6 +938,8 @@ def make_systems(
                 optimum = Optimum(args.optimum_python, checkpoint, work)
                 record["versions"]["optimum venv"] = optimum.versions()
                 systems[name] = optimum
+            elif name == "floor":
+                systems[name] = Floor(model)
             else:
                 systems[name] = Eager(model)
         except Exception as error:  # noqa: BLE001 -- a missing peer skips its column, with the reason
@@ -1058,19 +1117,23 @@ def _ratios(groups: dict[tuple[str, int, int], dict[int, dict[str, Any]]], batch
     """Ours against GenAI per cell: decode tokens/s ratio and prefill speed ratio (GenAI's ms / ours)."""
     head = ["precision", "threads", "max_length"]
     head += [f"ours/GenAI decode b{b}" for b in batches] + [f"ours/GenAI prefill speed b{b}" for b in batches]
+    head += [f"floor/GenAI decode b{b}" for b in batches]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (precision, threads, max_length), by_batch in groups.items():
-        decode, prefill = [], []
+        decode, prefill, ceiling = [], [], []
         for b in batches:
             systems = by_batch.get(b, {}).get("systems", {})
-            ours, genai = systems.get("ours", {}), systems.get("genai", {})
+            ours, genai, floor = systems.get("ours", {}), systems.get("genai", {}), systems.get("floor", {})
             if "decode_tok_s" in ours and "decode_tok_s" in genai:
                 decode.append(f"{ours['decode_tok_s'] / genai['decode_tok_s']:.2f}x")
                 prefill.append(f"{genai['prefill_ms'] / ours['prefill_ms']:.2f}x")
             else:
                 decode.append("n/a")
                 prefill.append("n/a")
-        out.append("| " + " | ".join([precision, str(threads), str(max_length), *decode, *prefill]) + " |")
+            has = "decode_tok_s" in floor and "decode_tok_s" in genai
+            ceiling.append(f"{floor['decode_tok_s'] / genai['decode_tok_s']:.2f}x" if has else "n/a")
+        row = [precision, str(threads), str(max_length), *decode, *prefill, *ceiling]
+        out.append("| " + " | ".join(row) + " |")
     return out
 
 
