@@ -152,9 +152,34 @@ def check_sample_fits(input_ids: torch.Tensor, generation: GenerationSettings, v
         )
 
 
+#: Words in a config's ``layer_types`` of layers whose cache is not attention's keys and values alone: a recurrent
+#: state (linear attention, short convolutions, state-space and hybrid layers), or an indexer's key cache beside the
+#: keys and values (DeepSeek sparse attention's "indexed_attention").
+UNCACHED_LAYER_WORDS = ("linear", "conv", "mamba", "hybrid", "recurrent", "ssm", "rwkv", "indexed")
+
+
+def check_attention_layers(model: torch.nn.Module) -> None:
+    """An InputError, before any run, for a model whose config lists layers the step cannot cache."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    types = getattr(config, "layer_types", None)
+    if not isinstance(types, list | tuple):
+        return
+    refused = sorted({str(t) for t in types if any(word in str(t) for word in UNCACHED_LAYER_WORDS)})
+    if refused:
+        count = sum(1 for t in types if str(t) in refused)
+        raise InputError(
+            f"{type(model).__name__} has {count} of its {len(types)} layers of kind {', '.join(refused)}: generation= "
+            "caches the keys and values of attention layers only (a linear-attention, convolution or state-space "
+            "layer keeps a recurrent state, an indexed layer an indexer's key cache besides)",
+            fix="convert without generation= (the plain forward)",
+        )
+
+
 def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[CachedLayer], int]:
     """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens, and
     the vocabulary (the width of the logits of that run)."""
+    check_attention_layers(model)
     try:
         with torch.no_grad():
             out = model(input_ids=input_ids[:1, :2], use_cache=True)

@@ -38,6 +38,7 @@ from converters.registry import ConverterRegistry
 from converters.settings import ProfileRange
 from pipeline.generation.conversion import (
     attention_form,
+    check_attention_layers,
     check_sample_fits,
     layout_of,
     special_tokens,
@@ -197,6 +198,7 @@ def convert_vision_language(
     input_ids = text["input_ids"]
     check_sample_fits(input_ids, generation, settings.validate)
     token = image_token_id(model)
+    check_attention_layers(model)
     taken = inspect.signature(model.forward).parameters
     if ("mm_encoder_outputs" if token is None else "inputs_embeds") not in taken:
         raise InputError(

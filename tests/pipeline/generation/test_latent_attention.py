@@ -80,3 +80,24 @@ def test_tensorrt_rtx_builds_the_latent_attention_step() -> None:
     pytest.importorskip("tensorrt_rtx")
     module = pipeline.convert(deepseek_v3(), prompts(), generation=GENERATION, backend="tensorrt-rtx", validate=False)
     assert module.engine_bytes
+
+
+@pytest.mark.parametrize(
+    ("model_type", "class_name", "kind"),
+    [
+        ("qwen3_next", "Qwen3NextForCausalLM", "linear_attention"),
+        ("deepseek_v32", "DeepseekV32ForCausalLM", "indexed_attention"),
+    ],
+)
+def test_layers_whose_cache_is_not_keys_and_values_are_refused_by_kind(
+    model_type: str, class_name: str, kind: str
+) -> None:
+    """Gated linear attention keeps a recurrent state, DeepSeek sparse attention an indexer's key cache besides the
+    keys and values: the step holds neither, and says so by the layers' kind before running the model (transformers'
+    own error was about a cache method)."""
+    from model_sources import transformers_all_models as every
+
+    torch.manual_seed(0)
+    model = getattr(transformers, class_name)(every.shrunk(model_type)).eval()
+    with pytest.raises(pipeline.InputError, match=f"(?s)layers of kind {kind}.*without generation="):
+        pipeline.convert(model, prompts(), generation=GENERATION)
