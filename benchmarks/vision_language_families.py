@@ -11,7 +11,9 @@ For each family, in a process of its own (a crash or a hang is that family's row
 ``model.generate`` on the batch (else the row says "cannot run eagerly" and why), then
 ``pipeline.convert(model, batch, generation={"max_length": 64, "max_batch": 4}, validate=True)`` on ONNX Runtime fp32;
 greedy 8 new tokens and beam search with 2 beams compared with ``model.generate``'s; the module saved and loaded back
-gives the same greedy tokens. Rows are appended to ``--jsonl`` as they finish: a stopped run resumes.
+gives the same greedy tokens; then the family is converted again for TensorRT-RTX (fp32, ``validate=False``), whose
+real builder builds both graphs ahead of time on this CPU machine. Rows are appended to ``--jsonl`` as they finish:
+a stopped run resumes.
 
 Run from the repository root::
 
@@ -132,7 +134,22 @@ def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any
         module.save(Path(directory) / kind)
         loaded = pipeline.load(Path(directory) / kind)
         row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
+    row["rtx"] = rtx_builds(model, inputs)
     return row
+
+
+def rtx_builds(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> str:
+    """Whether TensorRT-RTX's real builder builds both graphs (fp32, ahead of time: no GPU here), or why not."""
+    try:
+        import tensorrt_rtx  # noqa: F401
+    except ImportError:
+        return "n/a (tensorrt-rtx not installed)"
+    try:
+        module = pipeline.convert(model, inputs, generation=GENERATION, backend="tensorrt-rtx", validate=False)
+    except Exception as error:  # noqa: BLE001 - the builder's refusal is the cell
+        return f"**no**: {type(error).__name__}: {_first_line(error)[:200]}"
+    built = all(getattr(part, "engine_bytes", None) for part in (module.vision, module.step))
+    return "yes" if built else "**no**: no engine"
 
 
 def _first_line(error: BaseException) -> str:
@@ -168,7 +185,8 @@ def run_isolated(kind: str, timeout: float) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The results table and its summary line."""
-    head = "| family | converts | greedy equal | beam (2) equal | saved + loaded equal | convert s | greedy tokens |"
+    head = "| family | converts | greedy equal | beam (2) equal | saved + loaded equal | TensorRT-RTX builds |"
+    head += " convert s | greedy tokens |"
     lines = [head + " error (or note) |", "|---" * head.count("|") + "|"]
     yes = {True: "yes", False: "**no**", None: ""}
     for r in rows:
@@ -179,6 +197,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             yes[r.get("greedy")],
             beam if isinstance(beam, str) else yes[beam],
             yes[r.get("reloaded")],
+            r.get("rtx", ""),
             r.get("convert_s", ""),
             r.get("tokens", ""),
             r.get("error", ""),
@@ -187,10 +206,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     eager = [r for r in rows if r.get("converts") != "cannot run eagerly"]
     converted = [r for r in eager if r.get("converts") == "yes"]
     equal = [r for r in converted if r.get("greedy") and r.get("beam") is not False and r.get("reloaded")]
+    built = [r for r in converted if r.get("rtx") == "yes"]
     lines += [
         "",
         f"{len(rows)} model types: {len(eager)} run eagerly with an image from the small config, {len(converted)} "
-        f"convert, {len(equal)} decode as transformers does (greedy, beam search, saved + loaded)",
+        f"convert, {len(equal)} decode as transformers does (greedy, beam search, saved + loaded), TensorRT-RTX "
+        f"builds both graphs of {len(built)}",
     ]
     return "\n".join(lines)
 

@@ -232,7 +232,11 @@ def convert_vision_language(
         # transformers pads the image blocks' ids up to the cache's length only when the prompt is shorter (a branch
         # torch.export holds as a bound): a prompt leaves one position at least
         generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
-    step = VisionLanguageStep(model, len(layout), uses_attention_interface(model), listed, token, typed)
+    # the text decoder's attention is the step's: a tower's own attention code (GOT-OCR2's) does not decide it
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    text_model = decoder if isinstance(decoder, torch.nn.Module) else model
+    step = VisionLanguageStep(model, len(layout), uses_attention_interface(text_model), listed, token, typed)
     step = step.train(model.training)
     step_sample, dims = _step_sample(text, features, layout, generation, positions)
     step_settings = dataclasses.replace(
