@@ -1,9 +1,13 @@
 """``convert(vlm, {"input_ids": ..., "attention_mask": ..., "pixel_values": ...}, generation={...})``: a
-vision-language decoder (LLaVA, PaliGemma, Gemma 3, Idefics3, ...) as two converted graphs.
+vision-language decoder (LLaVA, PaliGemma, Gemma 3, Idefics3, Qwen2-VL, ...) as two converted graphs.
 
 :class:`ImageFeatures` is the vision graph: one image's inputs (``pixel_values`` and whatever else the model's
 ``get_image_features`` takes per image) to its features in the text embedding space, [tokens, hidden]: the vision
 tower and the projector, as the model's own ``get_image_features`` computes them. It runs once per image of a request.
+Images are cut apart by :func:`~pipeline.runtime.generation.image_positions.image_rows` (one leading row each, or the
+flattened patches an integer grid divides: Qwen2-VL's ``image_grid_thw``); an integer input the tower decides shapes
+from in Python is held at the sample's first image's values, known while tracing
+(:class:`~pipeline.generation.known_values.KnownValues`).
 
 :class:`VisionLanguageStep` is the cached text step of the decoder-only path (:class:`~pipeline.generation.step.
 CachedStep`) with one more input, ``image_features`` [image tokens, hidden]. The features replace the embeddings of
@@ -14,7 +18,9 @@ refuses it. A model whose config names no image token is handed the features as 
 (transformers' ``mm_encoder_outputs``) and places them itself. The prompt's prefill takes every image's features; a
 decode step takes the image token's own text embedding, so that a generated image token stays what the model's
 embedding makes it. Positions are the decoder-only step's (``cumsum(attention_mask) - 1``, as the model's
-``generate`` computes them). Nothing here reads one architecture's code.
+``generate`` computes them), or, for a model that hands its text decoder positions on several axes (M-RoPE), laid out
+per image as the model's own positions on the sample show (:mod:`pipeline.generation.image_positions`). Nothing here
+reads one architecture's code.
 
 The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
 is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
@@ -214,7 +220,7 @@ def convert_vision_language(
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
-    listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)  # also refuses features placed otherwise
+    listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
@@ -369,6 +375,8 @@ def _image(vision: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, .
 
 
 def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:
+    """The features ``get_image_features`` gives one image (its ``pooler_output``); an InputError when it also gives
+    features the model adds elsewhere than at the image tokens' embeddings (Qwen3-VL's deepstack)."""
     names = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
     with torch.no_grad():
         out = model.get_image_features(**dict(zip(names, image, strict=False)), return_dict=True)  # type: ignore[operator]

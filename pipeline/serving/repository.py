@@ -160,8 +160,24 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
             if any(spec.name == TOKEN_TYPES for spec in step.inputs)
             else []
         )
-        return directory / STEP_FILE, (*PROMPT_INPUTS, *(_any_size(spec) for spec in vision.inputs), *typed)
+        # inputs the vision graph holds fixed (LLaVA-NeXT's image_sizes, Qwen2-VL's image_grid_thw): the module
+        # checks them and cuts the images by them, so a request holds them too
+        fixed = json.loads((directory / META_FILE).read_text()).get("fixed_inputs", {})
+        held = [
+            TensorSpec(name, dtype, tuple(f"{name}_{axis}" for axis in range(_depth(value))))
+            for name, (dtype, value) in fixed.items()
+        ]
+        images = (*(_any_size(spec) for spec in vision.inputs), *held)
+        return directory / STEP_FILE, (*PROMPT_INPUTS, *images, *typed)
     return None
+
+
+def _depth(value: object) -> int:
+    """The number of dimensions of a nested list (a tensor's ``tolist()``)."""
+    depth = 0
+    while isinstance(value, list):
+        depth, value = depth + 1, value[0] if value else None
+    return depth
 
 
 def _any_size(spec: TensorSpec) -> TensorSpec:

@@ -219,3 +219,16 @@ def test_features_a_model_adds_inside_its_layers_are_refused_by_name() -> None:
     sample = next(c for c in every.candidate_samples(model, config) if "image_grid_thw" in c)
     with pytest.raises(InputError, match="deepstack_features"):
         pipeline.convert(model, sample, generation=GENERATION)
+
+
+def test_a_served_directory_takes_the_grid_with_each_request(module: VisionLanguageModule, tmp_path: Path) -> None:
+    """Triton's request for the saved directory holds the grid the vision graph cuts the images by (it is not one of
+    the vision graph's inputs: the graph holds it)."""
+    from pipeline.serving.repository import _two_graphs
+
+    directory = module.save(tmp_path / "qwen2-vl")
+    found = _two_graphs(directory)
+    assert found is not None
+    specs = {spec.name: spec for spec in found[1]}
+    assert {"input_ids", "pixel_values", "image_grid_thw"} <= set(specs)
+    assert specs["image_grid_thw"].dtype == "int64" and len(specs["image_grid_thw"].shape) == 2
