@@ -122,7 +122,8 @@ class OrtBoundRunner:
 
         A prompt chunk after the first (several tokens over a filled cache) runs one row at a time when the batch
         has several: ONNX Runtime's ``GroupQueryAttention`` (the session graph of
-        :mod:`pipeline.runtime.ort.grouped_attention`) takes several new tokens over a past for one row only."""
+        :mod:`pipeline.runtime.ort.grouped_attention`) takes several new tokens over a past for one row only (then
+        ``extra`` inputs are cut by row too: only the decoder-only step, which has none, prefills in chunks)."""
         batch, steps = input_ids.shape
         if batch > 1 and steps > 1 and past_length > 0:
             logits = torch.cat(
