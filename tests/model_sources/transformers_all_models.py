@@ -55,7 +55,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "pegasus_x": {"block_size": 4, "num_global_tokens": 4},
 }
 
-#: Sizes of vision towers named their own way (Qwen2-VL's 32 blocks of 1280), beyond ``SMALL``.
+#: Sizes of vision-language models' towers named their own way (Qwen2-VL's 32 blocks of 1280), beyond ``SMALL``.
 TOWER: dict[str, Any] = {"depth": 2, "embed_dim": 32}
 
 #: Config attributes that state how many placeholder tokens an image takes (Gemma 3's 256 per image, PaliGemma's and
@@ -164,14 +164,16 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     token id outside the small vocabulary moved to its last ids; M-RoPE sections scaled to the small head size. A size
     the config's own validation ties to another (:func:`_tied_size`) is set to match it, up to four times."""
     _name, sizes, kept = VARIANTS[variant]
-    values = {k: v for k, v in SMALL.items() if k not in kept} | TOWER | sizes
+    values = {k: v for k, v in SMALL.items() if k not in kept} | sizes
 
     def make(kind: str, extra: dict[str, Any] | None = None) -> Any:
         cls = _transformers().CONFIG_MAPPING[kind]
         repairs: dict[str, Any] = {}
+        # a vision-language model's tower (its vision sub-config), not a vision model of its own (Donut's Swin)
+        tower = TOWER if "vision_config" in (getattr(cls, "sub_configs", None) or {}) else {}
         while True:
             try:
-                return cls(**_fitting(cls, values | _overrides(kind) | (extra or {}) | repairs))
+                return cls(**_fitting(cls, values | tower | _overrides(kind) | (extra or {}) | repairs))
             except Exception as exc:
                 repair = _tied_size(str(exc), values | repairs)
                 if repair is None or repair[0] in repairs or len(repairs) >= 4:
