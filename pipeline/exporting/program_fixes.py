@@ -103,7 +103,10 @@ def fix_program(program: torch.export.ExportedProgram) -> torch.export.ExportedP
     kept = _squeeze_only_ones(program.graph_module.graph)
     if kept:
         logger.debug("squeeze of an axis not of size 1 left out at %d node(s)", kept)
-    if changed or grouped or scattered or subtracted or expanded or unchecked or kept or rebased:
+    hinted = _repeat_interleave_without_size_hint(program.graph_module.graph)
+    if hinted:
+        logger.debug("repeat_interleave's output_size hint left out at %d node(s)", hinted)
+    if changed or grouped or scattered or subtracted or expanded or unchecked or kept or rebased or hinted:
         program.graph_module.recompile()
     return _without_sequence_ops(program)
 
@@ -269,6 +272,21 @@ def _squeeze_only_ones(graph: torch.fx.Graph) -> int:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
     return count
+
+
+def _repeat_interleave_without_size_hint(graph: torch.fx.Graph) -> int:
+    """``repeat_interleave`` without its ``output_size`` keyword (a hint of the result's length, which the traced
+    shape already holds): the exporter's translation takes no such argument and failed on it (Kimi K2.5's tower).
+    Returns how many nodes changed."""
+    count = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _REPEAT_INTERLEAVE and "output_size" in node.kwargs:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "output_size"}
+            count += 1
+    return count
+
+
+_REPEAT_INTERLEAVE = (_A.repeat_interleave.Tensor, _A.repeat_interleave.self_Tensor, _A.repeat_interleave.self_int)
 
 
 def _copy_sources_expanded(graph: torch.fx.Graph) -> int:

@@ -205,11 +205,22 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
 
 def _fit_tower_output(config: Any) -> None:
     """A vision tower's output width (``out_hidden_size``: Qwen2.5-VL's merger projects to the text model's width)
-    set to the shrunk text model's width."""
+    set to the shrunk text model's width; a width of the model's own that is the tower's default width (Kimi K2.5's
+    ``projection_hidden_size``, the projector's input) set to the shrunk tower's."""
     vision, text = getattr(config, "vision_config", None), getattr(config, "text_config", None)
     width = getattr(text, "hidden_size", None)
     if isinstance(getattr(vision, "out_hidden_size", None), int) and isinstance(width, int):
         vision.out_hidden_size = width
+    tower = getattr(vision, "hidden_size", None)
+    try:
+        default = getattr(type(vision)(), "hidden_size", None) if vision is not None else None
+    except Exception:  # noqa: BLE001 - a sub-config that cannot be built bare: nothing to compare with
+        default = None
+    if not isinstance(tower, int) or not isinstance(default, int) or default == tower:
+        return
+    for name, value in vars(config).items():
+        if name.endswith("hidden_size") and name != "hidden_size" and value == default:
+            setattr(config, name, tower)
 
 
 #: Config attributes naming the vision tower's layers whose outputs a multimodal model reads.

@@ -237,3 +237,19 @@ def test_only_autocast_regions_that_change_nothing_are_inlined() -> None:
     inert, lowered = program.module()(x)
     torch.testing.assert_close(inert, x @ x.T)
     assert lowered.dtype == torch.bfloat16  # the region that changes dtypes still does
+
+
+class _HintedRepeat(nn.Module):
+    """``repeat_interleave`` with its ``output_size`` hint, as Kimi K2.5's tower calls it."""
+
+    def forward(self, x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(x, repeats, dim=0, output_size=6) * 2
+
+
+def test_a_repeat_interleave_with_its_output_size_hint_converts_and_matches() -> None:
+    """The exporter's translation took no ``output_size`` and failed ("unexpected keyword argument")."""
+    model, x = _HintedRepeat(), torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    repeats = torch.tensor([1, 2, 3])
+    module = pipeline.convert(model, (x, repeats))
+    other = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(module(other, repeats), model(other, repeats))
