@@ -87,7 +87,7 @@ def convert(
                 return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
 
             return convert_encoder_decoder(model, sample, config, registry, stages_of)  # type: ignore[return-value]
-        from pipeline.generation.vision_language import is_vision_language
+        from pipeline.generation.vision_inputs import is_vision_language
 
         if is_vision_language(model, sample):  # a vision graph and the cached text step, converted one after the other
             from pipeline.generation.vision_language import convert_vision_language

@@ -55,10 +55,10 @@ from pipeline.generation.image_positions import image_positions
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
+from pipeline.generation.vision_inputs import image_of, sample_inputs
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.layout import CachedLayer, past_name
 from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES, VisionLanguageModule
-from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import DynamicDim, Settings
 
@@ -69,26 +69,6 @@ Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], Converted
 
 #: Tokens of the greedy decoding compared with the model's own ``generate`` when validating.
 VALIDATION_TOKENS = 8
-#: The text inputs of the sample; every other tensor is an input of the vision graph (one row per image).
-TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def is_vision_language(model: Any, sample: Any) -> bool:
-    """Whether ``model`` is a transformers image-text-to-text decoder (it has ``get_image_features`` and its forward
-    takes ``pixel_values``) and ``sample`` holds ``pixel_values``: without images, its text decoder converts as a
-    causal LM's step."""
-    features = getattr(model, "get_image_features", None)
-    forward = getattr(model, "forward", None)
-    if not callable(features) or not callable(forward):
-        return False
-    args, kwargs = normalise_sample(sample)
-    given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
-    if "pixel_values" not in given:
-        return False
-    try:
-        return "pixel_values" in inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class ImageFeatures(torch.nn.Module):
@@ -200,7 +180,7 @@ def convert_vision_language(
     """The vision graph and the cached text step of ``model``, converted (see the module docstring)."""
     generation = settings.generation
     assert generation is not None
-    text, vision = _sample_inputs(model, sample)
+    text, vision = sample_inputs(model, sample)
     input_ids = text["input_ids"]
     check_sample_fits(input_ids, generation, settings.validate)
     token = image_token_id(model)
@@ -220,7 +200,7 @@ def convert_vision_language(
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
-    listed = isinstance(_pooled(model, _image(vision, 0)), list | tuple)
+    listed = isinstance(_pooled(model, image_of(vision, 0)), list | tuple)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
@@ -277,7 +257,7 @@ def _convert_vision(
     """The vision graph, and the integer inputs it holds at the sample's first image's values (none unless needed). A
     tower whose code decides shapes in Python from an integer input (LLaVA-NeXT's and Pixtral's ``image_sizes``)
     cannot export it as data: the graph is converted again with those inputs fixed, and takes images of that size."""
-    image = dict(zip(vision, _image(vision, 0), strict=True))
+    image = dict(zip(vision, image_of(vision, 0), strict=True))
     try:
         part = ImageFeatures(model, tuple(vision)).train(model.training)
         return stages(part, tuple(image.values()), settings, registry), {}
@@ -315,63 +295,6 @@ def _token_embedding(model: torch.nn.Module, token: int | None, hidden: int) -> 
     with torch.no_grad():
         row = embeddings()(torch.tensor([token], dtype=torch.int64))
     return row.reshape(-1).float() if row.numel() == hidden else torch.zeros(hidden)
-
-
-def _sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The sample's text inputs (``input_ids``, ``attention_mask``) and its vision inputs (every other tensor, in the
-    order ``get_image_features`` takes them, ``pixel_values`` first)."""
-    args, kwargs = normalise_sample(sample)
-    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
-        kwargs, args = dict(args[0]), ()
-    if args or not isinstance(kwargs.get("input_ids"), torch.Tensor) or "pixel_values" not in kwargs:
-        raise InputError(
-            f"the generation sample of a vision-language model ({type(model).__name__}) is a dict of its processor's "
-            "tensors with input_ids and pixel_values",
-            fix='pass pipeline.convert(model, {"input_ids": ..., "attention_mask": ..., "pixel_values": ...}, '
-            "generation={...})",
-        )
-    not_tensors = sorted(name for name, value in kwargs.items() if not isinstance(value, torch.Tensor))
-    if not_tensors:
-        raise InputError(
-            f"the generation sample's {', '.join(not_tensors)} are not tensors",
-            fix="pass tensors only (the processor's return_tensors='pt' output)",
-        )
-    ids = kwargs["input_ids"]
-    if ids.dim() != 2 or ids.is_floating_point():
-        raise InputError(
-            "the sample's input_ids must be token ids [batch, tokens]", fix="pass the processor's input_ids"
-        )
-    mask = kwargs.get("attention_mask", torch.ones_like(ids))
-    text = {"input_ids": ids.to(torch.int64), "attention_mask": mask.to(torch.int64)}
-    if TOKEN_TYPES in kwargs:
-        types = kwargs[TOKEN_TYPES]
-        if TOKEN_TYPES not in inspect.signature(model.forward).parameters or types.shape != ids.shape:
-            raise InputError(
-                f"the generation sample's token_type_ids ({list(types.shape)}) are not {type(model).__name__}'s: its "
-                "forward takes none, or they are not one per token of input_ids",
-                fix="pass the processor's token_type_ids with its input_ids, or leave them out",
-            )
-        text[TOKEN_TYPES] = types.to(torch.int64)
-    taken = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
-    for name, value in kwargs.items():  # per-token inputs of the model's own (M-RoPE's mm_token_type_ids)
-        if name not in (*TEXT_INPUTS, *taken) and value.shape == ids.shape and not value.is_floating_point():
-            text[name] = value
-    others = [name for name in kwargs if name not in (*TEXT_INPUTS, *text)]
-    refused = sorted(name for name in others if name not in taken)
-    if refused:
-        raise InputError(
-            f"the generation sample holds {', '.join(refused)}, which {type(model).__name__}.get_image_features does "
-            "not take",
-            fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(n for n in taken if n != 'kwargs')})",
-        )
-    vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
-    image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here
-    return text, vision
-
-
-def _image(vision: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, ...]:
-    """The vision inputs of one image (the vision graph's batch of one)."""
-    return tuple(image_rows(vision)[index].values())
 
 
 def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:

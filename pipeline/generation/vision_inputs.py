@@ -1,0 +1,93 @@
+"""What a vision-language generation sample holds: its text inputs (the prompts, their mask, token types and the
+model's own per-token inputs such as M-RoPE's ``mm_token_type_ids``) and its image inputs, and whether a model and
+sample take the vision-language path at all (:mod:`pipeline.generation.vision_language`)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from converters.errors import InputError
+from pipeline.runtime.generation.image_positions import image_rows
+from pipeline.runtime.generation.vision_language import TOKEN_TYPES
+from pipeline.runtime.io_spec import normalise_sample
+
+#: The text inputs of the sample; every other tensor is an input of the vision graph (one row per image).
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def is_vision_language(model: Any, sample: Any) -> bool:
+    """Whether ``model`` is a transformers image-text-to-text decoder (it has ``get_image_features`` and its forward
+    takes ``pixel_values``) and ``sample`` holds ``pixel_values``: without images, its text decoder converts as a
+    causal LM's step."""
+    features = getattr(model, "get_image_features", None)
+    forward = getattr(model, "forward", None)
+    if not callable(features) or not callable(forward):
+        return False
+    args, kwargs = normalise_sample(sample)
+    given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
+    if "pixel_values" not in given:
+        return False
+    try:
+        return "pixel_values" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The sample's text inputs (``input_ids``, ``attention_mask``) and its vision inputs (every other tensor, in the
+    order ``get_image_features`` takes them, ``pixel_values`` first)."""
+    args, kwargs = normalise_sample(sample)
+    if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+        kwargs, args = dict(args[0]), ()
+    if args or not isinstance(kwargs.get("input_ids"), torch.Tensor) or "pixel_values" not in kwargs:
+        raise InputError(
+            f"the generation sample of a vision-language model ({type(model).__name__}) is a dict of its processor's "
+            "tensors with input_ids and pixel_values",
+            fix='pass pipeline.convert(model, {"input_ids": ..., "attention_mask": ..., "pixel_values": ...}, '
+            "generation={...})",
+        )
+    not_tensors = sorted(name for name, value in kwargs.items() if not isinstance(value, torch.Tensor))
+    if not_tensors:
+        raise InputError(
+            f"the generation sample's {', '.join(not_tensors)} are not tensors",
+            fix="pass tensors only (the processor's return_tensors='pt' output)",
+        )
+    ids = kwargs["input_ids"]
+    if ids.dim() != 2 or ids.is_floating_point():
+        raise InputError(
+            "the sample's input_ids must be token ids [batch, tokens]", fix="pass the processor's input_ids"
+        )
+    mask = kwargs.get("attention_mask", torch.ones_like(ids))
+    text = {"input_ids": ids.to(torch.int64), "attention_mask": mask.to(torch.int64)}
+    if TOKEN_TYPES in kwargs:
+        types = kwargs[TOKEN_TYPES]
+        if TOKEN_TYPES not in inspect.signature(model.forward).parameters or types.shape != ids.shape:
+            raise InputError(
+                f"the generation sample's token_type_ids ({list(types.shape)}) are not {type(model).__name__}'s: its "
+                "forward takes none, or they are not one per token of input_ids",
+                fix="pass the processor's token_type_ids with its input_ids, or leave them out",
+            )
+        text[TOKEN_TYPES] = types.to(torch.int64)
+    taken = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
+    for name, value in kwargs.items():  # per-token inputs of the model's own (M-RoPE's mm_token_type_ids)
+        if name not in (*TEXT_INPUTS, *taken) and value.shape == ids.shape and not value.is_floating_point():
+            text[name] = value
+    others = [name for name in kwargs if name not in (*TEXT_INPUTS, *text)]
+    refused = sorted(name for name in others if name not in taken)
+    if refused:
+        raise InputError(
+            f"the generation sample holds {', '.join(refused)}, which {type(model).__name__}.get_image_features does "
+            "not take",
+            fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(n for n in taken if n != 'kwargs')})",
+        )
+    vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
+    image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here
+    return text, vision
+
+
+def image_of(vision: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, ...]:
+    """The vision inputs of one image (the vision graph's batch of one)."""
+    return tuple(image_rows(vision)[index].values())
