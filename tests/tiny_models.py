@@ -66,3 +66,9 @@ def lively(make: Callable[[], Any], seed: int, std: float, *, keep_eos: bool = T
     if not keep_eos:
         model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def transformers_generate(model: Any, inputs: dict[str, torch.Tensor], **options: Any) -> torch.Tensor:
+    """transformers' own ``model.generate`` on ``inputs``, greedy unless ``options`` say otherwise: the reference."""
+    with torch.no_grad():
+        return model.generate(**inputs, do_sample=False, **options)

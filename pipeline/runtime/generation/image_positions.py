@@ -13,6 +13,7 @@ the row's largest position so far, on every axis (what the model's ``generate`` 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import torch
@@ -80,27 +81,33 @@ def image_rows(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
     patches (Qwen2-VL's ``pixel_values`` [patches of every image, patch values]), which an integer grid input
     ([images, axes]: ``image_grid_thw``'s frames, rows and columns of patches) divides: each image takes the product
     of its grid row in patches."""
-    grids = [
-        value
-        for value in inputs.values()
-        if value.dim() == 2 and not value.is_floating_point() and value.dtype != torch.bool and value.shape[1] >= 2
-    ]
-    count = {int(value.shape[0]) for value in inputs.values() if value.dim()}
-    images = min(count) if count else 0
-    for grid in grids:
+    leading = {name: int(value.shape[0]) for name, value in inputs.items() if value.dim()}
+    for grid in inputs.values():
+        if grid.dim() != 2 or grid.is_floating_point() or grid.dtype == torch.bool or grid.shape[1] < 2:
+            continue
         sizes = grid.prod(-1).tolist()
-        total = sum(sizes)
-        if total != grid.shape[0] and any(int(v.shape[0]) == total for v in inputs.values() if v.dim()):
-            starts = [sum(sizes[:i]) for i in range(len(sizes))]
-            cut: list[dict[str, torch.Tensor]] = [{} for _ in sizes]
-            for name, value in inputs.items():
-                for i, (start, size) in enumerate(zip(starts, sizes, strict=True)):
-                    whole = int(value.shape[0]) == total
-                    cut[i][name] = value[start : start + size] if whole else value[i : i + 1]
-            return cut
-    if len(count) != 1:
+        images, total = len(sizes), sum(sizes)
+        if total == images or total not in leading.values():
+            continue
+        odd = sorted(name for name, rows in leading.items() if rows not in (images, total))
+        if odd:
+            raise InputError(
+                f"the image inputs {', '.join(odd)} have neither one row per image ({images}) nor one per patch of "
+                f"the grid ({total})",
+                fix="pass the processor's image inputs for the same images",
+            )
+        starts = [0, *itertools.accumulate(sizes)]
+        return [
+            {
+                name: value[starts[i] : starts[i + 1]] if leading.get(name) == total else value[i : i + 1]
+                for name, value in inputs.items()
+            }
+            for i in range(images)
+        ]
+    counts = set(leading.values())
+    if len(counts) > 1:
         raise InputError(
-            f"the image inputs have different numbers of images {sorted(count)}",
+            f"the image inputs have different numbers of images {sorted(counts)}",
             fix="pass the processor's image inputs for the same images",
         )
-    return [{name: value[i : i + 1] for name, value in inputs.items()} for i in range(images)]
+    return [{name: value[i : i + 1] for name, value in inputs.items()} for i in range(counts.pop() if counts else 0)]

@@ -293,10 +293,10 @@ def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, alias
         from pipeline.runtime.generation.trt_cache import TrtCacheRunner
 
         return TrtCacheRunner(engine, layout)
-    executor = getattr(executor, "onnxruntime", executor)
-    session = getattr(executor, "session", None)
-    if bound and session is not None and hasattr(session, "io_binding"):
-        return OrtBoundRunner(session, layout, aliased=aliased, row_session=getattr(executor, "row_session", None))
+    session = _ort_session(executor)
+    if bound and session is not None:
+        ort_executor = getattr(executor, "onnxruntime", executor)
+        return OrtBoundRunner(session, layout, aliased=aliased, row_session=getattr(ort_executor, "row_session", None))
     return CopyingRunner(executor, layout)
 
 
@@ -304,10 +304,14 @@ def bound_runner(executor: Any, layout: CacheLayout) -> OrtBoundRunner | None:
     """The in-place runner on ``executor``'s ONNX Runtime session (also the one beside a TensorRT-RTX engine that
     cannot run here), None for any other executor (a TensorRT engine, or one without a session): the two-graph
     modules (encoder-decoder, vision-language) then copy their cache through ``executor.run``."""
+    session = _ort_session(executor)
+    return OrtBoundRunner(session, layout) if session is not None else None
+
+
+def _ort_session(executor: Any) -> Any:
+    """The ONNX Runtime session that runs ``executor``'s steps with ``IOBinding`` (its own, or the one beside a
+    TensorRT-RTX engine that cannot run here), None for a runnable TensorRT engine or an executor without one."""
     if getattr(executor, "engine_runner", None) is not None:
         return None
-    executor = getattr(executor, "onnxruntime", executor)
-    session = getattr(executor, "session", None)
-    if session is None or not hasattr(session, "io_binding"):
-        return None
-    return OrtBoundRunner(session, layout)
+    session = getattr(getattr(executor, "onnxruntime", executor), "session", None)
+    return session if session is not None and hasattr(session, "io_binding") else None

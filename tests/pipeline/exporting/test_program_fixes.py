@@ -253,3 +253,4 @@ def test_a_repeat_interleave_with_its_output_size_hint_converts_and_matches() ->
     module = pipeline.convert(model, (x, repeats))
     other = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(module(other, repeats), model(other, repeats))
+    assert_builds(module)

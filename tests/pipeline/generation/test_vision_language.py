@@ -15,6 +15,7 @@ import tests_environment  # noqa: F401 -- torchvision's operator schemas, before
 import tiny_models
 import torch
 import transformers
+from tiny_models import transformers_generate
 
 import pipeline
 from converters.errors import InputError
@@ -76,11 +77,6 @@ def llava_module(llava: Any, llava_inputs: dict[str, torch.Tensor]) -> VisionLan
     return module
 
 
-def reference(model: Any, inputs: dict[str, torch.Tensor], **options: Any) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(**inputs, do_sample=False, **options)
-
-
 def varied(sequences: torch.Tensor) -> None:
     """The decoding is worth comparing: every row changes its token."""
     assert all(len(set(row.tolist())) >= 3 for row in sequences), sequences
@@ -93,7 +89,7 @@ def test_llava_greedy_equals_transformers_on_a_padded_batch(
     out = llava_module.generate(
         ids, attention_mask=llava_inputs["attention_mask"], pixel_values=llava_inputs["pixel_values"], max_new_tokens=16
     )
-    expected = reference(llava, llava_inputs, max_new_tokens=16)
+    expected = transformers_generate(llava, llava_inputs, max_new_tokens=16)
     varied(expected[:, ids.shape[1] :])
     assert torch.equal(out, expected)
     streamed = list(llava_module.stream(**llava_inputs, max_new_tokens=16))
@@ -113,7 +109,9 @@ def test_llava_beam_search_equals_transformers(
     llava: Any, llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
 ) -> None:
     options: dict[str, Any] = {"max_new_tokens": 8, "num_beams": 4, "num_return_sequences": 2}
-    assert torch.equal(llava_module.generate(**llava_inputs, **options), reference(llava, llava_inputs, **options))
+    assert torch.equal(
+        llava_module.generate(**llava_inputs, **options), transformers_generate(llava, llava_inputs, **options)
+    )
 
 
 def test_a_generated_image_token_is_embedded_as_the_model_embeds_it(
@@ -129,7 +127,7 @@ def test_a_generated_image_token_is_embedded_as_the_model_embeds_it(
 
     processors = transformers.LogitsProcessorList([image_token_first])
     out = llava_module.generate(**llava_inputs, max_new_tokens=6, logits_processor=processors)
-    expected = reference(llava, llava_inputs, max_new_tokens=6, logits_processor=processors)
+    expected = transformers_generate(llava, llava_inputs, max_new_tokens=6, logits_processor=processors)
     assert bool((expected[:, llava_inputs["input_ids"].shape[1]] == IMAGE).all())
     assert torch.equal(out, expected)
 
@@ -230,11 +228,11 @@ def test_gemma3_greedy_and_beams_equal_transformers() -> None:
     model = gemma3_model()
     inputs = prompts(4, 32)
     module = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
-    expected = reference(model, inputs, max_new_tokens=12)
+    expected = transformers_generate(model, inputs, max_new_tokens=12)
     varied(expected[:, inputs["input_ids"].shape[1] :])
     assert torch.equal(module.generate(**inputs, max_new_tokens=12), expected)
     beams: dict[str, Any] = {"max_new_tokens": 6, "num_beams": 4}
-    assert torch.equal(module.generate(**inputs, **beams), reference(model, inputs, **beams))
+    assert torch.equal(module.generate(**inputs, **beams), transformers_generate(model, inputs, **beams))
 
 
 def test_gemma3_token_type_ids_make_the_prefills_image_tokens_attend_both_ways(tmp_path: Path) -> None:
@@ -245,12 +243,16 @@ def test_gemma3_token_type_ids_make_the_prefills_image_tokens_attend_both_ways(t
     inputs = prompts(4, 32)
     typed = {**inputs, "token_type_ids": (inputs["input_ids"] == IMAGE).to(torch.int64)}
     module = pipeline.convert(model, typed, generation=GENERATION)  # validated: tokens and every step's logits
-    expected = reference(model, typed, max_new_tokens=12)
-    assert not torch.equal(expected, reference(model, inputs, max_new_tokens=12))  # the types change the decoding
+    expected = transformers_generate(model, typed, max_new_tokens=12)
+    assert not torch.equal(
+        expected, transformers_generate(model, inputs, max_new_tokens=12)
+    )  # the types change the decoding
     assert torch.equal(module.generate(**typed, max_new_tokens=12), expected)
-    assert torch.equal(module.generate(**inputs, max_new_tokens=12), reference(model, inputs, max_new_tokens=12))
+    assert torch.equal(
+        module.generate(**inputs, max_new_tokens=12), transformers_generate(model, inputs, max_new_tokens=12)
+    )
     beams: dict[str, Any] = {"max_new_tokens": 6, "num_beams": 4}
-    assert torch.equal(module.generate(**typed, **beams), reference(model, typed, **beams))
+    assert torch.equal(module.generate(**typed, **beams), transformers_generate(model, typed, **beams))
     loaded = pipeline.load(module.save(tmp_path / "gemma3"))
     assert torch.equal(loaded.generate(**typed, max_new_tokens=12), expected)
 
@@ -271,7 +273,9 @@ def test_paligemma_token_type_ids_give_its_bidirectional_prefix() -> None:
     module = pipeline.convert(model, typed, generation=GENERATION)
     decoding = module.report.accuracy.decoding
     assert decoding is not None and decoding.passed and decoding.note == ""
-    assert torch.equal(module.generate(**typed, max_new_tokens=10), reference(model, typed, max_new_tokens=10))
+    assert torch.equal(
+        module.generate(**typed, max_new_tokens=10), transformers_generate(model, typed, max_new_tokens=10)
+    )
 
 
 def test_token_type_ids_for_a_module_converted_without_them_are_refused(
@@ -297,7 +301,7 @@ def test_llava_next_image_sizes_are_held_by_the_vision_graph(tmp_path: Path) -> 
     module = pipeline.convert(model, inputs, generation={**GENERATION, "max_length": 64}, validate=False)
     assert isinstance(module, VisionLanguageModule)
     assert list(module.fixed_inputs) == ["image_sizes"]
-    expected = reference(model, inputs, max_new_tokens=10)
+    expected = transformers_generate(model, inputs, max_new_tokens=10)
     varied(expected[:, inputs["input_ids"].shape[1] :])
     assert torch.equal(module.generate(**inputs, max_new_tokens=10), expected)
     with pytest.raises(InputError, match="image_sizes"):

@@ -14,6 +14,7 @@ import tests_environment  # noqa: F401 -- torchvision's operator schemas, before
 import tiny_models
 import torch
 import transformers
+from tiny_models import transformers_generate
 
 import pipeline
 from converters.errors import InputError
@@ -94,20 +95,15 @@ def module(model: Any, inputs: dict[str, torch.Tensor]) -> VisionLanguageModule:
     return converted
 
 
-def reference(model: Any, inputs: dict[str, torch.Tensor], **options: Any) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(**inputs, do_sample=False, **options)
-
-
 def test_qwen2_vl_greedy_and_beams_equal_transformers(
     model: Any, module: VisionLanguageModule, inputs: dict[str, torch.Tensor]
 ) -> None:
     assert list(module.fixed_inputs) == ["image_grid_thw"]
     assert module.positions is not None and module.positions.axes == 3
-    greedy = reference(model, inputs, max_new_tokens=12)
+    greedy = transformers_generate(model, inputs, max_new_tokens=12)
     assert len(set(greedy[:, inputs["input_ids"].shape[1] :].flatten().tolist())) > 4  # not one token repeated
     assert torch.equal(module.generate(**inputs, max_new_tokens=12), greedy)
-    beams = reference(model, inputs, max_new_tokens=6, num_beams=3, num_return_sequences=2)
+    beams = transformers_generate(model, inputs, max_new_tokens=6, num_beams=3, num_return_sequences=2)
     assert torch.equal(module.generate(**inputs, max_new_tokens=6, num_beams=3, num_return_sequences=2), beams)
 
 
@@ -123,7 +119,7 @@ def test_positions_are_the_models_own_for_several_images_in_a_row(model: Any, mo
     laid = module.positions.prompt(two["input_ids"], two["attention_mask"])
     kept = two["attention_mask"].bool().expand_as(laid)
     assert torch.equal(laid[kept], expected[kept])
-    assert torch.equal(module.generate(**two, max_new_tokens=8), reference(model, two, max_new_tokens=8))
+    assert torch.equal(module.generate(**two, max_new_tokens=8), transformers_generate(model, two, max_new_tokens=8))
 
 
 def test_a_saved_directory_loads_and_generates_the_same(
@@ -132,7 +128,9 @@ def test_a_saved_directory_loads_and_generates_the_same(
     loaded = pipeline.load(module.save(tmp_path / "qwen2-vl"))
     assert isinstance(loaded, VisionLanguageModule) and loaded.positions is not None
     assert torch.equal(loaded.positions.block, module.positions.block)  # type: ignore[union-attr]
-    assert torch.equal(loaded.generate(**inputs, max_new_tokens=8), reference(model, inputs, max_new_tokens=8))
+    assert torch.equal(
+        loaded.generate(**inputs, max_new_tokens=8), transformers_generate(model, inputs, max_new_tokens=8)
+    )
 
 
 def test_bad_calls_name_the_fix(module: VisionLanguageModule, inputs: dict[str, torch.Tensor]) -> None:
@@ -161,6 +159,8 @@ def test_flattened_patches_are_cut_by_their_grid() -> None:
     assert [tuple(r["pixel_values"].shape) for r in rows] == [(1, 3, 8, 8)] * 2
     with pytest.raises(InputError, match="different numbers of images"):
         image_rows({"pixel_values": torch.zeros(2, 3, 8, 8), "image_sizes": torch.tensor([[8, 8]] * 3)})
+    with pytest.raises(InputError, match="neither one row per image"):
+        image_rows({"pixel_values": pixels, "image_grid_thw": grid, "extra": torch.zeros(5, 2)})
 
 
 def test_a_known_grid_exports_where_the_same_grid_as_data_cannot() -> None:
@@ -189,7 +189,7 @@ def test_a_known_grid_exports_where_the_same_grid_as_data_cannot() -> None:
     assert torch.equal(program.module()(x), x[:6] * 6.0)
 
 
-def test_a_model_with_one_axis_of_positions_has_none_laid_out() -> None:
+def test_an_image_takes_its_block_from_where_it_starts_and_text_goes_on_by_its_extent() -> None:
     rule = ImagePositions(torch.tensor([[0, 0], [0, 1], [0, 0]]), 2, IMAGE)
     ids = torch.tensor([[0, 5, IMAGE, IMAGE, 6]])
     mask = torch.tensor([[0, 1, 1, 1, 1]])
