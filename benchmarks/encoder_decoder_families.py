@@ -10,19 +10,24 @@ encoder-decoder (a decoder-only LM with an audio encoder: Qwen2-Audio, Voxtral, 
 
 For each encoder-decoder, in a process of its own (a crash or a hang is that family's row): transformers' own
 ``model.generate`` must run on the small config (else the row says "cannot run eagerly" and why); then
-``pipeline.convert(model, inputs, generation={"max_length": 32, "max_batch": 8}, validate=True)`` on ONNX Runtime
-fp32; greedy 12 new tokens for a batch of 2 (token inputs right-padded, as tokenizers pad; speech features or waveforms
+``pipeline.convert(model, inputs, generation={"max_length": 32, "max_batch": 8}, precision=..., validate=True)`` on
+ONNX Runtime (``--precision``: fp32, or fp16 judged by the conversion's validation under the accuracy policy); greedy
+12 new tokens for a batch of 2 (token inputs right-padded, as tokenizers pad; speech features or waveforms
 of the length the encoder takes) and beam search with 4 beams compared with ``model.generate``'s sequences (a model
 whose ``generate`` leaves its decoder prompt out, as Whisper's does, is compared on the tokens it returns; one whose
 class wraps transformers' generic loop with its own pre- or post-processing is also compared with that loop, and the
-row says so; a model whose ``generate`` has no beam search says n/a); the module saved and loaded back gives the same
-greedy tokens. "greedy tokens" is the shape of transformers' greedy sequences and how many distinct tokens they hold.
+row says so; a model whose ``generate`` has no beam search says n/a); every greedy step's scores compared with
+transformers' (``output_scores``: the largest difference, 1e-3 the fp32 goal); the module saved and loaded back gives
+the same greedy tokens; then the family is converted again for TensorRT-RTX (the same precision, ``validate=False``),
+whose real builder builds both graphs ahead of time on this CPU machine. "greedy tokens" is the shape of transformers'
+greedy sequences and how many distinct tokens they hold.
 
 Run from the repository root::
 
     python benchmarks/encoder_decoder_families.py                  # every family, the markdown table
     python benchmarks/encoder_decoder_families.py --only bart t5 whisper
     python benchmarks/encoder_decoder_families.py --json families.json
+    python benchmarks/encoder_decoder_families.py --precision fp16 --json families16.json
 """
 
 from __future__ import annotations
@@ -30,11 +35,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +50,18 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402
+from family_sweep import (  # noqa: E402
+    PRECISIONS,
+    CannotRunEagerly,
+    first_line,
+    lively,
+    row_of,
+    rtx_builds,
+    run_isolated,
+    score_cell,
+    scores_gap,
+    scores_within,
+)
 from model_sources.transformers_models import shrunk_config  # noqa: E402
 from transformers.generation.utils import GenerationMixin  # noqa: E402
 from transformers.models.auto import modeling_auto  # noqa: E402
@@ -146,10 +161,6 @@ GENERATION_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
-class CannotRunEagerly(Exception):
-    """transformers' own model or ``generate`` fails on the small config: not ours to judge."""
-
-
 def families() -> dict[str, str]:
     """model_type -> model class name, for every sequence-to-sequence model type transformers maps."""
     names = {
@@ -184,17 +195,6 @@ def make_config(kind: str) -> Any:
         for key, value in values.items():
             setattr(getattr(config, name), key, value)
     return config
-
-
-def lively(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """``model`` with its matrices drawn wider, so that greedy decoding does not repeat one token."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2 and parameter.is_floating_point():
-                fan_in = parameter[0].numel()
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * WEIGHT_GAIN / fan_in**0.5)
-    return model.eval()
 
 
 def encoder_inputs(kind: str, model: Any) -> dict[str, torch.Tensor]:
@@ -269,7 +269,7 @@ def verdict(
     return "generic" if same(generic, actual) else False
 
 
-def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any]:
+def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
     """One family's row (see the module docstring), filled in ``row`` as it goes."""
     default = tf.CONFIG_MAPPING[kind]()
     if not getattr(default, "is_encoder_decoder", False):
@@ -279,12 +279,13 @@ def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any
     try:
         config = make_config(kind)
     except Exception as error:  # noqa: BLE001 - transformers refuses its own small config: the row says why
-        raise CannotRunEagerly(f"config: {type(error).__name__}: {_first_line(error)}") from error
+        raise CannotRunEagerly(f"config: {type(error).__name__}: {first_line(error)}") from error
     greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
     beam = {**greedy, "num_beams": BEAMS}
+    scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
     try:
         torch.manual_seed(0)
-        model: Any = lively(getattr(tf, class_name)(config))
+        model: Any = lively(getattr(tf, class_name)(config), gain=WEIGHT_GAIN)
         for name, value in GENERATION_CONFIG.get(kind, {}).items():
             setattr(model.generation_config, name, value)
         inputs = encoder_inputs(kind, model)
@@ -293,16 +294,16 @@ def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any
     except CannotRunEagerly:
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
-        raise CannotRunEagerly(f"{type(error).__name__}: {_first_line(error)}") from error
+        raise CannotRunEagerly(f"{type(error).__name__}: {first_line(error)}") from error
     try:
         with torch.no_grad():
             expected_beam = model.generate(**inputs, **beam)
     except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
         expected_beam = None
-        row["beam"] = f"n/a: transformers' {type(error).__name__}: {_first_line(error)[:120]}"
+        row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
     row["tokens"] = f"{tuple(expected_greedy.shape)}, {len(set(expected_greedy.flatten().tolist()))} distinct"
     start = time.perf_counter()
-    module = pipeline.convert(model, inputs, generation=GENERATION, validate=True)
+    module = pipeline.convert(model, inputs, generation=GENERATION, precision=precision, validate=True)
     row["convert_s"] = round(time.perf_counter() - start, 1)
     row["converts"] = "yes"
     if "input_ids" in inputs:
@@ -313,21 +314,31 @@ def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any
     row["greedy"] = verdict(model, inputs, expected_greedy, ours, **greedy)
     if expected_beam is not None:
         row["beam"] = verdict(model, inputs, expected_beam, module.generate(**inputs, **beam), **beam)
+    row["scores"] = score_cell(scores(model, module, inputs, scored), precision)
     with tempfile.TemporaryDirectory() as directory:
         module.save(Path(directory) / kind)
         loaded = pipeline.load(Path(directory) / kind)
         row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
+    row["rtx"] = rtx_builds(model, inputs, GENERATION, precision)
     return row
 
 
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return (lines[0] if lines else "")[:320]
+def scores(model: Any, module: Any, inputs: dict[str, torch.Tensor], options: dict[str, Any]) -> float | str:
+    """Every greedy step's scores against ``model.generate``'s (:func:`family_sweep.scores_gap`); against transformers'
+    generic loop where the model's class wraps it (as :func:`verdict` does) and its own returns none."""
+    with torch.no_grad():
+        expected = model.generate(**inputs, **options)
+    gap = scores_gap(expected, module.generate(**inputs, **options))
+    if isinstance(gap, str) and gap.startswith("n/a") and type(model).generate is not GenerationMixin.generate:
+        with torch.no_grad():
+            gap = scores_gap(GenerationMixin.generate(model, **inputs, **options), module.generate(**inputs, **options))
+    return gap
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The results table."""
-    head = "| family | converts | greedy equal | beam (4) equal | saved + loaded equal | convert s | greedy tokens |"
+    head = "| family | converts | greedy equal | greedy scores, max difference | beam (4) equal | saved + loaded |"
+    head += " TensorRT-RTX builds | convert s | greedy tokens |"
     lines = [head + " error (or note) |", "|---" * (head.count("|")) + "|"]
     yes = {True: "yes", False: "**no**", None: "", "generic": "yes, as the generic loop (see below)"}
     for r in rows:
@@ -335,8 +346,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             r["family"],
             r.get("converts", ""),
             yes[r.get("greedy")],
+            r.get("scores", ""),
             r["beam"] if isinstance(r.get("beam"), str) and r["beam"].startswith("n/a") else yes[r.get("beam")],
             yes[r.get("reloaded")],
+            r.get("rtx", ""),
             r.get("convert_s", ""),
             r.get("tokens", ""),
             r.get("error", ""),
@@ -345,42 +358,20 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_isolated(kind: str, timeout: float) -> dict[str, Any]:
-    """The family's row from a child process (a crash, an exhausted memory or a hang is that family's row)."""
-    command = [sys.executable, __file__, "--child", kind]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"family": kind, "converts": "**no**", "error": f"timed out after {timeout:.0f} s"}
-    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    row = dict(json.loads(rows[-1])) if rows else {}
-    if done.returncode or row.get("converts") == "**no**":  # the traceback, for the failures that are ours
-        sys.stderr.write(f"--- {kind}\n{done.stderr[-6000:]}")
-    return row or {"family": kind, "converts": "**no**", "error": f"the child process exited with {done.returncode}"}
-
-
-def row_of(kind: str, class_name: str) -> dict[str, Any]:
-    """The family's row, every failure in it (with what was measured before)."""
-    row: dict[str, Any] = {"family": kind}
-    try:
-        return run_family(kind, class_name, row)
-    except CannotRunEagerly as exc:
-        return {**row, "converts": "cannot run eagerly", "error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
-        traceback.print_exc()
-        return {**row, "converts": "**no**", "error": f"{type(exc).__name__}: {_first_line(exc)}"}
-
-
-def summary(rows: list[dict[str, Any]]) -> str:
+def summary(rows: list[dict[str, Any]], precision: str) -> str:
     """How many rows are encoder-decoders, run eagerly, convert, and decode as transformers does."""
     pairs = [r for r in rows if r.get("converts") != "not an encoder-decoder"]
     eager = [r for r in pairs if r.get("converts") != "cannot run eagerly"]
     converted = [r for r in eager if r.get("converts") == "yes"]
     equal = [r for r in converted if r.get("greedy") and r.get("beam") is not False and r.get("reloaded")]
+    scored = [r for r in converted if scores_within(r.get("scores"))]
+    built = [r for r in converted if str(r.get("rtx", "")).startswith("yes")]
     return (
-        f"{len(rows)} model types: {len(pairs)} encoder-decoders, {len(eager)} of them run eagerly from the small "
-        f"config, {len(converted)} convert, {len(equal)} decode as transformers does (greedy, beam search where the "
-        "model's generate has it, and saved + loaded)"
+        f"{len(rows)} model types, {precision}: {len(pairs)} encoder-decoders, {len(eager)} of them run eagerly from "
+        f"the small config, {len(converted)} convert (validated), {len(equal)} decode as transformers does (greedy, "
+        f"beam search where the model's generate has it, and saved + loaded), {len(scored)} with every greedy step's "
+        f"scores within {'1e-3' if precision == 'fp32' else 'the validated policy'}, TensorRT-RTX builds both graphs "
+        f"of {len(built)}"
     )
 
 
@@ -390,13 +381,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="model types (as transformers names them: bart, t5, whisper)")
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one family may take")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the conversions' precision")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one family, its row printed as JSON
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     warnings.simplefilter("ignore")
     every = families()
     if args.child:
-        print(json.dumps(row_of(args.child, every[args.child])), flush=True)
+        print(json.dumps(row_of(run_family, args.child, every[args.child], args.precision)), flush=True)
         return
     wanted = set(args.only or ())
     unknown = wanted - set(every)
@@ -407,11 +399,11 @@ def main() -> None:
     for kind in every:
         if wanted and kind not in wanted:
             continue
-        row = run_isolated(kind, args.timeout)
+        row = run_isolated(__file__, kind, args.timeout, ["--precision", args.precision])
         print(json.dumps(row), flush=True)
         rows.append(row)
     print(markdown(rows))
-    print(summary(rows))
+    print(summary(rows, args.precision))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

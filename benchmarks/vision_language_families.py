@@ -9,16 +9,19 @@ image.
 
 For each family, in a process of its own (a crash or a hang is that family's row): transformers' own
 ``model.generate`` on the batch (else the row says "cannot run eagerly" and why), then
-``pipeline.convert(model, batch, generation={"max_length": 64, "max_batch": 4}, validate=True)`` on ONNX Runtime fp32;
-greedy 8 new tokens and beam search with 2 beams compared with ``model.generate``'s; the module saved and loaded back
-gives the same greedy tokens; then the family is converted again for TensorRT-RTX (fp32, ``validate=False``), whose
-real builder builds both graphs ahead of time on this CPU machine. Rows are appended to ``--jsonl`` as they finish:
-a stopped run resumes.
+``pipeline.convert(model, batch, generation={"max_length": 64, "max_batch": 8}, precision=..., validate=True)`` on
+ONNX Runtime (``--precision``: fp32, or fp16 judged by the conversion's validation under the accuracy policy); greedy
+8 new tokens and beam search with 4 beams compared with ``model.generate``'s; every greedy step's scores compared
+with transformers' (``output_scores``: the largest difference, 1e-3 the fp32 goal); the module saved and loaded back
+gives the same greedy tokens; then the family is converted again for TensorRT-RTX (the same precision,
+``validate=False``), whose real builder builds both graphs ahead of time on this CPU machine. Rows are appended to
+``--jsonl`` as they finish: a stopped run resumes.
 
 Run from the repository root::
 
     python benchmarks/vision_language_families.py                      # every family, the markdown table
     python benchmarks/vision_language_families.py --only llava gemma3
+    python benchmarks/vision_language_families.py --precision fp16 --jsonl vlm16.jsonl
 """
 
 from __future__ import annotations
@@ -26,11 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,18 +40,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
 import torch  # noqa: E402
+from family_sweep import (  # noqa: E402
+    PRECISIONS,
+    CannotRunEagerly,
+    first_line,
+    lively,
+    row_of,
+    rtx_builds,
+    run_isolated,
+    score_cell,
+    scores_gap,
+    scores_within,
+)
 from model_sources import transformers_all_models as every  # noqa: E402
 
 import pipeline  # noqa: E402
 
-GENERATION = {"max_length": 64, "max_batch": 4}
 NEW_TOKENS = 8
-BEAMS = 2
+BEAMS = 4
+BATCH = 2
+GENERATION = {"max_length": 64, "max_batch": BATCH * BEAMS}
 PAD = 2  # the second prompt's left padding
-
-
-class CannotRunEagerly(Exception):
-    """transformers' own model fails on the small config or the batch."""
 
 
 def families() -> dict[str, str]:
@@ -61,18 +71,13 @@ def families() -> dict[str, str]:
     return {kind: name if isinstance(name, str) else name[0] for kind, name in sorted(names.items())}
 
 
-def lively(model: torch.nn.Module, seed: int = 0) -> Any:
-    """``model`` with its matrices drawn wider (greedy tokens vary), eos off (every row decodes every token)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2 and parameter.is_floating_point():
-                fan_in = parameter[0].numel()
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 1.5 / fan_in**0.5)
+def quiet(model: torch.nn.Module) -> Any:
+    """``model`` with its matrices drawn wider (greedy tokens vary) and eos off (every row decodes every token)."""
+    model = lively(model)
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
         generation_config.eos_token_id = None
-    return model.eval()
+    return model
 
 
 def batch_of_two(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -99,94 +104,55 @@ def batch_of_two(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return batch
 
 
-def run_family(kind: str, class_name: str, row: dict[str, Any]) -> dict[str, Any]:
+def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
     """One family's row, filled in ``row`` as it goes."""
     greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
     beam = {**greedy, "num_beams": BEAMS}
+    scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
     try:
         model, (_args, sample) = every.build(kind, class_name)
         if "pixel_values" not in sample:
             raise CannotRunEagerly(f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found")
-        model = lively(model)
+        model = quiet(model)
         inputs = batch_of_two(sample)
         with torch.no_grad():
             expected_greedy = model.generate(**inputs, **greedy)
     except CannotRunEagerly:
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
-        raise CannotRunEagerly(f"{type(error).__name__}: {_first_line(error)}") from error
+        raise CannotRunEagerly(f"{type(error).__name__}: {first_line(error)}") from error
     try:
         with torch.no_grad():
             expected_beam = model.generate(**inputs, **beam)
     except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
         expected_beam = None
-        row["beam"] = f"n/a: transformers' {type(error).__name__}: {_first_line(error)[:120]}"
+        row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
     row["tokens"] = f"{tuple(expected_greedy.shape)}, {len(set(expected_greedy.flatten().tolist()))} distinct"
     start = time.perf_counter()
-    module = pipeline.convert(model, inputs, generation=GENERATION, validate=True)
+    module = pipeline.convert(model, inputs, generation=GENERATION, precision=precision, validate=True)
     row["convert_s"] = round(time.perf_counter() - start, 1)
     row["converts"] = "yes"
     ours = module.generate(**inputs, **greedy)
     row["greedy"] = torch.equal(ours, expected_greedy)
     if expected_beam is not None:
         row["beam"] = torch.equal(module.generate(**inputs, **beam), expected_beam)
+    with torch.no_grad():
+        expected_scores = model.generate(**inputs, **scored)
+    row["scores"] = score_cell(scores_gap(expected_scores, module.generate(**inputs, **scored)), precision)
     with tempfile.TemporaryDirectory() as directory:
         module.save(Path(directory) / kind)
         loaded = pipeline.load(Path(directory) / kind)
         row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
-    row["rtx"] = rtx_builds(model, inputs)
+    row["rtx"] = rtx_builds(model, inputs, GENERATION, precision)
     return row
 
 
-def rtx_builds(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> str:
-    """Whether TensorRT-RTX's real builder builds both graphs (fp32, ahead of time: no GPU here), or why not."""
-    try:
-        import tensorrt_rtx  # noqa: F401
-    except ImportError:
-        return "n/a (tensorrt-rtx not installed)"
-    try:
-        module = pipeline.convert(model, inputs, generation=GENERATION, backend="tensorrt-rtx", validate=False)
-    except Exception as error:  # noqa: BLE001 - the builder's refusal is the cell
-        return f"**no**: {type(error).__name__}: {_first_line(error)[:200]}"
-    built = all(getattr(part, "engine_bytes", None) for part in (module.vision, module.step))
-    return "yes" if built else "**no**: no engine"
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return (lines[0] if lines else "")[:320]
-
-
-def row_of(kind: str, class_name: str) -> dict[str, Any]:
-    """The family's row, every failure in it (with what was measured before)."""
-    row: dict[str, Any] = {"family": kind}
-    try:
-        return run_family(kind, class_name, row)
-    except CannotRunEagerly as exc:
-        return {**row, "converts": "cannot run eagerly", "error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
-        traceback.print_exc()
-        return {**row, "converts": "**no**", "error": f"{type(exc).__name__}: {_first_line(exc)}"}
-
-
-def run_isolated(kind: str, timeout: float) -> dict[str, Any]:
-    """The family's row from a child process (a crash, an exhausted memory or a hang is that family's row)."""
-    command = [sys.executable, __file__, "--child", kind]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"family": kind, "converts": "**no**", "error": f"timed out after {timeout:.0f} s"}
-    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    row = dict(json.loads(rows[-1])) if rows else {}
-    if done.returncode or row.get("converts") == "**no**":  # the traceback, for the failures that are ours
-        sys.stderr.write(f"--- {kind}\n{done.stderr[-6000:]}")
-    return row or {"family": kind, "converts": "**no**", "error": f"the child process exited with {done.returncode}"}
-
-
-def markdown(rows: list[dict[str, Any]]) -> str:
+def markdown(rows: list[dict[str, Any]], precision: str) -> str:
     """The results table and its summary line."""
-    head = "| family | converts | greedy equal | beam (2) equal | saved + loaded equal | TensorRT-RTX builds |"
-    head += " convert s | greedy tokens |"
+    head = (
+        "| family | converts | greedy equal | greedy scores, max difference | beam (4) equal | saved + loaded equal |"
+    )
+    head += " TensorRT-RTX builds | convert s | greedy tokens |"
     lines = [head + " error (or note) |", "|---" * head.count("|") + "|"]
     yes = {True: "yes", False: "**no**", None: ""}
     for r in rows:
@@ -195,6 +161,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             r["family"],
             r.get("converts", ""),
             yes[r.get("greedy")],
+            r.get("scores", ""),
             beam if isinstance(beam, str) else yes[beam],
             yes[r.get("reloaded")],
             r.get("rtx", ""),
@@ -206,12 +173,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     eager = [r for r in rows if r.get("converts") != "cannot run eagerly"]
     converted = [r for r in eager if r.get("converts") == "yes"]
     equal = [r for r in converted if r.get("greedy") and r.get("beam") is not False and r.get("reloaded")]
-    built = [r for r in converted if r.get("rtx") == "yes"]
+    scored = [r for r in converted if scores_within(r.get("scores"))]
+    built = [r for r in converted if str(r.get("rtx", "")).startswith("yes")]
     lines += [
         "",
-        f"{len(rows)} model types: {len(eager)} run eagerly with an image from the small config, {len(converted)} "
-        f"convert, {len(equal)} decode as transformers does (greedy, beam search, saved + loaded), TensorRT-RTX "
-        f"builds both graphs of {len(built)}",
+        f"{len(rows)} model types, {precision}: {len(eager)} run eagerly with an image from the small config, "
+        f"{len(converted)} convert (validated), {len(equal)} decode as transformers does (greedy, beam search, saved "
+        f"+ loaded), {len(scored)} with every greedy step's scores within "
+        f"{'1e-3' if precision == 'fp32' else 'the validated policy'}, TensorRT-RTX builds both graphs of {len(built)}",
     ]
     return "\n".join(lines)
 
@@ -222,13 +191,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="model types (as transformers names them: llava, gemma3)")
     parser.add_argument("--jsonl", type=Path, default=Path("vision_language_families.jsonl"), help="rows, resumable")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one family may take")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the conversions' precision")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one family, its row printed as JSON
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     warnings.simplefilter("ignore")
     known = families()
     if args.child:
-        print(json.dumps(row_of(args.child, known[args.child])), flush=True)
+        print(json.dumps(row_of(run_family, args.child, known[args.child], args.precision)), flush=True)
         return
     done = {}
     if args.jsonl.exists():
@@ -238,11 +208,11 @@ def main() -> None:
     for kind in chosen:
         if kind in done:
             continue
-        done[kind] = run_isolated(kind, args.timeout)
+        done[kind] = run_isolated(__file__, kind, args.timeout, ["--precision", args.precision])
         with args.jsonl.open("a") as out:
             out.write(json.dumps(done[kind]) + "\n")
         print(json.dumps(done[kind]), flush=True)
-    print(markdown([done[kind] for kind in chosen if kind in done]))
+    print(markdown([done[kind] for kind in chosen if kind in done], args.precision))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ how far PyTorch itself is from the answer on the same input.
   more with every float32 op computed in float64 (:class:`PrecisionMode`), the exact answer to float32's rounding.
   If the backend is as close to that answer as PyTorch float32 is, it is within twice PyTorch float32's distance
   of PyTorch float32 (the triangle inequality): an element passes within ``FACTORS["float32"]`` (2) x
-  ``max |torch32 - torch64|`` on that input, the fixed ``atol``/``rtol`` being the floor.
+  ``max |torch32 - torch64|`` on that input, the fixed ``atol``/``rtol`` being the floor. Measured against the exact
+  answer itself, the output also passes where every element is within 2 x ``max |torch32 - torch64|`` of torch64
+  (PyTorch float32 rounds one way, the backend the other: a backend 1.4x PyTorch's own distance from the exact answer
+  can be 2.4x it from PyTorch float32; seen on a speech encoder's one element of 6,528).
 * **float16 / bfloat16** (an fp16 or bf16 conversion): PyTorch runs the model with every float32 op computed in
   the low type, PyTorch's own half precision. The output passes within ``FACTORS["float16"]`` (3) x PyTorch's own
   error ``d = torch_low - torch32`` on that input: elements within 3 x ``max |d|``, the tensor's RMS error
@@ -51,8 +54,8 @@ NO_ANCHOR = "no anchor, the fixed tolerance stands"
 
 RULE = (
     "when the fixed tolerance fails on an input, PyTorch runs once more on it (float32 graphs: in float64; float16 "
-    "and bfloat16 graphs: in that type) and the output passes within 2x (float32) or 3x (half: elements and RMS) "
-    "PyTorch's own error there, never below the fixed tolerance"
+    "and bfloat16 graphs: in that type) and the output passes within 2x (float32: of PyTorch float32 or of the "
+    "float64 answer) or 3x (half: elements and RMS) PyTorch's own error there, never below the fixed tolerance"
 )
 
 
@@ -65,12 +68,15 @@ def anchor_type(computed_in: str, tolerance: Tolerance, given: bool) -> str:
 
 
 def anchored_tolerance(
-    base: Tolerance, reference: np.ndarray, anchor: np.ndarray, computed_in: str
+    base: Tolerance, reference: np.ndarray, anchor: np.ndarray, computed_in: str, actual: np.ndarray | None = None
 ) -> tuple[Tolerance, str]:
     """``base`` widened to :data:`FACTORS` x PyTorch's own error ``anchor - reference`` on one input, and one line
     saying by how much; ``base`` unchanged where the anchor is not finite or the reference is all zero. PyTorch's
     own run not finite where the reference is (a model whose values leave float16's range) is said in the line:
-    where no element of it is finite there is nothing to anchor to, and the line says so."""
+    where no element of it is finite there is nothing to anchor to, and the line says so.
+
+    float32 with the backend's ``actual`` output: where every element of it is within that much of the float64
+    answer itself, the tolerance is widened to pass it too (the module doc), and the line says how close it is."""
     ref = np.asarray(reference, np.float64).ravel()
     own = np.asarray(anchor, np.float64).ravel() - ref
     finite = np.isfinite(own)
@@ -93,7 +99,28 @@ def anchored_tolerance(
         rms=max(base.rms, factor * rms / scale) if base.rms else 0.0,
     )
     line = f"PyTorch {what} vs float32: max {worst:.3g}" + (f", RMS {rms / scale:.3g} x RMS" if base.rms else "")
+    if computed_in == "float32" and actual is not None and not overflow:
+        got = np.asarray(actual, np.float64).ravel()
+        widened, line = _closer_to_exact(widened, ref, got, own, factor * worst, line)
     return widened, f"{line}; {overflow}, judged on the finite rest" if overflow else line
+
+
+def _closer_to_exact(
+    widened: Tolerance, ref: np.ndarray, got: np.ndarray, own: np.ndarray, allowed: float, line: str
+) -> tuple[Tolerance, str]:
+    """``widened`` made to pass ``got`` where every element of it is within ``allowed`` of the float64 answer
+    (``ref + own``), with the line saying so; else both unchanged."""
+    exact = ref + own
+    if got.shape != ref.shape or not (np.isfinite(got).all() and np.isfinite(exact).all()):
+        return widened, line
+    gap = float(np.abs(got - exact).max())
+    if gap > allowed:
+        return widened, line
+    scale = float(np.sqrt(np.mean(np.square(ref))))
+    needed = float(np.abs(got - ref).max()) / scale * (1 + 1e-9)
+    if needed <= widened.rms_atol:
+        return widened, line
+    return dataclasses.replace(widened, rms_atol=needed), f"{line}; the output vs float64: max {gap:.3g}"
 
 
 class PrecisionMode(TorchDispatchMode):

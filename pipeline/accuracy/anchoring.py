@@ -51,7 +51,7 @@ class Anchoring:
             anchor = anchors[judged.anchor]
             if anchor is None or name not in anchor:
                 continue
-            out[name], line = anchored_tolerance(judged.tolerance, want, anchor[name], judged.anchor)
+            out[name], line = anchored_tolerance(judged.tolerance, want, anchor[name], judged.anchor, got)
             if line:
                 kept = self.unanchored if out[name] is judged.tolerance else self.lines
                 kept.setdefault(name, []).append(f"input {self.inputs - 1}: {line}")

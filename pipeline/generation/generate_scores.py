@@ -87,7 +87,7 @@ def judged_logits(
                 anchor = _anchor_run(reference, model, judged.anchor, notes) or ()
             if _fed_alike(anchor, theirs, step):
                 own = anchor.logits[step].double().cpu().numpy()
-                tolerance = anchored_tolerance(judged.tolerance, want_array, own, judged.anchor)[0]
+                tolerance = anchored_tolerance(judged.tolerance, want_array, own, judged.anchor, got_array)[0]
         judge.add(step, got_array, want_array, tolerance)
         ratios[step] = tolerance_ratio(got_array, want_array, tolerance or judged.tolerance)
     rows, steps = int(ours.sequences.shape[0]), len(ours.logits)

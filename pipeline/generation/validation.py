@@ -107,7 +107,7 @@ def validate_decoding(
                     if anchor is None:
                         anchor = _anchor_logits(model, ids, mask, chosen[:, :steps], judged.anchor, anchor_notes)
                     if anchor:
-                        tolerance = anchored_tolerance(judged.tolerance, want, anchor[step], judged.anchor)[0]
+                        tolerance = anchored_tolerance(judged.tolerance, want, anchor[step], judged.anchor, got)[0]
                 judge.add(step, got, want, tolerance)
     rows = sum(p.ids.shape[0] for p in prompts)
     report = DecodingAccuracy(

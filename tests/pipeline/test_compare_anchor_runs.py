@@ -58,6 +58,25 @@ def test_the_float32_anchor_widens_the_elementwise_rule_only() -> None:
     assert line == "PyTorch float64 vs float32: max 0.002"
 
 
+def test_a_float32_output_as_close_to_the_float64_answer_passes_though_it_rounds_the_other_way() -> None:
+    from pipeline.accuracy.stats import tolerance_ratio
+
+    reference = np.array([3.0, -4.0, 0.0, 0.0])  # PyTorch float32, RMS 2.5
+    exact = reference + np.array([0.0, 0.001, -0.002, 0.0])  # float64: PyTorch float32 is 0.002 off at most
+    ours = exact + np.array([0.0, 0.0, -0.003, 0.0])  # 0.003 from the exact answer, 0.005 (2.5x) from float32
+    plain, _ = anchored_tolerance(FLOAT32, reference, exact, "float32")
+    assert tolerance_ratio(ours, reference, plain) > 1  # judged against PyTorch float32 alone it fails
+    widened, line = anchored_tolerance(FLOAT32, reference, exact, "float32", ours)
+    assert tolerance_ratio(ours, reference, widened) <= 1
+    assert line == "PyTorch float64 vs float32: max 0.002; the output vs float64: max 0.003"
+    farther = exact + np.array([0.0, 0.0, -0.0041, 0.0])  # beyond 2x PyTorch's own 0.002 from the exact answer
+    kept, line = anchored_tolerance(FLOAT32, reference, exact, "float32", farther)
+    assert kept == plain and tolerance_ratio(farther, reference, kept) > 1
+    assert line == "PyTorch float64 vs float32: max 0.002"
+    half, _ = anchored_tolerance(FLOAT16, reference, exact, "float16", ours)  # half anchors are not the exact answer
+    assert half == anchored_tolerance(FLOAT16, reference, exact, "float16")[0]
+
+
 def test_the_half_anchor_widens_the_elementwise_and_rms_rules() -> None:
     reference = np.array([3.0, -4.0, 0.0, 0.0])
     own = reference + np.array([0.02, 0.0, 0.0, 0.0])  # max 0.02, RMS 0.01
