@@ -36,6 +36,22 @@ def is_vision_language(model: Any, sample: Any) -> bool:
         return False
 
 
+def image_input_names(model: torch.nn.Module) -> list[str]:
+    """The inputs ``model.get_image_features`` takes by name, in its order; where it passes ``**kwargs`` on to its
+    inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after them."""
+    names: list[str] = []
+    owners = [model, getattr(model, "model", None)]
+    for owner in owners:
+        method = getattr(owner, "get_image_features", None)
+        if not callable(method):
+            break
+        parameters = inspect.signature(method).parameters.values()
+        names += [p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
 def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The sample's text inputs (``input_ids``, ``attention_mask``) and its vision inputs (every other tensor, in the
     order ``get_image_features`` takes them, ``pixel_values`` first)."""
@@ -71,7 +87,7 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
                 fix="pass the processor's token_type_ids with its input_ids, or leave them out",
             )
         text[TOKEN_TYPES] = types.to(torch.int64)
-    taken = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
+    taken = image_input_names(model)
     for name, value in kwargs.items():  # per-token inputs of the model's own (M-RoPE's mm_token_type_ids)
         if name not in (*TEXT_INPUTS, *taken) and value.shape == ids.shape and not value.is_floating_point():
             text[name] = value
@@ -81,7 +97,7 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
         raise InputError(
             f"the generation sample holds {', '.join(refused)}, which {type(model).__name__}.get_image_features does "
             "not take",
-            fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(n for n in taken if n != 'kwargs')})",
+            fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(taken)})",
         )
     vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
     image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here

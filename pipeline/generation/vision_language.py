@@ -200,7 +200,7 @@ def convert_vision_language(
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
-    listed = isinstance(_pooled(model, image_of(vision, 0)), list | tuple)
+    listed = isinstance(_pooled(model, image_rows(vision)[0]), list | tuple)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
@@ -297,12 +297,11 @@ def _token_embedding(model: torch.nn.Module, token: int | None, hidden: int) -> 
     return row.reshape(-1).float() if row.numel() == hidden else torch.zeros(hidden)
 
 
-def _pooled(model: torch.nn.Module, image: tuple[torch.Tensor, ...]) -> Any:
+def _pooled(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> Any:
     """The features ``get_image_features`` gives one image (its ``pooler_output``); an InputError when it also gives
     features the model adds elsewhere than at the image tokens' embeddings (Qwen3-VL's deepstack)."""
-    names = list(inspect.signature(model.get_image_features).parameters)  # type: ignore[arg-type]
     with torch.no_grad():
-        out = model.get_image_features(**dict(zip(names, image, strict=False)), return_dict=True)  # type: ignore[operator]
+        out = model.get_image_features(**image, return_dict=True)  # type: ignore[operator]
     keys = getattr(out, "keys", None)
     for field in keys() if callable(keys) else ():
         value = out[field]

@@ -198,6 +198,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     for owner in _configs(config):
         _scale_sections(owner)
     _fit_image_tokens(config)
+    _fit_tiles(config)
     _fit_feature_layers(config)
     _fit_tower_output(config)
     return config
@@ -283,6 +284,15 @@ def _fit_image_tokens(config: Any) -> None:
         config.mm_tokens_per_image = max(1, side) ** 2
 
 
+def _fit_tiles(config: Any) -> None:
+    """Tiling resolutions (LLaVA-NeXT's ``image_grid_pinpoints``, 336 x 672 and up) made the small tower's image and
+    its double width: an image of the tower's size is then its own tile and a base tile, as a checkpoint's are."""
+    pinpoints = getattr(config, "image_grid_pinpoints", None)
+    if isinstance(pinpoints, list) and pinpoints:
+        side = _image_side(config)
+        config.image_grid_pinpoints = [[side, side], [side, 2 * side]]
+
+
 def _configs(config: Any) -> list[Any]:
     """The config and its sub-configs (one level)."""
     from transformers import PretrainedConfig
@@ -324,7 +334,11 @@ def _attribute(config: Any, *names: str, default: Any = None) -> Any:
 
 
 def _image_side(config: Any) -> int:
-    size = _attribute(config, "image_size", "input_size", default=32)
+    return _side(_attribute(config, "image_size", "input_size", default=32))
+
+
+def _side(size: Any) -> int:
+    """One side of a size given as a number, a pair (InternVL's ``(14, 14)`` patches) or a dict with a height."""
     if isinstance(size, dict):
         size = size.get("height", 32)
     return int(size[0] if isinstance(size, (list, tuple)) else size)
@@ -357,23 +371,18 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
         if placeholder is None:
             candidates.append({**text, "pixel_values": pixels})
         else:  # a placeholder token per image feature: as many as the vision tower's plausible feature counts
-            patch = int(_attribute(config, "patch_size", default=8) or 8)
+            patch = _side(_attribute(config, "patch_size", default=8) or 8)
             grid = max(1, side // patch)
             declared = [_attribute(config, name) for name in DECLARED_IMAGE_TOKENS]
             declared = [int(count) for count in declared if isinstance(count, int) and 0 < count <= 4096]
-            flattened = _flattened_patches(model, config)
-            images = {"pixel_values": pixels} if flattened is None else flattened
-            measured = _feature_count(model, images)
-            counts = (*measured, *declared, grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)
-            for count in dict.fromkeys(counts):
-                with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
-                mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
-                if "mm_token_type_ids" in parameters:  # which tokens are image tokens (M-RoPE's positions read it)
-                    mask["mm_token_type_ids"] = (with_image == int(placeholder)).to(torch.int32)
-                candidates.append({**text, "input_ids": with_image, **mask, **images})
-                if "image_sizes" in parameters:  # an optional input some towers need (Pixtral's), others refuse
-                    sizes = torch.tensor([[side, side]])
-                    candidates.append({**candidates[-1], "image_sizes": sizes})
+            for images, measured in _image_layouts(model, config, pixels, parameters):
+                counts = (*measured, *declared, grid * grid, grid * grid + 1, max(1, grid // 2) ** 2, 1)
+                for count in dict.fromkeys(counts):
+                    with_image = torch.cat([torch.full((1, count), int(placeholder)), ids], dim=1)
+                    mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
+                    if "mm_token_type_ids" in parameters:  # which tokens are image tokens (M-RoPE's positions)
+                        mask["mm_token_type_ids"] = (with_image == int(placeholder)).to(torch.int32)
+                    candidates.append({**text, "input_ids": with_image, **mask, **images})
     if main == "input_features" or "input_features" in parameters:
         for layout in ((1, mels, 2 * positions), (1, 2 * positions, mels), (1, 64, mels), (1, mels, 64)):
             candidates.append({"input_features": torch.randn(*layout, generator=seeded()), **decoder})
@@ -386,6 +395,24 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     if not candidates:
         candidates.append({main: ids})
     return candidates
+
+
+def _image_layouts(
+    model: torch.nn.Module, config: Any, pixels: torch.Tensor, parameters: Any
+) -> list[tuple[dict[str, torch.Tensor], tuple[int, ...]]]:
+    """The image inputs to try with the features each makes (:func:`_feature_count`), those the tower takes first:
+    flattened patches with their grid (Qwen2-VL's), else the image [1, C, H, W], as tiles [1, tiles, C, H, W]
+    (Idefics3's, LLaVA-NeXT's base and one tile) and with ``image_sizes`` where the forward takes them (Pixtral's)."""
+    flattened = _flattened_patches(model, config)
+    if flattened is not None:
+        return [(flattened, _feature_count(model, flattened))]
+    options = [{"pixel_values": pixels}, {"pixel_values": pixels[:, None]}, {"pixel_values": pixels.repeat(1, 2, 1, 1)}]
+    options[2]["pixel_values"] = options[2]["pixel_values"].reshape(1, 2, *pixels.shape[1:])
+    if "image_sizes" in parameters:  # an optional input some towers need, others refuse
+        sizes = torch.tensor([[pixels.shape[-2], pixels.shape[-1]]])
+        options += [{**option, "image_sizes": sizes} for option in options]
+    measured = [(option, _feature_count(model, option)) for option in options]
+    return sorted(measured, key=lambda pair: not pair[1])  # stable: the given order among those that run
 
 
 def _image_features_method(model: torch.nn.Module) -> Any:
@@ -408,6 +435,9 @@ def _flattened_patches(model: torch.nn.Module, config: Any) -> dict[str, torch.T
     merge = int(getattr(vision, "spatial_merge_size", 1) or 1)
     side = 2 * merge  # rows and columns of patches: two merged tokens each way
     grid = {grids[0]: torch.tensor([[1, side, side]])}
+    merges = grids[0].removesuffix("grid_thw") + "merge_sizes"  # the merge per image (Video-LLaMA 3's)
+    if merges in inspect.signature(model.forward).parameters:
+        grid[merges] = torch.tensor([merge])
     count = side * side
     layouts = (  # as the tower reads its patches: flattened (with its frames, or two), or as small images
         (count, channels * frames * patch * patch),

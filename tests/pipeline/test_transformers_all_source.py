@@ -35,6 +35,11 @@ def test_every_model_type_of_transformers_is_a_case_with_a_family(cases: dict[st
         ("bert", {"input_ids", "attention_mask"}),
         ("llava:image-text-to-text", {"input_ids", "attention_mask", "pixel_values"}),
         ("gemma3:image-text-to-text", {"input_ids", "attention_mask", "pixel_values"}),
+        ("llava_next:image-text-to-text", {"input_ids", "attention_mask", "pixel_values", "image_sizes"}),
+        (
+            "video_llama_3:image-text-to-text",
+            {"input_ids", "attention_mask", "pixel_values", "image_grid_thw", "image_merge_sizes"},
+        ),
         ("whisper:speech-seq2seq", {"input_features", "decoder_input_ids"}),
         ("donut-swin:image-classification", {"pixel_values"}),
     ],
@@ -43,8 +48,9 @@ def test_the_sample_is_found_from_the_forward_and_the_model_runs_on_it(
     cases: dict[str, every.ModelCase], name: str, inputs: set[str]
 ) -> None:
     """The first candidate the model runs on: LLaVA's prompt holds one placeholder token per image feature (the
-    model checks the count); Donut-Swin needs its config's own image size (its 7x7 windows), which a shrink variant
-    keeps."""
+    model checks the count); LLaVA-NeXT's image is a base tile and one tile of the small tower's size
+    [1, 2, C, H, W]; Video-LLaMA 3's merge per image goes with its grid; Donut-Swin needs its config's own image size
+    (its 7x7 windows), which a shrink variant keeps."""
     model, (args, kwargs) = cases[name].build()
     assert args == () and set(kwargs) == inputs
     with torch.no_grad():
@@ -57,6 +63,8 @@ def test_the_sample_is_found_from_the_forward_and_the_model_runs_on_it(
         grid = model.config.vision_config.image_size // model.config.vision_config.patch_size
         assert int((kwargs["input_ids"] == model.config.image_token_id).sum()) == model.config.mm_tokens_per_image
         assert grid % round(model.config.mm_tokens_per_image**0.5) == 0
+    if name.startswith("llava_next"):
+        assert kwargs["pixel_values"].dim() == 5 and kwargs["image_sizes"].tolist() == [[32, 32]]
     if name.startswith("donut-swin"):
         assert kwargs["pixel_values"].shape[-1] == model.config.image_size == 224
 

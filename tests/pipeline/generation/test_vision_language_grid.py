@@ -232,3 +232,20 @@ def test_a_served_directory_takes_the_grid_with_each_request(module: VisionLangu
     specs = {spec.name: spec for spec in found[1]}
     assert {"input_ids", "pixel_values", "image_grid_thw"} <= set(specs)
     assert specs["image_grid_thw"].dtype == "int64" and len(specs["image_grid_thw"].shape) == 2
+
+
+def test_image_inputs_passed_through_the_outer_get_image_features_kwargs_are_taken() -> None:
+    """Video-LLaMA 3's ``get_image_features`` takes ``image_merge_sizes`` through ``**kwargs`` on to its inner model's:
+    the vision graph takes it with the grid, and greedy and beam tokens equal transformers' (the every-type source's
+    model and sample, not written for this test)."""
+    from model_sources import transformers_all_models as every
+
+    from pipeline.generation.vision_inputs import image_input_names
+
+    built, (_, sample) = every.build("video_llama_3", "VideoLlama3ForConditionalGeneration")
+    model = tiny_models.lively(lambda: built, 0, 0.3, keep_eos=False)
+    assert image_input_names(model) == ["pixel_values", "image_grid_thw", "image_merge_sizes"]
+    module = pipeline.convert(model, sample, generation=GENERATION)
+    assert [spec.name for spec in module.vision.io.inputs][:1] == ["pixel_values"]
+    for options in ({"max_new_tokens": 6}, {"max_new_tokens": 6, "num_beams": 3}):
+        assert torch.equal(module.generate(**sample, **options), transformers_generate(model, sample, **options))
