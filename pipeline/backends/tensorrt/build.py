@@ -196,7 +196,25 @@ def parse_network(
     parsed, failures = parse_onnx(model, base_dir, library)
     if failures:
         raise parse_error(failures, model, static_check, library)
+    decomposable_attention(parsed[1], library)
     return parsed
+
+
+def decomposable_attention(network: Any, library: TrtLibrary = TENSORRT) -> int:
+    """Mark every attention layer of the parsed ``network`` decomposable (``IAttention.decomposable``, what
+    Polygraphy's ``SetDecomposableAttentions`` sets), and return how many there are: the builder then computes one it
+    has no dedicated kernel for (a head size, a mask, a dtype: TensorRT-RTX 1.7 refused an fp16 encoder-decoder step's
+    masked cross-attention, "Attention operation was not supported by a dedicated kernel") as MatMul, Softmax and
+    MatMul in the same precision, and keeps its fused kernel wherever there is one."""
+    tensorrt = library.import_module()
+    marked = 0
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if layer.type == tensorrt.LayerType.ATTENTION_INPUT:
+            layer.__class__ = tensorrt.IAttentionInputLayer  # the bindings hand back the base class
+            layer.attention.decomposable = True
+            marked += 1
+    return marked
 
 
 def parse_onnx(

@@ -285,3 +285,17 @@ def test_tensorrt_rtx_builds_both_graphs_of_t5_in_float16() -> None:
     module = pipeline.convert(t5, ids, generation=GENERATION, backend="tensorrt-rtx", precision="fp16", validate=False)
     assert module.encoder.engine_bytes and module.decoder.engine_bytes
     assert module.generation.attention == "onnx"  # float16: ONNX Attention, TensorRT's attention layer
+
+
+def test_tensorrt_rtx_builds_both_graphs_of_bart_in_float16(source: dict[str, torch.Tensor]) -> None:
+    """BART's float16 step with heads of 16 (boolean-masked self- and cross-attention as TensorRT's attention layer)
+    has no dedicated kernel in TensorRT-RTX 1.7 ("Attention operation was not supported by a dedicated kernel"): the
+    build marks the attention layers decomposable, and both graphs build."""
+    pytest.importorskip("tensorrt_rtx")
+    heads = {"encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_layers": 1, "decoder_layers": 1}
+    config = transformers.BartConfig(**SIZES, **heads, encoder_ffn_dim=48, decoder_ffn_dim=48)
+    model = lively(lambda: transformers.BartForConditionalGeneration(config), seed=3, std=0.5)
+    options = {"backend": "tensorrt-rtx", "precision": "fp16", "trt_engine_cache": False}  # built here, not reused
+    module = pipeline.convert(model, source, generation=GENERATION, validate=False, **options)
+    assert module.encoder.engine_bytes and module.decoder.engine_bytes
+    assert module.generation.attention == "onnx"
