@@ -205,21 +205,21 @@ def _const(name: str, values: Iterable[int] | np.ndarray, dtype: type = np.int64
 
 
 def _length_nodes() -> list[onnx.NodeProto]:
-    """``{p}/total64`` [1] int64 (past_length + steps), ``{p}/total`` [] int32, ``{p}/seqlens`` [batch] int32."""
+    """``{p}/total64`` [1] int64 (past_length + steps), ``{p}/total`` [] int32, ``{p}/seqlens`` [batch] int32.
+
+    Seven nodes run on every step: ``past_length`` (0-d) broadcasts in the ``Add``, and the one cast to int32
+    serves both the total and the rows' lengths."""
     p = _PREFIX
     return [
         helper.make_node("Shape", ["input_ids"], [f"{p}/steps"], name=f"{p}/steps", start=1, end=2),
         helper.make_node("Shape", ["input_ids"], [f"{p}/batch"], name=f"{p}/batch", start=0, end=1),
-        _const(f"{p}/one_dim", [1]),
-        _const(f"{p}/one", [1]),
+        _const(f"{p}/one", np.ones(1, np.int32), np.int32),
         _const(f"{p}/scalar", np.zeros(0, np.int64)),
-        helper.make_node("Reshape", ["past_length", f"{p}/one_dim"], [f"{p}/past"], name=f"{p}/past"),
-        helper.make_node("Add", [f"{p}/past", f"{p}/steps"], [f"{p}/total64"], name=f"{p}/total64"),
+        helper.make_node("Add", ["past_length", f"{p}/steps"], [f"{p}/total64"], name=f"{p}/total64"),
         helper.make_node("Cast", [f"{p}/total64"], [f"{p}/total1"], name=f"{p}/total1", to=TensorProto.INT32),
         helper.make_node("Reshape", [f"{p}/total1", f"{p}/scalar"], [f"{p}/total"], name=f"{p}/total"),
-        helper.make_node("Sub", [f"{p}/total64", f"{p}/one"], [f"{p}/last64"], name=f"{p}/last64"),
-        helper.make_node("Expand", [f"{p}/last64", f"{p}/batch"], [f"{p}/rows64"], name=f"{p}/rows64"),
-        helper.make_node("Cast", [f"{p}/rows64"], [f"{p}/seqlens"], name=f"{p}/seqlens", to=TensorProto.INT32),
+        helper.make_node("Sub", [f"{p}/total1", f"{p}/one"], [f"{p}/last"], name=f"{p}/last"),
+        helper.make_node("Expand", [f"{p}/last", f"{p}/batch"], [f"{p}/seqlens"], name=f"{p}/seqlens"),
     ]
 
 

@@ -10,11 +10,18 @@ the retrace's."""
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import pytest
 import tiny_models
 import torch
 import transformers
+from transformers.masking_utils import (
+    causal_mask_function,
+    chunked_causal_mask_function,
+    sdpa_mask,
+    sliding_window_causal_mask_function,
+)
 
 import pipeline
 from converters.defaults import default_registry
@@ -63,6 +70,32 @@ def test_the_step_mask_lets_padding_see_itself_and_is_not_widened_again() -> Non
     assert queries_at_padding is not None and torch.equal(
         queries_at_padding[0, 0, :, :2], torch.eye(2, dtype=torch.bool)
     )
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        causal_mask_function,
+        sliding_window_causal_mask_function(3),
+        chunked_causal_mask_function(4, torch.tensor([0, 2])),
+    ],
+    ids=["causal", "sliding window", "chunked"],
+)
+def test_the_step_mask_ands_the_padding_as_transformers_does(pattern: Any) -> None:
+    """The padding is AND-ed as a broadcast [batch, 1, 1, keys] (not gathered by index pairs): the same mask as
+    transformers' ``sdpa_mask`` with the 2-D mask, plus each query's own position, for the model's pattern (causal,
+    a sliding window, chunks), a prompt and a decode step, and a 2-D mask shorter than the keys (padded with
+    False)."""
+    generator = torch.Generator().manual_seed(0)
+    for steps, past, capacity in ((5, 0, 12), (1, 7, 12), (3, 4, 12), (2, 0, 9)):
+        for columns in (capacity, capacity - 2):
+            padding = torch.rand(2, columns, generator=generator) > 0.3
+            call: dict[str, Any] = {"q_length": steps, "kv_length": capacity, "q_offset": past, "kv_offset": 0}
+            call.update(batch_size=2, mask_function=pattern, attention_mask=padding)
+            reference = sdpa_mask(**call, allow_is_causal_skip=False)
+            own = torch.arange(capacity).view(1, 1, 1, -1) == (torch.arange(steps) + past).view(1, 1, -1, 1)
+            mask = step_mask(**call)
+            assert mask is not None and reference is not None and torch.equal(mask, reference | own)
 
 
 def test_unchanged_tensor_to_is_the_tensor_itself_as_in_eager_pytorch() -> None:
