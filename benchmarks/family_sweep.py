@@ -127,6 +127,8 @@ def rtx_builds(model: torch.nn.Module, inputs: dict[str, Any], generation: dict[
         )
     except Exception as error:  # noqa: BLE001 - the builder's refusal is the cell
         return f"**no**: {type(error).__name__}: {first_line(error)[:200]}"
-    parts = [part for part in module.children() if hasattr(part, "engine_bytes")] or [module]
-    built = all(part.engine_bytes for part in parts)
-    return f"yes ({len(parts)} graphs)" if built else "**no**: no engine"
+    parts = {name: part for name, part in module.named_children() if hasattr(part, "engine_bytes")} or {"": module}
+    unbuilt = [name for name, part in parts.items() if not part.engine_bytes]
+    if not unbuilt:
+        return f"yes ({len(parts)} graphs)"
+    return f"**no**: no single engine for the {', '.join(unbuilt)} graph (nodes the parser refuses run segmented)"
