@@ -17,6 +17,7 @@ import torch
 
 from converters.context import ConverterContext
 from converters.registry import ConverterRegistry
+from converters.settings import Settings
 
 #: ONNX ``TensorScatter`` exists from opset 24 (``Attention`` from 23): the opset every cached step exports at.
 GENERATION_OPSET = 24
@@ -114,9 +115,11 @@ def convert_attention(ctx: ConverterContext) -> gs.Tensor:
 
 def convert_attention_biased(ctx: ConverterContext) -> gs.Tensor:
     """ONNX ``Attention`` with a float mask: the bias where the boolean mask is True, the type's lowest elsewhere
-    (or the decomposition, with the bias added to the scores)."""
+    (or the decomposition, with the bias added to the scores: asked for, or on TensorRT, whose attention layer
+    TensorRT-RTX 1.7 neither runs with a float mask by a dedicated kernel for every head size nor decomposes right:
+    its decomposition adds the float32 mask to float16 scores and fails, measured on T5's family)."""
     generation = ctx.settings.generation
-    if generation is not None and generation.attention == "decomposed":
+    if generation is not None and (generation.attention == "decomposed" or _on_tensorrt(ctx.settings)):
         return _decomposed_attention(ctx, bias=ctx.input("bias"))
     dtype = ctx.input_dtypes[0]
     lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
@@ -124,6 +127,13 @@ def convert_attention_biased(ctx: ConverterContext) -> gs.Tensor:
     additive = ctx.op.CastLike(ctx.op.Where(ctx.input("mask"), ctx.input("bias"), lowest), ctx.input("query"))
     scale = float(ctx.attrs["scale"])
     return ctx.op.Attention(ctx.input("query"), ctx.input("key"), ctx.input("value"), additive, scale=scale)
+
+
+def _on_tensorrt(settings: Settings) -> bool:
+    """Whether the graph is built by TensorRT or TensorRT-RTX (the backend ``settings`` select)."""
+    from pipeline.runtime.executors import select_backend
+
+    return select_backend(settings.backend, settings).name in ("tensorrt", "tensorrt-rtx")
 
 
 def _decomposed_attention(ctx: ConverterContext, bias: gs.Tensor | None = None) -> gs.Tensor:
