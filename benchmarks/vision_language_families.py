@@ -10,12 +10,12 @@ image.
 For each family, in a process of its own (a crash or a hang is that family's row): transformers' own
 ``model.generate`` on the batch (else the row says "cannot run eagerly" and why), then
 ``pipeline.convert(model, batch, generation={"max_length": 64, "max_batch": 8}, precision=..., validate=True)`` on
-ONNX Runtime (``--precision``: fp32, or fp16 judged by the conversion's validation under the accuracy policy); greedy
-8 new tokens and beam search with 4 beams compared with ``model.generate``'s; every greedy step's scores compared
-with transformers' (``output_scores``: the largest difference, 1e-3 the fp32 goal); the module saved and loaded back
-gives the same greedy tokens; then the family is converted again for TensorRT-RTX (the same precision,
-``validate=False``), whose real builder builds both graphs ahead of time on this CPU machine. Rows are appended to
-``--jsonl`` as they finish: a stopped run resumes.
+ONNX Runtime (``max_length`` raised in steps of 64 for a longer prompt; ``--precision``: fp32, or fp16 judged by the
+conversion's validation under the accuracy policy); greedy 8 new tokens and beam search with 4 beams compared with
+``model.generate``'s; every greedy step's scores compared with transformers' (``output_scores``: the largest
+difference, 1e-3 the fp32 goal); the module saved and loaded back gives the same greedy tokens; then the family is
+converted again for TensorRT-RTX (the same precision, ``validate=False``), whose real builder builds both graphs ahead
+of time on this CPU machine. Rows are appended to ``--jsonl`` as they finish: a stopped run resumes.
 
 Run from the repository root::
 
@@ -59,7 +59,7 @@ import pipeline  # noqa: E402
 NEW_TOKENS = 8
 BEAMS = 4
 BATCH = 2
-GENERATION = {"max_length": 64, "max_batch": BATCH * BEAMS}
+GENERATION = {"max_length": 64, "max_batch": BATCH * BEAMS}  # max_length grows with a longer prompt: generation_of
 PAD = 2  # the second prompt's left padding
 
 
@@ -128,8 +128,9 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         expected_beam = None
         row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
     row["tokens"] = f"{tuple(expected_greedy.shape)}, {len(set(expected_greedy.flatten().tolist()))} distinct"
+    generation = generation_of(inputs)
     start = time.perf_counter()
-    module = pipeline.convert(model, inputs, generation=GENERATION, precision=precision, validate=True)
+    module = pipeline.convert(model, inputs, generation=generation, precision=precision, validate=True)
     row["convert_s"] = round(time.perf_counter() - start, 1)
     row["converts"] = "yes"
     ours = module.generate(**inputs, **greedy)
@@ -143,8 +144,15 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         module.save(Path(directory) / kind)
         loaded = pipeline.load(Path(directory) / kind)
         row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
-    row["rtx"] = rtx_builds(model, inputs, GENERATION, precision)
+    row["rtx"] = rtx_builds(model, inputs, generation, precision)
     return row
+
+
+def generation_of(inputs: dict[str, torch.Tensor]) -> dict[str, int]:
+    """:data:`GENERATION`, its ``max_length`` raised (in steps of 64) to hold a longer prompt (InternVL's 256 image
+    tokens) and the new tokens."""
+    needed = int(inputs["input_ids"].shape[1]) + NEW_TOKENS + 1
+    return {**GENERATION, "max_length": max(GENERATION["max_length"], -(-needed // 64) * 64)}
 
 
 def markdown(rows: list[dict[str, Any]], precision: str) -> str:
