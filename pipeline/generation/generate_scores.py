@@ -170,3 +170,41 @@ def with_decoding(module: Any, decoding: DecodingAccuracy | None) -> None:
 def prompt_tokens(mask: torch.Tensor | None, ids: torch.Tensor) -> int:
     """The prompt's tokens, padding not counted."""
     return int(mask.sum()) if mask is not None else int(ids.numel())
+
+
+def follow_tokens(sequences: torch.Tensor) -> Any:
+    """A transformers logits processor that makes ``generate`` choose ``sequences``' next token at every step (the
+    rest of the row's scores -inf): the converted model fed PyTorch's tokens, so that its raw logits (``output_logits``)
+    are the teacher-forced ones where its own greedy choice departed (a half-precision near tie)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Follow(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            chosen = sequences[:, input_ids.shape[1]].to(scores.device)
+            forced = torch.full_like(scores, float("-inf"))
+            return forced.scatter(1, chosen[:, None], 0.0)
+
+    return LogitsProcessorList([Follow()])
+
+
+def diverged(report: DecodingAccuracy | None, wanted: torch.Tensor, chosen: torch.Tensor, width: int) -> Any:
+    """``report`` (judged on PyTorch's tokens) saying how many of the new tokens the converted model chose on its own
+    equal ``model.generate``'s and where they first differ."""
+    if report is None:
+        return None
+    new_wanted, new_chosen = wanted[:, width:], chosen[:, width : wanted.shape[1]]
+    same = new_wanted == new_chosen
+    columns = (~same).any(dim=0).nonzero()
+    note = (
+        f"{report.precision}: the greedy tokens depart from PyTorch float32's (a near tie in the low precision); every "
+        "step's logits judged on PyTorch's tokens, within the policy"
+    )
+    kept = [part for part in report.note.split("; ") if part and part != UNANCHORED_NOTE]
+    return dataclasses.replace(
+        report,
+        greedy=int(same.sum()),
+        greedy_tokens=int(same.numel()),
+        first_divergence=int(columns[0, 0]) if len(columns) else -1,
+        greedy_reused=False,
+        note="; ".join([*kept, note]),
+    )

@@ -105,6 +105,27 @@ def test_validation_judges_every_steps_logits_against_transformers(llava_module:
     assert max(step.max_abs for step in decoding.per_step) < 1e-3
 
 
+def test_a_departed_decoding_is_judged_on_pytorchs_tokens(
+    llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    """What the validation does when a lower precision's greedy choice departs at a near tie: the module is fed
+    PyTorch's tokens (a logits processor), its raw logits are those of PyTorch's path, and the report counts the
+    tokens it chose on its own and says where they first differ."""
+    from pipeline.generation.generate_scores import diverged, follow_tokens, greedy_options
+
+    width = llava_inputs["input_ids"].shape[1]
+    own = llava_module.generate(**llava_inputs, **greedy_options(6))
+    wanted = own.sequences.clone()
+    wanted[:, width + 2 :] = (wanted[:, width + 2 :] + 1) % 128  # another path from the third new token on
+    followed = llava_module.generate(**llava_inputs, **greedy_options(6), logits_processor=follow_tokens(wanted))
+    assert torch.equal(followed.sequences, wanted)
+    assert not torch.equal(followed.logits[3], own.logits[3])  # the raw logits of the path it was fed
+    report = llava_module.report.accuracy.decoding
+    departed = diverged(report, wanted, own.sequences, width)
+    assert (departed.greedy, departed.greedy_tokens, departed.first_divergence) == (4, 12, 2)
+    assert "judged on PyTorch's tokens" in departed.note and "are identical" not in departed.note
+
+
 def test_llava_beam_search_equals_transformers(
     llava: Any, llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
 ) -> None:
