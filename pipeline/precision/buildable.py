@@ -66,10 +66,6 @@ def build_error(
     path = None if directory is None else str(directory / "model.onnx")  # the parser reads weights beside it
     if not parser.parse(model.SerializeToString(), path):
         return "parse: " + "; ".join(_parser_error(parser.get_error(i)) for i in range(parser.num_errors))
-    from pipeline.backends.tensorrt.build import decomposable_attention
-    from pipeline.runtime.tensorrt.library import TENSORRT_RTX
-
-    decomposable_attention(network, TENSORRT_RTX)  # as the backend builds it
     config = builder.create_builder_config()
     for dims in profile_dims(tuple(dynamic), profiles):
         profile_error = _add_profile(trt, builder, network, config, dims)
