@@ -197,7 +197,7 @@ def diverged(report: DecodingAccuracy | None, wanted: torch.Tensor, chosen: torc
     columns = (~same).any(dim=0).nonzero()
     note = (
         f"{report.precision}: the greedy tokens depart from PyTorch float32's (a near tie in the low precision); every "
-        "step's logits judged on PyTorch's tokens, within the policy"
+        f"step's logits judged on PyTorch's tokens (within {GROSS:g}x the policy)"
     )
     kept = [part for part in report.note.split("; ") if part and part != UNANCHORED_NOTE]
     return dataclasses.replace(

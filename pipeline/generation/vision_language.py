@@ -51,6 +51,7 @@ from pipeline.generation.conversion import (
     step_precision_io,
 )
 from pipeline.generation.generate_scores import (
+    GROSS,
     diverged,
     follow_tokens,
     greedy_options,
@@ -433,11 +434,13 @@ def _validate_greedy(
     generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module types it as a tensor
     again = functools.partial(generate, **text, **vision, **options)
     judged = judged_logits(actual, expected, module.step.io, settings, label, tokens, again, model)
-    if departed and (judged is None or not judged.passed):  # departed, and not by a near tie within the policy
+    worst = None if judged is None else judged.worst_step
+    if departed and (worst is None or worst.max_abs > GROSS * worst.atol_used):  # not a near tie: a wrong step
         raise AccuracyError(
             f"the converted vision-language model's greedy tokens differ from {type(model).__name__}.generate on the "
-            f"sample ({settings.precision}), and its logits fed PyTorch's tokens are beyond the accuracy policy"
-            + ("" if judged is None else f" (worst step {judged.worst_step.step})")
+            f"sample ({settings.precision}), and its logits fed PyTorch's tokens are more than {GROSS:g}x beyond the "
+            "accuracy policy"
+            + ("" if worst is None else f" (step {worst.step}: {worst.max_abs:.3g})")
             + f": expected {wanted.tolist()}, got {chosen.tolist()}",
             fix="convert with precision='fp32' to confirm, or keep the offending layers in float32 (keep_fp32=[...])",
         )
