@@ -59,8 +59,8 @@ from family_sweep import (  # noqa: E402
     rtx_builds,
     run_isolated,
     score_cell,
+    scores_clause,
     scores_gap,
-    scores_within,
 )
 from model_sources.transformers_models import shrunk_config  # noqa: E402
 from transformers.generation.utils import GenerationMixin  # noqa: E402
@@ -364,14 +364,12 @@ def summary(rows: list[dict[str, Any]], precision: str) -> str:
     eager = [r for r in pairs if r.get("converts") != "cannot run eagerly"]
     converted = [r for r in eager if r.get("converts") == "yes"]
     equal = [r for r in converted if r.get("greedy") and r.get("beam") is not False and r.get("reloaded")]
-    scored = [r for r in converted if scores_within(r.get("scores"))]
     built = [r for r in converted if str(r.get("rtx", "")).startswith("yes")]
     return (
         f"{len(rows)} model types, {precision}: {len(pairs)} encoder-decoders, {len(eager)} of them run eagerly from "
         f"the small config, {len(converted)} convert (validated), {len(equal)} decode as transformers does (greedy, "
-        f"beam search where the model's generate has it, and saved + loaded), {len(scored)} with every greedy step's "
-        f"scores within {'1e-3' if precision == 'fp32' else 'the validated policy'}, TensorRT-RTX builds both graphs "
-        f"of {len(built)}"
+        f"beam search where the model's generate has it, and saved + loaded){scores_clause(converted, precision)}, "
+        f"TensorRT-RTX builds both graphs of {len(built)}"
     )
 
 

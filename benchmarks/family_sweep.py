@@ -107,11 +107,14 @@ def score_cell(gap: float | str, precision: str) -> str:
     return f"{gap:.2g}" if gap <= SCORE_TOLERANCE else f"**{gap:.2g}**"
 
 
-def scores_within(cell: Any) -> bool:
-    """Whether a row's scores cell meets the goal (or has nothing to compare: transformers returns no scores)."""
-    if not isinstance(cell, str) or not cell:
-        return False
-    return cell.startswith("n/a") or not cell.startswith("**")
+def scores_clause(converted: list[dict[str, Any]], precision: str) -> str:
+    """The summary's words on the scores: how many converted rows meet the fp32 goal (a row with nothing to compare,
+    transformers returning no scores, counts); none in a lower precision, where the validation judged the steps on
+    PyTorch's tokens and the column compares each side's own path."""
+    if precision != "fp32":
+        return ""
+    within = [r for r in converted if isinstance(r.get("scores"), str) and not r["scores"].startswith("**")]
+    return f", {len(within)} with every greedy step's scores within {SCORE_TOLERANCE:g}"
 
 
 def rtx_builds(model: torch.nn.Module, inputs: dict[str, Any], generation: dict[str, Any], precision: str) -> str:

@@ -49,8 +49,8 @@ from family_sweep import (  # noqa: E402
     rtx_builds,
     run_isolated,
     score_cell,
+    scores_clause,
     scores_gap,
-    scores_within,
 )
 from model_sources import transformers_all_models as every  # noqa: E402
 
@@ -181,14 +181,12 @@ def markdown(rows: list[dict[str, Any]], precision: str) -> str:
     eager = [r for r in rows if r.get("converts") != "cannot run eagerly"]
     converted = [r for r in eager if r.get("converts") == "yes"]
     equal = [r for r in converted if r.get("greedy") and r.get("beam") is not False and r.get("reloaded")]
-    scored = [r for r in converted if scores_within(r.get("scores"))]
     built = [r for r in converted if str(r.get("rtx", "")).startswith("yes")]
     lines += [
         "",
         f"{len(rows)} model types, {precision}: {len(eager)} run eagerly with an image from the small config, "
         f"{len(converted)} convert (validated), {len(equal)} decode as transformers does (greedy, beam search, saved "
-        f"+ loaded), {len(scored)} with every greedy step's scores within "
-        f"{'1e-3' if precision == 'fp32' else 'the validated policy'}, TensorRT-RTX builds both graphs of {len(built)}",
+        f"+ loaded){scores_clause(converted, precision)}, TensorRT-RTX builds both graphs of {len(built)}",
     ]
     return "\n".join(lines)
 
