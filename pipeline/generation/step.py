@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, prepare_padding_mask, sdpa_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from pipeline.generation import ops
 from pipeline.runtime.generation.layout import past_name, present_name
@@ -125,15 +125,10 @@ def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         if isinstance(mask, torch.Tensor):
             _mark(_BIDIRECTIONAL, mask)
         return mask
+    mask = sdpa_mask(*args, **kwargs)
     q_length, kv_length, q_offset, kv_offset = (
         kwargs.get(name) for name in ("q_length", "kv_length", "q_offset", "kv_offset")
     )
-    padding = _key_padding(kwargs, kv_length, kv_offset) if not args else None
-    if padding is not None:
-        kwargs["attention_mask"] = None  # the model's own pattern alone; the padding is AND-ed below
-    mask = sdpa_mask(*args, **kwargs)
-    if padding is not None and isinstance(mask, torch.Tensor):
-        mask = mask & padding
     if (
         not isinstance(mask, torch.Tensor)
         or mask.dtype != torch.bool
@@ -149,32 +144,6 @@ def step_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     mask = mask | (keys.view(1, 1, 1, -1) == queries.view(1, 1, -1, 1))
     _mark(_SELF_ATTENDING, mask)
     return mask
-
-
-def _key_padding(kwargs: dict[str, Any], kv_length: Any, kv_offset: Any) -> torch.Tensor | None:
-    """The 2-D padding mask ``sdpa_mask`` would AND into the pattern, as [batch, 1, 1, keys] to broadcast over the
-    queries; ``None`` when there is none (or the call is one this does not know).
-
-    ``sdpa_mask`` reads the padding through its index-based mask function (``padding_mask[batch_idx, kv_idx]`` over
-    broadcast index tensors): exported, a ``GatherND`` over [batch, 1, steps, capacity] pairs of int64 indices and
-    a dozen nodes to build them, every step and at every capacity. The same values are the padding's columns
-    ``kv_offset .. kv_offset + kv_length`` (zero-padded as ``sdpa_mask`` pads them) broadcast over the queries:
-    one ``Unsqueeze`` and one ``And`` (measured on the issue-35 Llama's int4 step at ``max_length`` 8192: the
-    ``GatherND`` alone was 0.09 ms of a 3 ms decode step on ONNX Runtime)."""
-    attention_mask = kwargs.get("attention_mask")
-    if (
-        not isinstance(attention_mask, torch.Tensor)
-        or attention_mask.dim() != 2
-        or not isinstance(kv_length, int)
-        or not isinstance(kv_offset, int)
-        or kwargs.get("use_vmap", False)
-    ):
-        return None
-    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
-    assert padding is not None
-    if kv_offset != 0 or padding.shape[-1] != kv_length:  # the step's own calls take the whole capacity from 0
-        padding = padding[:, kv_offset : kv_offset + kv_length]
-    return padding.bool()[:, None, None, :]
 
 
 def step_attention(

@@ -104,13 +104,10 @@ def test_residual_sums_and_their_norms_run_as_one_kernel(step: GenerativeModule)
     assert [len(n.output) == 4 and n.output[3] in readers for n in fused] == [True, True, True, False]
 
 
-def test_a_decode_step_runs_few_small_nodes_around_the_kernels(step: GenerativeModule) -> None:
-    """What a decode step runs besides its weights and kernels: the padding of the mask read as a broadcast (no
-    ``GatherND`` of [batch, 1, steps, capacity] index pairs, in ``module.onnx`` either) and the kernel's lengths
-    made from ``past_length`` with one cast to int32."""
-    assert ops(step.onnx)["GatherND"] == 0
+def test_the_kernels_lengths_take_few_nodes(step: GenerativeModule) -> None:
+    """The kernel's lengths made from ``past_length`` with one cast to int32: seven nodes a step (and two
+    constants)."""
     graph = runnable_model(step.onnx, "onnxruntime", step.settings).graph
-    assert ops(runnable_model(step.onnx, "onnxruntime", step.settings))["GatherND"] == 0
     lengths = [n.op_type for n in graph.node if n.name.startswith("ort_gqa/") and "/" not in n.name[len("ort_gqa/") :]]
     assert sorted(lengths) == ["Add", "Cast", "Constant", "Constant", "Expand", "Reshape", "Shape", "Shape", "Sub"]
 

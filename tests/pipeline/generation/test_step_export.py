@@ -82,8 +82,8 @@ def test_the_step_mask_lets_padding_see_itself_and_is_not_widened_again() -> Non
     ids=["causal", "sliding window", "chunked"],
 )
 def test_the_step_mask_ands_the_padding_as_transformers_does(pattern: Any) -> None:
-    """The padding is AND-ed as a broadcast [batch, 1, 1, keys] (not gathered by index pairs): the same mask as
-    transformers' ``sdpa_mask`` with the 2-D mask, plus each query's own position, for the model's pattern (causal,
+    """The step mask is transformers' ``sdpa_mask`` with the 2-D mask, plus each query's own position, for the
+    model's pattern (causal,
     a sliding window, chunks), a prompt and a decode step, and a 2-D mask shorter than the keys (padded with
     False)."""
     generator = torch.Generator().manual_seed(0)
