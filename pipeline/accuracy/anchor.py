@@ -8,7 +8,7 @@ how far PyTorch itself is from the answer on the same input.
   ``max |torch32 - torch64|`` on that input, the fixed ``atol``/``rtol`` being the floor. Measured against the exact
   answer itself, the output also passes where every element is within 2 x ``max |torch32 - torch64|`` of torch64
   (PyTorch float32 rounds one way, the backend the other: a backend 1.4x PyTorch's own distance from the exact answer
-  can be 2.4x it from PyTorch float32; seen on a speech encoder's one element of 6,528).
+  can be 2.3x it from PyTorch float32; seen on a speech encoder's one element of 6,528).
 * **float16 / bfloat16** (an fp16 or bf16 conversion): PyTorch runs the model with every float32 op computed in
   the low type, PyTorch's own half precision. The output passes within ``FACTORS["float16"]`` (3) x PyTorch's own
   error ``d = torch_low - torch32`` on that input: elements within 3 x ``max |d|``, the tensor's RMS error
