@@ -106,10 +106,18 @@ def backend_directory(install: TritonInstall, workdir: Path) -> Path:
 
 def free_port() -> int:
     """A TCP port nothing listens on now (for tests and ``port=0``)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports nothing listens on now: the probes stay bound until all are chosen, so the system
+    cannot hand one port out twice (two ``free_port()`` calls once gave Triton's gRPC and metrics endpoints the same
+    port, and the server refused to start)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 class TritonServer:
@@ -134,9 +142,9 @@ class TritonServer:
         exit_on_error: bool = True,
     ) -> None:
         self.repository = Path(repository)
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        given = (http_port, grpc_port, metrics_port)
+        fresh = iter(port for port in free_ports(6) if port not in given)  # distinct, and none of the given ones
+        self.http_port, self.grpc_port, self.metrics_port = (port or next(fresh) for port in given)
         self.startup_timeout = startup_timeout
         self.exit_timeout = exit_timeout
         self.environment = dict(environment or {})

@@ -269,9 +269,9 @@ def test_cli_serves_until_sigterm_and_finishes_the_stream_in_flight(artifacts: d
     import subprocess
     import sys
 
-    from pipeline.serving.server import free_port
+    from pipeline.serving.server import free_ports
 
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     command = [sys.executable, "-m", "pipeline", "serve", str(artifacts["llama"]), "--name", "llama"]
     command += ["--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -309,3 +309,14 @@ def test_models_are_named_after_their_file_or_the_convert_directory(artifacts: d
     assert served_artifact(tmp_path / "cnn" / "model.ptrt").name == "cnn"
     assert served_artifact(artifacts["mlp"]).name == "mlp"
     assert served_artifact(artifacts["mlp"], "other").name == "other"
+
+
+def test_ports_taken_for_zero_are_distinct(tmp_path: Path) -> None:
+    """Free ports are chosen together: two chosen one at a time once coincided (gRPC and metrics on one port), and
+    tritonserver refused to start."""
+    from pipeline.serving.server import TritonServer, free_ports
+
+    assert len(set(free_ports(64))) == 64
+    for _ in range(20):
+        server = TritonServer(tmp_path, http_port=0, grpc_port=0, metrics_port=8002)
+        assert len({server.http_port, server.grpc_port, server.metrics_port}) == 3 and server.metrics_port == 8002
