@@ -79,8 +79,8 @@ def emulate_low_precision(model: onnx.ModelProto) -> onnx.ModelProto:
 def _keep_half_boundary(graph: onnx.GraphProto) -> None:
     """Half graph inputs and outputs keep their type (the emulation is called like the real graph): a cast widens
     each such input, and narrows each such output, whose value already holds a half value: both are exact."""
-    boundary = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
-    half = {name: elem for name, elem in boundary.items() if elem in HALF}
+    half = {v.name: v.type.tensor_type.elem_type for v in graph.output if v.type.tensor_type.elem_type in HALF}
+    half.update({v.name: v.type.tensor_type.elem_type for v in graph.input if v.type.tensor_type.elem_type in HALF})
     if not half:
         return
     renamed = {name: f"{name}__emulated_boundary" for name in half}

@@ -45,7 +45,8 @@ def observe(
     """Run ``model`` on ONNX Runtime on every feed with ``names`` as extra outputs; their dtypes and shapes."""
     from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
-    wanted = [n for n in dict.fromkeys(names) if n not in {o.name for o in model.graph.output}]
+    given = {v.name for v in _graph_inputs(model)}  # fed, not computed: taken from the feeds below
+    wanted = [n for n in dict.fromkeys(names) if n not in {o.name for o in model.graph.output} | given]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in wanted)

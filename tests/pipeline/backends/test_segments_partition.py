@@ -259,3 +259,28 @@ def test_a_graph_onnx_runtime_cannot_run_while_planning_segments_is_a_build_erro
     with pytest.raises(BuildError, match="past_the_end"):
         observe(model, ["out"], [feed], Settings())
     onnx.checker.check_model(model)
+
+
+def test_planning_segments_of_a_half_graph_reads_its_half_inputs_as_given() -> None:
+    """A float16 graph input that planning asks about (a cache read by a segment) is not added as an output of the
+    probe: an untyped output of that name made the CPU emulation leave the input float16 beside its float32 values,
+    and ONNX Runtime refused T5Gemma's fp16 step for TensorRT-RTX ("Type parameter (T) of Optype (TensorScatter)")."""
+    from pipeline.runtime.segments.shapes import observe
+    from pipeline.settings import Settings
+
+    half = TensorProto.FLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["update", "update"], ["squared"], name="square"),
+         helper.make_node("TensorScatter", ["cache", "squared", "at"], ["written"], name="kv_write")],
+        "g",
+        [helper.make_tensor_value_info("cache", half, [1, 4, 2]),
+         helper.make_tensor_value_info("update", half, [1, 1, 2]),
+         helper.make_tensor_value_info("at", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("written", half, [1, 4, 2])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
+    feed = {"cache": np.zeros((1, 4, 2), np.float16), "update": np.full((1, 1, 2), 3, np.float16)}
+    feed["at"] = np.array([2], np.int64)
+    seen = observe(model, ["cache", "squared", "written"], [feed], Settings(precision="fp16"))
+    assert seen["cache"].dtype == "float16" and seen["cache"].shapes == ((1, 4, 2),)
+    assert seen["squared"].shapes == ((1, 1, 2),) and seen["written"].dtype == "float16"
