@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ def prepare_step(
     check_sample_fits(input_ids, generation, settings.validate)
     layout, vocabulary = _cache_layout(model, input_ids)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
-    attention = attention_form(model, settings)
+    attention = attention_form(model, settings, layout)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
         generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
@@ -228,9 +229,10 @@ def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[CachedLayer], int]
     return layout, int(vocabulary or 0)
 
 
-def attention_form(model: torch.nn.Module, settings: Settings) -> str:
+def attention_form(model: torch.nn.Module, settings: Settings, layers: Sequence[CachedLayer] = ()) -> str:
     """``generation.attention`` made concrete: "auto" is decomposed where TensorRT would refuse ONNX ``Attention``
-    (fp32: no dedicated kernel, and not decomposable from ONNX; a softcap: not supported), else "onnx"."""
+    (fp32: no dedicated kernel, and not decomposable from ONNX; a softcap: not supported; keys wider than values, as
+    multi-head latent attention's are: its attention layer needs keys and values of one shape), else "onnx"."""
     assert settings.generation is not None
     chosen = settings.generation.attention
     if chosen != "auto":
@@ -240,7 +242,8 @@ def attention_form(model: torch.nn.Module, settings: Settings) -> str:
     backend = select_backend(settings.backend, settings).name
     softcap = getattr(getattr(model, "config", None), "attn_logit_softcapping", None)
     trt = backend in ("tensorrt", "tensorrt-rtx")
-    return "decomposed" if trt and (settings.precision in ("fp32", "int8", "fp8") or softcap) else "onnx"
+    uneven = any(layer.key_dim != layer.value_dim for layer in layers)
+    return "decomposed" if trt and (settings.precision in ("fp32", "int8", "fp8") or softcap or uneven) else "onnx"
 
 
 def special_tokens(model: torch.nn.Module, eos: tuple[int, ...], pad: int | None) -> tuple[tuple[int, ...], int | None]:

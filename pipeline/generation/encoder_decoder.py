@@ -94,7 +94,7 @@ def convert_encoder_decoder(
         pad_token_id=pad,
         decoder_start_token_id=start,
         model_options=_model_options(model),
-        attention=attention_form(model, settings),
+        attention=attention_form(model, settings, layout.self_layers),
     )
     generation = check_token_ids(generation, layout.vocabulary, from_model)
     opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)

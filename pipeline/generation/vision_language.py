@@ -212,7 +212,11 @@ def convert_vision_language(
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
-        generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention_form(model, settings)
+        generation,
+        layers=len(layout),
+        eos_token_id=eos,
+        pad_token_id=pad,
+        attention=attention_form(model, settings, layout),
     )
     generation = check_token_ids(generation, vocabulary, from_model)
     precision_io = step_precision_io(settings)

@@ -45,10 +45,16 @@ class PlannedSegment:
         return IOSpec(self.inputs, self.outputs, "", (), "", (), ())
 
     def settings(self, settings: Settings) -> Settings:
-        """``settings`` with this segment's dynamic dimensions (the engine's optimization profile)."""
+        """``settings`` with this segment's dynamic dimensions (the engine's optimization profile), and the user's
+        profiles (``profiles=``: a generation step's prefill and decode) over the dimensions the segment has: a
+        dimension a segment's inputs do not have (``sequence`` past the step's first segment) is left out of them,
+        and a segment that has none of them builds one profile."""
         import dataclasses
 
-        return dataclasses.replace(settings, dynamic=self.dynamic)
+        names = {d.name for d in self.dynamic}
+        profiles = tuple(tuple(r for r in profile if r.name in names) for profile in settings.profiles)
+        profiles = tuple(dict.fromkeys(profiles)) if any(profiles) else ()
+        return dataclasses.replace(settings, dynamic=self.dynamic, profiles=profiles)
 
     def model(self, final: onnx.ModelProto) -> onnx.ModelProto:
         """The segment's own model, cut from the final graph."""

@@ -272,3 +272,21 @@ def test_cli_flags_reach_the_segments(tmp_path: Path, capsys: pytest.CaptureFixt
     assert loaded.report.segments is not None and loaded.report.accuracy is not None
     assert main(["inspect", str(out / "model.ptrt")]) == 0
     assert "TensorRT segment engine(s)" in capsys.readouterr().out
+
+
+def test_a_segments_profiles_are_the_users_over_the_dimensions_it_has() -> None:
+    """A generation step has two profiles (prefill and decode) over ``batch`` and ``sequence``. A segment past the
+    first has ``batch`` but not ``sequence``: its settings keep each profile's ``batch`` range and leave ``sequence``
+    out (it raised "profiles name dimension 'sequence', which dynamic= does not declare" on Kimi K2.5's fp16 step); a
+    segment with neither builds one profile over its own dimensions."""
+    from pipeline.runtime.segments.executor import PlannedSegment
+    from pipeline.settings import DynamicDim, Settings
+
+    dims = [DynamicDim("input_ids", 0, "batch", 1, 2, 8), DynamicDim("input_ids", 1, "sequence", 1, 7, 32)]
+    prefill, decode = {"batch": (1, 2, 8), "sequence": (2, 7, 32)}, {"batch": (1, 4, 8), "sequence": (1, 1, 1)}
+    settings = Settings(dynamic=tuple(dims), profiles=[prefill, decode])
+    later = PlannedSegment("tensorrt", (3,), (), (), (DynamicDim("x", 0, "batch", 1, 2, 8),))
+    kept = later.settings(settings).profiles
+    assert [[(r.name, r.min, r.opt, r.max) for r in p] for p in kept] == [[("batch", 1, 2, 8)], [("batch", 1, 4, 8)]]
+    inner = PlannedSegment("tensorrt", (4,), (), (), (DynamicDim("y", 0, "y:0", 1, 3, 64),))
+    assert inner.settings(settings).profiles == () and inner.settings(settings).dynamic == inner.dynamic
