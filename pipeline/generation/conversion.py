@@ -240,10 +240,24 @@ def attention_form(model: torch.nn.Module, settings: Settings, layers: Sequence[
     from pipeline.runtime.executors import select_backend
 
     backend = select_backend(settings.backend, settings).name
-    softcap = getattr(getattr(model, "config", None), "attn_logit_softcapping", None)
+    softcap = _config_has(getattr(model, "config", None), "attn_logit_softcapping")
     trt = backend in ("tensorrt", "tensorrt-rtx")
     uneven = any(layer.key_dim != layer.value_dim for layer in layers)
     return "decomposed" if trt and (settings.precision in ("fp32", "int8", "fp8") or softcap or uneven) else "onnx"
+
+
+def _config_has(config: Any, name: str) -> bool:
+    """Does ``config`` or a config nested in it (an encoder-decoder's ``decoder``, a vision-language model's
+    ``text_config``) set ``name`` to a true value (T5Gemma's softcap is in its decoder's config)?"""
+    seen: set[int] = set()
+
+    def visit(node: Any) -> bool:
+        if id(node) in seen or not hasattr(node, "to_dict"):
+            return False
+        seen.add(id(node))
+        return bool(getattr(node, name, None)) or any(visit(value) for value in vars(node).values())
+
+    return visit(config)
 
 
 def special_tokens(model: torch.nn.Module, eos: tuple[int, ...], pad: int | None) -> tuple[tuple[int, ...], int | None]:

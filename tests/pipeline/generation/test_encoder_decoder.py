@@ -303,3 +303,19 @@ def test_tensorrt_rtx_builds_both_graphs_of_bart_in_float16(source: dict[str, to
     module = pipeline.convert(model, source, generation=GENERATION, validate=False, **options)
     assert module.encoder.engine_bytes and module.decoder.engine_bytes
     assert module.generation.attention == "onnx"
+
+
+def test_a_softcap_in_a_nested_config_decomposes_attention_for_tensorrt() -> None:
+    """T5Gemma keeps its attention softcap in its encoder's and decoder's configs, not the top one: the float16 step
+    for TensorRT-RTX used ONNX ``Attention`` with ``softcap``, which the parser refuses ("Setting softcap is not
+    supported in TensorRT Attention"), and the decoder ran in segments. Now both graphs are single engines."""
+    pytest.importorskip("tensorrt_rtx")
+    part = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1}
+    part |= {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 16}
+    config = transformers.T5GemmaConfig(encoder=part, decoder=part, vocab_size=96)
+    model = lively(lambda: transformers.T5GemmaForConditionalGeneration(config), seed=2, std=0.3)
+    ids = torch.randint(4, 96, (2, 7), generator=torch.Generator().manual_seed(5))
+    options = {"backend": "tensorrt-rtx", "precision": "fp16", "trt_engine_cache": False}  # built here, not reused
+    module = pipeline.convert(model, ids, generation=GENERATION, validate=False, **options)
+    assert module.generation.attention == "decomposed"
+    assert module.encoder.engine_bytes and module.decoder.engine_bytes
