@@ -24,6 +24,7 @@ from passes.parser_fixes.image import AffineGridToMatMul, CenterCropPadToSlicePa
 from passes.parser_fixes.indexing import CompressToGather, MaxUnpoolToScatter
 from passes.parser_fixes.losses import ClassLossToGather
 from passes.parser_fixes.low_rank import LiftLowRank
+from passes.parser_fixes.masked_scatter import MaskedScatterNDAsWhere
 from passes.parser_fixes.max_pool import MaxPoolByWindows
 from passes.parser_fixes.mixed_types import MixedTypeArithmetic
 from passes.parser_fixes.normalization import LayerNormStatistics
@@ -46,6 +47,7 @@ __all__ = [
     "EinsumEquationForParser",
     "LayerNormStatistics",
     "LiftLowRank",
+    "MaskedScatterNDAsWhere",
     "MaxPoolByWindows",
     "MaxUnpoolToScatter",
     "MixedTypeArithmetic",
@@ -76,6 +78,7 @@ def parser_fix_passes() -> tuple[RewriteRule[Any], ...]:
         MaxPoolByWindows(),
         OversizedAveragePoolToGlobal(),
         LayerNormStatistics(),
+        MaskedScatterNDAsWhere(),
         ScatterReductionToMask(),
         BernoulliAsUniform(),
         NegativeEdgePadToGather(),

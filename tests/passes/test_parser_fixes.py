@@ -89,7 +89,7 @@ def test_parser_fixes_sit_between_folding_and_toposort_in_the_default_list() -> 
     start = names.index(fixes[0])
     assert names[start : start + len(fixes)] == fixes
     assert names.index("fold_constants") < start and names[-1] == "toposort"
-    assert len(set(fixes)) == len(fixes) == 20
+    assert len(set(fixes)) == len(fixes) == 21
 
 
 def test_no_pass_modifies_a_graph_without_its_ops() -> None:
