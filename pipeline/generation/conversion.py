@@ -19,7 +19,7 @@ from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
-from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.step import CachedStep, uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer, past_name
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
@@ -237,11 +237,8 @@ def attention_form(model: torch.nn.Module, settings: Settings, layers: Sequence[
     chosen = settings.generation.attention
     if chosen != "auto":
         return chosen
-    from pipeline.runtime.executors import select_backend
-
-    backend = select_backend(settings.backend, settings).name
     softcap = _config_has(getattr(model, "config", None), "attn_logit_softcapping")
-    trt = backend in ("tensorrt", "tensorrt-rtx")
+    trt = on_tensorrt(settings)
     uneven = any(layer.key_dim != layer.value_dim for layer in layers)
     return "decomposed" if trt and (settings.precision in ("fp32", "int8", "fp8") or softcap or uneven) else "onnx"
 

@@ -119,7 +119,7 @@ def convert_attention_biased(ctx: ConverterContext) -> gs.Tensor:
     TensorRT-RTX 1.7 neither runs with a float mask by a dedicated kernel for every head size nor decomposes right:
     its decomposition adds the float32 mask to float16 scores and fails, measured on T5's family)."""
     generation = ctx.settings.generation
-    if generation is not None and (generation.attention == "decomposed" or _on_tensorrt(ctx.settings)):
+    if generation is not None and (generation.attention == "decomposed" or on_tensorrt(ctx.settings)):
         return _decomposed_attention(ctx, bias=ctx.input("bias"))
     dtype = ctx.input_dtypes[0]
     lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
@@ -129,7 +129,7 @@ def convert_attention_biased(ctx: ConverterContext) -> gs.Tensor:
     return ctx.op.Attention(ctx.input("query"), ctx.input("key"), ctx.input("value"), additive, scale=scale)
 
 
-def _on_tensorrt(settings: Settings) -> bool:
+def on_tensorrt(settings: Settings) -> bool:
     """Whether the graph is built by TensorRT or TensorRT-RTX (the backend ``settings`` select)."""
     from pipeline.runtime.executors import select_backend
 

@@ -102,8 +102,3 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
     vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
     image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here
     return text, vision
-
-
-def image_of(vision: dict[str, torch.Tensor], index: int) -> tuple[torch.Tensor, ...]:
-    """The vision inputs of one image (the vision graph's batch of one)."""
-    return tuple(image_rows(vision)[index].values())

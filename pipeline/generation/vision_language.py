@@ -63,7 +63,7 @@ from pipeline.generation.image_positions import image_positions
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
-from pipeline.generation.vision_inputs import image_of, sample_inputs
+from pipeline.generation.vision_inputs import sample_inputs
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.layout import CachedLayer, past_name
 from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES, VisionLanguageModule
@@ -269,7 +269,7 @@ def _convert_vision(
     """The vision graph, and the integer inputs it holds at the sample's first image's values (none unless needed). A
     tower whose code decides shapes in Python from an integer input (LLaVA-NeXT's and Pixtral's ``image_sizes``)
     cannot export it as data: the graph is converted again with those inputs fixed, and takes images of that size."""
-    image = dict(zip(vision, image_of(vision, 0), strict=True))
+    image = image_rows(vision)[0]
     try:
         part = ImageFeatures(model, tuple(vision)).train(model.training)
         return stages(part, tuple(image.values()), settings, registry), {}
