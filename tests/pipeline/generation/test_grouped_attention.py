@@ -25,6 +25,7 @@ from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.runtime.generation.runners import OrtBoundRunner
 from pipeline.runtime.ort.executor import OnnxRuntimeExecutor, row_session_wanted
 from pipeline.runtime.ort.grouped_attention import grouped_attention_graph
+from pipeline.runtime.ort.projections import split_projections
 from pipeline.runtime.ort.session_graph import runnable_model
 
 CAPACITY = 40
@@ -70,25 +71,75 @@ def test_session_runs_group_query_attention_and_module_onnx_stays_standard(step:
     assert ops(runnable_model(step.onnx, "onnxruntime", on_gpu))["GroupQueryAttention"] == 0
 
 
-def test_the_kernel_reads_the_projections_and_feeds_the_output_projection_directly(step: GenerativeModule) -> None:
-    """No head split and merge around the kernel: its query and key are the projections rotated in their
-    [batch, steps, heads * dim] form, its value is the projection itself, and its output is what ``o_proj``'s MatMul
-    reads (the model's Reshape/Transpose pairs, and the rewrite's own, are gone)."""
+def test_the_kernel_rotates_the_projections_itself_and_feeds_the_output_projection_directly(
+    step: GenerativeModule,
+) -> None:
+    """No head split and merge around the kernel, and no rotation before it (ONNX Runtime GenAI's form): its query,
+    key and value are the q/k/v projection's parts as they are ([batch, steps, heads * dim]), and the kernel rotates
+    queries and keys itself (do_rotary) at the step's position_ids, each row's new tokens given (query_seqlens),
+    over one pair of cos/sin tables of every cache position; its output is what o_proj's MatMul reads (the model's
+    Reshape/Transpose pairs and RotaryEmbedding nodes are gone). The float32 projection stays merged with its Split
+    in the session graph: the prepacked session runs its parts as three MatMuls, whose outputs the kernel reads, and
+    then no Split is left."""
     graph = runnable_model(step.onnx, "onnxruntime", step.settings).graph
     producers = {o: n for n in graph.node for o in n.output}
     readers = collections.defaultdict(list)
     for node in graph.node:
         for name in node.input:
             readers[name].append(node)
-    for gqa in (n for n in graph.node if n.op_type == "GroupQueryAttention"):
-        query, key, value = (producers[name] for name in gqa.input[:3])
-        for rotated in (query, key):
-            assert rotated.op_type == "RotaryEmbedding"
-            assert onnx.helper.get_attribute_value(rotated.attribute[-1]) in (4, 2)  # num_heads: 4 (q), 2 (kv)
-            assert producers[rotated.input[0]].op_type == "Split"  # the merged q/k/v projection
-        assert value.op_type == "Split"
+    gqas = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqas) == 2
+    for gqa in gqas:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+        split = producers[gqa.input[0]]
+        assert split.op_type == "Split" and list(split.output) == list(gqa.input[:3])
+        assert attrs["do_rotary"] == 1 and "rotary_interleaved" not in attrs
+        assert gqa.input[9] == "position_ids" and "ort_gqa/query_seqlens" in gqa.input
+        assert gqa.input[7:9] == ["ort_gqa/rotary0/cos_cache", "ort_gqa/rotary0/sin_cache"]
         assert [r.op_type for r in readers[gqa.output[0]]] == ["MatMul"]
-    assert not [n.name for n in graph.node if n.op_type == "Transpose"]
+    assert not [n for n in graph.node if n.op_type in ("RotaryEmbedding", "Transpose")]
+    prepacked = split_projections(runnable_model(step.onnx, "onnxruntime", step.settings)).graph
+    producers = {o: n for n in prepacked.node for o in n.output}
+    assert not [n for n in prepacked.node if n.op_type in ("Split", "RotaryEmbedding")]
+    for gqa in (n for n in prepacked.node if n.op_type == "GroupQueryAttention"):
+        assert [producers[name].op_type for name in gqa.input[:3]] == ["MatMul"] * 3
+
+
+def test_the_kernels_rotation_gives_the_logits_of_the_rotation_before_it(step: GenerativeModule) -> None:
+    """The kernel's own rotation against the session graph before it (``fused=False``: the model's RotaryEmbedding
+    nodes before the kernel), both over the same merged projections:
+    the same logits, bit for bit, and so the same tokens, for a left-padded batch of two (the first row padded too:
+    the kernel without query_seqlens would rotate a prompt at its first row's first position, 1, plus the step),
+    through the prompt and greedy decoding, and a single row's prompt in two chunks."""
+    fused = grouped_attention_graph(step.onnx)
+    apart = grouped_attention_graph(step.onnx, fused=False)
+    assert ops(fused)["RotaryEmbedding"] == 0 and ops(apart)["RotaryEmbedding"] == 4
+    batch, prompt = 2, 8
+    ids = torch.randint(1, 90, (batch, prompt), generator=torch.Generator().manual_seed(17))
+    mask = torch.zeros(batch, CAPACITY, dtype=torch.int64)
+    mask[:, :prompt] = 1
+    mask[0, :2] = 0
+    mask[1, :5] = 0
+    positions = (mask[:, :prompt].cumsum(-1) - 1).masked_fill(mask[:, :prompt] == 0, 1)
+    runners = [bound_runner(step, graph) for graph in (fused, apart)]
+    for runner in runners:
+        runner.start(batch)
+    logits = [runner.run(ids, mask, positions, 0) for runner in runners]
+    nxt = positions[:, -1:] + 1
+    for i in range(CAPACITY - prompt - 1):
+        assert torch.equal(logits[0], logits[1]), f"step {i}"
+        token = logits[1].argmax(-1)[:, None]
+        mask[:, prompt + i] = 1
+        logits = [runner.run(token, mask, nxt, prompt + i) for runner in runners]
+        nxt = nxt + 1
+    assert torch.equal(logits[0], logits[1])
+    single = torch.ones(1, CAPACITY, dtype=torch.int64)
+    for runner in runners:
+        runner.start(1)
+    chunks = [(ids[:1, :5], torch.arange(5)[None], 0), (ids[:1, 5:], torch.arange(5, prompt)[None], 5)]
+    for chunk, at, past in chunks:
+        logits = [runner.run(chunk, single, at, past) for runner in runners]
+        assert torch.equal(logits[0], logits[1])
 
 
 def test_residual_sums_and_their_norms_run_as_one_kernel(step: GenerativeModule) -> None:
@@ -106,10 +157,12 @@ def test_residual_sums_and_their_norms_run_as_one_kernel(step: GenerativeModule)
 
 def test_the_kernels_lengths_take_few_nodes(step: GenerativeModule) -> None:
     """The kernel's lengths made from ``past_length`` with one cast to int32: seven nodes a step (and two
-    constants)."""
+    constants), and two more for each row's new tokens (``query_seqlens``, which its rotation needs)."""
     graph = runnable_model(step.onnx, "onnxruntime", step.settings).graph
     lengths = [n.op_type for n in graph.node if n.name.startswith("ort_gqa/") and "/" not in n.name[len("ort_gqa/") :]]
-    assert sorted(lengths) == ["Add", "Cast", "Constant", "Constant", "Expand", "Reshape", "Shape", "Shape", "Sub"]
+    assert sorted(lengths) == [
+        *["Add", "Cast", "Cast", "Constant", "Constant", "Expand", "Expand", "Reshape", "Shape", "Shape", "Sub"]
+    ]
 
 
 def test_the_step_reads_only_the_filled_part_of_the_cache(step: GenerativeModule) -> None:
@@ -270,10 +323,11 @@ def test_calling_the_step_returns_the_whole_cache_as_module_onnx_does(step: Gene
     assert torch.equal(got[1][:, :, past_length + steps :], past[0][:, :, past_length + steps :])  # and after it
 
 
-def test_an_int4_step_converts_and_its_decoding_is_judged_by_the_quantization_envelope() -> None:
-    """``precision="int4"`` with ``generation=``: the decoding validation judges the logits by the quantization's own
-    per-output tolerance (it raised ``KeyError: 'int4'`` looking for a float16-like type), and the session runs the
-    4-bit weights with GroupQueryAttention when the rest of the graph is float32."""
+INT4_IDS = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.fixture(scope="module")
+def int4_step() -> GenerativeModule:
     config = transformers.LlamaConfig(
         vocab_size=96,
         hidden_size=128,
@@ -285,22 +339,67 @@ def test_an_int4_step_converts_and_its_decoding_is_judged_by_the_quantization_en
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(2))
     module = pipeline.convert(
         model,
-        ids,
+        INT4_IDS,
         generation={"max_length": 32, "max_batch": 2},
         precision="int4",
         quantize_fallback="fp32",  # the rest in float32 (the default float16 rest runs without the rewrite on a CPU)
         validation_inputs=1,
     )
     assert isinstance(module, GenerativeModule)
+    return module
+
+
+def test_an_int4_step_converts_and_its_decoding_is_judged_by_the_quantization_envelope(
+    int4_step: GenerativeModule,
+) -> None:
+    """``precision="int4"`` with ``generation=``: the decoding validation judges the logits by the quantization's own
+    per-output tolerance (it raised ``KeyError: 'int4'`` looking for a float16-like type), and the session runs the
+    4-bit weights with GroupQueryAttention when the rest of the graph is float32."""
+    module = int4_step
     decoding = module.report.accuracy.decoding
     assert decoding is not None and decoding.passed
     assert any(t.data_type == onnx.TensorProto.INT4 for t in module.onnx.graph.initializer)
     assert ops(runnable_model(module.onnx, "onnxruntime", module.settings))["GroupQueryAttention"] == 2
-    assert module.generate(ids, max_new_tokens=4).shape == (1, 10)
+    assert module.generate(INT4_IDS, max_new_tokens=4).shape == (1, 10)
     assert module._executor.row_session() is None  # 4-bit weights: far slower unpacked, one session for all steps
+
+
+def test_an_int4_steps_kernel_reads_the_packed_projection_with_the_same_logits(int4_step: GenerativeModule) -> None:
+    """With 4-bit weights the kernel reads the merged q/k/v projection packed (GenAI's form: query [batch, steps,
+    (4 + 2 * 2) * 32], key and value empty, rotated by the kernel): no q/k/v Split and no RotaryEmbedding left. The
+    same logits, bit for bit, as the session graph before (``fused=False``: Split and RotaryEmbedding before the
+    kernel) for a left-padded batch of two through the prompt and greedy decoding."""
+    graph = runnable_model(int4_step.onnx, "onnxruntime", int4_step.settings).graph
+    producers = {o: n for n in graph.node for o in n.output}
+    gqas = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqas) == 2
+    for gqa in gqas:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+        assert producers[gqa.input[0]].op_type == "MatMul" and list(gqa.input[1:3]) == ["", ""]
+        assert attrs["do_rotary"] == 1 and gqa.input[9] == "position_ids"
+    assert not [n for n in graph.node if n.op_type == "RotaryEmbedding"]
+    assert all(len(n.output) == 2 for n in graph.node if n.op_type == "Split")  # gate/up only
+    fused, apart = grouped_attention_graph(int4_step.onnx), grouped_attention_graph(int4_step.onnx, fused=False)
+    assert ops(apart)["RotaryEmbedding"] == 4 and ops(apart)["Split"] == ops(fused)["Split"] + 2
+    ids, mask = tiny_models.left_padded([7, 4], seed=9)
+    batch, prompt = ids.shape
+    full = torch.zeros(batch, 32, dtype=torch.int64)
+    full[:, :prompt] = mask
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    runners = [bound_runner(int4_step, graph) for graph in (fused, apart)]
+    for runner in runners:
+        runner.start(batch)
+    logits = [runner.run(ids, full, positions, 0) for runner in runners]
+    nxt = positions[:, -1:] + 1
+    for i in range(12):
+        assert torch.equal(logits[0], logits[1]), f"step {i}"
+        token = logits[1].argmax(-1)[:, None]
+        full[:, prompt + i] = 1
+        logits = [runner.run(token, full, nxt, prompt + i) for runner in runners]
+        nxt = nxt + 1
+    assert torch.equal(logits[0], logits[1])
 
 
 def test_a_head_size_the_kernel_refuses_keeps_the_standard_attention() -> None:
@@ -310,6 +409,25 @@ def test_a_head_size_the_kernel_refuses_keeps_the_standard_attention() -> None:
     step = tiny_models.tiny_step(llama, max_length=24, max_batch=2)
     session_graph = runnable_model(step.onnx, "onnxruntime", step.settings)
     assert ops(session_graph)["GroupQueryAttention"] == 0 and ops(session_graph)["Attention"] == 2
+    ids, mask = tiny_models.left_padded([6, 4], seed=2)
+    expected = llama.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert torch.equal(step.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=[]), expected)
+
+
+def test_heads_the_kernel_cannot_rotate_keep_the_models_rotation_before_it() -> None:
+    """ONNX Runtime's GroupQueryAttention rotates heads whose size is a multiple of 16 only: heads of 24 run in the
+    kernel with the model's RotaryEmbedding nodes before it (on the q/k/v Split's parts), and decode a left-padded
+    batch as transformers does."""
+    llama = tiny_models.tiny_llama(seed=6, hidden_size=96, eos_token_id=2, pad_token_id=None)
+    step = tiny_models.tiny_step(llama, max_length=24, max_batch=2)
+    session_graph = runnable_model(step.onnx, "onnxruntime", step.settings)
+    counts = ops(session_graph)
+    assert counts["GroupQueryAttention"] == 2 and counts["RotaryEmbedding"] == 4 and counts["Attention"] == 0
+    assert all(
+        "do_rotary" not in {a.name for a in n.attribute} and n.input[1]
+        for n in session_graph.graph.node
+        if n.op_type == "GroupQueryAttention"
+    )
     ids, mask = tiny_models.left_padded([6, 4], seed=2)
     expected = llama.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None)
     assert torch.equal(step.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=[]), expected)
