@@ -193,13 +193,19 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     free = iter(range(vocabulary - 1, 2, -1))  # the placeholders first, then the other marker tokens, from the top
     for name in [*SPECIAL_TOKENS, *sorted(set(named) - set(SPECIAL_TOKENS))]:
         value = getattr(config, name, None)
-        if isinstance(value, int) and value >= vocabulary:
+        # an image placeholder the config names but leaves unset (MiniCPM-V's ``image_token_id``, which a checkpoint
+        # sets): the model skips its image without one
+        unset = value is None and name in SPECIAL_TOKENS[:2] and name in vars(config)
+        if unset or (isinstance(value, int) and value >= vocabulary):
             setattr(config, name, next(free))
     for owner in _configs(config):
         _scale_sections(owner)
     _fit_image_tokens(config)
     _fit_tiles(config)
     _fit_feature_layers(config)
+    for owner in _configs(config):
+        _fit_layer_lists(owner)
+    _fit_patch_tables(config)
     _fit_tower_output(config)
     return config
 
@@ -249,6 +255,38 @@ def _fit_feature_layers(config: Any) -> None:
             setattr(config, name, fit(value))
         elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
             setattr(config, name, type(value)(fit(v) for v in value))
+
+
+def _fit_layer_lists(config: Any) -> None:
+    """Lists of the config's own layers past its shrunk depth (Mllama's text ``cross_attention_layers`` [3, 8, ...,
+    38] and its tower's ``intermediate_layers_indices`` [3, 7, 15, 23, 30] of 2 layers) kept to the layers it has, or
+    its last layer when none is left: a model whose text cross-attends to the image on no layer ignores the image."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers <= 0:
+        return
+    for name, value in vars(config).items():
+        if not name.endswith(("_layers", "_layers_indices")) or name in FEATURE_LAYERS or not isinstance(value, list):
+            continue
+        if value and all(isinstance(v, int) and v >= 0 for v in value) and max(value) >= layers:
+            setattr(config, name, [v for v in value if v < layers] or [layers - 1])
+
+
+def _fit_patch_tables(config: Any) -> None:
+    """A table from an image's patch count to its token count (Aria's ``projector_patch_to_query_dict``, {35 x 35: 128,
+    70 x 70: 256}, the checkpoint's image sizes) keyed by the small tower's patch count instead, at most as many tokens
+    as patches; a maximum the config derives from the table (``max_value_`` and its name) set to match."""
+    patch = _side(_attribute(config, "patch_size", default=8) or 8)
+    patches = max(1, _image_side(config) // patch) ** 2
+    for owner in _configs(config):
+        for name, table in list(vars(owner).items()):
+            if "patch" not in name or not isinstance(table, dict) or not table or patches in table:
+                continue
+            if not all(isinstance(k, int) and isinstance(v, int) and v > 0 for k, v in table.items()):
+                continue
+            tokens = min(min(table.values()), patches)
+            setattr(owner, name, {patches: tokens})
+            if isinstance(getattr(owner, f"max_value_{name}", None), int):
+                setattr(owner, f"max_value_{name}", tokens)
 
 
 #: A config's own check that two sizes agree: "`a.b` (768) must equal the backbone `c` (32)", "x must match y".
@@ -368,6 +406,11 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     if "input_ids" in parameters and "pixel_values" in parameters:
         placeholders = [getattr(config, name, None) for name in SPECIAL_TOKENS[:2]]
         placeholder = next((token for token in placeholders if token is not None), None)
+        # a mask of the tokens the image's features replace, in place of a placeholder id (Kosmos-2's
+        # ``image_embeds_position_mask``): the image's tokens are a marker id the text does not draw
+        image_positions = [name for name in parameters if name.endswith("position_mask")]
+        if placeholder is None and image_positions:
+            placeholder = _free_token(config, None)
         if placeholder is None:
             candidates.append({**text, "pixel_values": pixels})
         else:  # a placeholder token per image feature: as many as the vision tower's plausible feature counts
@@ -382,7 +425,9 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
                     mask = {"attention_mask": torch.ones_like(with_image)} if "attention_mask" in parameters else {}
                     if "mm_token_type_ids" in parameters:  # which tokens are image tokens (M-RoPE's positions)
                         mask["mm_token_type_ids"] = (with_image == int(placeholder)).to(torch.int32)
+                    mask.update({name: with_image == int(placeholder) for name in image_positions})
                     candidates.append({**text, "input_ids": with_image, **mask, **images})
+        candidates += _cross_attended_images(config, text, pixels, parameters)
     if main == "input_features" or "input_features" in parameters:
         for layout in ((1, mels, 2 * positions), (1, 2 * positions, mels), (1, 64, mels), (1, mels, 64)):
             candidates.append({"input_features": torch.randn(*layout, generator=seeded()), **decoder})
@@ -395,6 +440,36 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     if not candidates:
         candidates.append({main: ids})
     return candidates
+
+
+def _cross_attended_images(
+    config: Any, text: dict[str, torch.Tensor], pixels: torch.Tensor, parameters: Any
+) -> list[dict[str, torch.Tensor]]:
+    """The image for a model whose text cross-attends to it (placeholder tokens, if any, are not counted): as images
+    [1, images, C, H, W] (IDEFICS's) and as images of tiles [1, images, tiles, C, H, W], as many tiles as the config's
+    ``max_num_tiles`` (Mllama's, padded to 4 as its processor pads them), with the inputs the forward names for them:
+    which tokens see which image (``image_attention_mask``, ``cross_attention_mask``: every token sees the image's
+    first tile) and the image's tiling (``aspect_ratio_ids``: 1, the first of the config's ratios, one tile;
+    ``aspect_ratio_mask``: its first tile). None for a model whose forward names neither."""
+    masks = [n for n in parameters if n.endswith("attention_mask") and ("image" in n or "cross" in n)]
+    if not masks and "aspect_ratio_ids" not in parameters:
+        return []
+    length = text["input_ids"].shape[1]
+    tiles = int(_attribute(config, "max_num_tiles", default=1) or 1)
+    first = torch.zeros(1, 1, tiles, dtype=torch.long)
+    first[..., 0] = 1
+    found = []
+    for images in (pixels[:, None], pixels[:, None, None].expand(-1, -1, tiles, -1, -1, -1).clone()):
+        inputs = {**text, "pixel_values": images}
+        layout = images.shape[1:-3]  # images, tiles
+        seen = first if len(layout) > 1 else torch.ones(1, 1, dtype=torch.long)
+        inputs.update({name: seen[:, None].expand(1, length, *layout).clone() for name in masks})
+        if "aspect_ratio_ids" in parameters:
+            inputs["aspect_ratio_ids"] = torch.ones(1, layout[0], dtype=torch.long)
+        if "aspect_ratio_mask" in parameters and len(layout) > 1:
+            inputs["aspect_ratio_mask"] = first.clone()
+        found.append(inputs)
+    return found
 
 
 def _image_layouts(
@@ -411,8 +486,34 @@ def _image_layouts(
     if "image_sizes" in parameters:  # an optional input some towers need, others refuse
         sizes = torch.tensor([[pixels.shape[-2], pixels.shape[-1]]])
         options += [{**option, "image_sizes": sizes} for option in options]
+    features = _image_features_parameters(model)
+    needed = [n for n, p in features.items() if p.default is p.empty and n != "pixel_values" and n in parameters]
+    if needed:
+        options += _sized_images(config, pixels, needed)
     measured = [(option, _feature_count(model, option)) for option in options]
     return sorted(measured, key=lambda pair: not pair[1])  # stable: the given order among those that run
+
+
+def _sized_images(config: Any, pixels: torch.Tensor, names: list[str]) -> list[dict[str, torch.Tensor]]:
+    """The image with the inputs its ``get_image_features`` requires beside it (``names``), filled from the image's
+    size: a size or shape as the image's pixels or as its grid of patches (MiniCPM-V's ``target_sizes``, LFM2-VL's
+    ``spatial_shapes``), a mask all ones. The image as [1, C, H, W], and as flattened patches [1, patches, C * p * p]
+    with a mask per patch (NaViT towers': Siglip2's, which LFM2-VL reads)."""
+    patch = _side(_attribute(config, "patch_size", default=8) or 8)
+    channels, height, width = pixels.shape[1:]
+    rows, columns = height // patch, width // patch
+    if not rows or not columns or any(not n.endswith(("sizes", "shapes", "mask")) for n in names):
+        return []
+    flattened = pixels[..., : rows * patch, : columns * patch].reshape(1, channels, rows, patch, columns, patch)
+    flattened = flattened.permute(0, 2, 4, 3, 5, 1).reshape(1, rows * columns, patch * patch * channels)
+    found = []
+    for layout, mask in ((pixels, torch.ones(1, height, width)), (flattened, torch.ones(1, rows * columns))):
+        for sizes in ([[height, width]], [[rows, columns]]):
+            inputs = {"pixel_values": layout}
+            for name in names:
+                inputs[name] = mask.to(torch.bool) if name.endswith("mask") else torch.tensor(sizes)
+            found.append(inputs)
+    return found
 
 
 def _image_features_method(model: torch.nn.Module) -> Any:
@@ -420,12 +521,24 @@ def _image_features_method(model: torch.nn.Module) -> Any:
     return next((o.get_image_features for o in owners if hasattr(o, "get_image_features")), None)
 
 
+def _image_features_parameters(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
+    """The named parameters of the model's ``get_image_features`` as written: an owner whose method only passes
+    ``*args, **kwargs`` on (MiniCPM-V's head, to its model's) gives way to the next."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for owner in (model, getattr(model, "model", None)):
+        method = getattr(owner, "get_image_features", None)
+        parameters = inspect.signature(method).parameters if method else {}
+        named = {n: p for n, p in parameters.items() if p.kind not in variadic}
+        if named:
+            return named
+    return {}
+
+
 def _flattened_patches(model: torch.nn.Module, config: Any) -> dict[str, torch.Tensor] | None:
     """One image as a tower of flattened patches takes it (Qwen2-VL's and its descendants': ``pixel_values`` [patches,
     channels * frames * patch * patch] and the ``image_grid_thw`` [1, 3] of frames, rows and columns of patches), for
     a model whose ``get_image_features`` takes a ``*grid_thw``; None for any other."""
-    method = _image_features_method(model)
-    grids = [n for n in inspect.signature(method).parameters if n.endswith("grid_thw")] if method else []
+    grids = [n for n in _image_features_parameters(model) if n.endswith("grid_thw")]
     if not grids:
         return None
     vision = getattr(config, "vision_config", None) or config
@@ -487,6 +600,7 @@ def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:
         except Exception as exc:  # noqa: BLE001 - the next shrink; all are reported when none runs
             errors.append(f"[{name}] {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
             continue
+        _cached_generation(model, sample[1])
         takes_images = "pixel_values" in inspect.signature(model.forward).parameters
         if not takes_images or "pixel_values" in sample[1]:
             return model, sample
@@ -496,12 +610,44 @@ def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:
     raise RuntimeError(f"{class_name} does not run eagerly from a small config: " + " || ".join(errors))
 
 
+def _cached_generation(model: torch.nn.Module, sample: dict[str, Any]) -> None:
+    """``generate`` with the key-value cache, as checkpoints generate. :data:`SMALL`'s ``use_cache=False`` (the
+    forward sample returns no cache) is in the generation config of a model whose own config has ``use_cache``
+    (Janus's, DeepSeek-VL's): ``generate`` then ran the whole prompt and its image again at every step, and a generated
+    token that is the image placeholder failed the model's count of image tokens. The forward keeps the config's.
+    Caching stays off for a model whose cache ``generate`` cannot read (Qwen3.5's shrink, whose two layers are both
+    linear attention: its cache has no length)."""
+    generation = getattr(model, "generation_config", None)
+    if generation is None or generation.use_cache is not False:
+        return
+    try:
+        with torch.no_grad():
+            output = model(**sample, use_cache=True)
+        cache = getattr(output, "past_key_values", None) or getattr(output, "cache", None)
+        cache.get_seq_length()
+    except Exception:  # noqa: BLE001 - no cache generate can use: it keeps generating without one
+        return
+    generation.use_cache = True
+
+
 #: transformers' error for M-RoPE sections a model's code defaults to (GLM-4V's 8 + 12 + 12) that the head does not fit.
 SECTIONS_ERROR = re.compile(r"split_sizes to sum exactly to (\d+) .*but got split_sizes=\[([\d, ]+)\]")
 
+#: A model's error for M-RoPE sections its config leaves to the checkpoint (HunYuan-VL's, none by default).
+NO_SECTIONS_ERROR = re.compile(r"expects at least (\d+) multimodal RoPE axes, got 0")
+
+#: A token id the model's code reads from a config class that does not define it (Qwen2.5-Omni's thinker reads
+#: ``vision_start_token_id``, which only the whole Omni model's config has).
+MISSING_TOKEN_ERROR = re.compile(r"'(\w+)' object has no attribute '(\w+_token_(?:id|index))'")
+
 
 def _build(
-    model_type: str, class_name: str, variant: int, sections: list[int] | None = None
+    model_type: str,
+    class_name: str,
+    variant: int,
+    sections: list[int] | None = None,
+    tokens: dict[tuple[str, str], int] | None = None,
+    widths: dict[tuple[str, str], int] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     import transformers
 
@@ -509,6 +655,11 @@ def _build(
     for owner in _configs(config) if sections else ():  # the code's default sections, scaled to the small head
         if isinstance(getattr(owner, "rope_parameters", None), dict):
             owner.rope_parameters["mrope_section"] = sections
+    # the token ids the code reads and the config lacks, the widths a layer is fed (:func:`_width_repair`)
+    for (owner_name, name), value in {**(tokens or {}), **(widths or {})}.items():
+        for owner in _configs(config):
+            if type(owner).__name__ == owner_name:
+                setattr(owner, name, value)
     cls = getattr(transformers, class_name)
     with torch.device("meta"):  # counted before a byte is allocated: a shrink that is not small is refused
         size = sum(p.numel() for p in cls(config).parameters())
@@ -517,21 +668,89 @@ def _build(
     torch.manual_seed(0)
     model = cls(config).eval()
     redraw_constant_matrices(model, float(_attribute(config, "initializer_range", default=0.02) or 0.02))
+    open_gates(model)
     errors = []
     for sample in candidate_samples(model, config):
         try:
             with torch.no_grad(), UngroupedKeys() as keys:
                 model(**sample)
         except Exception as exc:  # noqa: BLE001 - the next candidate; all of them are reported when none runs
-            found = SECTIONS_ERROR.search(str(exc))
+            found, unset = SECTIONS_ERROR.search(str(exc)), NO_SECTIONS_ERROR.search(str(exc))
             if found and sections is None:
-                return _build(model_type, class_name, variant, _scaled(found[2], int(found[1])))
+                return _build(model_type, class_name, variant, _scaled(found[2], int(found[1])), tokens, widths)
+            if unset and sections is None:  # as many axes as the model asks for, sharing the small head
+                total = _head_size(getattr(config, "text_config", None) or config) // 2
+                sections = _scaled(", ".join("1" * int(unset[1])), total)
+                return _build(model_type, class_name, variant, sections, tokens, widths)
+            width = _width_repair(config, str(exc))
+            if width is not None and len(widths or {}) < 3:
+                return _build(model_type, class_name, variant, sections, tokens, {**(widths or {}), **width})
+            missing = MISSING_TOKEN_ERROR.search(str(exc))
+            if missing and (missing[1], missing[2]) not in (tokens or {}) and len(tokens or {}) < 4:
+                free = {**(tokens or {}), (missing[1], missing[2]): _free_token(config, tokens)}
+                return _build(model_type, class_name, variant, sections, free, widths)
             errors.append(f"{sorted(sample)}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
             continue
         if keys.found:  # not a config a checkpoint has: the next shrink (key-value heads = heads) is
             raise RuntimeError(keys.found)
         return model, ((), sample)
     raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
+
+
+#: PyTorch's error for a linear layer fed another width than its weight's.
+MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x\d+\)")
+
+
+def _width_repair(config: Any, message: str) -> dict[tuple[str, str], int] | None:
+    """The one config size (``_dim``, ``_size``) that a linear layer fed another width says is not the width it is
+    fed: a width the config states apart from the sizes it derives from, which the shrink left at its default
+    (Mllama's ``vision_output_dim``, 7680: its tower's width times its feature layers and one). None unless exactly
+    one size of the config and its sub-configs holds the expected width."""
+    found = MATMUL_ERROR.search(message)
+    if found is None or found[1] == found[2]:
+        return None
+    fed, expected = int(found[1]), int(found[2])
+    holders = [
+        (type(owner).__name__, name)
+        for owner in _configs(config)
+        for name, value in vars(owner).items()
+        if name.endswith(("_dim", "_size")) and value == expected and not isinstance(value, bool)
+    ]
+    return {holders[0]: fed} if len(holders) == 1 else None
+
+
+def open_gates(model: torch.nn.Module) -> list[str]:
+    """Set every gate parameter initialised to zero (named ``gate`` or ``alpha``, one value per gate: Mllama's and
+    IDEFICS's tanh gates on the text's cross-attention to the image) to 1, and return their names. transformers
+    starts them closed, as training does; a trained checkpoint's are open, and a closed gate shuts the image out of
+    the logits."""
+    opened = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            last = name.rsplit(".", 1)[-1]
+            named = "gate" in last or last.startswith("alpha")
+            if named and parameter.dim() <= 1 and parameter.is_floating_point() and not parameter.any():
+                parameter.fill_(1.0)
+                opened.append(name)
+    return opened
+
+
+def _head_size(config: Any) -> int:
+    """The config's attention head size: its ``head_dim``, else its width over its heads."""
+    head = getattr(config, "head_dim", None)
+    if isinstance(head, int):
+        return head
+    return int(getattr(config, "hidden_size", 32) or 32) // int(getattr(config, "num_attention_heads", 2) or 2)
+
+
+def _free_token(config: Any, taken: dict[Any, int] | None) -> int:
+    """The highest token id below the vocabulary that no token id of the config (nor ``taken``) is: a marker token
+    the sample's text does not draw (its ids stay below 100)."""
+    vocabulary = int(_attribute(config, "vocab_size", default=128) or 128)
+    used = set((taken or {}).values())
+    for owner in _configs(config):
+        used |= {v for n, v in vars(owner).items() if n.endswith(("_token_id", "_token_index")) and isinstance(v, int)}
+    return next(token for token in range(vocabulary - 1, 2, -1) if token not in used)
 
 
 def _scaled(sections: str, total: int) -> list[int]:

@@ -127,3 +127,60 @@ def test_the_layers_a_vision_language_model_reads_are_within_its_shrunk_tower() 
     tokens = int((sample["input_ids"] == config.image_token_id).sum())
     assert tokens == features.reshape(-1, features.shape[-1]).shape[0]
     assert isinstance(model, transformers.VipLlavaForConditionalGeneration)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "inputs"),
+    [
+        # the text cross-attends to tiles padded to the config's max_num_tiles, one tile seen
+        (
+            "mllama",
+            {"input_ids", "attention_mask", "pixel_values", "cross_attention_mask", "aspect_ratio_ids"}
+            | {"aspect_ratio_mask"},
+        ),
+        # cross-attention to [1, images, C, H, W], no placeholder tokens
+        ("idefics", {"input_ids", "attention_mask", "pixel_values", "image_attention_mask"}),
+        # get_image_features requires the image's size in patches; the config leaves image_token_id unset
+        ("minicpmv4_6", {"input_ids", "attention_mask", "pixel_values", "target_sizes"}),
+        # a NaViT tower (Siglip2's): flattened patches [1, patches, C * p * p], their grid and a mask per patch
+        ("lfm2_vl", {"input_ids", "attention_mask", "pixel_values", "spatial_shapes", "pixel_attention_mask"}),
+    ],
+)
+def test_the_image_sample_holds_an_image_the_logits_depend_on(model_type: str, inputs: set[str]) -> None:
+    """Types whose image sample the search did not find (they ran on text alone, or on no candidate): the sample
+    holds the image in the layout the model's tower takes, with the inputs its forward names for it, and another image
+    gives other logits (the image is not ignored: Mllama's and IDEFICS's cross-attention gates, which transformers
+    starts closed, are opened)."""
+    import transformers
+
+    class_name = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]
+    model, (args, kwargs) = every.build(model_type, class_name)
+    assert args == () and set(kwargs) == inputs
+    other = {**kwargs, "pixel_values": torch.randn(kwargs["pixel_values"].shape, generator=torch.Generator())}
+    with torch.no_grad():
+        logits, other_logits = model(**kwargs).logits, model(**other).logits
+    assert (logits - other_logits).abs().max() > 1e-3
+    if model_type == "minicpmv4_6":  # one placeholder per feature its own get_image_features makes of the image
+        features = model.model.get_image_features(kwargs["pixel_values"], kwargs["target_sizes"]).pooler_output
+        tokens = int((kwargs["input_ids"] == model.config.image_token_id).sum())
+        assert tokens == sum(f.shape[0] for f in features) > 0
+
+
+def test_a_token_id_the_code_reads_and_the_config_lacks_is_given_one() -> None:
+    """Qwen2.5-Omni's thinker reads ``vision_start_token_id``, which only the whole Omni model's config defines: the
+    source gives it a free marker id (read off the AttributeError) and the thinker runs with its image."""
+    model, (_, kwargs) = every.build("qwen2_5_omni_thinker", "Qwen2_5OmniThinkerForConditionalGeneration")
+    assert {"pixel_values", "image_grid_thw"} <= set(kwargs)
+    token = model.config.vision_start_token_id
+    assert token < model.config.text_config.vocab_size and token not in kwargs["input_ids"]
+    assert every._free_token(model.config, None) != token
+
+
+def test_generate_caches_so_a_generated_placeholder_is_text() -> None:
+    """SMALL's ``use_cache=False`` reached Janus's generation config: generate ran the prompt and its image again at
+    every step and failed when it generated the image placeholder (33 placeholder tokens for 32 features). The source
+    generates with the cache, as checkpoints do."""
+    model, (_, kwargs) = every.build("janus", "JanusForConditionalGeneration")
+    assert model.generation_config.use_cache is True and "pixel_values" in kwargs
+    with torch.no_grad():
+        model.generate(**kwargs, max_new_tokens=4, do_sample=False)
