@@ -22,9 +22,9 @@ def is_vision_language(model: Any, sample: Any) -> bool:
     """Whether ``model`` is a transformers image-text-to-text decoder (it has ``get_image_features`` and its forward
     takes ``pixel_values``) and ``sample`` holds ``pixel_values``: without images, its text decoder converts as a
     causal LM's step."""
-    features = getattr(model, "get_image_features", None)
+    features = image_features_method(model)
     forward = getattr(model, "forward", None)
-    if not callable(features) or not callable(forward):
+    if features is None or not callable(forward):
         return False
     args, kwargs = normalise_sample(sample)
     given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
@@ -36,6 +36,16 @@ def is_vision_language(model: Any, sample: Any) -> bool:
         return False
 
 
+def image_features_method(model: Any) -> Any:
+    """``model.get_image_features``, or its base model's (``model.model``: Janus and DeepSeek-VL have it there only);
+    None when neither has one."""
+    for owner in (model, getattr(model, "model", None)):
+        method = getattr(owner, "get_image_features", None)
+        if callable(method):
+            return method
+    return None
+
+
 def image_input_names(model: torch.nn.Module) -> list[str]:
     """The inputs ``model.get_image_features`` takes by name, in its order; where it passes ``**kwargs`` on to its
     inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after them."""
@@ -44,7 +54,9 @@ def image_input_names(model: torch.nn.Module) -> list[str]:
     for owner in owners:
         method = getattr(owner, "get_image_features", None)
         if not callable(method):
-            break
+            if names or owner is not model:
+                break
+            continue  # the base model's alone (Janus)
         parameters = inspect.signature(method).parameters.values()
         names += [p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in names]
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):

@@ -63,7 +63,7 @@ from pipeline.generation.image_positions import image_positions
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.step import CachedStep
-from pipeline.generation.vision_inputs import sample_inputs
+from pipeline.generation.vision_inputs import image_features_method, sample_inputs
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.layout import CachedLayer, past_name
 from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES, VisionLanguageModule
@@ -106,7 +106,7 @@ class ImageFeatures(torch.nn.Module):
 def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
     """``model.get_image_features(**inputs)`` as one tensor [tokens, hidden] (what the model scatters over its image
     tokens: the pieces of a list joined in order, a tensor's leading axes flattened)."""
-    out = model.get_image_features(**inputs, return_dict=True)  # type: ignore[operator]
+    out = image_features_method(model)(**inputs, return_dict=True)
     pooled = getattr(out, "pooler_output", out)
     if isinstance(pooled, list | tuple):
         pooled = torch.cat([piece.reshape(-1, piece.shape[-1]) for piece in pooled], dim=0)
@@ -313,7 +313,7 @@ def _pooled(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> Any:
     """The features ``get_image_features`` gives one image (its ``pooler_output``); an InputError when it also gives
     features the model adds elsewhere than at the image tokens' embeddings (Qwen3-VL's deepstack)."""
     with torch.no_grad():
-        out = model.get_image_features(**image, return_dict=True)  # type: ignore[operator]
+        out = image_features_method(model)(**image, return_dict=True)
     keys = getattr(out, "keys", None)
     for field in keys() if callable(keys) else ():
         value = out[field]

@@ -249,3 +249,19 @@ def test_image_inputs_passed_through_the_outer_get_image_features_kwargs_are_tak
     assert [spec.name for spec in module.vision.io.inputs][:1] == ["pixel_values"]
     for options in ({"max_new_tokens": 6}, {"max_new_tokens": 6, "num_beams": 3}):
         assert torch.equal(module.generate(**sample, **options), transformers_generate(model, sample, **options))
+
+
+def test_image_features_on_the_base_model_alone_are_taken() -> None:
+    """Janus (and DeepSeek-VL) have ``get_image_features`` on their base model (``model.model``) only: the conversion
+    takes that one, and greedy and beam tokens equal transformers' (the every-type source's model and sample, not
+    written for this test). It was refused as "neither a vision-language decoder nor an encoder-decoder"."""
+    from model_sources import transformers_all_models as every
+
+    from pipeline.generation.vision_inputs import image_input_names
+
+    built, (_, sample) = every.build("janus", "JanusForConditionalGeneration")
+    model = tiny_models.lively(lambda: built, 0, 0.3, keep_eos=False)
+    assert not hasattr(model, "get_image_features") and image_input_names(model) == ["pixel_values"]
+    module = pipeline.convert(model, sample, generation=GENERATION)
+    for options in ({"max_new_tokens": 6}, {"max_new_tokens": 6, "num_beams": 3}):
+        assert torch.equal(module.generate(**sample, **options), transformers_generate(model, sample, **options))
