@@ -24,28 +24,25 @@ from onnx.external_data_helper import ExternalDataInfo
 
 from passes.model_io.external_data import weights_dir
 from passes.model_io.weightless import copy_fields
+from pipeline.runtime.ort.graph_index import graph_index
 
 _PREFIX = "ort_split_projection"
 
 
 def split_projections(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with its merged projections apart (see the module docstring); ``model`` itself when it
-        has none. Only the merged weights are read (from the weights directory when they are external), and a model with
+    has none. Only the merged weights are read (from the weights directory when they are external), and a model with
     a weights directory (a loaded artifact) gets the parts in a new file there, not inline."""
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    outputs = {o.name for o in graph.output}
+    readers = graph_index(graph)
     found: list[tuple[onnx.NodeProto, onnx.NodeProto, list[int]]] = []
     position = {id(n): i for i, n in enumerate(graph.node)}
     for node in graph.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
         weight = initializers.get(node.input[1])
-        split = _only_split(node.output[0], readers, outputs)
+        split = readers.only_reader(node.output[0], "Split")
         if weight is None or split is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) != 2:
             continue
         sizes = _sizes(split, initializers, int(weight.dims[1]))
@@ -114,13 +111,6 @@ class _PartsFile:
 
     def close(self) -> None:
         self.file.close()
-
-
-def _only_split(name: str, readers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> onnx.NodeProto | None:
-    nodes = readers.get(name, [])
-    if name in outputs or len(nodes) != 1 or nodes[0].op_type != "Split" or nodes[0].domain not in ("", "ai.onnx"):
-        return None
-    return nodes[0]
 
 
 def _sizes(split: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], width: int) -> list[int] | None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import onnx
 
+from pipeline.runtime.ort.cached_attention import has_cached_attention
 from pipeline.runtime.ort.emulation import emulate_fp4, emulate_fp8, has_fp4, has_fp8, has_int8_weights
-from pipeline.runtime.ort.grouped_attention import grouped_attention_graph, has_cached_attention, kernel_available
+from pipeline.runtime.ort.grouped_attention import grouped_attention_graph, kernel_available
 from pipeline.runtime.ort.half_emulation import emulate_low_precision, has_low_precision
 from pipeline.runtime.ort.int8 import ort_int8_graph
 from pipeline.runtime.ort.skip_norm import skip_norm_graph

@@ -16,6 +16,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from pipeline.runtime.ort.graph_index import graph_index
 from pipeline.runtime.ort.recorded_types import Dim, recorded_types
 
 _PREFIX = "ort_skip_norm"
@@ -26,12 +27,7 @@ def skip_norm_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     (see the module docstring); ``model`` itself when none matches. Modifies ``model``'s graph in place when it
     does (the caller passes its own copy)."""
     graph = model.graph
-    producers = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in graph.output}
+    index = graph_index(graph)
     shapes = recorded_types(model)
     initializers = {i.name: i for i in graph.initializer}
     fused: dict[int, onnx.NodeProto] = {}  # id(RMSNormalization) -> its replacement
@@ -39,14 +35,14 @@ def skip_norm_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in graph.node:
         if node.op_type != "RMSNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
-        add = producers.get(node.input[0])
-        if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or id(add) in adds:
+        add = index.producer(node.input[0], "Add")
+        if add is None or id(add) in adds:
             continue
         epsilon = _exact_norm(node, shapes, initializers)
         if epsilon is None or not _residual(add, shapes):
             continue
         total = add.output[0]
-        keep_sum = readers.get(total, 0) > 1 or total in outputs
+        keep_sum = index.reader_count(total) > 1 or total in index.outputs
         fused[id(node)] = helper.make_node(
             "SkipSimplifiedLayerNormalization",
             [add.input[0], add.input[1], node.input[1]],
