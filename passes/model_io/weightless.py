@@ -50,6 +50,12 @@ def weightless(model: onnx.ModelProto, min_bytes: int = MIN_BYTES) -> tuple[onnx
     return _light(model, min_bytes, weights), weights
 
 
+def light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose large weights are headers only (as :func:`weightless` makes, their values not read):
+    for readers of the graph and its types alone, such as ONNX shape inference. ``model`` itself when it is light."""
+    return _light(model, MIN_BYTES, None)
+
+
 def serialized_size(model: onnx.ModelProto) -> int:
     """About the bytes ``model`` serialises to (at most 64 bytes over per large weight), without serialising its weights
     (upb's ``ByteSize`` serialises the whole message: 0.4 s for 216 MB)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from passes.model_io.weightless import light_copy
 from passes.precision.types import FOLLOWER_OPS, LowType
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
@@ -88,7 +89,8 @@ def _shapes(
 
 def _tensor_types(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, onnx.TypeProto.Tensor]:
     """Every value's tensor type, inferred with the graph's inputs fixed at ``dims`` (what inference leaves unknown
-    there keeps the type the graph declares)."""
+    there keeps the type the graph declares). The weights are not read: inference gets the light copy."""
+    model = light_copy(model)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
     typed = {v.name: v.type.tensor_type for v in [*inferred.input, *inferred.output, *inferred.value_info]}
     if not dims:

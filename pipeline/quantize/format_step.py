@@ -67,6 +67,8 @@ class FormatResult:
     backend: str
     record: str
     nodes_before: int
+    #: each float output's largest absolute error on the calibration inputs, when the format measured it already
+    feed_errors: Mapping[str, float] | None = None
 
 
 def quantization_report(

@@ -108,10 +108,11 @@ def quantize_four_bit(inputs: StageInputs, base: onnx.ModelProto, fmt: BlockForm
         for entry in final.opset_import:
             if entry.domain in ("", "ai.onnx"):
                 entry.version = fmt.min_opset
-    error = measure_errors(final, settings, feeds, inputs.references)[0]
+    error, largest = measure_errors(final, settings, feeds, inputs.references)
     report = quantization_report(inputs, final, fmt, method, done, skipped, error, notes)
     record = f"quantize_{fmt.name}"
-    return FormatResult(final, report, _envelope_tolerances, settings, settings.backend, record, len(graph.nodes))
+    count = len(graph.nodes)
+    return FormatResult(final, report, _envelope_tolerances, settings, settings.backend, record, count, largest)
 
 
 def _envelope_tolerances(largest: Mapping[str, float]) -> dict[str, tuple[float, float]]:

@@ -141,6 +141,15 @@ def measure_errors(
     references: Sequence[dict[str, np.ndarray]],
 ) -> tuple[float, dict[str, float]]:
     """The worst relative error (as :func:`relative_error`) and each float output's largest absolute error."""
+    return measure_errors_on(model, settings, [(feeds, references)])[0]
+
+
+def measure_errors_on(
+    model: onnx.ModelProto,
+    settings: Settings,
+    sets: Sequence[tuple[Sequence[Feed], Sequence[dict[str, np.ndarray]]]],
+) -> list[tuple[float, dict[str, float]]]:
+    """:func:`measure_errors` of each (inputs, PyTorch's outputs on them) set, on one ONNX Runtime session."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     runnable = runnable_model(model, "onnxruntime", settings)
@@ -152,15 +161,32 @@ def measure_errors(
         disabled_optimizers=disabled_optimizers(runnable),  # as the backend runs it
     )
     names = [o.name for o in session.get_outputs()]
-    worst, largest = 0.0, dict.fromkeys(names, 0.0)
-    for feed, want in zip(feeds, references, strict=True):
-        got = dict(zip(names, session.run(names, session_feed(session, feed)), strict=True))
-        for name in names:
-            a, b = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
-            if a.dtype.kind != "f" or not np.issubdtype(np.asarray(want[name]).dtype, np.floating):
-                continue
-            norm = float(np.linalg.norm(b))
-            worst = max(worst, float(np.linalg.norm(a - b)) / (norm if norm > 0 else 1.0))
-            finite = np.isfinite(a) & np.isfinite(b)
-            largest[name] = max(largest[name], float(np.abs(a - b)[finite].max(initial=0.0)))
-    return worst, largest
+    measured = []
+    for feeds, references in sets:
+        worst, largest = 0.0, dict.fromkeys(names, 0.0)
+        for feed, want in zip(feeds, references, strict=True):
+            got = dict(zip(names, session.run(names, session_feed(session, feed)), strict=True))
+            for name in names:
+                error = _errors(np.asarray(got[name]), np.asarray(want[name]))
+                if error is not None:
+                    worst, largest[name] = max(worst, error[0]), max(largest[name], error[1])
+        measured.append((worst, largest))
+    return measured
+
+
+def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float] | None:
+    """``||got - want|| / ||want||`` and the largest absolute difference over the places both are finite; None for
+    outputs that are not floating point. Two float32 outputs are compared in float32 (their difference is exact or
+    within one rounding of its own size: far below any quantization error), again in float64 when a float32 sum of
+    squares overflows."""
+    if not (np.issubdtype(got.dtype, np.floating) and np.issubdtype(want.dtype, np.floating)):
+        return None
+    narrow = got.dtype == want.dtype == np.float32
+    a, b = (got, want) if narrow else (got.astype(np.float64), want.astype(np.float64))
+    difference = (a - b).reshape(-1)
+    norm, apart = float(np.linalg.norm(b.reshape(-1))), float(np.linalg.norm(difference))
+    if narrow and not (np.isfinite(norm) and np.isfinite(apart)):
+        return _errors(got.astype(np.float64), want.astype(np.float64))
+    magnitude = np.abs(difference, out=difference)
+    largest = float(np.max(magnitude, where=np.isfinite(magnitude), initial=0.0))
+    return apart / (norm if norm > 0 else 1.0), largest

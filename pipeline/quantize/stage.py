@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from pipeline.quantize.eight_bit import fallback_tolerances, quantize_eight_bit
 from pipeline.quantize.format_step import QUANT_OPSET, Format, StageInputs
 from pipeline.quantize.four_bit import quantize_four_bit, target_settings
 from pipeline.quantize.report import judge_cpu_fallback, judge_quantized_share
-from pipeline.quantize.search import measure_errors
+from pipeline.quantize.search import measure_errors_on
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.reports.precision import PrecisionReport
 from pipeline.runtime.reports.quantization import QuantizationReport
@@ -142,7 +142,7 @@ def quantize_precision(
     _check_valid(final, fmt)
     seconds = time.perf_counter() - start
     records.append(PassRecord(result.record, 0, seconds, result.nodes_before, len(final.graph.node), True))
-    largest = measured_envelope(final, exported, model, sample, result.measured, feeds, references)
+    largest = measured_envelope(final, exported, model, sample, result.measured, feeds, references, result.feed_errors)
     report = dataclasses.replace(result.report, tolerances=result.tolerances(largest))
     report = judge_quantized_share(report, settings)
     if method == "awq" and calibration is None:
@@ -174,15 +174,37 @@ def measured_envelope(
     settings: Settings,
     feeds: Sequence[Feed],
     references: Sequence[dict[str, np.ndarray]],
+    on_feeds: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Each float output's largest absolute error, as ONNX Runtime runs the quantized graph, on the calibration
-    inputs and on the validation inputs (drawn like the sample, they may leave the calibrated ranges and clip):
-    the envelope validation then holds the backend to (:mod:`pipeline.quantize.tolerance`)."""
+    inputs (``on_feeds`` when the format measured them already) and on the validation inputs (drawn like the sample,
+    they may leave the calibrated ranges and clip): the envelope validation then holds the backend to
+    (:mod:`pipeline.quantize.tolerance`). Validation inputs among the calibration inputs (all of them when the
+    conversion validates: :func:`~pipeline.precision.stage.calibration_feeds`) are not run again; one session measures
+    the rest."""
     checks = validation_feeds(exported.io, exported.io.flatten_call(*normalise_sample(sample)), settings)
-    checks, check_references = screened_references(model, exported.io, checks, 1, "validation")
-    on_checks = measure_errors(final, settings, checks, check_references)[1]
-    on_feeds = measure_errors(final, settings, feeds, references)[1]
-    return {name: max(on_feeds.get(name, 0.0), value) for name, value in on_checks.items()}
+    new = [check for check in checks if not any(_same_feed(check, feed) for feed in feeds)]
+    sets: list[tuple[Sequence[Feed], Sequence[dict[str, np.ndarray]]]] = []
+    if new:
+        given = 1 if new[0] is checks[0] else 0  # the sample itself: PyTorch must take it
+        sets.append(screened_references(model, exported.io, new, given, "validation"))
+    if on_feeds is None:
+        sets.append((feeds, references))
+    measured = [largest for _, largest in measure_errors_on(final, settings, sets)] if sets else []
+    if on_feeds is None:
+        on_feeds = measured.pop()
+    envelope = dict(on_feeds)
+    for on_checks in measured:
+        envelope.update({name: max(envelope.get(name, 0.0), value) for name, value in on_checks.items()})
+    return envelope
+
+
+def _same_feed(a: Feed, b: Feed) -> bool:
+    """The same inputs: the same names, shapes, types and values."""
+    return a.keys() == b.keys() and all(
+        a[name].shape == b[name].shape and a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name])
+        for name in a
+    )
 
 
 def _check_valid(model: onnx.ModelProto, fmt: Format) -> None:
