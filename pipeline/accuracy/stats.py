@@ -333,7 +333,8 @@ def cosine_similarity(actual: np.ndarray, reference: np.ndarray) -> float:
     a = np.asarray(actual, dtype=np.float64).ravel()
     b = np.asarray(reference, dtype=np.float64).ravel()
     finite = np.isfinite(a) & np.isfinite(b)
-    a, b = a[finite], b[finite]
+    if not finite.all():  # (the copies only when some element is not finite: a logits tensor is 8 million)
+        a, b = a[finite], b[finite]
     norm_a, norm_b = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if norm_a == 0.0 or norm_b == 0.0:
         return 1.0 if norm_a == norm_b else 0.0
@@ -355,8 +356,9 @@ def error_histogram(absdiff: np.ndarray) -> np.ndarray:
 
 def _rms(values: np.ndarray) -> float:
     """Root mean square of the finite values (0 if there are none)."""
-    finite = values[np.isfinite(values)]
-    return float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0
+    finite = np.isfinite(values)
+    kept = values if finite.all() else values[finite]
+    return float(np.sqrt(np.dot(kept, kept) / kept.size)) if kept.size else 0.0
 
 
 def _differences(actual: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
