@@ -14,8 +14,12 @@ tar -x -C DIR``: the code before a change), alternating with this one.
 onnxruntime_genai.models.builder -i DIR -o OUT -p fp32 -e cpu``, its whole process as bench_generate times it),
 alternating with ours run by run, so that both see the same load on a shared machine.
 
+``--precision int4`` converts with ``precision="int4"`` as ``benchmarks/bench_generate.py``'s int4 column does (block
+32, the head quantized, the rest in float32, ``MatMulNBits`` accuracy level 4) against GenAI's ``-p int4`` with the
+same block and level.
+
     .venv/bin/python benchmarks/bench_convert_generation.py [--runs 3] [--genai] [--compare DIR] [--no-validate]
-        [--profile out.html]
+        [--precision int4] [--profile out.html]
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import pipeline
 convert = pipeline.convert  # the lazy import of the conversion code
 imported = time.perf_counter() - start
 start = time.perf_counter()
-module = convert(model, ids, generation={{"max_length": 256, "max_batch": 4}}, validate={validate!r})
+module = convert(model, ids, generation={{"max_length": 256, "max_batch": 4}}, validate={validate!r}, **{settings!r})
 seconds = time.perf_counter() - start
 if profiler is not None:
     profiler.stop()
@@ -95,11 +99,18 @@ _BUILDER = (
 )
 
 
-def ours(validate: bool, profile: str | None, root: Path = ROOT) -> dict[str, object]:
+#: The int4 conversion of both (``--precision int4``): as ``benchmarks/bench_generate.py`` compares them
+INT4_OURS = {
+    "precision": "int4", "quantize_fallback": "fp32", "keep_head": False, "block_size": 32, "ort_int4_accuracy_level": 4
+}  # fmt: skip
+INT4_GENAI = ["-p", "int4", "--extra_options", "accuracy_level=4", "block_size=32"]
+
+
+def ours(validate: bool, profile: str | None, root: Path = ROOT, precision: str = "fp32") -> dict[str, object]:
     """One conversion in a fresh process, with the code of ``root``: its record."""
     code = _OURS.format(
         root=str(root), tests=str(root / "tests"), model=MODEL, validate=validate, profile=profile or "",
-        pyinstrument=os.environ.get("PYINSTRUMENT_PATH", ""),
+        pyinstrument=os.environ.get("PYINSTRUMENT_PATH", ""), settings=INT4_OURS if precision == "int4" else {},
     )  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -109,12 +120,12 @@ def ours(validate: bool, profile: str | None, root: Path = ROOT) -> dict[str, ob
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def genai(checkpoint: Path, work: Path) -> float:
-    """GenAI's builder in a fresh process, fp32 for the CPU: its wall time (imports included)."""
+def genai(checkpoint: Path, work: Path, precision: str = "fp32") -> float:
+    """GenAI's builder in a fresh process for the CPU: its wall time (imports included)."""
     out = work / "genai"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-c", _BUILDER, "-i", str(checkpoint), "-o", str(out), "-p", "fp32", "-e", "cpu"]
-    command += ["-c", str(work / "genai_cache")]
+    command = [sys.executable, "-c", _BUILDER, "-i", str(checkpoint), "-o", str(out), "-e", "cpu"]
+    command += [*(INT4_GENAI if precision == "int4" else ["-p", "fp32"]), "-c", str(work / "genai_cache")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT / "tests")}
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work, check=False)
@@ -148,9 +159,10 @@ def main() -> None:
     parser.add_argument("--genai", action="store_true", help="time GenAI's builder too, alternating with ours")
     parser.add_argument("--compare", type=Path, help="time this checkout of the repository too, alternating")
     parser.add_argument("--no-validate", action="store_true")
+    parser.add_argument("--precision", choices=("fp32", "int4"), default="fp32")
     parser.add_argument("--profile", help="write a pyinstrument profile (HTML) of one run here (PYINSTRUMENT_PATH)")
     options = parser.parse_args()
-    print("load:", load(), flush=True)
+    print("load:", load(), "precision:", options.precision, flush=True)
     runs, builder, compared = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench_convert_generation_") as temporary:
         work = Path(temporary)
@@ -159,13 +171,13 @@ def main() -> None:
             subprocess.run([sys.executable, "-c", code, str(work / "checkpoint")], cwd=ROOT, check=True)
         for index in range(1 if options.profile else options.runs):
             if options.genai:
-                builder.append(genai(work / "checkpoint", work))
+                builder.append(genai(work / "checkpoint", work, options.precision))
                 print(f"genai {index + 1}: {builder[-1]:.1f} s", flush=True)
             if options.compare:
-                result = ours(not options.no_validate, None, options.compare.resolve())
+                result = ours(not options.no_validate, None, options.compare.resolve(), options.precision)
                 print(f"compared {index + 1}: {_line(result)}", flush=True)
                 compared.append(result)
-            result = ours(not options.no_validate, options.profile)
+            result = ours(not options.no_validate, options.profile, precision=options.precision)
             print(f"ours  {index + 1}: {_line(result)}", flush=True)
             runs.append(result)
     median = _summary("ours", runs)
