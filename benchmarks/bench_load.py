@@ -2,24 +2,28 @@
 ``onnxruntime.InferenceSession`` of the same ONNX graph (the artifact's graph and weights written out as an ONNX file
 with its data file), and beside ONNX Runtime GenAI's ``og.Model`` of its own build of the model (``--genai DIR``).
 
-Each measurement runs in its own process, after ``import torch`` and ``import pipeline`` (ours) or ``import
-onnxruntime`` (the floor: its import is printed apart, ours pays it inside ``pipeline.load``); the median over
-``--runs`` is reported, after one warm-up run of each (page cache, bytecode), the measurements taking turns within
-each round so that a change in the machine's load falls on all of them. Python's bytecode of the child processes is
-cached in a scratch directory even where ``PYTHONDONTWRITEBYTECODE`` is set (compiling the modules a load imports
-costs 0.5 s on a 2-core machine, which no deployment pays); ``--as-is`` keeps the environment. The floor is given
-with ONNX Runtime's default options (weights prepacked, as our loaded module does for weights under
-``external_data_threshold``) and with prepacking off (``ort_prepack_weights=False``).
+Each measurement runs in its own process, after ``import torch`` and ``import pipeline`` (ours, each timed and
+printed apart) or ``import onnxruntime`` (the floor: its import is printed apart, ours pays it inside
+``pipeline.load``); the median over ``--runs`` is reported, after one warm-up run of each (page cache, bytecode), the
+measurements taking turns within each round so that a change in the machine's load falls on all of them. Ours and
+GenAI's are then timed a second time in the same process (``again``: the imports done, what a process that loads
+several models pays). Python's bytecode of the child processes is cached in a scratch directory even where
+``PYTHONDONTWRITEBYTECODE`` is set (compiling the modules a load imports costs 0.5 s on a 2-core machine, which no
+deployment pays); ``--as-is`` keeps the environment. The floor is given with ONNX Runtime's default options (weights
+prepacked, as our loaded module does for weights under ``external_data_threshold``) and with prepacking off
+(``ort_prepack_weights=False``).
 
 Each snippet reports the wall time and the process's CPU time (all its threads): on a shared machine the first
 follows the other work, the second much less. ONNX Runtime GenAI's load (``--genai``: a folder written by ``python -m
 onnxruntime_genai.models.builder -i CHECKPOINT -o DIR -p fp32 -e cpu``) imports ``onnxruntime_genai`` first (printed
-apart) and times ``og.Model(DIR)``.
+apart) and times ``og.Model(DIR)``. ``--baseline DIR`` also measures the ``pipeline`` of another checkout (``git
+archive COMMIT | tar -x -C DIR``) on the same artifact, in the same turns: a change's before and after in one run.
 
 Run from the repository root::
 
     python benchmarks/bench_load.py                          # a random Llama (hidden 512, 8 layers, vocab 32000)
     python benchmarks/bench_load.py --artifact model.ptrt --runs 9 --genai genai-llama/
+    python benchmarks/bench_load.py --artifact model.ptrt --baseline /tmp/head --genai genai-llama/
     python benchmarks/bench_load.py --size small --json load.json
 """
 
@@ -42,21 +46,39 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"big": (512, 1408, 8, 8, 4, 32000), "small": (64, 128, 2, 4, 2, 256)}
 
 OURS = """
-import sys, time
+import gc, sys, time
 sys.path.insert(0, {root!r})
-import torch, pipeline
+start, cpu = time.perf_counter(), time.process_time()
+import torch
+torch_wall, torch_cpu = time.perf_counter() - start, time.process_time() - cpu
+start, cpu = time.perf_counter(), time.process_time()
+import pipeline
+pipeline_wall, pipeline_cpu = time.perf_counter() - start, time.process_time() - cpu
+assert pipeline.__file__.startswith({root!r}), pipeline.__file__
+start, cpu = time.perf_counter(), time.process_time()
+module = pipeline.load({path!r})
+load_wall, load_cpu = time.perf_counter() - start, time.process_time() - cpu
+del module
+gc.collect()
 start, cpu = time.perf_counter(), time.process_time()
 pipeline.load({path!r})
-print(time.perf_counter() - start, time.process_time() - cpu)
+print(torch_wall, torch_cpu, pipeline_wall, pipeline_cpu, load_wall, load_cpu, time.perf_counter() - start,
+      time.process_time() - cpu)
 """
 
 GENAI = """
-import time
+import gc, time
 start, cpu = time.perf_counter(), time.process_time()
 import onnxruntime_genai as og
 imported, cpu_imported = time.perf_counter(), time.process_time()
+model = og.Model({path!r})
+loaded, cpu_loaded = time.perf_counter(), time.process_time()
+del model
+gc.collect()
+again, cpu_again = time.perf_counter(), time.process_time()
 og.Model({path!r})
-print(imported - start, cpu_imported - cpu, time.perf_counter() - imported, time.process_time() - cpu_imported)
+print(imported - start, cpu_imported - cpu, loaded - imported, cpu_loaded - cpu_imported, time.perf_counter() - again,
+      time.process_time() - cpu_again)
 """
 
 FLOOR = """
@@ -145,6 +167,7 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="big", help="the random Llama's size")
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per measurement (median reported)")
     parser.add_argument("--genai", type=Path, help="an ONNX Runtime GenAI model folder of the same model, to load too")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another version whose pipeline.load to time too")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--as-is", action="store_true", help="no bytecode cache for the child processes")
     args = parser.parse_args()
@@ -156,11 +179,13 @@ def main() -> None:
             env["PYTHONPYCACHEPREFIX"] = str(Path(scratch) / "pycache")
         artifact = args.artifact or make_artifact(Path(scratch) / f"llama-{args.size}.ptrt", args.size)
         graph = write_onnx(artifact, Path(scratch) / "onnx")
-        measurements = {
-            "pipeline.load": Measurement(OURS.format(root=str(ROOT), path=str(artifact)), env),
-            "ort.InferenceSession": Measurement(FLOOR.format(path=str(graph), no_prepack=False), env),
-            "ort.InferenceSession, no prepacking": Measurement(FLOOR.format(path=str(graph), no_prepack=True), env),
-        }
+        measurements = {"pipeline.load": Measurement(OURS.format(root=str(ROOT), path=str(artifact)), env)}
+        if args.baseline is not None:
+            code = OURS.format(root=str(args.baseline.resolve()), path=str(artifact))
+            measurements["pipeline.load (baseline)"] = Measurement(code, env)
+        measurements["ort.InferenceSession"] = Measurement(FLOOR.format(path=str(graph), no_prepack=False), env)
+        code = FLOOR.format(path=str(graph), no_prepack=True)
+        measurements["ort.InferenceSession, no prepacking"] = Measurement(code, env)
         if args.genai is not None:
             measurements["og.Model (ONNX Runtime GenAI)"] = Measurement(GENAI.format(path=str(args.genai)), env)
         measure_in_turns(measurements, args.runs)
@@ -168,23 +193,33 @@ def main() -> None:
             "artifact": str(artifact),
             "artifact_mb": round(os.path.getsize(artifact) / 1e6, 1),
             "runs": args.runs,
+            "baseline": str(args.baseline) if args.baseline is not None else None,
         }
-        for name, measurement in measurements.items():  # (wall, cpu) pairs: the import's first where there is one
-            medians = measurement.medians()
-            results[name] = {"wall": medians[-2], "cpu": medians[-1]}
-            if name == "ort.InferenceSession":
-                results["import onnxruntime"] = {"wall": medians[0], "cpu": medians[1]}
-            if name.startswith("og.Model"):
-                results["import onnxruntime_genai"] = {"wall": medians[0], "cpu": medians[1]}
+        for name, measurement in measurements.items():  # (wall, cpu) pairs in the order the snippet prints them
+            pairs = [{"wall": w, "cpu": c} for w, c in zip(*[iter(measurement.medians())] * 2, strict=True)]
+            if name.startswith("pipeline.load"):
+                suffix = name.removeprefix("pipeline.load")
+                results[f"import torch{suffix}"], results[f"import pipeline{suffix}"] = pairs[0], pairs[1]
+                results[name], results[f"{name}, again"] = pairs[2], pairs[3]
+            elif name.startswith("og.Model"):
+                results["import onnxruntime_genai"], results[name], results[f"{name}, again"] = pairs
+            else:
+                results["import onnxruntime"], results[name] = pairs
     results["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
     results["bytecode_cache"] = not args.as_is
     cache = "bytecode cached" if not args.as_is else "environment as is"
     print(f"{results['artifact']} ({results['artifact_mb']} MB), median of {args.runs} fresh processes ({cache}):")
-    timed = [*measurements, "import onnxruntime", *(["import onnxruntime_genai"] if args.genai is not None else [])]
+    timed = [key for key in results if isinstance(results[key], dict) and "wall" in results[key]]
     width = max(len(k) for k in timed)
     print(f"  {'':<{width}}  wall s   CPU s (all threads)")
     for key in timed:
         print(f"  {key:<{width}}  {results[key]['wall']:6.3f}  {results[key]['cpu']:6.3f}")
+    genai = results.get("og.Model (ONNX Runtime GenAI)")
+    if genai is not None:
+        for key in ("pipeline.load", "pipeline.load, again", "pipeline.load (baseline)"):
+            if key in results:
+                peer = genai if "again" not in key else results["og.Model (ONNX Runtime GenAI), again"]
+                print(f"  {key} / GenAI's: {results[key]['wall'] / peer['wall']:.2f}x wall")
     print(
         f"  load average (1, 5, 15 min) before {', '.join(f'{v:.2f}' for v in load_before)}, "
         f"after {', '.join(f'{v:.2f}' for v in results['load_average']['after'])} ({os.cpu_count()} cores)"

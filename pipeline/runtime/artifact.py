@@ -3,8 +3,11 @@
 The file is a zip archive (members stored, not compressed): ``metadata.json``, ``model.onnx``, optionally
 ``engine.plan`` (or, for a module of TensorRT segments, ``engine-segment-<i>.plan`` per TensorRT segment, with
 the segment plan in the metadata), and ``model.onnx.data``: the graph's weights, written first, every tensor at a
-multiple of 4096 bytes of the file (the member's local header is padded to that). ``manifest.json`` holds a SHA-256
-of every other member; the metadata holds versions, the I/O spec, the settings and the report; loading checks all
+multiple of 4096 bytes of the file (the member's local header is padded to that). An ONNX Runtime artifact may also
+hold ``session.onnx``: the graph its session runs, rewritten at save time for ONNX Runtime's kernels, whose tensors
+read the same ``model.onnx.data`` (:mod:`pipeline.runtime.ort.stored_graph`; optional: an artifact without it, or
+whose fingerprint is not this machine's, is rewritten at load). ``manifest.json`` holds a SHA-256 of every other
+member; the metadata holds versions, the I/O spec, the settings and the report; loading checks all
 of it. Writing goes to a temporary file in the target directory and is renamed into place, so a crash never leaves a
 half-written artifact under the requested name.
 Reading it back, checked, is :mod:`pipeline.runtime.artifact_reading`.
@@ -16,6 +19,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import logging
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,12 +40,15 @@ from pipeline.runtime.mapped_zip import aligned_member
 from pipeline.runtime.reports.conversion import ConversionReport
 from pipeline.settings import DynamicDim, Settings, Tolerance
 
+log = logging.getLogger(__name__)
+
 FORMAT = "torch-trt-pipeline-artifact/3"  # /3: the weights always in model.onnx.data, aligned for mapping
 INLINE_FORMAT = "torch-trt-pipeline-artifact/2"  # /2: a manifest covers every member; weights inline when small
 READ_FORMATS = (FORMAT, INLINE_FORMAT)
 ONNX_MEMBER = "model.onnx"
 ENGINE_MEMBER = "engine.plan"
 DATA_MEMBER = "model.onnx.data"  # the external weights of model.onnx, when it keeps them outside the graph
+SESSION_MEMBER = "session.onnx"  # ONNX Runtime's session graph, made at save time (pipeline.runtime.ort.stored_graph)
 SEGMENT_ENGINE_MEMBER = "engine-segment-{}.plan"  # the engine of TensorRT segment i (pipeline.backends.segments)
 METADATA_MEMBER = METADATA  # "metadata.json", defined beside the checks against the graph, which name it
 MANIFEST_MEMBER = "manifest.json"  # the SHA-256 of every other member
@@ -74,6 +81,11 @@ class Artifact:
     session_model: onnx.ModelProto | None = None
     #: the metadata's settings, parsed once by ``read_artifact`` (checking a Settings costs 10-30 ms)
     parsed_settings: Settings | None = dataclasses.field(default=None, repr=False)
+    #: ``session.onnx`` reading its weights in place as ``session_model`` does, with the fingerprint it was made
+    #: for (``metadata["session_graph"]["key"]``); None when the artifact has none (or is format /2)
+    stored_session: tuple[str, onnx.ModelProto] | None = dataclasses.field(default=None, repr=False)
+    #: the metadata's I/O spec, parsed once by ``read_artifact`` (it checks it against the graph)
+    parsed_io: IOSpec | None = dataclasses.field(default=None, repr=False)
 
     def verified(self) -> Artifact:
         """The artifact, once the weights' SHA-256 matches the manifest (an ArtifactError if it does not), and with
@@ -82,9 +94,24 @@ class Artifact:
             self.pending.check()
         return self
 
+    def session_graph(self, settings: Settings) -> onnx.ModelProto | None:
+        """The stored ONNX Runtime session graph, if the artifact has one made for ``settings`` (those it is loaded
+        with) and this machine's ONNX Runtime and rewriting code; else None (the executor rewrites the graph)."""
+        if self.stored_session is None:
+            return None
+        from pipeline.runtime.ort.stored_graph import session_graph_key
+
+        key, graph = self.stored_session
+        if key != session_graph_key(settings):
+            log.info("the stored session graph was made elsewhere (other versions or settings): rewriting at load")
+            return None
+        return graph
+
     @property
     def io(self) -> IOSpec:
         """The I/O spec saved with the artifact."""
+        if self.parsed_io is not None:
+            return self.parsed_io
         return IOSpec.from_json(self.metadata["io"])
 
     @property
@@ -115,7 +142,8 @@ def save_artifact(
     engine holds older weights than the graph (refit where it could not run), so loading refits it from the graph.
     ``extra_metadata``: JSON-ready entries of the caller's (``on_first_call``'s fingerprint of the weights it
     converted), read back by :func:`read_metadata`; they cannot replace the metadata's own entries."""
-    taken = sorted(set(extra_metadata or {}) & {*REQUIRED_METADATA, "created", "plugins", "segments", "engine"})
+    own = {*REQUIRED_METADATA, "created", "plugins", "segments", "engine", "session_graph"}
+    taken = sorted(set(extra_metadata or {}) & own)
     if taken:
         raise ValueError(f"extra_metadata cannot replace the metadata's own {', '.join(taken)}")
     from converters.plugins.spec import plugin_records
@@ -154,7 +182,10 @@ def save_artifact(
                 graph, digests[DATA_MEMBER] = write_compact(
                     onnx_model, out, DATA_MEMBER, inline_min_bytes=EXTERNAL_MIN_BYTES
                 )
-            members = {ONNX_MEMBER: graph.SerializeToString(), METADATA_MEMBER: json.dumps(metadata, indent=2).encode()}
+            members = {ONNX_MEMBER: graph.SerializeToString()}
+            if backend == "onnxruntime":
+                members.update(_session_member(graph, settings, metadata))
+            members[METADATA_MEMBER] = json.dumps(metadata, indent=2).encode()
             if engine is not None:
                 members[ENGINE_MEMBER] = engine
             members.update(engines)
@@ -166,6 +197,21 @@ def save_artifact(
 
     write_file_atomically(path, write_zip)
     return path
+
+
+def _session_member(graph: onnx.ModelProto, settings: Settings, metadata: dict[str, Any]) -> dict[str, bytes]:
+    """``session.onnx`` for ``graph`` (the artifact's graph, its weights in ``model.onnx.data``), made with the
+    settings as the artifact gives them back, its fingerprint put in ``metadata``; nothing when the session runs
+    ``graph`` as it is or must rewrite it at load (:func:`pipeline.runtime.ort.stored_graph.storable_session_graph`)."""
+    from pipeline.runtime.ort.stored_graph import session_graph_key, storable_session_graph
+
+    loaded = settings_from_json(settings_to_json(settings))  # what a load sees (paths of this machine dropped)
+    key = session_graph_key(loaded)
+    session = storable_session_graph(graph, loaded) if key is not None else None
+    if key is None or session is None:
+        return {}
+    metadata["session_graph"] = {"member": SESSION_MEMBER, "key": key}
+    return {SESSION_MEMBER: session.SerializeToString()}
 
 
 def engine_weights(settings: Settings, refit_at_load: bool = False) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from pipeline.runtime.artifact import (
     READ_FORMATS,
     REQUIRED_METADATA,
     REWRITE_FIX,
+    SESSION_MEMBER,
     Artifact,
     settings_from_json,
 )
@@ -88,14 +89,15 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
         model = onnx.load_model_from_string(data[ONNX_MEMBER])
     except Exception as exc:
         raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
-    _check_io_against_graph(path, metadata, model)
+    io = _check_io_against_graph(path, metadata, model)
     settings = _check_settings(path, metadata, model)
-    session_model = None
+    session_model = stored_session = None
     if members.digest is not None:  # format /3: the weights member is being copied into the private directory
         _check_weights_inside(path, model, members.data_size)
         if members.data_offset is not None:  # and linked: a session can read them where they are stored
             session_model = _pointing_into_artifact(model, members.data_offset)
             set_weights_dir(session_model, weights.directory)
+            stored_session = _stored_session(path, metadata, data, members, weights)
     if any(True for _ in external_tensors(model)):
         set_weights_dir(model, weights.directory)
     kept: WeightFiles | None = weights
@@ -109,7 +111,16 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     }
     pending = PendingChecks(path, metadata, here, members.digest)
     artifact = Artifact(
-        metadata, model, data.get(ENGINE_MEMBER), kept, segment_engines, pending, session_model, settings
+        metadata,
+        model,
+        data.get(ENGINE_MEMBER),
+        kept,
+        segment_engines,
+        pending,
+        session_model,
+        settings,
+        stored_session,
+        io,
     )
     return artifact.verified() if wait else artifact
 
@@ -306,18 +317,40 @@ def _check_weights_inside(path: Path, model: onnx.ModelProto, size: int) -> None
             )
 
 
-def _pointing_into_artifact(model: onnx.ModelProto, start: int) -> onnx.ModelProto:
-    """A copy of ``model`` whose external tensors read the linked artifact at their bytes' offset in the file."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    for tensor in external_tensors(copy):
+def _stored_session(
+    path: Path, metadata: dict[str, Any], data: dict[str, bytes], members: _Members, weights: WeightFiles
+) -> tuple[str, onnx.ModelProto] | None:
+    """The stored session graph (``session.onnx``, :mod:`pipeline.runtime.ort.stored_graph`) reading the linked
+    artifact in place, with the fingerprint it was made for; None when the artifact has none."""
+    record = metadata.get("session_graph")
+    blob = data.get(SESSION_MEMBER)
+    if blob is None or not isinstance(record, dict) or not isinstance(record.get("key"), str):
+        return None  # an artifact written before session graphs were stored (or by a version without them)
+    try:
+        graph = onnx.load_model_from_string(blob)
+    except Exception as exc:
+        raise ArtifactError(f"{path}: {SESSION_MEMBER} does not parse: {exc}", fix=REWRITE_FIX) from exc
+    _check_weights_inside(path, graph, members.data_size)
+    assert members.data_offset is not None  # the caller's condition: the graph reads the artifact through a link
+    graph = _pointing_into_artifact(graph, members.data_offset, copy=False)
+    set_weights_dir(graph, weights.directory)
+    return record["key"], graph
+
+
+def _pointing_into_artifact(model: onnx.ModelProto, start: int, *, copy: bool = True) -> onnx.ModelProto:
+    """``model`` (a copy, unless ``copy`` is False) whose external tensors read the linked artifact at their bytes'
+    offset in the file."""
+    if copy:
+        model, original = onnx.ModelProto(), model
+        model.CopyFrom(original)
+    for tensor in external_tensors(model):
         offset = ExternalDataInfo(tensor).offset or 0
         kept = [e for e in tensor.external_data if e.key not in ("location", "offset")]
         del tensor.external_data[:]
         tensor.external_data.add(key="location", value=LINK_NAME)
         tensor.external_data.add(key="offset", value=str(start + offset))
         tensor.external_data.extend(kept)
-    return copy
+    return model
 
 
 def _verified_members(
@@ -353,8 +386,8 @@ def _metadata(path: Path, blob: bytes) -> dict[str, Any]:
     return metadata
 
 
-def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> None:
-    """The I/O spec the module calls with must be the graph's (:func:`io_disagreement`)."""
+def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> IOSpec:
+    """The I/O spec the module calls with, which must be the graph's (:func:`io_disagreement`)."""
     try:
         io = IOSpec.from_json(metadata["io"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -362,6 +395,7 @@ def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.Mo
     reason = io_disagreement(io, model)
     if reason is not None:
         raise ArtifactError(f"{path}: {reason}", fix=REWRITE_FIX)
+    return io
 
 
 def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> Settings:

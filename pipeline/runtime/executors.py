@@ -140,18 +140,20 @@ def load_executor(
     status: str = "loaded",
     runtime_cache: Path | None = None,
     refit_at_load: bool = False,
+    prepared: onnx.ModelProto | None = None,
 ) -> Executor:
     """The executor of ``backend`` for ``model``, from a built ``engine`` (TensorRT, TensorRT-RTX); never builds.
 
     A TensorRT-RTX engine that cannot run here is kept and the graph runs on ONNX Runtime (``EngineOnOnnxRuntime``).
     ``status`` is how the engine was had (``"loaded"``, ``"built"``, ``"hit"``: the engine cache's word);
     ``runtime_cache`` is where TensorRT-RTX keeps its JIT results (default: the cache directory); ``refit_at_load``
-    says the engine is refit from ``model``'s weights before it runs (``pipeline.runtime.tensorrt.weights``).
+    says the engine is refit from ``model``'s weights before it runs (``pipeline.runtime.tensorrt.weights``);
+    ``prepared`` is ONNX Runtime's session graph of ``model`` already made (an artifact's, stored at save time).
     """
     if backend == "onnxruntime":
         from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 
-        return OnnxRuntimeExecutor(model, io, settings)
+        return OnnxRuntimeExecutor(model, io, settings, prepared=prepared)
     if backend not in ("tensorrt", "tensorrt-rtx"):
         raise BuildError(f"unknown backend {backend!r}", fix="use 'onnxruntime', 'tensorrt' or 'tensorrt-rtx'")
     if engine is None:

@@ -122,6 +122,8 @@ def _module(
     # ONNX Runtime maps the artifact's weights in place while their copy and check go on; every other path reads the
     # module's graph, whose copy must be complete first
     session_graph = artifact.session_model if chosen == "onnxruntime" and not records else None
+    # and runs the session graph stored at save time, when it was made for these settings here (not rewritten again)
+    prepared = artifact.session_graph(settings) if session_graph is not None else None
     if session_graph is None:
         artifact.verified()
     if records or chosen == "tensorrt":  # imported only then: the plugin machinery costs 0.3-1 s of imports (sympy)
@@ -144,6 +146,7 @@ def _module(
             engine=engine,
             runtime_cache=runtime_cache_beside(Path(path)) if chosen == "tensorrt-rtx" else None,
             refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
+            prepared=prepared,
         )
     report = ConversionReport.from_dict(artifact.metadata["report"])
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's

@@ -12,28 +12,30 @@ options are transformers' (:mod:`pipeline.runtime.generation.options`), resolved
 
 Requests are independent: ``generate`` from many threads at once, and ``stream()`` generators advanced in any order,
 each decode over a cache of their own (:mod:`pipeline.runtime.generation.slots`; at most ``request_slots`` at once).
+
+The modules of the decoding loop are imported by the first request (or the first look at the request slots), not
+when the module is made: loading a generation artifact needs only the class.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from converters.errors import InputError
 from converters.settings import GenerationSettings
-from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
-from pipeline.runtime.generation.feed import Feed, StepFeed
-from pipeline.runtime.generation.layout import cache_layout
-from pipeline.runtime.generation.options import GenerateOptions, generate_options
-from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
-from pipeline.runtime.generation.request import Decoding, fill_token, resolve
-from pipeline.runtime.generation.runners import StepRunner, step_runner
-from pipeline.runtime.generation.slots import DEFAULT_SLOTS, RequestSlots
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:  # the decoding loop's modules are imported by the first request, not by a load (0.05-0.13 s)
+    from pipeline.runtime.generation.feed import Feed, StepFeed
+    from pipeline.runtime.generation.options import GenerateOptions
+    from pipeline.runtime.generation.request import Decoding
+    from pipeline.runtime.generation.runners import StepRunner
+    from pipeline.runtime.generation.slots import RequestSlots
 
 _MAKING_SLOTS = threading.Lock()  # a module's request slots are made once, whichever thread asks first
 
@@ -93,9 +95,14 @@ class GenerativeModule(ConvertedModule):
     def runner(self) -> StepRunner:
         """A new step runner of the executor, with a cache of its own (``generate`` takes one from the module's
         request slots instead)."""
+        from pipeline.runtime.generation.layout import cache_layout
+        from pipeline.runtime.generation.runners import step_runner
+
         return step_runner(self._executor, cache_layout(self.io, self.generation.layers))
 
     def _request_slots(self) -> RequestSlots:
+        from pipeline.runtime.generation.slots import DEFAULT_SLOTS, RequestSlots
+
         if self._slots is None:
             with _MAKING_SLOTS:
                 if self._slots is None:
@@ -124,6 +131,10 @@ class GenerativeModule(ConvertedModule):
 
         >>> module.generate(ids, num_beams=4, num_return_sequences=2, max_new_tokens=16)  # doctest: +SKIP
         """
+        from pipeline.runtime.generation.options import generate_options
+        from pipeline.runtime.generation.outputs import decoder_only_output
+        from pipeline.runtime.generation.request import resolve
+
         request = generate_options("generate", options)
         ids, mask = self._prompt(input_ids, attention_mask, request.expand, request.num_beams)
         if request.num_beams > 1:
@@ -154,6 +165,9 @@ class GenerativeModule(ConvertedModule):
         ``no_repeat_ngram_size``, ``bad_words_ids``, ``min_length``, ``min_new_tokens`` and a ``logits_processor``
         as transformers applies them. ``generation_config``: a transformers ``GenerationConfig`` whose fields give
         the options not passed. ``attention_mask`` marks left padding (0). ``input_ids``: int64 or int32."""
+        from pipeline.runtime.generation.options import generate_options
+        from pipeline.runtime.generation.request import resolve
+
         request = generate_options("stream", options)
         ids, mask = self._prompt(input_ids, attention_mask, request.expand, request.num_beams)
         decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
@@ -164,12 +178,18 @@ class GenerativeModule(ConvertedModule):
             yield from self._decode(self._feed(runner, ids, mask), decoding)
 
     def _feed(self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor) -> StepFeed:
+        from pipeline.runtime.generation.feed import StepFeed
+
         return StepFeed(runner, ids, mask, self.generation.max_length, self.generation.max_prompt)
 
     def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
         return decode(feed, decoding)
 
     def _beam_search(self, ids: torch.Tensor, mask: torch.Tensor, request: GenerateOptions) -> torch.Tensor | Any:
+        from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
+        from pipeline.runtime.generation.outputs import beam_output
+        from pipeline.runtime.generation.request import fill_token, resolve
+
         decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
         settings = BeamSettings(
             request.num_beams, request.length_penalty, request.early_stopping, request.num_return_sequences

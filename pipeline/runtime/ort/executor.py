@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,6 @@ from passes.model_io.weightless import weightless
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.ort.aliased_cache import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
-from pipeline.runtime.ort.int8 import disabled_optimizers
-from pipeline.runtime.ort.projections import split_projections
-from pipeline.runtime.ort.session_graph import rewrites, runnable_model
 from pipeline.settings import Settings
 
 #: The weights each session reads in place (``add_external_initializers``), kept while the session lives.
@@ -40,25 +38,17 @@ class OnnxRuntimeExecutor:
 
     backend = "onnxruntime"
 
-    def __init__(self, model: onnx.ModelProto, io: IOSpec, settings: Settings) -> None:
-        # the graph the session runs: a half graph on the CPU runs as its float32 emulation, and so on
-        model = runnable_model(_inline_for_rewrites(model, settings), self.backend, settings)
-        plugins = bool(plugin_nodes(model))
+    def __init__(
+        self, model: onnx.ModelProto, io: IOSpec, settings: Settings, *, prepared: onnx.ModelProto | None = None
+    ) -> None:
+        # the graph the session runs: a half graph on the CPU runs as its float32 emulation, and so on; ``prepared``:
+        # that graph already made (an artifact's stored session graph, pipeline.runtime.ort.stored_graph)
+        graphs = prepared_graphs(prepared) if prepared is not None else session_graphs(model, settings)
+        #: does the session run a graph made before (``prepared``) rather than one rewritten here?
+        self.stored_graph = prepared is not None
+        model, packed_model, prepack, plugins = graphs.runnable, graphs.packed, graphs.prepack, graphs.plugins
         if plugins:  # imported only for such a graph: the plugin machinery costs 0.3-1 s of imports (sympy)
             from pipeline.runtime.plugins import PluginSession, prepare_onnxruntime
-        prepack = settings.ort_prepack_weights
-        if prepack is None:
-            # off for the weights of a large model (mapped, not copied twice); a loaded artifact's graph keeps its
-            # weights outside too, whatever their size, and runs as the converted module did: prepacked under the
-            # threshold (on this CPU, 1.3x faster decode steps and 1.8x faster prefill of a small Llama)
-            prepack = external_bytes(model) <= settings.external_data_threshold
-
-        float_step = not plugins and prepack and float_generation_step(model, settings)
-        row = float_step and settings.ort_row_session
-        # the prepacked session of a float32 generation step runs its merged projections apart (faster packed: the
-        # issue-35 Llama's 64 tokens 0.678 against 0.765 s at batch 1, 1.019 against 1.099 s at batch 4; the row
-        # session keeps them merged: faster unpacked), see pipeline.runtime.ort.projections
-        packed_model = split_projections(model) if float_step else model
 
         def create(prepack: bool = prepack) -> ort.InferenceSession:
             options = ort.SessionOptions()
@@ -89,14 +79,14 @@ class OnnxRuntimeExecutor:
                 ort_session_bytes(graph, options, prepack),
                 sess_options=options,
                 providers=list(settings.ort_providers),
-                disabled_optimizers=disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
+                disabled_optimizers=_disabled_optimizers(model),  # Q/DQ graphs: see pipeline.runtime.ort.int8
             )
             _HANDED_OVER[session] = values  # the session reads their memory: they live as long as it does
             pairs = cache_pairs(model)  # a grouped-attention step: run() returns the whole cache, as module.onnx
             return AliasedCacheSession(session, pairs) if pairs else session
 
         # a second session without prepacking, made when a generation step first runs one row and one token
-        self._row_create = create if row else None
+        self._row_create = create if graphs.row else None
         self._row_session: Any = None
         self._row_lock = threading.Lock()
         try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear
@@ -164,6 +154,56 @@ class OnnxRuntimeExecutor:
         return OnnxrtRunner(self.session, name=name)
 
 
+@dataclass(frozen=True)
+class SessionGraphs:
+    """The graphs an executor's sessions run for a final graph (:func:`session_graphs`)."""
+
+    #: ``runnable_model``'s graph: what an unprepacked session runs (the row session's)
+    runnable: onnx.ModelProto
+    #: what the prepacked session runs: ``runnable`` with a float32 step's merged projections apart
+    packed: onnx.ModelProto
+    #: are the weights prepacked (the main session)?
+    prepack: bool
+    #: does the graph hold plugin nodes (a session remade when new CPU references appear)?
+    plugins: bool
+    #: is there a second, unprepacked session for single-row decode steps (:meth:`OnnxRuntimeExecutor.row_session`)?
+    row: bool
+
+
+def session_graphs(model: onnx.ModelProto, settings: Settings) -> SessionGraphs:
+    """What :class:`OnnxRuntimeExecutor` runs for ``model``: its ONNX Runtime rewrite
+    (:func:`~pipeline.runtime.ort.session_graph.runnable_model`), whether the weights are prepacked, and a float32
+    generation step's prepacked graph with the merged projections apart
+    (:mod:`pipeline.runtime.ort.projections`). Deterministic for a graph, the settings and the installed ONNX
+    Runtime, which is what lets an artifact store it (:mod:`pipeline.runtime.ort.stored_graph`)."""
+    # imported here: the rewrites are 0.1 s of imports that a session of a stored graph does without
+    from pipeline.runtime.ort.session_graph import runnable_model
+
+    model = runnable_model(_inline_for_rewrites(model, settings), OnnxRuntimeExecutor.backend, settings)
+    plugins = bool(plugin_nodes(model))
+    prepack = settings.ort_prepack_weights
+    if prepack is None:
+        # off for the weights of a large model (mapped, not copied twice); a loaded artifact's graph keeps its
+        # weights outside too, whatever their size, and runs as the converted module did: prepacked under the
+        # threshold (on this CPU, 1.3x faster decode steps and 1.8x faster prefill of a small Llama)
+        prepack = external_bytes(model) <= settings.external_data_threshold
+    float_step = not plugins and prepack and float_generation_step(model, settings)
+    # the prepacked session of a float32 generation step runs its merged projections apart (faster packed: the
+    # issue-35 Llama's 64 tokens 0.678 against 0.765 s at batch 1, 1.019 against 1.099 s at batch 4; the row
+    # session keeps them merged: faster unpacked), see pipeline.runtime.ort.projections
+    from pipeline.runtime.ort.projections import split_projections  # (a stored graph is run without it: lazy)
+
+    packed = split_projections(model) if float_step else model
+    return SessionGraphs(model, packed, prepack, plugins, float_step and settings.ort_row_session)
+
+
+def prepared_graphs(prepared: onnx.ModelProto) -> SessionGraphs:
+    """The graphs of a stored session graph: :func:`session_graphs`' ``packed`` graph of a prepacked session without
+    plugins or a row session (the only kind :func:`~pipeline.runtime.ort.stored_graph.storable_session_graph`
+    stores), which the one session runs."""
+    return SessionGraphs(prepared, prepared, prepack=True, plugins=False, row=False)
+
+
 def row_session_wanted(model: onnx.ModelProto, settings: Settings) -> bool:
     """Does a generation step get a second, unprepacked session for its single-row steps
     (:meth:`OnnxRuntimeExecutor.row_session`)? ``settings.ort_row_session`` on (off by default), for a
@@ -193,6 +233,8 @@ def _inline_for_rewrites(model: onnx.ModelProto, settings: Settings) -> onnx.Mod
     initializers from the proto) and the weights are under ``external_data_threshold`` (a loaded artifact keeps them
     all outside; a converted module of that size holds them inline); ``model`` itself otherwise.
     :func:`pipeline.runtime.ort.session_graph.rewrites` says when (one place for ``runnable_model``'s conditions)."""
+    from pipeline.runtime.ort.session_graph import rewrites
+
     rewritten = rewrites(model, settings)
     directory = weights_dir(model)
     if not rewritten or directory is None or external_bytes(model) > settings.external_data_threshold:
@@ -206,6 +248,17 @@ def _inline_for_rewrites(model: onnx.ModelProto, settings: Settings) -> onnx.Mod
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
     return copy
+
+
+def _disabled_optimizers(model: onnx.ModelProto) -> list[str]:
+    """:func:`pipeline.runtime.ort.int8.disabled_optimizers`, imported only for a graph with Q/DQ nodes, the only
+    kind it disables optimizers for: the INT8 rewrites it sits with import graph-surgeon and the emulations (0.1-0.16 s
+    of a load's imports)."""
+    if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
+        return []
+    from pipeline.runtime.ort.int8 import disabled_optimizers
+
+    return disabled_optimizers(model)
 
 
 def _to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:

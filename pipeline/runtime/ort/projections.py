@@ -1,28 +1,30 @@
-"""Merged projections split back for ONNX Runtime's prepacked CPU session of a generation step.
+"""Merged projections split back for ONNX Runtime's prepacked CPU session of a generation step, over column slices of
+the merged weight that the session computes once, when it is made.
 
-``passes/sibling_matmuls.py`` merges MatMuls that share their input (q/k/v, gate/up) into one MatMul and a ``Split``:
-one GEMM launch instead of three on TensorRT. On ONNX Runtime's CPU provider the prepacked float32 GEMM runs the
-parts faster apart than merged (the issue-35 Llama, one thread, same run: a batch-4 decode step 20.1 against 23.5 ms,
+``passes/sibling_matmuls.py`` merges MatMuls that share their input (q/k/v, gate/up) into one MatMul and a
+``Split``: one GEMM launch instead of three on TensorRT. On ONNX Runtime's CPU provider the prepacked float32 GEMM
+runs the parts faster apart than merged (the issue-35 Llama, one thread: a batch-4 decode step 20.1 against 23.5 ms,
 a batch-1 step 16.9 against 19.5 ms, a 128-token prompt 349 against 399 ms at batch 4), while the unprepacked
 single-row session (:meth:`pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session`) is faster merged (13.8
 against 15.9 ms). :func:`split_projections` gives the prepacked session its graph: each ``MatMul`` over a constant
-float32 2-D weight whose only reader is a ``Split`` of its last axis with constant sizes becomes one ``MatMul`` per
-part, over the matching columns of the weight, writing the ``Split``'s outputs. The numbers are the same products;
-``module.onnx`` keeps the merged form.
+float32 2-D weight whose only reader is a ``Split`` of its last axis with constant sizes becomes a ``Split`` of the
+weight's columns into the same parts and one ``MatMul`` per part, writing the first ``Split``'s outputs: the split
+moves from the product to the weight. That ``Split`` reads only constants: ONNX Runtime's constant folding computes
+the parts once while the session is made (one pass over the merged weight: cheaper than a ``Slice`` per part, which
+reads it once per part), and prepacks them as it prepacks any weight. The numbers are the same products
+(``tests/pipeline/test_load_speed.py``).
+
+Nothing here reads a weight (the parts used to be copied out in Python and written to a file at every load:
+0.15-0.35 s of the 226 MB Llama's load, against 0.006 s now): the graph stays light and can be saved in an artifact
+beside the graph it was made from (:mod:`pipeline.runtime.ort.stored_graph`). ``module.onnx`` keeps the merged form.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
-from onnx.external_data_helper import ExternalDataInfo
+from onnx import TensorProto, helper, numpy_helper
 
-from passes.model_io.external_data import weights_dir
 from passes.model_io.weightless import copy_fields
 from pipeline.runtime.ort.graph_index import graph_index
 
@@ -30,14 +32,13 @@ _PREFIX = "ort_split_projection"
 
 
 def split_projections(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with its merged projections apart (see the module docstring); ``model`` itself when it
-    has none. Only the merged weights are read (from the weights directory when they are external), and a model with
-    a weights directory (a loaded artifact) gets the parts in a new file there, not inline."""
+    """A copy of ``model`` whose merged projections run apart, over the parts of a ``Split`` of the merged weight
+    that ONNX Runtime folds into constants (see the module docstring); ``model`` itself when it has none. No weight is
+    read: external initializers stay where they are."""
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
     readers = graph_index(graph)
     found: list[tuple[onnx.NodeProto, onnx.NodeProto, list[int]]] = []
-    position = {id(n): i for i, n in enumerate(graph.node)}
     for node in graph.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
@@ -50,87 +51,34 @@ def split_projections(model: onnx.ModelProto) -> onnx.ModelProto:
             found.append((node, split, sizes))
     if not found:
         return model
-    out = onnx.ModelProto()  # the graph's nodes and initializers are filled below: the weights are copied once
+    out = onnx.ModelProto()  # the graph's nodes are filled below; the initializers are the same tensors
     copy_fields(model, out, skip=("graph",))
-    copy_fields(graph, out.graph, skip=("node", "initializer"))
-    directory = weights_dir(model)
-    sink = _PartsFile(directory) if directory is not None else None
-    replaced: dict[int, list[onnx.NodeProto]] = {}  # the Split's position -> its MatMuls
-    dropped: set[int] = set()  # the merged MatMuls' positions
-    parts: list[onnx.TensorProto] = []
+    copy_fields(graph, out.graph, skip=("node",))
+    replaced: dict[int, list[onnx.NodeProto]] = {}  # id(Split) -> the weight's Split and the parts' MatMuls
+    merged = {id(matmul) for matmul, _, _ in found}
     for index, (matmul, split, sizes) in enumerate(found):
-        weight = _array(initializers[matmul.input[1]], directory)
-        start = 0
-        nodes = []
-        for part, (size, name) in enumerate(zip(sizes, split.output, strict=True)):
-            base = f"{_PREFIX}{index}/{part}"
-            values = np.ascontiguousarray(weight[:, start : start + size])
-            parts.append(
-                sink.tensor(values, f"{base}/w") if sink is not None else numpy_helper.from_array(values, f"{base}/w")
-            )
-            nodes.append(onnx.helper.make_node("MatMul", [matmul.input[0], f"{base}/w"], [name], name=base))
-            start += size
-        replaced[position[id(split)]] = nodes
-        dropped.add(position[id(matmul)])
-    if sink is not None:
-        sink.close()
-    kept = []
-    for i, node in enumerate(graph.node):
-        if i not in dropped:
-            kept.extend(replaced.get(i, [node]))
-    out.graph.node.extend(kept)
-    unused = {matmul.input[1] for matmul, _, _ in found} - {n for node in kept for n in node.input}
-    out.graph.initializer.extend([*(i for i in graph.initializer if i.name not in unused), *parts])
+        base = f"{_PREFIX}{index}"
+        out.graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), f"{base}/sizes"))
+        parts = [f"{base}/{part}/w" for part in range(len(sizes))]
+        nodes = [helper.make_node("Split", [matmul.input[1], f"{base}/sizes"], parts, name=f"{base}/w", axis=1)]
+        for part, (weight, name) in enumerate(zip(parts, split.output, strict=True)):
+            nodes.append(helper.make_node("MatMul", [matmul.input[0], weight], [name], name=f"{base}/{part}"))
+        replaced[id(split)] = nodes
+    for node in graph.node:
+        if id(node) not in merged:
+            out.graph.node.extend(replaced.get(id(node), [node]))
     return out
-
-
-class _PartsFile:
-    """The parts of a loaded module's merged weights in a new file of its private weights directory (external data
-    beside the artifact's: the session reads them from there; serialising them inline cost 0.2 s per load of a
-    226 MB Llama). The directory goes with the module."""
-
-    def __init__(self, directory: Path) -> None:
-        handle, name = tempfile.mkstemp(prefix="ort_split_projections.", suffix=".bin", dir=directory)
-        self.file = os.fdopen(handle, "wb")
-        self.name = os.path.basename(name)
-        self.offset = 0
-
-    def tensor(self, values: np.ndarray, name: str) -> onnx.TensorProto:
-        """``values`` appended to the file (at a 64-byte boundary), as an external initializer named ``name``."""
-        padding = -self.offset % 64
-        self.file.write(b"\0" * padding)
-        self.offset += padding
-        values.astype("<f4", copy=False).tofile(self.file)
-        length = values.size * 4
-        tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=values.shape)
-        tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", self.name), ("offset", str(self.offset)), ("length", str(length))):
-            tensor.external_data.add(key=key, value=value)
-        self.offset += length
-        return tensor
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def _sizes(split: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], width: int) -> list[int] | None:
     """The part widths of a ``Split`` of the last axis (of a 2-D weight's product) with constant sizes."""
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in split.attribute}
+    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
     if attrs.get("axis", 0) != -1 or len(split.input) < 2 or split.input[1] not in initializers:
         return None
-    sizes = [int(s) for s in numpy_helper.to_array(initializers[split.input[1]]).reshape(-1)]
+    sizes_tensor = initializers[split.input[1]]
+    if sizes_tensor.data_location == TensorProto.EXTERNAL:
+        return None  # a few int64s are inline; one that is not is no split this rewrite knows
+    sizes = [int(s) for s in numpy_helper.to_array(sizes_tensor).reshape(-1)]
     if len(sizes) != len(split.output) or sum(sizes) != width or any(s <= 0 for s in sizes):
         return None
     return sizes
-
-
-def _array(tensor: onnx.TensorProto, directory: Path | None) -> np.ndarray:
-    """The values of a float32 initializer, inline or in the weights directory."""
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return numpy_helper.to_array(tensor)
-    if directory is None:
-        raise ValueError(f"initializer {tensor.name!r} is external but the model names no weights directory")
-    info = ExternalDataInfo(tensor)
-    count = int(np.prod(tensor.dims))
-    values = np.memmap(directory / info.location, dtype="<f4", mode="r", offset=int(info.offset or 0), shape=(count,))
-    return values.reshape(tuple(tensor.dims))  # read where sliced: the parts are copied once, from the page cache
