@@ -20,6 +20,8 @@ PREFIX = "ort_gqa"
 
 @dataclass(frozen=True)
 class Triple:
+    """One layer's cache writes of its new keys and values (``TensorScatter``) and the ``Attention`` reading them."""
+
     attention: onnx.NodeProto
     key_write: onnx.NodeProto
     value_write: onnx.NodeProto

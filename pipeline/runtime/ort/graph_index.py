@@ -23,6 +23,7 @@ class GraphIndex:
     graph: onnx.GraphProto
 
     def reader_count(self, name: str) -> int:
+        """How many node inputs read ``name`` (a node reading it twice counts twice)."""
         return len(self.readers.get(name, ()))
 
     def producer(self, name: str, op_type: str) -> onnx.NodeProto | None:

@@ -58,10 +58,12 @@ class Rotation:
 
     @property
     def cos_cache(self) -> str:
+        """The name of the kernel's cosine table [capacity, dim / 2] in the new graph."""
         return f"{PREFIX}/rotary{self.index}/cos_cache"
 
     @property
     def sin_cache(self) -> str:
+        """The name of the kernel's sine table [capacity, dim / 2] in the new graph."""
         return f"{PREFIX}/rotary{self.index}/sin_cache"
 
     @property
