@@ -35,6 +35,13 @@ is known from the static shapes and arguments alone, the same computation writte
   takes any layout, its tracing kernel asserts a contiguous one ("Expected X.is_contiguous(memory_format)"); the
   input is made contiguous first, the same values.
 
+- ``Tensor.view`` and ``reshape`` of a tensor whose symbolic strides PyTorch wrote with a ``Min`` (a view that merged
+  dimensions: ``x.view(-1, hidden)`` of a contiguous ``[batch, sequence, hidden]`` has the stride
+  ``Min(hidden, hidden*sequence)``), yet contiguous as far as the shapes' ranges prove: viewed again (Aria's mixture of
+  experts views its flattened tokens back to ``[batch, sequence, hidden]``), PyTorch's contiguity check multiplies
+  the ``Min`` into a guard its solver cannot prove (``s*Min(32, 32*s) == 32*s``), and a dynamic sequence fails. The
+  view is taken of a contiguous copy (plain strides; ``aten.clone``, an ONNX ``Identity``): the same values.
+
 Anything else (weights, empty results, complex input or output) is left to PyTorch, and fails or exports as before.
 """
 
@@ -188,15 +195,53 @@ def _contiguous_group_norm(x: Any, *args: Any, **kwargs: Any) -> Any:
     return torch.nn.functional.group_norm(x.contiguous(), *args, **kwargs)
 
 
+def _view_of_plain_strides(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (``view``, ``reshape``) of ``tensor`` taken of a contiguous copy when its strides hold a ``Min`` and
+    the shapes' ranges prove it contiguous (module doc)."""
+
+    def view(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(tensor, torch.Tensor) or not _merged_strides(tensor):
+            return NotImplemented
+        return method(tensor.clone(memory_format=torch.contiguous_format), *args, **kwargs)
+
+    view.__name__ = f"{getattr(method, '__name__', 'view')}_of_plain_strides"
+    return view
+
+
+def _merged_strides(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s strides are symbolic with a ``Min`` in them (a merged dimension's) while every stride is
+    provably the contiguous one (no guard is added: ``statically_known_true``)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    from torch.utils._sympy.functions import Min
+
+    strides = tensor.stride()
+    if not any(isinstance(s, torch.SymInt) and s.node.expr.has(Min) for s in strides):
+        return False
+    expected: Any = 1
+    for size, stride in reversed(tuple(zip(tensor.shape, strides, strict=True))):
+        if statically_known_true(size == 1):
+            continue
+        if not statically_known_true(stride == expected):
+            return False
+        expected = expected * size
+    return True
+
+
 def _data_as_detach(tensor: Any) -> Any:
     """``tensor.data`` as ``tensor.detach()``: one memory, no autograd history (module doc)."""
     return tensor.detach() if isinstance(tensor, torch.Tensor) else NotImplemented
 
 
+#: ``view`` and ``reshape``, taken of a contiguous copy where the strides hold a merged dimension's ``Min``.
+_VIEWS: dict[Callable[..., Any], Callable[..., Any]] = {
+    method: _view_of_plain_strides(method) for method in (torch.Tensor.view, torch.Tensor.reshape, torch.reshape)
+}
+
 _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.Tensor.data.__get__: _data_as_detach,  # type: ignore[attr-defined]
     torch.nn.functional.group_norm: _contiguous_group_norm,
     torch.Tensor.to: _unchanged_to,
+    **_VIEWS,
     torch.cov: _cov,
     torch.Tensor.cov: _cov,
     torch.corrcoef: _corrcoef,
@@ -209,7 +254,7 @@ _REPLACEMENTS: dict[Callable[..., Any], Callable[..., Any]] = {
 
 
 #: Replacements met in every layer of a model: not worth a log line each.
-_PER_LAYER = frozenset({_unchanged_to, _data_as_detach, _contiguous_group_norm})
+_PER_LAYER = frozenset({_unchanged_to, _data_as_detach, _contiguous_group_norm, *_VIEWS.values()})
 
 
 class _StaticComposites(TorchFunctionMode):

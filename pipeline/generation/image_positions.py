@@ -5,7 +5,9 @@ model hands it. Positions with an axis dimension ([axes, batch, tokens]) are mul
 gives the block of positions an image takes relative to its start and the extent the text after it moves on by
 (:class:`~pipeline.runtime.generation.image_positions.ImagePositions`); then the rule is checked against the model's
 own positions on every row of the sample, so a model whose positions follow another rule is refused by name rather
-than decoded wrongly. Nothing here reads one architecture's code.
+than decoded wrongly. Which positions of the block move with the image's start, and which count the request's images
+(HunYuan-VL's), is read from the model too: on a probe of two copies of that image's prompt, the second starting
+:data:`SHIFT` tokens later, and the second image of the request. Nothing here reads one architecture's code.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
-from pipeline.runtime.generation.image_positions import ImagePositions
+from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 
 
 def decoder_positions(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor | None:
@@ -63,12 +65,13 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
         )
     row, start, stop = found
     kept = mask[row].bool()
-    before = positions[0, row, :start][kept[:start]]
-    origin = int(before.max()) + 1 if before.numel() else 0
-    block = positions[:, row, start:stop] - origin
+    origin = _origin(positions[0, row], kept, start)
     after = torch.nonzero(kept[stop:]).flatten()
     extent = int(positions[0, row, stop + int(after[0])]) - origin
-    rule = ImagePositions(block.to(torch.int64), extent, image_token)
+    anchored, counted = _anchors(model, inputs, row, start, stop, stop + int(after[0]) + 1)
+    block = positions[:, row, start:stop].to(torch.int64) - anchored.to(torch.int64) * origin
+    every = bool(anchored.all()) and not bool(counted.any())  # the plain layout: the block moves with its start
+    rule = ImagePositions(block, extent, image_token, *((None, None) if every else (anchored, counted)))
     try:
         laid = rule.prompt(ids, mask)
     except InputError as error:
@@ -84,6 +87,60 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
             fix="convert without generation= (the plain forward); report the model",
         )
     return rule
+
+
+#: How many text tokens the probe's second prompt has more before its image (see :func:`_anchors`).
+SHIFT = 2
+
+
+def _origin(positions: torch.Tensor, kept: torch.Tensor, start: int) -> int:
+    """Where an image at column ``start`` starts: one past the largest position of the kept tokens before it."""
+    before = positions[:start][kept[:start]]
+    return int(before.max()) + 1 if before.numel() else 0
+
+
+def _anchors(
+    model: torch.nn.Module, inputs: dict[str, Any], row: int, start: int, stop: int, end: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which positions of the image block ``start:stop`` of ``row`` move with the image's start (``anchored``) and which
+    count the request's images (``counted``), both [axes, image tokens], read from the model's own positions on a
+    probe: ``row`` up to ``end`` (its first image and the text token after it) twice, the first copy left-padded by
+    :data:`SHIFT` tokens and the second starting with :data:`SHIFT` more text tokens (the one after the image), each
+    with the sample's first image. A position the second image takes ``SHIFT`` past the first's moves with its
+    start, one past it counts the images, both: ``SHIFT + 1``; anything else is refused."""
+    ids = inputs["input_ids"]
+    text_column = end - 1  # the text token after the image: the second copy's extra tokens repeat it
+    probe: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.shape == ids.shape:  # one per token: ids, mask, token types
+            piece = value[row : row + 1, :end]
+            extra = piece[:, text_column : text_column + 1].expand(1, SHIFT)
+            padded = torch.zeros_like(extra) if name in ("input_ids", "attention_mask") else extra
+            probe[name] = torch.cat([torch.cat([padded, piece], 1), torch.cat([extra, piece], 1)])
+    probe["attention_mask"][1, :SHIFT] = 1
+    first = image_rows({k: v for k, v in inputs.items() if k not in probe and isinstance(v, torch.Tensor)})[0]
+    for name, value in first.items():  # the first image twice, as image_rows cut it (rows, or patches and grid)
+        probe[name] = torch.cat([value, value])
+    positions = decoder_positions(model, probe)
+    name = type(model).__name__
+    if positions is None or positions.dim() != 3 or positions.shape[1:] != probe["input_ids"].shape:
+        raise InputError(
+            f"{name} gave no positions on several axes for two copies of the sample's first prompt with an image",
+            fix="convert without generation= (the plain forward); report the model",
+        )
+    kept = probe["attention_mask"].bool()
+    image = slice(start + SHIFT, stop + SHIFT)
+    shift = _origin(positions[0, 1], kept[1], start + SHIFT) - _origin(positions[0, 0], kept[0], start + SHIFT)
+    moved = positions[:, 1, image] - positions[:, 0, image]
+    if shift != SHIFT or not bool(((moved == 0) | (moved == 1) | (moved == shift) | (moved == shift + 1)).all()):
+        raise InputError(
+            f"{name}'s positions for an image do not move with where it starts, or with how many images came before "
+            f"it, by a rule the step knows (moved {sorted(set(moved.flatten().tolist()))} for an image {SHIFT} text "
+            "tokens later and one image later)",
+            fix="convert without generation= (the plain forward); report the model",
+        )
+    anchored = moved >= shift
+    return anchored, (moved - anchored.to(moved.dtype) * shift) == 1
 
 
 def _first_image(ids: torch.Tensor, mask: torch.Tensor, token: int) -> tuple[int, int, int] | None:

@@ -15,12 +15,15 @@ the model's image tokens (its config's ``image_token_id``) in order, row after r
 ``masked_scatter`` does; the step then calls the model with those embeddings. The placement is a gather (the n-th image
 token takes the n-th feature) rather than ``masked_scatter``, whose ONNX form needs ``NonZero``: TensorRT's parser
 refuses it. A model whose config names no image token is handed the features as its multimodal encoder's output
-(transformers' ``mm_encoder_outputs``) and places them itself. The prompt's prefill takes every image's features; a
-decode step takes the image token's own text embedding, so that a generated image token stays what the model's
-embedding makes it. Positions are the decoder-only step's (``cumsum(attention_mask) - 1``, as the model's
-``generate`` computes them), or, for a model that hands its text decoder positions on several axes (M-RoPE), laid out
-per image as the model's own positions on the sample show (:mod:`pipeline.generation.image_positions`). Nothing here
-reads one architecture's code.
+(transformers' ``mm_encoder_outputs``) and places them itself. A model that hands its embeddings to a causal LM
+inside it and returns no cache of its own (BLIP-2) has its step call that language model
+(:mod:`pipeline.generation.text_model`). A prompt leaves one position of the cache at least (``max_prompt`` is
+``max_length - 1`` at most), so that code branching on "the prompt fills the cache" is one branch over the range.
+The prompt's prefill takes every image's features; a decode step takes the image token's own text embedding, so that
+a generated image token stays what the model's embedding makes it. Positions are the decoder-only step's
+(``cumsum(attention_mask) - 1``, as the model's ``generate`` computes them), or, for a model that hands its text
+decoder positions on several axes (M-RoPE), laid out per image as the model's own positions on the sample show
+(:mod:`pipeline.generation.image_positions`). Nothing here reads one architecture's code.
 
 The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
 is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +48,6 @@ from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
     check_sample_fits,
-    layout_of,
     special_tokens,
     step_precision_io,
 )
@@ -61,8 +62,9 @@ from pipeline.generation.generate_scores import (
 )
 from pipeline.generation.image_positions import image_positions
 from pipeline.generation.known_values import KnownValues
-from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.step import CachedStep
+from pipeline.generation.text_model import check_takes_features, language_model_of
 from pipeline.generation.vision_inputs import image_features_method, sample_inputs
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.layout import CachedLayer, past_name
@@ -193,23 +195,17 @@ def convert_vision_language(
     check_sample_fits(input_ids, generation, settings.validate)
     token = image_token_id(model)
     check_attention_layers(model)
-    taken = inspect.signature(model.forward).parameters
-    if ("mm_encoder_outputs" if token is None else "inputs_embeds") not in taken:
-        raise InputError(
-            f"{type(model).__name__}.forward takes no "
-            f"{'mm_encoder_outputs (and its config names no image token)' if token is None else 'inputs_embeds'}: "
-            "the image features cannot be given to the cached text step",
-            fix="convert without generation= (the plain forward)",
-        )
     with torch.no_grad():
         features = _features_of(model, vision)
-        layout, vocabulary = _layout(model, text, vision)
+        layout, vocabulary, language = language_model_of(model, text, vision)
+    check_takes_features(model, language, token)
     positions = image_positions(model, {**text, **vision}, token)
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
     listed = isinstance(_pooled(model, image_rows(vision)[0]), list | tuple)
-    eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
+    # the language model's generate decides eos and padding where the model's hands it the embeddings (BLIP-2's)
+    eos, pad = special_tokens(language, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
         generation,
@@ -226,15 +222,17 @@ def convert_vision_language(
     from pipeline.generation.step import uses_attention_interface
 
     typed = TOKEN_TYPES in text
-    if typed and (generation.max_prompt or generation.max_length) >= generation.max_length:
-        # transformers pads the image blocks' ids up to the cache's length only when the prompt is shorter (a branch
-        # torch.export holds as a bound): a prompt leaves one position at least
+    if (generation.max_prompt or generation.max_length) >= generation.max_length:
+        # a prompt leaves one position of the cache at least (a prompt that fills it leaves no room for a decode
+        # step). Code that cuts the prompt's columns off the cache-wide mask (LFM2's `attention_mask[:, -tokens:]`)
+        # or pads the image blocks' ids up to the cache's length when the prompt is shorter (transformers' token
+        # types) branches on "the prompt fills the cache": torch.export holds that branch over the range
         generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
     # the text decoder's attention is the step's: a tower's own attention code (GOT-OCR2's) does not decide it
-    get_decoder = getattr(model, "get_decoder", None)
+    get_decoder = getattr(language, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
-    text_model = decoder if isinstance(decoder, torch.nn.Module) else model
-    step = VisionLanguageStep(model, len(layout), uses_attention_interface(text_model), listed, token, typed)
+    text_model = decoder if isinstance(decoder, torch.nn.Module) else language
+    step = VisionLanguageStep(language, len(layout), uses_attention_interface(text_model), listed, token, typed)
     step = step.train(model.training)
     step_sample, dims = _step_sample(text, features, layout, generation, positions)
     step_settings = dataclasses.replace(
@@ -268,25 +266,43 @@ def _convert_vision(
 ) -> tuple[ConvertedModule, dict[str, torch.Tensor]]:
     """The vision graph, and the integer inputs it holds at the sample's first image's values (none unless needed). A
     tower whose code decides shapes in Python from an integer input (LLaVA-NeXT's and Pixtral's ``image_sizes``)
-    cannot export it as data: the graph is converted again with those inputs fixed, and takes images of that size."""
+    cannot export it as data: the graph is converted again with those inputs fixed, and takes images of that size.
+    So is a graph for TensorRT that selects features by a mask (``NonZero``, which TensorRT's parser refuses): where
+    the mask is computed from the integer inputs (LFM2-VL drops its padding token slots by the image's
+    ``spatial_shapes``), it is a constant of the graph with them fixed, and TensorRT takes those inputs' values from
+    the sample anyway (shape tensors)."""
     image = image_rows(vision)[0]
+    fixed = {name: value for name, value in image.items() if not value.is_floating_point()}
+    why = "decides shapes from"
     try:
         part = ImageFeatures(model, tuple(vision)).train(model.training)
-        return stages(part, tuple(image.values()), settings, registry), {}
+        converted = stages(part, tuple(image.values()), settings, registry)
+        if not fixed or not on_tensorrt(settings) or not _selects_by_mask(converted):
+            return converted, {}
+        why = "selects its features by a mask computed from"
     except ExportError as error:
-        fixed = {name: value for name, value in image.items() if not value.is_floating_point()}
         if not fixed or "data-dependent" not in str(error):
             raise
+        converted = None
     logger.warning(
-        "%s's vision tower decides shapes from %s in Python: the vision graph holds them at the sample's values %s "
+        "%s's vision tower %s %s in Python: the vision graph holds them at the sample's values %s "
         "(it takes images processed to that size)",
         type(model).__name__,
+        why,
         ", ".join(fixed),
         {name: value.tolist() for name, value in fixed.items()},
     )
     names = tuple(name for name in image if name not in fixed)
     part = ImageFeatures(model, names, fixed).train(model.training)
-    return stages(part, tuple(image[name] for name in names), settings, registry), fixed
+    held = stages(part, tuple(image[name] for name in names), settings, registry)
+    if converted is not None and _selects_by_mask(held):  # the mask is the pixels': the graph as it was
+        return converted, {}
+    return held, fixed
+
+
+def _selects_by_mask(module: ConvertedModule) -> bool:
+    """Whether the converted graph selects elements by a mask (``NonZero``)."""
+    return any(node.op_type == "NonZero" for node in module.onnx.graph.node)
 
 
 def image_token_id(model: torch.nn.Module) -> int | None:
@@ -343,22 +359,6 @@ def _features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> tor
             f"{' '.join(str(error).split())[:300]}",
             fix="pass the processor's image inputs (one leading row per image)",
         ) from error
-
-
-def _layout(
-    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
-) -> tuple[list[CachedLayer], int]:
-    """The cached layers, from the cache the model builds on the sample, and the
-    vocabulary (the width of the logits)."""
-    try:
-        out = model(**text, **vision, use_cache=True)
-    except Exception as error:  # noqa: BLE001 - the model refusing its own sample: said with its cause
-        raise InputError(
-            f"{type(model).__name__} fails on the generation sample: {type(error).__name__}: "
-            f"{' '.join(str(error).split())[:300]}",
-            fix="pass the processor's output for the prompts (image tokens matching the images)",
-        ) from error
-    return layout_of(model, out)
 
 
 def _step_sample(

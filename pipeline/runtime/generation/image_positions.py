@@ -8,6 +8,12 @@ that start plus the image's extent (not its token count). The block and the exte
 which the vision graph holds fixed: they are read from the model's own positions on the conversion sample
 (:mod:`pipeline.generation.image_positions`) and stored here. After the prompt every new token is text: one more than
 the row's largest position so far, on every axis (what the model's ``generate`` computes from its ``rope_deltas``).
+
+Not every position of a block moves with the image's start: HunYuan-VL gives an image's grid tokens their column and
+row within the image as they are (``anchored`` False there: the same wherever the image starts), and on another axis
+the image's number among the request's images, counted over its prompts in order (``counted``), while the tokens
+that open and close the image go on from the text before it. Each position of the block is its value plus the
+image's start where it is anchored, plus the image's number where it is counted.
 """
 
 from __future__ import annotations
@@ -24,22 +30,34 @@ from converters.errors import InputError
 @dataclasses.dataclass(frozen=True)
 class ImagePositions:
     """An image's positions relative to its start (``block`` [axes, image tokens]) and how far the next token's
-    position is past that start (``extent``), for the model's image token."""
+    position is past that start (``extent``), for the model's image token. ``anchored`` [axes, image tokens] (bool;
+    None: all) says which positions of the block move with the image's start, ``counted`` (None: none) which ones
+    add the image's number among the request's images (see the module docstring)."""
 
     block: torch.Tensor
     extent: int
     image_token: int
+    anchored: torch.Tensor | None = None
+    counted: torch.Tensor | None = None
 
     @property
     def axes(self) -> int:
         """The number of position axes (3: time, rows, columns)."""
         return int(self.block.shape[0])
 
+    def laid(self, start: int, number: int) -> torch.Tensor:
+        """The positions [axes, image tokens] of an image that starts at ``start``, the ``number``-th (from 0) of the
+        request."""
+        shift = start if self.anchored is None else self.anchored.to(torch.int64) * start
+        count = 0 if self.counted is None else self.counted.to(torch.int64) * number
+        return self.block + shift + count
+
     def prompt(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The prompts' positions [axes, rows, tokens] (padding at 1, as the single-axis step's)."""
         rows, length = ids.shape
         tokens = int(self.block.shape[1])
         positions = torch.ones(self.axes, rows, length, dtype=torch.int64)
+        number = 0
         for row in range(rows):
             kept = torch.nonzero(mask[row]).flatten().tolist()
             current, index = 0, 0
@@ -56,8 +74,8 @@ class ImagePositions:
                         f"whole number of images of {tokens} tokens each",
                         fix="pass the processor's input_ids for images of the size the model was converted with",
                     )
-                positions[:, row, run] = self.block + current
-                current, index = current + self.extent, index + tokens
+                positions[:, row, run] = self.laid(current, number)
+                current, index, number = current + self.extent, index + tokens, number + 1
         return positions
 
     @staticmethod
@@ -68,12 +86,19 @@ class ImagePositions:
 
     def to_json(self) -> dict[str, Any]:
         """What :meth:`from_json` reads back."""
-        return {"block": self.block.tolist(), "extent": self.extent, "image_token": self.image_token}
+        masks = {
+            name: value.tolist()
+            for name, value in (("anchored", self.anchored), ("counted", self.counted))
+            if value is not None
+        }
+        return {"block": self.block.tolist(), "extent": self.extent, "image_token": self.image_token, **masks}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> ImagePositions:
         """The positions :meth:`to_json` wrote."""
-        return cls(torch.tensor(value["block"], dtype=torch.int64), int(value["extent"]), int(value["image_token"]))
+        masks = {name: torch.tensor(value[name], dtype=torch.bool) for name in ("anchored", "counted") if name in value}
+        block = torch.tensor(value["block"], dtype=torch.int64)
+        return cls(block, int(value["extent"]), int(value["image_token"]), **masks)
 
 
 def image_rows(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:

@@ -253,7 +253,10 @@ class VisionLanguageModule(TwoGraphModule):
             raise InputError(
                 f"a prompt of {prompt} tokens (its image tokens included), but the step prefills at most "
                 f"max_prompt={longest} in one run",
-                fix=f"convert with generation={{'max_prompt': {prompt}, ...}} or more",
+                fix=f"convert with generation={{'max_prompt': {prompt}, ...}} or more"
+                if prompt < generation.max_length
+                else f"convert with generation={{'max_length': {prompt + 1}, ...}} or more (a prompt leaves one "
+                "position of the cache for the tokens after it)",
             )
         types = images.get(TOKEN_TYPES)
         features = self._features(images)
@@ -335,7 +338,9 @@ class _Feed:
         self.capacity = module._cache_shapes[0][1]
         self.mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
         self.mask[:, : self.prompt] = mask.repeat_interleave(expand, dim=0)
-        self.next_position = _prompt_positions(module, self.ids, self.mask[:, : self.prompt])[1]
+        # each prompt's next position, repeated for its rows (a rule that counts the request's images counts the
+        # prompts', as the model's generate does before it repeats them)
+        self.next_position = _prompt_positions(module, ids, mask)[1].repeat_interleave(expand, dim=0)
         self.cache: list[torch.Tensor] = []
         self.length = 0
         # a decode step's features: as many rows as rows may generate the image token, each its own embedding
