@@ -5,9 +5,10 @@ its tuple, each number within its range. An error here is an :class:`InputError`
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
 from typing import Any, Literal
 
 from converters.block_settings import check_block_quantization
@@ -84,14 +85,9 @@ def _check_fallback(settings: Any) -> None:
 
 def _check_types(settings: Any) -> None:
     """Every plain setting has its declared type (``validation_inputs="3"`` is an error, not a crash later on)."""
-    hints = typing.get_type_hints(type(settings))
-    for f in fields(settings):
-        if f.name in ("dynamic", "tolerances", "keep_fp32", "profiles", "shape_tensor_values"):  # normalised by readers
-            continue
+    kind: type = type(settings)
+    for f, allowed in _checked_fields(kind):
         value = getattr(settings, f.name)
-        allowed = _allowed(hints[f.name])
-        if allowed is None:
-            continue
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(settings, f.name, float(value))
             continue
@@ -101,6 +97,16 @@ def _check_types(settings: Any) -> None:
                 f"setting {f.name} must be {names}, got {value!r} ({type(value).__name__})",
                 fix=f"pass {f.name}= a value of type {names} (default: {_default_text(f)})",
             )
+
+
+@functools.cache
+def _checked_fields(cls: type) -> tuple[tuple[Field[Any], tuple[Any, ...]], ...]:
+    """The fields :func:`_check_types` checks and the types each admits, read from the class's hints once (a settings
+    object is made, and replaced, many times per conversion and at every load)."""
+    hints = typing.get_type_hints(cls)
+    skipped = ("dynamic", "tolerances", "keep_fp32", "profiles", "shape_tensor_values")  # normalised by readers
+    checked = ((f, _allowed(hints[f.name])) for f in fields(cls) if f.name not in skipped)
+    return tuple((f, allowed) for f, allowed in checked if allowed is not None)
 
 
 def _allowed(hint: Any) -> tuple[Any, ...] | None:
