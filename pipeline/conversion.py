@@ -78,24 +78,26 @@ def convert(
     registry = default_registry() if converters is None else converters
     chosen = _Chosen(converters, passes, extra_passes, custom_translation_table, calibration)
     if config.generation is not None:
+        from pipeline.generation.cross_layout import takes_images
         from pipeline.generation.seq2seq import is_encoder_decoder
+        from pipeline.generation.vision_inputs import is_vision_language
+
+        def part_of(part: torch.nn.Module, part_sample: Any, part_config: Settings, part_registry: Any) -> Any:
+            """One graph of a generation kind of two (its own sample and settings) through the stages."""
+            return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
 
         if is_encoder_decoder(model):  # an encoder graph and a cached decoder step, converted one after the other
             from pipeline.generation.encoder_decoder import convert_encoder_decoder
 
-            def stages_of(part: torch.nn.Module, part_sample: Any, part_config: Settings, part_registry: Any) -> Any:
-                return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
-
-            return convert_encoder_decoder(model, sample, config, registry, stages_of)  # type: ignore[return-value]
-        from pipeline.generation.vision_inputs import is_vision_language
-
+            return convert_encoder_decoder(model, sample, config, registry, part_of)  # type: ignore[return-value]
         if is_vision_language(model, sample):  # a vision graph and the cached text step, converted one after the other
             from pipeline.generation.vision_language import convert_vision_language
 
-            def parts_of(part: torch.nn.Module, part_sample: Any, part_config: Settings, part_registry: Any) -> Any:
-                return _convert_prepared(part, part_sample, part_config, part_registry, chosen, part, part_sample)
+            return convert_vision_language(model, sample, config, registry, part_of)  # type: ignore[return-value]
+        if takes_images(model, sample):  # images its text cross-attends to: an image graph and the cached text step
+            from pipeline.generation.cross_images import convert_cross_images
 
-            return convert_vision_language(model, sample, config, registry, parts_of)  # type: ignore[return-value]
+            return convert_cross_images(model, sample, config, registry, part_of)  # type: ignore[return-value]
         from pipeline.generation.conversion import prepare_step
 
         # the cached decoder step of a causal LM is what the stages convert

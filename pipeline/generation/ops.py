@@ -153,7 +153,9 @@ def _decomposed_attention(ctx: ConverterContext, bias: gs.Tensor | None = None) 
         ctx.op.MatMul(q, ctx.op.Transpose(k, perm=[0, 1, 2, 4, 3])),
         ctx.constant(np.array(float(ctx.attrs["scale"]), dtype)),
     )
-    if bias is not None:  # [B or 1, q_heads, S, K] -> [B or 1, kv_heads, groups, S, K]
+    if bias is not None and _one_head(ctx, bias):  # [B or 1, 1, S, K] -> [B or 1, 1, 1, S, K]: broadcast
+        scores = ctx.op.Add(scores, ctx.op.Unsqueeze(bias, _ints(ctx, 2)))
+    elif bias is not None:  # [B or 1, q_heads, S, K] -> [B or 1, kv_heads, groups, S, K]
         b_shape = ctx.op.Shape(bias)
         b_head = ctx.op.Slice(b_shape, _ints(ctx, 0), _ints(ctx, 1))
         b_rest = ctx.op.Slice(b_shape, _ints(ctx, 2), _ints(ctx, 4))
@@ -183,3 +185,10 @@ def generation_converters(registry: ConverterRegistry) -> ConverterRegistry:
     out.register("pipeline_generation::attention")(convert_attention)
     out.register("pipeline_generation::attention_biased")(convert_attention_biased)
     return out
+
+
+def _one_head(ctx: ConverterContext, bias: gs.Tensor) -> bool:
+    """Is ``bias`` [B or 1, 1, S, K] (one bias for every head: a cross-attended image mask), its head axis known as
+    1? A bias per query head is folded like the queries instead."""
+    shape = bias.shape
+    return shape is not None and len(shape) == 4 and shape[1] == 1

@@ -14,26 +14,24 @@ Saved as a directory (``module.save("out/t5")``): ``encoder.ptrt`` and ``decoder
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from converters.errors import ArtifactError, InputError
-from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
-from pipeline.runtime.generation.layout import cache_layout, cross_name, past_name, present_name
+from pipeline.runtime.generation.cross_images import CrossImagesModule
+from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, cross_name, past_name, present_name
 from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
-from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
-from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.generation.request import Decoding, resolve
 from pipeline.runtime.generation.runners import bound_runner
+from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FILE, decode, generate_over
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
 #: The step's input holding the encoder's padding mask [batch, source] (1: a token, 0: padding).
 ENCODER_MASK = "encoder_attention_mask"
-#: The two artifacts of a saved encoder-decoder directory.
-ENCODER_FILE, DECODER_FILE = "encoder.ptrt", "decoder.ptrt"
 
 
 def cross_names(layers: int) -> tuple[str, ...]:
@@ -56,6 +54,14 @@ class EncoderDecoderModule(TwoGraphModule):
 
     >>> module.generate(input_ids, attention_mask=mask, num_beams=4, max_new_tokens=32)  # doctest: +SKIP
     """
+
+    def __new__(cls, encoder: ConvertedModule, decoder: ConvertedModule) -> Any:
+        """An encoder graph and a step that prefills a prompt (it takes the decoder-only step's inputs) are a model
+        whose text cross-attends to its images: a :class:`~pipeline.runtime.generation.cross_images.CrossImagesModule`
+        is made instead (a saved directory of either kind holds the same two files)."""
+        if set(STEP_INPUTS) <= {spec.name for spec in decoder.io.inputs}:
+            return CrossImagesModule(encoder, decoder)
+        return super().__new__(cls)
 
     def __init__(self, encoder: ConvertedModule, decoder: ConvertedModule) -> None:
         super().__init__()
@@ -91,36 +97,7 @@ class EncoderDecoderModule(TwoGraphModule):
         encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
         request = generate_options("generate", {**dict(self.generation.model_options), **options})
         feed, decoding = self._request(encoder_inputs, decoder_ids, request)
-        if request.num_beams > 1:
-            settings = BeamSettings(
-                request.num_beams, request.length_penalty, request.early_stopping, request.num_return_sequences
-            )
-            record = request.return_dict_in_generate and (request.output_scores or request.output_logits)
-            processors = decoding.processors if decoding.processors else None
-            fill = fill_token(decoding.eos, decoding.pad)
-            result = beam_search(
-                feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record
-            )
-            return (
-                beam_output(result, request, encoder_decoder=True)
-                if request.return_dict_in_generate
-                else (result.sequences)
-            )
-        streamer = request.streamer
-        if streamer is not None:
-            streamer.put(feed.ids)
-        new = []
-        for tokens in _decode(feed, decoding):
-            new.append(tokens)
-            if streamer is not None:
-                streamer.put(tokens)
-        if streamer is not None:
-            streamer.end()
-        sequences = torch.cat([feed.ids, *(t[:, None] for t in new)], dim=1)
-        if not request.return_dict_in_generate:
-            return sequences
-        chooser = decoding.chooser
-        return decoder_only_output(sequences, chooser.scores, chooser.logits, request, encoder_decoder=True)
+        return generate_over(feed, decoding, request, encoder_decoder=True)
 
     def stream(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
@@ -129,7 +106,7 @@ class EncoderDecoderModule(TwoGraphModule):
         defaults = {k: v for k, v in self.generation.model_options if k not in GENERATE_ONLY}
         request = generate_options("stream", {**defaults, **options})
         feed, decoding = self._request(encoder_inputs, decoder_ids, request)
-        yield from _decode(feed, decoding)
+        yield from decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt``, atomically (:func:`save_directory`)."""
@@ -232,12 +209,6 @@ class EncoderDecoderModule(TwoGraphModule):
         if bool((ids[:, 0] != start).any()):  # transformers puts the start token first when it is missing
             ids = torch.cat([first, ids], dim=1)
         return ids
-
-
-def _decode(feed: _Feed, decoding: Decoding) -> Iterator[torch.Tensor]:
-    from pipeline.runtime.generation.module import decode
-
-    return decode(feed, decoding)
 
 
 class _Feed:

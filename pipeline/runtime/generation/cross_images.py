@@ -1,0 +1,311 @@
+"""A converted decoder whose text cross-attends to its images (Mllama, IDEFICS): the image graph run once per request,
+then the cached text step, with ``generate()`` as transformers' ``model.generate``.
+
+The image graph gives the cross states (the cross-attention layers' keys and values, and any other image state the
+model's decode steps take); the request holds them, repeated for each prompt's beams or drawn sequences, and every
+text step reads them. The prompts are prefilled once each, then their cache rows are repeated (as the vision-language
+module's). The per-token image masks (which images each token sees) follow transformers' ``generate``: a prompt's
+rows padded up to its length with its last row, and every new token's row the last row again. The decoding loop,
+options, processors and beam search are the decoder-only module's; only the feed differs. On ONNX Runtime the cache
+stays in bound buffers written in place; on a TensorRT engine the feed copies it in and out of each step.
+
+Saved as an encoder-decoder directory (``encoder.ptrt``: the image graph, ``decoder.ptrt``: the step);
+``pipeline.load`` reads it back as this module: its step takes a prompt (the decoder-only step's inputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from converters.errors import ArtifactError, InputError
+from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
+from pipeline.runtime.generation.options import GENERATE_ONLY, GenerateOptions, generate_options
+from pipeline.runtime.generation.request import Decoding, resolve
+from pipeline.runtime.generation.runners import bound_runner
+from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FILE, decode, generate_over
+from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
+from pipeline.runtime.module import ConvertedModule
+
+
+def per_token_rows(mask: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A per-token image mask [batch, rows, ...] for ``tokens`` tokens, as transformers' ``generate`` prepares it for
+    the prefill: padded at the end with its last row when it has fewer rows, its last ``tokens`` rows taken."""
+    rows = mask.shape[1]
+    if rows < tokens:
+        mask = torch.cat([mask, mask[:, -1:].expand(-1, tokens - rows, *mask.shape[2:])], dim=1)
+    return mask[:, -tokens:]
+
+
+class CrossImagesModule(TwoGraphModule):
+    """A decoder whose text cross-attends to its images, converted for generation (``pipeline.convert(mllama,
+    {"input_ids": ..., "attention_mask": ..., "pixel_values": ..., ...}, generation={...})``).
+
+    ``generate(input_ids, attention_mask=..., pixel_values=..., <the image graph's other inputs>, <per-token image
+    masks>, **options)`` returns the prompts followed by the new tokens, as ``model.generate`` does; :meth:`stream`
+    yields the new tokens. ``.encoder`` is the image graph, ``.decoder`` the text step.
+
+    >>> module.generate(ids, attention_mask=mask, pixel_values=pixels, aspect_ratio_ids=ratios,
+    ...                 aspect_ratio_mask=tiles, cross_attention_mask=seen, max_new_tokens=32)  # doctest: +SKIP
+    """
+
+    def __init__(self, encoder: ConvertedModule, decoder: ConvertedModule) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        generation = decoder.settings.generation
+        step_inputs = tuple(spec.name for spec in decoder.io.inputs)
+        states = tuple(spec.name for spec in encoder.io.outputs)
+        if generation is None or not set(STEP_INPUTS) <= set(step_inputs) or not set(states) <= set(step_inputs):
+            raise ArtifactError(
+                "the step of a cross-attended image model must be a text step converted with generation= that takes "
+                "every output of its image graph",
+                fix="load a directory written by CrossImagesModule.save",
+            )
+        self._image_inputs = tuple(spec.name for spec in encoder.io.inputs)
+        self._states = states
+        self._step_inputs = step_inputs
+        self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        self._presents = tuple(present_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        taken = {*STEP_INPUTS, *self._layer_names, *states}
+        self._per_token = tuple(name for name in step_inputs if name not in taken)
+        self._specs = {spec.name: spec for spec in decoder.io.inputs}
+        self._cache_shapes = [tuple(int(d) for d in self._specs[name].shape[1:]) for name in self._layer_names]
+        self._cache_dtypes = [self._specs[name].torch_dtype for name in self._layer_names]
+        logits = next(spec for spec in decoder.io.outputs if spec.name == "logits")
+        self._vocabulary = int(logits.shape[-1]) if logits.shape and isinstance(logits.shape[-1], int) else None
+
+    def step_graph(self) -> ConvertedModule:
+        """The text step (the image graph's settings, report and engine: ``module.encoder``'s)."""
+        return self.decoder
+
+    def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | Any:
+        """The prompts followed by the new tokens [rows, prompt + new] (rows: prompts x ``num_return_sequences``), as
+        transformers' ``model.generate``: ``input_ids``, ``attention_mask`` (left padding), the image graph's inputs
+        by name, the per-token image masks (left out: every token sees every image), and the options of the
+        decoder-only module's ``generate`` (beam search included)."""
+        ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
+        request = generate_options("generate", {**dict(self.generation.model_options), **options})
+        feed, decoding = self._prompt_request(ids, mask, images, masks, request)
+        return generate_over(feed, decoding, request, encoder_decoder=False)
+
+    def stream(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
+        """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
+        of the decoder-only module's ``stream``)."""
+        ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
+        defaults = {k: v for k, v in self.generation.model_options if k not in GENERATE_ONLY}
+        request = generate_options("stream", {**defaults, **options})
+        feed, decoding = self._prompt_request(ids, mask, images, masks, request)
+        yield from decode(feed, decoding)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/encoder.ptrt`` (the image graph) and ``path/decoder.ptrt`` (the step), atomically: an
+        encoder-decoder's directory, which ``pipeline.load`` reads back as this module."""
+
+        def write(staging: Path) -> None:
+            self.encoder.save(staging / ENCODER_FILE)
+            self.decoder.save(staging / DECODER_FILE)
+
+        return save_directory(path, (ENCODER_FILE, DECODER_FILE), write, "a cross-attended image model")
+
+    # the request
+
+    def _split_prompt(
+        self, input_ids: torch.Tensor | None, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+        from pipeline.runtime.generation.module import checked_prompt
+
+        options = dict(kwargs)
+        given = options.pop("input_ids", None)
+        if input_ids is not None and given is not None:
+            raise InputError("input_ids given twice (positionally and by name)", fix="pass input_ids once")
+        ids = input_ids if input_ids is not None else given
+        if ids is None:
+            raise InputError("generate needs input_ids (the prompts)", fix="pass module.generate(input_ids, ...)")
+        mask = options.pop("attention_mask", None)
+        images = {name: options.pop(name) for name in self._image_inputs if name in options}
+        missing = [name for name in self._image_inputs if name not in images]
+        if missing:
+            raise InputError(
+                f"generate needs the image inputs {', '.join(missing)} (the image graph's), as the processor gives "
+                "them",
+                fix=f"pass module.generate(input_ids, attention_mask=..., {missing[0]}=...) as to model.generate",
+            )
+        masks = {name: options.pop(name) for name in self._per_token if options.get(name) is not None}
+        options = {name: value for name, value in options.items() if name not in self._per_token}
+        prompt, prompt_mask = checked_prompt(ids, mask, self._vocabulary, "processor")
+        for name, value in masks.items():
+            value = torch.as_tensor(value).cpu()
+            expected = self._specs[name].shape[2:]
+            if value.dim() != len(self._specs[name].shape) or value.shape[0] != prompt.shape[0]:
+                raise InputError(
+                    f"{name} is {list(value.shape)}: one row per prompt and token [{prompt.shape[0]}, tokens, "
+                    f"{', '.join(map(str, expected))}] expected",
+                    fix=f"pass the processor's {name} with its input_ids",
+                )
+            masks[name] = value.to(self._specs[name].torch_dtype)
+        for name in self._per_token:
+            if name not in masks:  # every token sees every image, as the model without the mask
+                shape = [int(d) if isinstance(d, int) else 1 for d in self._specs[name].shape[2:]]
+                masks[name] = torch.ones(prompt.shape[0], 1, *shape, dtype=self._specs[name].torch_dtype)
+        return prompt, prompt_mask, images, masks, options
+
+    def _prompt_request(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        images: dict[str, torch.Tensor],
+        masks: dict[str, torch.Tensor],
+        request: GenerateOptions,
+    ) -> tuple[_PromptFeed, Decoding]:
+        generation = self.generation
+        rows, prompt = ids.shape
+        if rows * request.expand > generation.max_batch:
+            raise InputError(
+                f"a batch of {rows} x {request.expand} rows, but the step was converted for max_batch="
+                f"{generation.max_batch}",
+                fix=f"split the batch, or convert with generation={{'max_batch': {rows * request.expand}, ...}}",
+            )
+        longest = generation.max_prompt or generation.max_length
+        if prompt > longest:
+            raise InputError(
+                f"a prompt of {prompt} tokens, but the step prefills at most max_prompt={longest} in one run",
+                fix=f"convert with generation={{'max_prompt': {prompt}, ...}} or more",
+            )
+        states = self._encode_images(images, rows)
+        expanded = ids.repeat_interleave(request.expand, dim=0)
+        decoding = resolve(
+            request, generation, expanded, mask.repeat_interleave(request.expand, dim=0), self._vocabulary
+        )
+        return _PromptFeed(self, ids, mask, states, masks, request.expand), decoding
+
+    def _encode_images(self, images: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+        """The image graph on the request's images: the cross states, in the step's dtypes."""
+        specs = {spec.name: spec for spec in self.encoder.io.inputs}
+        values = []
+        for name in self._image_inputs:
+            value = images[name]
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != rows:
+                raise InputError(
+                    f"{name} must be a tensor with one leading row per prompt ({rows})",
+                    fix=f"pass the processor's {name} for the same prompts",
+                )
+            expected = specs[name].shape
+            fixed = [(i, d) for i, d in enumerate(expected) if isinstance(d, int) and i > 0]
+            if len(expected) != value.dim() or any(value.shape[i] != d for i, d in fixed):
+                raise InputError(
+                    f"{name} is {list(value.shape)}, but the image graph takes {list(expected)} (the sample's images, "
+                    "tiles and sizes)",
+                    fix="pass images processed as the sample's were, or convert with a sample of this layout",
+                )
+            values.append(value.cpu().to(specs[name].torch_dtype))
+        outputs = self.encoder.run_flat(values)
+        return {
+            name: value.to(self._specs[name].torch_dtype).contiguous()
+            for name, value in zip(self._states, outputs, strict=True)
+        }
+
+
+def _repeated(value: torch.Tensor, expand: int) -> torch.Tensor:
+    """``value``'s row of each prompt repeated ``expand`` times (its beams or drawn sequences)."""
+    return value if expand == 1 else value.repeat_interleave(expand, dim=0).contiguous()
+
+
+class _PromptFeed:
+    """One request's text steps: ``prefill()`` the prompts with their cross states (each prompt once, its cache row
+    then repeated ``expand`` times), then ``step(tokens)``; ``reorder(rows)`` moves the cache rows (beam search)."""
+
+    def __init__(
+        self,
+        module: CrossImagesModule,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        states: dict[str, torch.Tensor],
+        masks: dict[str, torch.Tensor],
+        expand: int,
+    ) -> None:
+        self.module = module
+        prompts, self.prompt = ids.shape
+        self.prompts, self.expand = ids, expand
+        self.ids = ids.repeat_interleave(expand, dim=0)
+        rows = self.ids.shape[0]
+        self.capacity = module._cache_shapes[0][1]
+        self.prompt_mask = torch.zeros(prompts, self.capacity, dtype=torch.int64)
+        self.prompt_mask[:, : self.prompt] = mask
+        self.mask = self.prompt_mask.repeat_interleave(expand, dim=0)
+        self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        self.next_position = (self.positions[:, -1:] + 1).repeat_interleave(expand, dim=0)
+        #: the prefill's inputs besides the tokens (one row per prompt), and every decode step's (one per row)
+        self.first = {**states, **{name: per_token_rows(value, self.prompt) for name, value in masks.items()}}
+        self.then = {name: _repeated(value, expand) for name, value in states.items()}
+        self.then.update({name: _repeated(value[:, -1:], expand) for name, value in masks.items()})
+        self.length = 0
+        self.cache: list[torch.Tensor] = []
+        #: on ONNX Runtime the cache stays in bound buffers written in place (a decode step's states bound once)
+        self.runner = bound_runner(module.decoder.executor, cache_layout(module.decoder.io, module.generation.layers))
+        if self.runner is not None:
+            self.runner.start(rows)
+            self.held = {name: np.ascontiguousarray(value.numpy()) for name, value in self.then.items()}
+
+    def prefill(self) -> torch.Tensor:
+        """The prompts with their cross states through the step; the logits after their last token."""
+        prompts = self.prompts.shape[0]
+        if self.runner is not None:
+            extra = {name: value.contiguous().numpy() for name, value in self.first.items()}
+            logits = self.runner.prefill_leading(self.prompts, self.prompt_mask, self.positions, extra).float()
+            self.length += self.prompt
+        else:
+            self.cache = [
+                torch.zeros((prompts, *shape), dtype=dtype)
+                for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
+            ]
+            logits = self._run(self.prompts, self.prompt_mask, self.positions, self.first)
+        if self.expand > 1:
+            self.reorder(torch.arange(prompts).repeat_interleave(self.expand))
+            logits = logits.repeat_interleave(self.expand, dim=0)
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per row [rows]."""
+        if self.length >= self.capacity:
+            raise InputError(
+                f"the text step's cache is full ({self.capacity} tokens)",
+                fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
+            )
+        self.mask[:, self.length] = 1
+        if self.runner is not None:
+            logits = self.runner.run(tokens[:, None], self.mask, self.next_position, self.length, self.held).float()
+            self.length += 1
+        else:
+            logits = self._run(tokens[:, None], self.mask, self.next_position, self.then)
+        self.next_position = self.next_position + 1
+        return logits
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
+        if self.runner is not None:
+            self.runner.reorder(rows)
+        else:
+            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+
+    def _run(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, extra: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        module = self.module
+        named: dict[str, torch.Tensor] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "past_length": torch.tensor(self.length, dtype=torch.int64),
+            **extra,
+            **dict(zip(module._layer_names, self.cache, strict=True)),
+        }
+        outputs = module.decoder.executor.run([named[name] for name in module._step_inputs])
+        by_name = dict(zip((o.name for o in module.decoder.io.outputs), outputs, strict=True))
+        self.cache = [by_name[name] for name in module._presents]
+        self.length += ids.shape[1]
+        return by_name["logits"].float()
