@@ -140,12 +140,18 @@ def torch_references(model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed]) 
 
 
 def screened_references(
-    model: torch.nn.Module, io: IOSpec, feeds: Sequence[Feed], given: int, purpose: str = "calibration"
+    model: torch.nn.Module,
+    io: IOSpec,
+    feeds: Sequence[Feed],
+    given: int,
+    purpose: str = "calibration",
+    required: bool = True,
 ) -> tuple[list[Feed], list[dict[str, np.ndarray]]]:
     """The feeds PyTorch takes and its outputs on them, screened as validation screens its inputs
     (``ScreenedFeeds``): a drawn feed PyTorch raises on is dropped with a WARNING (at DEBUG
     for ``purpose="validation"``: validation itself reports it); one of the first ``given`` (the user's: the sample,
-    or every ``calibration=`` input) is an InputError; none left is an InputError."""
+    or every ``calibration=`` input) is an InputError; none left is an InputError when the feeds are ``required``
+    (not when they only add to others already taken)."""
     from pipeline.validation.screening import ScreenedFeeds
 
     runner = ScreeningTorchRunner(model, io)
@@ -156,7 +162,7 @@ def screened_references(
         for feed in ScreenedFeeds(list(feeds), runner, given, purpose, level):
             kept.append(feed)
             references.append(runner.infer_impl(feed))  # the outputs computed while screening it
-    if not kept:
+    if not kept and required:
         raise InputError(
             f"PyTorch refused every one of the {len(feeds)} {purpose} inputs",
             fix="pass convert(calibration=[...]) with inputs the model takes",

@@ -187,7 +187,10 @@ def measured_envelope(
     sets: list[tuple[Sequence[Feed], Sequence[dict[str, np.ndarray]]]] = []
     if new:
         given = 1 if new[0] is checks[0] else 0  # the sample itself: PyTorch must take it
-        sets.append(screened_references(model, exported.io, new, given, "validation"))
+        # (draws PyTorch refuses are dropped; the calibration's screening dropped the same ones, the rest are measured)
+        taken = screened_references(model, exported.io, new, given, "validation", required=False)
+        if taken[0]:
+            sets.append(taken)
     if on_feeds is None:
         sets.append((feeds, references))
     measured = [largest for _, largest in measure_errors_on(final, settings, sets)] if sets else []
