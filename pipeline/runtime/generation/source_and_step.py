@@ -1,6 +1,7 @@
 """What the modules of a source graph and a cached step share (an encoder-decoder's encoder and decoder step, the
 image graph and text step of a model whose text cross-attends to its images): the files of their saved directory, and
-``generate``'s answer over a request's feed, beam search or the decoder-only module's loop."""
+``generate``'s answer over a request's feed, beam search or the decoder-only module's loop (the vision-language
+module's answer too)."""
 
 from __future__ import annotations
 

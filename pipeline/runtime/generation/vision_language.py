@@ -18,20 +18,19 @@ Saved as a directory (``module.save("out/llava")``): ``vision.ptrt`` and ``step.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from converters.errors import ArtifactError, InputError
-from pipeline.runtime.generation.beam_search import BeamSettings, beam_search
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
-from pipeline.runtime.generation.outputs import beam_output, decoder_only_output
-from pipeline.runtime.generation.request import Decoding, fill_token, resolve
+from pipeline.runtime.generation.request import Decoding, resolve
 from pipeline.runtime.generation.runners import bound_runner
+from pipeline.runtime.generation.source_and_step import decode, generate_over
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
@@ -114,31 +113,7 @@ class VisionLanguageModule(TwoGraphModule):
         ids, mask, images, options = self._split(input_ids, kwargs)
         request = generate_options("generate", options)
         feed, decoding = self._request(ids, mask, images, request)
-        if request.num_beams > 1:
-            settings = BeamSettings(
-                request.num_beams, request.length_penalty, request.early_stopping, request.num_return_sequences
-            )
-            record = request.return_dict_in_generate and (request.output_scores or request.output_logits)
-            processors = decoding.processors if decoding.processors else None
-            fill = fill_token(decoding.eos, decoding.pad)
-            result = beam_search(
-                feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record
-            )
-            return beam_output(result, request) if request.return_dict_in_generate else result.sequences
-        streamer = request.streamer
-        if streamer is not None:
-            streamer.put(feed.ids)
-        new = []
-        for tokens in _decode(feed, decoding):
-            new.append(tokens)
-            if streamer is not None:
-                streamer.put(tokens)
-        if streamer is not None:
-            streamer.end()
-        sequences = torch.cat([feed.ids, *(t[:, None] for t in new)], dim=1)
-        if not request.return_dict_in_generate:
-            return sequences
-        return decoder_only_output(sequences, decoding.chooser.scores, decoding.chooser.logits, request)
+        return generate_over(feed, decoding, request, encoder_decoder=False)
 
     def stream(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
@@ -146,7 +121,7 @@ class VisionLanguageModule(TwoGraphModule):
         ids, mask, images, options = self._split(input_ids, kwargs)
         request = generate_options("stream", options)
         feed, decoding = self._request(ids, mask, images, request)
-        yield from _decode(feed, decoding)
+        yield from decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/vision.ptrt``, ``path/step.ptrt`` and ``path/vision_language.json``, atomically
@@ -316,12 +291,6 @@ class VisionLanguageModule(TwoGraphModule):
                 f"{features.shape[0]} features",
                 fix="pass the processor's input_ids and pixel_values together (one image token per feature)",
             )
-
-
-def _decode(feed: _Feed, decoding: Decoding) -> Iterator[torch.Tensor]:
-    from pipeline.runtime.generation.module import decode
-
-    return decode(feed, decoding)
 
 
 class _Feed:
