@@ -211,11 +211,16 @@ def test_the_errors_a_caller_meets(mllama: tuple[Any, dict[str, torch.Tensor], A
 def test_the_decomposed_attention_broadcasts_the_image_masks_one_head_over_grouped_heads() -> None:
     """The attention TensorRT gets (decomposed: the query heads folded over the key-value heads) with the image mask's
     one head for all 4 query heads over 2 key-value heads: it broadcasts (reshaping it by the key-value heads
-    failed), and decodes as transformers does, run on ONNX Runtime."""
+    failed), the real TensorRT-RTX builder builds both graphs, and the same graphs decode as transformers does on
+    ONNX Runtime (the engines cannot run here)."""
+    rtx = importlib.util.find_spec("tensorrt_rtx") is not None
     model, inputs = mllama_model(), mllama_inputs()
-    generation = {**GENERATION, "attention": "decomposed"}
-    module = pipeline.convert(model, inputs, generation=generation, validate=False)
+    options: dict[str, Any] = {"backend": "tensorrt-rtx"} if rtx else {}
+    generation = GENERATION if rtx else {**GENERATION, "attention": "decomposed"}
+    module = pipeline.convert(model, inputs, generation=generation, validate=False, **options)
     assert not any(n.op_type == "Attention" for n in module.decoder.onnx.graph.node)
+    if rtx:
+        assert module.encoder.engine_bytes and module.decoder.engine_bytes
     assert torch.equal(
         module.generate(**inputs, max_new_tokens=6), transformers_generate(model, inputs, max_new_tokens=6)
     )
@@ -231,7 +236,7 @@ def test_idefics_generates_as_transformers_does_and_tensorrt_rtx_builds_both_gra
     """IDEFICS caches no image state: its decode steps are handed the vision tower's output again (found among the
     prefill's outputs: two rows per prompt, one per image), which the step takes as an input and runs the perceiver
     and the gated cross-attention on. The real TensorRT-RTX builder takes both graphs (the image mask's one head
-    made each query head's bias: its decomposed attention folds the heads), and the same graphs generate as
+    broadcast over the heads of its decomposed attention), and the same graphs generate as
     ``model.generate`` on ONNX Runtime (the engine cannot run here)."""
     rtx = importlib.util.find_spec("tensorrt_rtx") is not None
     model, inputs = idefics_model(), idefics_inputs()
