@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before anything imports torchvision
 import torch
@@ -49,3 +51,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The files of :data:`LONGEST_FIRST` first, in that order; every other file after them, as collected."""
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def _one_thread_per_worker() -> None:
+    """Under the README's command each of the ``-n auto`` workers has a core of its own: PyTorch and every ONNX
+    Runtime session the tests make take one intra-op thread instead of one per core. Two workers each running two
+    threads (ONNX Runtime's spinning in them) on 2 cores made the suite about 20% slower in wall time and 30% in CPU.
+    A session whose options name a thread count keeps it, so a test of the threads setting sees its own."""
+    import onnxruntime
+
+    torch.set_num_threads(1)
+    session_init = onnxruntime.InferenceSession.__init__
+
+    def one_thread_init(self, path_or_bytes, sess_options=None, *args, **kwargs):  # type: ignore[no-untyped-def]
+        options = sess_options if sess_options is not None else onnxruntime.SessionOptions()
+        if options.intra_op_num_threads == 0:
+            options.intra_op_num_threads = 1
+        session_init(self, path_or_bytes, options, *args, **kwargs)
+
+    onnxruntime.InferenceSession.__init__ = one_thread_init
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _one_thread_per_worker()
