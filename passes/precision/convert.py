@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 from converters.settings import Settings
 from passes.base import PassResult
 from passes.model_io.graphs import module_path
+from passes.precision.cache_attention import write_out_cast_cache_attention
 from passes.precision.casts import SimplifyCasts
 from passes.precision.rewrite import Decision, rewrite
 from passes.precision.rules import RuleContext, accuracy_islands, type_islands
@@ -228,6 +229,8 @@ class ConvertPrecision:
             logger.warning("keep_fp32 entry %r matched no node (node names, op types, module paths)", entry)
         rewrite(graph, plan.decisions, plan.low, plan.float32, low_io=settings.precision_io == "low")
         SimplifyCasts()(graph, settings)
+        # after the casts are final: a float32 attention island over a half-type KV cache crashes TensorRT-RTX
+        write_out_cast_cache_attention()(graph, settings)
         graph.precision_converted = plan.low.name  # the pass manager repeats the list: convert once
         logger.info(
             "precision %s: %d of %d float nodes in %s, %d float32 islands",

@@ -18,6 +18,7 @@ import torch
 from converters.context import ConverterContext
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
+from passes.written_attention import ScoreTerm, written_out_attention
 
 #: ONNX ``TensorScatter`` exists from opset 24 (``Attention`` from 23): the opset every cached step exports at.
 GENERATION_OPSET = 24
@@ -137,41 +138,21 @@ def on_tensorrt(settings: Settings) -> bool:
 
 
 def _decomposed_attention(ctx: ConverterContext, bias: gs.Tensor | None = None) -> gs.Tensor:
-    """``softmax(mask(q k^T * scale + bias)) v`` with the query heads folded into [batch, kv_heads, groups, steps, dim],
-    so that the keys and values are read once per KV head (never repeated)."""
-    query, key, value, mask = ctx.input("query"), ctx.input("key"), ctx.input("value"), ctx.input("mask")
-    q_shape = ctx.op.Shape(query)
-    kv_heads = ctx.op.Slice(ctx.op.Shape(key), _ints(ctx, 1), _ints(ctx, 2))
-    head = ctx.op.Slice(q_shape, _ints(ctx, 0), _ints(ctx, 1))
-    rest = ctx.op.Slice(q_shape, _ints(ctx, 2), _ints(ctx, 4))
-    grouped = ctx.op.Concat(head, kv_heads, _ints(ctx, -1), rest, axis=0)  # [B, Hkv, G, S, D]
-    q = ctx.op.Reshape(query, grouped)
-    k = ctx.op.Unsqueeze(key, _ints(ctx, 2))
-    v = ctx.op.Unsqueeze(value, _ints(ctx, 2))
+    """``softmax(mask(q k^T * scale + bias)) v`` written out (:func:`passes.written_attention.written_out_attention`:
+    grouped keys and values read once per KV head); the boolean mask has one head, the bias one or one per head."""
     dtype = ctx.input_dtypes[0]
-    scores = ctx.op.Mul(
-        ctx.op.MatMul(q, ctx.op.Transpose(k, perm=[0, 1, 2, 4, 3])),
-        ctx.constant(np.array(float(ctx.attrs["scale"]), dtype)),
+    assert dtype is not None, "the generation ops' converters run on typed graphs"
+    return written_out_attention(
+        ctx,
+        ctx.input("query"),
+        ctx.input("key"),
+        ctx.input("value"),
+        scale=float(ctx.attrs["scale"]),
+        dtype=dtype,
+        bias=None if bias is None else ScoreTerm(bias, one_head=_one_head(ctx, bias)),
+        mask=ScoreTerm(ctx.input("mask"), one_head=True),
+        softcap=float(ctx.attrs.get("softcap", 0.0)),
     )
-    if bias is not None and _one_head(ctx, bias):  # [B or 1, 1, S, K] -> [B or 1, 1, 1, S, K]: broadcast
-        scores = ctx.op.Add(scores, ctx.op.Unsqueeze(bias, _ints(ctx, 2)))
-    elif bias is not None:  # [B or 1, q_heads, S, K] -> [B or 1, kv_heads, groups, S, K]
-        b_shape = ctx.op.Shape(bias)
-        b_head = ctx.op.Slice(b_shape, _ints(ctx, 0), _ints(ctx, 1))
-        b_rest = ctx.op.Slice(b_shape, _ints(ctx, 2), _ints(ctx, 4))
-        scores = ctx.op.Add(
-            scores, ctx.op.Reshape(bias, ctx.op.Concat(b_head, kv_heads, _ints(ctx, -1), b_rest, axis=0))
-        )
-    softcap = float(ctx.attrs.get("softcap", 0.0))
-    if softcap > 0:
-        cap = ctx.constant(np.array(softcap, dtype))
-        scores = ctx.op.Mul(ctx.op.Tanh(ctx.op.Div(scores, cap)), cap)
-    lowest = ctx.constant(np.array(np.finfo(dtype).min, dtype))
-    scores = ctx.op.Where(ctx.op.Unsqueeze(mask, _ints(ctx, 2)), scores, lowest)
-    out = ctx.op.MatMul(ctx.op.Softmax(scores, axis=-1), v)
-    # [B, Hq, S, value width]: a value may be narrower than a query (multi-head latent attention's 128 against 192)
-    width = ctx.op.Slice(ctx.op.Shape(value), _ints(ctx, 3), _ints(ctx, 4))
-    return ctx.op.Reshape(out, ctx.op.Concat(ctx.op.Slice(q_shape, _ints(ctx, 0), _ints(ctx, 3)), width, axis=0))
 
 
 def _ints(ctx: ConverterContext, *values: int) -> gs.Constant:
