@@ -43,10 +43,12 @@ class StepCacheLayer(CacheLayerMixin):
     keys: torch.Tensor
     values: torch.Tensor
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, length: Any = None) -> None:
         super().__init__()
         self.keys, self.values = keys, values
         self.past_length = past_length
+        #: the length as a number (``CachedStep.own_mask``), else None: the 0-d tensor ``past_length``
+        self.length = length
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -63,8 +65,9 @@ class StepCacheLayer(CacheLayerMixin):
         return int(self.keys.shape[-2]), 0
 
     def get_seq_length(self) -> Any:
-        """The number of positions written before this step (a 0-d tensor: the query offset of the mask)."""
-        return self.past_length
+        """The number of positions written before this step (a 0-d tensor: the query offset of the mask; a number
+        for a model that builds its own mask from it)."""
+        return self.past_length if self.length is None else self.length
 
     def get_max_length(self) -> int:
         """The capacity."""
@@ -164,6 +167,9 @@ def step_attention(
     everywhere else) stay finite: their outputs are never attended to, but a NaN there would reach later layers'
     cache entries. A mask :func:`step_mask` built has that already; another one (the model's own) gets it here. A
     bidirectional mask (cross-attention) is used as it is; cross-attention without one attends to every key."""
+    own = kwargs.pop("_step_mask", None)
+    if isinstance(own, torch.Tensor) and (attention_mask is None or attention_mask.is_floating_point()):
+        attention_mask = own  # the model's own additive mask over the keys it has seen: the step's over the cache
     if attention_mask is None and _is_marked(_CROSS, key):
         attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         _mark(_BIDIRECTIONAL, attention_mask)
@@ -244,6 +250,15 @@ class CachedStep(torch.nn.Module):
     #: The cache says it is not initialized, so that a model builds the masks of its first call: PaliGemma's
     #: bidirectional prefix reads ``token_type_ids`` only then (a vision-language step that takes them sets it).
     prefill_masks = False
+    #: Added to the ``position_ids`` the model is handed: where the positions it computes itself over a whole
+    #: sequence start from (Kosmos-2's, from its padding token's id on, when its ``generate`` runs without a cache).
+    #: None: the model is handed none, and computes its own from its tokens and the cache's length (Kosmos-2's
+    #: ``generate`` with a cache); the step's ``position_ids`` input is then unused.
+    position_offset: int | None = 0
+    #: The model builds its own additive mask over the keys it has seen (past and new, Kosmos-2's), which the static
+    #: cache's capacity does not match: it is handed no ``attention_mask`` and the cache's length as a number, and its
+    #: attention takes the step's mask instead (causal, over the written positions ``attention_mask`` keeps).
+    own_mask = False
 
     def __init__(self, model: torch.nn.Module, layers: int, use_interface: bool) -> None:
         super().__init__()
@@ -281,24 +296,51 @@ class CachedStep(torch.nn.Module):
     ) -> dict[str, torch.Tensor]:
         """The model called on ``tokens`` (its ``input_ids``, or ``inputs_embeds`` a subclass computed) with the
         static cache updated in place: :func:`step_outputs`."""
-        layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length) for i in range(self.layers)]
+        length, steps = None, position_ids.shape[-1]
+        if self.own_mask:
+            steps = next(iter(tokens.values())).shape[1]  # the model's own size (input_ids'), not the positions'
+            length = past_length.item()
+            torch._check(length >= 0)
+            torch._check(length + steps <= past[0].shape[-2])
+            if torch.compiler.is_exporting():
+                # the model's branches on its cache's length (Kosmos-2's `if cache_length > 0`) are traced on their
+                # general side, a cache holding positions, whose numbers at a prefill (length 0) are the same (no
+                # columns of past keys): the graph is one for both. Only the trace assumes it (the graph holds no
+                # assertion of it); validation runs the prefill at length 0
+                torch._check(length >= 1)
+        layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length, length) for i in range(self.layers)]
         if self.prefill_masks:  # the model's first-call masks apply (its decode steps' inputs make them no-ops)
             for layer in layers:
                 layer.is_initialized = False
         call: dict[str, Any] = {
             **tokens,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
+            "attention_mask": None if self.own_mask else attention_mask,
             self._cache_argument: StepCache(layers),
             "use_cache": True,
         }
+        if self.position_offset is not None:
+            call["position_ids"] = position_ids + self.position_offset if self.position_offset else position_ids
         if self._logits_to_keep:
             call["logits_to_keep"] = 1
         if self.use_interface:
             call["_past_length"] = past_length
+            if self.own_mask:
+                call["_step_mask"] = causal_step_mask(attention_mask, past_length, steps)
         with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
             out = self.model(**call)
         return step_outputs(out.logits, layers)
+
+
+def causal_step_mask(attention_mask: torch.Tensor, past_length: torch.Tensor, steps: int) -> torch.Tensor:
+    """The boolean mask [B, 1, steps, capacity] of a causal step over the static cache: a query sees the written keys
+    ``attention_mask`` keeps up to its own position, and its own position (see :func:`step_attention`)."""
+    capacity = attention_mask.shape[-1]
+    keys = torch.arange(capacity, device=attention_mask.device).view(1, 1, 1, capacity)
+    queries = (torch.arange(steps, device=attention_mask.device) + past_length).view(1, 1, steps, 1)
+    mask = (attention_mask.view(-1, 1, 1, capacity) != 0) & (keys <= queries)
+    mask = mask | (keys == queries)
+    _mark(_SELF_ATTENDING, mask)
+    return mask
 
 
 def step_outputs(logits: torch.Tensor, layers: Sequence[StepCacheLayer]) -> dict[str, torch.Tensor]:

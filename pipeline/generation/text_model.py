@@ -24,12 +24,15 @@ logger = logging.getLogger(__name__)
 
 
 def language_model_of(
-    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
+    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor], inner_first: bool = False
 ) -> tuple[list[CachedLayer], int, torch.nn.Module]:
     """The cached layers, from the cache the model builds on the sample, the vocabulary (the width of the logits) and
     the model the step calls: ``model`` itself, or, when its output holds no cache, the causal LM inside it whose
     output does (BLIP-2 places its image in the embeddings and hands them to its language model, whose output it
-    keeps apart and whose ``generate`` its own calls: the step calls that language model with the embeddings)."""
+    keeps apart and whose ``generate`` its own calls: the step calls that language model with the embeddings). With
+    ``inner_first`` (a model that places its images by a per-token input, whose forward wants the images at every
+    call: Kosmos-2's, whose ``generate`` calls its text model's), that causal LM is the one even when the model
+    returns its cache."""
     inner: list[tuple[torch.nn.Module, Any]] = []
     hooks = [
         module.register_forward_hook(lambda module, _args, out: inner.append((module, out)))
@@ -47,7 +50,7 @@ def language_model_of(
     finally:
         for hook in hooks:
             hook.remove()
-    if not _holds_cache(out):
+    if inner_first or not _holds_cache(out):
         for module, output in inner:
             if _holds_cache(output) and isinstance(getattr(output, "logits", None), torch.Tensor):
                 logger.info(
@@ -64,10 +67,14 @@ def _holds_cache(out: Any) -> bool:
     return is_model_cache(getattr(out, "cache", None) or getattr(out, "past_key_values", None))
 
 
-def check_takes_features(model: torch.nn.Module, language: torch.nn.Module, token: int | None) -> None:
+def check_takes_features(
+    model: torch.nn.Module, language: torch.nn.Module, token: int | None, placement: str | None = None
+) -> None:
     """An InputError unless the step can give ``language`` (the model the step calls) the image features: as
-    embeddings with the features placed (the model's config names its image token), or as its multimodal encoder's
-    output."""
+    embeddings with the features placed (the model's config names its image token, or a per-token input of the
+    sample marks the image tokens: ``placement``), or as its multimodal encoder's output."""
+    if placement is not None:  # the step places the features in the embeddings the model's input embedding gives
+        return
     taken = inspect.signature(language.forward).parameters
     if language is not model and token is None:
         raise InputError(
@@ -82,3 +89,80 @@ def check_takes_features(model: torch.nn.Module, language: torch.nn.Module, toke
             "the image features cannot be given to the cached text step",
             fix="convert without generation= (the plain forward)",
         )
+
+
+def placement_input(model: torch.nn.Module, text: dict[str, torch.Tensor], features: int) -> str | None:
+    """The per-token input of the sample that marks where the image features go, when the model's config names no
+    image token: an integer or boolean input of the model's forward, one per token of ``input_ids``, set at exactly
+    as many tokens as the images give features (Kosmos-2's ``image_embeds_position_mask``). None when there is none
+    (or more than one such input: which one places is not known)."""
+    taken = inspect.signature(model.forward).parameters
+    ids = text["input_ids"]
+    found = [
+        name
+        for name, value in text.items()
+        if name not in ("input_ids", "attention_mask", "token_type_ids")
+        and name in taken
+        and value.shape == ids.shape
+        and not value.is_floating_point()
+        and int((value != 0).sum()) == features
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def generate_feeds(
+    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor]
+) -> tuple[bool, bool]:
+    """How the model's ``generate`` calls its text model, read from a two-token greedy ``generate`` on the sample
+    (the first module called with a ``position_ids`` argument, the outermost): whether it hands it positions, and
+    whether its second call takes the new token alone (a cache; else the whole sequence again, Kosmos-2's text model
+    when its config says ``use_cache=False``)."""
+    seen: list[tuple[bool, int]] = []
+    first: list[torch.nn.Module] = []
+
+    def record(module: torch.nn.Module, _args: Any, kwargs: dict[str, Any]) -> None:
+        if first and module is not first[0]:
+            return
+        first[:] = [module]
+        ids = kwargs.get("input_ids")
+        seen.append((isinstance(kwargs.get("position_ids"), torch.Tensor), ids.shape[-1] if ids is not None else -1))
+
+    hooks = []
+    for module in model.modules():
+        try:
+            takes = "position_ids" in inspect.signature(module.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
+    generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module types it as a tensor
+    try:
+        with torch.no_grad():
+            generate(**text, **vision, max_new_tokens=2, do_sample=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if len(seen) < 2:
+        return True, True
+    return seen[0][0], seen[1][1] == 1
+
+
+def position_offset(language: torch.nn.Module, text: dict[str, torch.Tensor], most: int = 8) -> int:
+    """How far the positions ``language`` computes itself when handed none are from the step's
+    (``cumsum(attention_mask) - 1``): Kosmos-2 counts its tokens from its padding token's id on (its ``generate``
+    hands it no positions). Read on the sample's prompts (text alone): the first offset (up to ``most``) whose
+    positions give the model's own logits at every kept token; an InputError when none does."""
+    ids, mask = text["input_ids"], text["attention_mask"]
+    ours = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    kept = mask.bool()
+    with torch.no_grad():
+        own = language(input_ids=ids, attention_mask=mask).logits[kept]
+        for offset in range(most + 1):
+            given = language(input_ids=ids, attention_mask=mask, position_ids=ours + offset).logits[kept]
+            if torch.allclose(given, own, rtol=1e-4, atol=1e-4):
+                return offset
+    raise InputError(
+        f"{type(language).__name__} computes its own positions (its generate hands it none), and they are not the "
+        f"prompt's token count moved by at most {most}: the cached step cannot hand them",
+        fix="convert without generation= (the plain forward)",
+    )

@@ -85,6 +85,10 @@ class VisionLanguageModule(TwoGraphModule):
         self._vision_inputs = tuple(spec.name for spec in vision.io.inputs)
         self._step_inputs = step_inputs
         self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        known = (*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *self._layer_names)
+        #: the model's per-token input marking the image tokens (Kosmos-2's ``image_embeds_position_mask``), which
+        #: the step takes when the model's config names no image token: ``generate`` takes it by that name
+        self.placement = next((name for name in step_inputs if name not in known), None)
         self._presents = tuple(present_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
         specs = {spec.name: spec for spec in step.io.inputs}
         self._cache_shapes = [tuple(int(d) for d in specs[name].shape[1:]) for name in self._layer_names]
@@ -157,6 +161,7 @@ class VisionLanguageModule(TwoGraphModule):
         mask = options.pop("attention_mask", None)
         types = options.pop(TOKEN_TYPES, None)
         modalities = options.pop(MODALITIES, None)
+        marked = options.pop(self.placement, None) if self.placement else None
         if types is not None and TOKEN_TYPES not in self._step_inputs:
             raise InputError(
                 "token_type_ids given, but the module was converted from a sample without them (its step takes none)",
@@ -184,6 +189,14 @@ class VisionLanguageModule(TwoGraphModule):
                     fix="pass the processor's token_type_ids with its input_ids (one per token)",
                 )
             images = {**images, TOKEN_TYPES: types}
+        if self.placement is not None:
+            if marked is None or torch.as_tensor(marked).shape != prompt.shape:
+                raise InputError(
+                    f"generate needs {self.placement} (one per token of input_ids: where the image features go), as "
+                    "the processor gives it",
+                    fix=f"pass module.generate(input_ids, attention_mask=..., {self.placement}=..., pixel_values=...)",
+                )
+            images = {**images, self.placement: torch.as_tensor(marked).cpu().to(torch.int64)}
         return prompt, prompt_mask, images, options
 
     def _check_modalities(self, ids: torch.Tensor, modalities: Any) -> None:
@@ -234,14 +247,16 @@ class VisionLanguageModule(TwoGraphModule):
                 "position of the cache for the tokens after it)",
             )
         types = images.get(TOKEN_TYPES)
+        marked = images.get(self.placement) if self.placement else None
         features = self._features(images)
-        self._check_image_tokens(ids, features)
+        self._check_image_tokens(ids if marked is None else marked, features)
         expanded = ids.repeat_interleave(request.expand, dim=0)
         expanded_mask = mask.repeat_interleave(request.expand, dim=0)
         decoding = resolve(request, generation, expanded, expanded_mask, self._vocabulary)
         feed = _Feed(self, ids, mask, features, request.expand)
         if TOKEN_TYPES in self._step_inputs:  # the prefill's types (none given: text everywhere, as the model's)
             feed.types = types if types is not None else torch.zeros_like(ids)
+        feed.marked = marked
         return feed, decoding
 
     def _features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -282,13 +297,20 @@ class VisionLanguageModule(TwoGraphModule):
                 )
 
     def _check_image_tokens(self, ids: torch.Tensor, features: torch.Tensor) -> None:
-        if self.image_token_id is None:
+        """As many image tokens as features: tokens of the image token's id, or marked by :attr:`placement` (then
+        ``ids`` is that input)."""
+        if self.image_token_id is None and self.placement is None:
             return
-        tokens = int((ids == self.image_token_id).sum())
+        marked = ids == self.image_token_id if self.placement is None else ids != 0
+        tokens = int(torch.as_tensor(marked).sum())
         if tokens != features.shape[0]:
+            where = (
+                f"{self.placement} marks {tokens} image tokens"
+                if self.placement
+                else f"the prompts hold {tokens} image tokens ({self.image_token_id})"
+            )
             raise InputError(
-                f"the prompts hold {tokens} image tokens ({self.image_token_id}), but the images give "
-                f"{features.shape[0]} features",
+                f"{where}, but the images give {features.shape[0]} features",
                 fix="pass the processor's input_ids and pixel_values together (one image token per feature)",
             )
 
@@ -321,6 +343,9 @@ class _Feed:
             self.held = {IMAGE_FEATURES: self.no_features.numpy()}
         #: the prompts' token types (a step that takes them); a decode step's are zeros, as transformers passes none
         self.types: torch.Tensor | None = None
+        #: the prompts' image marks (a step that takes them: :attr:`VisionLanguageModule.placement`); a decode step's
+        #: are zeros (no image is placed after the prompt)
+        self.marked: torch.Tensor | None = None
 
     def prefill(self) -> torch.Tensor:
         """The prompts with their image features through the step; the logits after their last token."""
@@ -330,7 +355,7 @@ class _Feed:
         positions = _prompt_positions(self.module, self.prompts, self.prompt_mask)[0]
         features = self.features if self.features.shape[0] else self.no_features[:1]
         if self.runner is not None:
-            extra = {IMAGE_FEATURES: features.numpy(), **self._types(self.types)}
+            extra = {IMAGE_FEATURES: features.numpy(), **self._per_token(self.types, self.marked)}
             logits = self.runner.prefill_leading(self.prompts, mask, positions, extra).float()
             self.length += self.prompts.shape[1]
         else:
@@ -338,7 +363,7 @@ class _Feed:
                 torch.zeros((rows, *shape), dtype=dtype)
                 for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
             ]
-            logits = self._run(self.prompts, mask, positions, features, self.types)
+            logits = self._run(self.prompts, mask, positions, features, self.types, self.marked)
         if self.expand > 1:
             self.reorder(torch.arange(rows).repeat_interleave(self.expand))
             logits = logits.repeat_interleave(self.expand, dim=0)
@@ -353,15 +378,16 @@ class _Feed:
             )
         self.mask[:, self.length] = 1
         zeros = torch.zeros_like(tokens[:, None]) if self.types is not None else None
+        unmarked = torch.zeros_like(tokens[:, None]) if self.marked is not None else None
         positions = self.next_position
         if self.module.positions is not None:  # a new token is text: the same position on every axis
             positions = positions.unsqueeze(0).expand(self.module.positions.axes, -1, -1)
         if self.runner is not None:
-            extra = {**self.held, **self._types(zeros)}
+            extra = {**self.held, **self._per_token(zeros, unmarked)}
             logits = self.runner.run(tokens[:, None], self.mask, positions, self.length, extra).float()
             self.length += 1
         else:
-            logits = self._run(tokens[:, None], self.mask, positions, self.no_features, zeros)
+            logits = self._run(tokens[:, None], self.mask, positions, self.no_features, zeros, unmarked)
         self.next_position = self.next_position + 1
         return logits
 
@@ -372,9 +398,11 @@ class _Feed:
         else:
             self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
 
-    @staticmethod
-    def _types(types: torch.Tensor | None) -> dict[str, Any]:
-        return {} if types is None else {TOKEN_TYPES: types.numpy()}
+    def _per_token(self, types: torch.Tensor | None, marked: torch.Tensor | None) -> dict[str, Any]:
+        named = {} if types is None else {TOKEN_TYPES: types.numpy()}
+        if marked is not None and self.module.placement is not None:
+            named[self.module.placement] = marked.numpy()
+        return named
 
     def _run(
         self,
@@ -383,6 +411,7 @@ class _Feed:
         positions: torch.Tensor,
         features: torch.Tensor,
         types: torch.Tensor | None = None,
+        marked: torch.Tensor | None = None,
     ) -> torch.Tensor:
         module = self.module
         named: dict[str, torch.Tensor] = {
@@ -395,6 +424,8 @@ class _Feed:
         }
         if types is not None:
             named[TOKEN_TYPES] = types
+        if marked is not None and module.placement is not None:
+            named[module.placement] = marked
         outputs = module.step.executor.run([named[name] for name in module._step_inputs])
         by_name = dict(zip((o.name for o in module.step.io.outputs), outputs, strict=True))
         self.cache = [by_name[name] for name in module._presents]
