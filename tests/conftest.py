@@ -61,6 +61,7 @@ def _one_thread_per_worker() -> None:
     import onnxruntime
 
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # PyTorch in the processes the tests start (a page, the CLI)
     session_init = onnxruntime.InferenceSession.__init__
 
     def one_thread_init(self, path_or_bytes, sess_options=None, *args, **kwargs):  # type: ignore[no-untyped-def]
