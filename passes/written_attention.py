@@ -21,7 +21,9 @@ class GraphBuilder(Protocol):
 
     op: Any
 
-    def constant(self, value: Any, name: str = "const") -> gs.Constant: ...
+    def constant(self, value: Any, name: str = "const") -> gs.Constant:
+        """``value`` (a numpy array) as a constant of the graph being built."""
+        ...
 
 
 @dataclass(frozen=True)

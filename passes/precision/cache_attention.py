@@ -52,6 +52,7 @@ class CastCacheAttentionWrittenOut(RewriteRule[_Plan]):
     ops = frozenset({"Attention"})
 
     def check(self, node: gs.Node, facts: Facts) -> _Plan | str:
+        """The plan of the written-out form, or why this ``Attention`` stays (module doc: which ones are taken)."""
         inputs = [t if t.name else None for t in node.inputs]
         if len(inputs) < 3 or any(t is not None for t in inputs[4:]):
             return "past_key, past_value or nonpad_kv_seqlen given: only query, key, value and a mask are written out"
@@ -86,6 +87,7 @@ class CastCacheAttentionWrittenOut(RewriteRule[_Plan]):
         return _Plan(query, key, value, mask, tuple(mask_shape), is_bool, scale, dtype)
 
     def rewrite(self, plan: _Plan, ctx: RewriteContext) -> gs.Tensor:
+        """The attention's output, written out in the island's type: a boolean mask selects, a float one is added."""
         term = None
         if plan.mask is not None:
             one_head = len(plan.mask_shape) == 4 and plan.mask_shape[1] == 1
