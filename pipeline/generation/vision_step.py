@@ -1,0 +1,209 @@
+"""The cached text step of a vision-language decoder (:mod:`pipeline.generation.vision_language`):
+:class:`VisionLanguageStep`, the decoder-only step (:class:`~pipeline.generation.step.CachedStep`) with one more
+input, ``image_features`` [image tokens, hidden], placed at the model's image tokens (or where its own per-token marks
+say), and the step's sample, dimensions and profiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from converters.generation_settings import GenerationSettings
+from converters.settings import ProfileRange
+from pipeline.generation.step import CachedStep
+from pipeline.runtime.generation.image_positions import ImagePositions
+from pipeline.runtime.generation.layout import CachedLayer, past_name
+from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES
+from pipeline.settings import DynamicDim
+
+logger = logging.getLogger(__name__)
+
+
+class VisionLanguageStep(CachedStep):
+    """The cached text step with the prompt's image features (see the module docstring).
+
+    ``forward(input_ids, attention_mask, position_ids, past_length, image_features, *past)``. With the model's
+    ``image_token`` known, the features replace the embeddings of the image tokens, in order (what the model's
+    ``masked_scatter`` does, written as a gather: no ``NonZero``, which TensorRT's parser refuses), and the model is
+    called with the embeddings; without it, the features are handed to the model as its multimodal encoder's output
+    (``listed``: as a list, LLaVA's ``pooler_output``), and the model places them itself."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layers: int,
+        use_interface: bool,
+        listed: bool,
+        image_token: int | None,
+        typed: bool = False,
+        placement: str | None = None,
+    ) -> None:
+        super().__init__(model, layers, use_interface)
+        self.listed = listed
+        self.image_token = image_token
+        #: ``token_type_ids`` [B, S] is an input after ``image_features`` (the model's forward takes them): zeros in
+        #: a decode step, the prompt's in the prefill
+        self.typed = typed
+        self.prefill_masks = typed
+        #: the model's per-token input marking the image tokens (Kosmos-2's ``image_embeds_position_mask``), an input
+        #: after ``image_features`` (before the token types): the prompt's in the prefill, zeros in a decode step
+        self.placement = placement
+        names = [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+        firsts = ([placement] if placement else []) + ([TOKEN_TYPES] if typed else [])
+        self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(firsts + names)}
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_length: torch.Tensor,
+        image_features: torch.Tensor,
+        *rest: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """The step: logits of the last position and the updated cache (``rest``: the token types when
+        :attr:`typed`, then the cache)."""
+        marked, rest = (rest[0], rest[1:]) if self.placement else (None, rest)
+        types, past = (rest[0], rest[1:]) if self.typed else (None, rest)
+        if marked is not None:
+            with placed_in_embeddings(self.model, marked != 0, image_features):
+                return self.run({"input_ids": input_ids}, attention_mask, position_ids, past_length, past)
+        inputs = self._inputs(input_ids, image_features)
+        if types is not None:
+            inputs[TOKEN_TYPES] = types
+        return self.run(inputs, attention_mask, position_ids, past_length, past)
+
+    def _inputs(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> dict[str, Any]:
+        """The model's inputs for the tokens and the features (see the class docstring)."""
+        if self.image_token is None:
+            from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+            pooled: Any = [image_features] if self.listed else image_features
+            return {
+                "input_ids": input_ids,
+                "mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=pooled)},
+            }
+        embeddings = self.model.get_input_embeddings()(input_ids)  # type: ignore[operator]
+        return {"inputs_embeds": placed_features(embeddings, input_ids == self.image_token, image_features)}
+
+
+def placed_features(embeddings: torch.Tensor, is_image: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """``embeddings`` [B, S, hidden] with the n-th marked token (row after row) taking the n-th row of ``features``,
+    as ``masked_scatter`` fills it; written as a gather (no ``NonZero``)."""
+    order = is_image.reshape(-1).to(torch.int64).cumsum(0) - 1
+    order = order.clamp(min=0).clamp(max=features.shape[0] - 1)
+    placed = features.to(embeddings.dtype).index_select(0, order).reshape(embeddings.shape)
+    return torch.where(is_image.unsqueeze(-1), placed, embeddings)
+
+
+@contextlib.contextmanager
+def placed_in_embeddings(model: torch.nn.Module, is_image: torch.Tensor, features: torch.Tensor) -> Iterator[None]:
+    """Within the block, the model's input embedding gives the image features at the marked tokens: the model is
+    called with its ``input_ids`` (from which it may compute its own positions) and finds the features where it
+    would place them itself (Kosmos-2 places them before it scales the embeddings, as this does)."""
+
+    def place(_module: torch.nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+        return placed_features(out, is_image, features)
+
+    embedding = model.get_input_embeddings()  # type: ignore[operator]
+    handle = embedding.register_forward_hook(place)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def step_sample(
+    text: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    layout: list[CachedLayer],
+    generation: GenerationSettings,
+    laid: ImagePositions | None = None,
+    placement: str | None = None,
+) -> tuple[Any, tuple[DynamicDim, ...]]:
+    """The step's sample (the sample's prompts prefilled with their image features) and its dynamic dimensions: the
+    batch, the sequence and the image tokens. With ``laid``, positions have an axis dimension first; with
+    ``placement``, the step takes that per-token input after the features."""
+    ids, mask, types = text["input_ids"], text["attention_mask"], text.get(TOKEN_TYPES)
+    marked = text[placement] if placement else None
+    if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
+        ids, mask, features = ids.expand(2, -1).clone(), mask.expand(2, -1).clone(), features.repeat(2, 1)
+        types = types.expand(2, -1).clone() if types is not None else None
+        marked = marked.expand(2, -1).clone() if marked is not None else None
+    rows, steps = ids.shape
+    capacity = generation.max_length
+    full = torch.zeros(rows, capacity, dtype=torch.int64)
+    full[:, :steps] = mask
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if laid is None else laid.prompt(ids, mask)
+    past = [tensor for layer in layout for tensor in layer.storage(rows, capacity)]
+    typed = [types] if types is not None else []
+    per_token = ([marked] if marked is not None else []) + typed
+    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *per_token, *past), {})
+    token_inputs = ([placement] if placement else []) + ([TOKEN_TYPES] if typed else [])
+    names = ["input_ids", "attention_mask", "position_ids", *token_inputs]
+    names += [past_name(i, kind) for i in range(len(layout)) for kind in ("key", "value")]
+    longest = generation.max_prompt or capacity
+    dims: list[DynamicDim] = []
+    axis = {"position_ids": 0 if laid is None else 1}  # the positions' batch axis
+    if generation.max_batch >= 2:
+        dims += [DynamicDim(name, axis.get(name, 0), "batch", 1, rows, generation.max_batch) for name in names]
+    sequences = ("input_ids", "position_ids", *token_inputs)
+    dims += [DynamicDim(name, axis.get(name, 0) + 1, "sequence", 1, steps, longest) for name in sequences]
+    most = max(longest * generation.max_batch, features.shape[0])
+    dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, int(features.shape[0]), most))
+    return sample, tuple(dims)
+
+
+def fit_mask(step: VisionLanguageStep, sample: Any) -> None:
+    """Whether the model builds its own mask over the keys it has seen rather than over the static cache (Kosmos-2's
+    additive mask over past and new keys): the step run once eagerly on its sample fails with the cache-wide mask
+    and runs with the step's own (:attr:`~pipeline.generation.step.CachedStep.own_mask`). Such a model decides in
+    Python from the cache's length (``if cache_length > 0``), and may grow tables lazily from it (Kosmos-2's
+    sinusoidal positions): the step is run once more over a longer cache, at its end, so that the export finds the
+    table long enough, and the export traces the model's branches on the length on their general side
+    (:meth:`~pipeline.generation.step.CachedStep.run`)."""
+    args, _ = sample
+    with torch.no_grad():
+        try:
+            step(*args)
+            return
+        except (RuntimeError, TypeError) as error:
+            failure = error
+        step.own_mask = True
+        try:
+            step(*args)
+        except Exception:  # noqa: BLE001 - neither mask: the export says why, on the model's own mask
+            step.own_mask = False
+            return
+        # a lazily grown table covers every length the trace may compare with it (the prompt's and the cache's
+        # longest together): the step run once over a cache twice as long, at its end
+        rows, steps, longer = int(args[0].shape[0]), int(args[0].shape[1]), 2 * int(args[1].shape[-1])
+        cache = args[len(args) - 2 * step.layers :]
+        cache = tuple(torch.zeros((*t.shape[:-2], longer, t.shape[-1]), dtype=t.dtype) for t in cache)
+        mask = torch.ones(rows, longer, dtype=torch.int64)
+        length = torch.tensor(longer - steps, dtype=torch.int64)
+        step(args[0], mask, args[2], length, *args[4 : len(args) - 2 * step.layers], *cache)
+    logger.info(
+        "vision-language: %s builds its own mask over the keys it has seen (%s: %.120s): the step's attention takes "
+        "the step's causal mask over the cache",
+        type(step.model).__name__,
+        type(failure).__name__,
+        str(failure),
+    )
+
+
+def step_profiles(dims: tuple[DynamicDim, ...], generation: GenerationSettings) -> tuple[tuple[ProfileRange, ...], ...]:
+    """Context (the prompt with its images) and generation (one token, one row of zeros for features)."""
+    longest = generation.max_prompt or generation.max_length
+    images = next(d for d in dims if d.name == "image_tokens")
+    context = (
+        ProfileRange("sequence", 1, min(longest, 64), longest),
+        ProfileRange("image_tokens", 1, images.opt, images.max),
+    )
+    rows = ProfileRange("image_tokens", 1, 1, generation.max_batch)  # a decode step: one embedding row per batch row
+    return (context, (ProfileRange("sequence", 1, 1, 1), rows))
