@@ -6,7 +6,8 @@ the export of a small model (measured on torch 2.13: 2.1 s of 3.3 s per export o
 depends only on the opset and on which torch operators exist, so :func:`reused_translation_table` keeps one per
 opset, rebuilt when the process registers operators (the dispatcher's operator count changes, e.g. torchvision
 imported later), and gives each export its own copy of the lists: ``custom_translation_table`` entries are
-inserted into the copy, never into the kept table.
+inserted into the copy, never into the kept table. Their descriptions (the signature the exporter derives from each
+function's type hints) are kept too, by (op, function): every op with a converter has an entry on every export.
 
 It patches a private class of the exporter for the duration of the ``with`` block. On a torch whose exporter has
 no such class, nothing is patched and every export builds its own table, as before (slower, same graph).
@@ -25,6 +26,7 @@ import torch
 
 _LOCK = threading.Lock()
 _KEPT: dict[int, tuple[int, Any]] = {}  # opset -> (operator count, the registry as from_torchlib built it)
+_DESCRIBED: dict[tuple[Any, Any, bool], Any] = {}  # (op, translation, complex) -> the exporter's description of it
 
 
 def _registry_class() -> Any:
@@ -106,13 +108,58 @@ def reused_translation_table() -> Iterator[None]:
                 _KEPT[opset_version] = (count, kept)
             return _copy(kept)
 
+    register = registry.__dict__.get("register_op")
+    described = _described(registry)
+
     with _LOCK:
         registry.from_torchlib = classmethod(from_torchlib)
+        if described is not None:
+            registry.register_op = described
     try:
         yield
     finally:
         with _LOCK:
             registry.from_torchlib = original
+            if described is not None:
+                registry.register_op = register
+
+
+def _described(registry: type) -> Any:
+    """``register_op`` keeping each (op, translation) pair's description: the exporter registers every entry of
+    ``custom_translation_table`` on every export, deriving its signature from the function's type hints (0.5 ms
+    each, 60-70 ms per export of a model: every op with a converter has an entry, and :func:`~converters.custom_ops.
+    opaque_translation` gives each op the same function each time). None where the exporter's registry registers
+    otherwise (nothing patched)."""
+    try:
+        registration = importlib.import_module("torch.onnx._internal.exporter._registration")
+        meta, register = registration.OnnxDecompMeta, registry.__dict__["register_op"]
+    except (ImportError, AttributeError, KeyError):
+        return None
+    if not callable(getattr(registry, "_register", None)) or not callable(register):
+        return None
+
+    def register_op(self: Any, target: Any, function: Any, is_complex: bool = False) -> None:
+        if isinstance(target, torch._ops.OpOverloadPacket) or not _hashable(target, function):
+            return register(self, target, function, is_complex)
+        key = (target, function, is_complex)
+        with _LOCK:
+            description = _DESCRIBED.get(key)
+            if description is None:
+                description = meta(
+                    onnx_function=function, fx_target=target, signature=None, is_custom=True, is_complex=is_complex
+                )
+                _DESCRIBED[key] = description
+        self._register(target, description)
+
+    return register_op
+
+
+def _hashable(*values: Any) -> bool:
+    try:
+        hash(values)
+    except TypeError:
+        return False
+    return True
 
 
 def kept_tables() -> dict[int, int]:
@@ -126,3 +173,4 @@ def forget_tables() -> None:
     """Drop the kept tables: the next export builds its own, as every export did before (for benchmarks)."""
     with _LOCK:
         _KEPT.clear()
+        _DESCRIBED.clear()

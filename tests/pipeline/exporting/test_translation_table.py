@@ -88,3 +88,29 @@ def test_torchlib_is_listed_without_parsing_as_onnxscript_lists_it() -> None:
     with listed_without_parsing():
         got = listing()
     assert len(got) > 500 and got == want
+
+
+def test_a_custom_translation_is_described_once_and_used_by_each_export() -> None:
+    """The exporter derives a custom translation's signature on every export; the kept description is the same
+    object the next export registers, and each export still writes that translation (or not, without it)."""
+    from torch.onnx._internal.exporter import _registration
+
+    seen: list[Any] = []
+    register = _registration.ONNXRegistry._register
+
+    def spy(self: Any, target: Any, description: Any) -> None:
+        if getattr(description, "onnx_function", None) is cos:
+            seen.append(description)
+        register(self, target, description)
+
+    _registration.ONNXRegistry._register = spy  # type: ignore[method-assign]
+    try:
+        with reused_translation_table():
+            first = _export({torch.ops.aten.sin.default: cos})
+            second = _export({torch.ops.aten.sin.default: cos})
+            without = _export()
+    finally:
+        _registration.ONNXRegistry._register = register  # type: ignore[method-assign]
+    assert len(seen) == 2 and seen[0] is seen[1], seen
+    assert seen[0].is_custom and seen[0].signature is not None
+    assert "Cos" in _ops(first) and "Cos" in _ops(second) and "Sin" in _ops(without) and "Cos" not in _ops(without)
