@@ -435,6 +435,8 @@ def test_load_and_call_import_no_conversion_module(artifacts: dict[str, Path], k
     loaded = json.loads(done.stdout.splitlines()[-1])
     assert "pipeline.runtime.loading" in loaded  # the probe did load through the runtime
     assert conversion_modules(loaded) == []
+    # the conversion report is read from the artifact when asked for (30 ms of imports a load does not pay)
+    assert [m for m in loaded if m.startswith("pipeline.runtime.reports")] == []
 
 
 def test_the_probe_would_see_a_conversion_module() -> None:

@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import onnx
 
@@ -37,8 +37,10 @@ from passes.model_io.external_data import (
 from pipeline.runtime.graph_agreement import METADATA
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.mapped_zip import aligned_member
-from pipeline.runtime.reports.conversion import ConversionReport
 from pipeline.settings import DynamicDim, Settings, Tolerance
+
+if TYPE_CHECKING:  # the report's classes are the conversion's and a saver's, not a load's
+    from pipeline.runtime.reports.conversion import ConversionReport
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from pipeline.runtime.artifact import Artifact
     from pipeline.runtime.executors import Executor, ExecutorBuilder
     from pipeline.runtime.module import ConvertedModule
+    from pipeline.runtime.reports.conversion import ConversionReport
     from pipeline.settings import Settings
 
 
@@ -107,7 +108,6 @@ def _module(
     from pipeline.runtime.artifact import runtime_cache_beside
     from pipeline.runtime.executors import load_executor, select_backend
     from pipeline.runtime.generation.module import module_class
-    from pipeline.runtime.reports.conversion import ConversionReport
 
     settings, io = artifact.settings.with_runtime(*runtime), artifact.io
     chosen = backend or artifact.metadata["backend"]
@@ -148,9 +148,13 @@ def _module(
             refit_at_load=bool(artifact.metadata.get("engine", {}).get("refit_at_load", False)) and engine is not None,
             prepared=prepared,
         )
-    report = ConversionReport.from_dict(artifact.metadata["report"])
+    report: ConversionReport | dict[str, Any] = artifact.metadata["report"]  # read when first asked for
     if chosen == "tensorrt-rtx":  # where its engine runs is this machine's answer, not the converting one's
-        report = dataclasses.replace(report, backend_reason=choice.reason)
+        from pipeline.runtime.reports.conversion import ConversionReport
+
+        report = dataclasses.replace(
+            ConversionReport.from_dict(artifact.metadata["report"]), backend_reason=choice.reason
+        )
     return module_class(settings)(executor, io, artifact.onnx_model, settings, report, artifact.weights)
 
 

@@ -6,7 +6,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import torch
@@ -18,8 +18,10 @@ from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.runtime.artifact import runtime_cache_beside, save_artifact
 from pipeline.runtime.executors import Executor
 from pipeline.runtime.io_spec import IOSpec
-from pipeline.runtime.reports.conversion import ConversionReport
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.runtime.reports.conversion import ConversionReport
 
 
 class ConvertedModule(torch.nn.Module):
@@ -37,7 +39,7 @@ class ConvertedModule(torch.nn.Module):
         io: IOSpec,
         onnx_model: onnx.ModelProto,
         settings: Settings,
-        report: ConversionReport,
+        report: ConversionReport | Mapping[str, Any],
         weights: WeightFiles | None = None,
         conversion_source: Any = None,
     ) -> None:
@@ -50,9 +52,24 @@ class ConvertedModule(torch.nn.Module):
         self.io = io
         self._onnx = onnx_model
         self.settings = settings
-        self.report = report
+        self._report: ConversionReport | Mapping[str, Any] = report
         self._dims = {(d.input, d.axis): d for d in settings.dynamic}
         self._warned_grad = False  # an input that requires grad is said once per module, not on every call
+
+    @property
+    def report(self) -> ConversionReport:
+        """The conversion report. A loaded module is handed the artifact's record of it, read into the report when
+        first asked for: a deployment that loads and runs does not import the report's classes."""
+        from pipeline.runtime.reports.conversion import ConversionReport
+
+        report = self._report
+        if not isinstance(report, ConversionReport):  # the artifact's record, read now
+            report = self._report = ConversionReport.from_dict(dict(report))
+        return report
+
+    @report.setter
+    def report(self, report: ConversionReport | Mapping[str, Any]) -> None:
+        self._report = report
 
     @property
     def onnx(self) -> onnx.ModelProto:
