@@ -69,6 +69,7 @@ class ConvertedModule(torch.nn.Module):
 
     @report.setter
     def report(self, report: ConversionReport | Mapping[str, Any]) -> None:
+        """Replace the report (a report, or an artifact's record of one, read when first asked for)."""
         self._report = report
 
     @property
