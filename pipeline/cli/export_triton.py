@@ -19,7 +19,8 @@ def add_export_triton_command(commands: Any) -> None:
     exporter.add_argument(
         "artifact",
         type=Path,
-        help="a file written by module.save(), or an encoder-decoder's or a vision-language model's directory",
+        help="a file written by module.save(), or the directory of an encoder-decoder, a vision-language model or a "
+        "model that cross-attends to its images",
     )
     exporter.add_argument("repository", type=Path, help="the model repository (created if missing)")
     exporter.add_argument("--name", default=None, help="prefix of the model names (default: the artifact's stem)")

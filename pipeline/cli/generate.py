@@ -8,8 +8,9 @@ given. ``--stream`` prints each token as it comes (one prompt; transformers' ``T
 An encoder-decoder (the directory its conversion saves) takes the same prompts as its encoder's sources (right-padded,
 as its tokenizer pads them), or ``--input-features FILE.npy`` (a speech model's log-mel features, [mels, frames] or
 [batch, mels, frames], as its feature extractor makes them), or ``--audio FILE.wav`` through the model's own
-``--feature-extractor DIR`` (:mod:`pipeline.cli.audio`). A vision-language model (its saved directory) takes
-``--prompt TEXT --image FILE`` pairs through its own ``--processor DIR`` (:mod:`pipeline.cli.images`).
+``--feature-extractor DIR`` (:mod:`pipeline.cli.audio`). A vision-language model (its saved directory: images placed
+in the prompt, as LLaVA's and Kosmos-2's, or cross-attended, as Mllama's and IDEFICS's) takes ``--prompt TEXT --image
+FILE`` pairs through its own ``--processor DIR`` (:mod:`pipeline.cli.images`).
 ``--num-beams`` decodes with beam search.
 """
 
@@ -31,7 +32,8 @@ def add_generate_command(commands: Any) -> None:
     parser.add_argument(
         "artifact",
         type=Path,
-        help="a .ptrt written by `pipeline convert ... --generation` (an encoder-decoder's: its directory)",
+        help="a .ptrt written by `pipeline convert ... --generation` (an encoder-decoder's or a vision-language "
+        "model's: its directory)",
     )
     parser.add_argument(
         "--input-features",
@@ -147,10 +149,11 @@ def _generate(args: argparse.Namespace) -> int:
         raise InputError("--stream cannot follow beam search (the beams are ordered at the end)", fix="drop one")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     module = load_generative(args.artifact, threads=args.threads, spinning=True if args.spinning else None)
+    from pipeline.runtime.generation.cross_images import CrossImagesModule
     from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
     from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
-    if isinstance(module, VisionLanguageModule):
+    if isinstance(module, VisionLanguageModule | CrossImagesModule):
         return _generate_vision_language(module, args)
     if args.image:
         raise InputError(f"--image is a vision-language model's input; {args.artifact} is not one", fix="drop --image")
@@ -178,8 +181,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
-    """A vision-language model's decoding: each --prompt with its --image through the model's processor, each
-    output line the prompt's new tokens as text."""
+    """A vision-language model's decoding (images placed in the prompt, or cross-attended: Mllama, IDEFICS): each
+    --prompt with its --image through the model's processor, each output line the prompt's new tokens as text."""
     from pipeline.cli.images import image_prompts, load_processor
 
     if args.processor is None or not args.image or not args.prompt:
@@ -332,6 +335,7 @@ def load_generative(path: Path, threads: int | None = None, spinning: bool | Non
     """The :class:`~pipeline.runtime.generation.module.GenerativeModule` of a generation artifact (ONNX Runtime's
     ``threads`` and ``spinning`` as :func:`pipeline.load` takes them), or a clear error."""
     import pipeline
+    from pipeline.runtime.generation.cross_images import CrossImagesModule
     from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
     from pipeline.runtime.generation.module import GenerativeModule
     from pipeline.runtime.generation.vision_language import VisionLanguageModule
@@ -341,7 +345,7 @@ def load_generative(path: Path, threads: int | None = None, spinning: bool | Non
             f"no such artifact: {path}", fix="give the model.ptrt that `pipeline convert ... --generation` wrote"
         )
     module = pipeline.load(path, threads=threads, spinning=spinning)
-    if not isinstance(module, GenerativeModule | EncoderDecoderModule | VisionLanguageModule):
+    if not isinstance(module, GenerativeModule | EncoderDecoderModule | VisionLanguageModule | CrossImagesModule):
         raise InputError(
             f"{path} is not a generation artifact: it was converted for the plain forward (one call, no KV cache)",
             fix="convert it with `pipeline convert SPEC --generation max_length=256,max_batch=4 -o OUTDIR`",

@@ -1,6 +1,10 @@
 """``pipeline generate DIR --image FILE --prompt TEXT --processor DIR``: a vision-language model's prompts and images
-through its own processor (``AutoProcessor.from_pretrained``, offline), which writes the image placeholder tokens
-and the pixel inputs the model was trained on. Images are read with Pillow (any format it opens), as RGB.
+through its own processor (``AutoProcessor.from_pretrained``, offline), which writes the image placeholder tokens,
+the per-token inputs that place the images or say which tokens see them (Kosmos-2's ``image_embeds_position_mask``,
+Mllama's ``cross_attention_mask``, IDEFICS's ``image_attention_mask``) and the pixel inputs the model was trained on.
+A processor with an image placeholder (``processor.image_token``) puts the image where each prompt holds it; one
+without (Kosmos-2's, IDEFICS's) puts it before the prompt's text, as its own ``processor(text=..., images=...)`` does.
+Images are read with Pillow (any format it opens), as RGB.
 """
 
 from __future__ import annotations
@@ -12,11 +16,23 @@ import torch
 
 from converters.errors import InputError
 
+#: The image placeholder most processors write; one without a placeholder of its own (IDEFICS's, Kosmos-2's) has an
+#: image token of that text, which a prompt must not hold.
+PLACEHOLDER = "<image>"
+
 
 def load_processor(directory: Path) -> Any:
     """The model's processor from a local directory (offline)."""
-    from transformers import AutoProcessor
-
+    try:
+        from transformers import AutoProcessor
+    except ImportError as exc:  # transformers' image utilities import torchvision when it is installed
+        cause = exc.__cause__ or exc
+        raise InputError(
+            f"--processor {directory}: transformers' processors do not import here ({type(cause).__name__}: "
+            f"{' '.join(str(cause).split())[:200]})",
+            fix="repair the environment's transformers and torchvision (pip install -U torchvision, matching torch), "
+            "or uninstall torchvision",
+        ) from exc
     try:
         return AutoProcessor.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
@@ -54,8 +70,29 @@ def image_prompts(processor: Any, prompts: list[str], images: list[Path]) -> dic
             f"a prompt lacks the image placeholder {token!r}: the processor puts the image's tokens there",
             fix=f"write {token!r} where the image goes, e.g. --prompt 'USER: {token} What is shown? ASSISTANT:'",
         )
+    if not token and any(PLACEHOLDER in text for text in prompts):
+        raise InputError(
+            f"a prompt holds {PLACEHOLDER!r}, but {type(processor).__name__} has no image placeholder: it puts each "
+            "image before its prompt's text itself (the text's own image token would be one image too many)",
+            fix=f"write the prompt without {PLACEHOLDER!r}, e.g. --prompt 'What is shown?'",
+        )
     tokenizer = getattr(processor, "tokenizer", None)
     if tokenizer is not None:
         tokenizer.padding_side = "left"
-    made = processor(text=prompts, images=[read_image(path) for path in images], return_tensors="pt", padding=True)
+    pictures = [read_image(path) for path in images]
+    try:
+        made = processor(text=prompts, images=pictures, return_tensors="pt", padding=True)
+    except (ValueError, TypeError) as flat:
+        # a processor that takes each prompt's images as a list of their own (Mllama's) counts a flat list of
+        # several images as one prompt's
+        try:
+            nested = [[picture] for picture in pictures]
+            made = processor(text=prompts, images=nested, return_tensors="pt", padding=True)
+        except (ValueError, TypeError):
+            raise InputError(
+                f"--processor {type(processor).__name__} refuses the prompts and images: "
+                f"{' '.join(str(flat).split())[:300]}",
+                fix="write each --prompt as the model's processor expects it (with its image placeholder, if it has "
+                "one), one --image each",
+            ) from flat
     return {name: torch.as_tensor(value) for name, value in made.items()}

@@ -9,8 +9,9 @@ packages on the stub's path and hands over to :func:`triton_model`. It imports t
   that error alone; the others are answered.
 - A generation artifact is decoupled: each request is a prompt (``input_ids``, optionally ``attention_mask``; an
   encoder-decoder's encoder inputs and optionally ``decoder_input_ids``; a vision-language model's prompt and image
-  inputs such as ``pixel_values``) and gets one response per step with the next token of every row, then an empty
-  final response. The generate options
+  inputs such as ``pixel_values``, with its processor's per-token inputs: Kosmos-2's ``image_embeds_position_mask``,
+  the cross-attention masks of a model whose text cross-attends to its images) and gets one response per step with
+  the next token of every row, then an empty final response. The generate options
   (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``,
   ``eos_token_id``, ``pad_token_id``, ``max_length``, ``min_new_tokens``, ``min_length``, ``no_repeat_ngram_size``)
   are request parameters. Requests run on threads, each holding

@@ -6,7 +6,8 @@ What the artifact holds decides the models (each ``REPO/MODEL/config.pbtxt`` and
   (``1/model.plan``) whose instances use the engine's optimization profiles;
 - the final ONNX graph, always (but for a generation artifact): ``NAME_onnx``, an ``onnxruntime_onnx`` model
   (``1/model.onnx``, its weights in ``1/model.onnx.data``) with ONNX Runtime's TensorRT execution accelerator;
-- a generation artifact (a decoder-only step, or the directory of an encoder-decoder or a vision-language model):
+- a generation artifact (a decoder-only step, or the directory of an encoder-decoder, a vision-language model or a
+  model whose text cross-attends to its images):
   ``NAME``, a Python-backend model that loads the artifact (copied to ``NAME/1/``) with :func:`pipeline.load` and
   streams tokens (:mod:`pipeline.serving.repository`).
 

@@ -17,6 +17,7 @@ import shutil
 import site
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
@@ -90,8 +91,9 @@ PROMPT_INPUTS = (
 @dataclass(frozen=True)
 class ServedArtifact:
     """One artifact to serve: its model name and file (or directory: an encoder-decoder's, a vision-language
-    model's), and what its metadata says it is. ``request`` is a generation request's inputs (the first required,
-    the others optional); ``metadata_path`` the artifact whose metadata and settings speak for it (the step's)."""
+    model's, a cross-attended image model's), and what its metadata says it is. ``request`` is a generation request's
+    inputs (the first required, the others optional); ``metadata_path`` the artifact whose metadata and settings speak
+    for it (the step's)."""
 
     name: str
     path: Path
@@ -143,23 +145,41 @@ def served_artifact(path: str | Path, name: str | None = None) -> ServedArtifact
 
 
 def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
-    """For a directory an encoder-decoder or a vision-language model saved: its step's artifact and what a request
-    holds (the first input required); None for any other directory."""
+    """For a directory an encoder-decoder, a vision-language model or a cross-attended image model (Mllama, IDEFICS)
+    saved: its step's artifact and what a request holds (the first input required); None for any other directory."""
     from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
-    from pipeline.runtime.generation.vision_language import META_FILE, STEP_FILE, TOKEN_TYPES, VISION_FILE
+    from pipeline.runtime.generation.layout import STEP_INPUTS
+    from pipeline.runtime.generation.vision_language import (
+        IMAGE_FEATURES,
+        META_FILE,
+        STEP_FILE,
+        TOKEN_TYPES,
+        VISION_FILE,
+    )
 
     if (directory / DECODER_FILE).is_file() and (directory / ENCODER_FILE).is_file():
         encoder = IOSpec.from_json(read_metadata(directory / ENCODER_FILE)["io"])
+        decoder = read_metadata(directory / DECODER_FILE)
+        cross = _cross_images_request(encoder, decoder)
+        if cross is not None:
+            return directory / DECODER_FILE, cross
         decoder_ids = TensorSpec("decoder_input_ids", "int64", ("batch", "decoder_length"))
         return directory / DECODER_FILE, (*(_any_size(spec) for spec in encoder.inputs), decoder_ids)
     if (directory / META_FILE).is_file() and (directory / VISION_FILE).is_file() and (directory / STEP_FILE).is_file():
         vision = IOSpec.from_json(read_metadata(directory / VISION_FILE)["io"])
-        step = IOSpec.from_json(read_metadata(directory / STEP_FILE)["io"])
+        step_metadata = read_metadata(directory / STEP_FILE)
+        step = IOSpec.from_json(step_metadata["io"])
         typed = (
             [TensorSpec(TOKEN_TYPES, "int64", ("batch", "length"))]
             if any(spec.name == TOKEN_TYPES for spec in step.inputs)
             else []
         )
+        # the model's own per-token input placing the images (Kosmos-2's image_embeds_position_mask), as the module
+        # finds it: the step's one input that is neither the decoder-only step's, the features, the types nor cache
+        known = {*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *_cache_inputs(step_metadata)}
+        typed += [
+            TensorSpec(spec.name, "int64", ("batch", "length")) for spec in step.inputs if spec.name not in known
+        ][:1]
         # inputs the vision graph holds fixed (LLaVA-NeXT's image_sizes, Qwen2-VL's image_grid_thw): the module
         # checks them and cuts the images by them, so a request holds them too
         fixed = json.loads((directory / META_FILE).read_text()).get("fixed_inputs", {})
@@ -170,6 +190,30 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
         images = (*(_any_size(spec) for spec in vision.inputs), *held)
         return directory / STEP_FILE, (*PROMPT_INPUTS, *images, *typed)
     return None
+
+
+def _cache_inputs(step: dict[str, Any]) -> set[str]:
+    """The cache inputs of a generation step, from its metadata."""
+    from pipeline.runtime.generation.layout import past_name
+
+    generation = settings_from_json(step["settings"]).generation
+    layers = generation.layers if generation is not None else 0
+    return {past_name(layer, kind) for layer in range(layers) for kind in ("key", "value")}
+
+
+def _cross_images_request(encoder: IOSpec, decoder: dict[str, Any]) -> tuple[TensorSpec, ...] | None:
+    """What a request to a model whose text cross-attends to its images holds (its step prefills a prompt: it takes
+    the decoder-only step's inputs): the prompt, the image graph's inputs and the per-token image masks (the step's
+    other inputs); None for an encoder-decoder's step."""
+    from pipeline.runtime.generation.layout import STEP_INPUTS
+
+    step = IOSpec.from_json(decoder["io"])
+    names = {spec.name for spec in step.inputs}
+    if not set(STEP_INPUTS) <= names:
+        return None
+    given = {*STEP_INPUTS, *_cache_inputs(decoder), *(spec.name for spec in encoder.outputs)}
+    masks = [_any_size(spec) for spec in step.inputs if spec.name not in given]
+    return (*PROMPT_INPUTS, *(_any_size(spec) for spec in encoder.inputs), *masks)
 
 
 def _depth(value: object) -> int:
