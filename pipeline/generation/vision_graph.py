@@ -14,12 +14,14 @@ from typing import Any
 
 import torch
 
-from converters.errors import ExportError, InputError
+from converters.errors import ExportError, InputError, PipelineError
 from converters.registry import ConverterRegistry
+from pipeline.generation.kept_selections import KeptSelection, by_element, kept_selections
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import on_tensorrt
 from pipeline.generation.vision_inputs import image_features_method
 from pipeline.runtime.generation.image_positions import image_rows
+from pipeline.runtime.generation.kept_images import ALL_KEPT, FEATURES, KEPT_ELEMENTS, NONE_KEPT
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
 
@@ -31,26 +33,57 @@ Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], Converted
 
 class ImageFeatures(torch.nn.Module):
     """The vision graph: one image's inputs (``names``, in order) to its features [tokens, hidden], the model's own
-    ``get_image_features`` (tower and projector) with the per-image pieces joined as the model joins them."""
+    ``get_image_features`` (tower and projector) with the per-image pieces joined as the model joins them. ``fixed``
+    inputs are held at one image's values; ``kept`` selections are taken to keep every element
+    (:mod:`pipeline.generation.kept_selections`)."""
 
     def __init__(
-        self, model: torch.nn.Module, names: tuple[str, ...], fixed: dict[str, torch.Tensor] | None = None
+        self,
+        model: torch.nn.Module,
+        names: tuple[str, ...],
+        fixed: dict[str, torch.Tensor] | None = None,
+        kept: tuple[KeptSelection, ...] = (),
+        by_element: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.names = names
         self.fixed = dict(fixed or {})  # inputs held at one image's values (constants of the graph)
+        self.kept = kept
+        #: the features are the lone kept mask's elements' blocks (:func:`kept_selections.by_element`)
+        self.by_element = by_element and len(kept) == 1
         #: graph input names of the ``*inputs`` arguments (the exporter reads this mapping)
         self.onnx_input_names = {f"inputs_{i}": name for i, name in enumerate(names)}
         if len(names) == 1:  # the exporter names a lone variadic argument after the parameter
             self.onnx_input_names["inputs"] = names[0]
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """The image's features in the text embedding space."""
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The image's features in the text embedding space; with ``kept`` selections, a dict of them
+        (:data:`~pipeline.runtime.generation.kept_images.FEATURES`) and whether the masks the model computed kept
+        every element and none (:data:`~pipeline.runtime.generation.kept_images.ALL_KEPT`,
+        :data:`~pipeline.runtime.generation.kept_images.NONE_KEPT`); ``by_element``, the model's mask too
+        (:data:`~pipeline.runtime.generation.kept_images.KEPT_ELEMENTS`)."""
         # known while tracing: a tensor constant is still data to torch.export, which cannot decide shapes from it
-        with KnownValues() as known:
+        with KnownValues(self.kept) as known:
             fixed = {name: known.tensor(value) for name, value in self.fixed.items()}
-            return image_features(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+            features = image_features(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+        if not self.kept:
+            return features
+        outputs = {FEATURES: features, **kept_elements(known.masks)}
+        if self.by_element:
+            outputs[KEPT_ELEMENTS] = torch.cat([mask.reshape(-1) for mask in known.masks])
+        return outputs
+
+
+def kept_elements(masks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whether every one of ``masks`` keeps every element (:data:`ALL_KEPT`) and whether every one keeps none
+    (:data:`NONE_KEPT`): boolean scalars (both true without masks), from the masks' least and greatest element."""
+    if not masks:
+        return {ALL_KEPT: torch.tensor(True), NONE_KEPT: torch.tensor(True)}
+    flat = [mask.reshape(-1).to(torch.int32) for mask in masks]
+    least = torch.stack([mask.min() for mask in flat]).min()
+    greatest = torch.stack([mask.max() for mask in flat]).max()
+    return {ALL_KEPT: least > 0, NONE_KEPT: greatest == 0}
 
 
 def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -81,20 +114,57 @@ def convert_vision(
     So is a graph for TensorRT that selects features by a mask (``NonZero``, which TensorRT's parser refuses): where
     the mask is computed from the integer inputs (LFM2-VL drops its padding token slots by the image's
     ``spatial_shapes``), it is a constant of the graph with them fixed, and TensorRT takes those inputs' values from
-    the sample anyway (shape tensors)."""
+    the sample anyway (shape tensors). Where the mask is the data's and keeps every element of the sample's image
+    (Idefics3 drops all-zero padding images by their pixels), the graph for TensorRT takes it as keeping every element
+    (:func:`_keeping_every_element`); without integer inputs, that graph is tried first."""
     image = image_rows(vision)[0]
     fixed = {name: value for name, value in image.items() if not value.is_floating_point()}
+    kept: tuple[KeptSelection, ...] = ()
+    if on_tensorrt(settings):
+        with torch.no_grad():
+            kept = kept_selections(lambda: image_features(model, image))
+    if kept and not fixed:
+        graph = _keeping_every_element(model, image, {}, kept, settings, registry, stages)
+        if graph is not None:
+            return graph, {}
+        kept = ()  # tried: the graph as it is
     why = "decides shapes from"
     try:
         part = ImageFeatures(model, tuple(vision)).train(model.training)
         converted = stages(part, tuple(image.values()), settings, registry)
-        if not fixed or not on_tensorrt(settings) or not _selects_by_mask(converted):
+        if not on_tensorrt(settings) or not _selects_by_mask(converted):
             return converted, {}
         why = "selects its features by a mask computed from"
     except ExportError as error:
         if not fixed or "data-dependent" not in str(error):
             raise
         converted = None
+    if fixed:
+        names = tuple(name for name in image if name not in fixed)
+        part = ImageFeatures(model, names, fixed).train(model.training)
+        held = stages(part, tuple(image[name] for name in names), settings, registry)
+        if not on_tensorrt(settings) or not _selects_by_mask(held):
+            _say_held(model, why, fixed)
+            return held, fixed
+    # the mask is the data's: the graph as it was, unless every selection by it keeps every element
+    taken = {} if converted is not None else fixed
+    graph = _keeping_every_element(model, image, taken, kept, settings, registry, stages) if kept else None
+    if graph is None:
+        logger.warning(
+            "%s's vision graph selects by a mask computed from its data (NonZero), which TensorRT's parser refuses: "
+            "it runs segmented (a mask that keeps every element of the sample's first image would be taken so: a "
+            "sample whose first image has no padding)",
+            type(model).__name__,
+        )
+    if graph is None and converted is not None:
+        return converted, {}
+    if taken:
+        _say_held(model, "decides shapes from", taken)
+    return (held if graph is None else graph), taken
+
+
+def _say_held(model: torch.nn.Module, why: str, fixed: dict[str, torch.Tensor]) -> None:
+    """Log the inputs the vision graph holds at the sample's values, and why."""
     logger.warning(
         "%s's vision tower %s %s in Python: the vision graph holds them at the sample's values %s "
         "(it takes images processed to that size)",
@@ -103,12 +173,47 @@ def convert_vision(
         ", ".join(fixed),
         {name: value.tolist() for name, value in fixed.items()},
     )
+
+
+def _keeping_every_element(
+    model: torch.nn.Module,
+    image: dict[str, torch.Tensor],
+    fixed: dict[str, torch.Tensor],
+    kept: tuple[KeptSelection, ...],
+    settings: Settings,
+    registry: ConverterRegistry,
+    stages: Stages,
+) -> ConvertedModule | None:
+    """The vision graph with the ``kept`` selections (:func:`~pipeline.generation.kept_selections.kept_selections` on
+    the sample's image) taken as keeping every element, or None when it does not convert or still selects. The graph
+    also says whether the model's masks kept every element and whether they kept none (:func:`kept_elements`): the
+    runtime drops an image they keep none of (a padding image) and refuses one they keep in part
+    (:func:`~pipeline.runtime.generation.kept_images.kept_features`), unless the features are the lone mask's
+    elements' blocks (:func:`~pipeline.generation.kept_selections.by_element`: Idefics3's, one block per image of a
+    row): the graph then also outputs the model's mask, and the runtime keeps the blocks of the elements it keeps."""
     names = tuple(name for name in image if name not in fixed)
-    part = ImageFeatures(model, names, fixed).train(model.training)
-    held = stages(part, tuple(image[name] for name in names), settings, registry)
-    if converted is not None and _selects_by_mask(held):  # the mask is the pixels': the graph as it was
-        return converted, {}
-    return held, fixed
+    with torch.no_grad():  # the sample's mask keeps every element: the model's features are the whole's
+        elements = len(kept) == 1 and by_element(
+            lambda: image_features(model, image), kept[0], image_features(model, image)
+        )
+    part = ImageFeatures(model, names, fixed, kept, elements).train(model.training)
+    try:
+        graph = stages(part, tuple(image[name] for name in names), settings, registry)
+    except PipelineError as error:  # the graph as it was (segmented), with the reason
+        logger.warning("the vision graph keeping every selected element does not convert (%s): it selects", error)
+        return None
+    if _selects_by_mask(graph):
+        return None
+    logger.warning(
+        "%s's vision tower selects by masks computed from its data (%s); each keeps every element of the sample's "
+        "image, and the vision graph for TensorRT takes it so (no NonZero): an image whose mask drops every element "
+        "(a padding image) gives no features, and one whose mask drops some gives its kept elements' features where "
+        "they are the mask's elements' blocks (%s), else is refused",
+        type(model).__name__,
+        ", ".join(f"{name} #{count}" for name, count in (selection.maker for selection in kept)),
+        "they are" if part.by_element else "they are not",
+    )
+    return graph
 
 
 def _selects_by_mask(module: ConvertedModule) -> bool:
