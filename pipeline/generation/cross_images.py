@@ -1,5 +1,6 @@
 """``convert(model, {"input_ids": ..., "pixel_values": ..., ...}, generation={...})`` for a decoder whose text reaches
-its images through cross-attention (Mllama, IDEFICS): an image graph run once per request and a cached text step.
+its images through cross-attention (Mllama, IDEFICS, BLIP's captioning head) or keeps them in its cache before the
+prompt (GIT): an image graph run once per request and a cached text step.
 
 This is the encoder-decoder shape (:mod:`pipeline.generation.encoder_decoder`) with the images as the source and the
 text model as a decoder-only step over a prompt. Where the images go is read from the model's own ``generate``
@@ -21,16 +22,16 @@ token for token with the model's own ``generate`` and every step's logits judged
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.cache_utils import EncoderDecoderCache
 
 from converters.errors import AccuracyError, InputError
-from converters.generation_settings import GenerationSettings, check_token_ids
+from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import ProfileRange
 from pipeline.generation.conversion import (
@@ -40,7 +41,7 @@ from pipeline.generation.conversion import (
     special_tokens,
     step_precision_io,
 )
-from pipeline.generation.cross_layout import CrossLayout, cross_layout, state_at
+from pipeline.generation.cross_layout import CrossLayout, cache_layers, cross_layout, state_at
 from pipeline.generation.generate_scores import (
     GROSS,
     diverged,
@@ -50,18 +51,26 @@ from pipeline.generation.generate_scores import (
     prompt_tokens,
     with_decoding,
 )
+from pipeline.generation.handed_prompt import handed_prompt
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.seq2seq import CrossCacheLayer, cache_of
 from pipeline.generation.step import (
     StepCacheLayer,
     attention_implementation,
+    causal_step_mask,
     mark_cross,
     step_attention,
     step_mask,
     step_outputs,
     uses_attention_interface,
 )
-from pipeline.runtime.generation.cross_images import CrossImagesModule, per_token_rows
+from pipeline.runtime.generation.cross_images import (
+    PROMPT_EDIT,
+    CrossImagesModule,
+    edited_prompt,
+    per_token_rows,
+    prefix_name,
+)
 from pipeline.runtime.generation.layout import cross_name, past_name
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
@@ -74,6 +83,8 @@ Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], Converted
 
 #: The step's attention and mask functions' name in transformers' interfaces.
 ATTENTION_NAME = "pipeline_cross_images"
+#: The name of the step's masks for a model's own attention code (:func:`eager_step_mask`) in transformers' interface.
+EAGER_MASK_NAME = "pipeline_cross_images_eager"
 #: Tokens of the greedy decoding compared with the model's own ``generate`` when validating.
 VALIDATION_TOKENS = 8
 # the two graphs
@@ -106,16 +117,35 @@ class CrossImages(torch.nn.Module):
         call["attention_mask"] = torch.ones(batch, 1, dtype=torch.int64, device=device)
         for name, (shape, dtype) in self.rows.items():
             call[name] = torch.ones(batch, 1, *shape, dtype=dtype, device=device)
-        out = self.model(**call, use_cache=True)
+        text = self.layout.text_model
+        if text is None:
+            out = self.model(**call, use_cache=True)
+            states = {name: state_at(out, path) for name, path in self.layout.states}
+        else:  # the model's forward gives the states its generate hands its text decoder's, which caches them
+            out = self.model(**call)
+            states = {name: state_at(out, path) for name, path in self.layout.states}
+            handed = {"input_ids": call["input_ids"], "attention_mask": call["attention_mask"], **states}
+            handed.update(ones_of(self.layout, batch, device))
+            out = text(**handed, use_cache=True)
         result: dict[str, torch.Tensor] = {}
-        cache: Any = cache_of(out)
+        layers = cache_layers(cache_of(out))[0]
+        prefix = self.layout.prefix
+        for j, (index, _) in enumerate(self.layout.self_layers if prefix else ()):
+            # the image positions at the cache's start: they do not see the text after them (checked)
+            result[prefix_name(j, "key")] = layers[index].keys[:, :, :prefix]
+            result[prefix_name(j, "value")] = layers[index].values[:, :, :prefix]
         for k, index in enumerate(self.layout.cross_layers):
-            result[cross_name(k, "key")] = cache.layers[index].keys
-            result[cross_name(k, "value")] = cache.layers[index].values
-        for name, path in self.layout.states:
-            state = state_at(out, path)  # [prompts x per prompt (IDEFICS's: one per image), ...]: a row per prompt
+            result[cross_name(k, "key")] = layers[index].keys
+            result[cross_name(k, "value")] = layers[index].values
+        for name, state in states.items():
+            # [prompts x per prompt (IDEFICS's: one per image), ...]: a row per prompt
             result[name] = state.reshape(batch, -1, *state.shape[1:])
         return result
+
+
+def ones_of(layout: CrossLayout, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The masks of ones the model's ``generate`` hands every step whole (:attr:`CrossLayout.ones`)."""
+    return {name: torch.ones(batch, *shape, dtype=dtype, device=device) for name, shape, dtype in layout.ones}
 
 
 def _mixed_cache(layers: list[Any], first_self: int) -> Any:
@@ -140,6 +170,17 @@ def _mixed_cache(layers: list[Any], first_self: int) -> Any:
             return self._own(layer_idx).get_seq_length()
 
     return MixedCache()
+
+
+def _layers_cache(layers: list[Any]) -> Any:
+    """A transformers ``Cache`` of ``layers`` (one half of an encoder-decoder's pair)."""
+    from transformers.cache_utils import Cache
+
+    class LayersCache(Cache):
+        def __init__(self) -> None:
+            super().__init__(layers=list(layers))
+
+    return LayersCache()
 
 
 def cross_attention(
@@ -170,6 +211,18 @@ def register_cross_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_mask)
 
 
+def eager_step_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any) -> torch.Tensor | None:
+    """The step's mask (:func:`~pipeline.generation.step.step_mask`: every query of a causal mask also sees its own
+    position) as the additive float mask a model's own attention code adds to its scores (transformers' eager mask:
+    0 where a key is seen, the dtype's lowest value elsewhere). A padding row then attends to itself alone rather than
+    averaging the whole static cache, whose rounding a float16 graph would not reproduce; no real token sees it."""
+    mask = step_mask(*args, **kwargs)
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        mask = torch.where(mask, zero, torch.finfo(dtype).min)
+    return mask
+
+
 class CrossImagesStep(torch.nn.Module):
     """The cached text step given the cross states.
 
@@ -180,14 +233,21 @@ class CrossImagesStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, layout: CrossLayout, use_interface: bool) -> None:
         super().__init__()
-        self.model = model
+        self.model = layout.text_model or model
         self.layout = layout
         self.use_interface = use_interface
-        parameters = inspect.signature(model.forward).parameters
+        parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in parameters
         if use_interface:
             register_cross_attention()
+        #: a causal LM a model's generate hands its images to (BLIP's) with its own attention code: its masks are the
+        #: step's (:func:`eager_step_mask`), under a name of their own
+        self._own_masks = not use_interface and layout.delegate is not None
+        if self._own_masks:
+            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+            ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER_MASK_NAME, eager_step_mask)
         self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(step_state_names(layout))}
 
     def forward(
@@ -204,7 +264,19 @@ class CrossImagesStep(torch.nn.Module):
         past, rest = rest[: 2 * selves], rest[2 * selves :]
         cross, rest = rest[: 2 * crosses], rest[2 * crosses :]
         masks, states = rest[: len(layout.per_token)], rest[len(layout.per_token) :]
-        written = [StepCacheLayer(past[2 * j], past[2 * j + 1], past_length) for j in range(selves)]
+        length = None
+        if layout.prefix:
+            # the cache's length as a number: a model that keeps its images in the cache branches on it (GIT widens
+            # its mask when `cache_length > 0`); every call of the step, its prefill too, comes after the images
+            length = past_length.item()
+            torch._check(length >= layout.prefix)
+            torch._check(length + input_ids.shape[1] <= past[0].shape[-2])
+            # the step's own causal mask over the cache, the image positions in it, as an additive mask the model
+            # takes as it is (a 4-d mask: it neither widens it over the images, as GIT does a 2-d one, nor builds it)
+            keep = causal_step_mask(attention_mask, past_length, input_ids.shape[1])
+            lowest = torch.finfo(past[0].dtype).min
+            attention_mask = torch.zeros(keep.shape, dtype=past[0].dtype, device=keep.device).masked_fill(~keep, lowest)
+        written = [StepCacheLayer(past[2 * j], past[2 * j + 1], past_length, length) for j in range(selves)]
         layers: list[Any] = [None] * layout.cache_size
         for (index, _), layer in zip(layout.self_layers, written, strict=True):
             layers[index] = layer
@@ -212,21 +284,28 @@ class CrossImagesStep(torch.nn.Module):
             given = CrossCacheLayer(cross[2 * k], cross[2 * k + 1])
             mark_cross(given.keys)
             layers[index] = given
+        if layout.paired:  # an encoder-decoder's pair: its cross half given and marked as computed
+            cache: Any = EncoderDecoderCache(_layers_cache(layers[:selves]), _layers_cache(layers[selves:]))
+            cache.is_updated = dict.fromkeys(range(crosses), True)
+        else:
+            cache = _mixed_cache(layers, layout.self_layers[0][0])
         call: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            self._cache_argument: _mixed_cache(layers, layout.self_layers[0][0]),
+            self._cache_argument: cache,
             "use_cache": True,
             **dict(zip(layout.per_token, masks, strict=True)),
             # the model's rows of each state: each prompt's (IDEFICS's: one per image), prompt after prompt
             **{name: value.flatten(0, 1) for (name, _), value in zip(layout.states, states, strict=True)},
+            **ones_of(layout, input_ids.shape[0], input_ids.device),
         }
         if self._logits_to_keep:
             call["logits_to_keep"] = 1
         if self.use_interface:
             call["_past_length"] = past_length
-        with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
+        name = ATTENTION_NAME if self.use_interface else EAGER_MASK_NAME if self._own_masks else None
+        with attention_implementation(self.model, name):
             out = self.model(**call)
         return step_outputs(out.logits, written)
 
@@ -247,13 +326,15 @@ def convert_cross_images(
     """The image graph and the cached text step of ``model``, converted (see the module docstring)."""
     generation = settings.generation
     assert generation is not None
-    inputs = _sample_inputs(model, sample)
-    ids = inputs["input_ids"]
-    check_sample_fits(ids, generation, settings.validate)
+    given = _sample_inputs(model, sample)
     check_attention_layers(model)
-    layout = cross_layout(model, inputs)
+    layout = cross_layout(model, given)
+    inputs, options = _handed_inputs(model, given, layout)
+    ids = inputs["input_ids"]
+    # the image positions a cache holds before the prompt (GIT's) take their room in it
+    check_sample_fits(ids.new_zeros(ids.shape[0], ids.shape[1] + layout.prefix), generation, settings.validate)
     selves = [layer for _, layer in layout.self_layers]
-    eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
+    eos, pad = _special_tokens(model, layout, generation)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
         generation,
@@ -261,6 +342,8 @@ def convert_cross_images(
         eos_token_id=eos,
         pad_token_id=pad,
         attention=attention_form(model, settings, selves),
+        model_options=(*generation.model_options, *options),
+        max_prompt=min(generation.max_prompt or generation.max_length, generation.max_length - layout.prefix),
     )
     generation = check_token_ids(generation, layout.vocabulary, from_model)
     if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
@@ -270,6 +353,8 @@ def convert_cross_images(
     encoder = CrossImages(model, layout, int(ids[0, -1]), rows).train(model.training)
     with torch.no_grad():
         cross = encoder(*images.values())
+    if layout.prefix:
+        _check_prefix_alone(model, layout, images, rows, cross, int(ids[0, -1]))
     precision_io = step_precision_io(settings)
     batch = [DynamicDim(n, 0, "batch", 1, 2, generation.max_batch) for n in images] if generation.max_batch >= 2 else []
     encoder_settings = dataclasses.replace(
@@ -277,7 +362,7 @@ def convert_cross_images(
     )
     logger.info("cross-attended images: converting the image graph (%s -> cross states)", ", ".join(images))
     encoder_module = stages(encoder, tuple(images.values()), encoder_settings, registry)
-    text_model = _text_model(model)
+    text_model = _text_model(layout.text_model or model)
     step = CrossImagesStep(model, layout, uses_attention_interface(text_model)).train(model.training)
     step_sample, dims = _step_sample(inputs, cross, layout, generation)
     step_settings = dataclasses.replace(
@@ -293,8 +378,66 @@ def convert_cross_images(
     step_module = stages(step, step_sample, step_settings, generation_converters(registry))
     module = CrossImagesModule(encoder_module, step_module)
     if settings.validate:
-        _validate_greedy(model, module, inputs, step_settings)
+        _validate_greedy(model, module, given, step_settings)
     return module
+
+
+def _check_prefix_alone(
+    model: torch.nn.Module,
+    layout: CrossLayout,
+    images: dict[str, torch.Tensor],
+    rows: dict[str, tuple[torch.Size, torch.dtype]],
+    cross: dict[str, torch.Tensor],
+    token: int,
+) -> None:
+    """The image positions a cache holds before the prompt are the image graph's (computed with one text token) only
+    when they do not attend to the text after them: an InputError when another token changes them."""
+    other = CrossImages(model, layout, (token + 1) % max(layout.vocabulary, 2), rows).train(model.training)
+    with torch.no_grad():
+        again = other(*images.values())
+    moved = [name for name, value in cross.items() if not torch.allclose(value, again[name], rtol=1e-4, atol=1e-5)]
+    if moved:
+        raise InputError(
+            f"{type(model).__name__} caches {layout.prefix} image positions before its prompt, but they attend to the "
+            f"text after them ({moved[0]} changes with the text): the image graph cannot compute them alone",
+            fix="convert without generation= (the plain forward)",
+        )
+
+
+def _copies(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in inputs.items()}
+
+
+def _handed_inputs(
+    model: torch.nn.Module, given: dict[str, torch.Tensor], layout: CrossLayout
+) -> tuple[dict[str, torch.Tensor], tuple[tuple[str, Any], ...]]:
+    """The sample as the model's ``generate`` hands its text decoder's the prompt (:mod:`pipeline.generation.
+    handed_prompt`: BLIP's, its first token its bos and its last dropped), and the step's ``model_options`` saying
+    so (:data:`~pipeline.runtime.generation.cross_images.PROMPT_EDIT`); the sample as it is for a model whose own
+    forward is the step."""
+    if layout.delegate is None:
+        return given, ()
+    first = {name: value[:1] for name, value in given.items()}
+    edit = handed_prompt(model, first, layout.delegate, layout.vocabulary)
+    if edit == (0, ()):
+        return given, ()
+    ids, mask = edited_prompt(given["input_ids"], given["attention_mask"], edit)
+    logger.info("cross-attended images: the prompt as %s.generate hands it (%s)", type(model).__name__, edit)
+    return {**given, "input_ids": ids, "attention_mask": mask}, ((PROMPT_EDIT, edit),)
+
+
+def _special_tokens(
+    model: torch.nn.Module, layout: CrossLayout, generation: GenerationSettings
+) -> tuple[tuple[int, ...], int | None]:
+    """eos and pad ids: as given, else as the model's ``generate`` hands its text decoder's (BLIP's: its text
+    config's separator and padding), else from the generation config of the model the step calls."""
+    eos, pad = generation.eos_token_id, generation.pad_token_id
+    handed = {} if layout.delegate is None else layout.delegate.handed
+    if not eos and handed.get("eos_token_id") is not None:
+        eos = token_ids("eos_token_id", handed["eos_token_id"])
+    if pad is None and handed.get("pad_token_id") is not None:
+        pad = token_ids("pad_token_id", handed["pad_token_id"], single=True)[0]
+    return special_tokens(layout.text_model or model, eos, pad)
 
 
 def _text_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -341,15 +484,21 @@ def _step_sample(
     """The step's sample (the sample's prompts prefilled with their cross states) and its dynamic dimensions."""
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     rows, steps = ids.shape
-    capacity = generation.max_length
+    capacity, prefix = generation.max_length, layout.prefix
     full = torch.zeros(rows, capacity, dtype=torch.int64)
-    full[:, :steps] = mask
+    full[:, :prefix] = 1  # the image positions a cache holds before the prompt (GIT's), written below
+    full[:, prefix : prefix + steps] = mask
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     past = [t for _, layer in layout.self_layers for t in layer.storage(rows, capacity)]
+    if prefix:
+        firsts = [cross[prefix_name(j, kind)] for j in range(len(layout.self_layers)) for kind in ("key", "value")]
+        for tensor, first in zip(past, firsts, strict=True):
+            tensor[:, :, :prefix] = first.to(tensor.dtype)
     masks = [per_token_rows(inputs[name], steps) for name in layout.per_token]
     crosses = [cross[cross_name(k, kind)] for k in range(len(layout.cross_layers)) for kind in ("key", "value")]
     others = [cross[name] for name, _ in layout.states]
-    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), *past, *crosses, *masks, *others), {})
+    length = torch.tensor(prefix, dtype=torch.int64)
+    sample: Any = ((ids, full, positions, length, *past, *crosses, *masks, *others), {})
     names = ["input_ids", "attention_mask", "position_ids", *step_state_names(layout)]
     dims: list[DynamicDim] = []
     if generation.max_batch >= 2:
@@ -372,8 +521,8 @@ def _validate_greedy(
     """The sample's greedy decoding, token for token against ``model.generate``, then every step's logits
     (:mod:`pipeline.generation.generate_scores`): the step's report holds them as its ``decoding``."""
     options = greedy_options(VALIDATION_TOKENS)
-    with torch.no_grad():
-        expected = model.generate(**inputs, **options)  # type: ignore[operator]
+    with torch.no_grad():  # copies: a model's generate may write into its inputs (BLIP's, its bos)
+        expected = model.generate(**_copies(inputs), **options)  # type: ignore[operator]
     actual: Any = module.generate(**inputs, **options)
     wanted = torch.as_tensor(getattr(expected, "sequences", expected))
     chosen = actual.sequences
@@ -386,11 +535,17 @@ def _validate_greedy(
         )
     if departed:  # a lower precision's near tie: the steps are judged on PyTorch's tokens, the departure reported
         actual = module.generate(**inputs, **options, logits_processor=follow_tokens(wanted))
-    ids = inputs["input_ids"]
+    edit = dict(module.generation.model_options).get(PROMPT_EDIT)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    if edit is not None:  # the sequences start with the prompt as the model's generate hands it
+        ids, mask = edited_prompt(ids, mask, edit)
     label = f"sample {ids.shape[0]}x{ids.shape[1]} with its images"
-    tokens = prompt_tokens(inputs.get("attention_mask"), ids)
+    tokens = prompt_tokens(mask, ids)
     generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module types it as a tensor
-    again = functools.partial(generate, **inputs, **options)
+
+    def again(**more: Any) -> Any:
+        return generate(**_copies(inputs), **options, **more)
+
     judged = judged_logits(actual, expected, module.decoder.io, settings, label, tokens, again, model)
     worst = None if judged is None else judged.worst_step
     if departed and (worst is None or worst.max_abs > GROSS * worst.atol_used):

@@ -12,6 +12,12 @@ model's forward (its tensor arguments, its cache's length per layer right after 
   outputs (``image_outputs.last_hidden_state``);
 - **the per-token image masks** are the inputs both calls take, one row per token (Mllama's ``cross_attention_mask``,
   IDEFICS's ``image_attention_mask``): which images each token sees.
+
+Two more layouts: a model whose ``generate`` never calls its own forward but hands the prompt and the image states to
+the ``generate`` of a causal LM inside it (BLIP's captioning head: :class:`Delegate`, whose calls are then the ones
+read; the states it hands every step alike are found among the model's own forward outputs, a mask of ones over them
+is made by the step, and its cache may be an encoder-decoder's pair of self- and cross-attention halves); and a model
+whose prefill caches more positions than the prompt has tokens (GIT's images, prepended to the text: ``prefix``).
 """
 
 from __future__ import annotations
@@ -74,22 +80,53 @@ class _Call:
     output: Any
 
 
-def record_generate(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[_Call, _Call]:
-    """The prefill and the first decode step of ``model.generate(**inputs)`` (greedy, two new tokens)."""
-    calls: list[_Call] = []
+@dataclasses.dataclass
+class Delegate:
+    """The causal LM inside a model whose own ``generate`` computes the image states and hands them to that LM's
+    ``generate`` (BLIP's captioning head and its text decoder): its name among the model's modules, the module, and
+    the keyword arguments it was handed (the prompt as the model's ``generate`` prepared it, eos and padding)."""
 
-    def after(module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
-        cache = cache_of(output)
-        layers = getattr(cache, "layers", None) or []
-        lengths = [_length(layer) for layer in layers]
-        calls.append(_Call(tensors, lengths, output))
+    name: str
+    module: torch.nn.Module
+    handed: dict[str, Any]
 
-    handle = model.register_forward_hook(after, with_kwargs=True)
+
+def record_generate(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[_Call, _Call, Delegate | None]:
+    """The prefill and the first decode step of ``model.generate(**inputs)`` (greedy, two new tokens), and, when the
+    model's own forward is not what its ``generate`` calls, the causal LM inside it whose ``generate`` it hands the
+    prompt and the image states (whose calls are then the ones returned). The inputs are copied first: a model's
+    ``generate`` may write into them (BLIP's sets the first token to its bos)."""
+    inner = [(n, m) for n, m in model.named_modules() if m is not model and callable(getattr(m, "generate", None))]
+    calls: dict[int, list[_Call]] = {}
+    handed: dict[int, dict[str, Any]] = {}
+
+    def recorder(key: int) -> Any:
+        def after(module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+            tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+            calls.setdefault(key, []).append(_Call(tensors, _lengths(cache_of(output)), output))
+
+        return after
+
+    def handing(key: int, original: Any) -> Any:
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            handed.setdefault(key, {**({"input_ids": args[0]} if args else {}), **kwargs})
+            return original(*args, **kwargs)
+
+        return generate
+
+    handles = [model.register_forward_hook(recorder(id(model)), with_kwargs=True)]
+    handles += [m.register_forward_hook(recorder(id(m)), with_kwargs=True) for _, m in inner]
+    for _, m in inner:  # an instance attribute over the method, deleted after
+        m.generate = handing(id(m), m.generate)
     try:
         with torch.no_grad():
             model.generate(  # type: ignore[operator]
-                **inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False, num_beams=1, use_cache=True
+                **{name: value.clone() for name, value in inputs.items()},
+                max_new_tokens=2,
+                min_new_tokens=2,
+                do_sample=False,
+                num_beams=1,
+                use_cache=True,
             )
     except Exception as error:  # noqa: BLE001 - the model's own generate failing on the sample: said with its cause
         raise InputError(
@@ -98,12 +135,34 @@ def record_generate(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> 
             fix="pass the processor's output for the prompts and their images",
         ) from error
     finally:
-        handle.remove()
-    if len(calls) < 2:
-        media = [name for name in inputs if name not in TEXT_ARGUMENTS]
-        reason = f"its generate makes {len(calls)} call(s) of its forward for two new tokens"
-        raise not_cross_images(model, media, reason)
-    return calls[0], calls[1]
+        for handle in handles:
+            handle.remove()
+        for _, m in inner:
+            del m.generate
+    own = calls.get(id(model), [])
+    if len(own) >= 2:
+        return own[0], own[1], None
+    for name, m in inner:  # the outermost causal LM whose generate the model's handed the prompt
+        theirs = calls.get(id(m), [])
+        if id(m) in handed and len(theirs) >= 2:
+            return theirs[0], theirs[1], Delegate(name, m, handed[id(m)])
+    media = [name for name in inputs if name not in TEXT_ARGUMENTS]
+    reason = f"its generate makes {len(own)} call(s) of its forward for two new tokens"
+    raise not_cross_images(model, media, reason)
+
+
+def cache_layers(cache: Any) -> tuple[list[Any], bool]:
+    """The layers of a transformers cache, and whether it is an encoder-decoder's pair (``self_attention_cache`` and
+    ``cross_attention_cache``, BLIP's text decoder's): then its self-attention layers come first, its cross-attention
+    layers after them (layer ``i``'s at ``layers + i``)."""
+    selves, crosses = getattr(cache, "self_attention_cache", None), getattr(cache, "cross_attention_cache", None)
+    if selves is not None and crosses is not None:
+        return [*(getattr(selves, "layers", None) or []), *(getattr(crosses, "layers", None) or [])], True
+    return list(getattr(cache, "layers", None) or []), False
+
+
+def _lengths(cache: Any) -> list[int]:
+    return [_length(layer) for layer in cache_layers(cache)[0]]
 
 
 def not_cross_images(model: torch.nn.Module, media: Sequence[str], reason: str) -> InputError:
@@ -134,27 +193,101 @@ class CrossLayout:
     cross_layers: tuple[int, ...]  # cache indices of the layers that hold image states
     states: tuple[tuple[str, tuple[str, ...]], ...]  # (forward argument, path in the prefill's output)
     vocabulary: int
+    #: the causal LM whose generate the model's hands the prompt and the image states (its states are then found in
+    #: the model's own forward output and handed to every step whole), or None: the model's forward is the step's
+    delegate: Delegate | None = None
+    #: the cache is an encoder-decoder's pair (:func:`cache_layers`): self-attention layers, then cross-attention's
+    paired: bool = False
+    #: masks of ones handed to every step whole (argument, shape after the batch, dtype): the step makes them
+    ones: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = ()
+    #: the positions the images take at the start of every self-attention layer's cache, before the prompt (GIT's
+    #: image tokens, prepended to the text's embeddings in the prefill; no placeholder tokens), 0: none
+    prefix: int = 0
 
     @property
     def cache_size(self) -> int:
         """The number of layers of the model's cache."""
         return max([i for i, _ in self.self_layers] + list(self.cross_layers)) + 1
 
+    @property
+    def text_model(self) -> torch.nn.Module | None:
+        """The module the step calls when it is not the model itself (:attr:`delegate`'s)."""
+        return None if self.delegate is None else self.delegate.module
+
 
 def cross_layout(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> CrossLayout:
     """The layout of ``model``'s images, read from its own ``generate`` on the sample's first row."""
     first = {name: value[:1] for name, value in sample.items()}
-    prefill, step = record_generate(model, first)
-    prompt = int(first["input_ids"].shape[1])
+    prefill, step, delegate = record_generate(model, first)
     name = type(model).__name__
-    order = list(inspect.signature(model.forward).parameters)
-    images = [n for n in prefill.tensors if n not in TEXT_ARGUMENTS and n not in step.tensors]
+    if delegate is not None:
+        images = [n for n in first if n not in TEXT_ARGUMENTS]
+        per_token, states, ones = _handed_whole(model, first, prefill, step, delegate)
+    else:
+        images = [n for n in prefill.tensors if n not in TEXT_ARGUMENTS and n not in step.tensors]
+        per_token, states, ones = _per_token(model, prefill, step, images, int(first["input_ids"].shape[1])), [], []
     missing = [n for n in images if n not in sample]
     if missing:
         raise InputError(
             f"{name}.generate hands its forward {', '.join(missing)} on the prefill, which the sample does not hold",
             fix="pass the processor's output whole",
         )
+    for n in (n for n in step.tensors if n not in TEXT_ARGUMENTS and n not in prefill.tensors):
+        path = _found(prefill.output, step.tensors[n])
+        if path is None:
+            raise InputError(
+                f"{name}.generate hands its decode steps {n}, which is none of its prefill's outputs",
+                fix="convert without generation= (the plain forward)",
+            )
+        states.append((n, path))
+    self_layers, cross_layers = _cache_roles(model, prefill, step)
+    prefix = 0
+    if not cross_layers and not states:
+        prefix = _prefix(model, prefill, step, images)
+    logits = getattr(step.output, "logits", None)
+    vocabulary = int(logits.shape[-1]) if isinstance(logits, torch.Tensor) else 0
+    order = list(inspect.signature(model.forward).parameters)
+    images.sort(key=lambda n: order.index(n) if n in order else len(order))
+    paired = cache_layers(cache_of(step.output))[1]
+    return CrossLayout(
+        tuple(images),
+        tuple(per_token),
+        self_layers,
+        cross_layers,
+        tuple(states),
+        vocabulary,
+        delegate,
+        paired,
+        tuple(ones),
+        prefix,
+    )
+
+
+def _prefix(model: torch.nn.Module, prefill: _Call, step: _Call, images: list[str]) -> int:
+    """How many positions the prefill cached beyond the prompt's tokens in every layer (the images prepended to the
+    text: GIT's). An InputError when the images are in no cache position either (the model's decode steps would not
+    see them), or when the decode step's mask (when it is handed one) covers neither the whole cache nor the text
+    alone."""
+    prompt = int(prefill.tensors["input_ids"].shape[1])
+    extra = {length - prompt for length in prefill.lengths}
+    if len(extra) != 1 or min(extra) <= 0:
+        reason = "its generate hands its decode steps nothing of the images: no cache layer holds them"
+        raise not_cross_images(model, images, reason)
+    prefix = extra.pop()
+    mask = step.tensors.get("attention_mask")
+    width = int(mask.shape[-1]) if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    if width not in (None, step.lengths[0], step.lengths[0] - prefix):
+        raise InputError(
+            f"{type(model).__name__}.generate caches {prefix} image positions before the prompt, and hands its decode "
+            f"steps a mask of {width} columns over a cache of {step.lengths[0]}",
+            fix="convert without generation= (the plain forward)",
+        )
+    return prefix
+
+
+def _per_token(model: torch.nn.Module, prefill: _Call, step: _Call, images: list[str], prompt: int) -> list[str]:
+    """The inputs both calls take, one row per token (which images each token sees); an InputError for another
+    input both take (handed whole to every step)."""
     per_token, refused = [], []
     for n in (n for n in prefill.tensors if n in step.tensors and n not in TEXT_ARGUMENTS):
         before, after = prefill.tensors[n], step.tensors[n]
@@ -166,23 +299,61 @@ def cross_layout(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> Cro
     if refused:
         reason = f"its generate hands every step {', '.join(refused)} whole, not one row per token"
         raise not_cross_images(model, images + refused, reason)
-    states = []
-    for n in (n for n in step.tensors if n not in TEXT_ARGUMENTS and n not in prefill.tensors):
-        path = _found(prefill.output, step.tensors[n])
+    return per_token
+
+
+def _handed_whole(
+    model: torch.nn.Module, first: dict[str, torch.Tensor], prefill: _Call, step: _Call, delegate: Delegate
+) -> tuple[list[str], list[tuple[str, tuple[str, ...]]], list[tuple[str, tuple[int, ...], torch.dtype]]]:
+    """What the model's ``generate`` hands its causal LM's (:class:`Delegate`) with the prompt, the same at every
+    step: the image states, each found in the model's own forward output on the sample's first row (BLIP's
+    ``image_embeds``, handed as ``encoder_hidden_states``), and masks of ones over them (``encoder_attention_mask``),
+    which the step makes. Per-token masks are not read on this path: one handed per token is an InputError."""
+    name, inner = type(model).__name__, type(delegate.module).__name__
+    shared = [n for n in prefill.tensors if n in step.tensors and n not in TEXT_ARGUMENTS]
+    differing = [n for n in shared if not _same(prefill.tensors[n], step.tensors[n])]
+    only_prefill = [n for n in prefill.tensors if n not in step.tensors and n not in TEXT_ARGUMENTS]
+    if differing or only_prefill:
+        reason = (
+            f"its generate hands {inner}.generate {', '.join(differing + only_prefill)}, which its steps do not all "
+            "take alike"
+        )
+        raise not_cross_images(model, [n for n in first if n not in TEXT_ARGUMENTS], reason)
+    states: list[tuple[str, tuple[str, ...]]] = []
+    ones: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+    wanted = [n for n in shared if not _all_ones(prefill.tensors[n])]
+    if wanted:
+        try:
+            with torch.no_grad():
+                own = model(**{n: v.clone() for n, v in first.items()})
+        except Exception as error:  # noqa: BLE001 - the model's forward refusing its own sample: said with its cause
+            raise InputError(
+                f"{name} fails on the generation sample's first row: {type(error).__name__}: "
+                f"{' '.join(str(error).split())[:300]}",
+                fix="pass the processor's output for the prompts and their images",
+            ) from error
+    for n in shared:
+        value = prefill.tensors[n]
+        if n not in wanted:
+            ones.append((n, tuple(int(d) for d in value.shape[1:]), value.dtype))
+            continue
+        path = _found(own, value)
         if path is None:
             raise InputError(
-                f"{name}.generate hands its decode steps {n}, which is none of its prefill's outputs",
+                f"{name}.generate hands {inner}.generate {n}, which is none of {name}'s forward outputs on the "
+                "sample: the image graph cannot compute it",
                 fix="convert without generation= (the plain forward)",
             )
         states.append((n, path))
-    self_layers, cross_layers = _cache_roles(model, prefill, step)
-    if not cross_layers and not states:
-        reason = "its generate hands its decode steps nothing of the images: no cache layer holds them"
-        raise not_cross_images(model, images, reason)
-    logits = getattr(step.output, "logits", None)
-    vocabulary = int(logits.shape[-1]) if isinstance(logits, torch.Tensor) else 0
-    images.sort(key=lambda n: order.index(n) if n in order else len(order))
-    return CrossLayout(tuple(images), tuple(per_token), self_layers, cross_layers, tuple(states), vocabulary)
+    return [], states, ones
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def _all_ones(value: torch.Tensor) -> bool:
+    return not value.is_floating_point() and value.numel() > 0 and bool((value == 1).all())
 
 
 def _cache_roles(
@@ -190,8 +361,7 @@ def _cache_roles(
 ) -> tuple[tuple[tuple[int, CachedLayer], ...], tuple[int, ...]]:
     """The cache layers that grew by the new token (self-attention) and those that kept their length (image
     states), from the cache after each call."""
-    cache = cache_of(step.output)
-    layers = list(getattr(cache, "layers", None) or [])
+    layers = cache_layers(cache_of(step.output))[0]
     if not layers or len(prefill.lengths) != len(step.lengths):
         raise InputError(
             f"{type(model).__name__} returned no transformers Cache with use_cache=True",

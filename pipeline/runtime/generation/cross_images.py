@@ -31,6 +31,33 @@ from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FI
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
+#: The key of the step's generation ``model_options`` that says how the model's ``generate`` prepares a prompt before
+#: it hands it to its text decoder's (BLIP's): ``(dropped, ((column, token), ...))``, the tokens (and mask columns)
+#: dropped from the prompt's end, then the columns it writes a token of its own into (:func:`edited_prompt`).
+PROMPT_EDIT = "prompt_edit"
+
+
+def prefix_name(layer: int, kind: str) -> str:
+    """The image graph's output of the image positions a model caches before its prompt (GIT's), in self-attention
+    layer ``layer``'s cache: ``prefix.{layer}.key`` or ``.value`` [batch, heads, image positions, dim]."""
+    return f"prefix.{layer}.{kind}"
+
+
+def edited_prompt(ids: torch.Tensor, mask: torch.Tensor, edit: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts [batch, tokens] and their mask as the model's ``generate`` hands them to its text decoder's
+    (:data:`PROMPT_EDIT`): its sequences start with them."""
+    dropped, written = int(edit[0]), tuple(edit[1])
+    if ids.shape[1] <= dropped:
+        raise InputError(
+            f"a prompt of {ids.shape[1]} tokens, but the model's generate drops its last {dropped} before decoding",
+            fix="pass the processor's output for the prompt (its trailing separator included)",
+        )
+    ids, mask = ids[:, : ids.shape[1] - dropped].clone(), mask[:, : mask.shape[1] - dropped]
+    for column, token in written:
+        if int(column) < ids.shape[1]:
+            ids[:, int(column)] = int(token)
+    return ids, mask
+
 
 def per_token_rows(mask: torch.Tensor, tokens: int) -> torch.Tensor:
     """A per-token image mask [batch, rows, ...] for ``tokens`` tokens, as transformers' ``generate`` prepares it for
@@ -59,7 +86,12 @@ class CrossImagesModule(TwoGraphModule):
         self.decoder = decoder
         generation = decoder.settings.generation
         step_inputs = tuple(spec.name for spec in decoder.io.inputs)
-        states = tuple(spec.name for spec in encoder.io.outputs)
+        outputs = tuple(spec.name for spec in encoder.io.outputs)
+        layers = generation.layers if generation is not None else 0
+        prefix = tuple(prefix_name(i, kind) for i in range(layers) for kind in ("key", "value"))
+        #: the image positions the step's cache holds before the prompt (GIT's), written into it before the prefill
+        self._prefix = prefix if set(prefix) <= set(outputs) else ()
+        states = tuple(name for name in outputs if name not in self._prefix)
         if generation is None or not set(STEP_INPUTS) <= set(step_inputs) or not set(states) <= set(step_inputs):
             raise ArtifactError(
                 "the step of a cross-attended image model must be a text step converted with generation= that takes "
@@ -67,6 +99,10 @@ class CrossImagesModule(TwoGraphModule):
                 fix="load a directory written by CrossImagesModule.save",
             )
         self._image_inputs = tuple(spec.name for spec in encoder.io.inputs)
+        options = dict(generation.model_options)
+        #: how the model's generate prepares a prompt (:data:`PROMPT_EDIT`), None: as it is given
+        self._prompt_edit = options.pop(PROMPT_EDIT, None)
+        self._model_options = options
         self._states = states
         self._step_inputs = step_inputs
         self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
@@ -89,7 +125,7 @@ class CrossImagesModule(TwoGraphModule):
         by name, the per-token image masks (left out: every token sees every image), and the options of the
         decoder-only module's ``generate`` (beam search included)."""
         ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
-        request = generate_options("generate", {**dict(self.generation.model_options), **options})
+        request = generate_options("generate", {**self._model_options, **options})
         feed, decoding = self._prompt_request(ids, mask, images, masks, request)
         return generate_over(feed, decoding, request, encoder_decoder=False)
 
@@ -97,7 +133,7 @@ class CrossImagesModule(TwoGraphModule):
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
         of the decoder-only module's ``stream``)."""
         ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
-        defaults = {k: v for k, v in self.generation.model_options if k not in GENERATE_ONLY}
+        defaults = {k: v for k, v in self._model_options.items() if k not in GENERATE_ONLY}
         request = generate_options("stream", {**defaults, **options})
         feed, decoding = self._prompt_request(ids, mask, images, masks, request)
         yield from decode(feed, decoding)
@@ -138,6 +174,8 @@ class CrossImagesModule(TwoGraphModule):
         masks = {name: options.pop(name) for name in self._per_token if options.get(name) is not None}
         options = {name: value for name, value in options.items() if name not in self._per_token}
         prompt, prompt_mask = checked_prompt(ids, mask, self._vocabulary, "processor")
+        if self._prompt_edit is not None:
+            prompt, prompt_mask = edited_prompt(prompt, prompt_mask, self._prompt_edit)
         for name, value in masks.items():
             value = torch.as_tensor(value).cpu()
             expected = self._specs[name].shape[2:]
@@ -204,10 +242,10 @@ class CrossImagesModule(TwoGraphModule):
                 )
             values.append(value.cpu().to(specs[name].torch_dtype))
         outputs = self.encoder.run_flat(values)
-        return {
-            name: value.to(self._specs[name].torch_dtype).contiguous()
-            for name, value in zip(self._states, outputs, strict=True)
-        }
+        names = [spec.name for spec in self.encoder.io.outputs]
+        dtypes = {**dict(zip(self._prefix, self._cache_dtypes[: len(self._prefix)], strict=True))}
+        dtypes.update({name: self._specs[name].torch_dtype for name in self._states})
+        return {name: value.to(dtypes[name]).contiguous() for name, value in zip(names, outputs, strict=True)}
 
 
 def _repeated(value: torch.Tensor, expand: int) -> torch.Tensor:
@@ -234,8 +272,18 @@ class _PromptFeed:
         self.ids = ids.repeat_interleave(expand, dim=0)
         rows = self.ids.shape[0]
         self.capacity = module._cache_shapes[0][1]
+        #: the image positions the cache holds before the prompt (GIT's), each layer's keys and values
+        self.firsts = [states.pop(name) for name in module._prefix]
+        self.start = int(self.firsts[0].shape[-2]) if self.firsts else 0
+        if self.start + self.prompt >= self.capacity:
+            raise InputError(
+                f"a prompt of {self.prompt} tokens after {self.start} image positions, but the step's cache holds "
+                f"{self.capacity}",
+                fix=f"convert with generation={{'max_length': {self.start + self.prompt + 1}, ...}} or more",
+            )
         self.prompt_mask = torch.zeros(prompts, self.capacity, dtype=torch.int64)
-        self.prompt_mask[:, : self.prompt] = mask
+        self.prompt_mask[:, : self.start] = 1
+        self.prompt_mask[:, self.start : self.start + self.prompt] = mask
         self.mask = self.prompt_mask.repeat_interleave(expand, dim=0)
         self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         self.next_position = (self.positions[:, -1:] + 1).repeat_interleave(expand, dim=0)
@@ -243,10 +291,12 @@ class _PromptFeed:
         self.first = {**states, **{name: per_token_rows(value, self.prompt) for name, value in masks.items()}}
         self.then = {name: _repeated(value, expand) for name, value in states.items()}
         self.then.update({name: _repeated(value[:, -1:], expand) for name, value in masks.items()})
-        self.length = 0
+        self.length = self.start
         self.cache: list[torch.Tensor] = []
-        #: on ONNX Runtime the cache stays in bound buffers written in place (a decode step's states bound once)
-        self.runner = bound_runner(module.decoder.executor, cache_layout(module.decoder.io, module.generation.layers))
+        #: on ONNX Runtime the cache stays in bound buffers written in place (a decode step's states bound once); a
+        #: cache that starts with image positions is copied in and out (its prefill runs after them)
+        layout = cache_layout(module.decoder.io, module.generation.layers)
+        self.runner = None if self.firsts else bound_runner(module.decoder.executor, layout)
         if self.runner is not None:
             self.runner.start(rows)
             self.held = {name: np.ascontiguousarray(value.numpy()) for name, value in self.then.items()}
@@ -263,6 +313,8 @@ class _PromptFeed:
                 torch.zeros((prompts, *shape), dtype=dtype)
                 for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
             ]
+            for tensor, first in zip(self.cache, self.firsts, strict=False):
+                tensor[:, :, : self.start] = first
             logits = self._run(self.prompts, self.prompt_mask, self.positions, self.first)
         if self.expand > 1:
             self.reorder(torch.arange(prompts).repeat_interleave(self.expand))

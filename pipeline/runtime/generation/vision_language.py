@@ -26,6 +26,7 @@ import torch
 
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
+from pipeline.runtime.generation.kept_images import kept_features
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, resolve
@@ -83,6 +84,9 @@ class VisionLanguageModule(TwoGraphModule):
                 fix="load a directory written by VisionLanguageModule.save",
             )
         self._vision_inputs = tuple(spec.name for spec in vision.io.inputs)
+        #: the vision graph's outputs: the features, and, for a graph for TensorRT that takes the model's own masks as
+        #: keeping every element, the masks it computed (:mod:`pipeline.runtime.generation.kept_images`)
+        self._vision_outputs = tuple(spec.name for spec in vision.io.outputs)
         self._step_inputs = step_inputs
         self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
         known = (*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *self._layer_names)
@@ -280,7 +284,8 @@ class VisionLanguageModule(TwoGraphModule):
                         f"{list(expected)} per image",
                         fix="pass images processed as the sample's were (the same size)",
                     )
-            pieces.append(self.vision.run_flat(image)[0])
+            outputs = dict(zip(self._vision_outputs, self.vision.run_flat(image), strict=True))
+            pieces.append(kept_features(outputs, index))  # a padding image the model drops: no rows
         if not pieces:
             return torch.zeros(0, self._hidden, dtype=self._features_dtype)
         return torch.cat(pieces, dim=0).to(self._features_dtype)

@@ -251,14 +251,3 @@ def test_idefics_generates_as_transformers_does_and_tensorrt_rtx_builds_both_gra
     )
     beams: dict[str, Any] = {"max_new_tokens": 6, "num_beams": 2}
     assert torch.equal(module.generate(**inputs, **beams), transformers_generate(model, inputs, **beams))
-
-
-def test_a_model_that_hands_its_steps_no_image_is_an_input_error() -> None:
-    """GIT takes pixel_values but its decode steps get nothing of the image (no cache layer holds image states):
-    refused by name, as before, rather than converted text-only."""
-    from model_sources import transformers_all_models as every
-
-    git, (_args, sample) = every.build("git", "GitForCausalLM")
-    with pytest.raises(InputError, match="holds pixel_values, which GitForCausalLM is not converted") as caught:
-        pipeline.convert(git, sample, generation=GENERATION)
-    assert "nothing of the images" in str(caught.value)
