@@ -26,9 +26,9 @@ def _seeded() -> None:
 
 
 #: The longest files of the suite (worker seconds in a clean-clone CI run, 2026-11-30: 23 files, 2,024 of the 3,477
-#: worker seconds), started first. The README's command deals whole files to the workers in collection order
-#: (``--dist loadfile``); collected alphabetically, the longest (the docs' examples, 400 s) came near the end and ran
-#: alone for minutes while the other worker idled.
+#: worker seconds; and three files of 50-80 s added after it), started first. The README's command deals whole files
+#: to the workers in collection order (``--dist loadfile``); collected alphabetically, the longest (the docs'
+#: examples, 400 s) came near the end and ran alone for minutes while the other worker idled.
 LONGEST_FIRST = (
     "tests/test_docs.py",
     "tests/pipeline/generation/test_encoder_decoder.py",
@@ -40,6 +40,9 @@ LONGEST_FIRST = (
     "tests/pipeline/test_external_data.py",
     "tests/pipeline/generation/test_latent_attention.py",
     "tests/pipeline/test_opinfo.py",
+    "tests/pipeline/serving/test_serve_images.py",
+    "tests/pipeline/generation/test_blip_git.py",
+    "tests/pipeline/generation/test_cli_cross_images.py",
     "tests/pipeline/exporting/test_moe_dispatch.py",
     "tests/pipeline/generation/test_vision_language_grid.py",
     "tests/pipeline/test_cli_hostile.py",
