@@ -208,7 +208,8 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
         return 0
     out = module.generate(**inputs, **options)
     eos = set(options.get("eos_token_id", module.generation.eos_token_id))
-    width = inputs["input_ids"].shape[1]
+    # the sequences start with the prompts as the model's generate hands them on (BLIP's is one token shorter)
+    width = inputs["input_ids"].shape[1] - getattr(module, "dropped_prompt_tokens", 0)
     for row in range(rows):
         print(_text(processor.tokenizer, until_eos(out[row, width:].tolist(), eos)))
     return 0

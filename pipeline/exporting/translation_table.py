@@ -27,6 +27,9 @@ import torch
 _LOCK = threading.Lock()
 _KEPT: dict[int, tuple[int, Any]] = {}  # opset -> (operator count, the registry as from_torchlib built it)
 _DESCRIBED: dict[tuple[Any, Any, bool], Any] = {}  # (op, translation, complex) -> the exporter's description of it
+_PATCHED: dict[str, Any] = {}  # the registry's own methods while patched (and the patch of register_op)
+_OPEN = [0]  # reused_translation_table blocks open
+_MOST_DESCRIBED = 4096  # descriptions kept at most (ours are ~150)
 
 
 def _registry_class() -> Any:
@@ -88,13 +91,36 @@ def _copy(kept: Any) -> Any:
 
 @contextmanager
 def reused_translation_table() -> Iterator[None]:
-    """Within the block, ``torch.onnx.export`` takes a copy of a kept translation table instead of building one."""
+    """Within the block, ``torch.onnx.export`` takes a copy of a kept translation table instead of building one.
+    Blocks may overlap (exports in threads): the first to open patches the exporter's registry, the last to close
+    restores the originals it found."""
     registry = _registry_class()
     if registry is None:
         yield
         return
-    original = registry.__dict__["from_torchlib"]
-    build = original.__func__
+    with _LOCK:
+        if not _PATCHED:
+            _PATCHED.update(from_torchlib=registry.__dict__["from_torchlib"], register_op=_described(registry))
+            registry.from_torchlib = classmethod(_kept_from_torchlib(_PATCHED["from_torchlib"].__func__))
+            if _PATCHED["register_op"] is not None:
+                _PATCHED["original_register_op"] = registry.__dict__["register_op"]
+                registry.register_op = _PATCHED["register_op"]
+        _OPEN[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _OPEN[0] -= 1
+            if _OPEN[0] == 0:
+                registry.from_torchlib = _PATCHED["from_torchlib"]
+                if "original_register_op" in _PATCHED:
+                    registry.register_op = _PATCHED["original_register_op"]
+                _PATCHED.clear()
+
+
+def _kept_from_torchlib(build: Any) -> Any:
+    """``from_torchlib`` giving a copy of the table kept for the opset (built by ``build``, the exporter's own, when
+    none is kept or operators were registered since)."""
 
     def from_torchlib(cls: type, opset_version: int | None = None) -> Any:
         if opset_version is None:
@@ -108,20 +134,7 @@ def reused_translation_table() -> Iterator[None]:
                 _KEPT[opset_version] = (count, kept)
             return _copy(kept)
 
-    register = registry.__dict__.get("register_op")
-    described = _described(registry)
-
-    with _LOCK:
-        registry.from_torchlib = classmethod(from_torchlib)
-        if described is not None:
-            registry.register_op = described
-    try:
-        yield
-    finally:
-        with _LOCK:
-            registry.from_torchlib = original
-            if described is not None:
-                registry.register_op = register
+    return from_torchlib
 
 
 def _described(registry: type) -> Any:
@@ -148,6 +161,8 @@ def _described(registry: type) -> Any:
                 description = meta(
                     onnx_function=function, fx_target=target, signature=None, is_custom=True, is_complex=is_complex
                 )
+                if len(_DESCRIBED) >= _MOST_DESCRIBED:  # a caller's fresh functions on every export: not kept forever
+                    _DESCRIBED.clear()
                 _DESCRIBED[key] = description
         self._register(target, description)
 

@@ -268,7 +268,11 @@ def _prefix(model: torch.nn.Module, prefill: _Call, step: _Call, images: list[st
     text: GIT's). An InputError when the images are in no cache position either (the model's decode steps would not
     see them), or when the decode step's mask (when it is handed one) covers neither the whole cache nor the text
     alone."""
-    prompt = int(prefill.tensors["input_ids"].shape[1])
+    ids = prefill.tensors.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:  # a prefill of embeddings: where the images are is unsaid
+        reason = "its generate prefills without input_ids, and no cache layer of its decode steps holds the images"
+        raise not_cross_images(model, images, reason)
+    prompt = int(ids.shape[1])
     extra = {length - prompt for length in prefill.lengths}
     if len(extra) != 1 or min(extra) <= 0:
         reason = "its generate hands its decode steps nothing of the images: no cache layer holds them"

@@ -8,8 +8,9 @@ hold ``session.onnx``: the graph its session runs, rewritten at save time for ON
 read the same ``model.onnx.data`` (:mod:`pipeline.runtime.ort.stored_graph`; optional: an artifact without it, or
 whose fingerprint is not this machine's, is rewritten at load). ``manifest.json`` holds a SHA-256 of every other
 member; the metadata holds versions, the I/O spec, the settings and the report; loading checks all
-of it. Writing goes to a temporary file in the target directory and is renamed into place, so a crash never leaves a
-half-written artifact under the requested name.
+of it but the report, which is read (and checked) when the loaded module's ``report`` is first asked for. Writing
+goes to a temporary file in the target directory and is renamed into place, so a crash never leaves a half-written
+artifact under the requested name.
 Reading it back, checked, is :mod:`pipeline.runtime.artifact_reading`.
 """
 

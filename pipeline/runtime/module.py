@@ -12,7 +12,7 @@ import onnx
 import torch
 from onnx import ModelProto
 
-from converters.errors import InputError
+from converters.errors import ArtifactError, InputError
 from converters.files import write_file_atomically
 from passes.model_io.external_data import WeightFiles, save_onnx
 from pipeline.runtime.artifact import runtime_cache_beside, save_artifact
@@ -64,7 +64,14 @@ class ConvertedModule(torch.nn.Module):
 
         report = self._report
         if not isinstance(report, ConversionReport):  # the artifact's record, read now
-            report = self._report = ConversionReport.from_dict(dict(report))
+            try:
+                report = ConversionReport.from_dict(dict(report))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # not AttributeError to nn.Module
+                raise ArtifactError(
+                    f"the artifact's conversion report does not read: {type(exc).__name__}: {exc}",
+                    fix="convert the model again and save a new artifact",
+                ) from exc
+            self._report = report
         return report
 
     @report.setter

@@ -157,3 +157,16 @@ def test_engine_cache_that_is_a_file_degrades_to_no_cache_with_a_warning(tmp_pat
             nn.Linear(4, 3).eval(), torch.randn(2, 4), backend="tensorrt-rtx", cache_dir=str(blocker), validate=False
         )
     assert module.engine_bytes and blocker.read_text() == "not a directory"
+
+
+def test_a_report_that_does_not_read_is_an_artifact_error_when_asked_for(saved: Path, tmp_path: Path) -> None:
+    """The report is read when first asked for (a load does not import its classes): a record that does not read
+    is then an ArtifactError, not a KeyError (nor, through nn.Module, a missing attribute); the module still runs."""
+    from converters.errors import ArtifactError
+
+    lying = rewrite(saved, tmp_path / "r.ptrt", edit_metadata(lambda m: m.update(report={"graph": 3})), reseal=True)
+    loaded = pipeline.load(lying)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(loaded(x), pipeline.load(saved)(x))
+    with pytest.raises(ArtifactError, match="conversion report does not read"):
+        loaded.report  # noqa: B018 -- the property is what is tested

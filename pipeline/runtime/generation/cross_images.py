@@ -119,6 +119,13 @@ class CrossImagesModule(TwoGraphModule):
         """The text step (the image graph's settings, report and engine: ``module.encoder``'s)."""
         return self.decoder
 
+    @property
+    def dropped_prompt_tokens(self) -> int:
+        """How many trailing tokens of each prompt the model's ``generate`` drops before decoding (BLIP's
+        separator, :data:`PROMPT_EDIT`): the sequences :meth:`generate` returns start with prompts that much shorter
+        than the ``input_ids`` given."""
+        return int(self._prompt_edit[0]) if self._prompt_edit is not None else 0
+
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | Any:
         """The prompts followed by the new tokens [rows, prompt + new] (rows: prompts x ``num_return_sequences``), as
         transformers' ``model.generate``: ``input_ids``, ``attention_mask`` (left padding), the image graph's inputs
@@ -219,7 +226,16 @@ class CrossImagesModule(TwoGraphModule):
         decoding = resolve(
             request, generation, expanded, mask.repeat_interleave(request.expand, dim=0), self._vocabulary
         )
-        return _PromptFeed(self, ids, mask, states, masks, request.expand), decoding
+        feed = _PromptFeed(self, ids, mask, states, masks, request.expand)
+        room = feed.capacity - feed.start - prompt  # image positions before the prompt (GIT's) take room too
+        if decoding.new > room:
+            raise InputError(
+                f"a prompt of {prompt} tokens after {feed.start} image positions plus {decoding.new} new ones exceeds "
+                f"the cache capacity max_length={feed.capacity}",
+                fix=f"pass max_new_tokens <= {room}, or convert with generation={{'max_length': "
+                f"{feed.start + prompt + decoding.new}, ...}}",
+            )
+        return feed, decoding
 
     def _encode_images(self, images: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
         """The image graph on the request's images: the cross states, in the step's dtypes."""

@@ -114,3 +114,21 @@ def test_a_custom_translation_is_described_once_and_used_by_each_export() -> Non
     assert len(seen) == 2 and seen[0] is seen[1], seen
     assert seen[0].is_custom and seen[0].signature is not None
     assert "Cos" in _ops(first) and "Cos" in _ops(second) and "Sin" in _ops(without) and "Cos" not in _ops(without)
+
+
+def test_overlapping_blocks_restore_the_exporters_own_methods() -> None:
+    """Exports in threads open overlapping blocks: the first block closed leaves the patch to the one still open,
+    and the last one closed puts back the exporter's own methods (not another block's patch)."""
+    from torch.onnx._internal.exporter import _registration
+
+    registry = _registration.ONNXRegistry
+    own = (registry.__dict__["from_torchlib"], registry.__dict__["register_op"])
+    first, second = reused_translation_table(), reused_translation_table()
+    first.__enter__()
+    second.__enter__()
+    patched = registry.__dict__["register_op"]
+    assert patched is not own[1]
+    first.__exit__(None, None, None)
+    assert registry.__dict__["register_op"] is patched  # the other block is still open
+    second.__exit__(None, None, None)
+    assert registry.__dict__["from_torchlib"] is own[0] and registry.__dict__["register_op"] is own[1]

@@ -85,6 +85,7 @@ def test_generates_as_transformers_does_and_tensorrt_rtx_builds_both_graphs(make
     if make is blip:  # the cross-attention's keys and values and the image embeddings; the prompt as BLIP hands it
         assert outputs == ["cross.0.key", "cross.0.value", "encoder_hidden_states"]
         assert dict(module.generation.model_options)[PROMPT_EDIT] == (1, ((0, 1),))
+        assert module.dropped_prompt_tokens == 1  # what the CLI cuts the printed prompt by
         assert module.generation.eos_token_id == (2,)  # its text config's separator, which its generate hands on
     else:  # the image positions at the start of the cache: 4 patches + the class token
         assert outputs == ["prefix.0.key", "prefix.0.value"]
@@ -94,3 +95,7 @@ def test_generates_as_transformers_does_and_tensorrt_rtx_builds_both_graphs(make
         assert torch.equal(loaded.generate(**inputs, max_new_tokens=6), reference(model, inputs, max_new_tokens=6))
         with pytest.raises(InputError, match="image positions"):  # 5 image positions + 19 tokens fill the cache
             module.generate(input_ids=torch.ones(1, 19, dtype=torch.int64), pixel_values=inputs["pixel_values"][:1])
+        assert module.dropped_prompt_tokens == 0
+        # 5 image positions + 6 prompt tokens leave 13 of the 24: refused before any token, not when the cache fills
+        with pytest.raises(InputError, match=r"(?s)after 5 image positions plus 14 new ones.*max_new_tokens <= 13"):
+            module.generate(**inputs, max_new_tokens=14)
