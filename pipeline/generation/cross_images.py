@@ -10,8 +10,8 @@ with the last row, and each new token's row is the last row again; the runtime d
 
 :class:`CrossImages` is the image graph: the model run on the images and one text token, returning the cross states
 (``cross.{i}.key/value``, i counting the layers holding image states, and the other states by their forward argument's
-name). :class:`CrossImagesStep` is the text step: :class:`~pipeline.generation.step.CachedStep`'s static
-self-attention cache (the layers that grew), the cross layers given (:class:`~pipeline.generation.seq2seq.
+name). The text step (:mod:`pipeline.generation.cross_step`): :class:`~pipeline.generation.step.CachedStep`'s
+static self-attention cache (the layers that grew), the cross layers given (:class:`~pipeline.generation.seq2seq.
 CrossCacheLayer`), the per-token masks and the other cross states as inputs. Its attention is the step's; an additive
 float mask (both models turn their image masks into one) is given to it as a bias. The result is a
 :class:`~pipeline.runtime.generation.cross_images.CrossImagesModule`, saved as an encoder-decoder directory. When
@@ -22,18 +22,15 @@ token for token with the model's own ``generate`` and every step's logits judged
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers.cache_utils import EncoderDecoderCache
 
 from converters.errors import AccuracyError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
-from converters.settings import ProfileRange
 from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
@@ -42,6 +39,7 @@ from pipeline.generation.conversion import (
     step_precision_io,
 )
 from pipeline.generation.cross_layout import CrossLayout, cache_layers, cross_layout, state_at
+from pipeline.generation.cross_step import CrossImagesStep, ones_of, step_profiles, step_sample
 from pipeline.generation.generate_scores import (
     GROSS,
     diverged,
@@ -53,25 +51,17 @@ from pipeline.generation.generate_scores import (
 )
 from pipeline.generation.handed_prompt import handed_prompt
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
-from pipeline.generation.seq2seq import CrossCacheLayer, cache_of
+from pipeline.generation.seq2seq import cache_of
 from pipeline.generation.step import (
-    StepCacheLayer,
-    attention_implementation,
-    causal_step_mask,
-    mark_cross,
-    step_attention,
-    step_mask,
-    step_outputs,
     uses_attention_interface,
 )
 from pipeline.runtime.generation.cross_images import (
     PROMPT_EDIT,
     CrossImagesModule,
     edited_prompt,
-    per_token_rows,
     prefix_name,
 )
-from pipeline.runtime.generation.layout import cross_name, past_name
+from pipeline.runtime.generation.layout import cross_name
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import DynamicDim, Settings
@@ -81,10 +71,6 @@ logger = logging.getLogger(__name__)
 #: Convert one part (module, sample, settings, converters) through the stages.
 Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], ConvertedModule]
 
-#: The step's attention and mask functions' name in transformers' interfaces.
-ATTENTION_NAME = "pipeline_cross_images"
-#: The name of the step's masks for a model's own attention code (:func:`eager_step_mask`) in transformers' interface.
-EAGER_MASK_NAME = "pipeline_cross_images_eager"
 #: Tokens of the greedy decoding compared with the model's own ``generate`` when validating.
 VALIDATION_TOKENS = 8
 # the two graphs
@@ -143,183 +129,6 @@ class CrossImages(torch.nn.Module):
         return result
 
 
-def ones_of(layout: CrossLayout, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """The masks of ones the model's ``generate`` hands every step whole (:attr:`CrossLayout.ones`)."""
-    return {name: torch.ones(batch, *shape, dtype=dtype, device=device) for name, shape, dtype in layout.ones}
-
-
-def _mixed_cache(layers: list[Any], first_self: int) -> Any:
-    """A transformers ``Cache`` of ``layers`` whose cross layers stand between self-attention layers: the mask sizes
-    and the seen length are the first self-attention layer's (``first_self``) when the model asks a cross layer's."""
-    from transformers.cache_utils import Cache
-
-    class MixedCache(Cache):
-        def __init__(self) -> None:
-            super().__init__(layers=list(layers))
-
-        def _own(self, layer_idx: int) -> Any:
-            return layers[layer_idx if isinstance(layers[layer_idx], StepCacheLayer) else first_self]
-
-        def get_seq_length(self, layer_idx: int = 0) -> Any:
-            return self._own(layer_idx).get_seq_length()
-
-        def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> Any:
-            return self._own(layer_idx).get_mask_sizes(query_length)
-
-        def get_query_offset(self, layer_idx: int = 0) -> Any:
-            return self._own(layer_idx).get_seq_length()
-
-    return MixedCache()
-
-
-def _layers_cache(layers: list[Any]) -> Any:
-    """A transformers ``Cache`` of ``layers`` (one half of an encoder-decoder's pair)."""
-    from transformers.cache_utils import Cache
-
-    class LayersCache(Cache):
-        def __init__(self) -> None:
-            super().__init__(layers=list(layers))
-
-    return LayersCache()
-
-
-def cross_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """The step's attention (:func:`~pipeline.generation.step.step_attention`); a float mask (an additive mask the
-    model built over the images: 0 where a token sees an image position, the dtype's lowest value elsewhere; one head
-    for all) is added to the scores as a bias, under a mask that keeps every position."""
-    if attention_mask is not None and attention_mask.is_floating_point():
-        keep = torch.ones(attention_mask.shape, dtype=torch.bool, device=query.device)
-        kwargs.pop("_past_length", None)  # the image positions are not the text's
-        # one head for all: broadcast over the heads (TensorRT's decomposed attention too: generation.ops)
-        return step_attention(module, query, key, value, keep, position_bias=attention_mask, **kwargs)
-    return step_attention(module, query, key, value, attention_mask, **kwargs)
-
-
-def register_cross_attention() -> None:
-    """Register :func:`cross_attention` and the step's mask with transformers under :data:`ATTENTION_NAME`."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    ALL_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, cross_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, step_mask)
-
-
-def eager_step_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any) -> torch.Tensor | None:
-    """The step's mask (:func:`~pipeline.generation.step.step_mask`: every query of a causal mask also sees its own
-    position) as the additive float mask a model's own attention code adds to its scores (transformers' eager mask:
-    0 where a key is seen, the dtype's lowest value elsewhere). A padding row then attends to itself alone rather than
-    averaging the whole static cache, whose rounding a float16 graph would not reproduce; no real token sees it."""
-    mask = step_mask(*args, **kwargs)
-    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
-        zero = torch.zeros((), dtype=dtype, device=mask.device)
-        mask = torch.where(mask, zero, torch.finfo(dtype).min)
-    return mask
-
-
-class CrossImagesStep(torch.nn.Module):
-    """The cached text step given the cross states.
-
-    ``forward(input_ids [B, S], attention_mask [B, capacity], position_ids [B, S], past_length [], *rest)`` with
-    ``rest`` every self-attention layer's key and value caches (``past_key_values.{j}.key/value``, j counting those
-    layers), every cross layer's keys and values (``cross.{k}.key/value``), the per-token masks [B, S, ...] and the
-    other cross states, returns ``{"logits": ..., "present.{j}.key": ..., ...}``."""
-
-    def __init__(self, model: torch.nn.Module, layout: CrossLayout, use_interface: bool) -> None:
-        super().__init__()
-        self.model = layout.text_model or model
-        self.layout = layout
-        self.use_interface = use_interface
-        parameters = inspect.signature(self.model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
-        self._logits_to_keep = "logits_to_keep" in parameters
-        if use_interface:
-            register_cross_attention()
-        #: a causal LM a model's generate hands its images to (BLIP's) with its own attention code: its masks are the
-        #: step's (:func:`eager_step_mask`), under a name of their own
-        self._own_masks = not use_interface and layout.delegate is not None
-        if self._own_masks:
-            from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-            ALL_MASK_ATTENTION_FUNCTIONS.register(EAGER_MASK_NAME, eager_step_mask)
-        self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(step_state_names(layout))}
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        past_length: torch.Tensor,
-        *rest: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
-        """The step: logits of the last position and the updated self-attention cache."""
-        layout = self.layout
-        selves, crosses = len(layout.self_layers), len(layout.cross_layers)
-        past, rest = rest[: 2 * selves], rest[2 * selves :]
-        cross, rest = rest[: 2 * crosses], rest[2 * crosses :]
-        masks, states = rest[: len(layout.per_token)], rest[len(layout.per_token) :]
-        length = None
-        if layout.prefix:
-            # the cache's length as a number: a model that keeps its images in the cache branches on it (GIT widens
-            # its mask when `cache_length > 0`); every call of the step, its prefill too, comes after the images
-            length = past_length.item()
-            torch._check(length >= layout.prefix)
-            torch._check(length + input_ids.shape[1] <= past[0].shape[-2])
-            # the step's own causal mask over the cache, the image positions in it, as an additive mask the model
-            # takes as it is (a 4-d mask: it neither widens it over the images, as GIT does a 2-d one, nor builds it)
-            keep = causal_step_mask(attention_mask, past_length, input_ids.shape[1])
-            lowest = torch.finfo(past[0].dtype).min
-            attention_mask = torch.zeros(keep.shape, dtype=past[0].dtype, device=keep.device).masked_fill(~keep, lowest)
-        written = [StepCacheLayer(past[2 * j], past[2 * j + 1], past_length, length) for j in range(selves)]
-        layers: list[Any] = [None] * layout.cache_size
-        for (index, _), layer in zip(layout.self_layers, written, strict=True):
-            layers[index] = layer
-        for k, index in enumerate(layout.cross_layers):
-            given = CrossCacheLayer(cross[2 * k], cross[2 * k + 1])
-            mark_cross(given.keys)
-            layers[index] = given
-        if layout.paired:  # an encoder-decoder's pair: its cross half given and marked as computed
-            cache: Any = EncoderDecoderCache(_layers_cache(layers[:selves]), _layers_cache(layers[selves:]))
-            cache.is_updated = dict.fromkeys(range(crosses), True)
-        else:
-            cache = _mixed_cache(layers, layout.self_layers[0][0])
-        call: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            self._cache_argument: cache,
-            "use_cache": True,
-            **dict(zip(layout.per_token, masks, strict=True)),
-            # the model's rows of each state: each prompt's (IDEFICS's: one per image), prompt after prompt
-            **{name: value.flatten(0, 1) for (name, _), value in zip(layout.states, states, strict=True)},
-            **ones_of(layout, input_ids.shape[0], input_ids.device),
-        }
-        if self._logits_to_keep:
-            call["logits_to_keep"] = 1
-        if self.use_interface:
-            call["_past_length"] = past_length
-        name = ATTENTION_NAME if self.use_interface else EAGER_MASK_NAME if self._own_masks else None
-        with attention_implementation(self.model, name):
-            out = self.model(**call)
-        return step_outputs(out.logits, written)
-
-
-def step_state_names(layout: CrossLayout) -> list[str]:
-    """The step's inputs after ``past_length``, in order."""
-    names = [past_name(j, kind) for j in range(len(layout.self_layers)) for kind in ("key", "value")]
-    names += [cross_name(k, kind) for k in range(len(layout.cross_layers)) for kind in ("key", "value")]
-    return [*names, *layout.per_token, *(name for name, _ in layout.states)]
-
-
-# the conversion
-
-
 def convert_cross_images(
     model: torch.nn.Module, sample: Any, settings: Settings, registry: ConverterRegistry, stages: Stages
 ) -> CrossImagesModule:
@@ -364,18 +173,18 @@ def convert_cross_images(
     encoder_module = stages(encoder, tuple(images.values()), encoder_settings, registry)
     text_model = _text_model(layout.text_model or model)
     step = CrossImagesStep(model, layout, uses_attention_interface(text_model)).train(model.training)
-    step_sample, dims = _step_sample(inputs, cross, layout, generation)
+    sample_of_step, dims = step_sample(inputs, cross, layout, generation)
     step_settings = dataclasses.replace(
         settings,
         generation=generation,
         dynamic=dims,
         opset=max(settings.opset or GENERATION_OPSET, GENERATION_OPSET),
-        profiles=_profiles(generation),
+        profiles=step_profiles(generation),
         precision_io=precision_io,
         validation_inputs=0,  # drawn ids would not match the images: the sample's prompts are what it validates on
     )
     logger.info("cross-attended images: converting the text step (cache of %d tokens)", generation.max_length)
-    step_module = stages(step, step_sample, step_settings, generation_converters(registry))
+    step_module = stages(step, sample_of_step, step_settings, generation_converters(registry))
     module = CrossImagesModule(encoder_module, step_module)
     if settings.validate:
         _validate_greedy(model, module, given, step_settings)
@@ -476,43 +285,6 @@ def _sample_inputs(model: torch.nn.Module, sample: Any) -> dict[str, torch.Tenso
     given["input_ids"] = ids.to(torch.int64)
     given["attention_mask"] = given.get("attention_mask", torch.ones_like(ids)).to(torch.int64)
     return given
-
-
-def _step_sample(
-    inputs: dict[str, torch.Tensor], cross: dict[str, torch.Tensor], layout: CrossLayout, generation: GenerationSettings
-) -> tuple[Any, tuple[DynamicDim, ...]]:
-    """The step's sample (the sample's prompts prefilled with their cross states) and its dynamic dimensions."""
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    rows, steps = ids.shape
-    capacity, prefix = generation.max_length, layout.prefix
-    full = torch.zeros(rows, capacity, dtype=torch.int64)
-    full[:, :prefix] = 1  # the image positions a cache holds before the prompt (GIT's), written below
-    full[:, prefix : prefix + steps] = mask
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    past = [t for _, layer in layout.self_layers for t in layer.storage(rows, capacity)]
-    if prefix:
-        firsts = [cross[prefix_name(j, kind)] for j in range(len(layout.self_layers)) for kind in ("key", "value")]
-        for tensor, first in zip(past, firsts, strict=True):
-            tensor[:, :, :prefix] = first.to(tensor.dtype)
-    masks = [per_token_rows(inputs[name], steps) for name in layout.per_token]
-    crosses = [cross[cross_name(k, kind)] for k in range(len(layout.cross_layers)) for kind in ("key", "value")]
-    others = [cross[name] for name, _ in layout.states]
-    length = torch.tensor(prefix, dtype=torch.int64)
-    sample: Any = ((ids, full, positions, length, *past, *crosses, *masks, *others), {})
-    names = ["input_ids", "attention_mask", "position_ids", *step_state_names(layout)]
-    dims: list[DynamicDim] = []
-    if generation.max_batch >= 2:
-        dims += [DynamicDim(name, 0, "batch", 1, rows, generation.max_batch) for name in names]
-    longest = generation.max_prompt or capacity
-    for name in ("input_ids", "position_ids", *layout.per_token):
-        dims.append(DynamicDim(name, 1, "sequence", 1, steps, longest))
-    return sample, tuple(dims)
-
-
-def _profiles(generation: GenerationSettings) -> tuple[tuple[ProfileRange, ...], ...]:
-    """Context (the prompt) and generation (one token)."""
-    longest = generation.max_prompt or generation.max_length
-    return ((ProfileRange("sequence", 1, min(longest, 64), longest),), (ProfileRange("sequence", 1, 1, 1),))
 
 
 def _validate_greedy(

@@ -7,7 +7,6 @@ dynamic batcher joins requests), an MLP with fixed shapes (each request alone) a
 
 from __future__ import annotations
 
-import queue
 import re
 import threading
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pipeline
 
 http = pytest.importorskip("tritonclient.http", reason="the serve extra (tritonclient) is not installed")
 grpc = pytest.importorskip("tritonclient.grpc", reason="the serve extra (tritonclient) is not installed")
+from triton_streams import stream  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
@@ -170,32 +170,9 @@ def test_bad_requests_get_errors_naming_the_cause_and_the_server_keeps_serving(
 
 
 def _stream(server: Any, ids: torch.Tensor, on_first: Any = None, **options: Any) -> tuple[np.ndarray, list[str]]:
-    """One decoupled generation request over gRPC: the tokens of every response, and the errors (``on_first``
-    is called once the first token is in)."""
-    client = grpc.InferenceServerClient(server.grpc_url)
-    results: queue.Queue[Any] = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    given = grpc.InferInput("input_ids", list(ids.shape), "INT64")
-    given.set_data_from_numpy(ids.numpy())
-    client.async_stream_infer("llama", [given], parameters=options, enable_empty_final_response=True)
-    tokens, errors = [], []
-    try:
-        while True:
-            result, error = results.get(timeout=120)
-            if error is not None:
-                errors.append(str(error))
-                break
-            response = result.get_response()
-            final = response.parameters.get("triton_final_response")
-            if response.outputs:
-                tokens.append(result.as_numpy("tokens"))
-                if on_first is not None and len(tokens) == 1:
-                    on_first()
-            if final is not None and final.bool_param:
-                break
-    finally:
-        client.stop_stream()
-    return (np.concatenate(tokens, axis=1) if tokens else np.zeros((ids.shape[0], 0), np.int64)), errors
+    """One decoupled generation request to the served Llama over gRPC: the tokens of every response, and the errors
+    (``on_first`` is called once the first token is in)."""
+    return stream(server.grpc_url, "llama", {"input_ids": ids}, on_first=on_first, **options)
 
 
 def test_generation_streams_the_tokens_of_generate(server: Any, direct: dict[str, Any]) -> None:

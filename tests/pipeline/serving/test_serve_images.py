@@ -9,7 +9,6 @@ shared with the CLI's tests)."""
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pipeline
 from pipeline.serving.export import export_triton
 
 grpc = pytest.importorskip("tritonclient.grpc", reason="the serve extra (tritonclient) is not installed")
+from triton_streams import stream  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
 NEW = 6
@@ -45,35 +45,6 @@ def server(models: dict[str, ImageModel]) -> Iterator[pipeline.TritonServer]:
     served = {kind: made.converted for kind, made in models.items()}
     with pipeline.serve(served, threads=1, spinning=False, http_port=0, grpc_port=0, metrics_port=0) as running:
         yield running
-
-
-def stream(url: str, model: str, inputs: dict[str, torch.Tensor], **options: Any) -> tuple[np.ndarray, list[str]]:
-    """One decoupled request over gRPC: the tokens of every response, and the errors."""
-    client = grpc.InferenceServerClient(url)
-    results: queue.Queue[Any] = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    given = []
-    for name, value in inputs.items():
-        tensor = grpc.InferInput(name, list(value.shape), "INT64" if value.dtype == torch.int64 else "FP32")
-        tensor.set_data_from_numpy(value.numpy())
-        given.append(tensor)
-    client.async_stream_infer(model, given, parameters=options, enable_empty_final_response=True)
-    tokens, errors = [], []
-    try:
-        while True:
-            result, error = results.get(timeout=120)
-            if error is not None:
-                errors.append(str(error))
-                break
-            response = result.get_response()
-            if response.outputs:
-                tokens.append(result.as_numpy("tokens"))
-            final = response.parameters.get("triton_final_response")
-            if final is not None and final.bool_param:
-                break
-    finally:
-        client.stop_stream()
-    return (np.concatenate(tokens, axis=1) if tokens else np.zeros((0, 0), np.int64)), errors
 
 
 def generated(made: ImageModel, inputs: dict[str, torch.Tensor], **options: Any) -> np.ndarray:

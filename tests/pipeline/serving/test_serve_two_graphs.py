@@ -6,7 +6,6 @@ Tiny BART and LLaVA with random weights wide enough that their greedy tokens var
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from pipeline.serving.export import export_triton
 from pipeline.serving.repository_check import LOADED, check_repository
 
 grpc = pytest.importorskip("tritonclient.grpc", reason="the serve extra (tritonclient) is not installed")
+from triton_streams import stream  # noqa: E402
 
 GENERATION = {"max_length": 32, "max_batch": 2}
 IMAGE = 127
@@ -88,35 +88,6 @@ def expected(saved: dict[str, Path]) -> dict[str, np.ndarray]:
 def server(saved: dict[str, Path]) -> Iterator[pipeline.TritonServer]:
     with pipeline.serve(saved, threads=1, spinning=False, http_port=0, grpc_port=0, metrics_port=0) as running:
         yield running
-
-
-def stream(url: str, model: str, inputs: dict[str, torch.Tensor], **options: Any) -> tuple[np.ndarray, list[str]]:
-    """One decoupled request over gRPC: the tokens of every response, and the errors."""
-    client = grpc.InferenceServerClient(url)
-    results: queue.Queue[Any] = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    given = []
-    for name, value in inputs.items():
-        tensor = grpc.InferInput(name, list(value.shape), "INT64" if value.dtype == torch.int64 else "FP32")
-        tensor.set_data_from_numpy(value.numpy())
-        given.append(tensor)
-    client.async_stream_infer(model, given, parameters=options, enable_empty_final_response=True)
-    tokens, errors = [], []
-    try:
-        while True:
-            result, error = results.get(timeout=120)
-            if error is not None:
-                errors.append(str(error))
-                break
-            response = result.get_response()
-            if response.outputs:
-                tokens.append(result.as_numpy("tokens"))
-            final = response.parameters.get("triton_final_response")
-            if final is not None and final.bool_param:
-                break
-    finally:
-        client.stop_stream()
-    return (np.concatenate(tokens, axis=1) if tokens else np.zeros((0, 0), np.int64)), errors
 
 
 @pytest.mark.parametrize("model", ["bart", "llava"])
