@@ -3,10 +3,12 @@ manifest and the metadata against the graph.
 
 Loading maps the file instead of reading it: the graph proto is a few hundred KB, ONNX Runtime maps the weights in
 place from a hard link to the artifact in a private directory (the very file that was mapped and checked, whatever
-later happens at its path), and meanwhile a thread computes the SHA-256 of the weights member and copies it into that
-directory, for the module's graph (``module.onnx``: a plain file, which onnx's own reader accepts; a hard-linked one
-it refuses). :meth:`Artifact.verified` waits for the thread; ``pipeline.load`` does before it returns. Format ``/2``
-(weights inline in ``model.onnx`` unless external) is still read, by copying its members as before.
+later happens at its path), and meanwhile a thread computes the SHA-256 of the weights member. The module's graph
+(``module.onnx``) reads a plain copy of that member in the same directory (onnx's own reader refuses a hard-linked
+file), written, and checked again, only when something first asks for that graph's weights
+(:meth:`~passes.model_io.external_data.WeightFiles.defer`): a deployment that loads and runs never does.
+:meth:`Artifact.verified` waits for the thread; ``pipeline.load`` does before it returns. Format ``/2`` (weights
+inline in ``model.onnx`` unless external) is still read, by copying its members as before.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pipeline.runtime.artifact import (
 )
 from pipeline.runtime.graph_agreement import io_disagreement, settings_disagreement
 from pipeline.runtime.io_spec import IOSpec
-from pipeline.runtime.mapped_zip import DigestThread, MappedZip
+from pipeline.runtime.mapped_zip import DigestThread, MappedZip, MemberCopy
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -62,10 +64,19 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     The manifest must cover exactly the members present, each must match its SHA-256 (the metadata too), the
     metadata must be complete, and its I/O spec must agree with the graph. An artifact written with other library
     versions loads with a warning (the engine, if any, is checked against this machine by ``pipeline.load``).
-    The weights member is copied (and checked) in a thread into a private directory that lives as long as the
-    returned artifact's ``weights`` handle, beside a hard link to the artifact that ``session_model`` reads in place.
-    With ``wait=False`` the thread may still run: call ``.verified()`` before trusting ``onnx_model``'s weights.
+    The weights member is checked in a thread; ``session_model`` reads it in place through a hard link to the
+    artifact in a private directory that lives as long as the returned artifact's ``weights`` handle, and
+    ``onnx_model`` reads a copy in that directory, written when first asked for (or now, where no link can be made).
+    With ``wait=False`` the thread may still run: call ``.verified()`` before trusting the weights.
     """
+    return open_artifact(path).read(wait=wait)
+
+
+def open_artifact(path: str | Path) -> OpenedArtifact:
+    """The first half of :func:`read_artifact`: the members read and checked against the manifest, the metadata and
+    its settings parsed, and the stored session graph, if any, checked and pointing into the artifact: what an ONNX
+    Runtime session needs, which ``pipeline.load`` starts making before :meth:`OpenedArtifact.read` does the rest
+    (the module's graph parsed and checked against the metadata)."""
     if not isinstance(path, str | Path):
         raise ArtifactError(
             f"cannot load an artifact from a {type(path).__name__}", fix="pass the path of a .ptrt file (str or Path)"
@@ -73,7 +84,6 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"no artifact at {path}", fix="check the path")
-    here = _InThread(_library_versions)  # 0.05-0.15 s of package metadata, while the rest goes on
     weights = WeightFiles()
     try:
         members = _read_members(path, weights)
@@ -83,46 +93,71 @@ def read_artifact(path: str | Path, *, wait: bool = True) -> Artifact:
     except (zipfile.BadZipFile, zipfile.LargeZipFile, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         weights.cleanup()
         raise ArtifactError(f"{path} is corrupted or not an artifact: {exc}", fix=REWRITE_FIX) from exc
-    data = members.data
-    metadata = _metadata(path, data[METADATA_MEMBER])
-    try:
-        model = onnx.load_model_from_string(data[ONNX_MEMBER])
-    except Exception as exc:
-        raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
-    io = _check_io_against_graph(path, metadata, model)
-    settings = _check_settings(path, metadata, model)
-    session_model = stored_session = None
-    if members.digest is not None:  # format /3: the weights member is being copied into the private directory
-        _check_weights_inside(path, model, members.data_size)
-        if members.data_offset is not None:  # and linked: a session can read them where they are stored
-            session_model = _pointing_into_artifact(model, members.data_offset)
-            set_weights_dir(session_model, weights.directory)
-            stored_session = _stored_session(path, metadata, data, members, weights)
-    if any(True for _ in external_tensors(model)):
-        set_weights_dir(model, weights.directory)
-    kept: WeightFiles | None = weights
-    if members.digest is None and not (weights.directory / DATA_MEMBER).is_file():
-        weights.cleanup()
-        kept = None
-    segment_engines = {
-        int(name.removeprefix("engine-segment-").removesuffix(".plan")): blob
-        for name, blob in data.items()
-        if name.startswith("engine-segment-") and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
-    }
-    pending = PendingChecks(path, metadata, here, members.digest)
-    artifact = Artifact(
-        metadata,
-        model,
-        data.get(ENGINE_MEMBER),
-        kept,
-        segment_engines,
-        pending,
-        session_model,
-        settings,
-        stored_session,
-        io,
-    )
-    return artifact.verified() if wait else artifact
+    metadata = _metadata(path, members.data[METADATA_MEMBER])
+    settings = _saved_settings(path, metadata)
+    stored_session = None
+    if members.digest is not None and members.data_offset is not None:  # format /3, linked: read in place
+        stored_session = _stored_session(path, metadata, members.data, members, weights)
+    return OpenedArtifact(path, weights, members, metadata, settings, stored_session)
+
+
+@dataclass
+class OpenedArtifact:
+    """An artifact read up to its graph (:func:`open_artifact`); :meth:`read` reads the rest."""
+
+    path: Path
+    weights: WeightFiles
+    members: _Members
+    metadata: dict[str, Any]
+    settings: Settings  # the metadata's, valid (read checks that they describe the graph)
+    #: the stored session graph reading the artifact in place, with its fingerprint (``Artifact.stored_session``)
+    stored_session: tuple[str, onnx.ModelProto] | None
+
+    def read(self, *, wait: bool = True) -> Artifact:
+        """The artifact: the graph parsed and checked against the metadata (see :func:`read_artifact`)."""
+        path, weights, members, metadata = self.path, self.weights, self.members, self.metadata
+        here = InThread(_library_versions)  # 0.05-0.15 s of package metadata, while the rest goes on
+        data = members.data
+        try:
+            model = onnx.load_model_from_string(data[ONNX_MEMBER])
+        except Exception as exc:
+            raise ArtifactError(f"{path}: the ONNX graph does not parse: {exc}", fix=REWRITE_FIX) from exc
+        io = _check_io_against_graph(path, metadata, model)
+        reason = settings_disagreement(self.settings, model)
+        if reason is not None:
+            raise ArtifactError(f"{path}: {reason}", fix=REWRITE_FIX)
+        session_model = None
+        if members.digest is not None:  # format /3: the weights member is being hashed
+            _check_weights_inside(path, model, members.data_size)
+            if members.data_offset is not None:  # and linked: a session can read them where they are stored
+                session_model = _pointing_into_artifact(model, members.data_offset)
+                set_weights_dir(session_model, weights.directory)
+        if any(True for _ in external_tensors(model)):
+            set_weights_dir(model, weights.directory)
+        kept: WeightFiles | None = weights
+        if members.digest is None and not (weights.directory / DATA_MEMBER).is_file():
+            weights.cleanup()
+            kept = None
+        segment_engines = {
+            int(name.removeprefix("engine-segment-").removesuffix(".plan")): blob
+            for name, blob in data.items()
+            if name.startswith("engine-segment-")
+            and name.removeprefix("engine-segment-").removesuffix(".plan").isdigit()
+        }
+        pending = PendingChecks(path, metadata, here, members.digest)
+        artifact = Artifact(
+            metadata,
+            model,
+            data.get(ENGINE_MEMBER),
+            kept,
+            segment_engines,
+            pending,
+            session_model,
+            self.settings,
+            self.stored_session,
+            io,
+        )
+        return artifact.verified() if wait else artifact
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -155,7 +190,7 @@ class PendingChecks:
     manifest's, and the library versions (looked up in a thread) against the metadata's."""
 
     def __init__(
-        self, path: Path, metadata: dict[str, Any], here: _InThread[dict[str, str]], digest: DigestThread | None
+        self, path: Path, metadata: dict[str, Any], here: InThread[dict[str, str]], digest: DigestThread | None
     ) -> None:
         self.path, self._metadata, self._here, self._digest = path, metadata, here, digest
         self._failure: ArtifactError | None = None
@@ -181,15 +216,19 @@ def _weights_failure(path: Path, digest: DigestThread) -> ArtifactError | None:
     return None if got == digest.expected else _digest_error(path, DATA_MEMBER)
 
 
-class _InThread(Generic[T]):
+class InThread(Generic[T]):
     """``function()`` run in a daemon thread; :meth:`result` waits for it (and raises what it raised)."""
 
-    def __init__(self, function: Callable[[], T]) -> None:
+    def __init__(self, function: Callable[[], T], name: str = "artifact-check") -> None:
         self._function = function
         self._result: list[T] = []
         self._error: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, name="artifact-check", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def wait(self) -> None:
+        """Wait for the function to return or raise (what it raised is dropped)."""
+        self._thread.join()
 
     def _run(self) -> None:
         try:
@@ -279,9 +318,13 @@ def _mapped_members(
         mapped.close()
         raise
     size = len(weights_view)
-    copy = weights.directory / DATA_MEMBER  # the module's own copy, made while the session maps the artifact
-    digest = DigestThread(weights_view, digests[DATA_MEMBER], done=mapped, copy_to=copy)
-    return _Members(data, digest, offset if linked else None, size)
+    if not linked:  # the session reads the module's own copy of the weights: made now, while they are hashed
+        digest = DigestThread(weights_view, digests[DATA_MEMBER], done=mapped, copy_to=weights.directory / DATA_MEMBER)
+        return _Members(data, digest, None, size)
+    # the session reads the artifact in place through the link; the module's graph reads a copy made when first
+    # asked for (weights_dir), which most processes never are
+    weights.defer(DATA_MEMBER, MemberCopy(path, weights.directory / LINK_NAME, offset, size, digests[DATA_MEMBER]))
+    return _Members(data, DigestThread(weights_view, digests[DATA_MEMBER], done=mapped), offset, size)
 
 
 def _link(path: Path, mapped: MappedZip, link: Path) -> bool:
@@ -398,20 +441,17 @@ def _check_io_against_graph(path: Path, metadata: dict[str, Any], model: onnx.Mo
     return io
 
 
-def _check_settings(path: Path, metadata: dict[str, Any], model: onnx.ModelProto) -> Settings:
-    """The saved settings, which must be valid and describe the graph (:func:`settings_disagreement`): they are the
-    artifact's (a broken artifact, not the caller's input), so every error here is an ArtifactError."""
+def _saved_settings(path: Path, metadata: dict[str, Any]) -> Settings:
+    """The saved settings, which must be valid (:meth:`OpenedArtifact.read` checks that they describe the graph,
+    :func:`settings_disagreement`): they are the artifact's (a broken artifact, not the caller's input), so every
+    error here is an ArtifactError."""
     try:
-        settings = settings_from_json(metadata["settings"])
+        return settings_from_json(metadata["settings"])
     except (InputError, TypeError, ValueError) as exc:
         cause = exc.message if isinstance(exc, InputError) else str(exc)
         raise ArtifactError(
             f"{path}: the settings in {METADATA_MEMBER} are not valid: {cause}", fix=REWRITE_FIX
         ) from exc
-    reason = settings_disagreement(settings, model)
-    if reason is not None:
-        raise ArtifactError(f"{path}: {reason}", fix=REWRITE_FIX)
-    return settings
 
 
 def _warn_on_versions(path: Path, metadata: dict[str, Any], here: dict[str, str]) -> None:

@@ -6,6 +6,11 @@ engine that must be built (``rebuild=True``, TensorRT asked of an artifact witho
 ``build`` callable the caller passes, which ``pipeline.load`` does (:func:`pipeline.backends.build_executor`, imported
 only then).
 
+An ONNX Runtime artifact with a stored session graph made for this machine has its session made in a thread as soon
+as the members, the settings and that graph are read: ONNX Runtime lets go of the GIL while it makes a session
+(0.35 s for the issue-35 Llama), and the rest of the load (the module's graph parsed and checked against the
+metadata, the module's imports) runs meanwhile.
+
 Python's cyclic garbage collector is paused while an artifact loads (the modules it imports included, which is why
 they are imported inside :func:`load`): with torch imported, the collector walks some 170,000 objects each time the
 imports' allocations trigger it, which made ``import onnxruntime`` 0.3-0.5 s instead of 0.08 s. A load makes little
@@ -26,6 +31,7 @@ from converters.errors import ArtifactError
 
 if TYPE_CHECKING:
     from pipeline.runtime.artifact import Artifact
+    from pipeline.runtime.artifact_reading import InThread, OpenedArtifact
     from pipeline.runtime.executors import Executor, ExecutorBuilder
     from pipeline.runtime.module import ConvertedModule
     from pipeline.runtime.reports.conversion import ConversionReport
@@ -71,17 +77,50 @@ def load(
 
         return load_directory(Path(path), part)  # type: ignore[return-value]
     with collector_paused():
-        from pipeline.runtime.artifact_reading import read_artifact
+        from pipeline.runtime.artifact_reading import open_artifact
 
         # the weights' SHA-256 runs while the executor is made; a corrupt artifact still fails here (ArtifactError)
-        artifact = read_artifact(path, wait=False)
+        opened = open_artifact(path)
+        early = _early_session(opened, backend, (threads, spinning))
         try:
-            module = _module(artifact, path, backend, rebuild, build, (threads, spinning))
+            artifact = opened.read(wait=False)
         except BaseException:
+            if early is not None:
+                early.wait()  # no session left being made behind the error
+            raise
+        try:
+            module = _module(artifact, path, backend, rebuild, build, (threads, spinning), early)
+        except BaseException:
+            if early is not None:
+                early.wait()
             artifact.verified()  # corrupt weights are the cause to report, whatever failed on them
             raise
         artifact.verified()
         return module
+
+
+def _early_session(
+    opened: OpenedArtifact, backend: str | None, runtime: tuple[int | None, bool | None]
+) -> InThread[Executor] | None:
+    """The ONNX Runtime executor of the artifact's stored session graph, made in a thread while the rest of the
+    artifact is read and checked, when that is what the load will run (see the module docstring); else None."""
+    chosen = backend or opened.metadata["backend"]
+    if chosen != "onnxruntime" or opened.metadata.get("plugins") or opened.stored_session is None:
+        return None
+    from pipeline.runtime.artifact_reading import InThread
+    from pipeline.runtime.io_spec import IOSpec
+    from pipeline.runtime.ort.executor import OnnxRuntimeExecutor  # imported here: the thread imports nothing
+    from pipeline.runtime.ort.stored_graph import session_graph_key
+
+    settings = opened.settings.with_runtime(*runtime)
+    key, graph = opened.stored_session
+    if key != session_graph_key(settings):
+        return None  # the load rewrites the graph (Artifact.session_graph says why)
+    try:
+        io = IOSpec.from_json(opened.metadata["io"])
+    except (KeyError, TypeError, ValueError):
+        return None  # a malformed I/O spec: reading the rest says so
+    return InThread(lambda: OnnxRuntimeExecutor(graph, io, settings, prepared=graph), name="artifact-session")
 
 
 @contextlib.contextmanager
@@ -103,8 +142,10 @@ def _module(
     rebuild: bool,
     build: ExecutorBuilder | None,
     runtime: tuple[int | None, bool | None] = (None, None),
+    early: InThread[Executor] | None = None,
 ) -> ConvertedModule:
-    """The module of a read artifact (its weights possibly still being checked), with the runtime's thread choices."""
+    """The module of a read artifact (its weights possibly still being checked), with the runtime's thread choices;
+    ``early``: its executor, being made (:func:`_early_session`)."""
     from pipeline.runtime.artifact import runtime_cache_beside
     from pipeline.runtime.executors import load_executor, select_backend
     from pipeline.runtime.generation.module import module_class
@@ -123,7 +164,7 @@ def _module(
     # module's graph, whose copy must be complete first
     session_graph = artifact.session_model if chosen == "onnxruntime" and not records else None
     # and runs the session graph stored at save time, when it was made for these settings here (not rewritten again)
-    prepared = artifact.session_graph(settings) if session_graph is not None else None
+    prepared = artifact.session_graph(settings) if session_graph is not None and early is None else None
     if session_graph is None:
         artifact.verified()
     if records or chosen == "tensorrt":  # imported only then: the plugin machinery costs 0.3-1 s of imports (sympy)
@@ -133,7 +174,9 @@ def _module(
         restore_plugins(records, artifact.onnx_model, chosen)
     plan = artifact.metadata.get("segments")
     executor: Executor
-    if plan is not None and chosen in ("tensorrt", "tensorrt-rtx"):  # TensorRT segments, ONNX Runtime for the rest
+    if early is not None:
+        executor = early.result()
+    elif plan is not None and chosen in ("tensorrt", "tensorrt-rtx"):  # TensorRT segments, ONNX Runtime for the rest
         executor = _segmented(chosen, artifact, Path(path), rebuild, settings, plan, build)
     elif engine is None and chosen in ("tensorrt", "tensorrt-rtx"):
         executor = _builder(build, path, chosen)(chosen, artifact.onnx_model, io, settings)

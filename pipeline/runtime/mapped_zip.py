@@ -3,7 +3,8 @@ that places a member's data at an aligned offset so a runtime can map it in plac
 
 Reading a 226 MB artifact through ``zipfile`` copies every member (and checks its CRC) before anything else can
 start; mapping the file and slicing it costs nothing, and the SHA-256 of the manifest (which supersedes the CRC)
-runs over the same pages in a thread while ONNX Runtime makes its session.
+runs over the same pages in a thread while ONNX Runtime makes its session. A member wanted as a plain file later
+(:class:`MemberCopy`) is copied out of the artifact's link, and checked again, when it is.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import struct
 import threading
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from converters.errors import ArtifactError
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's structFileHeader: 30 bytes
 _LOCAL_SIGNATURE = b"PK\x03\x04"
@@ -161,3 +165,38 @@ class DigestThread:
             raise self._error
         assert self._digest is not None
         return self._digest
+
+
+@dataclass(frozen=True)
+class MemberCopy:
+    """Writes a stored member (``size`` bytes at ``offset`` of the file at ``link``: a loaded artifact's hard link),
+    checked against its SHA-256 on the way (the file may have been written over in place since it was loaded), to the
+    path it is given; an ArtifactError, and nothing written, when the bytes are not the ones expected."""
+
+    artifact: Path  # its path when loaded, for messages
+    link: Path
+    offset: int
+    size: int
+    expected: str
+
+    def __call__(self, target: Path) -> None:
+        digest = hashlib.sha256()
+        partial = target.with_name(target.name + ".partial")
+        try:
+            with open(self.link, "rb") as source, open(partial, "wb") as out:
+                source.seek(self.offset)
+                left = self.size
+                while left > 0 and (chunk := source.read(min(left, _CHUNK))):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    left -= len(chunk)
+            if left or digest.hexdigest() != self.expected:
+                raise ArtifactError(
+                    f"{self.artifact}: its weights changed since it was loaded (the file was written over in place)",
+                    fix="load it again",
+                )
+            os.replace(partial, target)
+        except OSError as exc:
+            raise ArtifactError(f"{self.artifact}: copying its weights failed: {exc}", fix="load it again") from exc
+        finally:
+            partial.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from onnx.external_data_helper import ExternalDataInfo
 from torch import nn
 
 import pipeline
-from passes.model_io.external_data import ALIGNMENT, external_tensors, weights_dir
+from passes.model_io.external_data import ALIGNMENT, WEIGHTS_DIR_KEY, external_tensors, weights_dir
 from pipeline.runtime import artifact_reading
 from pipeline.runtime.artifact import DATA_MEMBER, FORMAT, INLINE_FORMAT, LINK_NAME
 from pipeline.runtime.artifact_reading import read_artifact
@@ -119,6 +119,40 @@ def test_session_maps_the_artifact_and_the_module_reads_a_copy(
 
     gc.collect()
     assert not directory.exists()  # the private directory (and its link) goes with the module
+
+
+def _directory_named_by(model: onnx.ModelProto) -> Path:
+    """The weights directory the graph names, read without weights_dir (which writes the deferred copy)."""
+    return Path(next(p.value for p in model.metadata_props if p.key == WEIGHTS_DIR_KEY))
+
+
+def test_the_module_copy_of_the_weights_is_written_when_first_asked_for(
+    converted: pipeline.ConvertedModule, saved: Path
+) -> None:
+    """A load writes no copy of the weights (the session maps the artifact); the module's graph gets its copy when
+    its weights are first asked for, checked against the manifest."""
+    loaded = pipeline.load(saved)
+    torch.testing.assert_close(loaded(X), converted(X), rtol=0, atol=0)
+    directory = _directory_named_by(loaded.onnx)
+    assert sorted(os.listdir(directory)) == [LINK_NAME]
+    assert weights_dir(loaded.onnx) == directory
+    assert sorted(os.listdir(directory)) == [LINK_NAME, DATA_MEMBER]
+    assert (directory / DATA_MEMBER).read_bytes() == members(saved)[DATA_MEMBER]
+    assert os.stat(directory / DATA_MEMBER).st_nlink == 1
+
+
+def test_the_deferred_copy_refuses_weights_written_over_in_place(saved: Path) -> None:
+    loaded = pipeline.load(saved)
+    mapped = MappedZip(saved)
+    start = mapped.data_offset(DATA_MEMBER)
+    mapped.close()
+    with open(saved, "r+b") as artifact:  # the same file (the module's link), written over after the load
+        artifact.seek(start + 8)
+        artifact.write(b"\xff" * 8)
+    for _ in range(2):  # refused each time asked, never a copy of other weights
+        with pytest.raises(pipeline.ArtifactError, match="its weights changed since it was loaded"):
+            weights_dir(loaded.onnx)
+        assert not (_directory_named_by(loaded.onnx) / DATA_MEMBER).exists()
 
 
 def test_loaded_module_prepacks_like_the_converted_one(saved: Path) -> None:

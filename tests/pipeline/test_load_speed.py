@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 from collections import Counter
 from collections.abc import Callable
@@ -182,6 +183,20 @@ def test_a_stored_graph_made_for_another_runtime_is_not_run(
     loaded = pipeline.load(other)
     assert not runs_stored_graph(loaded)
     assert torch.equal(greedy(loaded), greedy(step))
+
+
+def test_the_session_made_while_the_graph_is_checked_yields_to_the_checks(saved: Path, tmp_path: Path) -> None:
+    """The session of a stored graph is made in a thread while the rest of the artifact is checked: an artifact that
+    fails the checks (here an I/O spec that is not the graph's, which the session would refuse too) is the checks'
+    ArtifactError, and no session is left being made behind it."""
+
+    def rename(metadata: dict) -> None:
+        metadata["io"]["inputs"][0][0] = "tokens"
+
+    other = rewritten(saved, tmp_path / "renamed.ptrt", edit_metadata(rename))
+    with pytest.raises(pipeline.ArtifactError, match="tokens"):
+        pipeline.load(other)
+    assert not [t for t in threading.enumerate() if t.name == "artifact-session"]
 
 
 def test_a_stored_graph_pointing_outside_the_weights_is_refused(saved: Path, tmp_path: Path) -> None:
