@@ -78,7 +78,42 @@ def _families() -> dict[str, Callable[[], Any]]:
         "Granite": lambda: tf.GraniteConfig(**_GQA),
         "Cohere": lambda: tf.CohereConfig(**_GQA),
         "SmolLM3": lambda: tf.SmolLM3Config(**_GQA),
+        **_recurrent_families(),
     }
+
+
+#: Families whose cache layers keep recurrent states (pipeline/generation/recurrent_state.py): model type -> the
+#: layer_types of their two layers (None: the small config's own), a recurrent layer and, where the family has one,
+#: an attention layer (transformers' own forward fails on a cache of linear-attention layers alone for some).
+_RECURRENT = {
+    "qwen3_next": ["linear_attention", "full_attention"],
+    "qwen3_5_text": ["linear_attention", "full_attention"],
+    "qwen3_5_moe_text": ["linear_attention", "full_attention"],
+    "lfm2": ["conv", "full_attention"],
+    "lfm2_moe": ["conv", "full_attention"],
+    "falcon_h1": None,
+    "jamba": None,
+    "mamba": None,
+    "mamba2": None,
+    "falcon_mamba": None,
+    "olmo_hybrid": None,
+    "nemotron_h": None,
+    "lara_mini": None,
+}
+
+
+def _recurrent_families() -> dict[str, Callable[[], Any]]:
+    """The recurrent-state families, each the small config of tests/model_sources (vocabulary as the others')."""
+
+    def make(kind: str) -> Any:
+        from model_sources import transformers_all_models as every
+
+        config = every.shrunk(kind)
+        if _RECURRENT[kind] is not None:
+            config.layer_types = _RECURRENT[kind]
+        return config
+
+    return {kind: (lambda kind=kind: make(kind)) for kind in _RECURRENT}
 
 
 def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

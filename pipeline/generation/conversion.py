@@ -20,8 +20,9 @@ from converters.generation_settings import GenerationSettings, check_token_ids, 
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
+from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
 from pipeline.generation.step import CachedStep, uses_attention_interface
-from pipeline.runtime.generation.layout import CachedLayer, past_name
+from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
 
@@ -40,11 +41,19 @@ def prepare_step(
     input_ids = _prompt_ids(model, sample)
     check_sample_fits(input_ids, generation, settings.validate)
     layout, vocabulary = _cache_layout(model, input_ids)
+    states = any(isinstance(layer, StateLayer) for layer in layout)
+    if states and generation.max_prompt != 1:  # the one-token step (pipeline.generation.recurrent_state)
+        logger.info("%s keeps recurrent states: its step takes one token (max_prompt=1)", type(model).__name__)
+        generation = dataclasses.replace(generation, max_prompt=1)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     attention = attention_form(model, settings, layout)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
-        generation, layers=len(layout), eos_token_id=eos, pad_token_id=pad, attention=attention
+        generation,
+        layers=cached_layers(layout) if states else len(layout),
+        eos_token_id=eos,
+        pad_token_id=pad,
+        attention=attention,
     )
     generation = check_token_ids(generation, vocabulary, from_model)
     use_interface = uses_attention_interface(
@@ -52,7 +61,8 @@ def prepare_step(
         "the cache is written with TensorScatter, but its own attention code is exported as it is (no ONNX "
         "Attention node)",
     )
-    step = CachedStep(model, len(layout), use_interface).train(model.training)  # no "training mode" warning
+    step = RecurrentStep(model, layout, use_interface) if states else CachedStep(model, len(layout), use_interface)
+    step = step.train(model.training)  # no "training mode" warning
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1
     capacity = generation.max_length
@@ -62,7 +72,7 @@ def prepare_step(
     positions = torch.arange(steps).unsqueeze(0).expand(batch, -1).clone()
     past = [tensor for layer in layout for tensor in layer.storage(batch, capacity)]
     step_sample: Any = ((ids, mask, positions, torch.tensor(0, dtype=torch.int64), *past), {})
-    dims = _dynamic_dims(len(layout), batch, steps, generation.max_batch, generation.max_prompt or capacity)
+    dims = _dynamic_dims(cache_names(layout), batch, steps, generation.max_batch, generation.max_prompt or capacity)
     opset = max(settings.opset or GENERATION_OPSET, GENERATION_OPSET)
     config = dataclasses.replace(
         settings,
@@ -157,30 +167,41 @@ def check_sample_fits(input_ids: torch.Tensor, generation: GenerationSettings, v
 #: state (linear attention, short convolutions, state-space and hybrid layers), or an indexer's key cache beside the
 #: keys and values (DeepSeek sparse attention's "indexed_attention").
 UNCACHED_LAYER_WORDS = ("linear", "conv", "mamba", "hybrid", "recurrent", "ssm", "rwkv", "indexed")
+#: Of those, the words of layers a causal LM's step cannot cache even with recurrent states
+#: (:mod:`pipeline.generation.recurrent_state`): an indexer's key cache, and RWKV's (not on transformers' Cache API).
+UNCACHED_STATE_WORDS = ("rwkv", "indexed")
 
 
-def check_attention_layers(model: torch.nn.Module) -> None:
-    """An InputError, before any run, for a model whose config lists layers the step cannot cache."""
+def check_attention_layers(model: torch.nn.Module, states: bool = False) -> None:
+    """An InputError, before any run, for a model whose config lists layers the step cannot cache (``states``: a
+    causal LM's step, which caches recurrent states too)."""
     config = getattr(model, "config", None)
     config = getattr(config, "text_config", None) or config
     types = getattr(config, "layer_types", None)
     if not isinstance(types, list | tuple):
         return
-    refused = sorted({str(t) for t in types if any(word in str(t) for word in UNCACHED_LAYER_WORDS)})
+    words = UNCACHED_STATE_WORDS if states else UNCACHED_LAYER_WORDS
+    refused = sorted({str(t) for t in types if any(word in str(t) for word in words)})
     if refused:
         count = sum(1 for t in types if str(t) in refused)
+        what = (
+            "generation= caches attention's keys and values and linear-attention, convolution and state-space "
+            "layers' recurrent states, not an indexer's key cache"
+            if states
+            else "this generation= step caches the keys and values of attention layers only (a linear-attention, "
+            "convolution or state-space layer keeps a recurrent state, which only a causal LM's step caches; an "
+            "indexed layer an indexer's key cache besides)"
+        )
         raise InputError(
-            f"{type(model).__name__} has {count} of its {len(types)} layers of kind {', '.join(refused)}: generation= "
-            "caches the keys and values of attention layers only (a linear-attention, convolution or state-space "
-            "layer keeps a recurrent state, an indexed layer an indexer's key cache besides)",
+            f"{type(model).__name__} has {count} of its {len(types)} layers of kind {', '.join(refused)}: {what}",
             fix="convert without generation= (the plain forward)",
         )
 
 
-def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[CachedLayer], int]:
+def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[Any], int]:
     """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens, and
     the vocabulary (the width of the logits of that run)."""
-    check_attention_layers(model)
+    check_attention_layers(model, states=True)
     try:
         with torch.no_grad():
             out = model(input_ids=input_ids[:1, :2], use_cache=True)
@@ -192,13 +213,14 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list
             "encoder-decoders and vision-language decoders with get_image_features; convert without generation= "
             "for the plain forward",
         ) from error
-    return layout_of(model, out)
+    return layout_of(model, out, states=True)
 
 
-def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[CachedLayer], int]:
+def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[list[Any], int]:
     """The heads, key and value widths and dtype of every cached layer of the cache in ``out`` (the model's output with
     ``use_cache=True``) and the vocabulary (the width of its logits); an InputError for a cache the step cannot
-    hold."""
+    hold. ``states``: a layer with recurrent states is a :class:`~pipeline.generation.recurrent_state.StateLayer`
+    (a causal LM's step), else refused."""
     cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if not is_model_cache(cache):
         raise InputError(
@@ -206,8 +228,11 @@ def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[CachedLayer], int]
             f"{type(cache).__name__}); generation= needs a model that caches keys and values",
             fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
         )
-    layout = []
+    layout: list[Any] = []
     for i, layer in enumerate(cache.layers):
+        if states and holds_states(layer):
+            layout.append(StateLayer.of(i, layer, type(model).__name__))
+            continue
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
             raise InputError(
@@ -229,7 +254,7 @@ def layout_of(model: torch.nn.Module, out: Any) -> tuple[list[CachedLayer], int]
     return layout, int(vocabulary or 0)
 
 
-def attention_form(model: torch.nn.Module, settings: Settings, layers: Sequence[CachedLayer] = ()) -> str:
+def attention_form(model: torch.nn.Module, settings: Settings, layers: Sequence[Any] = ()) -> str:
     """``generation.attention`` made concrete: "auto" is decomposed where TensorRT would refuse ONNX ``Attention``
     (fp32: no dedicated kernel, and not decomposable from ONNX; a softcap: not supported; keys wider than values, as
     multi-head latent attention's are: its attention layer needs keys and values of one shape), else "onnx"."""
@@ -281,9 +306,8 @@ def _configured(name: str, value: Any) -> tuple[int, ...]:
         ) from None
 
 
-def _dynamic_dims(layers: int, batch: int, steps: int, max_batch: int, max_prompt: int) -> tuple[DynamicDim, ...]:
-    names = ["input_ids", "attention_mask", "position_ids"]
-    names += [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
+def _dynamic_dims(cache: list[str], batch: int, steps: int, max_batch: int, max_prompt: int) -> tuple[DynamicDim, ...]:
+    names = ["input_ids", "attention_mask", "position_ids", *cache]
     dims: list[DynamicDim] = []
     if max_batch >= 2:
         dims += [DynamicDim(name, 0, "batch", 1, batch, max_batch) for name in names]

@@ -308,14 +308,14 @@ class CachedStep(torch.nn.Module):
                 # columns of past keys): the graph is one for both. Only the trace assumes it (the graph holds no
                 # assertion of it); validation runs the prefill at length 0
                 torch._check(length >= 1)
-        layers = [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length, length) for i in range(self.layers)]
+        layers = self.cache_layers(past, past_length, length)
         if self.prefill_masks:  # the model's first-call masks apply (its decode steps' inputs make them no-ops)
             for layer in layers:
                 layer.is_initialized = False
         call: dict[str, Any] = {
             **tokens,
-            "attention_mask": None if self.own_mask else attention_mask,
-            self._cache_argument: StepCache(layers),
+            "attention_mask": None if self.own_mask else self.model_mask(attention_mask, past_length, steps),
+            self._cache_argument: self.cache(layers),
             "use_cache": True,
         }
         if self.position_offset is not None:
@@ -328,7 +328,23 @@ class CachedStep(torch.nn.Module):
                 call["_step_mask"] = causal_step_mask(attention_mask, past_length, steps)
         with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
             out = self.model(**call)
-        return step_outputs(out.logits, layers)
+        return self.outputs(out.logits, layers)
+
+    def outputs(self, logits: torch.Tensor, layers: list[Any]) -> dict[str, torch.Tensor]:
+        """What the step returns (:func:`step_outputs`)."""
+        return step_outputs(logits, layers)
+
+    def cache_layers(self, past: Sequence[torch.Tensor], past_length: torch.Tensor, length: Any) -> list[Any]:
+        """The cache layers over the step's ``past`` inputs (a subclass with other cache tensors builds its own)."""
+        return [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length, length) for i in range(self.layers)]
+
+    def cache(self, layers: list[Any]) -> Cache:
+        """The transformers ``Cache`` the model is handed."""
+        return StepCache(layers)
+
+    def model_mask(self, attention_mask: torch.Tensor, past_length: torch.Tensor, steps: int) -> torch.Tensor:
+        """The 2-D ``attention_mask`` the model is handed: the step's, over the cache's capacity."""
+        return attention_mask
 
 
 def causal_step_mask(attention_mask: torch.Tensor, past_length: torch.Tensor, steps: int) -> torch.Tensor:

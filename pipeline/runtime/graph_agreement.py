@@ -16,7 +16,7 @@ import onnx
 
 from converters.block_settings import FOUR_BIT_PRECISIONS
 from converters.settings import GenerationSettings
-from pipeline.runtime.generation.layout import STEP_INPUTS, past_name, present_name
+from pipeline.runtime.generation.layout import STATE_KINDS, STEP_INPUTS, past_name, present_name
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.settings import DynamicDim, Settings
 
@@ -108,11 +108,20 @@ def _generation_disagreement(
     )
 
 
+#: How many layers in a row may hold no cache tensor (Nemotron-H's MLP and MoE layers between its mixers).
+_LAYERS_WITHOUT_CACHE = 16
+
+
 def _cache_layers(names: Dims, name_of: Callable[[int, str], str]) -> int:
-    """How many layers ``0, 1, ...`` have both a ``key`` and a ``value`` tensor among ``names``."""
-    count = 0
-    while name_of(count, "key") in names and name_of(count, "value") in names:
-        count += 1
+    """How many layers ``0, 1, ...`` have both a ``key`` and a ``value`` tensor among ``names``, or a recurrent state
+    (``conv``, ``recurrent``: a layer of linear attention, a convolution or a state-space mixer)."""
+    count, layer = 0, 0
+    while layer <= count + _LAYERS_WITHOUT_CACHE:  # a hybrid stack's MLP layers hold none between them
+        if (name_of(layer, "key") in names and name_of(layer, "value") in names) or any(
+            name_of(layer, kind) in names for kind in STATE_KINDS
+        ):
+            count = layer + 1
+        layer += 1
     return count
 
 
@@ -121,7 +130,7 @@ def _capacity_disagreement(max_length: int, inputs: Dims, outputs: Dims, layers:
     of every cache tensor."""
     sized = [("attention_mask", inputs["attention_mask"], 1)] if mask else []
     for layer in range(layers):
-        for kind in ("key", "value"):
+        for kind in ("key", "value") if past_name(layer, "key") in inputs else ():
             sized.append((past_name(layer, kind), inputs[past_name(layer, kind)], CACHE_POSITIONS_AXIS))
             sized.append((present_name(layer, kind), outputs[present_name(layer, kind)], CACHE_POSITIONS_AXIS))
     for name, dims, axis in sized:

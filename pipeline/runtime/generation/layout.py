@@ -19,6 +19,22 @@ def past_name(layer: int, kind: str) -> str:
     return f"past_key_values.{layer}.{kind}"
 
 
+#: Kinds of a layer's recurrent-state tensors (``past_key_values.{i}.conv``, ``.recurrent``; a layer's further states
+#: ``conv_1``, ``recurrent_1``, ...): fixed-size, batch-first, replaced whole by every step (never written in place).
+STATE_KINDS = ("conv", "recurrent")
+
+
+def state_kind(kind: str, index: int) -> str:
+    """The name kind of a layer's state ``index`` of ``kind`` (``conv``, ``conv_1``, ...)."""
+    return kind if index == 0 else f"{kind}_{index}"
+
+
+def is_state_name(name: str) -> bool:
+    """Whether the cache tensor ``name`` is a recurrent state (not keys or values)."""
+    kind = name.rsplit(".", 1)[-1]
+    return kind.split("_", 1)[0] in STATE_KINDS
+
+
 def cross_name(layer: int, kind: str) -> str:
     """``cross.{layer}.{kind}``: an encoder-decoder's cross-attention keys or values (the encoder graph's outputs,
     the step's inputs)."""
@@ -63,17 +79,28 @@ class CacheLayout:
     @property
     def layers(self) -> int:
         """The number of cached layers."""
-        return len(self.names) // 2
+        if all(self.in_place):  # keys and values: a pair per layer
+            return len(self.names) // 2
+        return len({name.split(".")[1] for name in self.names})
 
     @property
     def capacity(self) -> int:
-        """The cache's sequence capacity (tokens)."""
-        return self.shapes[0][1]
+        """The cache's sequence capacity (tokens): the positions of its first keys (0 without keys: Mamba's)."""
+        return next((s[1] for n, s in zip(self.names, self.shapes, strict=True) if not is_state_name(n)), 0)
 
     @property
     def present_names(self) -> tuple[str, ...]:
-        """The matching outputs, ``present.{i}.key/value``."""
-        return tuple(present_name(i, kind) for i in range(self.layers) for kind in ("key", "value"))
+        """The matching outputs, ``present.{i}.{kind}``."""
+        if all(self.in_place):
+            return tuple(present_name(i, kind) for i in range(self.layers) for kind in ("key", "value"))
+        return tuple(present_name(int(layer), kind) for _, layer, kind in (n.split(".", 2) for n in self.names))
+
+    @property
+    def in_place(self) -> tuple[bool, ...]:
+        """Per tensor: may its ``present`` output share its ``past`` input's memory (keys and values: the step writes
+        the new positions into a copy of its input), or must it be another buffer (a recurrent state: the step
+        computes the new state from the old one over many nodes, which must all read the old)."""
+        return tuple(not is_state_name(name) for name in self.names)
 
     def bytes_per_row(self) -> int:
         """Cache bytes for one batch row."""
@@ -84,8 +111,18 @@ class CacheLayout:
 
 
 def cache_layout(io: IOSpec, layers: int) -> CacheLayout:
-    """The layout of the ``past_key_values.{i}.key/value`` inputs of ``io``."""
+    """The layout of the ``past_key_values.{i}.{kind}`` inputs of ``io``: each layer's keys and values, then its
+    recurrent states (:data:`STATE_KINDS`), as the step graph takes them."""
     specs = {t.name: t for t in io.inputs}
-    names = tuple(past_name(i, kind) for i in range(layers) for kind in ("key", "value"))
+    names = tuple(
+        name
+        for i in range(layers)
+        for name in (
+            *(past_name(i, kind) for kind in ("key", "value") if past_name(i, kind) in specs),
+            *(t.name for t in io.inputs if t.name.startswith(past_name(i, "")) and is_state_name(t.name)),
+        )
+    )
+    if layers and not any(name.startswith(past_name(layers - 1, "")) for name in names):
+        raise KeyError(past_name(layers - 1, "key"))  # the last layer holds tensors (a layer between may hold none)
     shapes = tuple(tuple(int(d) for d in specs[n].shape[1:]) for n in names)
     return CacheLayout(names, shapes, tuple(specs[n].torch_dtype for n in names))

@@ -71,7 +71,9 @@ class OrtBoundRunner:
 
     ``aliased=True`` binds each ``present`` output to the very buffer its ``past`` input reads (the step writes the
     cache in place: ``TensorScatter`` copies its input onto itself, then writes the new positions); ``False`` keeps
-    two sets of buffers and swaps them every step (the cache copied once per step inside ONNX Runtime).
+    two sets of buffers and swaps them every step (the cache copied once per step inside ONNX Runtime). A recurrent
+    state (:attr:`CacheLayout.in_place` false) has two buffers either way: the step computes its new state from the
+    old one over many nodes, all of which must read the old.
 
     ``row_session`` (a callable giving a session or ``None``) is the executor's second session of the same graph for
     steps of one row and one token (:meth:`pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session`): those
@@ -106,6 +108,12 @@ class OrtBoundRunner:
         self.write_arrays = self.read_arrays if self.aliased else arrays()
         self.reads = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.read_arrays]
         self.writes = self.reads if self.aliased else [ort.OrtValue.ortvalue_from_numpy(a) for a in self.write_arrays]
+        if self.aliased and not all(self.layout.in_place):  # recurrent states: two buffers each, swapped every step
+            self.write_arrays = [r if same else np.zeros_like(r) for r, same in self._pairs(self.read_arrays)]
+            self.writes = [
+                r if same else ort.OrtValue.ortvalue_from_numpy(w)
+                for (r, same), w in zip(self._pairs(self.reads), self.write_arrays, strict=True)
+            ]
 
     def run(
         self,
@@ -162,7 +170,10 @@ class OrtBoundRunner:
         rows = int(input_ids.shape[0])
         named = _named(input_ids, attention_mask, position_ids, 0, extra)
         reads = [self._leading(a, rows) for a in self.read_arrays]
-        writes = reads if self.aliased else [self._leading(a, rows) for a in self.write_arrays]
+        writes = [
+            r if w is a else self._leading(w, rows)
+            for r, a, w in zip(reads, self.read_arrays, self.write_arrays, strict=True)
+        ]
         logits = self.binding.run(named, reads, writes)
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
@@ -178,9 +189,13 @@ class OrtBoundRunner:
         """The rows moved in place in the arrays under the bound ``OrtValue`` buffers (they stay bound); both sets
         when there are two."""
         index = rows.cpu().numpy()
-        for arrays in (self.read_arrays, self.write_arrays) if not self.aliased else (self.read_arrays,):
-            for array in arrays:
+        for read, write in zip(self.read_arrays, self.write_arrays, strict=True):
+            for array in (read,) if write is read else (read, write):
                 array[...] = array[index]  # the fancy index copies first: no row is overwritten before it is read
+
+    def _pairs(self, values: list[Any]) -> list[tuple[Any, bool]]:
+        """``values`` each with whether its tensor is written in place (:attr:`CacheLayout.in_place`)."""
+        return list(zip(values, self.layout.in_place, strict=True))
 
     def _row(self) -> _Binding | None:
         if self._row_binding is None and self._row_session is not None:

@@ -30,6 +30,9 @@ class TrtCacheRunner:
         self.runner = runner
         self.layout = layout
         self.cache: list[torch.Tensor] = []
+        #: the buffers the step writes: the cache's own (keys and values, in place), another for a recurrent state
+        #: (swapped with the cache's after each step: the new state is computed from the old one over many layers)
+        self.written: list[torch.Tensor] = []
 
     def start(self, batch: int) -> None:
         """Zeroed device buffers for ``batch`` rows, one per cache tensor."""
@@ -37,6 +40,9 @@ class TrtCacheRunner:
         self.cache = [
             torch.zeros((batch, *shape), dtype=dtype, device=device)
             for shape, dtype in zip(self.layout.shapes, self.layout.dtypes, strict=True)
+        ]
+        self.written = [
+            b if same else torch.zeros_like(b) for b, same in zip(self.cache, self.layout.in_place, strict=True)
         ]
 
     def run(
@@ -57,9 +63,10 @@ class TrtCacheRunner:
                 "past_length": torch.tensor(past_length, dtype=torch.int64),
             }
             keep = [self._bind(context, name, tensor.to(device).contiguous()) for name, tensor in feeds.items()]
-            for past, present, buffer in zip(self.layout.names, self.layout.present_names, self.cache, strict=True):
+            names = zip(self.layout.names, self.layout.present_names, self.cache, self.written, strict=True)
+            for past, present, buffer, written in names:
                 self._bind(context, past, buffer)
-                context.set_tensor_address(present, buffer.data_ptr())  # the update writes the input's memory
+                context.set_tensor_address(present, written.data_ptr())  # keys, values: the input's memory
             logits = torch.empty(
                 tuple(context.get_tensor_shape("logits")), dtype=self.runner.dtypes["logits"], device=device
             )
@@ -67,6 +74,7 @@ class TrtCacheRunner:
             if not context.execute_async_v3(stream.cuda_stream):
                 raise BuildError("TensorRT failed to run the decoder step", fix="see TensorRT's log above")
             del keep
+            self.cache, self.written = self.written, self.cache  # the same buffers but a state's
             result = logits.float()
         return result.cpu()
 
@@ -75,7 +83,7 @@ class TrtCacheRunner:
         step."""
         with self.runner.exclusive():  # torch's current stream, made to wait for the engine's work before
             index = rows.to(self.runner.device)
-            for buffer in self.cache:
+            for buffer in self.cache:  # a state's other buffer is written whole by the next step
                 buffer.copy_(buffer.index_select(0, index))
 
     def _bind(self, context: trt.IExecutionContext, name: str, tensor: torch.Tensor) -> torch.Tensor:

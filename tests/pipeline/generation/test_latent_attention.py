@@ -89,16 +89,15 @@ def test_tensorrt_rtx_builds_the_latent_attention_step(precision: str) -> None:
 @pytest.mark.parametrize(
     ("model_type", "class_name", "kind"),
     [
-        ("qwen3_next", "Qwen3NextForCausalLM", "linear_attention"),
         ("deepseek_v32", "DeepseekV32ForCausalLM", "indexed_attention"),
     ],
 )
 def test_layers_whose_cache_is_not_keys_and_values_are_refused_by_kind(
     model_type: str, class_name: str, kind: str
 ) -> None:
-    """Gated linear attention keeps a recurrent state, DeepSeek sparse attention an indexer's key cache besides the
-    keys and values: the step holds neither, and says so by the layers' kind before running the model (transformers'
-    own error was about a cache method)."""
+    """DeepSeek sparse attention keeps an indexer's key cache besides the keys and values: the step does not hold it,
+    and says so by the layers' kind before running the model (transformers' own error was about a cache method).
+    Recurrent states (linear attention) are cached: tests/pipeline/generation/test_recurrent_state.py."""
     from model_sources import transformers_all_models as every
 
     torch.manual_seed(0)

@@ -1,0 +1,140 @@
+"""generation= for models whose cache layers keep a recurrent state (pipeline/generation/recurrent_state.py).
+
+A tiny LFM2 (a short-convolution layer, then an attention layer) converted for real on ONNX Runtime fp32: the step
+takes ``past_key_values.0.conv`` beside layer 1's keys and values, one token at a time, and a left-padded batch
+decodes as transformers' ``model.generate`` (tokens and every step's scores), with beams, saved and loaded; the real
+TensorRT-RTX builder takes the step graph (the module is converted for it when it is installed: the same graph runs on
+ONNX Runtime beside the engine, which cannot run here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import pipeline
+from pipeline.runtime.executors import EngineNotRunnableWarning
+from pipeline.runtime.generation.module import GenerativeModule
+
+RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+BACKEND = {"backend": "tensorrt-rtx", "trt_engine_cache": False} if RTX else {}
+NEW_TOKENS = 8
+GENERATION = {"max_length": 24, "max_batch": 8}
+
+
+def tiny_lfm2() -> transformers.Lfm2ForCausalLM:
+    torch.manual_seed(0)
+    config = transformers.Lfm2Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        layer_types=["conv", "full_attention"],
+        eos_token_id=95,
+        pad_token_id=0,
+    )
+    return transformers.Lfm2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> transformers.Lfm2ForCausalLM:
+    return tiny_lfm2()
+
+
+@pytest.fixture(scope="module")
+def prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts of 7 and 4 tokens, the second left-padded."""
+    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def module(model: transformers.Lfm2ForCausalLM, prompts: tuple[torch.Tensor, torch.Tensor]) -> GenerativeModule:
+    """Converted for TensorRT-RTX when it is installed (the real builder builds the engine; with no GPU here the
+    steps run on ONNX Runtime beside it, the same graph), else for ONNX Runtime: one export for both checks."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineNotRunnableWarning)
+        converted = pipeline.convert(model, prompts[0], generation=GENERATION, validate=False, **BACKEND)
+    assert isinstance(converted, GenerativeModule)
+    return converted
+
+
+def test_the_step_carries_the_convolution_state_one_token_at_a_time(module: GenerativeModule) -> None:
+    inputs = [spec.name for spec in module.io.inputs]
+    assert inputs[4:] == ["past_key_values.0.conv", "past_key_values.1.key", "past_key_values.1.value"]
+    assert "present.0.conv" in [spec.name for spec in module.io.outputs]
+    assert module.generation.layers == 2 and module.generation.max_prompt == 1
+
+
+def test_a_padded_batch_decodes_as_transformers_does(
+    model: transformers.Lfm2ForCausalLM, module: GenerativeModule, prompts: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    ids, mask = prompts
+    options = {"max_new_tokens": NEW_TOKENS, "output_scores": True, "return_dict_in_generate": True}
+    expected = model.generate(ids, attention_mask=mask, do_sample=False, eos_token_id=None, **options)
+    got = module.generate(ids, attention_mask=mask, eos_token_id=[], **options)
+    assert torch.equal(got.sequences, expected.sequences)
+    assert len(got.scores) == NEW_TOKENS
+    for ours, theirs in zip(got.scores, expected.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-3)
+
+
+def test_beams_and_a_saved_step_decode_as_transformers_does(
+    model: transformers.Lfm2ForCausalLM,
+    module: GenerativeModule,
+    prompts: tuple[torch.Tensor, torch.Tensor],
+    tmp_path: Path,
+) -> None:
+    ids, mask = prompts
+    beams = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, num_beams=4, do_sample=False)
+    assert torch.equal(module.generate(ids, mask, max_new_tokens=NEW_TOKENS, num_beams=4, eos_token_id=[95]), beams)
+    module.save(tmp_path / "lfm2")
+    loaded = pipeline.load(tmp_path / "lfm2")
+    greedy = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+    assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+
+
+def test_indexed_attention_is_still_refused_by_kind() -> None:
+    from pipeline.generation.conversion import check_attention_layers
+
+    model = tiny_lfm2()
+    check_attention_layers(model, states=True)  # conv layers: cached
+    with pytest.raises(pipeline.InputError, match="layers of kind conv"):
+        check_attention_layers(model)  # a step that caches keys and values only (vision-language decoders)
+    model.config.layer_types = ["indexed_attention", "full_attention"]
+    with pytest.raises(pipeline.InputError, match="(?s)layers of kind indexed_attention.*without generation="):
+        check_attention_layers(model, states=True)
+
+
+@pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
+def test_tensorrt_rtx_builds_the_step(module: GenerativeModule) -> None:
+    """One engine of one profile (the step takes one token), fp32 attention decomposed (no fp32 ONNX Attention
+    kernel in TensorRT-RTX), built by the real builder; no part left to ONNX Runtime segments."""
+    assert module.engine_bytes and not getattr(module, "segments", None)
+    assert module.generation.attention == "decomposed" and len(module.settings.profiles) <= 1
+
+
+def test_a_layout_of_states_gives_each_state_its_own_output_buffer() -> None:
+    """Keys and values are written in place; a state is replaced, so its present output is another buffer."""
+    from pipeline.runtime.generation.layout import CacheLayout
+
+    names = (
+        "past_key_values.0.conv",
+        "past_key_values.0.recurrent",
+        "past_key_values.2.key",
+        "past_key_values.2.value",
+    )
+    layout = CacheLayout(names, ((8, 4), (2, 4, 4), (2, 16, 8), (2, 16, 8)), (torch.float32,) * 4)
+    assert layout.in_place == (False, False, True, True)
+    assert layout.present_names == tuple(n.replace("past_key_values", "present") for n in names)
+    assert layout.layers == 2 and layout.capacity == 16  # layer 1 (an MLP layer) holds nothing
