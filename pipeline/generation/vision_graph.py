@@ -19,7 +19,7 @@ from converters.registry import ConverterRegistry
 from pipeline.generation.kept_selections import KeptSelection, by_element, kept_selections
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import on_tensorrt
-from pipeline.generation.vision_inputs import image_features_method
+from pipeline.generation.vision_inputs import image_features_method, takes_video_frames
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.kept_images import ALL_KEPT, FEATURES, KEPT_ELEMENTS, NONE_KEPT
 from pipeline.runtime.module import ConvertedModule
@@ -94,6 +94,7 @@ def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tens
     if isinstance(pooled, list | tuple):
         pooled = torch.cat([piece.reshape(-1, piece.shape[-1]) for piece in pooled], dim=0)
     if not isinstance(pooled, torch.Tensor):
+        check_placed(model, out)  # features given by decoder layer only (Granite 4 Vision's): said as such
         raise InputError(
             f"{type(model).__name__}.get_image_features returned {type(pooled).__name__}, not the image features",
             fix="generation= converts image-text-to-text models whose get_image_features returns the features",
@@ -222,9 +223,11 @@ def _selects_by_mask(module: ConvertedModule) -> bool:
 
 
 def image_token_id(model: torch.nn.Module) -> int | None:
-    """The token the model places image features at (its config's ``image_token_id``, or ``image_token_index``)."""
+    """The token the model places image features at (its config's ``image_token_id``, or ``image_token_index``; its
+    ``video_token_id`` or ``video_token_index`` where its images are a video's frames: InstructBLIP-Video's)."""
     config = getattr(model, "config", None)
-    for name in ("image_token_id", "image_token_index"):
+    kind = "video" if takes_video_frames(model) else "image"
+    for name in (f"{kind}_token_id", f"{kind}_token_index"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
@@ -246,20 +249,27 @@ def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> A
     features the model adds elsewhere than at the image tokens' embeddings (Qwen3-VL's deepstack)."""
     with torch.no_grad():
         out = image_features_method(model)(**image, return_dict=True)
+    check_placed(model, out)
+    return getattr(out, "pooler_output", out)
+
+
+def check_placed(model: torch.nn.Module, out: Any) -> None:
+    """An InputError when ``get_image_features``' output ``out`` holds features the model adds elsewhere than at the
+    image tokens' embeddings (Qwen3-VL's deepstack)."""
     keys = getattr(out, "keys", None)
     for field in keys() if callable(keys) else ():
         value = out[field]
-        if field not in _PLACED_OUTPUTS and isinstance(value, list | tuple) and value:
+        if not field.endswith(_PLACED_OUTPUTS) and isinstance(value, list | tuple) and value:
             raise InputError(
                 f"{type(model).__name__}.get_image_features also returns {field} ({len(value)}), which the model adds "
                 "inside its decoder layers at the image tokens (Qwen3-VL's deepstack); the cached step places the "
                 "image features in the embeddings only, and would decode otherwise than the model",
                 fix="convert without generation= (the plain forward), or a model whose images enter at the embeddings",
             )
-    return getattr(out, "pooler_output", out)
 
 
-#: Fields of ``get_image_features``' output the step accounts for (the features it places, and the tower's own).
+#: Fields of ``get_image_features``' output the step accounts for (the features it places, and the towers' own: a
+#: field ending in one of them, DeepSeek-VL-Hybrid's ``high_res_vision_hidden_states``, is a second tower's).
 _PLACED_OUTPUTS = ("pooler_output", "last_hidden_state", "hidden_states", "attentions")
 
 

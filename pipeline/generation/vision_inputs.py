@@ -38,12 +38,30 @@ def is_vision_language(model: Any, sample: Any) -> bool:
 
 def image_features_method(model: Any) -> Any:
     """``model.get_image_features``, or its base model's (``model.model``: Janus and DeepSeek-VL have it there only);
-    None when neither has one."""
-    for owner in (model, getattr(model, "model", None)):
-        method = getattr(owner, "get_image_features", None)
-        if callable(method):
-            return method
+    for a generative model with neither whose ``pixel_values`` are a video's frames (InstructBLIP-Video), its
+    ``get_video_features``; None when it has none of them."""
+    for name in features_method_names(model):
+        for owner in (model, getattr(model, "model", None)):
+            method = getattr(owner, name, None)
+            if callable(method):
+                return method
     return None
+
+
+def features_method_names(model: Any) -> tuple[str, ...]:
+    """The name of the method giving the model's image features (none, or one): ``get_image_features``, else
+    ``get_video_features`` for a generative model (``can_generate``)."""
+    owners = (model, getattr(model, "model", None))
+    if any(callable(getattr(owner, "get_image_features", None)) for owner in owners):
+        return ("get_image_features",)
+    can_generate = getattr(model, "can_generate", None)
+    return ("get_video_features",) if callable(can_generate) and can_generate() else ()
+
+
+def takes_video_frames(model: Any) -> bool:
+    """Whether the model's image features are its video's (:func:`features_method_names`): its placeholder is then
+    its config's video token."""
+    return features_method_names(model) == ("get_video_features",)
 
 
 def image_input_names(model: torch.nn.Module) -> list[str]:
@@ -51,8 +69,9 @@ def image_input_names(model: torch.nn.Module) -> list[str]:
     inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after them."""
     names: list[str] = []
     owners = [model, getattr(model, "model", None)]
+    method_name = next(iter(features_method_names(model)), "get_image_features")
     for owner in owners:
-        method = getattr(owner, "get_image_features", None)
+        method = getattr(owner, method_name, None)
         if not callable(method):
             if names or owner is not model:
                 break

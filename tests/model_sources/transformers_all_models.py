@@ -53,6 +53,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "led": {"attention_window": 4},
     # PEGASUS-X's blocks of 512 and 32 global tokens, to the sample's scale
     "pegasus_x": {"block_size": 4, "num_global_tokens": 4},
+    # Granite 4 Vision's projector needs what its config leaves to the checkpoint (None by default, no size to derive
+    # them from): the window Q-Former's rate and which tower layer feeds which text layer
+    "granite4_vision": {"downsample_rate": "1/2", "deepstack_layer_map": [[-1, 0]]},
 }
 
 #: Sizes of vision-language models' towers named their own way (Qwen2-VL's 32 blocks of 1280), beyond ``SMALL``.
@@ -195,7 +198,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         value = getattr(config, name, None)
         # an image placeholder the config names but leaves unset (MiniCPM-V's ``image_token_id``, which a checkpoint
         # sets): the model skips its image without one
-        unset = value is None and name in SPECIAL_TOKENS[:2] and name in vars(config)
+        unset = value is None and name in _placeholder_names(config) and name in vars(config)
         if unset or (isinstance(value, int) and value >= vocabulary):
             setattr(config, name, next(free))
     for owner in _configs(config):
@@ -205,6 +208,13 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     _fit_feature_layers(config)
     for owner in _configs(config):
         _fit_layer_lists(owner)
+    # DeepSeek-VL-Hybrid reads its high-resolution SAM tower's state after its first global layer
+    # (``global_attn_indexes[0]``, 2 of (2, 5, 8, 11)), past the shrunk tower's 2 layers. Named, not general: every SAM
+    # tower's global layers fitted so gives SamHQ a global layer, whose intermediate embeddings then feed a
+    # projection the shrink sized for none
+    high_resolution = getattr(config, "high_res_vision_config", None)
+    if high_resolution is not None:
+        _fit_layer_lists(high_resolution, ("_attn_indexes",), (list, tuple))
     _fit_patch_tables(config)
     _fit_tower_output(config)
     return config
@@ -257,18 +267,21 @@ def _fit_feature_layers(config: Any) -> None:
             setattr(config, name, type(value)(fit(v) for v in value))
 
 
-def _fit_layer_lists(config: Any) -> None:
+def _fit_layer_lists(
+    config: Any, suffixes: tuple[str, ...] = ("_layers", "_layers_indices"), kinds: tuple[type, ...] = (list,)
+) -> None:
     """Lists of the config's own layers past its shrunk depth (Mllama's text ``cross_attention_layers`` [3, 8, ...,
-    38] and its tower's ``intermediate_layers_indices`` [3, 7, 15, 23, 30] of 2 layers) kept to the layers it has, or
-    its last layer when none is left: a model whose text cross-attends to the image on no layer ignores the image."""
+    38] and its tower's ``intermediate_layers_indices`` [3, 7, 15, 23, 30] of 2 layers; names ending in ``suffixes``,
+    values of ``kinds``) kept to the layers it has, or its last layer when none is left: a model whose text
+    cross-attends to the image on no layer ignores the image."""
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int) or layers <= 0:
         return
     for name, value in vars(config).items():
-        if not name.endswith(("_layers", "_layers_indices")) or name in FEATURE_LAYERS or not isinstance(value, list):
+        if not name.endswith(suffixes) or name in FEATURE_LAYERS or not isinstance(value, kinds):
             continue
         if value and all(isinstance(v, int) and v >= 0 for v in value) and max(value) >= layers:
-            setattr(config, name, [v for v in value if v < layers] or [layers - 1])
+            setattr(config, name, type(value)([v for v in value if v < layers] or [layers - 1]))
 
 
 def _fit_patch_tables(config: Any) -> None:
@@ -358,6 +371,17 @@ def _scale_sections(config: Any) -> None:
 SPECIAL_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "audio_token_id", "audio_token_index")
 
 
+#: The placeholder of a model whose images are a video's frames (InstructBLIP-Video's ``video_token_index``).
+VIDEO_TOKENS = ("video_token_id", "video_token_index")
+
+
+def _placeholder_names(config: Any) -> tuple[str, ...]:
+    """The config's names of the token an image's features replace: its image token's, else its video token's (a
+    model that takes its frames as ``pixel_values``)."""
+    images = tuple(name for name in SPECIAL_TOKENS[:2] if name in vars(config))
+    return images or tuple(name for name in VIDEO_TOKENS if name in vars(config)) or SPECIAL_TOKENS[:2]
+
+
 def _attribute(config: Any, *names: str, default: Any = None) -> Any:
     """The first of ``names`` the config (or its vision, audio, encoder or text sub-config) has."""
     owners = [config] + [
@@ -404,7 +428,7 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     if main == "pixel_values" or ("pixel_values" in parameters and "input_ids" not in parameters):
         candidates.append({"pixel_values": pixels, **decoder})
     if "input_ids" in parameters and "pixel_values" in parameters:
-        placeholders = [getattr(config, name, None) for name in SPECIAL_TOKENS[:2]]
+        placeholders = [getattr(config, name, None) for name in _placeholder_names(config)]
         placeholder = next((token for token in placeholders if token is not None), None)
         # a mask of the tokens the image's features replace, in place of a placeholder id (Kosmos-2's
         # ``image_embeds_position_mask``): the image's tokens are a marker id the text does not draw
@@ -439,7 +463,23 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
         candidates.append(text)
     if not candidates:
         candidates.append({main: ids})
-    return candidates
+    required = _required_ids(parameters, ids)
+    return [{**candidate, **required} for candidate in candidates]
+
+
+def _required_ids(parameters: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Token ids the forward requires beside ``input_ids`` (a parameter without a default whose name ends in
+    ``input_ids``: InstructBLIP's ``qformer_input_ids``, the instruction its Q-Former reads with the image), the
+    sample's own tokens, with an all-ones mask where the forward names one of the same prefix."""
+    found: dict[str, torch.Tensor] = {}
+    for name, parameter in parameters.items():
+        if name == "input_ids" or not name.endswith("input_ids") or parameter.default is not parameter.empty:
+            continue
+        found[name] = ids.clone()
+        mask = name.removesuffix("input_ids") + "attention_mask"
+        if mask in parameters:
+            found[mask] = torch.ones_like(ids)
+    return found
 
 
 def _cross_attended_images(
@@ -483,15 +523,56 @@ def _image_layouts(
         return [(flattened, _feature_count(model, flattened))]
     options = [{"pixel_values": pixels}, {"pixel_values": pixels[:, None]}, {"pixel_values": pixels.repeat(1, 2, 1, 1)}]
     options[2]["pixel_values"] = options[2]["pixel_values"].reshape(1, 2, *pixels.shape[1:])
+    features = _image_features_parameters(model)
+    # the token ids the tower reads beside the image (InstructBLIP's Q-Former instruction), a second image it requires
+    required = {k: v for k, v in _required_ids(parameters, token_ids(TOKENS)).items() if k in features}
+    required |= _required_images(config, features, parameters, pixels)
+    options = [
+        {**option, **required, **_required_masks(model, option["pixel_values"], parameters)} for option in options
+    ]
     if "image_sizes" in parameters:  # an optional input some towers need, others refuse
         sizes = torch.tensor([[pixels.shape[-2], pixels.shape[-1]]])
         options += [{**option, "image_sizes": sizes} for option in options]
-    features = _image_features_parameters(model)
-    needed = [n for n, p in features.items() if p.default is p.empty and n != "pixel_values" and n in parameters]
+    needed = [
+        n
+        for n, p in features.items()
+        if p.default is p.empty and n not in ("pixel_values", *required) and n in parameters
+    ]
     if needed:
         options += _sized_images(config, pixels, needed)
     measured = [(option, _feature_count(model, option)) for option in options]
     return sorted(measured, key=lambda pair: not pair[1])  # stable: the given order among those that run
+
+
+def _required_masks(model: torch.nn.Module, pixels: torch.Tensor, parameters: Any) -> dict[str, torch.Tensor]:
+    """A mask over the image's leading axes (images, tiles) that the base model's ``get_image_features`` requires and
+    the head's leaves optional (GraniteDocling's ``pixel_attention_mask``, one per tile): every tile real."""
+    method = getattr(getattr(model, "model", None), "get_image_features", None)
+    if method is None or method == getattr(model, "get_image_features", None) or pixels.dim() < 5:
+        return {}
+    return {
+        name: torch.ones(pixels.shape[:-3], dtype=torch.bool)
+        for name, parameter in inspect.signature(method).parameters.items()
+        if name.endswith("mask") and parameter.default is parameter.empty and name in parameters
+    }
+
+
+def _required_images(
+    config: Any, features: dict[str, inspect.Parameter], parameters: Any, pixels: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The other images ``get_image_features`` requires beside ``pixel_values`` (a parameter without a default whose
+    name ends in ``pixel_values``: DeepSeek-VL-Hybrid's ``high_res_pixel_values``, which its forward leaves
+    optional), at the size of the sub-config of the same prefix (``high_res_vision_config``), else the image's."""
+    found = {}
+    for name, parameter in features.items():
+        if name == "pixel_values" or not name.endswith("pixel_values") or parameter.default is not parameter.empty:
+            continue
+        if name not in parameters:
+            continue
+        tower = getattr(config, name.removesuffix("pixel_values") + "vision_config", None)
+        side = _image_side(tower) if tower is not None else int(pixels.shape[-1])
+        found[name] = image(side, int(pixels.shape[1]))
+    return found
 
 
 def _sized_images(config: Any, pixels: torch.Tensor, names: list[str]) -> list[dict[str, torch.Tensor]]:
@@ -670,7 +751,8 @@ def _build(
     redraw_constant_matrices(model, float(_attribute(config, "initializer_range", default=0.02) or 0.02))
     open_gates(model)
     errors = []
-    for sample in candidate_samples(model, config):
+    candidates = candidate_samples(model, config)
+    for index, sample in enumerate(candidates):
         try:
             with torch.no_grad(), UngroupedKeys() as keys:
                 model(**sample)
@@ -685,6 +767,9 @@ def _build(
             width = _width_repair(config, str(exc))
             if width is not None and len(widths or {}) < 3:
                 return _build(model_type, class_name, variant, sections, tokens, {**(widths or {}), **width})
+            recounted = _recounted(config, sample, str(exc))
+            if recounted is not None and len(candidates) < 64:  # next: one placeholder per feature the model made
+                candidates.insert(index + 1, recounted)
             missing = MISSING_TOKEN_ERROR.search(str(exc))
             if missing and (missing[1], missing[2]) not in (tokens or {}) and len(tokens or {}) < 4:
                 free = {**(tokens or {}), (missing[1], missing[2]): _free_token(config, tokens)}
@@ -697,26 +782,55 @@ def _build(
     raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
 
 
+#: transformers' check that a prompt holds one placeholder per image feature.
+COUNT_ERROR = re.compile(r"features and image tokens do not match,? tokens: (\d+), features: (\d+)")
+
+
+def _recounted(config: Any, sample: dict[str, Any], message: str) -> dict[str, Any] | None:
+    """The sample with as many image placeholders as the model's own count check says it made features (Granite 4
+    Vision's, whose ``get_image_features`` returns its features by decoder layer, not counted beforehand), its per-token
+    inputs made again from the new prompt; None for another error, or a sample without placeholders."""
+    found = COUNT_ERROR.search(message)
+    placeholder = next((getattr(config, n) for n in _placeholder_names(config) if getattr(config, n, None)), None)
+    if found is None or placeholder is None or "input_ids" not in sample or found[1] == found[2]:
+        return None
+    ids = sample["input_ids"]
+    text = ids[ids != placeholder].reshape(1, -1)
+    if text.shape[1] == ids.shape[1] or not 0 < int(found[2]) <= 4096:
+        return None
+    prompt = torch.cat([torch.full((1, int(found[2])), int(placeholder)), text], dim=1)
+    recounted = {**sample, "input_ids": prompt}
+    for name, value in sample.items():
+        if name != "input_ids" and isinstance(value, torch.Tensor) and value.shape == ids.shape:
+            marks = torch.ones_like(prompt) if name == "attention_mask" else prompt == int(placeholder)
+            recounted[name] = marks.to(value.dtype)
+    return recounted
+
+
 #: PyTorch's error for a linear layer fed another width than its weight's.
-MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x\d+\)")
+MATMUL_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x(\d+)\)")
 
 
 def _width_repair(config: Any, message: str) -> dict[tuple[str, str], int] | None:
     """The one config size (``_dim``, ``_size``) that a linear layer fed another width says is not the width it is
     fed: a width the config states apart from the sizes it derives from, which the shrink left at its default
     (Mllama's ``vision_output_dim``, 7680: its tower's width times its feature layers and one). None unless exactly
-    one size of the config and its sub-configs holds the expected width."""
+    one size of the config and its sub-configs holds the expected width, or exactly one of the sub-configs that also
+    state the layer's output width (Llama 4's tower ``intermediate_size``, the width its pixel shuffle makes 4 x the
+    tower's, beside its ``projector_input_dim``, the layer's output; the text model's ``intermediate_size`` has the
+    same small value)."""
     found = MATMUL_ERROR.search(message)
     if found is None or found[1] == found[2]:
         return None
-    fed, expected = int(found[1]), int(found[2])
-    holders = [
-        (type(owner).__name__, name)
-        for owner in _configs(config)
-        for name, value in vars(owner).items()
-        if name.endswith(("_dim", "_size")) and value == expected and not isinstance(value, bool)
-    ]
-    return {holders[0]: fed} if len(holders) == 1 else None
+    fed, expected, output = int(found[1]), int(found[2]), int(found[3])
+
+    def sizes(owner: Any) -> dict[str, Any]:
+        return {n: v for n, v in vars(owner).items() if n.endswith(("_dim", "_size")) and not isinstance(v, bool)}
+
+    holders = [(owner, name) for owner in _configs(config) for name, value in sizes(owner).items() if value == expected]
+    if len(holders) > 1:  # the layer's own config states its output width too
+        holders = [(owner, name) for owner, name in holders if output in sizes(owner).values()]
+    return {(type(holders[0][0]).__name__, holders[0][1]): fed} if len(holders) == 1 else None
 
 
 def open_gates(model: torch.nn.Module) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from model_sources import transformers_all_models as every
 
+VLM = ("input_ids", "attention_mask", "pixel_values")
 FAMILIES = {"encoder", "decoder", "encoder-decoder", "vision", "audio", "multimodal", "moe", "state-space", "other"}
 
 
@@ -41,6 +42,10 @@ def test_every_model_type_of_transformers_is_a_case_with_a_family(cases: dict[st
             {"input_ids", "attention_mask", "pixel_values", "image_grid_thw", "image_merge_sizes"},
         ),
         ("whisper:speech-seq2seq", {"input_features", "decoder_input_ids"}),
+        # token ids the forward requires beside input_ids: the Q-Former's instruction, with its mask;
+        # InstructBLIP-Video's frames [1, frames, C, H, W] placed at its video token (it names no image token)
+        ("instructblip:image-text-to-text", {*VLM, "qformer_input_ids", "qformer_attention_mask"}),
+        ("instructblipvideo:image-text-to-text", {*VLM, "qformer_input_ids", "qformer_attention_mask"}),
         ("donut-swin:image-classification", {"pixel_values"}),
     ],
 )
@@ -144,6 +149,12 @@ def test_the_layers_a_vision_language_model_reads_are_within_its_shrunk_tower() 
         ("minicpmv4_6", {"input_ids", "attention_mask", "pixel_values", "target_sizes"}),
         # a NaViT tower (Siglip2's): flattened patches [1, patches, C * p * p], their grid and a mask per patch
         ("lfm2_vl", {"input_ids", "attention_mask", "pixel_values", "spatial_shapes", "pixel_attention_mask"}),
+        # get_image_features requires a second image its forward leaves optional; its SAM tower's global layers fitted
+        ("deepseek_vl_hybrid", {"input_ids", "attention_mask", "pixel_values", "high_res_pixel_values"}),
+        # the base model's get_image_features requires a mask per tile, which the head's leaves optional
+        ("granite_docling", {"input_ids", "attention_mask", "pixel_values", "pixel_attention_mask"}),
+        # placeholders counted from the model's own count check (its features go to decoder layers)
+        ("granite4_vision", {"input_ids", "attention_mask", "pixel_values", "image_sizes"}),
     ],
 )
 def test_the_image_sample_holds_an_image_the_logits_depend_on(model_type: str, inputs: set[str]) -> None:
@@ -164,6 +175,14 @@ def test_the_image_sample_holds_an_image_the_logits_depend_on(model_type: str, i
         features = model.model.get_image_features(kwargs["pixel_values"], kwargs["target_sizes"]).pooler_output
         tokens = int((kwargs["input_ids"] == model.config.image_token_id).sum())
         assert tokens == sum(f.shape[0] for f in features) > 0
+
+
+def test_a_width_held_by_several_sizes_is_repaired_in_the_config_stating_the_layers_output() -> None:
+    """Llama 4's projector is fed 4 x its tower's width (a pixel shuffle); the tower's ``intermediate_size`` and the
+    text model's both hold the expected 64, and only the tower's config states the layer's output (4096)."""
+    config = every.shrunk("llama4")
+    message = "mat1 and mat2 shapes cannot be multiplied (4x128 and 64x4096)"
+    assert every._width_repair(config, message) == {("Llama4VisionConfig", "intermediate_size"): 128}
 
 
 def test_a_token_id_the_code_reads_and_the_config_lacks_is_given_one() -> None:

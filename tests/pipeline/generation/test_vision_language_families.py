@@ -139,3 +139,26 @@ def test_image_positions_anchor_and_count_where_the_rule_says() -> None:
     assert torch.equal(again.prompt(ids, mask), laid)
     plain = ImagePositions(block, 4, 9)
     assert "anchored" not in plain.to_json() and ImagePositions.from_json(plain.to_json()).anchored is None
+
+
+def test_instructblip_video_places_its_frames_features_at_its_video_token() -> None:
+    """InstructBLIP-Video has no ``get_image_features``: its ``pixel_values`` are a video's frames, whose features
+    (``get_video_features``) replace its video token; converted, it decodes as transformers does."""
+    from pipeline.generation.vision_graph import image_token_id
+    from pipeline.generation.vision_inputs import image_features_method, image_input_names
+
+    model, inputs = family("instructblipvideo", "InstructBlipVideoForConditionalGeneration")
+    assert image_features_method(model).__name__ == "get_video_features"
+    assert image_token_id(model) == model.config.video_token_index
+    assert image_input_names(model)[:3] == ["pixel_values", "qformer_input_ids", "qformer_attention_mask"]
+    module = pipeline.convert(model, inputs, generation=GENERATION)
+    assert isinstance(module, VisionLanguageModule)
+    generates_as_transformers(model, module, inputs)
+
+
+def test_features_given_by_decoder_layer_only_are_refused_by_name() -> None:
+    """Granite 4 Vision's ``get_image_features`` returns no pooled features, only ``deepstack_features`` by decoder
+    layer: the refusal says so, before any export."""
+    model, inputs = family("granite4_vision", "Granite4VisionForConditionalGeneration")
+    with pytest.raises(InputError, match="deepstack_features"):
+        pipeline.convert(model, inputs, generation=GENERATION)
