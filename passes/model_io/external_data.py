@@ -116,6 +116,11 @@ def weights_dir(model: onnx.ModelProto) -> Path | None:
     return None
 
 
+def has_weights_dir(model: onnx.ModelProto) -> bool:
+    """Does the model name a directory of external data files (its metadata alone: no deferred file is written)?"""
+    return any(prop.key == WEIGHTS_DIR_KEY for prop in model.metadata_props)
+
+
 def set_weights_dir(model: onnx.ModelProto, directory: Path | None) -> None:
     """Name ``directory`` as the model's external data directory in its metadata (None removes the key)."""
     kept = [p for p in model.metadata_props if p.key != WEIGHTS_DIR_KEY]
@@ -128,7 +133,7 @@ def set_weights_dir(model: onnx.ModelProto, directory: Path | None) -> None:
 def without_weights_dir(model: onnx.ModelProto, *, always_copy: bool = False) -> onnx.ModelProto:
     """``model`` without the weights-directory key (a path of this machine): a copy when it has the key, or when
     ``always_copy``; the model itself otherwise."""
-    if weights_dir(model) is None and not always_copy:
+    if not has_weights_dir(model) and not always_copy:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +44,15 @@ def prepare_step(
     layout, vocabulary = _cache_layout(model, input_ids)
     states = any(isinstance(layer, StateLayer) for layer in layout)
     if states and generation.max_prompt != 1:  # the one-token step (pipeline.generation.recurrent_state)
-        logger.info("%s keeps recurrent states: its step takes one token (max_prompt=1)", type(model).__name__)
+        said = f"{type(model).__name__} keeps recurrent states: its step takes one token (max_prompt=1)"
+        if generation.max_prompt is None:
+            logger.info(said)
+        else:  # the user asked for a prompt of many tokens per call: said loudly, not dropped
+            warnings.warn(
+                f"{said}, not the max_prompt={generation.max_prompt} asked for: a prompt of n tokens is prefilled in "
+                "n steps (a multi-token prefill of such layers does not export yet)",
+                stacklevel=2,
+            )
         generation = dataclasses.replace(generation, max_prompt=1)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     attention = attention_form(model, settings, layout)

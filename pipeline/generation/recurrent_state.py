@@ -272,12 +272,24 @@ class RecurrentStep(CachedStep):
         """The step's mask over the cache's capacity, which the model's attention layers read; a model without any
         gets the current tokens' columns (transformers' 2-D mask ends with them: Mamba multiplies its hidden states by
         it as it is). The rows whose token is not padding are noted (see :meth:`outputs`)."""
-        positions = (torch.arange(steps, device=attention_mask.device) + past_length).unsqueeze(0)
-        current = attention_mask.gather(1, positions.expand(attention_mask.shape[0], -1))
-        self._kept_rows = current[:, -1] != 0
+        current = _current_columns(attention_mask, past_length, steps)
         if any(isinstance(spec, CachedLayer) or spec.attention is not None for spec in self.layout):
             return attention_mask
         return current
+
+    def run(
+        self,
+        tokens: dict[str, Any],
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_length: torch.Tensor,
+        past: Sequence[torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`CachedStep.run`, the rows whose token is not padding noted first for :meth:`outputs` (each call
+        notes its own, whichever mask the model is handed)."""
+        steps = next(iter(tokens.values())).shape[1]
+        self._kept_rows = _current_columns(attention_mask, past_length, steps)[:, -1] != 0
+        return super().run(tokens, attention_mask, position_ids, past_length, past)
 
     def cache(self, layers: list[Any]) -> Cache:
         """:class:`StepStateCache`."""
@@ -300,3 +312,9 @@ class RecurrentStep(CachedStep):
                     tensor = torch.where(kept.view(-1, *[1] * (tensor.dim() - 1)), tensor, before)
                 result[present_name(i, kind)] = tensor
         return result
+
+
+def _current_columns(attention_mask: torch.Tensor, past_length: torch.Tensor, steps: int) -> torch.Tensor:
+    """The columns of ``attention_mask`` [batch, capacity] at the step's own positions (``past_length`` on)."""
+    positions = (torch.arange(steps, device=attention_mask.device) + past_length).unsqueeze(0)
+    return attention_mask.gather(1, positions.expand(attention_mask.shape[0], -1))

@@ -259,7 +259,8 @@ def check_placed(model: torch.nn.Module, out: Any) -> None:
     keys = getattr(out, "keys", None)
     for field in keys() if callable(keys) else ():
         value = out[field]
-        if not field.endswith(_PLACED_OUTPUTS) and isinstance(value, list | tuple) and value:
+        placed = field in _PLACED_OUTPUTS or field.endswith(_TOWER_OUTPUTS)
+        if not placed and isinstance(value, list | tuple) and value:
             raise InputError(
                 f"{type(model).__name__}.get_image_features also returns {field} ({len(value)}), which the model adds "
                 "inside its decoder layers at the image tokens (Qwen3-VL's deepstack); the cached step places the "
@@ -268,9 +269,11 @@ def check_placed(model: torch.nn.Module, out: Any) -> None:
             )
 
 
-#: Fields of ``get_image_features``' output the step accounts for (the features it places, and the towers' own: a
-#: field ending in one of them, DeepSeek-VL-Hybrid's ``high_res_vision_hidden_states``, is a second tower's).
+#: Fields of ``get_image_features``' output the step accounts for: the features it places and the tower's own states.
 _PLACED_OUTPUTS = ("pooler_output", "last_hidden_state", "hidden_states", "attentions")
+#: Endings of a second vision tower's own states (DeepSeek-VL-Hybrid's ``high_res_vision_hidden_states``); any other
+#: list, a ``deepstack_hidden_states`` say, is features the model adds elsewhere and is refused.
+_TOWER_OUTPUTS = ("_vision_hidden_states", "_vision_attentions", "_vision_last_hidden_state")
 
 
 def features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 
 from converters.errors import ConversionError, InputError
 from passes import GraphPass, PassManager, RemoveDeadNodes, TopologicalSort, to_graph, to_model
-from passes.model_io.external_data import check_model, ort_session_bytes, weights_dir
+from passes.model_io.external_data import check_model, has_weights_dir, ort_session_bytes
 from passes.precision.convert import ConvertPrecision, plan_precision
 from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
 from passes.records import Island, PassRecord
@@ -231,7 +231,7 @@ class _Candidates:
         graph, records = manager.run(graph, self.settings)
         self.builds += 1
         model = to_model(graph, self.fp32_model, {**self.exported.node_metadata, **metadata})
-        if weights_dir(self.fp32_model) is not None:
+        if has_weights_dir(self.fp32_model):
             # the float32 weights the pass read are held by the graph, a reference cycle: free them now, not
             # whenever the cyclic collector next runs (each candidate would add a copy of the weights meanwhile)
             del graph

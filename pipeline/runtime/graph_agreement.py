@@ -108,21 +108,19 @@ def _generation_disagreement(
     )
 
 
-#: How many layers in a row may hold no cache tensor (Nemotron-H's MLP and MoE layers between its mixers).
-_LAYERS_WITHOUT_CACHE = 16
-
-
 def _cache_layers(names: Dims, name_of: Callable[[int, str], str]) -> int:
-    """How many layers ``0, 1, ...`` have both a ``key`` and a ``value`` tensor among ``names``, or a recurrent state
-    (``conv``, ``recurrent``: a layer of linear attention, a convolution or a state-space mixer)."""
-    count, layer = 0, 0
-    while layer <= count + _LAYERS_WITHOUT_CACHE:  # a hybrid stack's MLP layers hold none between them
-        if (name_of(layer, "key") in names and name_of(layer, "value") in names) or any(
-            name_of(layer, kind) in names for kind in STATE_KINDS
-        ):
-            count = layer + 1
-        layer += 1
-    return count
+    """One more than the last layer with both a ``key`` and a ``value`` tensor among ``names``, or a recurrent state
+    (``conv``, ``recurrent``: a layer of linear attention, a convolution or a state-space mixer); a hybrid stack's
+    layers without a cache (Nemotron-H's MLP layers) hold none between them."""
+    before = name_of(0, "key").split("0", 1)[0]  # "past_key_values." or "present."
+    layers = {int(d) for d in (n[len(before) :].split(".", 1)[0] for n in names if n.startswith(before)) if d.isdigit()}
+    held = [
+        i
+        for i in layers
+        if (name_of(i, "key") in names and name_of(i, "value") in names)
+        or any(name_of(i, kind) in names for kind in STATE_KINDS)
+    ]
+    return max(held) + 1 if held else 0
 
 
 def _capacity_disagreement(max_length: int, inputs: Dims, outputs: Dims, layers: int, mask: bool = True) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -136,3 +137,17 @@ def test_a_masked_attention_or_a_shape_computed_at_run_time_stays_as_it_is() -> 
     for model in (decomposed_graph(mask=True), decomposed_graph(computed_shape=True)):
         assert not has_plain_attention(model)
         assert multi_head_attention_graph(model) is model
+
+
+def test_an_operand_without_a_recorded_type_or_an_external_scale_is_left_as_it_is(tmp_path: Path) -> None:
+    """Graphs the rewrite cannot prove: a session is made of them as they are, never a raw error at load."""
+    untyped = decomposed_graph()  # an Identity before the scale, its output without a recorded type
+    untyped.graph.node[0].input[0] = "q_id"
+    untyped.graph.node.insert(0, helper.make_node("Identity", ["q"], ["q_id"]))
+    del untyped.graph.value_info[:]
+    assert multi_head_attention_graph(untyped) is untyped
+    external = decomposed_graph()  # the scale a weight in a file, as a loaded artifact keeps its weights
+    onnx.save_model(external, tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0, location="w.bin")
+    loaded = onnx.load_model(tmp_path / "m.onnx", load_external_data=False)
+    rewritten = multi_head_attention_graph(loaded)  # the scale is not read: no kernel, no error
+    assert ops(rewritten)["MultiHeadAttention"] == 0

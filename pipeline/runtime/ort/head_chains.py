@@ -68,6 +68,15 @@ def _read_by_chain_only(chain: list[onnx.NodeProto], shape_nodes: list[onnx.Node
     )
 
 
+def inline_constant(index: GraphIndex, name: str) -> onnx.TensorProto | None:
+    """The constant ``name`` when its value is in the graph; None for a tensor that varies or whose value is in a file
+    (a loaded artifact's weights: not read to prove a rewrite)."""
+    constant = index.constants.get(name)
+    if constant is None or constant.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    return constant
+
+
 def _items(
     name: str,
     positions: dict[str, int],
@@ -76,7 +85,7 @@ def _items(
     visited: dict[int, onnx.NodeProto],
 ) -> list[Item] | None:
     """The shape tensor ``name`` as items: constants, and the dimensions of the chain's tensors it reads."""
-    constant = index.constants.get(name)
+    constant = inline_constant(index, name)
     if constant is not None:
         return [int(v) for v in numpy_helper.to_array(constant).reshape(-1)]
     node = index.producers.get(name)
@@ -101,11 +110,11 @@ def _items(
     if node.op_type in ("Unsqueeze", "Squeeze", "Cast"):
         return parts[0] if node.op_type != "Cast" or attributes.get("to") == onnx.TensorProto.INT64 else None
     if node.op_type == "Gather":
-        indices = index.constants.get(node.input[1])
+        indices = inline_constant(index, node.input[1])
         if indices is None or attributes.get("axis", 0) != 0:
             return None
         return [parts[0][int(i)] for i in numpy_helper.to_array(indices).reshape(-1)]
-    bounds = [index.constants.get(i) for i in node.input[1:]]  # Slice: starts, ends, axes, steps
+    bounds = [inline_constant(index, i) for i in node.input[1:]]  # Slice: starts, ends, axes, steps
     if any(b is None for b in bounds):
         return None
     values = [int(numpy_helper.to_array(b).reshape(-1)[0]) for b in bounds if b is not None]

@@ -31,7 +31,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.runtime.ort.graph_index import GraphIndex, graph_index
-from pipeline.runtime.ort.head_chains import chain_moves, concrete, merges_as, splits_as, tried_sizes
+from pipeline.runtime.ort.head_chains import (
+    chain_moves,
+    concrete,
+    inline_constant,
+    merges_as,
+    splits_as,
+    tried_sizes,
+)
 from pipeline.runtime.ort.recorded_types import Dim, recorded_types
 
 _PREFIX = "ort_mha"
@@ -83,7 +90,10 @@ def multi_head_attention_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     if not found:
         return model
     taken = {id(n) for attention in found for n in attention.nodes()}
-    placed = {id(a.output_nodes[-1]): a for a in found}  # the kernel goes where its output was made
+    # the kernel goes where the last node it takes over was, in the graph's order (the merge back of its heads, which
+    # reads every other): its inputs are made before that point and its output is read after it
+    order = {id(n): i for i, n in enumerate(model.graph.node)}
+    placed = {id(max(a.nodes(), key=lambda n: order[id(n)])): a for a in found}
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
         attention = placed.get(id(node))
@@ -162,7 +172,10 @@ def _attention(
 
 def _same_rows(query: str, key: str, value: str, types: dict[str, tuple[int, list[Dim]]]) -> bool:
     """The three sources share a batch, and the keys and values a number of steps (the kernel's own checks)."""
-    q, k, v = (types[name][1] for name in (query, key, value))
+    recorded = [types.get(name) for name in (query, key, value)]
+    if any(r is None or r[0] != TensorProto.FLOAT or len(r[1]) != 3 for r in recorded):
+        return False  # a source without a recorded float32 [batch, steps, width] type is not taken
+    q, k, v = (r[1] for r in recorded if r is not None)
     return q[0] == k[0] == v[0] and k[1] == v[1]
 
 
@@ -217,8 +230,8 @@ def _with_scalar(operand: _Operand, index: GraphIndex) -> _Operand:
 def _scalar_factor(node: onnx.NodeProto, index: GraphIndex) -> tuple[str, float] | None:
     """The other input of a ``Mul`` by a float32 constant of one element, and that constant."""
     for mine, other in ((0, 1), (1, 0)):
-        constant = index.constants.get(node.input[other])
-        if constant is not None and constant.data_type == TensorProto.FLOAT:
+        constant = inline_constant(index, node.input[other])
+        if constant is not None and constant.data_type == TensorProto.FLOAT and math.prod(constant.dims) == 1:
             array = numpy_helper.to_array(constant)
             if array.size == 1 and array.ndim <= 1 and math.isfinite(float(array.reshape(-1)[0])):
                 return node.input[mine], float(array.reshape(-1)[0])

@@ -27,7 +27,7 @@ from typing import Any
 
 import onnx
 
-from passes.model_io.external_data import external_tensors, weights_dir
+from passes.model_io.external_data import external_tensors, has_weights_dir
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def storable_session_graph(graph: onnx.ModelProto, settings: Settings) -> onnx.M
     from pipeline.runtime.ort.executor import session_graphs
     from pipeline.runtime.ort.session_graph import rewrites
 
-    if weights_dir(graph) is not None or rewrites(graph, settings):
+    if has_weights_dir(graph) or rewrites(graph, settings):
         return None  # a graph reading weights from a directory of this machine; emulations that make new weights
     try:
         graphs = session_graphs(graph, settings)

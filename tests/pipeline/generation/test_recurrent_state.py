@@ -104,6 +104,13 @@ def test_beams_and_a_saved_step_decode_as_transformers_does(
     assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
 
 
+def test_a_prompt_length_asked_for_is_not_dropped_silently(model: transformers.Lfm2ForCausalLM) -> None:
+    """The step takes one token: a max_prompt the user gave is overridden with a warning that says so."""
+    with pytest.warns(UserWarning, match=r"takes one token \(max_prompt=1\), not the max_prompt=4 asked for"):
+        converted = pipeline.convert(model, torch.tensor([[5, 6, 7]]), generation={**GENERATION, "max_prompt": 4})
+    assert converted.settings.generation is not None and converted.settings.generation.max_prompt == 1
+
+
 def test_indexed_attention_is_still_refused_by_kind() -> None:
     from pipeline.generation.conversion import check_attention_layers
 
