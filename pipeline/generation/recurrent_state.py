@@ -178,17 +178,6 @@ class StepStateLayer(_States, LinearAttentionCacheLayerMixin):
         self.dtype = next(iter(tensors.values())).dtype
         self.init_states(tensors)
 
-    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
-        """:meth:`_States.update_conv_state`."""
-        return _States.update_conv_state(self, conv_states, state_idx)
-
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
-        """:meth:`_States.update_recurrent_state`."""
-        return _States.update_recurrent_state(self, recurrent_states, state_idx)
-
-    def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to allocate."""
-
 
 class StepHybridLayer(_States, StepCacheLayer, LinearAttentionCacheLayerMixin):
     """A layer with keys and values (the static cache of :class:`StepCacheLayer`) and recurrent states."""
@@ -204,17 +193,6 @@ class StepHybridLayer(_States, StepCacheLayer, LinearAttentionCacheLayerMixin):
         StepCacheLayer.__init__(self, keys, values, past_length, length)
         self.device, self.dtype = keys.device, keys.dtype
         self.init_states(tensors)
-
-    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
-        """:meth:`_States.update_conv_state`."""
-        return _States.update_conv_state(self, conv_states, state_idx)
-
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
-        """:meth:`_States.update_recurrent_state`."""
-        return _States.update_recurrent_state(self, recurrent_states, state_idx)
-
-    def lazy_initialization(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to allocate."""
 
     def get_max_length(self) -> int:
         """The keys' capacity."""
