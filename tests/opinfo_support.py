@@ -90,11 +90,24 @@ def op_id(op: Any) -> str:
 
 @functools.cache
 def all_ops() -> dict[str, Any]:
-    """Every OpInfo entry by :func:`op_id`, in ``op_db`` order (the import takes seconds: done once)."""
-    warnings.filterwarnings("ignore")
-    from torch.testing._internal.common_methods_invocations import op_db
+    """Every OpInfo entry by :func:`op_id`, in ``op_db`` order (the import takes seconds: done once).
 
+    OpInfo's ``sample_inputs`` looks for the running unittest ``TestCase`` on the call stack (``extract_test_fn``, for
+    its per-test seeds and sample skips) with ``inspect.stack()``, which reads source lines and scans every loaded
+    module per frame: 0.13 s a call in a test process, 20 s for the 55 ops of one test file. Our tests are not
+    unittest cases, where it finds none and returns None: it returns None at once here, so the samples and their seeds
+    are those OpInfo gives anyway."""
+    warnings.filterwarnings("ignore")
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.testing._internal.opinfo import core
+
+    common_utils.extract_test_fn = core.extract_test_fn = _no_test_case  # type: ignore[attr-defined]
     return {op_id(op): op for op in op_db}
+
+
+def _no_test_case() -> None:
+    return None
 
 
 def one_line(text: str, limit: int = REASON_CHARS) -> str:

@@ -4,7 +4,6 @@ OpInfo samples of each op do too; corner values (NaN, signed zeros, domain edges
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
@@ -53,7 +52,7 @@ class _OpInfoSample(torch.nn.Module):
         return tuple(out) if isinstance(out, tuple) else out
 
 
-#: OpInfo entries whose export needs a converter of these modules, and how many samples of each to run.
+#: OpInfo entries whose export needs a converter of these modules (the first usable sample of each is run).
 OPINFO_OPS = [
     "copysign", "cumprod", "fmax", "fmin", "i0", "special.i0e", "special.i1", "special.i1e",
     "special.bessel_j0", "special.bessel_j1", "special.bessel_y0", "special.bessel_y1",
@@ -70,25 +69,17 @@ OPINFO_OPS = [
     "special.polygamma.special_polygamma_n_0", "median", "nanmedian", "cummax", "cummin",
     "masked.median", "masked.cumprod", "frexp", "nextafter",
 ]  # fmt: skip
-SAMPLES_PER_OP = 1
 
 
-def _opinfo_samples() -> list[Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            from torch.testing._internal.common_methods_invocations import op_db
-        except ImportError as exc:  # expecttest is in the dev extra
-            pytest.skip(f"OpInfo needs torch's test helpers: {exc}", allow_module_level=True)
-    params = []
-    for op in op_db:
-        name = f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
-        if name not in OPINFO_OPS:
-            continue
-        usable = [s for s in op.sample_inputs("cpu", torch.float32) if _has_elements(s) and _compares(op, s)]
-        for i, sample in enumerate(usable[:SAMPLES_PER_OP]):
-            params.append(pytest.param(op, sample, id=f"{name}-{i}"))
-    return params
+def _opinfo_sample(name: str) -> tuple[Any, Any]:
+    """The OpInfo entry ``name`` and its first float32 sample that has elements and to which eager PyTorch gives a
+    value. Made in the test, not at collection: ``op_db``'s import and the samples cost every worker seconds."""
+    from opinfo_support import all_ops
+
+    op = all_ops()[name]
+    sample = next((s for s in op.sample_inputs("cpu", torch.float32) if _has_elements(s) and _compares(op, s)), None)
+    assert sample is not None, f"OpInfo gives {name} no usable float32 sample: take it off OPINFO_OPS"
+    return op, sample
 
 
 def _compares(op: Any, sample: Any) -> bool:
@@ -107,8 +98,9 @@ def _has_elements(sample: Any) -> bool:
     return bool(tensors) and all(t.numel() > 0 and t.ndim > 0 for t in tensors)
 
 
-@pytest.mark.parametrize(("op", "sample"), _opinfo_samples())
-def test_opinfo_sample_converts_matches_and_builds(op: Any, sample: Any) -> None:
+@pytest.mark.parametrize("name", OPINFO_OPS, ids=[f"{name}-0" for name in OPINFO_OPS])
+def test_opinfo_sample_converts_matches_and_builds(name: str) -> None:
+    op, sample = _opinfo_sample(name)
     model = _OpInfoSample(op.op, sample).eval()
     module = pipeline.convert(model, model.tensors)  # validates against PyTorch on ONNX Runtime
     with torch.no_grad():

@@ -4,8 +4,6 @@ OpInfo samples; singular inputs; and the clear error for what the validators dec
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from converter_cases import assert_case_lowers_matches_and_builds, own_cases
@@ -68,10 +66,9 @@ _OPINFO = [
 
 
 def _opinfo_samples(name: str, count: int) -> list[tuple[_Plain, tuple[torch.Tensor, ...]]]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torch.testing._internal.common_methods_invocations import op_db
-    op = next(o for o in op_db if (o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")) == name)
+    from opinfo_support import all_ops
+
+    op = all_ops()[name]
     found = []
     for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
         module = _Plain(op.op, sample)
