@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import wave
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 #: The PCM sample widths read, in bytes.
 _WIDTHS = (1, 2, 3, 4)
@@ -24,6 +25,8 @@ _WIDTHS = (1, 2, 3, 4)
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
     """The file's samples as float32 mono in [-1, 1], and its sample rate."""
+    import numpy as np
+
     if not path.is_file():
         raise InputError(f"--audio {path}: no such file", fix="give a .wav file")
     try:
@@ -68,6 +71,8 @@ def load_feature_extractor(directory: Path) -> Any:
 
 def audio_inputs(paths: list[Path], directory: Path | None, takes: list[str]) -> dict[str, torch.Tensor]:
     """The encoder's inputs (those of ``takes`` the extractor makes) for the audio files, one row each."""
+    import torch
+
     if directory is None:
         raise InputError("--audio needs the model's feature extractor", fix="pass --feature-extractor DIR")
     extractor = load_feature_extractor(directory)

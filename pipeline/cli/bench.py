@@ -22,14 +22,15 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
 from converters.files import write_file_atomically
 from pipeline.cli.bench_generate import add_generation_bench_arguments, bench_generation, generation_table
 from pipeline.cli.common import add_conversion_arguments, conversion_options, model_and_sample, random_inputs
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_bench_command(commands: Any) -> None:
@@ -65,6 +66,8 @@ def add_bench_command(commands: Any) -> None:
 
 def time_calls(call: Callable[[], Any], warmup: int, iterations: int) -> list[float]:
     """Seconds of each of ``iterations`` calls, after ``warmup`` untimed ones."""
+    import torch
+
     with torch.inference_mode():
         for _ in range(warmup):
             call()
@@ -79,6 +82,8 @@ def time_calls(call: Callable[[], Any], warmup: int, iterations: int) -> list[fl
 def time_interleaved(calls: Mapping[str, Callable[[], Any]], warmup: int, iterations: int) -> dict[str, list[float]]:
     """Seconds of each call of each of ``calls`` over ``iterations`` rounds, after ``warmup`` untimed rounds; every
     round calls each once, first to last on even rounds and last to first on odd ones."""
+    import torch
+
     named = list(calls.items())
     times: dict[str, list[float]] = {name: [] for name, _ in named}
     with torch.inference_mode():
@@ -112,6 +117,8 @@ def latency_figures(times: list[float], batch: int) -> dict[str, float]:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import torch
+
     if (args.warmup is not None and args.warmup < 0) or (args.iterations is not None and args.iterations < 1):
         raise InputError("--warmup must be >= 0 and --iterations >= 1", fix="e.g. --warmup 10 --iterations 100")
     if args.threads is not None and args.threads < 1:
@@ -180,6 +187,8 @@ def backend_label(converted: dict[str, Any]) -> str:
 
 def _thread_settings(module: Any, threads: int) -> dict[str, Any]:
     """What the figures were measured with: both sides' threads, ONNX Runtime's spinning, the machine's load."""
+    import torch
+
     on_ort = runs_on(module) == "onnxruntime"
     settings = getattr(module, "settings", None)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

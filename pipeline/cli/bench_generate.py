@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 #: Runs and warm-up runs when ``--iterations`` / ``--warmup`` are not given (a run is a whole generation).
 DEFAULT_RUNS, DEFAULT_WARMUP = 5, 1
@@ -39,6 +40,8 @@ def add_generation_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def bench_generation(args: argparse.Namespace, module: Any) -> dict[str, Any]:
     """The figures of ``module`` (a generation artifact, with the bench's thread settings) as JSON-ready data."""
+    import torch
+
     runs = DEFAULT_RUNS if args.iterations is None else args.iterations
     warmup = DEFAULT_WARMUP if args.warmup is None else args.warmup
     capacity = module.generation.max_length

@@ -11,12 +11,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
 from converters.files import current_umask
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, output_help: str) -> None:
@@ -44,6 +45,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, output_help: str) ->
 
 def load_spec(spec: str) -> tuple[torch.nn.Module, Any]:
     """The model (and sample, when the factory returns one) named by ``SPEC``."""
+    import torch
+
     built = call_factory(spec)
     if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module):
         return built[0], built[1]
@@ -135,6 +138,8 @@ def _import(target: str) -> Any:
 
 def random_inputs(specs: list[str], seed: int) -> list[tuple[str, torch.Tensor]]:
     """Seeded random tensors for ``--input NAME:SHAPE[:DTYPE]`` arguments."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     inputs = []
     for text in specs:

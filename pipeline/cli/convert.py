@@ -6,9 +6,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
 from converters.settings import GenerationSettings
@@ -21,6 +19,9 @@ from pipeline.cli.common import (
     staged_output,
 )
 from pipeline.cli.engine_options import add_engine_option_arguments, engine_options
+
+if TYPE_CHECKING:
+    pass
 
 ARTIFACT_NAME = "model.ptrt"
 OUTPUTS = (ARTIFACT_NAME, "model.onnx", "model.onnx.data", "report.json")
@@ -155,6 +156,8 @@ def generation_settings(text: str | None) -> dict[str, Any] | None:
 
 def _calibration(spec: str | None) -> list[Any] | None:
     """``--calibration``: a ``.pt`` file holding a list of samples, or ``file.py:factory`` returning an iterable."""
+    import torch
+
     if spec is None:
         return None
     if spec.endswith(".pt"):

@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_generate_command(commands: Any) -> None:
@@ -263,6 +264,7 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
 def read_features(path: Path) -> torch.Tensor:
     """``--input-features FILE.npy`` as a float32 tensor [batch, mels, frames]."""
     import numpy as np
+    import torch
 
     if not path.is_file():
         raise InputError(f"--input-features {path}: no such file", fix="give a .npy file saved with numpy.save")
@@ -286,6 +288,8 @@ def read_features(path: Path) -> torch.Tensor:
 def right_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sources as one right-padded batch (encoders' tokenizers pad on the right): ``input_ids`` and
     ``attention_mask``."""
+    import torch
+
     longest = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), longest), pad, dtype=torch.int64)
     mask = torch.zeros((len(prompts), longest), dtype=torch.int64)
@@ -418,6 +422,8 @@ def check_prompts(module: Any, prompts: list[list[int]], new_tokens: int) -> Non
 
 def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompts as one left-padded batch: ``input_ids`` and ``attention_mask`` [batch, longest]."""
+    import torch
+
     longest = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), longest), pad, dtype=torch.int64)
     mask = torch.zeros((len(prompts), longest), dtype=torch.int64)

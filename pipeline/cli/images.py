@@ -10,11 +10,12 @@ Images are read with Pillow (any format it opens), as RGB.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 #: The image placeholder most processors write; one without a placeholder of its own (IDEFICS's, Kosmos-2's) has an
 #: image token of that text, which a prompt must not hold.
@@ -59,6 +60,8 @@ def read_image(path: Path) -> Any:
 def image_prompts(processor: Any, prompts: list[str], images: list[Path]) -> dict[str, torch.Tensor]:
     """The model's inputs for prompts (text with the processor's image placeholder, one image each), left-padded as
     a decoder-only model's batch is."""
+    import torch
+
     if len(prompts) != len(images):
         raise InputError(
             f"{len(prompts)} prompt(s) and {len(images)} image(s): each prompt takes one image",
