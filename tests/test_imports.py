@@ -477,3 +477,20 @@ def test_the_cli_on_an_artifact_imports_no_conversion_module(artifacts: dict[str
     assert done.returncode == 0, done.stdout + done.stderr
     loaded = json.loads(done.stdout.splitlines()[-1])
     assert [m for m in conversion_modules(loaded) if not m.startswith("pipeline.cli") and m not in CLI_NAMES] == []
+
+
+CLI_VERSION = """
+import contextlib, json, sys
+from pipeline.cli import main
+with contextlib.suppress(SystemExit):  # argparse's --version exits
+    main(["--version"])
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_cli_parser_imports_no_torch() -> None:
+    """``pipeline --version`` and ``--help`` answer without importing torch (3 s of CPU on this machine): each command
+    imports what it runs with."""
+    done = subprocess.run([sys.executable, "-c", CLI_VERSION], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("pipeline "), done.stdout + done.stderr
+    assert "torch" not in json.loads(done.stdout.splitlines()[-1])
