@@ -7,16 +7,18 @@ in an engine, a line in a report and a module in PyTorch can be matched up.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
-import torch
 
 from converters.errors import ConversionError
 from converters.plugins.nodes import PLUGIN_DOMAIN, plugin_node_attributes
 from converters.settings import Settings
 from converters.targets import OpKey
+
+if TYPE_CHECKING:  # the ONNX-level users (the parser fixes, `pipeline check`) run without importing torch
+    import torch
 
 TensorLike = Any  # a gs.Tensor, a numpy array or a Python number
 

@@ -8,13 +8,16 @@ gets an error that gives the right one.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
-import torch
 
 from converters.errors import ConversionError
+
+if TYPE_CHECKING:  # ONNX op targets (the parser fixes' rules, `pipeline check`) resolve without importing torch
+    import torch
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -49,9 +52,10 @@ def torch_op_key(op: torch._ops.OpOverload) -> OpKey:
 
 def resolve_target(target: Any) -> tuple[OpKey, torch._ops.OpOverload | None]:
     """A registration target -> the node key it matches and, for a torch op, the overload."""
-    if isinstance(target, torch._ops.OpOverload):
+    torch = sys.modules.get("torch")  # a torch op object exists only once torch is imported
+    if torch is not None and isinstance(target, torch._ops.OpOverload):
         return torch_op_key(target), target
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if torch is not None and isinstance(target, torch._ops.OpOverloadPacket):
         return _packet_key(target, str(target._qualified_op_name))
     if not isinstance(target, str) or not target:
         raise ConversionError(
@@ -90,6 +94,8 @@ def _packet_key(packet: torch._ops.OpOverloadPacket, spelled: str) -> tuple[OpKe
 def _torch_packet(namespace: str, name: str) -> torch._ops.OpOverloadPacket | None:
     if namespace in ONNX_DOMAINS or "." in namespace:  # ONNX domains are dotted (com.microsoft); torch ones aren't
         return None
+    import torch
+
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
     except (AttributeError, RuntimeError):

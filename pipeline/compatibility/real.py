@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from converters.errors import BuildError
-from converters.plugins.spec import plugin_nodes
+from converters.plugins.nodes import plugin_nodes
 from pipeline.backends.tensorrt.build import ParseFailure
 from pipeline.compatibility.static import BUILD_FAILED, PLUGIN, SUPPORTED, UNSUPPORTED, CompatibilityReport, NodeCheck
 from pipeline.runtime.io_spec import IOSpec, TensorSpec

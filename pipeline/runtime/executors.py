@@ -14,14 +14,16 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx
-import torch
 
 from converters.errors import BuildError
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,6 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 
-import torch
-
 from converters.errors import BuildError, InputError
 
 
@@ -105,6 +103,8 @@ def describe_targets(requested: tuple[str, ...]) -> str:
 
 def rtx_runtime_problem(requested: tuple[str, ...]) -> str | None:
     """Why a TensorRT-RTX engine built for ``requested`` targets cannot run in this process; None when it can."""
+    import torch  # here: the ONNX-level checks (`pipeline check`) import this module without running engines
+
     if not torch.cuda.is_available():
         return "no CUDA device (TensorRT-RTX runs engines on NVIDIA RTX/Ampere-or-later GPUs only)"
     major, minor = torch.cuda.get_device_capability()
