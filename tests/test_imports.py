@@ -494,3 +494,27 @@ def test_the_cli_parser_imports_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", CLI_VERSION], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("pipeline "), done.stdout + done.stderr
     assert "torch" not in json.loads(done.stdout.splitlines()[-1])
+
+
+CLI_STATIC_CHECK = """
+import json, sys
+from pipeline.cli import main
+assert main(["check", sys.argv[1], "--parser", "static"]) == 0
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_static_check_imports_no_torch(tmp_path: Path) -> None:
+    """``pipeline check model.onnx --parser static`` judges an ONNX file against the operator table alone: no torch."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "relu.onnx")
+    run = [sys.executable, "-c", CLI_STATIC_CHECK, str(tmp_path / "relu.onnx")]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(1 supported)" in done.stdout, done.stdout
+    assert "torch" not in json.loads(done.stdout.splitlines()[-1])
