@@ -22,6 +22,14 @@ A stored session graph is run only by the code whose fingerprint it carries (``p
 when a change touches that code, give the baseline an artifact saved (or keyed) by it with ``--baseline-artifact``,
 else one of the two loads rewrites the graph.
 
+A float32 generation step's load returns with an unprepacked session and makes the prepacked one in a background
+thread (``pipeline.runtime.ort.prepacking``): ``prepacked ready`` is the time from the load's call until that session
+runs every call (CPU: every thread's, the build's included). So that a faster load is not a slower first token, the
+``first token`` measurement (on by default; ``--no-first-token``) times, in one fresh process, the load, a
+``--prompt``-token prompt's prefill and one decode step (``generate(ids, max_new_tokens=2)``, one intra-op thread,
+spinning off), and, with ``--genai``, GenAI's ``og.Model`` with the same threads then an ``og.Generator``'s
+``append_tokens`` and two ``generate_next_token`` (and the baseline's, with ``--baseline``).
+
 Run from the repository root::
 
     python benchmarks/bench_load.py                          # a random Llama (hidden 512, 8 layers, vocab 32000)
@@ -62,12 +70,60 @@ start, cpu = time.perf_counter(), time.process_time()
 module = pipeline.load({path!r})
 load_wall, load_cpu = time.perf_counter() - start, time.process_time() - cpu
 stored = float(getattr(module.executor, "stored_graph", False))  # did it run the artifact's stored session graph?
+wait = getattr(getattr(module.executor, "session", None), "wait", None)  # a prepacked session made in the background
+if wait is not None:
+    wait()
+ready_wall, ready_cpu = time.perf_counter() - start, time.process_time() - cpu
 del module
 gc.collect()
 start, cpu = time.perf_counter(), time.process_time()
-pipeline.load({path!r})
-print(torch_wall, torch_cpu, pipeline_wall, pipeline_cpu, load_wall, load_cpu, time.perf_counter() - start,
-      time.process_time() - cpu, stored)
+module = pipeline.load({path!r})
+again_wall, again_cpu = time.perf_counter() - start, time.process_time() - cpu
+wait = getattr(getattr(module.executor, "session", None), "wait", None)
+if wait is not None:
+    wait()
+print(torch_wall, torch_cpu, pipeline_wall, pipeline_cpu, load_wall, load_cpu, ready_wall, ready_cpu, again_wall,
+      again_cpu, stored)
+"""
+
+#: The first token: a load, then a 128-token prompt's prefill and one decode step (two greedy tokens), one thread,
+#: spinning off, in a fresh process after ``import torch`` and ``import pipeline``: the time from ``pipeline.load``'s
+#: call to the second token, and its two parts.
+FIRST_OURS = """
+import sys, time
+sys.path.insert(0, {root!r})
+import numpy as np, torch
+import pipeline
+ids = torch.from_numpy(np.random.default_rng(0).integers(0, {vocab}, (1, {prompt}))).long()
+start, cpu = time.perf_counter(), time.process_time()
+module = pipeline.load({path!r}, threads=1, spinning=False)
+loaded, cpu_loaded = time.perf_counter(), time.process_time()
+module.generate(ids, max_new_tokens=2, eos_token_id=[])
+done, cpu_done = time.perf_counter(), time.process_time()
+print(loaded - start, cpu_loaded - cpu, done - loaded, cpu_done - cpu_loaded, done - start, cpu_done - cpu)
+"""
+
+#: GenAI's first token as ours: ``og.Model`` (after ``import onnxruntime_genai``), then a generator's
+#: ``append_tokens`` (the prefill) and two ``generate_next_token`` (the prefill's token, then one decode step).
+FIRST_GENAI = """
+import json, time
+import numpy as np
+import onnxruntime_genai as og
+ids = np.random.default_rng(0).integers(0, {vocab}, (1, {prompt})).astype(np.int32)
+start, cpu = time.perf_counter(), time.process_time()
+config = og.Config({path!r})
+options = {{"intra_op_num_threads": 1, "session.intra_op.allow_spinning": "0"}}
+config.overlay(json.dumps({{"model": {{"decoder": {{"session_options": options}}}}}}))
+model = og.Model(config)
+loaded, cpu_loaded = time.perf_counter(), time.process_time()
+params = og.GeneratorParams(model)
+params.set_search_options(max_length={prompt} + 2, do_sample=False, batch_size=1)
+generator = og.Generator(model, params)
+generator.append_tokens(ids)
+generator.generate_next_token()
+generator.generate_next_token()
+done, cpu_done = time.perf_counter(), time.process_time()
+print(loaded - start, cpu_loaded - cpu, done - loaded, cpu_done - cpu_loaded, done - start, cpu_done - cpu)
 """
 
 GENAI = """
@@ -165,6 +221,16 @@ def measure_in_turns(measurements: dict[str, Measurement], runs: int) -> None:
             measurement.samples.append(measurement.once())
 
 
+def artifact_vocabulary(artifact: Path) -> int:
+    """The vocabulary of a saved generation step (its logits' last dimension), for the first token's prompt."""
+    with zipfile.ZipFile(artifact) as archive:
+        metadata = json.loads(archive.read("metadata.json"))
+    for name, _, shape, *_ in metadata["io"]["outputs"]:
+        if name == "logits":
+            return int(shape[-1])
+    raise SystemExit(f"{artifact} has no logits output: not a generation step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", type=Path, help="an artifact to load (default: convert a random Llama)")
@@ -174,6 +240,13 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a checkout of another version whose pipeline.load to time too")
     parser.add_argument("--baseline-artifact", type=Path, help="the artifact the baseline loads (default: --artifact)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--first-token",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time a load, a prompt's prefill and one decode step in one fresh process (default on)",
+    )
+    parser.add_argument("--prompt", type=int, default=128, help="the first token's prompt length")
     parser.add_argument("--as-is", action="store_true", help="no bytecode cache for the child processes")
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -193,6 +266,17 @@ def main() -> None:
         measurements["ort.InferenceSession, no prepacking"] = Measurement(code, env)
         if args.genai is not None:
             measurements["og.Model (ONNX Runtime GenAI)"] = Measurement(GENAI.format(path=str(args.genai)), env)
+        if args.first_token:
+            first = {"vocab": artifact_vocabulary(artifact), "prompt": args.prompt}
+            code = FIRST_OURS.format(root=str(ROOT), path=str(artifact), **first)
+            measurements["first token"] = Measurement(code, env)
+            if args.baseline is not None:
+                path = str(args.baseline_artifact or artifact)
+                code = FIRST_OURS.format(root=str(args.baseline.resolve()), path=path, **first)
+                measurements["first token (baseline)"] = Measurement(code, env)
+            if args.genai is not None:
+                code = FIRST_GENAI.format(path=str(args.genai), **first)
+                measurements["first token (ONNX Runtime GenAI)"] = Measurement(code, env)
         measure_in_turns(measurements, args.runs)
         results: dict[str, Any] = {
             "artifact": str(artifact),
@@ -209,7 +293,11 @@ def main() -> None:
             if name.startswith("pipeline.load"):
                 suffix = name.removeprefix("pipeline.load")
                 results[f"import torch{suffix}"], results[f"import pipeline{suffix}"] = pairs[0], pairs[1]
-                results[name], results[f"{name}, again"] = pairs[2], pairs[3]
+                results[name], results[f"{name}, prepacked ready"], results[f"{name}, again"] = pairs[2:5]
+            elif name.startswith("first token"):
+                suffix = name.removeprefix("first token")
+                results[f"first token{suffix}: load"], results[f"first token{suffix}: prefill + 1 step"] = pairs[:2]
+                results[name] = pairs[2]
             elif name.startswith("og.Model"):
                 results["import onnxruntime_genai"], results[name], results[f"{name}, again"] = pairs
             else:
@@ -232,6 +320,15 @@ def main() -> None:
             if key in results:
                 peer = genai if "again" not in key else results["og.Model (ONNX Runtime GenAI), again"]
                 print(f"  {key} / GenAI's: {results[key]['wall'] / peer['wall']:.2f}x wall")
+        peer = results.get("first token (ONNX Runtime GenAI)")
+        for key in ("first token", "first token (baseline)"):
+            if key in results and peer is not None:
+                print(f"  {key} / GenAI's: {results[key]['wall'] / peer['wall']:.2f}x wall")
+    if "pipeline.load (baseline)" in results:
+        for key in ("pipeline.load", "first token"):
+            if f"{key} (baseline)" in results:
+                ratio = results[key]["wall"] / results[f"{key} (baseline)"]["wall"]
+                print(f"  {key} / baseline's: {ratio:.2f}x wall")
     print(
         f"  load average (1, 5, 15 min) before {', '.join(f'{v:.2f}' for v in load_before)}, "
         f"after {', '.join(f'{v:.2f}' for v in results['load_average']['after'])} ({os.cpu_count()} cores)"

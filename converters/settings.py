@@ -165,6 +165,8 @@ class Settings:
     ort_allow_spinning: bool | None = option("onnxruntime", None)
     # ONNX Runtime's weight prepacking (faster matmuls, a second copy of every weight). None: on, except for a graph
     # with external weights, whose data file is then memory-mapped instead of copied (see external_data_threshold).
+    # A float32 generation step's prepacked session is made in a background thread, the calls running unprepacked
+    # until it is ready (pipeline.runtime.ort.prepacking); False: never prepacked, no background build.
     ort_prepack_weights: bool | None = option("onnxruntime", None)
     # A cached decoder step (generation=) on ONNX Runtime's CPU provider runs each layer's cache write and attention as
     # com.microsoft::GroupQueryAttention, which reads only the filled part of the cache (pipeline.runtime.ort.
@@ -172,8 +174,9 @@ class Settings:
     # Attention over the whole capacity (the graph TensorRT builds). A runtime choice, like the threads.
     ort_grouped_attention: bool = option("onnxruntime", True)
     # True: a generation step on ONNX Runtime's CPU provider with float32 weights runs its single-row, single-token
-    # steps (batch-1 decode) on a second session of the same graph without weight prepacking, made on first use
-    # (pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session). Off by default: the prepacked session, which
+    # steps (batch-1 decode) on a second session of the same graph without weight prepacking: the one every call
+    # runs on while the prepacked session is made, kept after (pipeline.runtime.ort.executor.OnnxRuntimeExecutor.
+    # row_session). Off by default: the prepacked session, which
     # runs the merged projections apart, is as fast for one row (the issue-35 Llama, one thread, quiet machine: 64
     # tokens in 0.665 against 0.671 s) and one session saves memory. A runtime choice, like the threads.
     ort_row_session: bool = option("onnxruntime", False)

@@ -7,9 +7,13 @@ engine that must be built (``rebuild=True``, TensorRT asked of an artifact witho
 only then).
 
 An ONNX Runtime artifact with a stored session graph made for this machine has its session made in a thread as soon
-as the members, the settings and that graph are read: ONNX Runtime lets go of the GIL while it makes a session
-(0.35 s for the issue-35 Llama), and the rest of the load (the module's graph parsed and checked against the
-metadata, the module's imports) runs meanwhile.
+as the members, the settings and that graph are read: ONNX Runtime lets go of the GIL while it makes a session, and
+the rest of the load (the module's graph parsed and checked against the metadata, the module's imports) runs
+meanwhile. For a float32 generation step that session is the graph without weight prepacking (0.05 s for the
+issue-35 Llama, against 0.35 s prepacked): the load returns with it, and the prepacked session is made in a
+background thread that outlives the load (:mod:`pipeline.runtime.ort.prepacking`); every call runs on the
+unprepacked session until the prepacked one is ready, none waits for it, and a failed build is a BuildError at the
+next call.
 
 Python's cyclic garbage collector is paused while an artifact loads (the modules it imports included, which is why
 they are imported inside :func:`load`): with torch imported, the collector walks some 170,000 objects each time the

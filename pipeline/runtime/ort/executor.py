@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from passes.model_io.weightless import weightless
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.ort.aliased_cache import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.int4 import configure_int4
+from pipeline.runtime.ort.prepacking import PrepackingSession
 from pipeline.settings import Settings
 
 #: The weights each session reads in place (``add_external_initializers``), kept while the session lives.
@@ -34,7 +34,14 @@ _HANDED_OVER: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDiction
 
 class OnnxRuntimeExecutor:
     """The final graph in an ONNX Runtime session (with the float32 emulation of a half graph on the CPU, and plugin CPU
-    references)."""
+    references).
+
+    A float32 generation step whose weights are prepacked (:func:`float_generation_step`, ``ort_prepack_weights``
+    not False) gets its session in two stages (:class:`~pipeline.runtime.ort.prepacking.PrepackingSession`): the
+    graph unprepacked now, which every call runs on until the prepacked session, made in a background thread, is
+    ready. ``ort_prepack_weights=False``: one unprepacked session, never prepacked. ``ort_row_session=True``: the
+    unprepacked session is kept for single-row, single-token steps (:meth:`row_session`) after the switch; False
+    (the default): it is dropped then, and every call runs prepacked."""
 
     backend = "onnxruntime"
 
@@ -43,10 +50,10 @@ class OnnxRuntimeExecutor:
     ) -> None:
         # the graph the session runs: a half graph on the CPU runs as its float32 emulation, and so on; ``prepared``:
         # that graph already made (an artifact's stored session graph, pipeline.runtime.ort.stored_graph)
-        graphs = prepared_graphs(prepared) if prepared is not None else session_graphs(model, settings)
+        graphs = prepared_graphs(prepared, settings) if prepared is not None else session_graphs(model, settings)
         #: does the session run a graph made before (``prepared``) rather than one rewritten here?
         self.stored_graph = prepared is not None
-        model, packed_model, prepack, plugins = graphs.runnable, graphs.packed, graphs.prepack, graphs.plugins
+        model, prepack, plugins = graphs.runnable, graphs.prepack, graphs.plugins
         if plugins:  # imported only for such a graph: the plugin machinery costs 0.3-1 s of imports (sympy)
             from pipeline.runtime.plugins import PluginSession, prepare_onnxruntime
 
@@ -68,7 +75,7 @@ class OnnxRuntimeExecutor:
             # it saved 0.02-0.03 s per load and cost 1 s of CPU to build once per artifact, settings and machine;
             # prepacking (0.25 s of the session's 0.3 s) cannot be saved in ONNX Runtime 1.32, whose saved prepacked
             # weights are packed again to be found (tests/pipeline/test_session_cache.py; the cache: commit d1102e6)
-            graph = packed_model if prepack else model
+            graph = graphs.packed() if prepack else model
             weights: dict[str, np.ndarray] = {}
             if not prepack:  # ONNX Runtime reads unpacked weights in place: handed over as arrays, not serialised
                 graph, weights = weightless(graph)
@@ -85,12 +92,17 @@ class OnnxRuntimeExecutor:
             pairs = cache_pairs(model)  # a grouped-attention step: run() returns the whole cache, as module.onnx
             return AliasedCacheSession(session, pairs) if pairs else session
 
-        # a second session without prepacking, made when a generation step first runs one row and one token
-        self._row_create = create if graphs.row else None
+        #: the unprepacked session that runs a generation step's single-row, single-token steps (``ort_row_session``)
         self._row_session: Any = None
-        self._row_lock = threading.Lock()
         try:  # a graph with plugin nodes gets a session that is remade when new CPU references appear
-            self.session: Any = PluginSession(create) if plugins else create()
+            if plugins:
+                self.session: Any = PluginSession(create)
+            elif graphs.float_step:  # unprepacked now (0.05 s), prepacked in a thread (0.3 s): see PrepackingSession
+                interim = create(False)
+                self._row_session = interim if graphs.row else None
+                self.session = PrepackingSession(interim, lambda: create(True))
+            else:
+                self.session = create()
         except BuildError:
             raise
         except Exception as exc:
@@ -117,24 +129,15 @@ class OnnxRuntimeExecutor:
 
     def row_session(self) -> Any | None:
         """The session for a generation step of one row and one token (batch-1 decode), or ``None``: the same graph
-        without weight prepacking (:func:`row_session_wanted` says when), made on first use.
+        without weight prepacking, with its merged projections, when ``settings.ort_row_session`` is on for a
+        :func:`float_generation_step` (:func:`row_session_wanted`). It is made when the executor is, as the session
+        every call runs on while the prepacked one is made (:class:`PrepackingSession`), and kept for those steps.
 
         For a single row, MLAS reads a float32 weight faster as it is than in the prepacked layout that every other
         step needs (measured on the issue-35 Llama, one thread: 12.9 ms against 18.3 ms per decode step, while a
         batch of 4 took 48 ms unpacked against 24 ms packed). It maps a loaded artifact's weights (no second copy);
         a converted module's in-memory weights are copied into it once."""
-        if self._row_create is None:
-            return None
-        with self._row_lock:
-            if self._row_session is None:
-                try:
-                    self._row_session = self._row_create(False)
-                except Exception as exc:
-                    raise BuildError(
-                        f"ONNX Runtime could not make the unprepacked session for single-row decode steps: {exc}",
-                        fix="convert with ort_row_session=False (every step then runs on the prepacked session)",
-                    ) from exc
-            return self._row_session
+        return self._row_session
 
     @property
     def engine_bytes(self) -> bytes | None:
@@ -158,50 +161,57 @@ class OnnxRuntimeExecutor:
 class SessionGraphs:
     """The graphs an executor's sessions run for a final graph (:func:`session_graphs`)."""
 
-    #: ``runnable_model``'s graph: what an unprepacked session runs (the row session's)
+    #: ``runnable_model``'s graph: what an unprepacked session runs (the row session's, the first calls')
     runnable: onnx.ModelProto
-    #: what the prepacked session runs: ``runnable`` with a float32 step's merged projections apart
-    packed: onnx.ModelProto
     #: are the weights prepacked (the main session)?
     prepack: bool
     #: does the graph hold plugin nodes (a session remade when new CPU references appear)?
     plugins: bool
     #: is there a second, unprepacked session for single-row decode steps (:meth:`OnnxRuntimeExecutor.row_session`)?
     row: bool
+    #: is it a prepacked float32 generation step (:func:`float_generation_step`)? Its prepacked session runs
+    #: :meth:`packed` and is made in a background thread, every call running on ``runnable`` unprepacked until it is
+    #: ready (:class:`~pipeline.runtime.ort.prepacking.PrepackingSession`)
+    float_step: bool
+
+    def packed(self) -> onnx.ModelProto:
+        """What the prepacked session runs: ``runnable``, with a float32 step's merged projections apart (faster
+        packed: the issue-35 Llama's 64 tokens 0.678 against 0.765 s at batch 1, 1.019 against 1.099 s at batch 4;
+        the unprepacked session keeps them merged: faster unpacked, and made in 0.03 s rather than 0.1-0.2 s, the
+        time ONNX Runtime takes to fold the ``Split`` of each merged weight; :mod:`pipeline.runtime.ort.projections`).
+        5 ms of Python, made where the prepacked session is made (the background thread)."""
+        if not self.float_step:
+            return self.runnable
+        from pipeline.runtime.ort.projections import split_projections  # (lazy: 5 ms of imports)
+
+        return split_projections(self.runnable)
 
 
 def session_graphs(model: onnx.ModelProto, settings: Settings) -> SessionGraphs:
     """What :class:`OnnxRuntimeExecutor` runs for ``model``: its ONNX Runtime rewrite
-    (:func:`~pipeline.runtime.ort.session_graph.runnable_model`), whether the weights are prepacked, and a float32
-    generation step's prepacked graph with the merged projections apart
-    (:mod:`pipeline.runtime.ort.projections`). Deterministic for a graph, the settings and the installed ONNX
-    Runtime, which is what lets an artifact store it (:mod:`pipeline.runtime.ort.stored_graph`)."""
+    (:func:`~pipeline.runtime.ort.session_graph.runnable_model`), whether the weights are prepacked, and whether it is
+    a float32 generation step (its prepacked graph with the merged projections apart, made in the background).
+    The rewrite is deterministic for a graph, the settings and the installed ONNX Runtime, which is what lets an
+    artifact store it (:mod:`pipeline.runtime.ort.stored_graph`)."""
     # imported here: the rewrites are 0.1 s of imports that a session of a stored graph does without
     from pipeline.runtime.ort.session_graph import runnable_model
 
     model = runnable_model(_inline_for_rewrites(model, settings), OnnxRuntimeExecutor.backend, settings)
-    plugins = bool(plugin_nodes(model))
+    return prepared_graphs(model, settings)
+
+
+def prepared_graphs(prepared: onnx.ModelProto, settings: Settings) -> SessionGraphs:
+    """The graphs of ``prepared``, a graph :func:`session_graphs` made (an artifact's stored session graph,
+    :func:`~pipeline.runtime.ort.stored_graph.storable_session_graph`, or one just rewritten)."""
+    plugins = bool(plugin_nodes(prepared))
     prepack = settings.ort_prepack_weights
     if prepack is None:
         # off for the weights of a large model (mapped, not copied twice); a loaded artifact's graph keeps its
         # weights outside too, whatever their size, and runs as the converted module did: prepacked under the
         # threshold (on this CPU, 1.3x faster decode steps and 1.8x faster prefill of a small Llama)
-        prepack = external_bytes(model) <= settings.external_data_threshold
-    float_step = not plugins and prepack and float_generation_step(model, settings)
-    # the prepacked session of a float32 generation step runs its merged projections apart (faster packed: the
-    # issue-35 Llama's 64 tokens 0.678 against 0.765 s at batch 1, 1.019 against 1.099 s at batch 4; the row
-    # session keeps them merged: faster unpacked), see pipeline.runtime.ort.projections
-    from pipeline.runtime.ort.projections import split_projections  # (a stored graph is run without it: lazy)
-
-    packed = split_projections(model) if float_step else model
-    return SessionGraphs(model, packed, prepack, plugins, float_step and settings.ort_row_session)
-
-
-def prepared_graphs(prepared: onnx.ModelProto) -> SessionGraphs:
-    """The graphs of a stored session graph: :func:`session_graphs`' ``packed`` graph of a prepacked session without
-    plugins or a row session (the only kind :func:`~pipeline.runtime.ort.stored_graph.storable_session_graph`
-    stores), which the one session runs."""
-    return SessionGraphs(prepared, prepared, prepack=True, plugins=False, row=False)
+        prepack = external_bytes(prepared) <= settings.external_data_threshold
+    float_step = not plugins and prepack and float_generation_step(prepared, settings)
+    return SessionGraphs(prepared, prepack, plugins, float_step and settings.ort_row_session, float_step)
 
 
 def row_session_wanted(model: onnx.ModelProto, settings: Settings) -> bool:

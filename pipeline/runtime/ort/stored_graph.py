@@ -1,13 +1,15 @@
 """The ONNX Runtime session graph of an artifact, made when it is saved so that loading it does not make it again.
 
 :func:`~pipeline.runtime.ort.executor.session_graphs` rewrites a final graph for ONNX Runtime's CPU kernels
-(``GroupQueryAttention``, the fused norms, the merged projections apart): 0.1-0.15 s of Python per load of the
-issue-35 Llama step, the same every time. :func:`storable_session_graph` makes it once, at save time, from the very
-graph the artifact holds (its weights external, in ``model.onnx.data``), and the artifact keeps it as one more small
-member whose tensors point into the same weights: no weight is stored twice. It is stored only when it is nothing but
-a rewrite of the nodes: every initializer it shares with the graph is the same tensor, and it adds none outside
-the graph proto (the emulations of half, FP8, NVFP4 and INT8 graphs make new weights: those are rewritten at load,
-as before; so are graphs with plugin nodes and steps with a row session).
+(``GroupQueryAttention``, the fused norms): 0.1-0.15 s of Python per load of the issue-35 Llama step, the same every
+time. :func:`storable_session_graph` makes it once, at save time, from the very graph the artifact holds (its
+weights external, in ``model.onnx.data``), and the artifact keeps it as one more small member whose tensors point into
+the same weights: no weight is stored twice. It is stored only when it is nothing but a rewrite of the nodes: every
+initializer it shares with the graph is the same tensor, and it adds none outside the graph proto (the emulations of
+half, FP8, NVFP4 and INT8 graphs make new weights: those are rewritten at load, as before; so are graphs with plugin
+nodes). It keeps a generation step's merged projections merged: the unprepacked session a load starts with runs them
+so (made in 0.03 s; apart, ONNX Runtime folds a ``Split`` of each merged weight: 0.1-0.2 s more), and the prepacked
+one, made in the background (:mod:`pipeline.runtime.ort.prepacking`), splits them first (5 ms of Python).
 
 What the rewrite gives depends on the graph, the settings, the installed ONNX Runtime (which kernels and inputs it
 has) and the rewriting code. :func:`session_graph_key` fingerprints the last three (the settings without the
@@ -36,9 +38,11 @@ _RUNTIME_FIELDS = ("ort_intra_op_threads", "ort_allow_spinning")
 
 
 def storable_session_graph(graph: onnx.ModelProto, settings: Settings) -> onnx.ModelProto | None:
-    """The graph ONNX Runtime's prepacked session runs for ``graph`` (an artifact's graph: its weights external),
-    when an artifact can store it beside ``graph`` (see the module docstring); ``None`` when the session runs
-    ``graph`` as it is or when the rewrite must be made at load."""
+    """The graph ONNX Runtime's sessions run for ``graph`` (an artifact's graph: its weights external; a float32
+    generation step's merged projections kept merged: its prepacked session splits them at load, in 5 ms,
+    :meth:`~pipeline.runtime.ort.executor.SessionGraphs.packed`), when an artifact can store it beside ``graph`` (see
+    the module docstring); ``None`` when the session runs ``graph`` as it is or when the rewrite must be made at
+    load."""
     # imported here: saving needs the rewrites, a load that checks the key (session_graph_key) does not
     from pipeline.runtime.ort.executor import session_graphs
     from pipeline.runtime.ort.session_graph import rewrites
@@ -50,10 +54,10 @@ def storable_session_graph(graph: onnx.ModelProto, settings: Settings) -> onnx.M
     except Exception as exc:  # noqa: BLE001 -- whatever fails here fails again at load, where it is reported
         log.info("no session graph stored: rewriting the graph failed (%s); a load will rewrite it", exc)
         return None
-    packed = graphs.packed
-    if packed is graph or graphs.plugins or graphs.row or not graphs.prepack:
+    runnable = graphs.runnable
+    if runnable is graph or graphs.plugins:
         return None
-    return packed if _same_weights(graph, packed) else None
+    return runnable if _same_weights(graph, runnable) else None
 
 
 def _same_weights(graph: onnx.ModelProto, packed: onnx.ModelProto) -> bool:

@@ -19,7 +19,6 @@ import torch
 import transformers
 
 import pipeline
-from converters.errors import BuildError
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.module import GenerativeModule
 from pipeline.runtime.generation.runners import OrtBoundRunner
@@ -282,18 +281,6 @@ def test_the_one_prepacked_session_runs_the_projections_apart(
     assert executor.row_session() is None
     assert seen and seen[0] > 0  # more MatMuls: the merged ones apart
     assert any(n.op_type == "Split" for n in step.onnx.graph.node)
-
-
-def test_a_row_session_onnx_runtime_cannot_make_is_a_build_error_naming_the_switch(step: GenerativeModule) -> None:
-    """ONNX Runtime's own error when the second session cannot be made (here: bytes it cannot parse) comes back as a
-    BuildError that says how to do without that session."""
-    import onnxruntime as ort
-
-    executor = OnnxRuntimeExecutor(step.onnx, step.io, dataclasses.replace(step.settings, ort_row_session=True))
-    executor._row_create = lambda prepack=False: ort.InferenceSession(b"not a model")
-    with pytest.raises(BuildError, match="single-row decode steps") as info:
-        executor.row_session()
-    assert "ort_row_session=False" in str(info.value)
 
 
 def test_calling_the_step_returns_the_whole_cache_as_module_onnx_does(step: GenerativeModule) -> None:
