@@ -192,7 +192,10 @@ def _fp16_row(model: Any, single: torch.Tensor, rtx: bool) -> dict[str, Any]:
         "fp16_worst": f"step {worst.step}: RMS error {worst.relative_rms:.1e} x RMS",
     }
     if rtx:
-        row["rtx_builds"] = bool(module.engine_bytes) and len(module.settings.profiles) == 2
+        # the context and generation profiles of a step that takes several tokens; one profile (the batch) for a
+        # recurrent step, whose one token leaves no sequence axis (pipeline/generation/recurrent_state.py)
+        several = any(d.name == "sequence" for d in module.settings.dynamic)
+        row["rtx_builds"] = bool(module.engine_bytes) and len(module.settings.profiles) == (2 if several else 0)
     return row
 
 
@@ -203,7 +206,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     head += " RMSNorm / RoPE ops |"
     head += " fp16 greedy identical | fp16 per-step logits (policy) |" if fp16 else ""
     rtx = any("rtx_builds" in r for r in rows)
-    head += " TensorRT-RTX builds (2 profiles) |" if rtx else ""
+    head += " TensorRT-RTX builds (context and generation profiles; one for a one-token step) |" if rtx else ""
     lines = [head + " convert s |", "|---" * (head.count("|")) + "|"]
     for r in rows:
         if "error" in r:

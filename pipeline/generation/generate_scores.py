@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
 from pipeline.accuracy.stats import judgement, tolerance_ratio
@@ -130,13 +132,28 @@ def _anchor_run(reference: Callable[[], Any], model: torch.nn.Module, computed_i
     mode = PrecisionMode(dtype)
     try:
         with torch.no_grad(), _weights_in(model, dtype), mode:
-            out = reference()
+            out = _inputs_in(reference, dtype)()
     except Exception as error:  # noqa: BLE001 - the fixed tolerance stands, and the report says why
         notes.add(
             f"PyTorch cannot generate in {ANCHOR_DTYPES[computed_in]} for the anchored rule: {type(error).__name__}"
         )
         return None
     return out
+
+
+def _inputs_in(reference: Callable[[], Any], dtype: torch.dtype) -> Callable[[], Any]:
+    """``reference`` (a ``functools.partial`` of the model's ``generate``) with its float32 tensors in ``dtype``: the
+    mode casts what reaches the dispatcher, but some ops check their types before it (``conv2d``'s input against its
+    weight and bias: DeepSeek-VL-Hybrid's high-resolution tower refused float32 pixels beside float16 weights), as
+    :class:`~pipeline.accuracy.anchor.AnchorRuns` casts its feeds."""
+    if not isinstance(reference, functools.partial):
+        return reference
+
+    def cast(value: Any) -> Any:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.dtype == torch.float32 else value
+
+    args, keywords = pytree.tree_map(cast, (reference.args, reference.keywords))
+    return functools.partial(reference.func, *args, **keywords)
 
 
 @contextlib.contextmanager

@@ -53,3 +53,24 @@ def test_a_half_precision_conversion_is_reported_not_failed() -> None:
         _outputs(drifted), _outputs(LOGITS), _io("float16"), Settings(precision="fp16"), "sample 2x5", 9
     )
     assert not report.passed and report.note == UNANCHORED_NOTE and report.computed_in == "float16"
+
+
+def test_the_half_anchor_generates_with_float32_pixels_before_a_convolution() -> None:
+    """PyTorch's own float16 ``generate`` (the anchor of a half conversion's decoding check) gets the reference's
+    float32 inputs in float16: ``conv2d`` compares its input's type with its weight's before any dispatch mode can
+    cast it (DeepSeek-VL-Hybrid's high-resolution tower refused, and its check fell back to the fixed tolerance)."""
+    import functools
+
+    from pipeline.generation.generate_scores import _anchor_run
+
+    tower = torch.nn.Conv2d(3, 4, 3).eval()
+
+    def generate(pixel_values: torch.Tensor, steps: int) -> torch.Tensor:
+        return tower(pixel_values).mean((2, 3)).repeat(1, steps)
+
+    notes: set[str] = set()
+    pixels = torch.randn(2, 3, 8, 8)
+    out = _anchor_run(functools.partial(generate, pixel_values=pixels, steps=2), tower, "float16", notes)
+    assert notes == set() and out is not None and out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), generate(pixels, 2), atol=1e-2, rtol=1e-2)
+    assert tower.weight.dtype == torch.float32  # the weights put back
