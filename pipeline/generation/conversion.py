@@ -43,17 +43,8 @@ def prepare_step(
     check_sample_fits(input_ids, generation, settings.validate)
     layout, vocabulary = _cache_layout(model, input_ids)
     states = any(isinstance(layer, StateLayer) for layer in layout)
-    if states and generation.max_prompt != 1:  # the one-token step (pipeline.generation.recurrent_state)
-        said = f"{type(model).__name__} keeps recurrent states: its step takes one token (max_prompt=1)"
-        if generation.max_prompt is None:
-            logger.info(said)
-        else:  # the user asked for a prompt of many tokens per call: said loudly, not dropped
-            warnings.warn(
-                f"{said}, not the max_prompt={generation.max_prompt} asked for: a prompt of n tokens is prefilled in "
-                "n steps (a multi-token prefill of such layers does not export yet)",
-                stacklevel=2,
-            )
-        generation = dataclasses.replace(generation, max_prompt=1)
+    if states:
+        generation = one_token_prompt(model, generation)
     eos, pad = special_tokens(model, generation.eos_token_id, generation.pad_token_id)
     attention = attention_form(model, settings, layout)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
@@ -92,6 +83,23 @@ def prepare_step(
         precision_io=step_precision_io(settings),
     )
     return step, step_sample, config, generation_converters(registry)
+
+
+def one_token_prompt(model: torch.nn.Module, generation: GenerationSettings) -> GenerationSettings:
+    """``generation`` with ``max_prompt=1``: the one-token step of a model whose cache keeps recurrent states
+    (:mod:`pipeline.generation.recurrent_state`); another ``max_prompt`` asked for is overridden with a warning."""
+    if generation.max_prompt == 1:
+        return generation
+    said = f"{type(model).__name__} keeps recurrent states: its step takes one token (max_prompt=1)"
+    if generation.max_prompt in (None, generation.max_length):  # the default (a prompt may fill the cache)
+        logger.info(said)
+    else:  # the user asked for a prompt of many tokens per call: said loudly, not dropped
+        warnings.warn(
+            f"{said}, not the max_prompt={generation.max_prompt} asked for: a prompt of n tokens is prefilled in "
+            "n steps (a multi-token prefill of such layers does not export yet)",
+            stacklevel=3,
+        )
+    return dataclasses.replace(generation, max_prompt=1)
 
 
 def _profiles(dims: tuple[DynamicDim, ...], max_prompt: int) -> tuple[tuple[ProfileRange, ...], ...]:
@@ -179,6 +187,15 @@ UNCACHED_LAYER_WORDS = ("linear", "conv", "mamba", "hybrid", "recurrent", "ssm",
 #: Of those, the words of layers a causal LM's step cannot cache even with recurrent states
 #: (:mod:`pipeline.generation.recurrent_state`): an indexer's key cache, and RWKV's (not on transformers' Cache API).
 UNCACHED_STATE_WORDS = ("rwkv", "indexed")
+
+
+def names_recurrent_layers(model: torch.nn.Module) -> bool:
+    """Whether the model's config (or its ``text_config``) lists layers that keep a recurrent state
+    (:data:`UNCACHED_LAYER_WORDS` in its ``layer_types``)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    types = getattr(config, "layer_types", None)
+    return isinstance(types, list | tuple) and any(w in str(t) for t in types for w in UNCACHED_LAYER_WORDS)
 
 
 def check_attention_layers(model: torch.nn.Module, states: bool = False) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicCache, LinearAttentionCacheLayerMixin
 
 from converters.errors import InputError
 from pipeline.generation.step import CachedStep, StepCache, StepCacheLayer, step_outputs
@@ -212,6 +212,31 @@ class StepStateCache(StepCache):
         if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
             return self.past_length
         return super().get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """The keys a mask spans: the current tokens' when no layer attends (a model builds its attention mask all the
+        same, and no layer reads it), else the attention layers' capacity."""
+        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
+            return query_length, 0
+        return super().get_mask_sizes(query_length, layer_idx)
+
+
+class FirstCallCache(DynamicCache):
+    """transformers' ``DynamicCache`` for a model's first call (the prompt from nothing, to read its cache's layout):
+    its length is 0 also when no layer attends. transformers' asks an attention layer, and raises when every layer
+    keeps a recurrent state (a small config whose layers are all linear attention), though nothing was cached."""
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The number of positions cached: the attention layers' count, 0 when no layer attends."""
+        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
+            return 0
+        return super().get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """The keys a mask spans: the query's own when no layer attends (nothing cached before)."""
+        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
+            return query_length, 0
+        return super().get_mask_sizes(query_length, layer_idx)
 
 
 class RecurrentStep(CachedStep):

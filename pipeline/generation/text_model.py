@@ -17,6 +17,7 @@ import torch
 
 from converters.errors import InputError
 from pipeline.generation.conversion import layout_of
+from pipeline.generation.recurrent_state import StateLayer
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.io_spec import is_model_cache
 
@@ -24,15 +25,20 @@ logger = logging.getLogger(__name__)
 
 
 def language_model_of(
-    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor], inner_first: bool = False
-) -> tuple[list[CachedLayer], int, torch.nn.Module]:
+    model: torch.nn.Module,
+    text: dict[str, torch.Tensor],
+    vision: dict[str, torch.Tensor],
+    inner_first: bool = False,
+    cache: Any = None,
+) -> tuple[list[CachedLayer | StateLayer], int, torch.nn.Module]:
     """The cached layers, from the cache the model builds on the sample, the vocabulary (the width of the logits) and
     the model the step calls: ``model`` itself, or, when its output holds no cache, the causal LM inside it whose
     output does (BLIP-2 places its image in the embeddings and hands them to its language model, whose output it
     keeps apart and whose ``generate`` its own calls: the step calls that language model with the embeddings). With
     ``inner_first`` (a model that places its images by a per-token input, whose forward wants the images at every
     call: Kosmos-2's, whose ``generate`` calls its text model's), that causal LM is the one even when the model
-    returns its cache."""
+    returns its cache. ``cache``: the cache the model's first call is handed (by its forward's name for it), and a
+    cache layer with recurrent states is taken as such (:class:`~pipeline.generation.recurrent_state.StateLayer`)."""
     inner: list[tuple[torch.nn.Module, Any]] = []
     hooks = [
         module.register_forward_hook(lambda module, _args, out: inner.append((module, out)))
@@ -40,7 +46,8 @@ def language_model_of(
         if module is not model and callable(getattr(module, "generate", None))
     ]
     try:
-        out = model(**text, **vision, use_cache=True)
+        given = {} if cache is None else {_cache_argument(model): cache}
+        out = model(**text, **vision, use_cache=True, **given)
     except Exception as error:  # noqa: BLE001 - the model refusing its own sample: said with its cause
         raise InputError(
             f"{type(model).__name__} fails on the generation sample: {type(error).__name__}: "
@@ -58,8 +65,13 @@ def language_model_of(
                     type(model).__name__,
                     type(module).__name__,
                 )
-                return (*layout_of(module, output), module)
-    return (*layout_of(model, out), model)
+                return (*layout_of(module, output, states=cache is not None), module)
+    return (*layout_of(model, out, states=cache is not None), model)
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its cache by (``cache``, or the older ``past_key_values``)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _holds_cache(out: Any) -> bool:

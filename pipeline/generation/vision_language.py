@@ -20,7 +20,10 @@ The prompt's prefill takes every image's features; a decode step takes the image
 a generated image token stays what the model's embedding makes it. Positions are the decoder-only step's
 (``cumsum(attention_mask) - 1``, as the model's ``generate`` computes them), or, for a model that hands its text
 decoder positions on several axes (M-RoPE), laid out per image as the model's own positions on the sample show
-(:mod:`pipeline.generation.image_positions`). Nothing here reads one architecture's code.
+(:mod:`pipeline.generation.image_positions`). A text model whose cache keeps recurrent states (linear attention,
+convolutions: Qwen3.5, LFM3-VL) gets the one-token step of :mod:`pipeline.generation.recurrent_state` with the same
+``image_features`` input (:class:`~pipeline.generation.vision_step.RecurrentVisionLanguageStep`): the prompt is fed
+token by token, an image token's step given its feature row. Nothing here reads one architecture's code.
 
 The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
 is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
@@ -36,13 +39,15 @@ from typing import Any
 
 import torch
 
-from converters.errors import AccuracyError
+from converters.errors import AccuracyError, InputError
 from converters.generation_settings import check_token_ids
 from converters.registry import ConverterRegistry
 from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
     check_sample_fits,
+    names_recurrent_layers,
+    one_token_prompt,
     special_tokens,
     step_precision_io,
 )
@@ -57,6 +62,7 @@ from pipeline.generation.generate_scores import (
 )
 from pipeline.generation.image_positions import image_positions
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.recurrent_state import FirstCallCache, StateLayer, cached_layers
 from pipeline.generation.text_model import (
     check_takes_features,
     generate_feeds,
@@ -73,7 +79,14 @@ from pipeline.generation.vision_graph import (
     token_embedding,
 )
 from pipeline.generation.vision_inputs import sample_inputs
-from pipeline.generation.vision_step import VisionLanguageStep, fit_mask, step_profiles, step_sample
+from pipeline.generation.vision_step import (
+    RecurrentVisionLanguageStep,
+    VisionLanguageStep,
+    fit_mask,
+    one_token_sample,
+    step_profiles,
+    step_sample,
+)
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.vision_language import TOKEN_TYPES, VisionLanguageModule
 from pipeline.settings import Settings
@@ -94,12 +107,17 @@ def convert_vision_language(
     input_ids = text["input_ids"]
     check_sample_fits(input_ids, generation, settings.validate)
     token = image_token_id(model)
-    check_attention_layers(model)
+    check_attention_layers(model, states=True)
+    # a text model with recurrent layers is handed a cache whose length is known when no layer attends
+    first = FirstCallCache(config=getattr(model, "config", None)) if names_recurrent_layers(model) else None
     with torch.no_grad():
         features = features_of(model, vision)
         placement = placement_input(model, text, int(features.shape[0])) if token is None else None
-        layout, vocabulary, language = language_model_of(model, text, vision, inner_first=placement is not None)
+        layout, vocabulary, language = language_model_of(model, text, vision, placement is not None, first)
     check_takes_features(model, language, token, placement)
+    states = any(isinstance(layer, StateLayer) for layer in layout)
+    if states:
+        check_one_token(model, token, placement, TOKEN_TYPES in text)
     if placement is not None:
         logger.info("vision-language: the image features go where the sample's %s marks", placement)
         text = {**text, placement: text[placement].to(torch.int64)}
@@ -112,8 +130,8 @@ def convert_vision_language(
     eos, pad = special_tokens(language, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
-        generation,
-        layers=len(layout),
+        one_token_prompt(model, generation) if states else generation,
+        layers=cached_layers(layout) if states else len(layout),
         eos_token_id=eos,
         pad_token_id=pad,
         attention=attention_form(model, settings, layout),
@@ -126,7 +144,7 @@ def convert_vision_language(
     from pipeline.generation.step import uses_attention_interface
 
     typed = TOKEN_TYPES in text
-    if (generation.max_prompt or generation.max_length) >= generation.max_length:
+    if not states and (generation.max_prompt or generation.max_length) >= generation.max_length:
         # a prompt leaves one position of the cache at least (a prompt that fills it leaves no room for a decode
         # step). Code that cuts the prompt's columns off the cache-wide mask (LFM2's `attention_mask[:, -tokens:]`)
         # or pads the image blocks' ids up to the cache's length when the prompt is shorter (transformers' token
@@ -136,11 +154,17 @@ def convert_vision_language(
     get_decoder = getattr(language, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
     text_model = decoder if isinstance(decoder, torch.nn.Module) else language
-    step = VisionLanguageStep(
-        language, len(layout), uses_attention_interface(text_model), listed, token, typed, placement
-    )
+    step: VisionLanguageStep
+    if states:
+        assert token is not None  # check_one_token
+        step = RecurrentVisionLanguageStep(language, layout, uses_attention_interface(text_model), listed, token)
+        sample_of_step, dims = one_token_sample(text, features, layout, generation, token, positions)
+    else:
+        step = VisionLanguageStep(
+            language, len(layout), uses_attention_interface(text_model), listed, token, typed, placement
+        )
+        sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement)
     step = step.train(model.training)
-    sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement)
     if placement is not None:
         handed, cached = generate_feeds(model, text, vision)
         if not handed:  # the model computes its own: from its cache's length, or over the whole sequence each time
@@ -151,7 +175,7 @@ def convert_vision_language(
         generation=generation,
         dynamic=dims,
         opset=max(settings.opset or GENERATION_OPSET, GENERATION_OPSET),
-        profiles=step_profiles(dims, generation),
+        profiles=() if states else step_profiles(dims, generation),  # one token: the one profile of ``dims``
         precision_io=precision_io,
         validation_inputs=0,  # drawn ids would not match the images: the sample's prompts are what it validates on
         # an image block attends both ways in the prefill: ONNX Runtime's GroupQueryAttention masks causally itself
@@ -166,6 +190,26 @@ def convert_vision_language(
     if settings.validate:
         _validate_greedy(model, module, text, vision, step_settings)
     return module
+
+
+def check_one_token(model: torch.nn.Module, token: int | None, placement: str | None, typed: bool) -> None:
+    """An InputError for a model with recurrent layers that the one-token step cannot feed its images as the model
+    does: without an image token to place features at (the model places them itself over a whole prompt, or where a
+    per-token input marks), or with token types (an image block attending both ways within one prefill call)."""
+    name = type(model).__name__
+    if token is None:
+        raise InputError(
+            f"{name}'s text model keeps recurrent states, so its step takes one token at a time, and its config names "
+            f"no image token to place an image feature at ({'marked by ' + placement if placement else 'the model'} "
+            "places its features over a whole prompt)",
+            fix="convert without generation= (the plain forward)",
+        )
+    if typed:
+        raise InputError(
+            f"{name}'s text model keeps recurrent states, so its step takes one token at a time, but its "
+            "token_type_ids make an image's tokens attend to each other both ways within the prompt's one call",
+            fix="convert without generation= (the plain forward)",
+        )
 
 
 def _validate_greedy(

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from converters.generation_settings import GenerationSettings
 from converters.settings import ProfileRange
+from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.generation.image_positions import ImagePositions
 from pipeline.runtime.generation.layout import CachedLayer, past_name
@@ -53,9 +54,12 @@ class VisionLanguageStep(CachedStep):
         #: the model's per-token input marking the image tokens (Kosmos-2's ``image_embeds_position_mask``), an input
         #: after ``image_features`` (before the token types): the prompt's in the prefill, zeros in a decode step
         self.placement = placement
-        names = [past_name(i, kind) for i in range(layers) for kind in ("key", "value")]
-        firsts = ([placement] if placement else []) + ([TOKEN_TYPES] if typed else [])
-        self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(firsts + names)}
+        self.name_inputs([past_name(i, kind) for i in range(layers) for kind in ("key", "value")])
+
+    def name_inputs(self, cache: list[str]) -> None:
+        """The graph names of the inputs after ``image_features``: the per-token inputs, then the ``cache``'s."""
+        firsts = ([self.placement] if self.placement else []) + ([TOKEN_TYPES] if self.typed else [])
+        self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(firsts + cache)}
 
     def forward(  # type: ignore[override]
         self,
@@ -92,6 +96,27 @@ class VisionLanguageStep(CachedStep):
         return {"inputs_embeds": placed_features(embeddings, input_ids == self.image_token, image_features)}
 
 
+class RecurrentVisionLanguageStep(RecurrentStep, VisionLanguageStep):
+    """:class:`VisionLanguageStep` of a text model whose cache holds recurrent states: the one-token step of
+    :class:`~pipeline.generation.recurrent_state.RecurrentStep` (a prompt of n tokens is n steps), its token's embedding
+    replaced by a row of ``image_features`` where the token is the image token. The features hold one row per batch
+    row whose token is an image token, in row order (the prompt's image features taken in the order the model's
+    ``masked_scatter`` places them; a decode step's: the image token's own embedding), and the same gather places
+    them. ``*past`` is each layer's tensors in :func:`~pipeline.generation.recurrent_state.cache_names` order."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layout: Sequence[CachedLayer | StateLayer],
+        use_interface: bool,
+        listed: bool,
+        image_token: int,
+    ) -> None:
+        VisionLanguageStep.__init__(self, model, len(layout), use_interface, listed, image_token)
+        self.layout = tuple(layout)
+        self.name_inputs(cache_names(self.layout))
+
+
 def placed_features(embeddings: torch.Tensor, is_image: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     """``embeddings`` [B, S, hidden] with the n-th marked token (row after row) taking the n-th row of ``features``,
     as ``masked_scatter`` fills it; written as a gather (no ``NonZero``)."""
@@ -121,7 +146,7 @@ def placed_in_embeddings(model: torch.nn.Module, is_image: torch.Tensor, feature
 def step_sample(
     text: dict[str, torch.Tensor],
     features: torch.Tensor,
-    layout: list[CachedLayer],
+    layout: Sequence[CachedLayer | StateLayer],
     generation: GenerationSettings,
     laid: ImagePositions | None = None,
     placement: str | None = None,
@@ -156,6 +181,49 @@ def step_sample(
     dims += [DynamicDim(name, axis.get(name, 0) + 1, "sequence", 1, steps, longest) for name in sequences]
     most = max(longest * generation.max_batch, features.shape[0])
     dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, int(features.shape[0]), most))
+    return sample, tuple(dims)
+
+
+def one_token_sample(
+    text: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    layout: Sequence[CachedLayer | StateLayer],
+    generation: GenerationSettings,
+    token: int,
+    laid: ImagePositions | None = None,
+) -> tuple[Any, tuple[DynamicDim, ...]]:
+    """The sample of :class:`RecurrentVisionLanguageStep` and its dynamic dimensions (the batch and the rows of
+    features): each prompt's first image token (its first token when it has none) as the first step over zero states,
+    with its feature row, at its position in the prompt."""
+    ids, mask = text["input_ids"], text["attention_mask"]
+    is_image = ids == token
+    order = is_image.reshape(-1).to(torch.int64).cumsum(0).reshape(ids.shape) - 1
+    columns = torch.where(is_image.any(-1), is_image.to(torch.int64).argmax(-1), 0)
+    rows = torch.arange(ids.shape[0])
+    chosen = is_image[rows, columns]
+    step_features = features[order[rows, columns][chosen]] if bool(chosen.any()) else features[:1]
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if laid is None else laid.prompt(ids, mask)
+    step_positions = positions[..., rows, columns].unsqueeze(-1)
+    step_ids = ids[rows, columns].unsqueeze(-1)
+    if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
+        step_ids, step_features = step_ids.expand(2, -1).clone(), step_features.repeat(2, 1)
+        step_positions = torch.cat([step_positions, step_positions], dim=-2)
+    batch = int(step_ids.shape[0])
+    capacity = generation.max_length
+    full = torch.zeros(batch, capacity, dtype=torch.int64)
+    full[:, 0] = 1
+    past = [tensor for layer in layout for tensor in layer.storage(batch, capacity)]
+    sample: Any = ((step_ids, full, step_positions, torch.tensor(0, dtype=torch.int64), step_features, *past), {})
+    dims: list[DynamicDim] = []
+    if generation.max_batch >= 2:
+        axis = 0 if laid is None else 1  # the positions' batch axis
+        names = ["input_ids", "attention_mask", "position_ids", *cache_names(layout)]
+        dims += [
+            DynamicDim(name, axis if name == "position_ids" else 0, "batch", 1, batch, generation.max_batch)
+            for name in names
+        ]
+        rows_of_features = int(step_features.shape[0])
+        dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, rows_of_features, generation.max_batch))
     return sample, tuple(dims)
 
 

@@ -164,11 +164,13 @@ class OrtBoundRunner:
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         extra: dict[str, np.ndarray] | None = None,
+        past_length: int = 0,
     ) -> torch.Tensor:
         """A prefill (nothing cached yet) of the buffers' first ``input_ids.shape[0]`` rows: each prompt once, its
-        rows then repeated for its beams by :meth:`reorder`."""
+        rows then repeated for its beams by :meth:`reorder`; ``past_length``: the tokens of the prompt already fed
+        (a one-token step's prefill, token by token)."""
         rows = int(input_ids.shape[0])
-        named = _named(input_ids, attention_mask, position_ids, 0, extra)
+        named = _named(input_ids, attention_mask, position_ids, past_length, extra)
         reads = [self._leading(a, rows) for a in self.read_arrays]
         writes = [
             r if w is a else self._leading(w, rows)

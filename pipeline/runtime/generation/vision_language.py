@@ -6,7 +6,9 @@ step, which places them at the image tokens (as ``model.generate``'s first step 
 prompts are prefilled once each, then their cache rows are repeated for each prompt's beams or drawn sequences
 (transformers prefills the repeated rows: the same numbers). Decode steps place no image: their features are the
 image token's own text embedding (one row per batch row), so that a generated image token stays what the model's
-embedding makes it. The decoding loop, the options, the processors and beam search are the decoder-only module's
+embedding makes it. A step of one token (a text model with recurrent states: ``max_prompt`` 1) is fed the prompts
+column by column, a column's features the rows of its image tokens (row after row, as ``masked_scatter`` orders
+them). The decoding loop, the options, the processors and beam search are the decoder-only module's
 (:mod:`pipeline.runtime.generation.module`); only the feed differs. On ONNX Runtime the cache stays in bound buffers
 written in place (:func:`~pipeline.runtime.generation.runners.bound_runner`, as the encoder-decoder's); on a TensorRT
 engine the feed copies it in and out of each step.
@@ -27,7 +29,7 @@ import torch
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.kept_images import kept_features
-from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
+from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, resolve
 from pipeline.runtime.generation.runners import bound_runner
@@ -88,15 +90,20 @@ class VisionLanguageModule(TwoGraphModule):
         #: keeping every element, the masks it computed (:mod:`pipeline.runtime.generation.kept_images`)
         self._vision_outputs = tuple(spec.name for spec in vision.io.outputs)
         self._step_inputs = step_inputs
-        self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        #: the step's cache tensors: each layer's keys and values, and its recurrent states where it keeps them
+        layout = cache_layout(step.io, generation.layers)
+        self._layer_names = layout.names
+        #: a step of one token (a text model with recurrent states): the prompt is fed token by token, each image
+        #: token's step given its own feature row
+        self.one_token = generation.max_prompt == 1 and any(not same for same in layout.in_place)
         known = (*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *self._layer_names)
         #: the model's per-token input marking the image tokens (Kosmos-2's ``image_embeds_position_mask``), which
         #: the step takes when the model's config names no image token: ``generate`` takes it by that name
         self.placement = next((name for name in step_inputs if name not in known), None)
-        self._presents = tuple(present_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
+        self._presents = layout.present_names
         specs = {spec.name: spec for spec in step.io.inputs}
-        self._cache_shapes = [tuple(int(d) for d in specs[name].shape[1:]) for name in self._layer_names]
-        self._cache_dtypes = [specs[name].torch_dtype for name in self._layer_names]
+        self._cache_shapes = list(layout.shapes)
+        self._cache_dtypes = list(layout.dtypes)
         features = specs[IMAGE_FEATURES]
         self._features_dtype = features.torch_dtype
         width = features.shape[-1] if features.shape else None
@@ -240,7 +247,7 @@ class VisionLanguageModule(TwoGraphModule):
                 fix=f"split the batch, or convert with generation={{'max_batch': {rows * request.expand}, ...}}",
             )
         prompt = ids.shape[1]
-        longest = generation.max_prompt or generation.max_length
+        longest = generation.max_length - 1 if self.one_token else generation.max_prompt or generation.max_length
         if prompt > longest:
             raise InputError(
                 f"a prompt of {prompt} tokens (its image tokens included), but the step prefills at most "
@@ -331,7 +338,7 @@ class _Feed:
         self.prompts, self.prompt_mask, self.features, self.expand = ids, mask, features, expand
         self.ids = ids.repeat_interleave(expand, dim=0)
         rows, self.prompt = self.ids.shape
-        self.capacity = module._cache_shapes[0][1]
+        self.capacity = module.generation.max_length
         self.mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
         self.mask[:, : self.prompt] = mask.repeat_interleave(expand, dim=0)
         # each prompt's next position, repeated for its rows (a rule that counts the request's images counts the
@@ -359,7 +366,9 @@ class _Feed:
         mask[:, : self.prompt] = self.prompt_mask
         positions = _prompt_positions(self.module, self.prompts, self.prompt_mask)[0]
         features = self.features if self.features.shape[0] else self.no_features[:1]
-        if self.runner is not None:
+        if self.module.one_token:
+            logits = self._prefill_by_token(mask, positions)
+        elif self.runner is not None:
             extra = {IMAGE_FEATURES: features.numpy(), **self._per_token(self.types, self.marked)}
             logits = self.runner.prefill_leading(self.prompts, mask, positions, extra).float()
             self.length += self.prompts.shape[1]
@@ -372,6 +381,33 @@ class _Feed:
         if self.expand > 1:
             self.reorder(torch.arange(rows).repeat_interleave(self.expand))
             logits = logits.repeat_interleave(self.expand, dim=0)
+        return logits
+
+    def _prefill_by_token(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The prompts through a one-token step, column by column: a column's features are the rows of the image
+        features of the rows whose token there is the image token (in row order: the n-th image token of the prompts,
+        row after row, takes the n-th row, as the model's ``masked_scatter`` places them)."""
+        rows, tokens = self.prompts.shape
+        token = self.module.image_token_id
+        assert token is not None  # a one-token step has one (the conversion refuses a model without)
+        is_image = self.prompts == token
+        order = is_image.reshape(-1).to(torch.int64).cumsum(0).reshape(rows, tokens) - 1
+        if self.runner is None:
+            self.cache = [
+                torch.zeros((rows, *shape), dtype=dtype)
+                for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
+            ]
+        logits = torch.empty(0)
+        for column in range(tokens):
+            placed = is_image[:, column]
+            features = self.features[order[placed, column]] if bool(placed.any()) else self.no_features[:1]
+            ids, laid = self.prompts[:, column : column + 1], positions[..., column : column + 1]
+            if self.runner is not None:
+                extra = {IMAGE_FEATURES: features.numpy()}
+                logits = self.runner.prefill_leading(ids, mask, laid, extra, past_length=column).float()
+                self.length += 1
+            else:
+                logits = self._run(ids, mask, laid, features)
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -8,12 +8,15 @@
 - BLIP-2 hands its embeddings to its language model (OPT), whose output it keeps apart: the step calls that language
   model, and the image features are placed at its image tokens;
 - HunYuan-VL's image positions keep the grid's columns and rows as they are wherever the image starts, and count the
-  request's images on one axis: read from the model on a probe and laid out so at run time.
+  request's images on one axis: read from the model on a probe and laid out so at run time;
+- Qwen3.5's text model has linear-attention layers (recurrent states): its step takes one token, the prompt is fed
+  token by token, an image token's step given its feature row, at the model's M-RoPE positions.
 
 Nothing is downloaded."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -162,3 +165,85 @@ def test_features_given_by_decoder_layer_only_are_refused_by_name() -> None:
     model, inputs = family("granite4_vision", "Granite4VisionForConditionalGeneration")
     with pytest.raises(InputError, match="deepstack_features"):
         pipeline.convert(model, inputs, generation=GENERATION)
+
+
+def tiny_qwen3_5() -> tuple[Any, dict[str, torch.Tensor]]:
+    """A tiny Qwen3.5 (a linear-attention layer, then an attention layer; a one-block tower) and a left-padded batch
+    of two prompts, each an image of 4 tokens then text; the second prompt's image another."""
+    import transformers
+
+    torch.manual_seed(0)
+    text = {
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "layer_types": ["linear_attention", "full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "max_position_embeddings": 64,
+        "pad_token_id": 0,
+    }
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8}
+    vision |= {"out_hidden_size": 32, "num_position_embeddings": 64}
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=127)
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0, 1.5 / parameter.shape[-1] ** 0.5, generator=generator)
+    model.generation_config.eos_token_id = None
+    prompt = [127] * 4 + [60, 85, 28, 90, 58, 63, 62, 75]
+    ids = torch.tensor([[0, 0, *prompt], [62, 75, *prompt]])
+    mask = torch.ones_like(ids)
+    mask[0, :PAD] = 0
+    patches = 16 * 3 * 2 * 8 * 8 // 16  # an image of 4 x 4 patches (2 frames of 3 x 8 x 8 each), merged 2 x 2
+    batch = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "mm_token_type_ids": (ids == 127).to(torch.int64),
+        "pixel_values": torch.randn(32, patches, generator=generator),
+        "image_grid_thw": torch.tensor([[1, 4, 4], [1, 4, 4]]),
+    }
+    return model, batch
+
+
+def test_a_linear_attention_vision_language_model_steps_one_token_at_a_time() -> None:
+    """Qwen3.5 (Gated DeltaNet linear attention beside attention, M-RoPE): the step takes one token and the layers'
+    states (``past_key_values.0.conv``/``.recurrent``) beside layer 1's keys and values; the prompt is fed token by
+    token, each image token's step given its own feature row. A left-padded batch gives transformers' greedy tokens
+    and every step's scores (within 1e-3), another image changes them as it changes transformers', and 2 beams give
+    its beams; TensorRT-RTX's real builder builds both graphs."""
+    from pipeline.runtime.generation.layout import past_name
+
+    rtx = importlib.util.find_spec("tensorrt_rtx") is not None
+    model, inputs = tiny_qwen3_5()
+    backend: dict[str, Any] = {"backend": "tensorrt-rtx", "trt_engine_cache": False} if rtx else {}
+    module = pipeline.convert(model, inputs, generation=GENERATION, validate=False, **backend)
+    assert isinstance(module, VisionLanguageModule)
+    assert module.generation.max_prompt == 1 and module.positions is not None
+    names = {spec.name for spec in module.step.io.inputs}
+    assert {past_name(0, "conv"), past_name(0, "recurrent"), past_name(1, "key")} <= names
+    if rtx:
+        assert module.vision.engine_bytes and module.step.engine_bytes
+    scored = {**GREEDY, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        theirs = model.generate(**inputs, **scored)
+    ours: Any = module.generate(**inputs, **scored)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert len(set(ours.sequences[:, -8:].flatten().tolist())) > 2  # the tokens vary: a decoding bug would show
+    assert max(float((a - b).abs().max()) for a, b in zip(ours.scores, theirs.scores, strict=True)) < 1e-3
+    other = {**inputs, "pixel_values": torch.cat([inputs["pixel_values"][16:], inputs["pixel_values"][:16]])}
+    with torch.no_grad():
+        expected = model.generate(**other, **GREEDY)
+    assert torch.equal(module.generate(**other, **GREEDY), expected)
+    assert not torch.equal(expected, theirs.sequences)  # the image changes the decoding
+    beams = {**GREEDY, "max_new_tokens": 4, "num_beams": 2}  # the states' rows reordered with the keys and values
+    with torch.no_grad():
+        assert torch.equal(module.generate(**inputs, **beams), model.generate(**inputs, **beams))
