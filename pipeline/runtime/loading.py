@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from converters.errors import ArtifactError
 
 if TYPE_CHECKING:
+    from passes.model_io.external_data import WeightFiles
     from pipeline.runtime.artifact import Artifact
     from pipeline.runtime.artifact_reading import InThread, OpenedArtifact
     from pipeline.runtime.executors import Executor, ExecutorBuilder
@@ -89,18 +90,32 @@ def load(
         try:
             artifact = opened.read(wait=False)
         except BaseException:
-            if early is not None:
-                early.wait()  # no session left being made behind the error
+            _settle(early, opened.weights)  # no session left being made behind the error
             raise
         try:
             module = _module(artifact, path, backend, rebuild, build, (threads, spinning), early)
         except BaseException:
-            if early is not None:
-                early.wait()
+            _settle(early, opened.weights)
             artifact.verified()  # corrupt weights are the cause to report, whatever failed on them
             raise
         artifact.verified()
         return module
+
+
+def _settle(early: InThread[Executor] | None, weights: WeightFiles) -> None:
+    """After an error of the load: the early session made, and the weights it reads held by its executor while it
+    still makes its prepacked session in the background (the directory would otherwise go with the failed load,
+    under the build)."""
+    if early is None:
+        return
+    early.wait()
+    try:
+        executor = early.result()
+    except Exception:  # noqa: BLE001 - the load's own error is the one raised
+        return
+    hold = getattr(executor, "hold", None)
+    if callable(hold):
+        hold(weights)
 
 
 def _early_session(

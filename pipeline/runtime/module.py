@@ -49,6 +49,7 @@ class ConvertedModule(torch.nn.Module):
         self.conversion_source = conversion_source
         self._executor = executor
         self._weights = weights  # the external weights of onnx_model (large models) live while the module does
+        _held_by(executor, weights)
         self.io = io
         self._onnx = onnx_model
         self.settings = settings
@@ -134,6 +135,7 @@ class ConvertedModule(torch.nn.Module):
         """Run ``executor`` on ``onnx_model`` from now on, with ``report`` (``weights``: the graph's external weights,
         kept alive with the module). :func:`pipeline.refit` calls it with the graph of the new weights."""
         self._executor, self._onnx, self.report, self._weights = executor, onnx_model, report, weights
+        _held_by(executor, weights)
 
     def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> Path:
         """Write the final ONNX, the engine (if any) and metadata to one file, atomically (:func:`pipeline.load`
@@ -260,3 +262,11 @@ def _caller_level() -> int:
     while frame.f_back is not None and frame.f_code.co_filename in inside:
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _held_by(executor: Executor, weights: WeightFiles | None) -> None:
+    """``weights`` kept alive by ``executor`` too, where it makes a session in the background (ONNX Runtime's
+    prepacked session: a module dropped during the build must not remove the weights it reads)."""
+    hold = getattr(executor, "hold", None)
+    if weights is not None and callable(hold):
+        hold(weights)

@@ -97,6 +97,8 @@ def session_of(graph: onnx.ModelProto, prepack: bool, entries: dict[str, str] | 
     options.log_severity_level = 3
     for key, value in (entries or {}).items():
         options.add_session_config_entry(key, value)
+    if entries:  # two threads, so that the thread options apply (the test workers' sessions default to one)
+        options.intra_op_num_threads = 2
     session = ort.InferenceSession(ort_session_bytes(graph, options, prepack), options)
     return AliasedCacheSession(session, cache_pairs(graph))
 

@@ -139,6 +139,12 @@ class OnnxRuntimeExecutor:
         a converted module's in-memory weights are copied into it once."""
         return self._row_session
 
+    def hold(self, value: Any) -> None:
+        """Keep ``value`` (the module's weights directory) alive while a session is made in the background
+        (:meth:`~pipeline.runtime.ort.prepacking.PrepackingSession.hold`); nothing to do otherwise."""
+        if isinstance(self.session, PrepackingSession):
+            self.session.hold(value)
+
     @property
     def engine_bytes(self) -> bytes | None:
         """None: ONNX Runtime runs the graph itself."""

@@ -50,6 +50,8 @@ class PrepackingSession:
         self._interim: Any = interim
         self._prepacked: Any = None
         self._failure: BaseException | None = None
+        #: what the build reads must outlive it (:meth:`hold`): the thread holds this session until the build returns
+        self._held: list[Any] = []
         self._done = threading.Event()
         # not a daemon: see the module docstring (interpreter exit during the build)
         self._thread = threading.Thread(target=self._build, args=(build,), name=name, daemon=False)
@@ -66,6 +68,12 @@ class PrepackingSession:
             self._interim = None  # calls that read it still hold it; the rest is freed
         finally:
             self._done.set()  # (the thread drops ``build``, and the graph and weights it holds, when this returns)
+
+    def hold(self, value: Any) -> None:
+        """Keep ``value`` alive as long as this session, and the build with it: the directory of a module's external
+        weights (:class:`~passes.model_io.external_data.WeightFiles`), which a module dropped during the build would
+        otherwise remove under it (ONNX Runtime then failed: "External data path does not exist")."""
+        self._held.append(value)
 
     @property
     def ready(self) -> bool:
