@@ -199,7 +199,23 @@ class StepHybridLayer(_States, StepCacheLayer, LinearAttentionCacheLayerMixin):
         return StepCacheLayer.get_max_length(self)
 
 
-class StepStateCache(StepCache):
+def _attends(cache: Any) -> bool:
+    """Whether one of the cache's layers caches keys and values (else every layer keeps a recurrent state)."""
+    return any(isinstance(layer, CacheLayerMixin) for layer in cache.layers)
+
+
+class _QueryMaskWithoutAttention:
+    """A ``Cache`` mixin: when no layer attends, a mask spans the current tokens only (a model builds its attention
+    mask all the same, and no layer reads it); transformers' asks an attention layer for its capacity."""
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """The keys a mask spans: the query's own when no layer attends, else the attention layers' span."""
+        if not _attends(self):
+            return query_length, 0
+        return super().get_mask_sizes(query_length, layer_idx)  # type: ignore[misc]
+
+
+class StepStateCache(_QueryMaskWithoutAttention, StepCache):
     """The step's ``Cache`` over layers some of which hold states; its length is ``past_length`` also when no layer
     attends (transformers' asks an attention layer)."""
 
@@ -209,34 +225,21 @@ class StepStateCache(StepCache):
 
     def get_seq_length(self, layer_idx: int = 0) -> Any:
         """The number of positions before this step."""
-        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
+        if not _attends(self):
             return self.past_length
         return super().get_seq_length(layer_idx)
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        """The keys a mask spans: the current tokens' when no layer attends (a model builds its attention mask all the
-        same, and no layer reads it), else the attention layers' capacity."""
-        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
-            return query_length, 0
-        return super().get_mask_sizes(query_length, layer_idx)
 
-
-class FirstCallCache(DynamicCache):
+class FirstCallCache(_QueryMaskWithoutAttention, DynamicCache):
     """transformers' ``DynamicCache`` for a model's first call (the prompt from nothing, to read its cache's layout):
     its length is 0 also when no layer attends. transformers' asks an attention layer, and raises when every layer
     keeps a recurrent state (a small config whose layers are all linear attention), though nothing was cached."""
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The number of positions cached: the attention layers' count, 0 when no layer attends."""
-        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
+        if not _attends(self):
             return 0
         return super().get_seq_length(layer_idx)
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        """The keys a mask spans: the query's own when no layer attends (nothing cached before)."""
-        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):
-            return query_length, 0
-        return super().get_mask_sizes(query_length, layer_idx)
 
 
 class RecurrentStep(CachedStep):

@@ -11,6 +11,7 @@ prepacked session is ready" is certain rather than a race with a build of a few 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ import pipeline
 from passes.model_io.external_data import ort_session_bytes
 from pipeline.runtime.artifact import Artifact
 from pipeline.runtime.artifact_reading import read_artifact
+from pipeline.runtime.ort import executor as executor_module
 from pipeline.runtime.ort.aliased_cache import AliasedCacheSession, cache_pairs
 from pipeline.runtime.ort.executor import OnnxRuntimeExecutor
 from pipeline.runtime.ort.prepacking import PrepackingSession
@@ -172,6 +174,43 @@ def test_a_failed_background_build_is_a_build_error_at_the_next_call(
         assert "ort_prepack_weights=False" in str(raised.value) and "Processor id" in str(raised.value)
     with pytest.raises(pipeline.BuildError, match="prepacked session"):
         loaded.run_flat(step_inputs(PROMPTS[0]))
+
+
+def test_a_module_dropped_during_its_build_keeps_its_weights_until_the_build_ends(
+    saved: Path, step: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real load's own build, held back just before ONNX Runtime reads the weights: the module dropped (and
+    collected) meanwhile leaves its weights directory in place, the build then succeeds (before the fix its session
+    found the directory gone: "External data path does not exist") and computes the converted numbers; the directory
+    goes once the session is dropped too."""
+    gate, reached = threading.Event(), threading.Event()
+    original = executor_module.ort_session_bytes
+
+    def held_back(graph: onnx.ModelProto, options: Any, prepack: bool) -> Any:
+        if prepack:
+            reached.set()
+            assert gate.wait(60)
+        return original(graph, options, prepack)
+
+    monkeypatch.setattr(executor_module, "ort_session_bytes", held_back)
+    loaded = pipeline.load(saved)
+    session = prepacking(loaded)
+    weights = loaded._weights.directory  # type: ignore[union-attr]
+    try:
+        assert reached.wait(60) and any(weights.iterdir())
+        del loaded
+        gc.collect()
+        assert weights.is_dir() and not session.ready
+    finally:
+        gate.set()
+    assert session.wait(60)  # a failed build raises here
+    inputs = step_inputs(PROMPTS[2])
+    feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs, strict=True)}
+    logits = session.run(None, feed)[0]
+    torch.testing.assert_close(torch.from_numpy(logits), step.run_flat(inputs)[0], rtol=1e-5, atol=1e-5)
+    del session
+    gc.collect()
+    assert not weights.exists()
 
 
 def test_concurrent_requests_across_the_switch_get_their_own_tokens(
