@@ -110,9 +110,24 @@ def _convert(args: argparse.Namespace) -> int:
     if step is not None:
         print(
             f"generate  max_length {step.max_length}, max_batch {step.max_batch}, {step.layers} cached layers, eos "
-            f"{list(step.eos_token_id)}: pipeline generate {artifact} --prompt-ids 1,2,3"
+            f"{list(step.eos_token_id)}: {generate_command(module, artifact)}"
         )
     return 0
+
+
+def generate_command(module: Any, artifact: Path) -> str:
+    """The ``pipeline generate`` line a converted generation module takes: images and prompts through its processor
+    for a vision-language model, input features for a speech encoder-decoder, token ids otherwise."""
+    from pipeline.runtime.generation.cross_images import CrossImagesModule
+    from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
+    from pipeline.runtime.generation.vision_language import VisionLanguageModule
+
+    if isinstance(module, VisionLanguageModule | CrossImagesModule):
+        return f"pipeline generate {artifact} --processor DIR --prompt 'TEXT WITH THE IMAGE PLACEHOLDER' --image FILE"
+    sources = module.encoder.io.inputs if isinstance(module, EncoderDecoderModule) else ()
+    if any(spec.name == "input_features" for spec in sources):
+        return f"pipeline generate {artifact} --input-features FILE.npy (or --audio FILE.wav --feature-extractor DIR)"
+    return f"pipeline generate {artifact} --prompt-ids 1,2,3"
 
 
 #: ``--generation`` keys whose values are not a single whole number.

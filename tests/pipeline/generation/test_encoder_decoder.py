@@ -18,6 +18,7 @@ from tiny_models import lively
 
 import pipeline
 from converters.errors import ArtifactError, InputError
+from pipeline.cli.convert import generate_command
 from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE, EncoderDecoderModule
 
 GENERATION = {"max_length": 24, "max_batch": 8}
@@ -159,6 +160,7 @@ def test_whisper_input_features_give_transformers_tokens(tmp_path: Path, capsys:
     assert torch.equal(ours[:, 1:], theirs)
     varied(theirs)
     cli_reads_audio_through_the_models_feature_extractor(module, tmp_path, capsys)
+    assert "--input-features FILE.npy" in generate_command(module, tmp_path / "whisper")  # what convert prints
 
 
 def cli_reads_audio_through_the_models_feature_extractor(

@@ -71,7 +71,8 @@ def artifact(spec: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with contextlib.redirect_stdout(printed):
         assert main(["convert", spec, "--generation", "max_length=40,max_batch=3", "-o", str(out)]) == 0
     assert "accuracy  PASS" in printed.getvalue()
-    assert "generate  max_length 40, max_batch 3, 2 cached layers, eos [95]" in printed.getvalue()
+    assert "generate  max_length 40, max_batch 3, 2 cached layers, eos [95]: pipeline generate " in printed.getvalue()
+    assert f"{out / 'model.ptrt'} --prompt-ids 1,2,3" in printed.getvalue()
     return out / "model.ptrt"
 
 

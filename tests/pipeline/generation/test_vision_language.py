@@ -19,6 +19,7 @@ from tiny_models import transformers_generate
 
 import pipeline
 from converters.errors import InputError
+from pipeline.cli.convert import generate_command
 from pipeline.runtime.generation.vision_language import STEP_FILE, VISION_FILE, VisionLanguageModule
 
 GENERATION = {"max_length": 48, "max_batch": 8}
@@ -216,6 +217,7 @@ def test_the_cli_generates_from_images_and_prompts_through_the_processor(
         array = torch.randint(0, 256, (20, 24, 3), generator=pixels, dtype=torch.uint8).numpy()
         Image.fromarray(array).save(tmp_path / f"{index}.png")
     target = llava_module.save(tmp_path / "llava")
+    assert generate_command(llava_module, target).startswith(f"pipeline generate {target} --processor DIR --prompt")
     files = [str(tmp_path / f"{i}.png") for i in range(2)]
     pairs = [item for text, file in zip(prompts, files, strict=True) for item in ("--prompt", text, "--image", file)]
     command = ["generate", str(target), "--processor", str(tmp_path / "processor"), *pairs, "--max-new-tokens", "6"]
