@@ -4,8 +4,9 @@ The families are every model type of transformers' ``MODEL_FOR_IMAGE_TEXT_TO_TEX
 transformers, not listed here. Each model is the every-type source's
 (``tests/model_sources/transformers_all_models.py``): one generic shrinker, the sample found among the inputs its
 forward names, with one image and as many placeholder tokens as the model takes; its matrices drawn wider so that
-greedy tokens vary, eos off. The batch is two prompts: the sample's and a copy left-padded by 2 tokens with another
-image.
+greedy tokens vary, eos off (an encoder-decoder's sample without its decoder inputs: generation makes them). The
+batch is two prompts: the sample's padded by 2 tokens (on the left; an encoder-decoder's on the right, as its
+tokenizer pads) and a copy with 2 more text tokens there and another image.
 
 For each family, in a process of its own (a crash or a hang is that family's row): transformers' own
 ``model.generate`` on the batch (else the row says "cannot run eagerly" and why), then
@@ -80,28 +81,40 @@ def quiet(model: torch.nn.Module) -> Any:
     return model
 
 
-def batch_of_two(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The sample's prompt and a copy left-padded by :data:`PAD` tokens with another image: a batch of two."""
+def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[str, torch.Tensor]:
+    """The sample's prompt padded by :data:`PAD` tokens (on the left, or on the ``right`` as an encoder-decoder's
+    tokenizer pads its source) and a copy with :data:`PAD` more text tokens there and another image: a batch of two."""
     ids = sample["input_ids"]
     mask = sample.get("attention_mask", torch.ones_like(ids))
     pad = torch.zeros(1, PAD, dtype=ids.dtype)
+
+    def padded(value: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        return torch.cat([value, extra] if right else [extra, value], 1)
+
+    text = ids[:, -PAD:]  # text tokens (the sample's prompt ends in text)
     batch = {
-        "input_ids": torch.cat([torch.cat([pad, ids], 1), torch.cat([ids[:, :PAD], ids], 1)]),
-        "attention_mask": torch.cat([torch.cat([pad, mask], 1), torch.cat([torch.ones_like(pad), mask], 1)]),
+        "input_ids": torch.cat([padded(ids, pad), padded(ids, text)]),
+        "attention_mask": torch.cat([padded(mask, pad), padded(mask, torch.ones_like(pad))]),
     }
-    batch["input_ids"][0, :PAD] = 0
-    batch["input_ids"][1, :PAD] = ids[0, -PAD:]  # text tokens (the sample's prompt ends in text)
     generator = torch.Generator().manual_seed(3)
     for name, value in sample.items():
         if name in batch:
             continue
-        if value.shape == ids.shape:  # one per token (M-RoPE's mm_token_type_ids): the prepended tokens are text
-            batch[name] = torch.cat([torch.cat([torch.zeros_like(pad), value], 1)] * 2).to(value.dtype)
+        if value.shape == ids.shape:  # one per token (M-RoPE's mm_token_type_ids): the added tokens are text
+            batch[name] = torch.cat([padded(value, torch.zeros_like(pad))] * 2).to(value.dtype)
         elif value.is_floating_point():  # another image for the second prompt
             batch[name] = torch.cat([value, torch.randn(value.shape, generator=generator)])
         else:
             batch[name] = torch.cat([value, value])
     return batch
+
+
+def generation_sample(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What ``generate`` takes of the forward's sample: an encoder-decoder's (Florence-2's) decoder inputs are what
+    generation makes, its sample is the encoder's side (the prompt, its images)."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return sample
+    return {name: value for name, value in sample.items() if not name.startswith("decoder_")}
 
 
 def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +127,11 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         if "pixel_values" not in sample:
             raise CannotRunEagerly(f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found")
         model = quiet(model)
-        inputs = batch_of_two(sample)
+        # an encoder-decoder's source is padded on the right, as its tokenizer pads it (BART's): a drawn validation
+        # input cropped to one source token then keeps it unmasked
+        inputs = batch_of_two(
+            generation_sample(model, sample), right=bool(getattr(model.config, "is_encoder_decoder", 0))
+        )
         with torch.no_grad():
             expected_greedy = model.generate(**inputs, **greedy)
     except CannotRunEagerly:

@@ -38,6 +38,7 @@ from pipeline.generation.seq2seq import (
     cache_of,
     encode_and_decode,
     encoder_output_type,
+    own_encoder_preparation,
 )
 from pipeline.generation.step import uses_attention_interface
 from pipeline.runtime.generation.encoder_decoder import (
@@ -115,12 +116,17 @@ def convert_encoder_decoder(
     start_ids = torch.full((rows, 1), start, dtype=torch.int64)
     step_sample: Any = ((start_ids, encoder_mask, torch.tensor(0, dtype=torch.int64), *states), {})
     _check_static_cache(model, step, inputs, step_sample[0], layout.layers)
+    tied = own_encoder_preparation(model) is not None
     encoder_settings = dataclasses.replace(
         settings,
         generation=None,
         # the caller's opset (the step's 24 would export the encoder's SDPA as ONNX Attention: no fp32 TensorRT kernel)
         dynamic=_encoder_dims(inputs, generation, source),
         precision_io=precision_io,
+        # a model that prepares its encoder's inputs itself ties them together (image tokens to its images): drawn
+        # ids would not match the images, the sample is what the encoder validates and calibrates on
+        validation_inputs=0 if tied else settings.validation_inputs,
+        calibration_inputs=0 if tied else settings.calibration_inputs,
     )
     logger.info("encoder-decoder: converting the encoder graph (%s -> cross-attention keys and values)", names)
     encoder_module, source = _convert_encoder(encoder, inputs, encoder_settings, registry, stages, source)

@@ -15,13 +15,17 @@ buckets (T5, as an additive bias of the step's attention), the cross-attention m
 encoder output when the model's encoder returns one: speech encoders that shorten their input). The encoder output the
 step hands the model is of the class the model's encoder returns, its states zeros (only their shape is read).
 Nothing here reads one architecture's code: both modules call the model as transformers' ``generate`` does
-(:func:`encode_and_decode`: ``get_encoder()`` on the encoder's inputs, then ``model(encoder_outputs=...)``).
+(:func:`encode_and_decode`: ``get_encoder()`` on the encoder's inputs, or the model's own preparation of them where its
+class overrides transformers' (Florence-2's merges its image features into the encoder's input), then
+``model(encoder_outputs=...)``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -154,7 +158,14 @@ def encode_and_decode(
     when ``use_cache``), and its encoder's output: computed as transformers' ``generate`` computes them, the encoder
     (``get_encoder()``) on the inputs it takes, then the model on the encoder's output (a model's own forward may pass
     the decoder's options to its encoder too: Switch Transformers' refuses ``use_cache``). A model without an encoder
-    module of its own runs whole (its encoder output is then None)."""
+    module of its own runs whole (its encoder output is then None). A model that prepares its encoder's inputs itself
+    (:func:`own_encoder_preparation`: Florence-2 merges its image features into the encoder's embeddings) is encoded
+    by that preparation, as ``generate`` encodes it."""
+    prepare = own_encoder_preparation(model)
+    if prepare is not None:
+        kwargs = prepare(given)
+        encoded = kwargs.pop("encoder_outputs")
+        return model(**kwargs, encoder_outputs=encoded, decoder_input_ids=decoder_ids, use_cache=use_cache), encoded
     get = getattr(model, "get_encoder", None)
     encoder = get() if callable(get) else None
     if not isinstance(encoder, torch.nn.Module) or encoder is model:
@@ -168,6 +179,36 @@ def encode_and_decode(
     encoded = encoder(**taken, return_dict=True)
     rest = {name: value for name, value in given.items() if name != main}
     return model(**rest, encoder_outputs=encoded, decoder_input_ids=decoder_ids, use_cache=use_cache), encoded
+
+
+#: The hook of transformers' ``GenerationMixin.generate`` that computes an encoder-decoder's ``encoder_outputs`` from
+#: the inputs given (its default runs ``get_encoder()`` on the inputs that encoder takes).
+PREPARATION = "_maybe_prepare_encoder_kwargs_for_generation"
+
+
+def own_encoder_preparation(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None:
+    """The model's own preparation of its encoder's inputs in ``generate``, when its class overrides transformers'
+    (Florence-2's computes its image features from ``pixel_values`` and merges them at its image tokens before its
+    text encoder, which ``get_encoder()`` alone never sees): a function of the inputs given to ``generate`` (by name)
+    to the keyword arguments ``generate`` then calls the model with, ``encoder_outputs`` among them. None for a model
+    whose ``generate`` prepares its encoder as transformers does (``get_encoder()``, see :func:`encode_and_decode`)."""
+    from transformers.generation.utils import GenerationMixin
+
+    default = getattr(GenerationMixin, PREPARATION, None)
+    own = getattr(type(model), PREPARATION, None)
+    if default is None or own is None or own is default or not is_encoder_decoder(model):
+        return None
+    main = str(getattr(model, "main_input_name", "input_ids"))
+
+    def prepare(given: dict[str, torch.Tensor]) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {name: value for name, value in given.items() if name != main}
+        # generate's output options for the encoder: none (the graph returns the cross keys and values only)
+        config: Any = copy.copy(getattr(model, "generation_config"))  # noqa: B009 - nn.Module types it as a tensor
+        config.output_attentions = config.output_hidden_states = False
+        prepared = getattr(model, PREPARATION)(given.get(main), kwargs, main, config)
+        return dict(prepared)
+
+    return prepare
 
 
 def encoder_output_type(encoded: Any) -> type[ModelOutput]:
