@@ -68,6 +68,19 @@ def lively(make: Callable[[], Any], seed: int, std: float, *, keep_eos: bool = T
     return model.eval()
 
 
+def drawn_by_fan_in(model: Any, generator: torch.Generator | None = None) -> Any:
+    """``model`` in eval mode, every weight of two or more dimensions drawn again with standard deviation 1.5 /
+    sqrt(fan-in) (the family sweeps' rule: greedy tokens vary, and deep stacks stay finite) from ``generator`` (seed
+    0 when none), and no end-of-sequence token, so that every row decodes every token."""
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0, 1.5 / parameter.shape[-1] ** 0.5, generator=generator)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
 def transformers_generate(model: Any, inputs: dict[str, torch.Tensor], **options: Any) -> torch.Tensor:
     """transformers' own ``model.generate`` on ``inputs``, greedy unless ``options`` say otherwise: the reference."""
     with torch.no_grad():

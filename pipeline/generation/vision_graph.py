@@ -16,12 +16,14 @@ import torch
 
 from converters.errors import ExportError, InputError, PipelineError
 from converters.registry import ConverterRegistry
+from pipeline.generation.deepstack import DEEPSTACK_FIELD, levels_of
 from pipeline.generation.kept_selections import KeptSelection, by_element, kept_selections
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import on_tensorrt
 from pipeline.generation.vision_inputs import image_features_method, takes_video_frames
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.kept_images import ALL_KEPT, FEATURES, KEPT_ELEMENTS, NONE_KEPT
+from pipeline.runtime.generation.vision_feed import deepstack_name
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
 
@@ -35,7 +37,8 @@ class ImageFeatures(torch.nn.Module):
     """The vision graph: one image's inputs (``names``, in order) to its features [tokens, hidden], the model's own
     ``get_image_features`` (tower and projector) with the per-image pieces joined as the model joins them. ``fixed``
     inputs are held at one image's values; ``kept`` selections are taken to keep every element
-    (:mod:`pipeline.generation.kept_selections`)."""
+    (:mod:`pipeline.generation.kept_selections`); ``levels``: the deepstack levels (by index) the graph also outputs
+    (:mod:`pipeline.generation.deepstack`), each [tokens, hidden] as :func:`deepstack_name` names it."""
 
     def __init__(
         self,
@@ -44,9 +47,11 @@ class ImageFeatures(torch.nn.Module):
         fixed: dict[str, torch.Tensor] | None = None,
         kept: tuple[KeptSelection, ...] = (),
         by_element: bool = False,
+        levels: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         self.model = model
+        self.levels = levels
         self.names = names
         self.fixed = dict(fixed or {})  # inputs held at one image's values (constants of the graph)
         self.kept = kept
@@ -62,14 +67,16 @@ class ImageFeatures(torch.nn.Module):
         (:data:`~pipeline.runtime.generation.kept_images.FEATURES`) and whether the masks the model computed kept
         every element and none (:data:`~pipeline.runtime.generation.kept_images.ALL_KEPT`,
         :data:`~pipeline.runtime.generation.kept_images.NONE_KEPT`); ``by_element``, the model's mask too
-        (:data:`~pipeline.runtime.generation.kept_images.KEPT_ELEMENTS`)."""
+        (:data:`~pipeline.runtime.generation.kept_images.KEPT_ELEMENTS`); with ``levels``, a dict of the features and
+        the levels."""
         # known while tracing: a tensor constant is still data to torch.export, which cannot decide shapes from it
         with KnownValues(self.kept) as known:
             fixed = {name: known.tensor(value) for name, value in self.fixed.items()}
-            features = image_features(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+            features, levels = image_output(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+        stacked = {deepstack_name(level): (levels or [])[level] for level in self.levels}
         if not self.kept:
-            return features
-        outputs = {FEATURES: features, **kept_elements(known.masks)}
+            return {FEATURES: features, **stacked} if stacked else features
+        outputs = {FEATURES: features, **stacked, **kept_elements(known.masks)}
         if self.by_element:
             outputs[KEPT_ELEMENTS] = torch.cat([mask.reshape(-1) for mask in known.masks])
         return outputs
@@ -89,7 +96,27 @@ def kept_elements(masks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
     """``model.get_image_features(**inputs)`` as one tensor [tokens, hidden] (what the model scatters over its image
     tokens: the pieces of a list joined in order, a tensor's leading axes flattened)."""
+    return image_output(model, inputs)[0]
+
+
+def image_output(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """:func:`image_features` and the deepstack levels the model also gives, each [tokens, hidden], or None
+    (:func:`~pipeline.generation.deepstack.levels_of`). A model that gives levels only has zeros for features."""
     out = image_features_method(model)(**inputs, return_dict=True)
+    levels = levels_of(out)
+    if levels and gives_levels_only(out):  # the model zeroes its image tokens' embeddings (Granite 4 Vision)
+        return torch.zeros_like(levels[0]), levels
+    return _features_of_output(model, out), levels
+
+
+def gives_levels_only(out: Any) -> bool:
+    """Whether ``get_image_features``' output ``out`` holds no features to place in the embeddings (only deepstack
+    levels, Granite 4 Vision's: the model zeroes its image tokens' embeddings and adds a level there)."""
+    return getattr(out, "pooler_output", None) is None and getattr(out, "last_hidden_state", None) is None
+
+
+def _features_of_output(model: torch.nn.Module, out: Any) -> torch.Tensor:
+    """The features [tokens, hidden] in ``get_image_features``' output ``out`` (see :func:`image_features`)."""
     pooled = getattr(out, "pooler_output", out)
     if isinstance(pooled, list | tuple):
         pooled = torch.cat([piece.reshape(-1, piece.shape[-1]) for piece in pooled], dim=0)
@@ -108,8 +135,10 @@ def convert_vision(
     settings: Settings,
     registry: ConverterRegistry,
     stages: Stages,
+    levels: tuple[int, ...] = (),
 ) -> tuple[ConvertedModule, dict[str, torch.Tensor]]:
-    """The vision graph, and the integer inputs it holds at the sample's first image's values (none unless needed). A
+    """The vision graph (also giving the deepstack ``levels``: :class:`ImageFeatures`), and the integer inputs it
+    holds at the sample's first image's values (none unless needed). A
     tower whose code decides shapes in Python from an integer input (LLaVA-NeXT's and Pixtral's ``image_sizes``)
     cannot export it as data: the graph is converted again with those inputs fixed, and takes images of that size.
     So is a graph for TensorRT that selects features by a mask (``NonZero``, which TensorRT's parser refuses): where
@@ -125,13 +154,13 @@ def convert_vision(
         with torch.no_grad():
             kept = kept_selections(lambda: image_features(model, image))
     if kept and not fixed:
-        graph = _keeping_every_element(model, image, {}, kept, settings, registry, stages)
+        graph = _keeping_every_element(model, image, {}, kept, settings, registry, stages, levels)
         if graph is not None:
             return graph, {}
         kept = ()  # tried: the graph as it is
     why = "decides shapes from"
     try:
-        part = ImageFeatures(model, tuple(vision)).train(model.training)
+        part = ImageFeatures(model, tuple(vision), levels=levels).train(model.training)
         converted = stages(part, tuple(image.values()), settings, registry)
         if not on_tensorrt(settings) or not _selects_by_mask(converted):
             return converted, {}
@@ -142,14 +171,14 @@ def convert_vision(
         converted = None
     if fixed:
         names = tuple(name for name in image if name not in fixed)
-        part = ImageFeatures(model, names, fixed).train(model.training)
+        part = ImageFeatures(model, names, fixed, levels=levels).train(model.training)
         held = stages(part, tuple(image[name] for name in names), settings, registry)
         if not on_tensorrt(settings) or not _selects_by_mask(held):
             _say_held(model, why, fixed)
             return held, fixed
     # the mask is the data's: the graph as it was, unless every selection by it keeps every element
     taken = {} if converted is not None else fixed
-    graph = _keeping_every_element(model, image, taken, kept, settings, registry, stages) if kept else None
+    graph = _keeping_every_element(model, image, taken, kept, settings, registry, stages, levels) if kept else None
     if graph is None:
         logger.warning(
             "%s's vision graph selects by a mask computed from its data (NonZero), which TensorRT's parser refuses: "
@@ -184,6 +213,7 @@ def _keeping_every_element(
     settings: Settings,
     registry: ConverterRegistry,
     stages: Stages,
+    levels: tuple[int, ...] = (),
 ) -> ConvertedModule | None:
     """The vision graph with the ``kept`` selections (:func:`~pipeline.generation.kept_selections.kept_selections` on
     the sample's image) taken as keeping every element, or None when it does not convert or still selects. The graph
@@ -197,7 +227,7 @@ def _keeping_every_element(
         elements = len(kept) == 1 and by_element(
             lambda: image_features(model, image), kept[0], image_features(model, image)
         )
-    part = ImageFeatures(model, names, fixed, kept, elements).train(model.training)
+    part = ImageFeatures(model, names, fixed, kept, elements, levels).train(model.training)
     try:
         graph = stages(part, tuple(image[name] for name in names), settings, registry)
     except PipelineError as error:  # the graph as it was (segmented), with the reason
@@ -246,7 +276,8 @@ def token_embedding(model: torch.nn.Module, token: int | None, hidden: int) -> t
 
 def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> Any:
     """The features ``get_image_features`` gives one image (its ``pooler_output``); an InputError when it also gives
-    features the model adds elsewhere than at the image tokens' embeddings (Qwen3-VL's deepstack)."""
+    features the model adds elsewhere than at the image tokens' embeddings, other than deepstack levels
+    (:func:`~pipeline.generation.deepstack.levels_of`)."""
     with torch.no_grad():
         out = image_features_method(model)(**image, return_dict=True)
     check_placed(model, out)
@@ -255,16 +286,20 @@ def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> A
 
 def check_placed(model: torch.nn.Module, out: Any) -> None:
     """An InputError when ``get_image_features``' output ``out`` holds features the model adds elsewhere than at the
-    image tokens' embeddings (Qwen3-VL's deepstack)."""
+    image tokens' embeddings, other than a list of deepstack levels (:func:`~pipeline.generation.deepstack.levels_of`:
+    Qwen3-VL's and Granite 4 Vision's, which the step adds where the model adds them)."""
     keys = getattr(out, "keys", None)
     for field in keys() if callable(keys) else ():
         value = out[field]
         placed = field in _PLACED_OUTPUTS or field.endswith(_TOWER_OUTPUTS)
+        if field == DEEPSTACK_FIELD and levels_of(out) is not None:
+            continue  # levels the step adds after the decoder layers the model adds them at (deepstack_layers)
         if not placed and isinstance(value, list | tuple) and value:
             raise InputError(
                 f"{type(model).__name__}.get_image_features also returns {field} ({len(value)}), which the model adds "
-                "inside its decoder layers at the image tokens (Qwen3-VL's deepstack); the cached step places the "
-                "image features in the embeddings only, and would decode otherwise than the model",
+                "inside its decoder layers at the image tokens, not as a list of levels of features [image tokens, "
+                "hidden] (the deepstack levels the cached step adds after its decoder layers)"
+                + (", and no features to place in the embeddings" if gives_levels_only(out) else ""),
                 fix="convert without generation= (the plain forward), or a model whose images enter at the embeddings",
             )
 
@@ -276,10 +311,16 @@ _PLACED_OUTPUTS = ("pooler_output", "last_hidden_state", "hidden_states", "atten
 _TOWER_OUTPUTS = ("_vision_hidden_states", "_vision_attentions", "_vision_last_hidden_state")
 
 
-def features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Every image's features, one image at a time (as the vision graph runs), joined in order [tokens, hidden]."""
+def features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Every image's features, one image at a time (as the vision graph runs), joined in order [tokens, hidden], and
+    every image's deepstack levels joined so (none when the model gives none)."""
     try:
-        return torch.cat([image_features(model, image) for image in image_rows(vision)], dim=0)
+        outputs = [image_output(model, image) for image in image_rows(vision)]
+        features = torch.cat([features for features, _ in outputs], dim=0)
+        stacks = [levels for _, levels in outputs if levels is not None]
+        if len(stacks) != len(outputs):
+            return features, []
+        return features, [torch.cat(pieces, dim=0) for pieces in zip(*stacks, strict=True)]
     except InputError:
         raise
     except Exception as error:  # noqa: BLE001 - the model refusing one image at a time: said with its cause

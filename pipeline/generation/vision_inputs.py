@@ -11,7 +11,7 @@ import torch
 
 from converters.errors import InputError
 from pipeline.runtime.generation.image_positions import image_rows
-from pipeline.runtime.generation.vision_language import TOKEN_TYPES
+from pipeline.runtime.generation.vision_feed import TOKEN_TYPES
 from pipeline.runtime.io_spec import normalise_sample
 
 #: The text inputs of the sample; every other tensor is an input of the vision graph (one row per image).

@@ -23,7 +23,10 @@ decoder positions on several axes (M-RoPE), laid out per image as the model's ow
 (:mod:`pipeline.generation.image_positions`). A text model whose cache keeps recurrent states (linear attention,
 convolutions: Qwen3.5, LFM3-VL) gets the one-token step of :mod:`pipeline.generation.recurrent_state` with the same
 ``image_features`` input (:class:`~pipeline.generation.vision_step.RecurrentVisionLanguageStep`): the prompt is fed
-token by token, an image token's step given its feature row. Nothing here reads one architecture's code.
+token by token, an image token's step given its feature row. A model whose ``get_image_features`` also gives deepstack
+features (Qwen3-VL's, Granite 4 Vision's: levels its text model adds at the image tokens between its decoder layers)
+has the vision graph output them and the step add each where the model's own forward shows it adds it
+(:mod:`pipeline.generation.deepstack`). Nothing here reads one architecture's code.
 
 The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
 is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
@@ -51,6 +54,7 @@ from pipeline.generation.conversion import (
     special_tokens,
     step_precision_io,
 )
+from pipeline.generation.deepstack import BEFORE_LAYERS, DeepstackLevels, deepstack_layers
 from pipeline.generation.generate_scores import (
     GROSS,
     diverged,
@@ -88,7 +92,8 @@ from pipeline.generation.vision_step import (
     step_sample,
 )
 from pipeline.runtime.generation.image_positions import image_rows
-from pipeline.runtime.generation.vision_language import TOKEN_TYPES, VisionLanguageModule
+from pipeline.runtime.generation.vision_feed import TOKEN_TYPES, deepstack_name
+from pipeline.runtime.generation.vision_language import VisionLanguageModule
 from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -111,9 +116,9 @@ def convert_vision_language(
     # a text model with recurrent layers is handed a cache whose length is known when no layer attends
     first = FirstCallCache(config=getattr(model, "config", None)) if names_recurrent_layers(model) else None
     with torch.no_grad():
-        features = features_of(model, vision)
+        features, levels = features_of(model, vision)
         placement = placement_input(model, text, int(features.shape[0])) if token is None else None
-        layout, vocabulary, language = language_model_of(model, text, vision, placement is not None, first)
+        layout, vocabulary, language = _language_model(model, text, vision, placement is not None, first)
     check_takes_features(model, language, token, placement)
     states = any(isinstance(layer, StateLayer) for layer in layout)
     if states:
@@ -125,7 +130,8 @@ def convert_vision_language(
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
-    listed = isinstance(pooled_features(model, image_rows(vision)[0]), list | tuple)
+    pooled = pooled_features(model, image_rows(vision)[0])
+    listed = isinstance(pooled, list | tuple)
     # the language model's generate decides eos and padding where the model's hands it the embeddings (BLIP-2's)
     eos, pad = special_tokens(language, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
@@ -140,7 +146,14 @@ def convert_vision_language(
     precision_io = step_precision_io(settings)
     vision_settings = dataclasses.replace(settings, generation=None, dynamic=(), profiles=(), precision_io=precision_io)
     logger.info("vision-language: converting the vision graph (%s -> image features)", ", ".join(vision))
-    vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages)
+    # the text decoder's attention is the step's: a tower's own attention code (GOT-OCR2's) does not decide it
+    get_decoder = getattr(language, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    text_model = decoder if isinstance(decoder, torch.nn.Module) else language
+    by_token = states or placement is not None
+    deepstack = _deepstack(model, text_model, text, vision, token, levels, by_token, pooled is None)
+    stacked = deepstack.levels if deepstack is not None else ()
+    vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages, stacked)
     from pipeline.generation.step import uses_attention_interface
 
     typed = TOKEN_TYPES in text
@@ -150,10 +163,6 @@ def convert_vision_language(
         # or pads the image blocks' ids up to the cache's length when the prompt is shorter (transformers' token
         # types) branches on "the prompt fills the cache": torch.export holds that branch over the range
         generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
-    # the text decoder's attention is the step's: a tower's own attention code (GOT-OCR2's) does not decide it
-    get_decoder = getattr(language, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    text_model = decoder if isinstance(decoder, torch.nn.Module) else language
     step: VisionLanguageStep
     if states:
         assert token is not None  # check_one_token
@@ -161,9 +170,18 @@ def convert_vision_language(
         sample_of_step, dims = one_token_sample(text, features, layout, generation, token, positions)
     else:
         step = VisionLanguageStep(
-            language, len(layout), uses_attention_interface(text_model), listed, token, typed, placement
+            language,
+            len(layout),
+            uses_attention_interface(text_model),
+            listed,
+            token,
+            typed,
+            placement,
+            deepstack,
+            text_model,
         )
-        sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement)
+        named = {deepstack_name(level): levels[level] for level in stacked}
+        sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement, named)
     step = step.train(model.training)
     if placement is not None:
         handed, cached = generate_feeds(model, text, vision)
@@ -190,6 +208,68 @@ def convert_vision_language(
     if settings.validate:
         _validate_greedy(model, module, text, vision, step_settings)
     return module
+
+
+def _language_model(
+    model: torch.nn.Module,
+    text: dict[str, torch.Tensor],
+    vision: dict[str, torch.Tensor],
+    inner_first: bool,
+    first: FirstCallCache | None,
+) -> tuple[list[Any], int, torch.nn.Module]:
+    """:func:`~pipeline.generation.text_model.language_model_of`, the model handed an empty cache when its forward
+    makes none of its own with ``use_cache=True`` (``generate`` hands it one: Granite 4 Vision's text model)."""
+    try:
+        return language_model_of(model, text, vision, inner_first, first)
+    except InputError as error:
+        if first is not None or "no transformers Cache" not in str(error):
+            raise
+    logger.info("vision-language: %s makes no cache of its own: its first call is handed one", type(model).__name__)
+    return language_model_of(model, text, vision, inner_first, FirstCallCache(config=getattr(model, "config", None)))
+
+
+def _deepstack(
+    model: torch.nn.Module,
+    text_model: torch.nn.Module,
+    text: dict[str, torch.Tensor],
+    vision: dict[str, torch.Tensor],
+    token: int | None,
+    levels: list[torch.Tensor],
+    by_token: bool,
+    zeroed: bool,
+) -> DeepstackLevels | None:
+    """Where the model adds its deepstack ``levels`` (:func:`~pipeline.generation.deepstack.deepstack_layers`), None
+    when it gives none or adds none (a small config's tower that reaches none of its deepstack layers); an InputError
+    for a model whose step cannot place them: without an image token (``token``), or fed a token at a time
+    (``by_token``: a text model with recurrent states, or images marked by an input of the model's own). ``zeroed``:
+    the model gives levels only (its image tokens' embeddings zeroed, then a level added before its first layer)."""
+    if not levels:
+        return None
+    name = type(model).__name__
+    if token is None or by_token:
+        raise InputError(
+            f"{name}.get_image_features also returns deepstack features ({len(levels)} levels), which the model adds "
+            "inside its decoder layers at the image tokens; the step adds them at the image tokens of a whole prompt "
+            "given by the config's image token, which "
+            + (
+                "this model's config does not name" if token is None else "this step (one token at a time) does not see"
+            ),
+            fix="convert without generation= (the plain forward)",
+        )
+    with torch.no_grad():
+        is_image = text["input_ids"] == token
+        deepstack = deepstack_layers(model, text_model, {**text, **vision}, is_image, levels, zeroed)
+    if not deepstack.after:
+        logger.info("vision-language: %s's %d deepstack levels are added after no decoder layer", name, len(levels))
+        return None
+    logger.info(
+        "vision-language: deepstack levels added after decoder layers (layer: levels) %s",
+        ", ".join(
+            f"{'before the first' if layer == BEFORE_LAYERS else layer}: {list(added)}"
+            for layer, added in sorted(deepstack.after.items())
+        ),
+    )
+    return deepstack
 
 
 def check_one_token(model: torch.nn.Module, token: int | None, placement: str | None, typed: bool) -> None:

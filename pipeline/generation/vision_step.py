@@ -15,11 +15,12 @@ import torch
 
 from converters.generation_settings import GenerationSettings
 from converters.settings import ProfileRange
+from pipeline.generation.deepstack import DeepstackLevels, added_after_layers
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names
 from pipeline.generation.step import CachedStep
-from pipeline.runtime.generation.image_positions import ImagePositions
+from pipeline.runtime.generation.image_positions import ImagePositions, feature_order, gathered_rows
 from pipeline.runtime.generation.layout import CachedLayer, past_name
-from pipeline.runtime.generation.vision_language import IMAGE_FEATURES, TOKEN_TYPES
+from pipeline.runtime.generation.vision_feed import IMAGE_FEATURES, TOKEN_TYPES, deepstack_name
 from pipeline.settings import DynamicDim
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,11 @@ class VisionLanguageStep(CachedStep):
     ``image_token`` known, the features replace the embeddings of the image tokens, in order (what the model's
     ``masked_scatter`` does, written as a gather: no ``NonZero``, which TensorRT's parser refuses), and the model is
     called with the embeddings; without it, the features are handed to the model as its multimodal encoder's output
-    (``listed``: as a list, LLaVA's ``pooler_output``), and the model places them itself."""
+    (``listed``: as a list, LLaVA's ``pooler_output``), and the model places them itself. With ``deepstack`` (and the
+    ``text_model`` whose decoder layers it names), the step takes one more input per level after ``image_features``
+    (:func:`~pipeline.runtime.generation.vision_language.deepstack_name`, [image tokens, hidden]; a decode step's are
+    zeros), added where the model adds them (after those layers, or before the first) at the image tokens by the
+    same gather (:func:`~pipeline.generation.deepstack.added_after_layers`)."""
 
     def __init__(
         self,
@@ -43,8 +48,13 @@ class VisionLanguageStep(CachedStep):
         image_token: int | None,
         typed: bool = False,
         placement: str | None = None,
+        deepstack: DeepstackLevels | None = None,
+        text_model: torch.nn.Module | None = None,
     ) -> None:
         super().__init__(model, layers, use_interface)
+        self.deepstack = deepstack if deepstack is not None and deepstack.after else None
+        #: the decoder whose layers the deepstack levels are added after (not a submodule: it is ``model``'s)
+        self._text_model = [text_model] if text_model is not None else []
         self.listed = listed
         self.image_token = image_token
         #: ``token_type_ids`` [B, S] is an input after ``image_features`` (the model's forward takes them): zeros in
@@ -58,7 +68,8 @@ class VisionLanguageStep(CachedStep):
 
     def name_inputs(self, cache: list[str]) -> None:
         """The graph names of the inputs after ``image_features``: the per-token inputs, then the ``cache``'s."""
-        firsts = ([self.placement] if self.placement else []) + ([TOKEN_TYPES] if self.typed else [])
+        stacked = [deepstack_name(level) for level in self.deepstack.levels] if self.deepstack else []
+        firsts = stacked + ([self.placement] if self.placement else []) + ([TOKEN_TYPES] if self.typed else [])
         self.onnx_input_names = {f"rest_{i}": name for i, name in enumerate(firsts + cache)}
 
     def forward(  # type: ignore[override]
@@ -70,17 +81,25 @@ class VisionLanguageStep(CachedStep):
         image_features: torch.Tensor,
         *rest: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """The step: logits of the last position and the updated cache (``rest``: the token types when
-        :attr:`typed`, then the cache)."""
+        """The step: logits of the last position and the updated cache (``rest``: the deepstack levels, the marks
+        when :attr:`placement`, the token types when :attr:`typed`, then the cache). The deepstack levels are added
+        after the decoder layers the model adds them at (:func:`~pipeline.generation.deepstack.added_after_layers`)."""
+        added: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.deepstack is not None:
+            count = len(self.deepstack.levels)
+            levels, rest = list(rest[:count]), rest[count:]
+            is_image = torch.eq(input_ids, self.image_token if self.image_token is not None else -1)
+            added = added_after_layers(self._text_model[0], self.deepstack, is_image, levels)
         marked, rest = (rest[0], rest[1:]) if self.placement else (None, rest)
         types, past = (rest[0], rest[1:]) if self.typed else (None, rest)
-        if marked is not None:
-            with placed_in_embeddings(self.model, marked != 0, image_features):
-                return self.run({"input_ids": input_ids}, attention_mask, position_ids, past_length, past)
-        inputs = self._inputs(input_ids, image_features)
-        if types is not None:
-            inputs[TOKEN_TYPES] = types
-        return self.run(inputs, attention_mask, position_ids, past_length, past)
+        with added:
+            if marked is not None:
+                with placed_in_embeddings(self.model, marked != 0, image_features):
+                    return self.run({"input_ids": input_ids}, attention_mask, position_ids, past_length, past)
+            inputs = self._inputs(input_ids, image_features)
+            if types is not None:
+                inputs[TOKEN_TYPES] = types
+            return self.run(inputs, attention_mask, position_ids, past_length, past)
 
     def _inputs(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> dict[str, Any]:
         """The model's inputs for the tokens and the features (see the class docstring)."""
@@ -118,12 +137,9 @@ class RecurrentVisionLanguageStep(RecurrentStep, VisionLanguageStep):
 
 
 def placed_features(embeddings: torch.Tensor, is_image: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-    """``embeddings`` [B, S, hidden] with the n-th marked token (row after row) taking the n-th row of ``features``,
-    as ``masked_scatter`` fills it; written as a gather (no ``NonZero``)."""
-    order = is_image.reshape(-1).to(torch.int64).cumsum(0) - 1
-    order = order.clamp(min=0).clamp(max=features.shape[0] - 1)
-    placed = features.to(embeddings.dtype).index_select(0, order).reshape(embeddings.shape)
-    return torch.where(is_image.unsqueeze(-1), placed, embeddings)
+    """``embeddings`` [B, S, hidden] with the n-th marked token (row after row) taking the n-th row of ``features``
+    (:func:`gathered_rows`)."""
+    return torch.where(is_image.unsqueeze(-1), gathered_rows(features, is_image, embeddings), embeddings)
 
 
 @contextlib.contextmanager
@@ -150,14 +166,18 @@ def step_sample(
     generation: GenerationSettings,
     laid: ImagePositions | None = None,
     placement: str | None = None,
+    levels: dict[str, torch.Tensor] | None = None,
 ) -> tuple[Any, tuple[DynamicDim, ...]]:
     """The step's sample (the sample's prompts prefilled with their image features) and its dynamic dimensions: the
     batch, the sequence and the image tokens. With ``laid``, positions have an axis dimension first; with
-    ``placement``, the step takes that per-token input after the features."""
+    ``placement``, the step takes that per-token input after the features; ``levels``: the deepstack levels the step
+    takes after the features, by input name (every image's, [image tokens, hidden])."""
+    stacked = dict(levels or {})
     ids, mask, types = text["input_ids"], text["attention_mask"], text.get(TOKEN_TYPES)
     marked = text[placement] if placement else None
     if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
         ids, mask, features = ids.expand(2, -1).clone(), mask.expand(2, -1).clone(), features.repeat(2, 1)
+        stacked = {name: level.repeat(2, 1) for name, level in stacked.items()}
         types = types.expand(2, -1).clone() if types is not None else None
         marked = marked.expand(2, -1).clone() if marked is not None else None
     rows, steps = ids.shape
@@ -168,7 +188,8 @@ def step_sample(
     past = [tensor for layer in layout for tensor in layer.storage(rows, capacity)]
     typed = [types] if types is not None else []
     per_token = ([marked] if marked is not None else []) + typed
-    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *per_token, *past), {})
+    start = torch.tensor(0, dtype=torch.int64)
+    sample: Any = ((ids, full, positions, start, features, *stacked.values(), *per_token, *past), {})
     token_inputs = ([placement] if placement else []) + ([TOKEN_TYPES] if typed else [])
     names = ["input_ids", "attention_mask", "position_ids", *token_inputs]
     names += [past_name(i, kind) for i in range(len(layout)) for kind in ("key", "value")]
@@ -180,7 +201,8 @@ def step_sample(
     sequences = ("input_ids", "position_ids", *token_inputs)
     dims += [DynamicDim(name, axis.get(name, 0) + 1, "sequence", 1, steps, longest) for name in sequences]
     most = max(longest * generation.max_batch, features.shape[0])
-    dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, int(features.shape[0]), most))
+    for name in (IMAGE_FEATURES, *stacked):
+        dims.append(DynamicDim(name, 0, "image_tokens", 1, int(features.shape[0]), most))
     return sample, tuple(dims)
 
 
@@ -197,7 +219,7 @@ def one_token_sample(
     with its feature row, at its position in the prompt."""
     ids, mask = text["input_ids"], text["attention_mask"]
     is_image = ids == token
-    order = is_image.reshape(-1).to(torch.int64).cumsum(0).reshape(ids.shape) - 1
+    order = feature_order(is_image).reshape(ids.shape)
     columns = torch.where(is_image.any(-1), is_image.to(torch.int64).argmax(-1), 0)
     rows = torch.arange(ids.shape[0])
     chosen = is_image[rows, columns]

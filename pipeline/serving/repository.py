@@ -149,13 +149,8 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
     saved: its step's artifact and what a request holds (the first input required); None for any other directory."""
     from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
     from pipeline.runtime.generation.layout import STEP_INPUTS
-    from pipeline.runtime.generation.vision_language import (
-        IMAGE_FEATURES,
-        META_FILE,
-        STEP_FILE,
-        TOKEN_TYPES,
-        VISION_FILE,
-    )
+    from pipeline.runtime.generation.vision_feed import DEEPSTACK, IMAGE_FEATURES, TOKEN_TYPES
+    from pipeline.runtime.generation.vision_language import META_FILE, STEP_FILE, VISION_FILE
 
     if (directory / DECODER_FILE).is_file() and (directory / ENCODER_FILE).is_file():
         encoder = IOSpec.from_json(read_metadata(directory / ENCODER_FILE)["io"])
@@ -177,6 +172,7 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
         # the model's own per-token input placing the images (Kosmos-2's image_embeds_position_mask), as the module
         # finds it: the step's one input that is neither the decoder-only step's, the features, the types nor cache
         known = {*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *_cache_inputs(step_metadata)}
+        known |= {spec.name for spec in step.inputs if spec.name.startswith(f"{DEEPSTACK}.")}  # the vision graph's
         typed += [
             TensorSpec(spec.name, "int64", ("batch", "length")) for spec in step.inputs if spec.name not in known
         ][:1]

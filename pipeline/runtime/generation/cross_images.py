@@ -25,8 +25,8 @@ import torch
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
 from pipeline.runtime.generation.options import GENERATE_ONLY, GenerateOptions, generate_options
-from pipeline.runtime.generation.request import Decoding, resolve
-from pipeline.runtime.generation.runners import bound_runner
+from pipeline.runtime.generation.request import Decoding, check_room, resolve
+from pipeline.runtime.generation.runners import CopiedNames, RowsOfTwoCaches, bound_runner
 from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FILE, decode, generate_over
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
@@ -269,7 +269,7 @@ def _repeated(value: torch.Tensor, expand: int) -> torch.Tensor:
     return value if expand == 1 else value.repeat_interleave(expand, dim=0).contiguous()
 
 
-class _PromptFeed:
+class _PromptFeed(RowsOfTwoCaches):
     """One request's text steps: ``prefill()`` the prompts with their cross states (each prompt once, its cache row
     then repeated ``expand`` times), then ``step(tokens)``; ``reorder(rows)`` moves the cache rows (beam search)."""
 
@@ -339,11 +339,7 @@ class _PromptFeed:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """One new token per row [rows]."""
-        if self.length >= self.capacity:
-            raise InputError(
-                f"the text step's cache is full ({self.capacity} tokens)",
-                fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
-            )
+        check_room(self.length, self.capacity)
         self.mask[:, self.length] = 1
         if self.runner is not None:
             logits = self.runner.run(tokens[:, None], self.mask, self.next_position, self.length, self.held).float()
@@ -353,27 +349,10 @@ class _PromptFeed:
         self.next_position = self.next_position + 1
         return logits
 
-    def reorder(self, rows: torch.Tensor) -> None:
-        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
-        if self.runner is not None:
-            self.runner.reorder(rows)
-        else:
-            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
-
     def _run(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, extra: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         module = self.module
-        named: dict[str, torch.Tensor] = {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": positions,
-            "past_length": torch.tensor(self.length, dtype=torch.int64),
-            **extra,
-            **dict(zip(module._layer_names, self.cache, strict=True)),
-        }
-        outputs = module.decoder.executor.run([named[name] for name in module._step_inputs])
-        by_name = dict(zip((o.name for o in module.decoder.io.outputs), outputs, strict=True))
-        self.cache = [by_name[name] for name in module._presents]
-        self.length += ids.shape[1]
-        return by_name["logits"].float()
+        named = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **extra}
+        names = CopiedNames(module._step_inputs, module._layer_names, module._presents)
+        return self.copied_step(module.decoder, names, named)

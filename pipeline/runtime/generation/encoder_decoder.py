@@ -24,8 +24,8 @@ from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.cross_images import CrossImagesModule
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, cross_name, past_name, present_name
 from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
-from pipeline.runtime.generation.request import Decoding, resolve
-from pipeline.runtime.generation.runners import bound_runner
+from pipeline.runtime.generation.request import Decoding, check_room, resolve
+from pipeline.runtime.generation.runners import RowsOfTwoCaches, bound_runner
 from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FILE, decode, generate_over
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
@@ -213,7 +213,7 @@ class EncoderDecoderModule(TwoGraphModule):
         return ids
 
 
-class _Feed:
+class _Feed(RowsOfTwoCaches):
     """One request's decoder steps: ``prefill()`` the decoder's prompt (token by token: the step takes one), then
     ``step(tokens)``; ``reorder(rows)`` moves the self-attention cache rows (the cross states are the same for every
     beam of a prompt, and beams only move within their prompt)."""
@@ -248,19 +248,8 @@ class _Feed:
         """One new token per row [rows]."""
         return self._run(tokens[:, None])
 
-    def reorder(self, rows: torch.Tensor) -> None:
-        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
-        if self.runner is not None:
-            self.runner.reorder(rows)
-        else:
-            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
-
     def _run(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.length >= self.capacity:
-            raise InputError(
-                f"the decoder's cache is full ({self.capacity} tokens)",
-                fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
-            )
+        check_room(self.length, self.capacity, "the decoder's cache")
         if self.runner is not None:
             logits = self.runner.run(ids, None, None, self.length, self.held)
             self.length += 1

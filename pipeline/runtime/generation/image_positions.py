@@ -101,6 +101,21 @@ class ImagePositions:
         return cls(block, int(value["extent"]), int(value["image_token"]), **masks)
 
 
+def feature_order(is_image: torch.Tensor) -> torch.Tensor:
+    """The row of the image features each token of ``is_image`` [rows, tokens] takes, flattened: the n-th image token
+    (row after row) takes row n, as the model's ``masked_scatter`` fills them; -1 before the first image token (a text
+    token's value is never read)."""
+    return is_image.reshape(-1).to(torch.int64).cumsum(0) - 1
+
+
+def gathered_rows(rows: torch.Tensor, is_image: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped as ``like`` [B, S, hidden] (and of its type) whose n-th image token (row after row) holds the
+    n-th row of ``rows`` (:func:`feature_order`); written as a gather, which a traced step exports without
+    ``NonZero``. The other tokens hold a clamped row: the caller keeps its own values there."""
+    order = feature_order(is_image).clamp(min=0).clamp(max=rows.shape[0] - 1)
+    return rows.to(like.dtype).index_select(0, order).reshape(like.shape)
+
+
 def image_rows(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     """The image inputs cut into one dict per image. Inputs have one leading row per image, except inputs of flattened
     patches (Qwen2-VL's ``pixel_values`` [patches of every image, patch values]), which an integer grid input

@@ -62,6 +62,15 @@ def resolve(
     return Decoding(new, eos, pad if fills else None, chooser, processors, criteria, scores_to_criteria)
 
 
+def check_room(length: int, capacity: int, cache: str = "the text step's cache") -> None:
+    """An InputError when a step's cache of ``capacity`` positions holds ``length`` already: no room for one more."""
+    if length >= capacity:
+        raise InputError(
+            f"{cache} is full ({capacity} tokens)",
+            fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
+        )
+
+
 def new_tokens(prompt: int, max_new_tokens: int | None, max_length: int | None, capacity: int) -> int:
     """How many tokens to generate after a prompt of ``prompt`` tokens, within the cache's ``capacity``."""
     for name, value in (("max_new_tokens", max_new_tokens), ("max_length", max_length)):

@@ -12,6 +12,7 @@ device: :mod:`pipeline.runtime.generation.trt_cache`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -274,6 +275,48 @@ class _Binding:
         buffer = np.array(value, copy=True, order="C")
         self._inputs[name] = (buffer, ort.OrtValue.ortvalue_from_numpy(buffer), value)
         self.binding.bind_ortvalue_input(name, self._inputs[name][1])
+
+
+class RowsOfTwoCaches:
+    """A two-graph feed's cache: in a bound runner's buffers on ONNX Runtime (``runner``), else the tensors it copies
+    through each step (``cache``); :meth:`reorder` moves its rows (beam search) either way."""
+
+    runner: OrtBoundRunner | None
+    cache: list[torch.Tensor]
+    #: the positions the cache holds
+    length: int
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
+        if self.runner is not None:
+            self.runner.reorder(rows)
+        else:
+            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+
+    def copied_step(self, graph: Any, names: CopiedNames, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One run of the step ``graph`` (a converted module) on ``named`` (its inputs but the cache and
+        ``past_length``) with the cache copied in, the new cache copied out; the logits, as float32."""
+        ids = named["input_ids"]
+        given = {
+            **named,
+            "past_length": torch.tensor(self.length, dtype=torch.int64),
+            **dict(zip(names.layers, self.cache, strict=True)),
+        }
+        outputs = graph.executor.run([given[name] for name in names.inputs])
+        by_name = dict(zip((o.name for o in graph.io.outputs), outputs, strict=True))
+        self.cache = [by_name[name] for name in names.presents]
+        self.length += ids.shape[1]
+        return by_name["logits"].float()
+
+
+@dataclass(frozen=True)
+class CopiedNames:
+    """The names :meth:`RowsOfTwoCaches.copied_step` runs a step by: its inputs in order, its cache inputs and the
+    matching outputs."""
+
+    inputs: tuple[str, ...]
+    layers: tuple[str, ...]
+    presents: tuple[str, ...]
 
 
 def _named(

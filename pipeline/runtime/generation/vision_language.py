@@ -2,13 +2,14 @@
 the cached text step, with ``generate()`` as transformers' ``model.generate``.
 
 The vision graph gives each image's features in the text embedding space; the prompts' prefill hands them all to the
-step, which places them at the image tokens (as ``model.generate``'s first step does with ``pixel_values``). The
-prompts are prefilled once each, then their cache rows are repeated for each prompt's beams or drawn sequences
-(transformers prefills the repeated rows: the same numbers). Decode steps place no image: their features are the
-image token's own text embedding (one row per batch row), so that a generated image token stays what the model's
-embedding makes it. A step of one token (a text model with recurrent states: ``max_prompt`` 1) is fed the prompts
-column by column, a column's features the rows of its image tokens (row after row, as ``masked_scatter`` orders
-them). The decoding loop, the options, the processors and beam search are the decoder-only module's
+step, which places them at the image tokens (as ``model.generate``'s first step does with ``pixel_values``). The prompts
+are prefilled once each, then their cache rows are repeated for each prompt's beams or drawn sequences (transformers
+prefills the repeated rows: the same numbers). Decode steps place no image: their features are the image token's own
+text embedding (one row per batch row), so that a generated image token stays what the model's embedding makes it.
+Deepstack levels (Qwen3-VL's), when the step takes them, come from the vision graph with the features and go to the
+prefill; a decode step's are zeros. A step of one token (a text model with recurrent states: ``max_prompt`` 1) is fed
+the prompts column by column, a column's features the rows of its image tokens (row after row, as ``masked_scatter``
+orders them). The decoding loop, the options, the processors and beam search are the decoder-only module's
 (:mod:`pipeline.runtime.generation.module`); only the feed differs. On ONNX Runtime the cache stays in bound buffers
 written in place (:func:`~pipeline.runtime.generation.runners.bound_runner`, as the encoder-decoder's); on a TensorRT
 engine the feed copies it in and out of each step.
@@ -28,20 +29,15 @@ import torch
 
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
-from pipeline.runtime.generation.kept_images import kept_features
+from pipeline.runtime.generation.kept_images import FEATURES, kept_features
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, resolve
-from pipeline.runtime.generation.runners import bound_runner
 from pipeline.runtime.generation.source_and_step import decode, generate_over
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
+from pipeline.runtime.generation.vision_feed import DEEPSTACK, IMAGE_FEATURES, TOKEN_TYPES, VisionFeed
 from pipeline.runtime.module import ConvertedModule
 
-#: The step's input holding the prompt's image features [image tokens, hidden].
-IMAGE_FEATURES = "image_features"
-#: Gemma 3's and PaliGemma's token types (1 at image tokens): the prefill's image tokens attend to each other both
-#: ways; a step converted from a sample with them takes them after the image features.
-TOKEN_TYPES = "token_type_ids"
 #: Which tokens of the prompt are images (M-RoPE models' processors give it; the module reads the image tokens).
 MODALITIES = "mm_token_type_ids"
 #: The files of a saved vision-language directory.
@@ -96,7 +92,16 @@ class VisionLanguageModule(TwoGraphModule):
         #: a step of one token (a text model with recurrent states): the prompt is fed token by token, each image
         #: token's step given its own feature row
         self.one_token = generation.max_prompt == 1 and any(not same for same in layout.in_place)
-        known = (*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *self._layer_names)
+        #: the deepstack levels the step takes (and the vision graph gives), by name: the prompt's in the prefill,
+        #: zeros in a decode step
+        self._levels = tuple(name for name in step_inputs if name.startswith(f"{DEEPSTACK}."))
+        missing = [name for name in self._levels if name not in self._vision_outputs]
+        if missing:
+            raise ArtifactError(
+                f"the step takes the deepstack levels {', '.join(missing)}, which the vision graph does not give",
+                fix="load a directory written by VisionLanguageModule.save",
+            )
+        known = (*STEP_INPUTS, IMAGE_FEATURES, TOKEN_TYPES, *self._levels, *self._layer_names)
         #: the model's per-token input marking the image tokens (Kosmos-2's ``image_embeds_position_mask``), which
         #: the step takes when the model's config names no image token: ``generate`` takes it by that name
         self.placement = next((name for name in step_inputs if name not in known), None)
@@ -237,7 +242,7 @@ class VisionLanguageModule(TwoGraphModule):
 
     def _request(
         self, ids: torch.Tensor, mask: torch.Tensor, images: dict[str, torch.Tensor], request: GenerateOptions
-    ) -> tuple[_Feed, Decoding]:
+    ) -> tuple[VisionFeed, Decoding]:
         generation = self.generation
         rows = ids.shape[0]
         if rows * request.expand > generation.max_batch:
@@ -259,19 +264,20 @@ class VisionLanguageModule(TwoGraphModule):
             )
         types = images.get(TOKEN_TYPES)
         marked = images.get(self.placement) if self.placement else None
-        features = self._features(images)
+        features, levels = self._features(images)
         self._check_image_tokens(ids if marked is None else marked, features)
         expanded = ids.repeat_interleave(request.expand, dim=0)
         expanded_mask = mask.repeat_interleave(request.expand, dim=0)
         decoding = resolve(request, generation, expanded, expanded_mask, self._vocabulary)
-        feed = _Feed(self, ids, mask, features, request.expand)
+        feed = VisionFeed(self, ids, mask, features, request.expand, levels)
         if TOKEN_TYPES in self._step_inputs:  # the prefill's types (none given: text everywhere, as the model's)
             feed.types = types if types is not None else torch.zeros_like(ids)
         feed.marked = marked
         return feed, decoding
 
-    def _features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Every image's features [image tokens, hidden], the vision graph run once per image."""
+    def _features(self, images: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Every image's features [image tokens, hidden], the vision graph run once per image, and every image's
+        deepstack levels the step takes, by name (each cut as the features are)."""
         specs = {spec.name: spec for spec in self.vision.io.inputs}
         values = {}
         for name in (*self._vision_inputs, *self.fixed_inputs):
@@ -280,6 +286,7 @@ class VisionLanguageModule(TwoGraphModule):
                 raise InputError(f"{name} must be a tensor with one leading row per image", fix="pass the processor's")
             values[name] = value.cpu().to(specs[name].torch_dtype if name in specs else value.dtype)
         pieces = []
+        stacks: dict[str, list[torch.Tensor]] = {name: [] for name in self._levels}
         for index, cut in enumerate(image_rows(values)):
             image = [cut[name] for name in self._vision_inputs]
             self._check_fixed(cut, index)
@@ -293,9 +300,13 @@ class VisionLanguageModule(TwoGraphModule):
                     )
             outputs = dict(zip(self._vision_outputs, self.vision.run_flat(image), strict=True))
             pieces.append(kept_features(outputs, index))  # a padding image the model drops: no rows
+            for name in self._levels:
+                stacks[name].append(kept_features({**outputs, FEATURES: outputs[name]}, index))
         if not pieces:
-            return torch.zeros(0, self._hidden, dtype=self._features_dtype)
-        return torch.cat(pieces, dim=0).to(self._features_dtype)
+            empty = torch.zeros(0, self._hidden, dtype=self._features_dtype)
+            return empty, {name: empty for name in self._levels}
+        levels = {name: torch.cat(stack, dim=0).to(self._features_dtype) for name, stack in stacks.items()}
+        return torch.cat(pieces, dim=0).to(self._features_dtype), levels
 
     def _check_fixed(self, image: dict[str, torch.Tensor], index: int) -> None:
         for name, fixed in self.fixed_inputs.items():
@@ -325,165 +336,6 @@ class VisionLanguageModule(TwoGraphModule):
                 f"{where}, but the images give {features.shape[0]} features",
                 fix="pass the processor's input_ids and pixel_values together (one image token per feature)",
             )
-
-
-class _Feed:
-    """One request's text steps: ``prefill()`` the prompts with their image features (each prompt once, its cache row
-    then repeated ``expand`` times), then ``step(tokens)``; ``reorder(rows)`` moves the cache rows (beam search)."""
-
-    def __init__(
-        self, module: VisionLanguageModule, ids: torch.Tensor, mask: torch.Tensor, features: torch.Tensor, expand: int
-    ) -> None:
-        self.module = module
-        self.prompts, self.prompt_mask, self.features, self.expand = ids, mask, features, expand
-        self.ids = ids.repeat_interleave(expand, dim=0)
-        rows, self.prompt = self.ids.shape
-        self.capacity = module.generation.max_length
-        self.mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
-        self.mask[:, : self.prompt] = mask.repeat_interleave(expand, dim=0)
-        # each prompt's next position, repeated for its rows (a rule that counts the request's images counts the
-        # prompts', as the model's generate does before it repeats them)
-        self.next_position = _prompt_positions(module, ids, mask)[1].repeat_interleave(expand, dim=0)
-        self.cache: list[torch.Tensor] = []
-        self.length = 0
-        # a decode step's features: as many rows as rows may generate the image token, each its own embedding
-        self.no_features = module.token_embedding.expand(rows, -1).contiguous()
-        #: on ONNX Runtime the cache stays in bound buffers written in place (a decode step's features bound once)
-        self.runner = bound_runner(module.step.executor, cache_layout(module.step.io, module.generation.layers))
-        if self.runner is not None:
-            self.runner.start(rows)
-            self.held = {IMAGE_FEATURES: self.no_features.numpy()}
-        #: the prompts' token types (a step that takes them); a decode step's are zeros, as transformers passes none
-        self.types: torch.Tensor | None = None
-        #: the prompts' image marks (a step that takes them: :attr:`VisionLanguageModule.placement`); a decode step's
-        #: are zeros (no image is placed after the prompt)
-        self.marked: torch.Tensor | None = None
-
-    def prefill(self) -> torch.Tensor:
-        """The prompts with their image features through the step; the logits after their last token."""
-        rows = self.prompts.shape[0]
-        mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
-        mask[:, : self.prompt] = self.prompt_mask
-        positions = _prompt_positions(self.module, self.prompts, self.prompt_mask)[0]
-        features = self.features if self.features.shape[0] else self.no_features[:1]
-        if self.module.one_token:
-            logits = self._prefill_by_token(mask, positions)
-        elif self.runner is not None:
-            extra = {IMAGE_FEATURES: features.numpy(), **self._per_token(self.types, self.marked)}
-            logits = self.runner.prefill_leading(self.prompts, mask, positions, extra).float()
-            self.length += self.prompts.shape[1]
-        else:
-            self.cache = [
-                torch.zeros((rows, *shape), dtype=dtype)
-                for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
-            ]
-            logits = self._run(self.prompts, mask, positions, features, self.types, self.marked)
-        if self.expand > 1:
-            self.reorder(torch.arange(rows).repeat_interleave(self.expand))
-            logits = logits.repeat_interleave(self.expand, dim=0)
-        return logits
-
-    def _prefill_by_token(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The prompts through a one-token step, column by column: a column's features are the rows of the image
-        features of the rows whose token there is the image token (in row order: the n-th image token of the prompts,
-        row after row, takes the n-th row, as the model's ``masked_scatter`` places them)."""
-        rows, tokens = self.prompts.shape
-        token = self.module.image_token_id
-        assert token is not None  # a one-token step has one (the conversion refuses a model without)
-        is_image = self.prompts == token
-        order = is_image.reshape(-1).to(torch.int64).cumsum(0).reshape(rows, tokens) - 1
-        if self.runner is None:
-            self.cache = [
-                torch.zeros((rows, *shape), dtype=dtype)
-                for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
-            ]
-        logits = torch.empty(0)
-        for column in range(tokens):
-            placed = is_image[:, column]
-            features = self.features[order[placed, column]] if bool(placed.any()) else self.no_features[:1]
-            ids, laid = self.prompts[:, column : column + 1], positions[..., column : column + 1]
-            if self.runner is not None:
-                extra = {IMAGE_FEATURES: features.numpy()}
-                logits = self.runner.prefill_leading(ids, mask, laid, extra, past_length=column).float()
-                self.length += 1
-            else:
-                logits = self._run(ids, mask, laid, features)
-        return logits
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One new token per row [rows]."""
-        if self.length >= self.capacity:
-            raise InputError(
-                f"the text step's cache is full ({self.capacity} tokens)",
-                fix="pass fewer max_new_tokens, or convert with a larger generation max_length",
-            )
-        self.mask[:, self.length] = 1
-        zeros = torch.zeros_like(tokens[:, None]) if self.types is not None else None
-        unmarked = torch.zeros_like(tokens[:, None]) if self.marked is not None else None
-        positions = self.next_position
-        if self.module.positions is not None:  # a new token is text: the same position on every axis
-            positions = positions.unsqueeze(0).expand(self.module.positions.axes, -1, -1)
-        if self.runner is not None:
-            extra = {**self.held, **self._per_token(zeros, unmarked)}
-            logits = self.runner.run(tokens[:, None], self.mask, positions, self.length, extra).float()
-            self.length += 1
-        else:
-            logits = self._run(tokens[:, None], self.mask, positions, self.no_features, zeros, unmarked)
-        self.next_position = self.next_position + 1
-        return logits
-
-    def reorder(self, rows: torch.Tensor) -> None:
-        """Row ``i`` of the cache becomes what row ``rows[i]`` was."""
-        if self.runner is not None:
-            self.runner.reorder(rows)
-        else:
-            self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
-
-    def _per_token(self, types: torch.Tensor | None, marked: torch.Tensor | None) -> dict[str, Any]:
-        named = {} if types is None else {TOKEN_TYPES: types.numpy()}
-        if marked is not None and self.module.placement is not None:
-            named[self.module.placement] = marked.numpy()
-        return named
-
-    def _run(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        features: torch.Tensor,
-        types: torch.Tensor | None = None,
-        marked: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        module = self.module
-        named: dict[str, torch.Tensor] = {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": positions,
-            "past_length": torch.tensor(self.length, dtype=torch.int64),
-            IMAGE_FEATURES: features,
-            **dict(zip(module._layer_names, self.cache, strict=True)),
-        }
-        if types is not None:
-            named[TOKEN_TYPES] = types
-        if marked is not None and module.placement is not None:
-            named[module.placement] = marked
-        outputs = module.step.executor.run([named[name] for name in module._step_inputs])
-        by_name = dict(zip((o.name for o in module.step.io.outputs), outputs, strict=True))
-        self.cache = [by_name[name] for name in module._presents]
-        self.length += ids.shape[1]
-        return by_name["logits"].float()
-
-
-def _prompt_positions(
-    module: VisionLanguageModule, ids: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompts' positions ([rows, tokens], or [axes, rows, tokens] laid out by the module's image positions) and
-    each row's next position [rows, 1]."""
-    if module.positions is None:
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        return positions, positions[:, -1:] + 1
-    laid = module.positions.prompt(ids, mask)
-    return laid, ImagePositions.next_positions(laid, mask)
 
 
 def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> VisionLanguageModule:

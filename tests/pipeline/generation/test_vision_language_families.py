@@ -23,6 +23,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' vision models
 import torch
 from model_sources import transformers_all_models as every
+from tiny_models import drawn_by_fan_in
 
 import pipeline
 from converters.errors import InputError
@@ -159,14 +160,6 @@ def test_instructblip_video_places_its_frames_features_at_its_video_token() -> N
     generates_as_transformers(model, module, inputs)
 
 
-def test_features_given_by_decoder_layer_only_are_refused_by_name() -> None:
-    """Granite 4 Vision's ``get_image_features`` returns no pooled features, only ``deepstack_features`` by decoder
-    layer: the refusal says so, before any export."""
-    model, inputs = family("granite4_vision", "Granite4VisionForConditionalGeneration")
-    with pytest.raises(InputError, match="deepstack_features"):
-        pipeline.convert(model, inputs, generation=GENERATION)
-
-
 def tiny_qwen3_5() -> tuple[Any, dict[str, torch.Tensor]]:
     """A tiny Qwen3.5 (a linear-attention layer, then an attention layer; a one-block tower) and a left-padded batch
     of two prompts, each an image of 4 tokens then text; the second prompt's image another."""
@@ -194,11 +187,7 @@ def tiny_qwen3_5() -> tuple[Any, dict[str, torch.Tensor]]:
     config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=127)
     model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.normal_(0, 1.5 / parameter.shape[-1] ** 0.5, generator=generator)
-    model.generation_config.eos_token_id = None
+    model = drawn_by_fan_in(model, generator)
     prompt = [127] * 4 + [60, 85, 28, 90, 58, 63, 62, 75]
     ids = torch.tensor([[0, 0, *prompt], [62, 75, *prompt]])
     mask = torch.ones_like(ids)

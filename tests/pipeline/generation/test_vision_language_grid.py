@@ -206,21 +206,6 @@ def test_tensorrt_rtx_builds_the_grid_vision_graph_and_the_three_axis_step(input
     assert module.vision.engine_bytes and module.step.engine_bytes
 
 
-def test_features_a_model_adds_inside_its_layers_are_refused_by_name() -> None:
-    """Qwen3-VL hands its decoder layers image features of the tower's inner layers (deepstack) besides the features
-    at the image tokens: the step would decode otherwise than the model, so the conversion says why instead of failing
-    validation."""
-    from model_sources import transformers_all_models as every
-
-    config = every.shrunk("qwen3_vl")
-    config.vision_config.deepstack_visual_indexes = [0, 1]
-    torch.manual_seed(0)
-    model = transformers.Qwen3VLForConditionalGeneration(config).eval()
-    sample = next(c for c in every.candidate_samples(model, config) if "image_grid_thw" in c)
-    with pytest.raises(InputError, match="deepstack_features"):
-        pipeline.convert(model, sample, generation=GENERATION)
-
-
 def test_a_served_directory_takes_the_grid_with_each_request(module: VisionLanguageModule, tmp_path: Path) -> None:
     """Triton's request for the saved directory holds the grid the vision graph cuts the images by (it is not one of
     the vision graph's inputs: the graph holds it)."""
