@@ -63,16 +63,25 @@ class TokenChooser:
         self.scores: list[torch.Tensor] | None = [] if record else None
         self.logits: list[torch.Tensor] | None = [] if record else None
         self.generator: torch.Generator | None = None
+        self._argmax_only = not options.do_sample and processors is None and not record
         if options.do_sample:
             self.generator = torch.Generator()
             self.generator.manual_seed(options.seed if options.seed is not None else torch.seed())
 
-    def choose(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The next token of every row."""
+    def choose(self, logits: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The next token of every row (``tokens``, the rows so far, may be ``None`` when there are no
+        :attr:`processors`: nothing else reads them)."""
+        if self._argmax_only and logits.dtype == torch.float32 and logits.is_cpu:
+            # greedy, nothing to process or record (the common case): the argmax method of the logits' array and no
+            # more (each library call is paid again after every step's run, which leaves the caches cold)
+            chosen = logits.numpy().argmax(-1)
+            return torch.from_numpy(chosen if chosen.dtype == np.int64 else chosen.astype(np.int64))
         scores = logits.float()
         if self.logits is not None:
             self.logits.append(scores.clone())  # a user's processor may write its scores in place
         if self.processors is not None:
+            if tokens is None:
+                raise InputError("the logits processors need the rows' tokens", fix="pass choose(logits, tokens)")
             scores = self.processors(tokens, scores)
         if self.options.do_sample:
             scores = self._warp(scores)

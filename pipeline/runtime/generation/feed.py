@@ -51,6 +51,9 @@ class StepFeed:
         self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         self.next_position = self.positions[:, -1:] + 1
         self.steps = 0
+        # numpy views of the mask and the next positions, written in place by each step: a decode step's host work
+        # without torch's indexing (every runner copies its inputs into its own buffers, none keeps them)
+        self._mask, self._next = self.mask.numpy(), self.next_position.numpy()
         runner.start(rows)
 
     def prefill(self) -> torch.Tensor:
@@ -64,9 +67,9 @@ class StepFeed:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """One new token per row [rows] through the step."""
         past = self.prompt + self.steps
-        self.mask[:, past] = 1
-        logits = self.runner.run(tokens[:, None], self.mask, self.next_position, past)
-        self.next_position = self.next_position + 1
+        self._mask[:, past] = 1
+        logits = self.runner.run(tokens.unsqueeze(1), self.mask, self.next_position, past)
+        self._next += 1  # next_position's memory
         self.steps += 1
         return logits
 
