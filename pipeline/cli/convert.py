@@ -117,7 +117,8 @@ def _convert(args: argparse.Namespace) -> int:
 
 def generate_command(module: Any, artifact: Path) -> str:
     """The ``pipeline generate`` line a converted generation module takes: images and prompts through its processor
-    for a vision-language model, input features for a speech encoder-decoder, token ids otherwise."""
+    for a vision-language model (and an encoder that takes the image), input features for a speech encoder-decoder,
+    token ids otherwise."""
     from pipeline.runtime.generation.cross_images import CrossImagesModule
     from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
     from pipeline.runtime.generation.vision_language import VisionLanguageModule
@@ -125,6 +126,8 @@ def generate_command(module: Any, artifact: Path) -> str:
     if isinstance(module, VisionLanguageModule | CrossImagesModule):
         return f"pipeline generate {artifact} --processor DIR --prompt 'TEXT WITH THE IMAGE PLACEHOLDER' --image FILE"
     sources = module.encoder.io.inputs if isinstance(module, EncoderDecoderModule) else ()
+    if any(spec.name == "pixel_values" for spec in sources):  # an image with the prompt (Florence-2's encoder)
+        return f"pipeline generate {artifact} --processor DIR --prompt 'TEXT' --image FILE"
     if any(spec.name == "input_features" for spec in sources):
         return f"pipeline generate {artifact} --input-features FILE.npy (or --audio FILE.wav --feature-extractor DIR)"
     return f"pipeline generate {artifact} --prompt-ids 1,2,3"

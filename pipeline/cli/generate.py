@@ -156,10 +156,10 @@ def _generate(args: argparse.Namespace) -> int:
 
     if isinstance(module, VisionLanguageModule | CrossImagesModule):
         return _generate_vision_language(module, args)
-    if args.image:
-        raise InputError(f"--image is a vision-language model's input; {args.artifact} is not one", fix="drop --image")
     if isinstance(module, EncoderDecoderModule):
         return _generate_encoder_decoder(module, args, tokenizer)
+    if args.image:
+        raise InputError(f"--image is a vision-language model's input; {args.artifact} is not one", fix="drop --image")
     if speech:
         raise InputError(
             f"{speech[0]} is an encoder-decoder's input; {args.artifact} is a decoder-only model",
@@ -216,12 +216,35 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _image_sources(args: argparse.Namespace, takes: list[str]) -> tuple[dict[str, Any], Any]:
+    """An image-taking encoder's sources (each --prompt with its --image through --processor, right-padded as an
+    encoder's source is) and the processor's tokenizer."""
+    from pipeline.cli.images import image_prompts, load_processor
+
+    if args.processor is None or not args.image or not args.prompt or args.prompt_ids:
+        raise InputError(
+            f"this encoder-decoder's encoder takes {', '.join(takes)}: --prompt TEXT and --image FILE pairs through "
+            "its --processor DIR (no --prompt-ids)",
+            fix="pass --processor DIR --image a.png --prompt 'TEXT' (Florence-2: a task, e.g. '<CAPTION>')",
+        )
+    processor = load_processor(args.processor)
+    made = image_prompts(processor, args.prompt, args.image, padding_side="right")
+    return {name: value for name, value in made.items() if name in takes}, processor.tokenizer
+
+
 def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: Any) -> int:
     """An encoder-decoder's decoding: the sources (or features) through its encoder, each output line the decoder's
     new tokens."""
     generation = module.generation
     takes = [spec.name for spec in module.encoder.io.inputs]
-    if args.audio:
+    if "pixel_values" in takes:  # an encoder that takes the image with the prompt (Florence-2's)
+        inputs, tokenizer = _image_sources(args, takes)
+        rows = len(args.prompt)
+    elif args.image:
+        raise InputError(
+            f"--image given, but this encoder-decoder's encoder takes {', '.join(takes)}", fix="drop --image"
+        )
+    elif args.audio:
         from pipeline.cli.audio import audio_inputs
 
         inputs = audio_inputs(args.audio, args.feature_extractor, takes)

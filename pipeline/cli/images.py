@@ -57,9 +57,13 @@ def read_image(path: Path) -> Any:
         raise InputError(f"--image {path} is not an image Pillow reads: {exc}", fix="give a PNG or JPEG") from exc
 
 
-def image_prompts(processor: Any, prompts: list[str], images: list[Path]) -> dict[str, torch.Tensor]:
+def image_prompts(
+    processor: Any, prompts: list[str], images: list[Path], padding_side: str = "left"
+) -> dict[str, torch.Tensor]:
     """The model's inputs for prompts (text with the processor's image placeholder, one image each), left-padded as
-    a decoder-only model's batch is."""
+    a decoder-only model's batch is (``padding_side="right"``: an encoder's source). A processor that has a placeholder
+    but puts each image's tokens before the text itself (Florence-2's) takes prompts without it: the prompts' image
+    tokens are counted after processing."""
     import torch
 
     if len(prompts) != len(images):
@@ -68,11 +72,11 @@ def image_prompts(processor: Any, prompts: list[str], images: list[Path]) -> dic
             fix="give one --prompt per --image, in the same order",
         )
     token = getattr(processor, "image_token", None)
-    if token and not all(token in text for text in prompts):
-        raise InputError(
-            f"a prompt lacks the image placeholder {token!r}: the processor puts the image's tokens there",
-            fix=f"write {token!r} where the image goes, e.g. --prompt 'USER: {token} What is shown? ASSISTANT:'",
-        )
+    lacking = InputError(
+        f"a prompt lacks the image placeholder {token!r}: the processor puts the image's tokens there",
+        fix=f"write {token!r} where the image goes, e.g. --prompt 'USER: {token} What is shown? ASSISTANT:'",
+    )
+    missing = isinstance(token, str) and bool(token) and not all(token in text for text in prompts)
     if not token and any(PLACEHOLDER in text for text in prompts):
         raise InputError(
             f"a prompt holds {PLACEHOLDER!r}, but {type(processor).__name__} has no image placeholder: it puts each "
@@ -81,16 +85,29 @@ def image_prompts(processor: Any, prompts: list[str], images: list[Path]) -> dic
         )
     tokenizer = getattr(processor, "tokenizer", None)
     if tokenizer is not None:
-        tokenizer.padding_side = "left"
+        tokenizer.padding_side = padding_side
     pictures = [read_image(path) for path in images]
     try:
-        made = processor(text=prompts, images=pictures, return_tensors="pt", padding=True)
+        made = _processed(processor, prompts, pictures)
+    except InputError:
+        if missing:
+            raise lacking from None
+        raise
+    if missing and not _every_row_holds(made, getattr(processor, "image_token_id", None)):
+        raise lacking
+    return {name: torch.as_tensor(value) for name, value in made.items()}
+
+
+def _processed(processor: Any, prompts: list[str], pictures: list[Any]) -> Any:
+    """The processor's output for the prompts and their images; an InputError when it refuses them."""
+    try:
+        return processor(text=prompts, images=pictures, return_tensors="pt", padding=True)
     except (ValueError, TypeError) as flat:
         # a processor that takes each prompt's images as a list of their own (Mllama's) counts a flat list of
         # several images as one prompt's
         try:
             nested = [[picture] for picture in pictures]
-            made = processor(text=prompts, images=nested, return_tensors="pt", padding=True)
+            return processor(text=prompts, images=nested, return_tensors="pt", padding=True)
         except (ValueError, TypeError):
             raise InputError(
                 f"--processor {type(processor).__name__} refuses the prompts and images: "
@@ -98,4 +115,13 @@ def image_prompts(processor: Any, prompts: list[str], images: list[Path]) -> dic
                 fix="write each --prompt as the model's processor expects it (with its image placeholder, if it has "
                 "one), one --image each",
             ) from flat
-    return {name: torch.as_tensor(value) for name, value in made.items()}
+
+
+def _every_row_holds(made: Any, token_id: Any) -> bool:
+    """Whether every prompt the processor made holds the image token (it placed the images itself)."""
+    import torch
+
+    ids = made.get("input_ids") if hasattr(made, "get") else None
+    if not isinstance(token_id, int) or ids is None:
+        return False
+    return bool((torch.as_tensor(ids) == token_id).any(dim=-1).all())

@@ -6,6 +6,7 @@ right-padded batch of two prompts with an image each: greedy and 4-beam sequence
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +113,62 @@ def test_another_image_gives_other_tokens(
     assert not torch.equal(ours, module.generate(**prompts, **GREEDY))
     with torch.no_grad():
         assert torch.equal(ours, florence.generate(**other, **GREEDY))
+
+
+def florence_processor(directory: Path) -> Any:
+    """A Florence-2 processor for the tiny model, saved to ``directory``: a word-level tokenizer over its 96 ids ("w5"
+    is id 5, "<image>" the image token) and CLIP's image processor at 8 x 8 (5 image tokens, which the processor puts
+    before each prompt's text itself)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocabulary = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, IMAGE_TOKEN)}}
+    words = Tokenizer(models.WordLevel({**vocabulary, "<image>": IMAGE_TOKEN}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        extra_special_tokens={"image_token": "<image>"},
+    )  # fmt: skip
+    images = transformers.CLIPImageProcessor(
+        size={"height": 8, "width": 8}, do_center_crop=False, image_seq_length=IMAGE_TOKENS
+    )
+    processor = transformers.Florence2Processor(image_processor=images, tokenizer=tokenizer)
+    processor.save_pretrained(directory)
+    return processor
+
+
+def test_the_cli_generates_from_images_and_prompts_through_the_processor(
+    module: EncoderDecoderModule, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pipeline generate DIR --processor P --image a.png --prompt TEXT`` (twice), the line ``convert`` prints: the
+    processor puts the image tokens before each prompt, the sources right-padded; each line the decoder's new tokens
+    as text, as ``generate`` gives them."""
+    from PIL import Image
+
+    from pipeline.cli import main
+    from pipeline.cli.convert import generate_command
+
+    processor = florence_processor(tmp_path / "processor")
+    prompts = ["w5 w9 w12", "w40 w41 w42 w43 w44 w45"]
+    pixels = torch.Generator().manual_seed(4)
+    files = []
+    for index in range(2):
+        array = torch.randint(0, 256, (20, 24, 3), generator=pixels, dtype=torch.uint8).numpy()
+        Image.fromarray(array).save(tmp_path / f"{index}.png")
+        files.append(str(tmp_path / f"{index}.png"))
+    target = module.save(tmp_path / "florence")
+    assert (
+        generate_command(module, target) == f"pipeline generate {target} --processor DIR --prompt 'TEXT' --image FILE"
+    )
+    pairs = [item for text, file in zip(prompts, files, strict=True) for item in ("--prompt", text, "--image", file)]
+    command = ["generate", str(target), "--processor", str(tmp_path / "processor"), *pairs, "--max-new-tokens", "6"]
+    assert main(command) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    processor.tokenizer.padding_side = "right"
+    images = [Image.open(file).convert("RGB") for file in files]
+    inputs = dict(processor(text=prompts, images=images, return_tensors="pt", padding=True))
+    assert inputs["attention_mask"][0, -1] == 0 and int((inputs["input_ids"] == IMAGE_TOKEN).sum()) == 2 * IMAGE_TOKENS
+    out = module.generate(**inputs, max_new_tokens=6)[:, 1:]
+    expected = [processor.tokenizer.decode(row, skip_special_tokens=True) for row in out.tolist()]
+    assert printed == expected and any(expected), printed
+    assert main(["generate", str(target), "--prompt-ids", "5,9", "--max-new-tokens", "2"]) == 1
+    assert "--prompt TEXT and --image FILE pairs through its --processor DIR" in capsys.readouterr().err
