@@ -6,7 +6,8 @@ The families are every model type of transformers' ``CONFIG_MAPPING`` whose mode
 ``shrunk_config`` (tests/model_sources: width 32, 2 layers, vocabulary 128) with :data:`OVERRIDES` where a family needs
 more (:data:`FACTORIES` for the two composite models), random weights widened so that greedy tokens vary
 (transformers' small initialisation repeats one token), eval mode. A model type whose config is not an
-encoder-decoder (a decoder-only LM with an audio encoder: Qwen2-Audio, Voxtral, ...) is listed as such, not converted.
+encoder-decoder (a decoder-only LM with an audio encoder: Qwen2-Audio, Voxtral, ...) is listed as such, not
+converted: the audio-language decoders are swept by ``benchmarks/vision_language_families.py --audio``.
 
 For each encoder-decoder, in a process of its own (a crash or a hang is that family's row): transformers' own
 ``model.generate`` must run on the small config (else the row says "cannot run eagerly" and why); then
@@ -274,7 +275,10 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     default = tf.CONFIG_MAPPING[kind]()
     if not getattr(default, "is_encoder_decoder", False):
         row["converts"] = "not an encoder-decoder"
-        row["error"] = f"{type(default).__name__}.is_encoder_decoder is False (a decoder-only LM with an encoder)"
+        row["error"] = (
+            f"{type(default).__name__}.is_encoder_decoder is False (a decoder-only LM with an encoder: "
+            "an audio-language decoder, swept by vision_language_families.py --audio)"
+        )
         return row
     try:
         config = make_config(kind)

@@ -23,6 +23,14 @@ Run from the repository root::
     python benchmarks/vision_language_families.py                      # every family, the markdown table
     python benchmarks/vision_language_families.py --only llava gemma3
     python benchmarks/vision_language_families.py --precision fp16 --jsonl vlm16.jsonl
+    python benchmarks/vision_language_families.py --audio --jsonl alm.jsonl   # audio-language decoders
+
+``--audio`` sweeps the audio-language decoders instead: the model types transformers maps as speech or
+sequence-to-sequence LMs whose config is not an encoder-decoder (a decoder-only LM with an audio encoder: Voxtral,
+GLM-ASR, Audio Flamingo 3, ...). Their every-type source's sample is text alone: the sample is one audio (the
+source's first ``input_features`` layout its ``get_audio_features`` takes, with a mask of every frame where it takes
+one) and as many audio tokens as the features it gives, between text; a config that names no audio token (Voxtral's
+default) is given the vocabulary's last id, as a checkpoint's config names one.
 """
 
 from __future__ import annotations
@@ -56,12 +64,14 @@ from family_sweep import (  # noqa: E402
 from model_sources import transformers_all_models as every  # noqa: E402
 
 import pipeline  # noqa: E402
+from converters.errors import InputError  # noqa: E402
 
 NEW_TOKENS = 8
 BEAMS = 4
 BATCH = 2
 GENERATION = {"max_length": 64, "max_batch": BATCH * BEAMS}  # max_length grows with a longer prompt: generation_of
 PAD = 2  # the second prompt's left padding
+SWEEP_AUDIO = False  # --audio: the audio-language decoders
 
 
 def families() -> dict[str, str]:
@@ -70,6 +80,59 @@ def families() -> dict[str, str]:
 
     names = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
     return {kind: name if isinstance(name, str) else name[0] for kind, name in sorted(names.items())}
+
+
+def audio_families() -> dict[str, str]:
+    """model type -> its class, for the speech and sequence-to-sequence LMs whose config is not an encoder-decoder
+    (audio-language decoders), from transformers' mappings."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    names = {
+        **modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        **modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+    }
+    mapping = transformers.CONFIG_MAPPING
+    return {
+        kind: name if isinstance(name, str) else name[0]
+        for kind, name in sorted(names.items())
+        if kind in mapping and not getattr(mapping[kind](), "is_encoder_decoder", False)
+    }
+
+
+def audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """One audio and its prompt (see the module docstring): 2 text tokens, an audio token per feature, 4 text."""
+    from pipeline.generation.vision_graph import image_features, image_token_id
+    from pipeline.generation.vision_inputs import AUDIO, check_features_alone, image_features_method, image_input_names
+
+    name = type(model).__name__
+    config: Any = model.config
+    check_features_alone(model, AUDIO)  # a method that needs the prompt: the conversion's refusal is the row
+    if image_features_method(model, AUDIO) is None:  # the conversion's refusal is the row
+        candidate = next(c for c in every.candidate_samples(model, config) if AUDIO.main_input(c) in c)
+        ids = torch.randint(3, 100, (1, 8))
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **candidate}
+        pipeline.convert(model, inputs, generation=GENERATION)
+        raise CannotRunEagerly(f"{name} has no get_audio_features, and its conversion was not refused")
+    if image_token_id(model, AUDIO) is None:
+        config.audio_token_id = int(config.get_text_config().vocab_size) - 1
+    token = image_token_id(model, AUDIO)
+    assert token is not None
+    masks = [n for n in image_input_names(model, AUDIO) if n not in AUDIO.main_inputs and n.endswith("mask")]
+    failures = []
+    for features in audio_layouts(model, config):
+        main = AUDIO.main_input(image_input_names(model, AUDIO))
+        audio = {main: features, **{n: torch.ones(1, features.shape[-1], dtype=torch.long) for n in masks}}
+        try:
+            with torch.no_grad():
+                count = int(image_features(model, audio).shape[0])
+        except Exception as error:  # noqa: BLE001 - the next layout
+            failures.append(f"{list(features.shape)}: {type(error).__name__}: {first_line(error)[:100]}")
+            continue
+        text = torch.randint(3, min(100, token), (1, 6), generator=torch.Generator().manual_seed(1))
+        ids = torch.cat([text[:, :2], torch.full((1, count), token), text[:, 2:]], dim=1)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **audio}
+    raise CannotRunEagerly(f"{name}.get_audio_features runs on no input_features layout: {'; '.join(failures)}")
 
 
 def quiet(model: torch.nn.Module) -> Any:
@@ -117,6 +180,38 @@ def generation_sample(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -
     return {name: value for name, value in sample.items() if not name.startswith("decoder_")}
 
 
+#: Widths the every-type shrinker leaves at a checkpoint's size where an audio model's projection meets them: the
+#: audio tower's output projection (Qwen3-ASR's) to the shrunk text width, the Q-Former projector's input (Granite
+#: Speech's) to the encoder's width.
+AUDIO_FITS: dict[str, Any] = {
+    "qwen3_asr": lambda c: setattr(c.audio_config, "output_dim", c.text_config.hidden_size),
+    "granite_speech": lambda c: setattr(c.projector_config, "encoder_hidden_size", c.encoder_config.hidden_dim),
+    "granite_speech_plus": lambda c: setattr(c.projector_config, "encoder_hidden_size", c.encoder_config.hidden_dim),
+}
+
+
+def fitted_audio_model(kind: str, model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` built again from its config with :data:`AUDIO_FITS`' widths (its generation config kept)."""
+    if kind not in AUDIO_FITS:
+        return model
+    AUDIO_FITS[kind](model.config)
+    rebuilt = type(model)(model.config).eval()
+    rebuilt.generation_config = model.generation_config
+    return rebuilt
+
+
+def audio_layouts(model: torch.nn.Module, config: Any) -> list[torch.Tensor]:
+    """The every-type source's audio inputs (mel features, a waveform), then mel features of 100 and 200 frames (an
+    encoder that cuts its frames into windows: Qwen3-ASR's 100) and a waveform of one channel."""
+    from pipeline.generation.vision_inputs import AUDIO
+
+    found = [c[n] for c in every.candidate_samples(model, config) for n in AUDIO.main_inputs if n in c]
+    mels = next((int(f.shape[1]) for f in found if f.dim() == 3), 16)
+    generator = torch.Generator().manual_seed(0)
+    extra = [torch.randn(1, mels, frames, generator=generator) for frames in (100, 200)]
+    return [*found, *extra, torch.randn(1, 1, 1600, generator=generator)]
+
+
 def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
     """One family's row, filled in ``row`` as it goes."""
     greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
@@ -124,7 +219,10 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
     try:
         model, (_args, sample) = every.build(kind, class_name)
-        if "pixel_values" not in sample:
+        if SWEEP_AUDIO:
+            model = fitted_audio_model(kind, model)
+            sample = audio_sample(model)
+        elif "pixel_values" not in sample:
             raise CannotRunEagerly(f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found")
         model = quiet(model)
         # an encoder-decoder's source is padded on the right, as its tokenizer pads it (BART's): a drawn validation
@@ -134,7 +232,7 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         )
         with torch.no_grad():
             expected_greedy = model.generate(**inputs, **greedy)
-    except CannotRunEagerly:
+    except (CannotRunEagerly, InputError):  # an InputError: the conversion refused the model (the row's reason)
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
         raise CannotRunEagerly(f"{type(error).__name__}: {first_line(error)}") from error
@@ -201,7 +299,8 @@ def markdown(rows: list[dict[str, Any]], precision: str) -> str:
     built = [r for r in converted if str(r.get("rtx", "")).startswith("yes")]
     lines += [
         "",
-        f"{len(rows)} model types, {precision}: {len(eager)} run eagerly with an image from the small config, "
+        f"{len(rows)} model types, {precision}: {len(eager)} run eagerly with "
+        f"{'an audio' if SWEEP_AUDIO else 'an image'} from the small config, "
         f"{len(converted)} convert (validated), {len(equal)} decode as transformers does (greedy, beam search, saved "
         f"+ loaded){scores_clause(converted, precision)}, TensorRT-RTX builds both graphs of {len(built)}",
     ]
@@ -215,11 +314,14 @@ def main() -> None:
     parser.add_argument("--jsonl", type=Path, default=Path("vision_language_families.jsonl"), help="rows, resumable")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one family may take")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the conversions' precision")
+    parser.add_argument("--audio", action="store_true", help="the audio-language decoders (see the docstring)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one family, its row printed as JSON
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     warnings.simplefilter("ignore")
-    known = families()
+    global SWEEP_AUDIO
+    SWEEP_AUDIO = args.audio
+    known = audio_families() if SWEEP_AUDIO else families()
     if args.child:
         print(json.dumps(row_of(run_family, args.child, known[args.child], args.precision)), flush=True)
         return
@@ -227,11 +329,13 @@ def main() -> None:
     if args.jsonl.exists():
         done = {row["family"]: row for row in map(json.loads, args.jsonl.read_text().splitlines()) if row}
     chosen = [kind for kind in known if not args.only or kind in args.only]
-    print(f"{len(known)} image-text-to-text model types in transformers; {len(chosen)} chosen", flush=True)
+    what = "audio-language" if SWEEP_AUDIO else "image-text-to-text"
+    print(f"{len(known)} {what} model types in transformers; {len(chosen)} chosen", flush=True)
     for kind in chosen:
         if kind in done:
             continue
-        done[kind] = run_isolated(__file__, kind, args.timeout, ["--precision", args.precision])
+        flags = ["--precision", args.precision, *(["--audio"] if SWEEP_AUDIO else [])]
+        done[kind] = run_isolated(__file__, kind, args.timeout, flags)
         with args.jsonl.open("a") as out:
             out.write(json.dumps(done[kind]) + "\n")
         print(json.dumps(done[kind]), flush=True)

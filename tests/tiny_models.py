@@ -85,3 +85,24 @@ def transformers_generate(model: Any, inputs: dict[str, torch.Tensor], **options
     """transformers' own ``model.generate`` on ``inputs``, greedy unless ``options`` say otherwise: the reference."""
     with torch.no_grad():
         return model.generate(**inputs, do_sample=False, **options)
+
+
+def greedy_scores(generate: Any, inputs: dict[str, torch.Tensor], **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy tokens and every step's scores [steps, rows, vocabulary] of ``generate`` (the model's or a module's)."""
+    with torch.no_grad():
+        out = generate(**inputs, **{"do_sample": False, **options}, output_scores=True, return_dict_in_generate=True)
+    return out.sequences, torch.stack([s.float() for s in out.scores])
+
+
+def converted_for_rtx_when_it_imports(model: Any, inputs: dict[str, torch.Tensor], generation: dict[str, Any]) -> Any:
+    """``model`` converted for generation, not validated: for TensorRT-RTX when it imports (its real builder on every
+    graph, decomposed attention; its engines cannot run here, and the graphs run on ONNX Runtime beside them), else
+    for ONNX Runtime."""
+    import importlib.util
+
+    import pipeline
+
+    if importlib.util.find_spec("tensorrt_rtx") is not None:
+        rtx = {**generation, "attention": "decomposed"}
+        return pipeline.convert(model, inputs, generation=rtx, backend="tensorrt-rtx", validate=False)
+    return pipeline.convert(model, inputs, generation=generation, validate=False)

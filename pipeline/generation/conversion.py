@@ -9,6 +9,7 @@ sequence dimensions dynamic) and the converters of the step's two ops. The stage
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import warnings
 from collections.abc import Sequence
@@ -124,6 +125,25 @@ def step_precision_io(settings: Settings) -> PrecisionIO:
 MEDIA_INPUTS = frozenset({"input_features", "input_values", "audio_values", "audio_features"})
 
 
+def _why_no_features(model: torch.nn.Module, media: list[str]) -> str:
+    """Why a model whose forward takes the sample's ``media`` is not a vision- or audio-language decoder: the method
+    giving the features (the features graph) is what it lacks (Qwen2-Audio computes its audio features inside its
+    forward), or nothing to say."""
+    try:
+        taken = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return ""
+    wanted = {"pixel_values": "get_image_features", "input_features": "get_audio_features"}
+    lacking = [
+        f"its forward takes {name}, but it has no {method} (the features graph): it computes them inside its forward"
+        for name, method in wanted.items()
+        if name in media
+        and name in taken
+        and not any(callable(getattr(owner, method, None)) for owner in (model, getattr(model, "model", None)))
+    ]
+    return f" ({'; '.join(lacking)})" if lacking else ""
+
+
 def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
     if not (hasattr(model, "config") and hasattr(model, "generate")):
         raise InputError(
@@ -135,9 +155,11 @@ def _prompt_ids(model: torch.nn.Module, sample: Any) -> torch.Tensor:
     media = [name for name in kwargs if name in MEDIA_INPUTS or "pixel" in name or "image" in name]
     if media:  # the causal LM's step takes token ids only: the images or audio would be dropped without a word
         raise InputError(
-            f"the generation sample holds {', '.join(media)}, which {type(model).__name__} is not converted with: "
-            "generation= places images for models with get_image_features whose forward takes pixel_values "
-            "(vision-language decoders), and audio for encoder-decoders; this one is neither",
+            f"the generation sample holds {', '.join(media)}, which {type(model).__name__} is not converted with"
+            + _why_no_features(model, media)
+            + ": generation= places images for models with get_image_features whose forward takes pixel_values "
+            "(vision-language decoders), audio for models with get_audio_features whose forward takes "
+            "input_features (audio-language decoders) and for encoder-decoders; this one is none of them",
             fix="convert its text decoder with a sample of input_ids (and attention_mask) alone, or convert "
             "without generation= for the plain forward",
         )

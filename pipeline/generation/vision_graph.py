@@ -20,7 +20,7 @@ from pipeline.generation.deepstack import DEEPSTACK_FIELD, levels_of
 from pipeline.generation.kept_selections import KeptSelection, by_element, kept_selections
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import on_tensorrt
-from pipeline.generation.vision_inputs import image_features_method, takes_video_frames
+from pipeline.generation.vision_inputs import IMAGES, Modality, image_features_method, modality_of, takes_video_frames
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.kept_images import ALL_KEPT, FEATURES, KEPT_ELEMENTS, NONE_KEPT
 from pipeline.runtime.generation.vision_feed import deepstack_name
@@ -102,7 +102,7 @@ def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tens
 def image_output(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """:func:`image_features` and the deepstack levels the model also gives, each [tokens, hidden], or None
     (:func:`~pipeline.generation.deepstack.levels_of`). A model that gives levels only has zeros for features."""
-    out = image_features_method(model)(**inputs, return_dict=True)
+    out = image_features_method(model, modality_of(inputs))(**inputs, return_dict=True)
     levels = levels_of(out)
     if levels and gives_levels_only(out):  # the model zeroes its image tokens' embeddings (Granite 4 Vision)
         return torch.zeros_like(levels[0]), levels
@@ -252,11 +252,12 @@ def _selects_by_mask(module: ConvertedModule) -> bool:
     return any(node.op_type == "NonZero" for node in module.onnx.graph.node)
 
 
-def image_token_id(model: torch.nn.Module) -> int | None:
+def image_token_id(model: torch.nn.Module, modality: Modality = IMAGES) -> int | None:
     """The token the model places image features at (its config's ``image_token_id``, or ``image_token_index``; its
-    ``video_token_id`` or ``video_token_index`` where its images are a video's frames: InstructBLIP-Video's)."""
+    ``video_token_id`` or ``video_token_index`` where its images are a video's frames: InstructBLIP-Video's; its
+    ``audio_token_id`` or ``audio_token_index`` for audio features)."""
     config = getattr(model, "config", None)
-    kind = "video" if takes_video_frames(model) else "image"
+    kind = "video" if takes_video_frames(model, modality) else modality.name
     for name in (f"{kind}_token_id", f"{kind}_token_index"):
         value = getattr(config, name, None)
         if isinstance(value, int):
@@ -279,7 +280,7 @@ def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> A
     features the model adds elsewhere than at the image tokens' embeddings, other than deepstack levels
     (:func:`~pipeline.generation.deepstack.levels_of`)."""
     with torch.no_grad():
-        out = image_features_method(model)(**image, return_dict=True)
+        out = image_features_method(model, modality_of(image))(**image, return_dict=True)
     check_placed(model, out)
     return getattr(out, "pooler_output", out)
 
@@ -325,7 +326,7 @@ def features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> tupl
         raise
     except Exception as error:  # noqa: BLE001 - the model refusing one image at a time: said with its cause
         raise InputError(
-            f"{type(model).__name__}.get_image_features fails on one image of the sample: {type(error).__name__}: "
-            f"{' '.join(str(error).split())[:300]}",
-            fix="pass the processor's image inputs (one leading row per image)",
+            f"{type(model).__name__}.{modality_of(vision).method} fails on one {modality_of(vision).name} of the "
+            f"sample: {type(error).__name__}: {' '.join(str(error).split())[:300]}",
+            fix=f"pass the processor's {modality_of(vision).name} inputs (one leading row per item)",
         ) from error

@@ -1,10 +1,17 @@
 """What a vision-language generation sample holds: its text inputs (the prompts, their mask, token types and the
 model's own per-token inputs such as M-RoPE's ``mm_token_type_ids``) and its image inputs, and whether a model and
-sample take the vision-language path at all (:mod:`pipeline.generation.vision_language`)."""
+sample take the vision-language path at all (:mod:`pipeline.generation.vision_language`).
+
+The path is the same for every modality whose features a decoder-only LM places at placeholder tokens: images
+(``get_image_features`` on ``pixel_values``, placed at the config's image token) and audio (``get_audio_features`` on
+``input_features``, placed at its audio token: Voxtral, GLM-ASR, Audio Flamingo 3, ...). The sample's main input says
+which (:func:`modality_of`); "image" in the names below is one item of a modality's features (an image, an audio)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -18,29 +25,60 @@ from pipeline.runtime.io_spec import normalise_sample
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
+@dataclasses.dataclass(frozen=True)
+class Modality:
+    """What features a decoder-only LM places at its placeholder tokens: ``name`` (the config's ``{name}_token_id``
+    or ``{name}_token_index`` names the token), the sample's inputs that may hold them (``main_inputs``: one of them),
+    and the model's method giving them."""
+
+    name: str
+    main_inputs: tuple[str, ...]
+    method: str
+
+    def main_input(self, names: Iterable[str]) -> str:
+        """The one of :attr:`main_inputs` among ``names`` (the first one when none is)."""
+        given = set(names)
+        return next((name for name in self.main_inputs if name in given), self.main_inputs[0])
+
+
+IMAGES = Modality("image", ("pixel_values",), "get_image_features")
+#: Audio as mel features (Voxtral's, GLM-ASR's) or as a waveform (OmniASR's ``input_values``).
+AUDIO = Modality("audio", ("input_features", "input_values"), "get_audio_features")
+
+
+def modality_of(names: Iterable[str]) -> Modality:
+    """The modality of a sample (or one item's inputs) holding ``names``: audio when it holds ``input_features`` (or
+    ``input_values``) and no ``pixel_values``, else images."""
+    given = set(names)
+    audio = any(name in given for name in AUDIO.main_inputs)
+    return AUDIO if audio and not any(name in given for name in IMAGES.main_inputs) else IMAGES
+
+
 def is_vision_language(model: Any, sample: Any) -> bool:
     """Whether ``model`` is a transformers image-text-to-text decoder (it has ``get_image_features`` and its forward
-    takes ``pixel_values``) and ``sample`` holds ``pixel_values``: without images, its text decoder converts as a
-    causal LM's step."""
-    features = image_features_method(model)
+    takes ``pixel_values``) and ``sample`` holds ``pixel_values``, or an audio-language decoder
+    (``get_audio_features``, ``input_features``: :data:`AUDIO`) and ``sample`` holds ``input_features``: without
+    them, its text decoder converts as a causal LM's step."""
     forward = getattr(model, "forward", None)
-    if features is None or not callable(forward):
-        return False
     args, kwargs = normalise_sample(sample)
     given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
-    if "pixel_values" not in given:
+    modality = modality_of(given)
+    main = modality.main_input(given)
+    if main not in given or not callable(forward):
+        return False
+    if image_features_method(model, modality) is None:
         return False
     try:
-        return "pixel_values" in inspect.signature(forward).parameters
+        return main in inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return False
 
 
-def image_features_method(model: Any) -> Any:
+def image_features_method(model: Any, modality: Modality = IMAGES) -> Any:
     """``model.get_image_features``, or its base model's (``model.model``: Janus and DeepSeek-VL have it there only);
     for a generative model with neither whose ``pixel_values`` are a video's frames (InstructBLIP-Video), its
-    ``get_video_features``; None when it has none of them."""
-    for name in features_method_names(model):
+    ``get_video_features``; for :data:`AUDIO`, its ``get_audio_features``; None when it has none of them."""
+    for name in features_method_names(model, modality):
         for owner in (model, getattr(model, "model", None)):
             method = getattr(owner, name, None)
             if callable(method):
@@ -48,28 +86,31 @@ def image_features_method(model: Any) -> Any:
     return None
 
 
-def features_method_names(model: Any) -> tuple[str, ...]:
-    """The name of the method giving the model's image features (none, or one): ``get_image_features``, else
-    ``get_video_features`` for a generative model (``can_generate``)."""
+def features_method_names(model: Any, modality: Modality = IMAGES) -> tuple[str, ...]:
+    """The name of the method giving the model's features of ``modality`` (none, or one): its method
+    (``get_image_features``), else, for images, ``get_video_features`` for a generative model (``can_generate``)."""
     owners = (model, getattr(model, "model", None))
-    if any(callable(getattr(owner, "get_image_features", None)) for owner in owners):
-        return ("get_image_features",)
+    if any(callable(getattr(owner, modality.method, None)) for owner in owners):
+        return (modality.method,)
+    if modality is not IMAGES:
+        return ()
     can_generate = getattr(model, "can_generate", None)
     return ("get_video_features",) if callable(can_generate) and can_generate() else ()
 
 
-def takes_video_frames(model: Any) -> bool:
+def takes_video_frames(model: Any, modality: Modality = IMAGES) -> bool:
     """Whether the model's image features are its video's (:func:`features_method_names`): its placeholder is then
     its config's video token."""
-    return features_method_names(model) == ("get_video_features",)
+    return features_method_names(model, modality) == ("get_video_features",)
 
 
-def image_input_names(model: torch.nn.Module) -> list[str]:
-    """The inputs ``model.get_image_features`` takes by name, in its order; where it passes ``**kwargs`` on to its
-    inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after them."""
+def image_input_names(model: torch.nn.Module, modality: Modality = IMAGES) -> list[str]:
+    """The inputs ``model.get_image_features`` (the ``modality``'s method) takes by name, in its order; where it
+    passes ``**kwargs`` on to its inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after
+    them."""
     names: list[str] = []
     owners = [model, getattr(model, "model", None)]
-    method_name = next(iter(features_method_names(model)), "get_image_features")
+    method_name = next(iter(features_method_names(model, modality)), modality.method)
     for owner in owners:
         method = getattr(owner, method_name, None)
         if not callable(method):
@@ -83,19 +124,42 @@ def image_input_names(model: torch.nn.Module) -> list[str]:
     return names
 
 
+def check_features_alone(model: torch.nn.Module, modality: Modality) -> None:
+    """An InputError when the model's features method needs an input of the prompt (MusicFlamingo's
+    ``get_audio_features`` takes ``input_ids``: it times its audio by where the prompt's audio tokens are): the features
+    graph runs on one item alone, before the prompt's step."""
+    method = image_features_method(model, modality)
+    try:
+        parameters = list(inspect.signature(method).parameters.values()) if method is not None else []
+    except (TypeError, ValueError):
+        return
+    needed = [p.name for p in parameters if p.name in TEXT_INPUTS and p.default is p.empty]
+    if needed:
+        raise InputError(
+            f"{type(model).__name__}.{modality.method} takes {', '.join(needed)}: its {modality.name} features depend "
+            f"on the prompt, while the features graph gives one {modality.name}'s features alone, before the prompt's "
+            "cached step",
+            fix="convert without generation= (the plain forward)",
+        )
+
+
 def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The sample's text inputs (``input_ids``, ``attention_mask``) and its vision inputs (every other tensor, in the
-    order ``get_image_features`` takes them, ``pixel_values`` first)."""
+    order ``get_image_features`` takes them, ``pixel_values`` first; an audio model's ``get_audio_features``,
+    ``input_features`` first: :func:`modality_of`)."""
     args, kwargs = normalise_sample(sample)
     if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
         kwargs, args = dict(args[0]), ()
-    if args or not isinstance(kwargs.get("input_ids"), torch.Tensor) or "pixel_values" not in kwargs:
+    modality = modality_of(kwargs)
+    main = modality.main_input(kwargs)
+    if args or not isinstance(kwargs.get("input_ids"), torch.Tensor) or main not in kwargs:
         raise InputError(
             f"the generation sample of a vision-language model ({type(model).__name__}) is a dict of its processor's "
-            "tensors with input_ids and pixel_values",
-            fix='pass pipeline.convert(model, {"input_ids": ..., "attention_mask": ..., "pixel_values": ...}, '
-            "generation={...})",
+            f"tensors with input_ids and {main}",
+            fix=f'pass pipeline.convert(model, {{"input_ids": ..., "attention_mask": ..., "{main}": '
+            "...}, generation={...})",
         )
+    check_features_alone(model, modality)
     not_tensors = sorted(name for name, value in kwargs.items() if not isinstance(value, torch.Tensor))
     if not_tensors:
         raise InputError(
@@ -118,7 +182,7 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
                 fix="pass the processor's token_type_ids with its input_ids, or leave them out",
             )
         text[TOKEN_TYPES] = types.to(torch.int64)
-    taken = image_input_names(model)
+    taken = image_input_names(model, modality)
     for name, value in kwargs.items():  # per-token inputs of the model's own (M-RoPE's mm_token_type_ids)
         if name not in (*TEXT_INPUTS, *taken) and value.shape == ids.shape and not value.is_floating_point():
             text[name] = value
@@ -126,9 +190,9 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
     refused = sorted(name for name in others if name not in taken)
     if refused:
         raise InputError(
-            f"the generation sample holds {', '.join(refused)}, which {type(model).__name__}.get_image_features does "
+            f"the generation sample holds {', '.join(refused)}, which {type(model).__name__}.{modality.method} does "
             "not take",
-            fix=f"pass input_ids, attention_mask and the image inputs ({', '.join(taken)})",
+            fix=f"pass input_ids, attention_mask and the {modality.name} inputs ({', '.join(taken)})",
         )
     vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
     image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here

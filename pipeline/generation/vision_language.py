@@ -26,7 +26,10 @@ convolutions: Qwen3.5, LFM3-VL) gets the one-token step of :mod:`pipeline.genera
 token by token, an image token's step given its feature row. A model whose ``get_image_features`` also gives deepstack
 features (Qwen3-VL's, Granite 4 Vision's: levels its text model adds at the image tokens between its decoder layers)
 has the vision graph output them and the step add each where the model's own forward shows it adds it
-(:mod:`pipeline.generation.deepstack`). Nothing here reads one architecture's code.
+(:mod:`pipeline.generation.deepstack`). An audio-language decoder (Voxtral, GLM-ASR, Audio Flamingo 3) takes the same
+path with audio in place of images: its sample holds ``input_features``, the features graph is its
+``get_audio_features`` and the placeholder its config's audio token (:class:`~pipeline.generation.vision_inputs.
+Modality`). Nothing here reads one architecture's code.
 
 The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
 is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
@@ -82,7 +85,7 @@ from pipeline.generation.vision_graph import (
     pooled_features,
     token_embedding,
 )
-from pipeline.generation.vision_inputs import sample_inputs
+from pipeline.generation.vision_inputs import modality_of, sample_inputs
 from pipeline.generation.vision_step import (
     RecurrentVisionLanguageStep,
     VisionLanguageStep,
@@ -111,7 +114,8 @@ def convert_vision_language(
     text, vision = sample_inputs(model, sample)
     input_ids = text["input_ids"]
     check_sample_fits(input_ids, generation, settings.validate)
-    token = image_token_id(model)
+    modality = modality_of(vision)
+    token = image_token_id(model, modality)
     check_attention_layers(model, states=True)
     # a text model with recurrent layers is handed a cache whose length is known when no layer attends
     first = FirstCallCache(config=getattr(model, "config", None)) if names_recurrent_layers(model) else None
@@ -145,7 +149,9 @@ def convert_vision_language(
     generation = check_token_ids(generation, vocabulary, from_model)
     precision_io = step_precision_io(settings)
     vision_settings = dataclasses.replace(settings, generation=None, dynamic=(), profiles=(), precision_io=precision_io)
-    logger.info("vision-language: converting the vision graph (%s -> image features)", ", ".join(vision))
+    logger.info(
+        "vision-language: converting the %s graph (%s -> %s features)", modality.name, ", ".join(vision), modality.name
+    )
     # the text decoder's attention is the step's: a tower's own attention code (GOT-OCR2's) does not decide it
     get_decoder = getattr(language, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None

@@ -10,7 +10,6 @@ is downloaded."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -20,7 +19,7 @@ import tests_environment  # noqa: F401 -- torchvision's operator schemas, before
 import torch
 import transformers
 from model_sources import transformers_all_models as every
-from tiny_models import drawn_by_fan_in
+from tiny_models import converted_for_rtx_when_it_imports, drawn_by_fan_in, greedy_scores
 
 import pipeline
 from pipeline.generation.deepstack import DeepstackLevels, levels_of, placed_levels
@@ -60,26 +59,11 @@ def model_and_inputs() -> tuple[Any, dict[str, torch.Tensor]]:
     return qwen3_vl()
 
 
-RTX = importlib.util.find_spec("tensorrt_rtx") is not None
-
-
 @pytest.fixture(scope="module")
 def module(model_and_inputs: tuple[Any, dict[str, torch.Tensor]]) -> VisionLanguageModule:
-    model, inputs = model_and_inputs
-    if RTX:  # TensorRT-RTX's real builder on both graphs
-        generation = {**GENERATION, "attention": "decomposed"}
-        converted = pipeline.convert(model, inputs, generation=generation, backend="tensorrt-rtx", validate=False)
-    else:
-        converted = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
+    converted = converted_for_rtx_when_it_imports(*model_and_inputs, GENERATION)
     assert isinstance(converted, VisionLanguageModule)
     return converted
-
-
-def scores_of(generate: Any, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy tokens and every step's scores [steps, rows, vocabulary]."""
-    with torch.no_grad():
-        out = generate(**inputs, **GREEDY, output_scores=True, return_dict_in_generate=True)
-    return out.sequences, torch.stack([s.float() for s in out.scores])
 
 
 def test_the_levels_are_given_and_taken(
@@ -101,15 +85,15 @@ def test_greedy_scores_and_beams_equal_transformers(
     model_and_inputs: tuple[Any, dict[str, torch.Tensor]], module: VisionLanguageModule, tmp_path: Path
 ) -> None:
     model, inputs = model_and_inputs
-    expected, expected_scores = scores_of(model.generate, inputs)
+    expected, expected_scores = greedy_scores(model.generate, inputs, **GREEDY)
     assert len(set(expected[:, inputs["input_ids"].shape[1] :].flatten().tolist())) > 4  # not one token repeated
-    tokens, scores = scores_of(module.generate, inputs)
+    tokens, scores = greedy_scores(module.generate, inputs, **GREEDY)
     assert torch.equal(tokens, expected)
     assert float((scores - expected_scores).abs().max()) < 1e-3
     # the model without its deepstack addition decodes otherwise: the test can fail
     text_model = type(model.model.language_model)
     with mock.patch.object(text_model, "_deepstack_process", lambda self, hidden, *_: hidden):
-        without, without_scores = scores_of(model.generate, inputs)
+        without, without_scores = greedy_scores(model.generate, inputs, **GREEDY)
     assert not torch.equal(without, expected) or float((without_scores - expected_scores).abs().max()) > 1e-2
     beams = {**GREEDY, "max_new_tokens": 4, "num_beams": 2, "num_return_sequences": 2}
     with torch.no_grad():
