@@ -189,3 +189,10 @@ class EngineOnOnnxRuntime:
     def polygraphy_runner(self, name: str) -> Any:
         """ONNX Runtime's runner on the final graph (the engine itself cannot run here)."""
         return self.onnxruntime.polygraphy_runner(name)
+
+    def hold(self, value: Any) -> None:
+        """Keep ``value`` (the module's weights directory) alive while ONNX Runtime's session of the graph is made in
+        the background (:meth:`~pipeline.runtime.ort.executor.OnnxRuntimeExecutor.hold`): a module dropped during
+        that build, as a test's converted TensorRT-RTX module is at its end, removed the weights under it ("External
+        data path does not exist", 30 times in one CI run's output)."""
+        self.onnxruntime.hold(value)
