@@ -1,5 +1,9 @@
 """``pipeline generate --audio FILE.wav --feature-extractor DIR``: audio files through a speech model's own feature
-extractor, into the inputs its encoder takes.
+extractor, into the inputs its encoder takes; ``pipeline generate DIR --processor P --audio FILE.wav --prompt TEXT``:
+an audio-language decoder's prompts (GLM-ASR's, Audio Flamingo 3's, Qwen3-ASR's: text with the processor's audio
+placeholder, one audio each) through its own processor (:func:`audio_prompts`), which writes the audio's tokens where
+each prompt holds the placeholder and makes the audio features the model takes. Voxtral's processor takes audio only
+through its chat template (``mistral_common``), and refuses such prompts.
 
 WAV files are read with the standard library's ``wave`` (PCM, 8, 16, 24 or 32 bits, any channel count: averaged to
 mono). The feature extractor is the model's, from a local directory (``AutoFeatureExtractor.from_pretrained``,
@@ -69,14 +73,9 @@ def load_feature_extractor(directory: Path) -> Any:
         ) from exc
 
 
-def audio_inputs(paths: list[Path], directory: Path | None, takes: list[str]) -> dict[str, torch.Tensor]:
-    """The encoder's inputs (those of ``takes`` the extractor makes) for the audio files, one row each."""
-    import torch
-
-    if directory is None:
-        raise InputError("--audio needs the model's feature extractor", fix="pass --feature-extractor DIR")
-    extractor = load_feature_extractor(directory)
-    rate = getattr(extractor, "sampling_rate", None)
+def read_clips(paths: list[Path], rate: int | None) -> list[np.ndarray]:
+    """The audio files' samples (:func:`read_wav`), each sampled at ``rate`` (the feature extractor's) when one is
+    given."""
     clips = []
     for path in paths:
         samples, found = read_wav(path)
@@ -86,6 +85,18 @@ def audio_inputs(paths: list[Path], directory: Path | None, takes: list[str]) ->
                 fix=f"resample it, e.g. ffmpeg -i {path.name} -ac 1 -ar {rate} out.wav",
             )
         clips.append(samples)
+    return clips
+
+
+def audio_inputs(paths: list[Path], directory: Path | None, takes: list[str]) -> dict[str, torch.Tensor]:
+    """The encoder's inputs (those of ``takes`` the extractor makes) for the audio files, one row each."""
+    import torch
+
+    if directory is None:
+        raise InputError("--audio needs the model's feature extractor", fix="pass --feature-extractor DIR")
+    extractor = load_feature_extractor(directory)
+    rate = getattr(extractor, "sampling_rate", None)
+    clips = read_clips(paths, rate)
     try:  # the extractor's own padding first (Whisper's pads every clip to its 30 s window, which its model takes)
         made = extractor(clips, sampling_rate=rate, return_tensors="pt", return_attention_mask=True)
     except ValueError:  # clips of several lengths that the extractor does not pad by default: to the longest
@@ -97,3 +108,44 @@ def audio_inputs(paths: list[Path], directory: Path | None, takes: list[str]) ->
             fix="give the feature extractor of the model that was converted",
         )
     return inputs
+
+
+def audio_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict[str, torch.Tensor]:
+    """An audio-language decoder's inputs for prompts (text with the processor's audio placeholder,
+    ``processor.audio_token``, one audio each), left-padded as a decoder-only model's batch is: ``processor(text=...,
+    audio=..., sampling_rate=...)`` at its feature extractor's rate, without the inputs the processor names unused
+    (GLM-ASR's ``num_audio_tokens``)."""
+    import torch
+
+    if len(prompts) != len(paths):
+        raise InputError(
+            f"{len(prompts)} prompt(s) and {len(paths)} audio file(s): each prompt takes one audio",
+            fix="give one --prompt per --audio, in the same order",
+        )
+    token = getattr(processor, "audio_token", None)
+    if isinstance(token, str) and token and not all(token in text for text in prompts):
+        raise InputError(
+            f"a prompt lacks the audio placeholder {token!r}: the processor puts the audio's tokens there",
+            fix=f"write {token!r} where the audio goes, e.g. --prompt '{token} Transcribe the audio.'",
+        )
+    extractor = getattr(processor, "feature_extractor", None)
+    rate = getattr(extractor, "sampling_rate", None)
+    if extractor is None or not isinstance(rate, int):
+        raise InputError(
+            f"--processor {type(processor).__name__} has no feature extractor with a sampling rate: it takes no audio",
+            fix="give the directory the audio-language model's processor was saved to (processor.save_pretrained)",
+        )
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.padding_side = "left"
+    clips = read_clips(paths, rate)
+    try:
+        made = processor(text=prompts, audio=clips, sampling_rate=rate, return_tensors="pt", padding=True)
+    except (ValueError, TypeError) as exc:
+        raise InputError(
+            f"--processor {type(processor).__name__} refuses the prompts and audio: {' '.join(str(exc).split())[:300]}",
+            fix="write each --prompt as the model's processor expects it (with its audio placeholder), one --audio "
+            "each",
+        ) from exc
+    unused = set(getattr(processor, "unused_input_names", None) or ())
+    return {name: torch.as_tensor(value) for name, value in made.items() if name not in unused}

@@ -117,12 +117,14 @@ def _convert(args: argparse.Namespace) -> int:
 
 def generate_command(module: Any, artifact: Path) -> str:
     """The ``pipeline generate`` line a converted generation module takes: images and prompts through its processor
-    for a vision-language model (and an encoder that takes the image), input features for a speech encoder-decoder,
-    token ids otherwise."""
+    for a vision-language model (and an encoder that takes the image), audio and prompts for an audio-language model,
+    input features for a speech encoder-decoder, token ids otherwise."""
     from pipeline.runtime.generation.cross_images import CrossImagesModule
     from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
     from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
+    if isinstance(module, VisionLanguageModule) and module.modality == "audio":  # Voxtral's, GLM-ASR's
+        return f"pipeline generate {artifact} --processor DIR --prompt 'TEXT WITH THE AUDIO PLACEHOLDER' --audio A.wav"
     if isinstance(module, VisionLanguageModule | CrossImagesModule):
         return f"pipeline generate {artifact} --processor DIR --prompt 'TEXT WITH THE IMAGE PLACEHOLDER' --image FILE"
     sources = module.encoder.io.inputs if isinstance(module, EncoderDecoderModule) else ()

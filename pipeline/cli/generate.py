@@ -10,8 +10,9 @@ as its tokenizer pads them), or ``--input-features FILE.npy`` (a speech model's 
 [batch, mels, frames], as its feature extractor makes them), or ``--audio FILE.wav`` through the model's own
 ``--feature-extractor DIR`` (:mod:`pipeline.cli.audio`). A vision-language model (its saved directory: images placed
 in the prompt, as LLaVA's and Kosmos-2's, or cross-attended, as Mllama's and IDEFICS's) takes ``--prompt TEXT --image
-FILE`` pairs through its own ``--processor DIR`` (:mod:`pipeline.cli.images`).
-``--num-beams`` decodes with beam search.
+FILE`` pairs through its own ``--processor DIR`` (:mod:`pipeline.cli.images`); an audio-language model (GLM-ASR,
+Audio Flamingo 3, Qwen3-ASR: its module's ``modality`` is ``"audio"``) ``--prompt TEXT --audio FILE.wav`` pairs
+(:func:`pipeline.cli.audio.audio_prompts`). ``--num-beams`` decodes with beam search.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def add_generate_command(commands: Any) -> None:
         action="append",
         default=[],
         metavar="FILE.wav",
-        help="an encoder-decoder speech model's audio (PCM WAV at the extractor's rate; repeatable: one row each), "
-        "through --feature-extractor",
+        help="a speech model's audio (PCM WAV at the extractor's rate; repeatable: one row each): an "
+        "encoder-decoder's through --feature-extractor, an audio-language model's one per --prompt through --processor",
     )
     parser.add_argument(
         "--feature-extractor",
@@ -73,7 +74,8 @@ def add_generate_command(commands: Any) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="the vision-language model's processor, a local directory (AutoProcessor, offline): images and prompts",
+        help="the vision-language (or audio-language) model's processor, a local directory (AutoProcessor, offline): "
+        "images (or audio) and prompts",
     )
     parser.add_argument(
         "--prompt-ids",
@@ -133,12 +135,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {args.max_new_tokens}: nothing to generate", fix="pass --max-new-tokens 32")
     speech = [name for name, given in (("--input-features", args.input_features), ("--audio", args.audio)) if given]
-    if len(speech) + bool(args.prompt_ids or args.prompt) > 1:
-        given = " and ".join([*speech, *(["prompts"] if args.prompt_ids or args.prompt else [])])
-        raise InputError(f"{given} were both given", fix="give one: features or audio (speech), or prompts (text)")
     if not args.prompt_ids and not args.prompt and not speech:
         raise InputError("no prompt given", fix="pass --prompt-ids 1,2,3 (or --prompt TEXT with --tokenizer DIR)")
-    if args.prompt and args.tokenizer is None and args.processor is None:
+    if args.prompt and args.tokenizer is None and args.processor is None and not args.image and not args.audio:
         raise InputError("--prompt TEXT needs a tokenizer", fix="pass --tokenizer DIR, or give --prompt-ids instead")
     if args.stream and len(args.prompt_ids) + len(args.prompt) > 1:
         raise InputError(
@@ -156,6 +155,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     if isinstance(module, VisionLanguageModule | CrossImagesModule):
         return _generate_vision_language(module, args)
+    if len(speech) + bool(args.prompt_ids or args.prompt) > 1:  # an audio-language model takes --audio with prompts
+        given = " and ".join([*speech, *(["prompts"] if args.prompt_ids or args.prompt else [])])
+        raise InputError(f"{given} were both given", fix="give one: features or audio (speech), or prompts (text)")
     if isinstance(module, EncoderDecoderModule):
         return _generate_encoder_decoder(module, args, tokenizer)
     if args.image:
@@ -182,19 +184,20 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
-    """A vision-language model's decoding (images placed in the prompt, or cross-attended: Mllama, IDEFICS): each
-    --prompt with its --image through the model's processor, each output line the prompt's new tokens as text."""
+    """A vision-language model's decoding (images placed in the prompt, or cross-attended: Mllama, IDEFICS; audio for
+    an audio-language model's): each --prompt with its --image (--audio) through the model's processor, each output
+    line the prompt's new tokens as text."""
     from pipeline.cli.images import image_prompts, load_processor
 
-    if args.processor is None or not args.image or not args.prompt:
-        raise InputError(
-            "a vision-language model takes --prompt TEXT and --image FILE pairs through its --processor DIR",
-            fix="pass --processor DIR --image a.png --prompt 'USER: <image> What is shown? ASSISTANT:'",
-        )
-    if args.prompt_ids:
-        raise InputError("--prompt-ids cannot place an image", fix="give --prompt TEXT with the image placeholder")
+    audio = getattr(module, "modality", "image") == "audio"
+    _check_media(args, audio)
     processor = load_processor(args.processor)
-    inputs = image_prompts(processor, args.prompt, args.image)
+    if audio:
+        from pipeline.cli.audio import audio_prompts
+
+        inputs = audio_prompts(processor, args.prompt, args.audio)
+    else:
+        inputs = image_prompts(processor, args.prompt, args.image)
     rows = len(args.prompt)
     if rows * args.num_beams > module.generation.max_batch:
         raise InputError(
@@ -214,6 +217,41 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
     for row in range(rows):
         print(_text(processor.tokenizer, until_eos(out[row, width:].tolist(), eos)))
     return 0
+
+
+def _check_media(args: argparse.Namespace, audio: bool) -> None:
+    """A vision-language model's arguments (an audio-language model's when ``audio``): --prompt and --image (--audio)
+    pairs through --processor, nothing of another model's."""
+    medium, other = ("--audio", "--image") if audio else ("--image", "--audio")
+    example = (
+        "--processor DIR --audio a.wav --prompt 'TEXT WITH THE AUDIO PLACEHOLDER'"
+        if audio
+        else "--processor DIR --image a.png --prompt 'USER: <image> What is shown? ASSISTANT:'"
+    )
+    kind = "an audio-language" if audio else "a vision-language"
+    if getattr(args, other.removeprefix("--")):
+        raise InputError(
+            f"{other} given, but {args.artifact} is {kind} model: it takes {'audio' if audio else 'images'}",
+            fix=f"give {medium} FILE instead: {example}",
+        )
+    if args.input_features is not None or args.feature_extractor is not None:
+        given = "--input-features" if args.input_features is not None else "--feature-extractor"
+        raise InputError(
+            f"{given} given, but {kind} model's inputs come from its processor ({medium} through --processor)",
+            fix=f"drop {given}: {example}",
+        )
+    if args.prompt_ids:
+        raise InputError(
+            f"--prompt-ids cannot place {'audio' if audio else 'an image'}",
+            fix=f"give --prompt TEXT with the {medium.removeprefix('--')} placeholder",
+        )
+    if args.processor is None or not getattr(args, medium.removeprefix("--")) or not args.prompt:
+        lacking = "--processor DIR" if args.processor is None else medium if args.prompt else "--prompt"
+        raise InputError(
+            f"{kind} model takes --prompt TEXT and {medium} FILE pairs through its --processor DIR ({lacking} is "
+            "missing)",
+            fix=f"pass {example}",
+        )
 
 
 def _image_sources(args: argparse.Namespace, takes: list[str]) -> tuple[dict[str, Any], Any]:

@@ -17,7 +17,7 @@ import torch
 
 from converters.errors import InputError
 from pipeline.generation.conversion import layout_of
-from pipeline.generation.recurrent_state import StateLayer
+from pipeline.generation.recurrent_state import FirstCallCache, StateLayer
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.io_spec import is_model_cache
 
@@ -38,25 +38,15 @@ def language_model_of(
     ``inner_first`` (a model that places its images by a per-token input, whose forward wants the images at every
     call: Kosmos-2's, whose ``generate`` calls its text model's), that causal LM is the one even when the model
     returns its cache. ``cache``: the cache the model's first call is handed (by its forward's name for it), and a
-    cache layer with recurrent states is taken as such (:class:`~pipeline.generation.recurrent_state.StateLayer`)."""
-    inner: list[tuple[torch.nn.Module, Any]] = []
-    hooks = [
-        module.register_forward_hook(lambda module, _args, out: inner.append((module, out)))
-        for module in model.modules()
-        if module is not model and callable(getattr(module, "generate", None))
-    ]
-    try:
-        given = {} if cache is None else {_cache_argument(model): cache}
-        out = model(**text, **vision, use_cache=True, **given)
-    except Exception as error:  # noqa: BLE001 - the model refusing its own sample: said with its cause
-        raise InputError(
-            f"{type(model).__name__} fails on the generation sample: {type(error).__name__}: "
-            f"{' '.join(str(error).split())[:300]}",
-            fix="pass the processor's output for the prompts (image tokens matching the images)",
-        ) from error
-    finally:
-        for hook in hooks:
-            hook.remove()
+    cache layer with recurrent states is taken as such (:class:`~pipeline.generation.recurrent_state.StateLayer`).
+    A model that makes no cache of its own with ``use_cache=True``, nor any model inside it, is handed an empty
+    :class:`~pipeline.generation.recurrent_state.FirstCallCache`, as ``generate`` hands it one (Granite 4 Vision's
+    text model)."""
+    out, inner = _called(model, {**text, **vision}, cache)
+    if cache is None and not _holds_cache(out) and not any(_holds_cache(output) for _, output in inner):
+        logger.info("generation: %s makes no cache of its own: its first call is handed one", type(model).__name__)
+        cache = FirstCallCache(config=getattr(model, "config", None))
+        out, inner = _called(model, {**text, **vision}, cache)
     if inner_first or not _holds_cache(out):
         for module, output in inner:
             if _holds_cache(output) and isinstance(getattr(output, "logits", None), torch.Tensor):
@@ -67,6 +57,29 @@ def language_model_of(
                 )
                 return (*layout_of(module, output, states=cache is not None), module)
     return (*layout_of(model, out, states=cache is not None), model)
+
+
+def _called(model: torch.nn.Module, inputs: dict[str, torch.Tensor], cache: Any) -> tuple[Any, list[tuple[Any, Any]]]:
+    """The model's output on ``inputs`` with ``use_cache=True`` (handed ``cache`` when it is not None), and the output
+    of every model inside it that has a ``generate``, in call order."""
+    inner: list[tuple[torch.nn.Module, Any]] = []
+    hooks = [
+        module.register_forward_hook(lambda module, _args, out: inner.append((module, out)))
+        for module in model.modules()
+        if module is not model and callable(getattr(module, "generate", None))
+    ]
+    try:
+        given = {} if cache is None else {_cache_argument(model): cache}
+        return model(**inputs, use_cache=True, **given), inner
+    except Exception as error:  # noqa: BLE001 - the model refusing its own sample: said with its cause
+        raise InputError(
+            f"{type(model).__name__} fails on the generation sample: {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}",
+            fix="pass the processor's output for the prompts (image tokens matching the images)",
+        ) from error
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _cache_argument(model: torch.nn.Module) -> str:

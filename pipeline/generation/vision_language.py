@@ -85,7 +85,7 @@ from pipeline.generation.vision_graph import (
     pooled_features,
     token_embedding,
 )
-from pipeline.generation.vision_inputs import modality_of, sample_inputs
+from pipeline.generation.vision_inputs import modality_of, sample_inputs, takes_video_frames
 from pipeline.generation.vision_step import (
     RecurrentVisionLanguageStep,
     VisionLanguageStep,
@@ -122,7 +122,7 @@ def convert_vision_language(
     with torch.no_grad():
         features, levels = features_of(model, vision)
         placement = placement_input(model, text, int(features.shape[0])) if token is None else None
-        layout, vocabulary, language = _language_model(model, text, vision, placement is not None, first)
+        layout, vocabulary, language = language_model_of(model, text, vision, placement is not None, first)
     check_takes_features(model, language, token, placement)
     states = any(isinstance(layer, StateLayer) for layer in layout)
     if states:
@@ -210,28 +210,13 @@ def convert_vision_language(
     logger.info("vision-language: converting the text step (cache of %d tokens)", generation.max_length)
     step_module = stages(step, sample_of_step, step_settings, generation_converters(registry))
     embedding = token_embedding(model, token, hidden)
-    module = VisionLanguageModule(vision_module, step_module, token, embedding, fixed, positions)
+    placeholder = "video" if takes_video_frames(model, modality) else modality.name  # the token image_token_id read
+    module = VisionLanguageModule(
+        vision_module, step_module, token, embedding, fixed, positions, modality.name, placeholder
+    )
     if settings.validate:
         _validate_greedy(model, module, text, vision, step_settings)
     return module
-
-
-def _language_model(
-    model: torch.nn.Module,
-    text: dict[str, torch.Tensor],
-    vision: dict[str, torch.Tensor],
-    inner_first: bool,
-    first: FirstCallCache | None,
-) -> tuple[list[Any], int, torch.nn.Module]:
-    """:func:`~pipeline.generation.text_model.language_model_of`, the model handed an empty cache when its forward
-    makes none of its own with ``use_cache=True`` (``generate`` hands it one: Granite 4 Vision's text model)."""
-    try:
-        return language_model_of(model, text, vision, inner_first, first)
-    except InputError as error:
-        if first is not None or "no transformers Cache" not in str(error):
-            raise
-    logger.info("vision-language: %s makes no cache of its own: its first call is handed one", type(model).__name__)
-    return language_model_of(model, text, vision, inner_first, FirstCallCache(config=getattr(model, "config", None)))
 
 
 def _deepstack(

@@ -14,8 +14,13 @@ orders them). The decoding loop, the options, the processors and beam search are
 written in place (:func:`~pipeline.runtime.generation.runners.bound_runner`, as the encoder-decoder's); on a TensorRT
 engine the feed copies it in and out of each step.
 
+An audio-language decoder (Voxtral, GLM-ASR: audio features placed at its audio token) is the same module over its
+audio: :attr:`~VisionLanguageModule.modality` ``"audio"``, which its errors name ("audio tokens"); "image" below is one
+item of the module's modality.
+
 Saved as a directory (``module.save("out/llava")``): ``vision.ptrt`` and ``step.ptrt``, each a whole artifact, and
-``vision_language.json`` (the image token and its embedding); ``pipeline.load("out/llava")`` reads them.
+``vision_language.json`` (the image token, its embedding, the modality and its placeholder's name); ``pipeline.load(
+"out/llava")`` reads them (a directory saved without the modality: images).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from pipeline.runtime.module import ConvertedModule
 MODALITIES = "mm_token_type_ids"
 #: The files of a saved vision-language directory.
 VISION_FILE, STEP_FILE, META_FILE = "vision.ptrt", "step.ptrt", "vision_language.json"
+#: transformers' ``mm_token_type_ids`` of a modality's tokens (text 0, image 1, video 2, audio 3).
+_TYPE_IDS = {"image": 1, "video": 2, "audio": 3}
 
 
 class VisionLanguageModule(TwoGraphModule):
@@ -63,6 +70,8 @@ class VisionLanguageModule(TwoGraphModule):
         token_embedding: torch.Tensor | None = None,
         fixed_inputs: dict[str, torch.Tensor] | None = None,
         positions: ImagePositions | None = None,
+        modality: str = "image",
+        placeholder: str | None = None,
     ) -> None:
         super().__init__()
         self.vision = vision
@@ -73,6 +82,12 @@ class VisionLanguageModule(TwoGraphModule):
         self.fixed_inputs = dict(fixed_inputs or {})
         #: how the prompt's positions are laid out on several axes (M-RoPE: Qwen2-VL's), None for one axis
         self.positions = positions
+        #: what the features graph takes, as the errors name it: ``"image"``, or ``"audio"`` (an audio-language
+        #: decoder's, :data:`pipeline.generation.vision_inputs.AUDIO`)
+        self.modality = modality
+        #: the name of the token the features are placed at (``"{placeholder}_token_id"`` in the model's config):
+        #: the modality's, or ``"video"`` for a model whose images are a video's frames (InstructBLIP-Video's)
+        self.placeholder = placeholder or modality
         generation = step.settings.generation
         step_inputs = tuple(spec.name for spec in step.io.inputs)
         if generation is None or IMAGE_FEATURES not in step_inputs or not set(STEP_INPUTS) <= set(step_inputs):
@@ -159,6 +174,8 @@ class VisionLanguageModule(TwoGraphModule):
                 "token_embedding": self.token_embedding.float().tolist(),
                 "fixed_inputs": fixed,
                 "positions": self.positions.to_json() if self.positions is not None else None,
+                "modality": self.modality,
+                "placeholder": self.placeholder,
             }
             (staging / META_FILE).write_text(json.dumps(meta))
 
@@ -190,8 +207,8 @@ class VisionLanguageModule(TwoGraphModule):
         missing = [name for name in wanted if name not in images]
         if missing:
             raise InputError(
-                f"generate needs the image inputs {', '.join(missing)} (the vision graph's), as the processor gives "
-                "them",
+                f"generate needs the {self.modality} inputs {', '.join(missing)} (the features graph's), as the "
+                "processor gives them",
                 fix=f"pass module.generate(input_ids, attention_mask=..., {missing[0]}=...) as to model.generate",
             )
         prompt, prompt_mask = self._prompt(ids, mask)
@@ -216,22 +233,24 @@ class VisionLanguageModule(TwoGraphModule):
         return prompt, prompt_mask, images, options
 
     def _check_modalities(self, ids: torch.Tensor, modalities: Any) -> None:
-        """The processor's ``mm_token_type_ids`` (which tokens are images, M-RoPE's) must mark the image tokens: the
-        module reads them from ``input_ids``, and places no other modality (video)."""
+        """The processor's ``mm_token_type_ids`` (which tokens are images, M-RoPE's) must mark the placeholder tokens
+        as the module's modality: the module reads them from ``input_ids``, and places no other modality (video)."""
         given = torch.as_tensor(modalities).cpu()
         if given.shape != ids.shape:
             raise InputError(
                 f"{MODALITIES} are {list(given.shape)}, the input_ids {list(ids.shape)}",
                 fix=f"pass the processor's {MODALITIES} with its input_ids (one per token)",
             )
-        images = (
+        placed = (
             ids == self.image_token_id if self.image_token_id is not None else torch.zeros_like(ids, dtype=torch.bool)
         )
-        if not torch.equal(given.to(torch.int64), images.to(torch.int64)):  # transformers' types: text 0, image 1
+        kind = _TYPE_IDS.get(self.modality, 1)  # a video's frames are the module's images: 1, as before
+        if not torch.equal(given.to(torch.int64), placed.to(torch.int64) * kind):
+            others = ", ".join(name for name in _TYPE_IDS if name != self.modality)
             raise InputError(
-                f"{MODALITIES} mark tokens other than the image tokens ({self.image_token_id}) or as another "
-                "modality than images (1): the module places images only (no video or audio)",
-                fix="pass prompts whose only media are images",
+                f"{MODALITIES} mark tokens other than the {self.placeholder} tokens ({self.image_token_id}) or as "
+                f"another modality than {self._items} ({kind}): the module places {self._items} only (no {others})",
+                fix=f"pass prompts whose only media are {self._items}",
             )
 
     def _prompt(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,7 +274,7 @@ class VisionLanguageModule(TwoGraphModule):
         longest = generation.max_length - 1 if self.one_token else generation.max_prompt or generation.max_length
         if prompt > longest:
             raise InputError(
-                f"a prompt of {prompt} tokens (its image tokens included), but the step prefills at most "
+                f"a prompt of {prompt} tokens (its {self.placeholder} tokens included), but the step prefills at most "
                 f"max_prompt={longest} in one run",
                 fix=f"convert with generation={{'max_prompt': {prompt}, ...}} or more"
                 if prompt < generation.max_length
@@ -283,7 +302,9 @@ class VisionLanguageModule(TwoGraphModule):
         for name in (*self._vision_inputs, *self.fixed_inputs):
             value = images[name]
             if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                raise InputError(f"{name} must be a tensor with one leading row per image", fix="pass the processor's")
+                raise InputError(
+                    f"{name} must be a tensor with one leading row per {self.modality}", fix="pass the processor's"
+                )
             values[name] = value.cpu().to(specs[name].torch_dtype if name in specs else value.dtype)
         pieces = []
         stacks: dict[str, list[torch.Tensor]] = {name: [] for name in self._levels}
@@ -294,9 +315,9 @@ class VisionLanguageModule(TwoGraphModule):
                 expected = tuple(spec.shape)
                 if all(isinstance(d, int) for d in expected) and tuple(value.shape) != expected:
                     raise InputError(
-                        f"{spec.name} of image {index} is {list(value.shape)}, but the vision graph takes "
-                        f"{list(expected)} per image",
-                        fix="pass images processed as the sample's were (the same size)",
+                        f"{spec.name} of {self.modality} {index} is {list(value.shape)}, but the features graph "
+                        f"takes {list(expected)} per {self.modality}",
+                        fix=f"pass {self._items} processed as the sample's were (the same size)",
                     )
             outputs = dict(zip(self._vision_outputs, self.vision.run_flat(image), strict=True))
             pieces.append(kept_features(outputs, index))  # a padding image the model drops: no rows
@@ -314,9 +335,9 @@ class VisionLanguageModule(TwoGraphModule):
             if given.shape != fixed.shape or not torch.equal(given.to(fixed.dtype), fixed):
                 shown = given.tolist()
                 raise InputError(
-                    f"{name} of image {index} is {shown}, but the vision graph was converted for {fixed.tolist()} "
-                    "(the model's tower decides shapes from it)",
-                    fix=f"process images to the sample's size, or convert with a sample of {name}={shown}",
+                    f"{name} of {self.modality} {index} is {shown}, but the features graph was converted for "
+                    f"{fixed.tolist()} (the model's tower decides shapes from it)",
+                    fix=f"process {self._items} to the sample's size, or convert with a sample of {name}={shown}",
                 )
 
     def _check_image_tokens(self, ids: torch.Tensor, features: torch.Tensor) -> None:
@@ -328,14 +349,21 @@ class VisionLanguageModule(TwoGraphModule):
         tokens = int(torch.as_tensor(marked).sum())
         if tokens != features.shape[0]:
             where = (
-                f"{self.placement} marks {tokens} image tokens"
+                f"{self.placement} marks {tokens} {self.placeholder} tokens"
                 if self.placement
-                else f"the prompts hold {tokens} image tokens ({self.image_token_id})"
+                else f"the prompts hold {tokens} {self.placeholder} tokens ({self.image_token_id})"
             )
+            main = self._vision_inputs[0] if self._vision_inputs else "pixel_values"
             raise InputError(
-                f"{where}, but the images give {features.shape[0]} features",
-                fix="pass the processor's input_ids and pixel_values together (one image token per feature)",
+                f"{where}, but the {self._items} {'give' if self.modality == 'image' else 'gives'} "
+                f"{features.shape[0]} features",
+                fix=f"pass the processor's input_ids and {main} together (one {self.placeholder} token per feature)",
             )
+
+    @property
+    def _items(self) -> str:
+        """The module's items in the plural, as its errors name them: images, audio."""
+        return "images" if self.modality == "image" else self.modality
 
 
 def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> VisionLanguageModule:
@@ -357,10 +385,13 @@ def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> Visio
         }
         laid = meta.get("positions")
         positions = ImagePositions.from_json(laid) if laid is not None else None
+        modality = str(meta.get("modality") or "image")  # a directory saved before the modality was: images
+        placeholder = str(meta.get("placeholder") or modality)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
         raise ArtifactError(
             f"{path / META_FILE} is not the JSON VisionLanguageModule.save writes: {type(error).__name__}: {error}",
             fix="save the module again",
         ) from None
     vision, step = (load(path / name) for name in (VISION_FILE, STEP_FILE))
-    return VisionLanguageModule(vision, step, token if isinstance(token, int) else None, embedding, fixed, positions)
+    token = token if isinstance(token, int) else None
+    return VisionLanguageModule(vision, step, token, embedding, fixed, positions, modality, placeholder)

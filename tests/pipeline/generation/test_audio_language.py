@@ -5,10 +5,15 @@ places its rows at the audio tokens. A tiny Voxtral decodes a left-padded batch 
 ``model.generate`` does: greedy tokens, every step's scores, 4 beams, saved and loaded; TensorRT-RTX's real builder
 builds both graphs. One conversion serves every test: for TensorRT-RTX when it imports (its engines cannot run here,
 and the graphs run on ONNX Runtime beside them), else for ONNX Runtime. A model whose forward computes its audio
-features itself (Qwen2-Audio: no ``get_audio_features``) is refused by name. Nothing is downloaded."""
+features itself (Qwen2-Audio: no ``get_audio_features``) is refused by name. The module records its modality (saved
+and loaded: its errors say "audio tokens"), and ``pipeline generate DIR --processor P --audio a.wav --prompt TEXT``
+decodes a tiny GLM-ASR's prompts through its own processor (built offline: a word-level tokenizer and Whisper's feature
+extractor) as its ``generate`` does. Nothing is downloaded."""
 
 from __future__ import annotations
 
+import json
+import wave
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,7 @@ from tiny_models import converted_for_rtx_when_it_imports, drawn_by_fan_in, gree
 
 import pipeline
 from converters.errors import InputError
+from pipeline.cli.convert import generate_command
 from pipeline.generation.vision_inputs import AUDIO, IMAGES, modality_of
 from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
@@ -81,6 +87,7 @@ def test_the_sample_names_the_modality(module: VisionLanguageModule) -> None:
     assert modality_of(["input_ids", "input_features"]) is AUDIO
     assert modality_of(["input_features", "pixel_values"]) is IMAGES  # an image-text model's own audio: images first
     assert module.image_token_id == AUDIO_TOKEN  # the config's audio_token_id
+    assert (module.modality, module.placeholder) == ("audio", "audio")
     assert [spec.name for spec in module.vision.io.inputs] == ["input_features"]
 
 
@@ -111,6 +118,13 @@ def test_saved_and_loaded_equal(
     module.save(tmp_path / "voxtral")
     loaded = pipeline.load(tmp_path / "voxtral")
     assert torch.equal(loaded.generate(**inputs, **GREEDY), module.generate(**inputs, **GREEDY))
+    assert (loaded.modality, loaded.placeholder) == ("audio", "audio")
+    # a directory saved before the modality was recorded reads as images
+    meta = tmp_path / "voxtral" / "vision_language.json"
+    recorded = json.loads(meta.read_text())
+    assert recorded["modality"] == "audio"
+    meta.write_text(json.dumps({k: v for k, v in recorded.items() if k not in ("modality", "placeholder")}))
+    assert pipeline.load(tmp_path / "voxtral").modality == "image"
 
 
 def test_audio_tokens_not_matching_the_features_are_refused(
@@ -118,8 +132,10 @@ def test_audio_tokens_not_matching_the_features_are_refused(
 ) -> None:
     _, inputs = model_and_inputs
     fewer = {**inputs, "input_ids": inputs["input_ids"].masked_fill(inputs["input_ids"] == AUDIO_TOKEN, 5)}
-    with pytest.raises(InputError, match="image tokens|audio tokens"):
+    with pytest.raises(InputError, match=rf"the prompts hold 0 audio tokens \({AUDIO_TOKEN}\), but the audio gives 8 "):
         module.generate(**fewer, **GREEDY)
+    with pytest.raises(InputError, match="input_features of audio 0 is"):
+        module.generate(**{**inputs, "input_features": inputs["input_features"][..., :-2]}, **GREEDY)
 
 
 def test_tensorrt_rtx_builds_both_graphs(module: VisionLanguageModule) -> None:
@@ -146,3 +162,115 @@ def test_a_model_computing_its_audio_features_itself_is_refused() -> None:
     with pytest.raises(InputError, match="Qwen2AudioForConditionalGeneration.*no get_audio_features") as error:
         pipeline.convert(model, sample, generation=GENERATION)
     assert error.value.fix
+
+
+SAMPLING_RATE = 16000  # a window of 1 s: 100 mel frames, 12 audio tokens (50 after the tower's stride-2 convolution)
+PLACEHOLDER = "<|pad|>"  # GLM-ASR's processor's audio placeholder
+
+
+def glmasr_processor(directory: Path) -> Any:
+    """GLM-ASR's processor for the tiny GLM-ASR, saved to ``directory``: a word-level tokenizer over the model's 128 ids
+    ("w3" is id 3, the placeholder the audio token) and Whisper's feature extractor of its mel count, in windows of
+    1 s."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocabulary = {"<pad>": 0, "<unk>": 1, "<s>": 2, **{f"w{i}": i for i in range(3, AUDIO_TOKEN)}}
+    words = Tokenizer(models.WordLevel({**vocabulary, PLACEHOLDER: AUDIO_TOKEN}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", pad_token="<pad>", extra_special_tokens={"audio_token": PLACEHOLDER}
+    )
+    extractor = transformers.WhisperFeatureExtractor(
+        feature_size=MELS, sampling_rate=SAMPLING_RATE, hop_length=160, chunk_length=1, n_fft=400
+    )
+    processor = transformers.GlmAsrProcessor(feature_extractor=extractor, tokenizer=tokenizer, audio_token=PLACEHOLDER)
+    processor.save_pretrained(directory)
+    return processor
+
+
+def clip(seconds: float, seed: int) -> Any:
+    """``seconds`` of a tone and noise as float32 samples in [-1, 1], each a whole number of 16-bit steps (as read
+    back from a WAV file)."""
+    import numpy as np
+
+    count = int(seconds * SAMPLING_RATE)
+    noise = np.random.default_rng(seed).standard_normal(count) * 0.1
+    tone = 0.4 * np.sin(2 * np.pi * (220 + 110 * seed) * np.arange(count) / SAMPLING_RATE)
+    return (np.round(np.clip(noise + tone, -1, 1) * 32767) / 32768).astype(np.float32)
+
+
+def write_wav(path: Path, samples: Any) -> str:
+    """``samples`` as a 16-bit mono PCM WAV at :data:`SAMPLING_RATE` (the standard library's ``wave``)."""
+    with wave.open(str(path), "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(SAMPLING_RATE)
+        writer.writeframes((samples * 32768).round().astype("<i2").tobytes())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def glmasr(tmp_path_factory: pytest.TempPathFactory) -> tuple[VisionLanguageModule, Any, Path]:
+    """A tiny GLM-ASR (a Whisper-like tower: 12 features per second of audio) converted from its processor's output
+    for two prompts of 1 s of audio each, the processor, and the directory it is saved to."""
+    directory = tmp_path_factory.mktemp("glmasr") / "processor"
+    processor = glmasr_processor(directory)
+    audio = transformers.GlmAsrEncoderConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_mel_bins=MELS,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    config = transformers.GlmAsrConfig(audio_config=audio, text_config=TEXT, audio_token_id=AUDIO_TOKEN)
+    torch.manual_seed(0)
+    model = drawn_by_fan_in(transformers.GlmAsrForConditionalGeneration(config))
+    texts = [f"w5 {PLACEHOLDER} w9", f"w7 w8 {PLACEHOLDER} w10 w11 w12"]
+    sample = dict(processor(text=texts, audio=[clip(1, 0), clip(1, 1)], sampling_rate=SAMPLING_RATE))
+    module = pipeline.convert(model, sample, generation=GENERATION, validate=False)
+    assert isinstance(module, VisionLanguageModule) and module.modality == "audio"
+    return module, processor, directory
+
+
+def test_the_cli_generates_from_audio_and_prompts_through_the_processor(
+    glmasr: tuple[VisionLanguageModule, Any, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pipeline generate DIR --processor P --audio a.wav --prompt '... <|pad|> ...'`` (twice: 1 s and 0.5 s of
+    audio): the processor's prompts, left-padded, and features; each line the prompt's new tokens as text, as the
+    module's ``generate`` gives them. A missing placeholder, an image, a prompt without its audio and audio without
+    the processor, and audio at another rate than the feature extractor's are refused, each error naming the fix."""
+    from pipeline.cli import main
+
+    module, processor, directory = glmasr
+    clips = [clip(1, 2), clip(0.5, 3)]
+    files = [write_wav(tmp_path / f"{index}.wav", samples) for index, samples in enumerate(clips)]
+    prompts = [f"w5 {PLACEHOLDER} w9 w12", f"{PLACEHOLDER} w40 w41 w42 w43 w44"]
+    target = module.save(tmp_path / "glmasr")
+    hint = generate_command(module, target)
+    assert hint.startswith(f"pipeline generate {target} --processor DIR --prompt") and "--audio" in hint
+    pairs = [item for text, file in zip(prompts, files, strict=True) for item in ("--prompt", text, "--audio", file)]
+    command = ["generate", str(target), "--processor", str(directory), *pairs, "--max-new-tokens", "6"]
+    assert main(command) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    processor.tokenizer.padding_side = "left"
+    inputs = dict(processor(text=prompts, audio=clips, sampling_rate=SAMPLING_RATE, return_tensors="pt", padding=True))
+    assert int((inputs["input_ids"] == AUDIO_TOKEN).sum()) == 12 + 6 and inputs["attention_mask"][1, 0] == 0
+    out = module.generate(**inputs, max_new_tokens=6)[:, inputs["input_ids"].shape[1] :]
+    assert len(set(out.flatten().tolist())) > 3  # not one token repeated
+    assert printed == [processor.tokenizer.decode(row, skip_special_tokens=True) for row in out.tolist()]
+    assert main([*command, "--prompt", "w5 w9", "--audio", files[0]]) == 1
+    assert f"a prompt lacks the audio placeholder '{PLACEHOLDER}'" in capsys.readouterr().err
+    with wave.open(files[1], "rb") as reader:
+        frames = reader.readframes(reader.getnframes())
+    with wave.open(str(tmp_path / "slow.wav"), "wb") as writer:  # the same samples at half the rate
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(SAMPLING_RATE // 2)
+        writer.writeframes(frames)
+    assert main([*command, "--prompt", PLACEHOLDER, "--audio", str(tmp_path / "slow.wav")]) == 1
+    assert "is sampled at 8000 Hz; the feature extractor takes 16000 Hz" in capsys.readouterr().err
+    assert main([*command, "--prompt", f"w5 {PLACEHOLDER}"]) == 1
+    assert "3 prompt(s) and 2 audio file(s): each prompt takes one audio" in capsys.readouterr().err
+    assert main([*command, "--image", files[0]]) == 1
+    assert "--image given, but" in (err := capsys.readouterr().err) and "give --audio FILE instead" in err
+    assert main(["generate", str(target), *pairs]) == 1
+    assert "(--processor DIR is missing)" in capsys.readouterr().err
+    assert main(["generate", str(target), "--processor", str(directory), "--audio", files[0]]) == 1
+    assert "(--prompt is missing)" in capsys.readouterr().err
