@@ -26,6 +26,19 @@ TINY_LLAMA: dict[str, Any] = {
 }
 
 
+#: A tiny decoder's text config (two layers of width 32, one key-value head of 16): the text model of the tests'
+#: vision- and audio-language models, widened or given more keys where a family needs them.
+TINY_TEXT: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}
+
+
 def tiny_llama(seed: int = 0, **config: Any) -> transformers.LlamaForCausalLM:
     """:data:`TINY_LLAMA` with ``config``'s changes, its weights drawn after ``torch.manual_seed(seed)``; eval mode."""
     torch.manual_seed(seed)

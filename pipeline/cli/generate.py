@@ -18,11 +18,22 @@ Audio Flamingo 3, Qwen3-ASR: its module's ``modality`` is ``"audio"``) ``--promp
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from converters.errors import InputError
+from pipeline.cli.generate_inputs import (
+    check_media,
+    check_prompts,
+    encode,
+    image_sources,
+    load_tokenizer,
+    padded,
+    read_features,
+    read_ids,
+    text_of,
+    until_eos,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -169,7 +180,7 @@ def _generate(args: argparse.Namespace) -> int:
         )
     prompts = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
     check_prompts(module, prompts, args.max_new_tokens)
-    ids, mask = left_pad(prompts, module.generation.pad_token_id or 0)
+    ids, mask = padded(prompts, module.generation.pad_token_id or 0, "left")
     options = decoding_options(args)
     if args.stream:
         _stream(module, ids, mask, options, tokenizer, args.echo)
@@ -179,7 +190,7 @@ def _generate(args: argparse.Namespace) -> int:
     for row, prompt in enumerate(prompts):
         new = until_eos(out[row, ids.shape[1] :].tolist(), eos)
         shown = (prompt if args.echo else []) + new
-        print(_text(tokenizer, shown) if tokenizer is not None else " ".join(map(str, shown)))
+        print(text_of(tokenizer, shown) if tokenizer is not None else " ".join(map(str, shown)))
     return 0
 
 
@@ -190,7 +201,7 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
     from pipeline.cli.images import image_prompts, load_processor
 
     audio = getattr(module, "modality", "image") == "audio"
-    _check_media(args, audio)
+    check_media(args, audio)
     processor = load_processor(args.processor)
     if audio:
         from pipeline.cli.audio import audio_prompts
@@ -208,66 +219,15 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
     options = decoding_options(args)
     if args.stream:
         tokens = [int(step[0]) for step in module.stream(**inputs, **options)]
-        print(_text(processor.tokenizer, tokens), flush=True)
+        print(text_of(processor.tokenizer, tokens), flush=True)
         return 0
     out = module.generate(**inputs, **options)
     eos = set(options.get("eos_token_id", module.generation.eos_token_id))
     # the sequences start with the prompts as the model's generate hands them on (BLIP's is one token shorter)
     width = inputs["input_ids"].shape[1] - getattr(module, "dropped_prompt_tokens", 0)
     for row in range(rows):
-        print(_text(processor.tokenizer, until_eos(out[row, width:].tolist(), eos)))
+        print(text_of(processor.tokenizer, until_eos(out[row, width:].tolist(), eos)))
     return 0
-
-
-def _check_media(args: argparse.Namespace, audio: bool) -> None:
-    """A vision-language model's arguments (an audio-language model's when ``audio``): --prompt and --image (--audio)
-    pairs through --processor, nothing of another model's."""
-    medium, other = ("--audio", "--image") if audio else ("--image", "--audio")
-    example = (
-        "--processor DIR --audio a.wav --prompt 'TEXT WITH THE AUDIO PLACEHOLDER'"
-        if audio
-        else "--processor DIR --image a.png --prompt 'USER: <image> What is shown? ASSISTANT:'"
-    )
-    kind = "an audio-language" if audio else "a vision-language"
-    if getattr(args, other.removeprefix("--")):
-        raise InputError(
-            f"{other} given, but {args.artifact} is {kind} model: it takes {'audio' if audio else 'images'}",
-            fix=f"give {medium} FILE instead: {example}",
-        )
-    if args.input_features is not None or args.feature_extractor is not None:
-        given = "--input-features" if args.input_features is not None else "--feature-extractor"
-        raise InputError(
-            f"{given} given, but {kind} model's inputs come from its processor ({medium} through --processor)",
-            fix=f"drop {given}: {example}",
-        )
-    if args.prompt_ids:
-        raise InputError(
-            f"--prompt-ids cannot place {'audio' if audio else 'an image'}",
-            fix=f"give --prompt TEXT with the {medium.removeprefix('--')} placeholder",
-        )
-    if args.processor is None or not getattr(args, medium.removeprefix("--")) or not args.prompt:
-        lacking = "--processor DIR" if args.processor is None else medium if args.prompt else "--prompt"
-        raise InputError(
-            f"{kind} model takes --prompt TEXT and {medium} FILE pairs through its --processor DIR ({lacking} is "
-            "missing)",
-            fix=f"pass {example}",
-        )
-
-
-def _image_sources(args: argparse.Namespace, takes: list[str]) -> tuple[dict[str, Any], Any]:
-    """An image-taking encoder's sources (each --prompt with its --image through --processor, right-padded as an
-    encoder's source is) and the processor's tokenizer."""
-    from pipeline.cli.images import image_prompts, load_processor
-
-    if args.processor is None or not args.image or not args.prompt or args.prompt_ids:
-        raise InputError(
-            f"this encoder-decoder's encoder takes {', '.join(takes)}: --prompt TEXT and --image FILE pairs through "
-            "its --processor DIR (no --prompt-ids)",
-            fix="pass --processor DIR --image a.png --prompt 'TEXT' (Florence-2: a task, e.g. '<CAPTION>')",
-        )
-    processor = load_processor(args.processor)
-    made = image_prompts(processor, args.prompt, args.image, padding_side="right")
-    return {name: value for name, value in made.items() if name in takes}, processor.tokenizer
 
 
 def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: Any) -> int:
@@ -276,7 +236,7 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
     generation = module.generation
     takes = [spec.name for spec in module.encoder.io.inputs]
     if "pixel_values" in takes:  # an encoder that takes the image with the prompt (Florence-2's)
-        inputs, tokenizer = _image_sources(args, takes)
+        inputs, tokenizer = image_sources(args, takes)
         rows = len(args.prompt)
     elif args.image:
         raise InputError(
@@ -299,7 +259,7 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
         sources = [read_ids(text) for text in args.prompt_ids] + [encode(tokenizer, text) for text in args.prompt]
         if any(not source for source in sources):
             raise InputError("a prompt is empty (no token ids)", fix="give at least one token id: 1,2,3")
-        ids, mask = right_pad(sources, generation.pad_token_id or 0)
+        ids, mask = padded(sources, generation.pad_token_id or 0, "right")
         inputs, rows = {"input_ids": ids, "attention_mask": mask}, len(sources)
     if rows * args.num_beams > generation.max_batch:
         raise InputError(
@@ -310,7 +270,7 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
     options = {**decoding_options(args), **inputs}
     if args.stream:
         for count, tokens in enumerate(module.stream(**options)):
-            shown = _text(tokenizer, [int(tokens[0])]) if tokenizer is not None else str(int(tokens[0]))
+            shown = text_of(tokenizer, [int(tokens[0])]) if tokenizer is not None else str(int(tokens[0]))
             print(("" if count == 0 or tokenizer is not None else " ") + shown, end="", flush=True)
         print(flush=True)
         return 0
@@ -318,46 +278,8 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
     eos = set(options.get("eos_token_id", generation.eos_token_id))
     for row in range(rows):
         new = until_eos(out[row, 1:].tolist(), eos)  # after the decoder's start token
-        print(_text(tokenizer, new) if tokenizer is not None else " ".join(map(str, new)))
+        print(text_of(tokenizer, new) if tokenizer is not None else " ".join(map(str, new)))
     return 0
-
-
-def read_features(path: Path) -> torch.Tensor:
-    """``--input-features FILE.npy`` as a float32 tensor [batch, mels, frames]."""
-    import numpy as np
-    import torch
-
-    if not path.is_file():
-        raise InputError(f"--input-features {path}: no such file", fix="give a .npy file saved with numpy.save")
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(
-            f"--input-features {path} is not a NumPy .npy file: {exc}", fix="save the features with numpy.save"
-        ) from exc
-    if array.ndim == 2:
-        array = array[None]
-    if array.ndim != 3 or not np.issubdtype(array.dtype, np.floating):
-        raise InputError(
-            f"--input-features {path} holds a {array.dtype} array of shape {list(array.shape)}; features are floats "
-            "[mels, frames] or [batch, mels, frames]",
-            fix="save the feature extractor's input_features (e.g. processor(audio).input_features[0])",
-        )
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-
-
-def right_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sources as one right-padded batch (encoders' tokenizers pad on the right): ``input_ids`` and
-    ``attention_mask``."""
-    import torch
-
-    longest = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), longest), pad, dtype=torch.int64)
-    mask = torch.zeros((len(prompts), longest), dtype=torch.int64)
-    for row, prompt in enumerate(prompts):
-        ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
-        mask[row, : len(prompt)] = 1
-    return ids, mask
 
 
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -417,90 +339,3 @@ def load_generative(path: Path, threads: int | None = None, spinning: bool | Non
             fix="convert it with `pipeline convert SPEC --generation max_length=256,max_batch=4 -o OUTDIR`",
         )
     return module
-
-
-def load_tokenizer(directory: Path) -> Any:
-    """``AutoTokenizer.from_pretrained(directory, local_files_only=True)``; a clear error when it cannot load."""
-    if not directory.is_dir():
-        raise InputError(
-            f"--tokenizer {directory}: no such directory",
-            fix="give a local directory holding tokenizer files (tokenizer.json, tokenizer_config.json)",
-        )
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(
-            f"--tokenizer {directory} holds no tokenizer transformers can load: {type(exc).__name__}: {exc}",
-            fix="save one there with tokenizer.save_pretrained(DIR) (tokenizer.json + tokenizer_config.json)",
-        ) from exc
-
-
-def read_ids(text: str) -> list[int]:
-    """``--prompt-ids 1,2,3`` (commas and/or spaces) as a list of ints."""
-    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
-    try:
-        return [int(p) for p in parts]
-    except ValueError:
-        raise InputError(
-            f"cannot read --prompt-ids {text!r}: token ids are whole numbers", fix="write --prompt-ids 1,2,3"
-        ) from None
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    """The token ids of a text prompt (with the tokenizer's special tokens, as ``tokenizer(text)`` gives them)."""
-    return [int(i) for i in tokenizer(text)["input_ids"]]
-
-
-def check_prompts(module: Any, prompts: list[list[int]], new_tokens: int) -> None:
-    """Every prompt fits the artifact: not empty, ids in its vocabulary, prompt + new tokens within ``max_length``,
-    no more prompts than ``max_batch``; each error names the prompt and the fix."""
-    generation = module.generation
-    if len(prompts) > generation.max_batch:
-        raise InputError(
-            f"{len(prompts)} prompts, but the artifact was converted for max_batch={generation.max_batch}",
-            fix=f"give at most {generation.max_batch} prompts, or convert with --generation max_batch={len(prompts)}",
-        )
-    vocab = module.vocabulary_size
-    for number, prompt in enumerate(prompts, start=1):
-        if not prompt:
-            raise InputError(f"prompt {number} is empty (no token ids)", fix="give at least one token id: 1,2,3")
-        outside = [i for i in prompt if i < 0 or (vocab is not None and i >= vocab)]
-        if outside:
-            raise InputError(
-                f"prompt {number} holds token id(s) {outside[:5]} outside the model's vocabulary [0, {vocab})",
-                fix="use ids below the vocabulary size (a tokenizer made for this model gives them)",
-            )
-        if len(prompt) + new_tokens > generation.max_length:
-            raise InputError(
-                f"prompt {number} has {len(prompt)} tokens; with --max-new-tokens {new_tokens} that is "
-                f"{len(prompt) + new_tokens}, more than the cache holds (max_length={generation.max_length})",
-                fix=f"shorten the prompt or lower --max-new-tokens, or convert with --generation "
-                f"max_length={len(prompt) + new_tokens}",
-            )
-
-
-def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompts as one left-padded batch: ``input_ids`` and ``attention_mask`` [batch, longest]."""
-    import torch
-
-    longest = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), longest), pad, dtype=torch.int64)
-    mask = torch.zeros((len(prompts), longest), dtype=torch.int64)
-    for row, prompt in enumerate(prompts):
-        ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
-        mask[row, longest - len(prompt) :] = 1
-    return ids, mask
-
-
-def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """The new tokens up to and including the first end-of-sequence token (the rest is padding)."""
-    for index, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: index + 1]
-    return tokens
-
-
-def _text(tokenizer: Any, ids: list[int]) -> str:
-    return str(tokenizer.decode(ids, skip_special_tokens=True))

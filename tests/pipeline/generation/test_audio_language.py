@@ -21,7 +21,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import converted_for_rtx_when_it_imports, drawn_by_fan_in, greedy_scores
+from tiny_models import TINY_TEXT, converted_for_rtx_when_it_imports, drawn_by_fan_in, greedy_scores
 
 import pipeline
 from converters.errors import InputError
@@ -31,15 +31,7 @@ from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
 GENERATION = {"max_length": 40, "max_batch": 8}
 GREEDY: dict[str, Any] = {"max_new_tokens": 8, "do_sample": False}
-TEXT = {
-    "vocab_size": 128,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 16,
-}
+TEXT = TINY_TEXT
 AUDIO_TOKEN = 127
 MELS, FRAMES = 8, 32  # the tower takes 2 x max_source_positions frames
 

@@ -23,7 +23,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' vision models
 import torch
 from model_sources import transformers_all_models as every
-from tiny_models import drawn_by_fan_in
+from tiny_models import TINY_TEXT, drawn_by_fan_in
 
 import pipeline
 from converters.errors import InputError
@@ -167,13 +167,7 @@ def tiny_qwen3_5() -> tuple[Any, dict[str, torch.Tensor]]:
 
     torch.manual_seed(0)
     text = {
-        "vocab_size": 128,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
+        **TINY_TEXT,
         "layer_types": ["linear_attention", "full_attention"],
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 2,
