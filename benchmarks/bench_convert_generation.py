@@ -2,10 +2,11 @@
 
 The model of issue 35: a random ``LlamaForCausalLM`` (hidden 512, intermediate 1408, 8 layers, 8 heads over 4 KV
 heads, vocab 32000, fp32, seed 0), converted with ``pipeline.convert(model, ids, generation={"max_length": 256,
-"max_batch": 4})`` on ONNX Runtime (a 128-token prompt as the sample). Each run is a fresh process; the model is
-built before the clock starts and ``convert`` is timed as ``benchmarks/bench_generate.py`` times it (the call; the
-import of the conversion code, lazy, is printed apart). Prints the load (``uptime``), each run's time and the
-report's stage times, the medians, and what the validation checked.
+"max_batch": 4})`` (``--max-length``: another capacity) on ONNX Runtime (a 128-token prompt as the sample). Each run
+is a fresh process; the model is built before the clock starts and ``convert`` is timed as
+``benchmarks/bench_generate.py`` times it (the call; the import of the conversion code, lazy, is printed apart).
+Prints the load (``uptime``), each run's time and the report's stage times, the medians, and what the validation
+checked.
 
 ``--compare DIR`` times the same conversion from another checkout of the repository too (``git archive <commit> |
 tar -x -C DIR``: the code before a change), alternating with this one.
@@ -19,7 +20,7 @@ alternating with ours run by run, so that both see the same load on a shared mac
 same block and level.
 
     .venv/bin/python benchmarks/bench_convert_generation.py [--runs 3] [--genai] [--compare DIR] [--no-validate]
-        [--precision int4] [--profile out.html]
+        [--precision int4] [--max-length 2048] [--profile out.html]
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ import pipeline
 convert = pipeline.convert  # the lazy import of the conversion code
 imported = time.perf_counter() - start
 start = time.perf_counter()
-module = convert(model, ids, generation={{"max_length": 256, "max_batch": 4}}, validate={validate!r}, **{settings!r})
+generation = {{"max_length": {max_length}, "max_batch": 4}}
+module = convert(model, ids, generation=generation, validate={validate!r}, **{settings!r})
 seconds = time.perf_counter() - start
 if profiler is not None:
     profiler.stop()
@@ -106,11 +108,14 @@ INT4_OURS = {
 INT4_GENAI = ["-p", "int4", "--extra_options", "accuracy_level=4", "block_size=32"]
 
 
-def ours(validate: bool, profile: str | None, root: Path = ROOT, precision: str = "fp32") -> dict[str, object]:
+def ours(
+    validate: bool, profile: str | None, root: Path = ROOT, precision: str = "fp32", max_length: int = 256
+) -> dict[str, object]:
     """One conversion in a fresh process, with the code of ``root``: its record."""
     code = _OURS.format(
         root=str(root), tests=str(root / "tests"), model=MODEL, validate=validate, profile=profile or "",
         pyinstrument=os.environ.get("PYINSTRUMENT_PATH", ""), settings=INT4_OURS if precision == "int4" else {},
+        max_length=max_length,
     )  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -160,9 +165,10 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, help="time this checkout of the repository too, alternating")
     parser.add_argument("--no-validate", action="store_true")
     parser.add_argument("--precision", choices=("fp32", "int4"), default="fp32")
+    parser.add_argument("--max-length", type=int, default=256, help="the cache's capacity (default 256)")
     parser.add_argument("--profile", help="write a pyinstrument profile (HTML) of one run here (PYINSTRUMENT_PATH)")
     options = parser.parse_args()
-    print("load:", load(), "precision:", options.precision, flush=True)
+    print("load:", load(), "precision:", options.precision, "max_length:", options.max_length, flush=True)
     runs, builder, compared = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench_convert_generation_") as temporary:
         work = Path(temporary)
@@ -174,10 +180,14 @@ def main() -> None:
                 builder.append(genai(work / "checkpoint", work, options.precision))
                 print(f"genai {index + 1}: {builder[-1]:.1f} s", flush=True)
             if options.compare:
-                result = ours(not options.no_validate, None, options.compare.resolve(), options.precision)
+                result = ours(
+                    not options.no_validate, None, options.compare.resolve(), options.precision, options.max_length
+                )
                 print(f"compared {index + 1}: {_line(result)}", flush=True)
                 compared.append(result)
-            result = ours(not options.no_validate, options.profile, precision=options.precision)
+            result = ours(
+                not options.no_validate, options.profile, precision=options.precision, max_length=options.max_length
+            )
             print(f"ours  {index + 1}: {_line(result)}", flush=True)
             runs.append(result)
     median = _summary("ours", runs)

@@ -4,7 +4,8 @@ Inputs are the sample plus ``settings.validation_inputs`` random inputs drawn li
 :func:`pipeline.validation.draws.draw_like`: floats from a normal with the sample's mean and spread, integers uniformly
 within its range, keeping what the sample tensor shows the model may require (masks keep their pattern; values in
 [0, 1], positive or non-negative values, sorted last axes, symmetric positive-definite matrices and offsets stay
-so). With dynamic dimensions, one more input at every dimension's ``min`` and one at its ``max``.
+so). With dynamic dimensions, one more input at every dimension's ``min`` and one at its ``max`` (a generation
+step: one input per named dimension at its ``max``).
 
 A drawn input that PyTorch itself still refuses is dropped, with a WARNING and in the report
 (:attr:`AccuracyReport.dropped`): validation goes on with the others. The sample refused is an InputError.
@@ -43,7 +44,7 @@ from pipeline.accuracy.uninitialised import RULE as UNINITIALISED_RULE
 from pipeline.accuracy.uninitialised import ShapeStats
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.reports.accuracy import AccuracyReport, OutputAccuracy
-from pipeline.settings import DEFAULT_TOLERANCES, Settings
+from pipeline.settings import DEFAULT_TOLERANCES, DynamicDim, Settings
 from pipeline.validation.attention_paths import skipped_causal_mask
 from pipeline.validation.draws import draw_like, properties
 from pipeline.validation.errors import output_origins, raise_accuracy_error
@@ -115,19 +116,20 @@ def tensor_from_array(array: np.ndarray) -> torch.Tensor:
 
 
 def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Settings) -> list[Feed]:
-    """The sample, then seeded random inputs drawn like it, then (if dynamic) all-min and all-max shapes."""
+    """The sample, then seeded random inputs drawn like it, then (if dynamic) all-min and all-max shapes; a generation
+    step's max is one input per named dimension instead (:func:`_largest`)."""
     rng = np.random.default_rng(settings.seed)
     sample = [t.detach().cpu().numpy() for t in sample_inputs]
     feeds: list[Feed] = [{spec.name: arr for spec, arr in zip(io.inputs, sample, strict=True)}]
     shapes = [list(a.shape) for a in sample]
     shape_sets = [shapes] * settings.validation_inputs
-    if settings.dynamic:
-        for which in ("min", "max"):
-            resized = [list(s) for s in shapes]
-            for d in settings.dynamic:
-                index = [spec.name for spec in io.inputs].index(d.input)
-                resized[index][d.axis] = getattr(d, which)
-            shape_sets = [*shape_sets, resized]
+    names = [spec.name for spec in io.inputs]
+    corners = [(tuple(settings.dynamic), "min"), *((group, "max") for group in _largest(settings))]
+    for dims, which in corners if settings.dynamic else []:
+        resized = [list(s) for s in shapes]
+        for d in dims:
+            resized[names.index(d.input)][d.axis] = getattr(d, which)
+        shape_sets = [*shape_sets, resized]
     kept = [properties(arr) for arr in sample]  # detected once per input, kept by every draw
     for shape_set in shape_sets:
         feeds.append(
@@ -137,6 +139,22 @@ def validation_feeds(io: IOSpec, sample_inputs: list[torch.Tensor], settings: Se
             }
         )
     return feeds
+
+
+def _largest(settings: Settings) -> list[tuple[DynamicDim, ...]]:
+    """The groups of dynamic dimensions set to their max together: all of them, the engine profile's largest shape;
+    for a generation step (``settings.generation``), each named dimension alone, the others at the sample's size. A
+    step's largest shape is ``max_batch`` prompts of ``max_prompt`` tokens (by default a whole cache each: 4 x 2048
+    tokens through PyTorch and the backend at ``max_length`` 2048, the costliest input by far), where one prompt of
+    ``max_prompt`` tokens and ``max_batch`` rows of the sample's length reach each dimension's extreme. Validation's
+    decodings against ``model.generate`` take a batch of long prompts together
+    (:mod:`pipeline.generation.validation`)."""
+    if not settings.dynamic:
+        return []
+    if settings.generation is None:
+        return [tuple(settings.dynamic)]
+    named = dict.fromkeys(d.name for d in settings.dynamic)
+    return [tuple(d for d in settings.dynamic if d.name == name) for name in named]
 
 
 def as_io_types(feeds: list[Feed], io: IOSpec) -> list[Feed]:
