@@ -195,5 +195,5 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
             fix=f"pass input_ids, attention_mask and the {modality.name} inputs ({', '.join(taken)})",
         )
     vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
-    image_rows(vision)  # one image per leading row, or flattened patches a grid divides: else said here
+    image_rows(vision, item=modality.name)  # one item per leading row, or flattened patches a grid divides: else said
     return text, vision

@@ -52,8 +52,9 @@ class ImagePositions:
         count = 0 if self.counted is None else self.counted.to(torch.int64) * number
         return self.block + shift + count
 
-    def prompt(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The prompts' positions [axes, rows, tokens] (padding at 1, as the single-axis step's)."""
+    def prompt(self, ids: torch.Tensor, mask: torch.Tensor, item: str = "image") -> torch.Tensor:
+        """The prompts' positions [axes, rows, tokens] (padding at 1, as the single-axis step's); ``item`` names what
+        the placeholder tokens stand for in the errors (``"image"``, ``"audio"``: the module's modality)."""
         rows, length = ids.shape
         tokens = int(self.block.shape[1])
         positions = torch.ones(self.axes, rows, length, dtype=torch.int64)
@@ -69,10 +70,11 @@ class ImagePositions:
                     continue
                 run = kept[index : index + tokens]
                 if len(run) < tokens or any(int(ids[row, c]) != self.image_token for c in run):
+                    items = plural(item)
                     raise InputError(
-                        f"row {row} of the prompts holds a run of image tokens ({self.image_token}) that is not a "
-                        f"whole number of images of {tokens} tokens each",
-                        fix="pass the processor's input_ids for images of the size the model was converted with",
+                        f"row {row} of the prompts holds a run of {item} tokens ({self.image_token}) that is not a "
+                        f"whole number of {items} of {tokens} tokens each",
+                        fix=f"pass the processor's input_ids for {items} of the size the model was converted with",
                     )
                 positions[:, row, run] = self.laid(current, number)
                 current, index, number = current + self.extent, index + tokens, number + 1
@@ -116,11 +118,22 @@ def gathered_rows(rows: torch.Tensor, is_image: torch.Tensor, like: torch.Tensor
     return rows.to(like.dtype).index_select(0, order).reshape(like.shape)
 
 
-def image_rows(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+def plural(item: str) -> str:
+    """How the errors name several items of a modality: ``"images"``, ``"audio clips"``, ``"videos"``."""
+    return {"image": "images", "audio": "audio clips"}.get(item, f"{item}s")
+
+
+def image_rows(inputs: dict[str, torch.Tensor], item: str = "image") -> list[dict[str, torch.Tensor]]:
     """The image inputs cut into one dict per image. Inputs have one leading row per image, except inputs of flattened
     patches (Qwen2-VL's ``pixel_values`` [patches of every image, patch values]), which an integer grid input
     ([images, axes]: ``image_grid_thw``'s frames, rows and columns of patches) divides: each image takes the product
-    of its grid row in patches."""
+    of its grid row in patches. ``item`` names what one row is in the errors (``"audio"`` for an audio-language
+    module's audio inputs: "audio clips").
+
+    >>> [list(cut) for cut in image_rows({"input_features": torch.zeros(2, 8, 4)}, item="audio")]
+    [['input_features'], ['input_features']]
+    """
+    items = plural(item)
     leading = {name: int(value.shape[0]) for name, value in inputs.items() if value.dim()}
     for grid in inputs.values():
         if grid.dim() != 2 or grid.is_floating_point() or grid.dtype == torch.bool or grid.shape[1] < 2:
@@ -132,9 +145,9 @@ def image_rows(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
         odd = sorted(name for name, rows in leading.items() if rows not in (images, total))
         if odd:
             raise InputError(
-                f"the image inputs {', '.join(odd)} have neither one row per image ({images}) nor one per patch of "
+                f"the {item} inputs {', '.join(odd)} have neither one row per {item} ({images}) nor one per patch of "
                 f"the grid ({total})",
-                fix="pass the processor's image inputs for the same images",
+                fix=f"pass the processor's {item} inputs for the same {items}",
             )
         starts = [0, *itertools.accumulate(sizes)]
         return [
@@ -146,8 +159,9 @@ def image_rows(inputs: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
         ]
     counts = set(leading.values())
     if len(counts) > 1:
+        rows = ", ".join(f"{name} {count}" for name, count in sorted(leading.items()))
         raise InputError(
-            f"the image inputs have different numbers of images {sorted(counts)}",
-            fix="pass the processor's image inputs for the same images",
+            f"the {item} inputs have different numbers of {items} {sorted(counts)} (leading rows: {rows})",
+            fix=f"pass the processor's {item} inputs for the same {items} (one leading row per {item})",
         )
     return [{name: value[i : i + 1] for name, value in inputs.items()} for i in range(counts.pop() if counts else 0)]

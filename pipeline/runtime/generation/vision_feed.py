@@ -46,6 +46,7 @@ class FedModule(Protocol):
     step: ConvertedModule
     image_token_id: int | None
     positions: ImagePositions | None
+    modality: str
     one_token: bool
     placement: str | None
     token_embedding: torch.Tensor
@@ -210,5 +211,5 @@ def prompt_positions(module: FedModule, ids: torch.Tensor, mask: torch.Tensor) -
     if module.positions is None:
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         return positions, positions[:, -1:] + 1
-    laid = module.positions.prompt(ids, mask)
+    laid = module.positions.prompt(ids, mask, item=module.modality)
     return laid, ImagePositions.next_positions(laid, mask)

@@ -308,7 +308,7 @@ class VisionLanguageModule(TwoGraphModule):
             values[name] = value.cpu().to(specs[name].torch_dtype if name in specs else value.dtype)
         pieces = []
         stacks: dict[str, list[torch.Tensor]] = {name: [] for name in self._levels}
-        for index, cut in enumerate(image_rows(values)):
+        for index, cut in enumerate(image_rows(values, item=self.modality)):
             image = [cut[name] for name in self._vision_inputs]
             self._check_fixed(cut, index)
             for spec, value in zip(self.vision.io.inputs, image, strict=True):

@@ -27,6 +27,7 @@ import pipeline
 from converters.errors import InputError
 from pipeline.cli.convert import generate_command
 from pipeline.generation.vision_inputs import AUDIO, IMAGES, modality_of
+from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
 GENERATION = {"max_length": 40, "max_batch": 8}
@@ -266,3 +267,39 @@ def test_the_cli_generates_from_audio_and_prompts_through_the_processor(
     assert "(--processor DIR is missing)" in capsys.readouterr().err
     assert main(["generate", str(target), "--processor", str(directory), "--audio", files[0]]) == 1
     assert "(--prompt is missing)" in capsys.readouterr().err
+
+
+def test_audio_inputs_of_different_counts_are_refused_in_audio_words(
+    glmasr: tuple[VisionLanguageModule, Any, Path],
+) -> None:
+    """GLM-ASR's features graph takes input_features and input_features_mask, one row per audio clip each: a mask for
+    one clip beside features for two is refused naming audio clips and both inputs' rows, not images (the module's
+    modality); an image module's own error still says images."""
+    module, processor, _ = glmasr
+    texts = [f"w5 {PLACEHOLDER} w9", f"w7 {PLACEHOLDER} w10"]
+    clips = [clip(1, 0), clip(1, 1)]
+    inputs = dict(processor(text=texts, audio=clips, sampling_rate=SAMPLING_RATE, return_tensors="pt"))
+    assert [spec.name for spec in module.vision.io.inputs] == ["input_features", "input_features_mask"]
+    module.generate(**inputs, max_new_tokens=2)  # the whole inputs decode: the next refusal is the mask's alone
+    one_mask = {**inputs, "input_features_mask": inputs["input_features_mask"][:1]}
+    with pytest.raises(InputError, match=r"the audio inputs have different numbers of audio clips \[1, 2\]") as error:
+        module.generate(**one_mask, max_new_tokens=2)
+    assert "input_features 2, input_features_mask 1" in str(error.value) and "image" not in str(error.value)
+    assert error.value.fix == "pass the processor's audio inputs for the same audio clips (one leading row per audio)"
+    with pytest.raises(InputError, match=r"the image inputs have different numbers of images \[1, 2\]"):
+        image_rows({"pixel_values": torch.zeros(2, 3, 4, 4), "image_sizes": torch.ones(1, 2, dtype=torch.int64)})
+
+
+def test_a_partial_run_of_audio_tokens_is_named_so() -> None:
+    """Positions laid over several axes (M-RoPE) for a module of audio: a run of its placeholder tokens that is not a
+    whole number of clips says audio, as the module's modality; the same for images says images."""
+    positions = ImagePositions(torch.zeros(3, 4, dtype=torch.int64), extent=2, image_token=AUDIO_TOKEN)
+    ids = torch.tensor([[5, AUDIO_TOKEN, AUDIO_TOKEN, AUDIO_TOKEN, 6]])
+    mask = torch.ones_like(ids)
+    with pytest.raises(InputError, match="a run of audio tokens .* not a whole number of audio clips of 4") as error:
+        positions.prompt(ids, mask, item="audio")
+    assert "image" not in str(error.value) + error.value.fix
+    with pytest.raises(InputError, match="a run of image tokens .* not a whole number of images of 4"):
+        positions.prompt(ids, mask)
+    whole = torch.tensor([[5, *[AUDIO_TOKEN] * 4, 6]])
+    assert positions.prompt(whole, torch.ones_like(whole), item="audio")[0, 0].tolist() == [0, 1, 1, 1, 1, 3]
