@@ -6,11 +6,11 @@ tokens alone would pass a step whose logits drift but keep their argmax. Here bo
 raw logits (``output_logits``), the tokens must be the same (so every step was fed the same tokens: the logits are
 comparable one for one), and each step's logits are judged by the accuracy policy
 (:func:`pipeline.accuracy.stats.judgement`; where the fixed tolerance fails, within PyTorch's own error: its
-``generate`` run again with every float32 op in float64, or in the half type) into a :class:`DecodingAccuracy`, the
-report's ``decoding``. A float32 conversion fails on a step more than :data:`GROSS` times beyond its tolerance (a
-wrong cache write, mask or position); within that, the two graphs' rounding compounds (the encoder's or the vision
-tower's error carried into the step: each graph alone passed its validation) and the note says so. A half-precision
-conversion's figures are reported and only its tokens can fail it.
+``generate`` run again, fed the same tokens, with every float32 op in float64, or in the half type) into a
+:class:`DecodingAccuracy`, the report's ``decoding``. A float32 conversion fails on a step more than :data:`GROSS`
+times beyond its tolerance (a wrong cache write, mask or position); within that, the two graphs' rounding compounds
+(the encoder's or the vision tower's error carried into the step: each graph alone passed its validation) and the
+note says so. A half-precision conversion's figures are reported and only its tokens can fail it.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def judged_logits(
             and tolerance_ratio(got_array, want_array, judged.tolerance) > 1
         ):
             if anchor is None:
-                anchor = _anchor_run(reference, model, judged.anchor, notes) or ()
+                anchor = _anchor_run(reference, model, judged.anchor, notes, theirs.sequences) or ()
             if _fed_alike(anchor, theirs, step):
                 own = anchor.logits[step].double().cpu().numpy()
                 tolerance = anchored_tolerance(judged.tolerance, want_array, own, judged.anchor, got_array)[0]
@@ -125,20 +125,44 @@ def judged_logits(
     return report
 
 
-def _anchor_run(reference: Callable[[], Any], model: torch.nn.Module, computed_in: str, notes: set[str]) -> Any:
+def _anchor_run(
+    reference: Callable[[], Any],
+    model: torch.nn.Module,
+    computed_in: str,
+    notes: set[str],
+    sequences: torch.Tensor | None = None,
+) -> Any:
     """The model's ``generate`` with its float32 weights and every float32 op in the anchor type of ``computed_in``
-    (the weights put back after); None (with a note) when the model cannot run so."""
+    (the weights put back after); None (with a note) when the model cannot run so.
+
+    The run is fed ``sequences`` (the reference's tokens, :func:`follow_tokens`): PyTorch's own half precision parts
+    from its float32 at a near tie too, and every step after it would lose its anchor (GLM-4.6V's 24-block tower in
+    fp16: PyTorch float16 chose another token at step 5, and steps 6-7 fell back to the fixed tolerance). A generate
+    that does not follow them (it takes no processor, or lays out its sequences otherwise) runs as it is."""
     dtype = ANCHOR_DTYPES[computed_in]
     mode = PrecisionMode(dtype)
     try:
         with torch.no_grad(), _weights_in(model, dtype), mode:
-            out = _inputs_in(reference, dtype)()
+            out = _followed(_inputs_in(reference, dtype), sequences)
     except Exception as error:  # noqa: BLE001 - the fixed tolerance stands, and the report says why
         notes.add(
             f"PyTorch cannot generate in {ANCHOR_DTYPES[computed_in]} for the anchored rule: {type(error).__name__}"
         )
         return None
     return out
+
+
+def _followed(reference: Callable[[], Any], sequences: torch.Tensor | None) -> Any:
+    """``reference()`` fed ``sequences``' tokens where its ``generate`` takes them and gives them back, else run as it
+    is (no ``sequences``, a call that is not a ``functools.partial`` or already holds a logits processor)."""
+    if sequences is None or not isinstance(reference, functools.partial) or "logits_processor" in reference.keywords:
+        return reference()
+    try:
+        out = functools.partial(reference, logits_processor=follow_tokens(sequences))()
+    except Exception:  # noqa: BLE001 - a generate that takes no processor: run it as it is
+        return reference()
+    got = getattr(out, "sequences", None)
+    return out if got is not None and torch.equal(got.cpu(), sequences.cpu()) else reference()
 
 
 def _inputs_in(reference: Callable[[], Any], dtype: torch.dtype) -> Callable[[], Any]:
