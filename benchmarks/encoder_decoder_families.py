@@ -284,7 +284,8 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         config = make_config(kind)
     except Exception as error:  # noqa: BLE001 - transformers refuses its own small config: the row says why
         raise CannotRunEagerly(f"config: {type(error).__name__}: {first_line(error)}") from error
-    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
+    # num_beams=1 said: a generation config may default to beam search (FSMT's to 5 beams)
+    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "num_beams": 1}
     beam = {**greedy, "num_beams": BEAMS}
     scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
     try:

@@ -16,8 +16,10 @@ encoder output when the model's encoder returns one: speech encoders that shorte
 step hands the model is of the class the model's encoder returns, its states zeros (only their shape is read).
 Nothing here reads one architecture's code: both modules call the model as transformers' ``generate`` does
 (:func:`encode_and_decode`: ``get_encoder()`` on the encoder's inputs, or the model's own preparation of them where its
-class overrides transformers' (Florence-2's merges its image features into the encoder's input), then
-``model(encoder_outputs=...)``).
+class overrides transformers' (Florence-2's merges its image features into the encoder's input) or where its own
+``generate`` prepares them before transformers' loop (Pop2Piano's, :func:`own_generate_preparation`), then
+``model(encoder_outputs=...)``). A model whose own attention masks no position of its self-attention cache is handed
+the written positions only (``Seq2SeqStep(written_only=True)``).
 """
 
 from __future__ import annotations
@@ -127,11 +129,32 @@ class CrossCacheLayer(CacheLayerMixin):
 
 
 class _SelfCacheLayer(StepCacheLayer):
-    """A layer of the step's self-attention cache whose length is a number (see :meth:`Seq2SeqStep.forward`)."""
+    """A layer of the step's self-attention cache whose length is a number (see :meth:`Seq2SeqStep.forward`).
+    ``written_only``: ``update`` hands the model the positions written so far (this step's included), a view of the
+    static cache, instead of the whole capacity: attention code of the model's own that masks no cache position
+    (FSMT's and LED's over one decoder token) then attends to what transformers' growing cache holds. The static
+    cache is still written in place and returned whole (``present``): the runtime does not change."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, length: Any) -> None:
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, length: Any, written_only: bool
+    ) -> None:
         super().__init__(keys, values, past_length)
         self.length = length
+        self.written_only = written_only
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Write the step's keys and values; the whole static cache back, or its written positions only."""
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if not self.written_only:
+            return keys, values
+        end = self.length + key_states.shape[-2]
+        return keys[:, :, :end], values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[Any, int]:
+        """The whole capacity, or the positions written after this step's ``query_length``."""
+        if not self.written_only:
+            return super().get_mask_sizes(query_length)
+        return self.length + query_length, 0
 
     def get_seq_length(self) -> Any:
         """The number of positions written before this step."""
@@ -152,7 +175,11 @@ class EncoderOutput(BaseModelOutput):
 
 
 def encode_and_decode(
-    model: torch.nn.Module, given: dict[str, torch.Tensor], decoder_ids: torch.Tensor, use_cache: bool = True
+    model: torch.nn.Module,
+    given: dict[str, torch.Tensor],
+    decoder_ids: torch.Tensor,
+    use_cache: bool = True,
+    cache: Any = None,
 ) -> tuple[Any, Any]:
     """The model's output for the encoder inputs ``given`` and the decoder's tokens ``decoder_ids`` (with its cache
     when ``use_cache``), and its encoder's output: computed as transformers' ``generate`` computes them, the encoder
@@ -160,25 +187,45 @@ def encode_and_decode(
     the decoder's options to its encoder too: Switch Transformers' refuses ``use_cache``). A model without an encoder
     module of its own runs whole (its encoder output is then None). A model that prepares its encoder's inputs itself
     (:func:`own_encoder_preparation`: Florence-2 merges its image features into the encoder's embeddings) is encoded
-    by that preparation, as ``generate`` encodes it."""
+    by that preparation, as ``generate`` encodes it. ``cache``: the model's own cache of the tokens before
+    ``decoder_ids`` (see :func:`decode_over_own_cache`)."""
+    decoding: dict[str, Any] = {"decoder_input_ids": decoder_ids, "use_cache": use_cache}
+    if cache is not None:
+        decoding[_call_argument(model, "cache", "past_key_values") or "past_key_values"] = cache
+    handed = own_generate_preparation(model)
+    if handed is not None:
+        given = handed(given)
     prepare = own_encoder_preparation(model)
     if prepare is not None:
         kwargs = prepare(given)
         encoded = kwargs.pop("encoder_outputs")
-        return model(**kwargs, encoder_outputs=encoded, decoder_input_ids=decoder_ids, use_cache=use_cache), encoded
+        return model(**kwargs, encoder_outputs=encoded, **decoding), encoded
     get = getattr(model, "get_encoder", None)
     encoder = get() if callable(get) else None
     if not isinstance(encoder, torch.nn.Module) or encoder is model:
-        return model(**given, decoder_input_ids=decoder_ids, use_cache=use_cache), None
+        return model(**given, **decoding), None
     main = str(getattr(model, "main_input_name", "input_ids"))
     parameters = inspect.signature(encoder.forward).parameters
     wildcard = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     taken = {name: value for name, value in given.items() if name != main and (wildcard or name in parameters)}
-    # the encoder's own main input name (a speech encoder-decoder's `inputs` are its encoder's `input_values`)
-    taken[str(getattr(encoder, "main_input_name", main))] = given[main]
+    if main in given:  # else the inputs are embeddings (what a model's own generate hands transformers' loop)
+        # the encoder's own main input name (a speech encoder-decoder's `inputs` are its encoder's `input_values`)
+        taken[str(getattr(encoder, "main_input_name", main))] = given[main]
     encoded = encoder(**taken, return_dict=True)
-    rest = {name: value for name, value in given.items() if name != main}
-    return model(**rest, encoder_outputs=encoded, decoder_input_ids=decoder_ids, use_cache=use_cache), encoded
+    rest = {name: value for name, value in given.items() if name not in (main, "inputs_embeds")}
+    return model(**rest, encoder_outputs=encoded, **decoding), encoded
+
+
+def decode_over_own_cache(model: torch.nn.Module, given: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """The logits [batch, tokens, vocab] of the model fed ``tokens`` one at a time over the cache it makes itself, as
+    transformers' ``generate`` decodes (a model's forward over several tokens may differ from that: FSMT's masks a
+    decoder token equal to its padding token without a cache, and masks nothing causally with one)."""
+    logits, cache = [], None
+    for position in range(tokens.shape[1]):
+        out, _ = encode_and_decode(model, given, tokens[:, position : position + 1], cache=cache)
+        cache = cache_of(out)
+        logits.append(out.logits[:, -1])
+    return torch.stack(logits, dim=1)
 
 
 #: The hook of transformers' ``GenerationMixin.generate`` that computes an encoder-decoder's ``encoder_outputs`` from
@@ -211,6 +258,71 @@ def own_encoder_preparation(model: torch.nn.Module) -> Callable[[dict[str, torch
     return prepare
 
 
+def generate_input_name(model: torch.nn.Module) -> str:
+    """The encoder input the model's ``generate`` takes first: its ``main_input_name``, unless its class's own
+    ``generate`` takes another in its place (Pop2Piano's ``input_features``, see :func:`own_generate_preparation`)."""
+    from transformers.generation.utils import GenerationMixin
+
+    main = str(getattr(model, "main_input_name", "input_ids"))
+    own = getattr(type(model), "generate", None)
+    if own is None or own is GenerationMixin.generate or not is_encoder_decoder(model):
+        return main
+    taken = inspect.signature(own).parameters
+    first = next((name for name in taken if name != "self"), None)
+    if first is None or first in ("inputs", "input_ids", "kwargs", "args") or main in taken:
+        return main
+    if taken[first].kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+        return main
+    return first
+
+
+class _Handed(Exception):  # noqa: N818 - not an error: how the inputs come back out of the model's own generate
+    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
+        super().__init__("the inputs a model's own generate hands transformers' loop")
+        self.inputs = inputs
+
+
+class _HandOver:
+    """Put between a model's class and transformers' ``GenerationMixin`` (see :func:`own_generate_preparation`):
+    its ``generate`` is the generic loop's place, and hands back the tensors it is called with."""
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], torch.Tensor):
+            kwargs.setdefault("inputs", args[0])
+        raise _Handed({name: value for name, value in kwargs.items() if isinstance(value, torch.Tensor)})
+
+
+def own_generate_preparation(model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None:
+    """For a model whose class's ``generate`` takes an input its forward does not take as its main one and prepares
+    it itself before transformers' generic loop (Pop2Piano's ``main_input_name`` says ``input_ids``; its ``generate``
+    takes ``input_features``, puts a composer's embedding in front of them, and calls the loop with
+    ``inputs_embeds``): a function of the inputs given to ``generate`` (by name) to the tensors it hands the loop,
+    computed by the model's own ``generate`` (run on a copy of the model whose class puts :class:`_HandOver` before
+    ``GenerationMixin``, so that the loop is not run). None for any other model (its main input is what its
+    ``generate`` takes: transformers' loop prepares it, :func:`encode_and_decode`)."""
+    from transformers.generation.utils import GenerationMixin
+
+    own = getattr(type(model), "generate", None)
+    if own is None or own is GenerationMixin.generate or not is_encoder_decoder(model):
+        return None
+    if generate_input_name(model) == str(getattr(model, "main_input_name", "input_ids")):
+        return None
+    handing = type(f"_HandOver{type(model).__name__}", (type(model), _HandOver, GenerationMixin), {})
+    if handing.__mro__.index(_HandOver) > handing.__mro__.index(GenerationMixin):
+        return None
+
+    def prepare(given: dict[str, torch.Tensor]) -> dict[str, Any]:
+        proxy = copy.copy(model)  # the same parameters and modules; the class changed on the copy only
+        proxy.__class__ = handing
+        try:
+            own(proxy, **given)
+        except _Handed as handed:
+            return handed.inputs
+        raise RuntimeError(f"{type(model).__name__}.generate did not call transformers' generate")
+
+    return prepare
+
+
 def encoder_output_type(encoded: Any) -> type[ModelOutput]:
     """The class of the encoder output the step hands the model: the one its encoder returned (its decoder may read
     more than the states: the shortened input's ``attention_mask`` of Moonshine's and Canary's, the ``router_logits``
@@ -232,7 +344,8 @@ class Seq2SeqStep(torch.nn.Module):
     every layer's self-attention key and value caches [B, heads, capacity, dim] (``past_key_values.{i}.key/value``),
     then every layer's cross-attention keys and values [B, heads, source, dim] (``cross.{i}.key/value``), returns
     ``{"logits": [B, vocab] of the last position, "present.{i}.key": ..., ...}``. ``token_inputs``: the encoder's
-    inputs are one per state (token ids), so that the mask over the states is the model's ``attention_mask`` too."""
+    inputs are one per state (token ids), so that the mask over the states is the model's ``attention_mask`` too.
+    ``written_only``: the model is handed the cache's written positions only (see :class:`_SelfCacheLayer`)."""
 
     def __init__(
         self,
@@ -242,9 +355,12 @@ class Seq2SeqStep(torch.nn.Module):
         use_interface: bool,
         encoder_output: type[ModelOutput] = EncoderOutput,
         token_inputs: bool = True,
+        written_only: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
+        #: hand the model the written cache positions only (see :class:`_SelfCacheLayer`)
+        self.written_only = written_only
         self.encoder_output = encoder_output
         self.layers = layers
         self.hidden = hidden
@@ -272,7 +388,7 @@ class Seq2SeqStep(torch.nn.Module):
         torch._check(length >= 0)
         torch._check(length < states[0].shape[-2])
         layers: list[StepCacheLayer] = [
-            _SelfCacheLayer(states[2 * i], states[2 * i + 1], past_length, length) for i in range(n)
+            _SelfCacheLayer(states[2 * i], states[2 * i + 1], past_length, length, self.written_only) for i in range(n)
         ]
         cross = [CrossCacheLayer(states[2 * n + 2 * i], states[2 * n + 2 * i + 1]) for i in range(n)]
         for given in cross:
@@ -296,7 +412,7 @@ class Seq2SeqStep(torch.nn.Module):
         if self._encoder_mask:
             call["attention_mask"] = encoder_attention_mask
         if self._decoder_mask:
-            capacity = states[0].shape[-2]
+            capacity: Any = length + input_ids.shape[1] if self.written_only else states[0].shape[-2]
             call["decoder_attention_mask"] = torch.ones(batch, capacity, dtype=torch.int64, device=input_ids.device)
         if self.use_interface:
             call["_past_length"] = past_length

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,21 +128,41 @@ def test_t5_relative_positions_give_transformers_tokens() -> None:
     assert any(node.op_type == "Attention" for node in module.decoder.onnx.graph.node)
 
 
+class _SizedByItsCache(transformers.FSMTForConditionalGeneration):
+    """FSMT whose logits read the length of its self-attention cache's keys beyond the tokens it holds: nothing over
+    its own growing cache, the unwritten positions over a static one (whether or not the step hands it the written
+    positions only: the layer's storage is the whole capacity)."""
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        return False  # FSMT's answer (transformers reads it from the source file of the class: this test's)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward(*args, **kwargs)
+        cache = getattr(out, "past_key_values", None)
+        if cache is not None:
+            keys = cache.self_attention_cache.layers[0].keys
+            out.logits = out.logits + (keys.shape[-2] - cache.get_seq_length())
+        return out
+
+
 def test_a_decoder_that_cannot_run_over_a_static_cache_is_refused_before_export(
     source: dict[str, torch.Tensor],
 ) -> None:
-    """FSMT's own attention code builds its causal mask for the tokens it is given, so over a static cache it reads
-    the unwritten positions: the PyTorch step is compared with the model's forward before any export, and the
-    refusal says why and what to do."""
+    """A decoder whose own code reads the unwritten positions of a static cache (here its storage's length) gives
+    other logits over either form of the step's cache (the whole capacity, the written positions) than over its own:
+    the PyTorch step is compared with the model's own decoding before any export, and the refusal says why and what
+    to do. (FSMT itself, whose attention masks no cache position, decodes over the written positions:
+    test_own_attention_seq2seq.py.)"""
     config = transformers.FSMTConfig(
         src_vocab_size=96, tgt_vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1,
         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48,
         max_position_embeddings=64, langs=["en", "de"],
     )  # fmt: skip
-    fsmt = lively(lambda: transformers.FSMTForConditionalGeneration(config), seed=3, std=0.5)
+    fsmt = lively(lambda: _SizedByItsCache(config), seed=3, std=0.5)
     with pytest.raises(InputError, match="static cache") as caught:
         pipeline.convert(fsmt, source, generation=GENERATION)
-    assert "FSMTForConditionalGeneration" in str(caught.value)
+    assert "_SizedByItsCache" in str(caught.value) and "written positions only" in str(caught.value)
     assert "AttentionInterface" in str(caught.value) and "without generation=" in str(caught.value)
     assert caught.value.stage == "input"
 
