@@ -35,6 +35,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
+from converters.errors import InputError
 from pipeline.generation.step import (
     ATTENTION_NAME,
     StepCache,
@@ -318,7 +319,11 @@ def own_generate_preparation(model: torch.nn.Module) -> Callable[[dict[str, torc
             own(proxy, **given)
         except _Handed as handed:
             return handed.inputs
-        raise RuntimeError(f"{type(model).__name__}.generate did not call transformers' generate")
+        raise InputError(
+            f"{type(model).__name__}.generate returned without calling transformers' generate: the encoder inputs it "
+            "prepares itself cannot be taken from it",
+            fix="convert without generation= (the plain forward), or pass the inputs transformers' generate takes",
+        )
 
     return prepare
 

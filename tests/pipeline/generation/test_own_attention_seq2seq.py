@@ -127,3 +127,20 @@ def test_pop2piano_takes_its_generate_input_and_preparation() -> None:
     with torch.no_grad():
         bare = GenerationMixin.generate(model, inputs_embeds=inputs["input_features"], **GREEDY)
     assert not torch.equal(getattr(bare, "sequences", bare), expected)
+
+
+class _KeepsItsFeatures(transformers.Pop2PianoForConditionalGeneration):
+    """A Pop2Piano whose ``generate`` never reaches transformers' loop: there is nothing to take its inputs from."""
+
+    def generate(self, input_features: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        return input_features
+
+
+def test_a_generate_that_never_calls_transformers_loop_is_refused_with_the_fix() -> None:
+    model, inputs = pop2piano()
+    kept = _KeepsItsFeatures(model.config).eval()
+    prepare = own_generate_preparation(kept)
+    assert prepare is not None
+    with pytest.raises(pipeline.InputError, match="returned without calling transformers' generate") as raised:
+        prepare(inputs)
+    assert raised.value.fix
