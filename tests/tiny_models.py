@@ -107,6 +107,21 @@ def greedy_scores(generate: Any, inputs: dict[str, torch.Tensor], **options: Any
     return out.sequences, torch.stack([s.float() for s in out.scores])
 
 
+def decodes_as_transformers(
+    model: Any, module: Any, inputs: dict[str, torch.Tensor], **greedy: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Assert that ``module`` decodes ``inputs`` as ``model.generate`` does: greedy tokens equal, every step's scores
+    within 1e-3, 4-beam sequences equal; transformers' greedy tokens and scores."""
+    expected, expected_scores = greedy_scores(model.generate, inputs, **greedy)
+    tokens, scores = greedy_scores(module.generate, inputs, **greedy)
+    assert torch.equal(tokens, expected)
+    assert float((scores - expected_scores).abs().max()) < 1e-3
+    beams = {**greedy, "num_beams": 4}
+    with torch.no_grad():
+        assert torch.equal(module.generate(**inputs, **beams), model.generate(**inputs, **beams))
+    return expected, expected_scores
+
+
 def converted_for_rtx_when_it_imports(model: Any, inputs: dict[str, torch.Tensor], generation: dict[str, Any]) -> Any:
     """``model`` converted for generation, not validated: for TensorRT-RTX when it imports (its real builder on every
     graph, decomposed attention; its engines cannot run here, and the graphs run on ONNX Runtime beside them), else

@@ -21,7 +21,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import TINY_TEXT, converted_for_rtx_when_it_imports, drawn_by_fan_in, greedy_scores
+from tiny_models import TINY_TEXT, converted_for_rtx_when_it_imports, decodes_as_transformers, drawn_by_fan_in
 
 import pipeline
 from converters.errors import InputError
@@ -88,15 +88,9 @@ def test_greedy_scores_and_beams_equal_transformers(
     model_and_inputs: tuple[Any, dict[str, torch.Tensor]], module: VisionLanguageModule
 ) -> None:
     model, inputs = model_and_inputs
-    expected, expected_scores = greedy_scores(model.generate, inputs, **GREEDY)
+    expected, _ = decodes_as_transformers(model, module, inputs, **GREEDY)
     new = expected[:, inputs["input_ids"].shape[1] :]
     assert len(set(new.flatten().tolist())) > 4  # not one token repeated
-    tokens, scores = greedy_scores(module.generate, inputs, **GREEDY)
-    assert torch.equal(tokens, expected)
-    assert float((scores - expected_scores).abs().max()) < 1e-3
-    beams = {**GREEDY, "num_beams": 4}
-    with torch.no_grad():
-        assert torch.equal(module.generate(**inputs, **beams), model.generate(**inputs, **beams))
     # another audio decodes otherwise, in both: the audio reaches the prompt (the test can fail)
     other = {**inputs, "input_features": inputs["input_features"].flip(-1)}
     with torch.no_grad():

@@ -16,7 +16,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import greedy_scores
+from tiny_models import decodes_as_transformers, greedy_scores
 
 import pipeline
 from pipeline.accuracy import anchoring
@@ -102,13 +102,7 @@ def test_greedy_scores_and_beams_equal_transformers(
     one token (the family sweep's: 2 distinct tokens), so what shows the audio reaching the decoder is the scores:
     another waveform moves them, in transformers and in ours alike."""
     model, inputs, module, _ = converted
-    expected, expected_scores = greedy_scores(model.generate, inputs, **GREEDY)
-    tokens, scores = greedy_scores(module.generate, inputs, **GREEDY)
-    assert torch.equal(tokens, expected)
-    assert float((scores - expected_scores).abs().max()) < 1e-3
-    beams = {**GREEDY, "num_beams": 4}
-    with torch.no_grad():
-        assert torch.equal(module.generate(**inputs, **beams), model.generate(**inputs, **beams))
+    expected, expected_scores = decodes_as_transformers(model, module, inputs, **GREEDY)
     other = {"input_values": inputs["input_values"].flip(-1)}
     theirs, their_scores = greedy_scores(model.generate, other, **GREEDY)
     ours, our_scores = greedy_scores(module.generate, other, **GREEDY)

@@ -33,16 +33,7 @@ def llava() -> Any:
     vision = transformers.CLIPVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
     )
-    text = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
+    text = transformers.LlamaConfig(**tiny_models.TINY_TEXT, max_position_embeddings=64)
     config = transformers.LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=IMAGE, image_seq_length=16
     )
