@@ -143,26 +143,36 @@ def _anchor_run(
     mode = PrecisionMode(dtype)
     try:
         with torch.no_grad(), _weights_in(model, dtype), mode:
-            out = _followed(_inputs_in(reference, dtype), sequences)
+            out, unfollowed = _followed(_inputs_in(reference, dtype), sequences)
     except Exception as error:  # noqa: BLE001 - the fixed tolerance stands, and the report says why
         notes.add(
             f"PyTorch cannot generate in {ANCHOR_DTYPES[computed_in]} for the anchored rule: {type(error).__name__}"
         )
         return None
+    if unfollowed:
+        notes.add(
+            f"PyTorch's own {str(dtype).removeprefix('torch.')} run for the anchored rule chose its own tokens "
+            f"({unfollowed}): a step after it parts from the reference's tokens keeps the fixed tolerance"
+        )
     return out
 
 
-def _followed(reference: Callable[[], Any], sequences: torch.Tensor | None) -> Any:
+def _followed(reference: Callable[[], Any], sequences: torch.Tensor | None) -> tuple[Any, str]:
     """``reference()`` fed ``sequences``' tokens where its ``generate`` takes them and gives them back, else run as it
-    is (no ``sequences``, a call that is not a ``functools.partial`` or already holds a logits processor)."""
-    if sequences is None or not isinstance(reference, functools.partial) or "logits_processor" in reference.keywords:
-        return reference()
+    is, with why (``""``: followed, or nothing to follow: no ``sequences``, a call that is not a
+    ``functools.partial``)."""
+    if sequences is None or not isinstance(reference, functools.partial):
+        return reference(), ""
+    if "logits_processor" in reference.keywords:
+        return reference(), "the call already holds a logits processor"
     try:
         out = functools.partial(reference, logits_processor=follow_tokens(sequences))()
-    except Exception:  # noqa: BLE001 - a generate that takes no processor: run it as it is
-        return reference()
+    except Exception as error:  # noqa: BLE001 - a generate that takes no processor: run it as it is, and say so
+        return reference(), f"its generate refused the token-forcing logits processor: {type(error).__name__}"
     got = getattr(out, "sequences", None)
-    return out if got is not None and torch.equal(got.cpu(), sequences.cpu()) else reference()
+    if got is not None and torch.equal(got.cpu(), sequences.cpu()):
+        return out, ""
+    return reference(), "its generate did not keep the forced tokens"
 
 
 def _inputs_in(reference: Callable[[], Any], dtype: torch.dtype) -> Callable[[], Any]:

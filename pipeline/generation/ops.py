@@ -134,7 +134,7 @@ def on_tensorrt(settings: Settings) -> bool:
     """Whether the graph is built by TensorRT or TensorRT-RTX (the backend ``settings`` select)."""
     from pipeline.runtime.executors import select_backend
 
-    return select_backend(settings.backend, settings).name in ("tensorrt", "tensorrt-rtx")
+    return select_backend(settings.backend, settings, quiet=True).name in ("tensorrt", "tensorrt-rtx")
 
 
 def _decomposed_attention(ctx: ConverterContext, bias: gs.Tensor | None = None) -> gs.Tensor:

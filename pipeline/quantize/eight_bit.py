@@ -127,7 +127,7 @@ def _backend_name(settings: Settings) -> str:
         return settings.backend
     from pipeline.runtime.executors import select_backend
 
-    return select_backend(settings.backend, settings).name
+    return select_backend(settings.backend, settings, quiet=True).name
 
 
 def _calibrated_ranges(

@@ -61,18 +61,19 @@ class EngineNotRunnableWarning(UserWarning):
     """A TensorRT-RTX engine was built but cannot run here; the same graph runs on ONNX Runtime."""
 
 
-def select_backend(requested: str, settings: Settings | None = None) -> BackendChoice:
+def select_backend(requested: str, settings: Settings | None = None, *, quiet: bool = False) -> BackendChoice:
     """Resolve ``auto``; asking for ``tensorrt`` where it cannot run is an error, never a silent fallback.
 
     ``tensorrt-rtx`` needs only the library to import: where its engine cannot run (``settings`` give the targets),
     the choice says so, a :class:`EngineNotRunnableWarning` is issued, and ``settings.require_engine_runtime`` makes
-    it a BuildError.
+    it a BuildError. The choice is logged (INFO), once per graph a conversion builds; ``quiet``: a question a pass
+    asks of it (which backend the graph is lowered for) logs at DEBUG and warns nothing, the errors stand.
     """
     settings = settings or Settings()
     if requested == "onnxruntime":
         choice = BackendChoice("onnxruntime", "requested (backend='onnxruntime')")
     elif requested == "tensorrt-rtx":
-        choice = _select_rtx(settings)
+        choice = _select_rtx(settings, quiet)
     else:
         from pipeline.runtime.tensorrt.identity import tensorrt_status
 
@@ -91,7 +92,7 @@ def select_backend(requested: str, settings: Settings | None = None) -> BackendC
             choice = BackendChoice("tensorrt", f"auto: {why}")
         else:
             choice = BackendChoice("onnxruntime", f"auto: TensorRT not usable ({why}){_rtx_hint(settings)}")
-    logger.info("backend: %s (%s)", choice.name, choice.reason)
+    logger.log(logging.DEBUG if quiet else logging.INFO, "backend: %s (%s)", choice.name, choice.reason)
     return choice
 
 
@@ -108,7 +109,7 @@ def _rtx_hint(settings: Settings) -> str:
     return f"; TensorRT-RTX {TENSORRT_RTX.version()} can {what}: backend='tensorrt-rtx' (--backend tensorrt-rtx)"
 
 
-def _select_rtx(settings: Settings) -> BackendChoice:
+def _select_rtx(settings: Settings, quiet: bool = False) -> BackendChoice:
     from pipeline.runtime.tensorrt.identity import engine_runtime_status
     from pipeline.runtime.tensorrt.library import TENSORRT_RTX, describe_targets
 
@@ -128,7 +129,8 @@ def _select_rtx(settings: Settings) -> BackendChoice:
             "targeted) and target it (trt_compute_capabilities), or drop require_engine_runtime to build the engine "
             "and run the same graph on ONNX Runtime",
         )
-    warnings.warn(message, EngineNotRunnableWarning, stacklevel=3)
+    if not quiet:
+        warnings.warn(message, EngineNotRunnableWarning, stacklevel=3)
     return BackendChoice("tensorrt-rtx", f"requested (backend='tensorrt-rtx'); {message}", runs_engine=False)
 
 

@@ -93,3 +93,29 @@ def test_bfloat16_output_on_onnxruntime_is_a_build_error_naming_it() -> None:
     with pytest.raises(BuildError, match=r"\['out'\] are bfloat16") as caught:
         pipeline.convert(ToBfloat16(), torch.randn(3, 4))
     assert "return float32" in str(caught.value)
+
+
+def test_the_choice_is_logged_once_and_a_question_asked_of_it_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    """A conversion logs its backend choice at INFO once per graph it builds; a pass asking which backend the graph is
+    lowered for (``quiet=True``) logs at DEBUG and issues no EngineNotRunnableWarning (a vision-language conversion
+    printed the same long line five times)."""
+    import logging
+    import warnings
+
+    from pipeline.runtime.executors import EngineNotRunnableWarning, select_backend
+    from pipeline.settings import Settings
+
+    with caplog.at_level(logging.DEBUG, logger="pipeline.runtime.executors"):
+        loud, quiet = select_backend("onnxruntime"), select_backend("onnxruntime", quiet=True)
+    assert loud == quiet
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "backend: onnxruntime (requested (backend='onnxruntime'))"),
+        (logging.DEBUG, "backend: onnxruntime (requested (backend='onnxruntime'))"),
+    ]
+    pytest.importorskip("tensorrt_rtx")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        select_backend("tensorrt-rtx", Settings(backend="tensorrt-rtx"), quiet=True)
+        assert not caught
+        select_backend("tensorrt-rtx", Settings(backend="tensorrt-rtx"))
+    assert [w.category for w in caught] == [EngineNotRunnableWarning]

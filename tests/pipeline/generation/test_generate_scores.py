@@ -74,3 +74,26 @@ def test_the_half_anchor_generates_with_float32_pixels_before_a_convolution() ->
     assert notes == set() and out is not None and out.dtype == torch.float16
     torch.testing.assert_close(out.float(), generate(pixels, 2), atol=1e-2, rtol=1e-2)
     assert tower.weight.dtype == torch.float32  # the weights put back
+
+
+def test_an_anchor_run_that_cannot_follow_the_reference_tokens_says_so() -> None:
+    """The anchor run is fed the reference's tokens; a ``generate`` that takes no logits processor runs as it is, and
+    the report says that a step after its own tokens part keeps the fixed tolerance (it did so silently before)."""
+    import functools
+
+    from pipeline.generation.generate_scores import _anchor_run
+
+    layer = torch.nn.Linear(4, 4).eval()
+
+    def generate(inputs: torch.Tensor) -> torch.Tensor:  # no logits_processor: transformers' processor is refused
+        return layer(inputs)
+
+    notes: set[str] = set()
+    sequences = torch.zeros(2, 5, dtype=torch.long)
+    out = _anchor_run(functools.partial(generate, inputs=torch.randn(2, 4)), layer, "float32", notes, sequences)
+    assert out is not None and out.dtype == torch.float64
+    (note,) = notes
+    assert "chose its own tokens" in note and "refused the token-forcing logits processor: TypeError" in note
+    notes.clear()
+    assert _anchor_run(functools.partial(generate, inputs=torch.randn(2, 4)), layer, "float32", notes) is not None
+    assert notes == set()  # nothing to follow: nothing to say
