@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from converters.errors import AccuracyError
 from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
 from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.precision.stage import validation_settings
@@ -250,7 +251,7 @@ def diverged(report: DecodingAccuracy | None, wanted: torch.Tensor, chosen: torc
         f"{report.precision}: the greedy tokens depart from PyTorch float32's (a near tie in the low precision); every "
         f"step's logits judged on PyTorch's tokens (within {GROSS:g}x the policy)"
     )
-    kept = [part for part in report.note.split("; ") if part and part != UNANCHORED_NOTE]
+    kept = [part for part in report.note.replace(UNANCHORED_NOTE, "").split("; ") if part]  # it holds a "; "
     return dataclasses.replace(
         report,
         greedy=int(same.sum()),
@@ -259,3 +260,44 @@ def diverged(report: DecodingAccuracy | None, wanted: torch.Tensor, chosen: torc
         greedy_reused=False,
         note="; ".join([*kept, note]),
     )
+
+
+def departed(model: torch.nn.Module, what: str, wanted: torch.Tensor, chosen: torch.Tensor, precision: str) -> bool:
+    """Whether the module's greedy tokens ``chosen`` part from ``model.generate``'s ``wanted`` at a lower precision's
+    near tie, to be judged on PyTorch's tokens (:func:`follow_tokens`, then :func:`judged_departure`); False where
+    they are equal. Raises the AccuracyError where they may not part: a float32 conversion, or fewer tokens. ``what``
+    names the module in the message ("the converted encoder-decoder")."""
+    if torch.equal(wanted, chosen):
+        return False
+    if precision == "fp32" or wanted.shape[1] > chosen.shape[1]:
+        raise AccuracyError(
+            f"{what}'s greedy tokens differ from {type(model).__name__}.generate on the sample: expected "
+            f"{wanted.tolist()}, got {chosen.tolist()}",
+            fix="convert with precision='fp32' to confirm; report the model (each graph passed its validation)",
+        )
+    return True
+
+
+def judged_departure(
+    judged: DecodingAccuracy | None,
+    model: torch.nn.Module,
+    what: str,
+    wanted: torch.Tensor,
+    chosen: torch.Tensor,
+    width: int,
+    precision: str,
+) -> DecodingAccuracy | None:
+    """The decoding report of greedy tokens that :func:`departed`: ``judged`` (the module's logits fed PyTorch's
+    tokens, :func:`judged_logits`) saying where the tokens part (:func:`diverged`; ``width``: the prompt's columns of
+    the sequences). A near tie only when those logits are within :data:`GROSS` x the policy: else an AccuracyError
+    (a wrong step that kept the argmax for a while)."""
+    worst = None if judged is None else judged.worst_step
+    if worst is None or worst.max_abs > GROSS * worst.atol_used:
+        raise AccuracyError(
+            f"{what}'s greedy tokens differ from {type(model).__name__}.generate on the sample ({precision}), and its "
+            f"logits fed PyTorch's tokens are more than {GROSS:g}x beyond the accuracy policy"
+            + ("" if worst is None else f" (step {worst.step}: {worst.max_abs:.3g})")
+            + f": expected {wanted.tolist()}, got {chosen.tolist()}",
+            fix="convert with precision='fp32' to confirm, or keep the offending layers in float32 (keep_fp32=[...])",
+        )
+    return diverged(judged, wanted, chosen, width)
