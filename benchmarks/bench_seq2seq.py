@@ -9,8 +9,14 @@ tokens), with the machine's load. The same conversion with its encoder's attenti
 ``MatMul``, as ``module.onnx`` has it) rather than ONNX Runtime's ``MultiHeadAttention`` runs alongside: the form
 before that session-graph rewrite.
 
+With ``--optimum PYTHON`` (the python of optimum-onnx's own venv: ``benchmarks/peers/optimum_worker.py`` says how to
+make it), the peer a user would otherwise pick runs in the same rounds: the model saved as a checkpoint, exported by
+optimum-onnx's ``ORTModelForSpeechSeq2Seq`` and decoding the same features in its worker process, on the same ONNX
+Runtime (its wall time per call; its CPU time is the worker's, not counted here).
+
     python benchmarks/bench_seq2seq.py                   # 48 tokens, 1 thread, 5 rounds
     python benchmarks/bench_seq2seq.py --threads 2 --rounds 7
+    python benchmarks/bench_seq2seq.py --optimum /work/bench-venvs/optimum/bin/python
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+import numpy as np  # noqa: E402
 import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -96,13 +104,35 @@ def copied_cache() -> Iterator[None]:
         encoder_decoder.bound_runner = kept
 
 
+def optimum_peer(python: Path, model: Any, features: torch.Tensor, threads: int, work: Path) -> tuple[Any, float]:
+    """optimum-onnx's Whisper in its worker (``bench_generate.Optimum``'s process and protocol): ``model`` saved as a
+    checkpoint in ``work``, exported, loaded with ``threads``; the worker and optimum's export seconds."""
+    from bench_generate import Optimum
+
+    checkpoint = work / "checkpoint"
+    model.save_pretrained(checkpoint)
+    np.save(work / "features.npy", features.numpy())
+    peer = Optimum(python, checkpoint, work)
+    kind = {"kind": "speech-seq2seq"}
+    exported = peer.ask({"op": "export", "checkpoint": str(checkpoint), "out": str(peer.out), **kind})["seconds"]
+    peer.ask({"op": "load", "dir": str(peer.out), "threads": threads, "spinning": False, **kind})
+    return peer, float(exported)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--validate", action="store_true", help="validate the conversion (minutes more)")
+    parser.add_argument("--optimum", type=Path, help="the python of optimum-onnx's venv: its Whisper in the rounds")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        run(args, Path(work))
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    """The benchmark (see the module docstring), the peer's files in ``work``."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**BASE)).eval()
@@ -129,16 +159,27 @@ def main() -> None:
         with copied_cache():
             return module.generate(features, **options)
 
-    with torch.no_grad():
-        whole = alternated(
-            {
-                "eager": lambda: model.generate(features, **options),
-                "ours": lambda: module.generate(features, **options),
-                "copied": copied,
-                "before": lambda: before.generate(features, **options),
-            },
-            args.rounds,
+    calls: dict[str, Callable[[], object]] = {
+        "eager": lambda: model.generate(features, **options),
+        "ours": lambda: module.generate(features, **options),
+        "copied": copied,
+        "before": lambda: before.generate(features, **options),
+    }
+    peer_note = ""
+    if args.optimum is not None:
+        peer, exported = optimum_peer(args.optimum, model, features, args.threads, work)
+        request = {"op": "transcribe", "features": str(work / "features.npy"), "new_tokens": args.tokens}
+        theirs = torch.tensor(peer.ask(request)["tokens"])
+        width = min(theirs.shape[1], expected.shape[1])
+        alike = torch.equal(theirs[:, -width:], expected[:, -width:])
+        calls["optimum"] = lambda: peer.ask(request)
+        versions = peer.ask({"op": "versions"})["versions"]
+        peer_note = (
+            f"optimum-onnx {versions['optimum-onnx']} (transformers {versions['transformers']}, ONNX Runtime "
+            f"{versions['onnxruntime']}): export {exported:.1f} s; same tokens as eager: {alike}"
         )
+    with torch.no_grad():
+        whole = alternated(calls, args.rounds)
         encoders = alternated(
             {
                 "eager": lambda: model.get_encoder()(features),
@@ -152,6 +193,8 @@ def main() -> None:
     shape = f"{args.tokens} tokens, batch 1, {args.threads} thread(s)"
     print(f"Whisper-base shape, random weights, {shape}, load {load:.1f}")
     print(f"conversion {converted:.1f} s (validate={args.validate}); same tokens as eager: {same}")
+    if peer_note:
+        print(peer_note)
     print("| | generate (s) | encoder (s) | decode ms/token | generate, CPU (s) | encoder, CPU (s) |")
     print("|---|---|---|---|---|---|")
     names = {
@@ -164,6 +207,8 @@ def main() -> None:
         (call, call_cpu), (encoder, encoder_cpu) = whole[key], encoders[key]
         decode = 1000 * (call - encoder) / args.tokens
         print(f"| {name} | {call:.3f} | {encoder:.3f} | {decode:.2f} | {call_cpu:.3f} | {encoder_cpu:.3f} |")
+    if "optimum" in whole:
+        print(f"| optimum-onnx ORTModelForSpeechSeq2Seq (its worker) | {whole['optimum'][0]:.3f} | | | | |")
     eager = whole["eager"]
     ratios = {key: (eager[0] / whole[key][0], eager[1] / whole[key][1]) for key in names}
     print(
@@ -171,6 +216,8 @@ def main() -> None:
         f"{ratios['copied'][0]:.2f}x with the cache copied, {ratios['before'][0]:.2f}x with the encoder's attention "
         f"decomposed (CPU time {ratios['before'][1]:.2f}x)"
     )
+    if "optimum" in whole:
+        print(f"against optimum-onnx: {whole['optimum'][0] / whole['ours'][0]:.2f}x its whole generate")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""optimum-onnx's ``ORTModelForCausalLM`` as a worker of ``benchmarks/bench_generate.py``, run in its own venv.
+"""optimum-onnx's ``ORTModelForCausalLM`` as a worker of ``benchmarks/bench_generate.py`` (and its
+``ORTModelForSpeechSeq2Seq`` of ``benchmarks/bench_seq2seq.py``), run in its own venv.
 
 optimum-onnx 0.1 pins ``transformers<4.58``, older than the repository's, so it cannot share ``.venv``. Create its
 environment once (torch pinned first: an unpinned torch pulls several GB of CUDA wheels)::
@@ -12,11 +13,14 @@ stdin, one answer per line on stdout (anything the libraries print goes to stder
 
 - ``{"op": "versions"}`` -> the versions of optimum-onnx, transformers, onnxruntime and torch;
 - ``{"op": "export", "checkpoint": DIR, "out": DIR}`` -> ``ORTModelForCausalLM.from_pretrained(DIR, export=True)``
-  saved to ``out``, with the wall time (optimum's conversion);
+  saved to ``out``, with the wall time (optimum's conversion); ``"kind": "speech-seq2seq"`` (here and in ``load``):
+  ``ORTModelForSpeechSeq2Seq`` instead (Whisper: an encoder and a decoder with its past);
 - ``{"op": "load", "dir": DIR, "threads": T, "spinning": false}`` -> the exported model loaded with ONNX Runtime's
   intra-op threads ``T`` (and torch's threads, which pick the tokens), with the wall time;
 - ``{"op": "generate", "ids": [[...]], "new_tokens": N}`` -> greedy ``model.generate`` with a streamer that stamps
   each new token: the tokens, the seconds to the first new token (prefill) and from the first to the last (decode);
+- ``{"op": "transcribe", "features": FILE.npy, "new_tokens": N}`` -> greedy ``model.generate(input_features)`` of
+  exactly ``N`` new tokens: the tokens and the wall seconds of the whole call (encoder included);
 - ``{"op": "quit"}``.
 
 Every answer has ``"ok"``; a failed request answers ``{"ok": false, "error": "..."}`` and the worker goes on.
@@ -67,10 +71,9 @@ class Worker:
 
     def export(self, request: dict[str, Any]) -> dict[str, Any]:
         """optimum's conversion of the checkpoint, saved for :meth:`load`."""
-        from optimum.onnxruntime import ORTModelForCausalLM
-
         start = time.perf_counter()
-        model = ORTModelForCausalLM.from_pretrained(request["checkpoint"], export=True, provider="CPUExecutionProvider")
+        kind = model_class(request)
+        model = kind.from_pretrained(request["checkpoint"], export=True, provider="CPUExecutionProvider")
         model.save_pretrained(request["out"])
         return {"seconds": time.perf_counter() - start}
 
@@ -78,7 +81,6 @@ class Worker:
         """The exported model with ``threads`` intra-op threads, spinning as asked."""
         import onnxruntime
         import torch
-        from optimum.onnxruntime import ORTModelForCausalLM
 
         threads = int(request["threads"])
         torch.set_num_threads(threads)
@@ -89,7 +91,7 @@ class Worker:
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         self.model = None
         start = time.perf_counter()
-        self.model = ORTModelForCausalLM.from_pretrained(
+        self.model = model_class(request).from_pretrained(
             request["dir"], session_options=options, provider="CPUExecutionProvider"
         )
         return {"seconds": time.perf_counter() - start}
@@ -123,11 +125,39 @@ class Worker:
             "steps": len(stamps),
         }
 
+    def transcribe(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Greedy decoding of exactly ``new_tokens`` tokens from the features file, timed whole."""
+        import numpy
+        import torch
+
+        if self.model is None:
+            raise RuntimeError("no model loaded: send a load request first")
+        features = torch.from_numpy(numpy.load(request["features"]))
+        new = int(request["new_tokens"])
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = self.model.generate(features, max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1)
+            seconds = time.perf_counter() - start
+        return {"tokens": out.tolist(), "seconds": seconds}
+
+
+def model_class(request: dict[str, Any]) -> Any:
+    """optimum's class for the request's ``kind`` (a causal LM unless it says ``speech-seq2seq``)."""
+    from optimum.onnxruntime import ORTModelForCausalLM, ORTModelForSpeechSeq2Seq
+
+    return ORTModelForSpeechSeq2Seq if request.get("kind") == "speech-seq2seq" else ORTModelForCausalLM
+
 
 def main() -> None:
     """Answer requests until ``quit`` or the end of stdin."""
     worker = Worker()
-    handlers = {"versions": worker.versions, "export": worker.export, "load": worker.load, "generate": worker.generate}
+    handlers = {
+        "versions": worker.versions,
+        "export": worker.export,
+        "load": worker.load,
+        "generate": worker.generate,
+        "transcribe": worker.transcribe,
+    }
     for line in sys.stdin:
         if not line.strip():
             continue
