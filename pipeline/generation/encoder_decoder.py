@@ -21,7 +21,6 @@ encoder's code decides on it in Python: LongT5's and PEGASUS-X's block padding);
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,15 +32,6 @@ from converters.errors import ExportError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
 from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
-from pipeline.generation.generate_scores import (
-    departed,
-    follow_tokens,
-    greedy_options,
-    judged_departure,
-    judged_logits,
-    prompt_tokens,
-    with_decoding,
-)
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.seq2seq import (
     CrossStates,
@@ -51,7 +41,9 @@ from pipeline.generation.seq2seq import (
     encoder_output_type,
     generate_input_name,
     own_encoder_preparation,
+    source_states,
 )
+from pipeline.generation.seq2seq_greedy import validate_greedy
 from pipeline.generation.static_cache_check import step_over_static_cache
 from pipeline.generation.step import uses_attention_interface
 from pipeline.runtime.generation.encoder_decoder import (
@@ -70,11 +62,6 @@ logger = logging.getLogger(__name__)
 
 #: Convert one part (module, sample, settings, converters) through the stages.
 Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], ConvertedModule]
-
-#: Tokens of the greedy decodings compared with the model's own ``generate`` when validating.
-VALIDATION_TOKENS = 8
-#: The module, as the validation's errors name it.
-WHAT = "the converted encoder-decoder"
 
 
 def convert_encoder_decoder(
@@ -116,15 +103,23 @@ def convert_encoder_decoder(
     with torch.no_grad():
         encoder = CrossStates(model, names, layout.layers, start).train(model.training)
         cross = encoder(*inputs.values())
-    use_interface = uses_attention_interface(model, "its own attention code is exported as it is over the static cache")
+    own = "its own attention code is exported as it is over the static cache"
+    use_interface = all(uses_attention_interface(part, own) for part in attention_owners(model))
 
     def make_step(written_only: bool) -> Seq2SeqStep:
         made = Seq2SeqStep(
-            model, layout.layers, layout.hidden, use_interface, layout.encoder_output, tokens, written_only
+            model,
+            layout.layers,
+            layout.hidden,
+            use_interface,
+            layout.encoder_output,
+            tokens,
+            written_only,
+            layout.source_states,
         )
         return made.train(model.training)
 
-    mask = inputs.get("attention_mask") if tokens else None
+    mask = cross.get(ENCODER_MASK, inputs.get("attention_mask") if tokens else None)  # the encoder's own, else
     encoder_mask = mask.to(torch.int64) if mask is not None else torch.ones(rows, layout.source, dtype=torch.int64)
     past = [tensor for layer in layout.self_layers for tensor in layer.storage(rows, generation.max_length)]
     states = [*past, *(cross[name] for name in cross_names(layout.layers))]
@@ -166,7 +161,7 @@ def convert_encoder_decoder(
                 "decoding is checked against the model's generate although validate=False",
                 type(model).__name__,
             )
-        _validate_greedy(model, module, inputs, step_settings)
+        validate_greedy(model, module, inputs, step_settings)
     return module
 
 
@@ -178,6 +173,7 @@ class _Layout:
     hidden: int  # the encoder output's width
     vocabulary: int
     encoder_output: type[ModelOutput]  # the class of what the model's encoder returns
+    source_states: tuple[tuple[str, int], ...]  # its other states over the source (seq2seq.source_states)
 
 
 def _encoder_inputs(model: torch.nn.Module, sample: Any) -> dict[str, torch.Tensor]:
@@ -301,7 +297,29 @@ def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int)
             fix="generation= converts transformers *ForConditionalGeneration models; convert without it",
         )
     width, vocabulary = int(hidden.shape[-1]), int(out.logits.shape[-1])
-    return _Layout(len(self_layers), tuple(self_layers), source, width, vocabulary, encoder_output_type(encoded))
+    return _Layout(
+        len(self_layers),
+        tuple(self_layers),
+        source,
+        width,
+        vocabulary,
+        encoder_output_type(encoded),
+        source_states(encoded, source),
+    )
+
+
+def attention_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model, and its decoder where that is another model's code (a ``VisionEncoderDecoderModel``'s TrOCR or
+    mBART decoder): the step's attention dispatches through transformers' interface only if both do (a composite's
+    own module has no attention class, which transformers reads as dispatching)."""
+    get = getattr(model, "get_decoder", None)
+    try:
+        decoder = get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - a model without a decoder transformers can find: the model's code decides
+        decoder = None
+    if isinstance(decoder, torch.nn.Module) and type(decoder).__module__ != type(model).__module__:
+        return [model, decoder]
+    return [model]
 
 
 def _written(layer: Any) -> bool:
@@ -396,69 +414,3 @@ def _model_options(model: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
         for name, value in sorted(config.to_dict().items())
         if name in taken and not is_default(name, value) and name not in ("eos_token_id", "pad_token_id")
     )
-
-
-def _validate_greedy(
-    model: torch.nn.Module, module: EncoderDecoderModule, inputs: dict[str, torch.Tensor], settings: Settings
-) -> None:
-    """The sample's greedy decoding, token for token against ``model.generate`` (its own cache), else against
-    transformers' generic ``generate`` loop: what the module reproduces, where the model's class wraps it with its own
-    post-processing (Whisper's leaves out its decoder prompt and turns a final eos into padding). Then every step's
-    logits against the ``generate`` that gave the same tokens (:mod:`pipeline.generation.generate_scores`). A lower
-    precision's tokens may part from the model's at a near tie: its steps are then judged fed PyTorch's tokens, and
-    the report says where they part (:func:`~pipeline.generation.generate_scores.departed`)."""
-    actual = _reference_greedy(module.generate, inputs)
-    expected = _reference_greedy(getattr(model, "generate"), inputs)  # noqa: B009 - nn.Module types it as a tensor
-    reference: Callable[..., Any] | None = getattr(model, "generate")  # noqa: B009
-    apart = False
-    if not _same_tokens(expected, actual):
-        reference = _generic_generate(model)
-        if reference is not None:
-            try:
-                generic = _reference_greedy(reference, inputs)
-            except Exception:  # noqa: BLE001 - the generic loop refuses the inputs only the model's generate takes
-                generic = None  # (Pop2Piano's input_features): the tokens differ from the model's, said below
-            if generic is None or not _same_tokens(generic, actual):
-                reference = None
-        if reference is None:  # a half precision's near tie (the model's own layout), else the AccuracyError
-            laid_out_alike = expected.shape == actual.shape  # (not Whisper's new tokens only: refused as fp32 is)
-            apart = departed(model, WHAT, expected, actual, settings.precision if laid_out_alike else "fp32")
-            reference = getattr(model, "generate")  # noqa: B009
-    assert reference is not None  # the generic loop, else the model's own with its tokens apart
-    with torch.no_grad():
-        theirs = reference(**inputs, **greedy_options(VALIDATION_TOKENS))
-    follow = {"logits_processor": follow_tokens(theirs.sequences)} if apart else {}
-    ours: Any = module.generate(**inputs, **greedy_options(VALIDATION_TOKENS), **follow)
-    main = next(iter(inputs.values()))
-    tokens = prompt_tokens(inputs.get("attention_mask"), main) if main.dtype == torch.int64 else main.shape[0]
-    label = f"sample of {main.shape[0]} row(s), its {next(iter(inputs))}"
-    again = functools.partial(reference, **inputs, **greedy_options(VALIDATION_TOKENS))
-    judged = judged_logits(ours, theirs, module.decoder.io, settings, label, tokens, again, model)
-    if apart:
-        width = int(theirs.sequences.shape[1]) - len(theirs.logits)  # the decoder prompt
-        judged = judged_departure(judged, model, WHAT, expected, actual, width, settings.precision)
-    with_decoding(module.decoder, judged)
-
-
-def _reference_greedy(generate: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``generate``'s greedy tokens for the sample (the same options for the module and the model)."""
-    with torch.no_grad():
-        return torch.as_tensor(generate(**inputs, max_new_tokens=VALIDATION_TOKENS, do_sample=False, num_beams=1))
-
-
-def _generic_generate(model: torch.nn.Module) -> Callable[..., Any] | None:
-    """transformers' ``GenerationMixin.generate`` bound to ``model`` when the model's class overrides it, else None."""
-    from transformers.generation.utils import GenerationMixin
-
-    if not isinstance(model, GenerationMixin) or type(model).generate is GenerationMixin.generate:
-        return None
-    return functools.partial(GenerationMixin.generate, model)
-
-
-def _same_tokens(expected: torch.Tensor, actual: torch.Tensor) -> bool:
-    """The sequences are equal, or ``expected`` is ``actual`` without its decoder prompt (a model's ``generate``
-    may return the new tokens only, as Whisper's does)."""
-    width = expected.shape[1]
-    if expected.shape[0] != actual.shape[0] or width > actual.shape[1]:
-        return False
-    return torch.equal(expected, actual[:, actual.shape[1] - width :])

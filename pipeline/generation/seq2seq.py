@@ -45,6 +45,7 @@ from pipeline.generation.step import (
     register_attention,
     step_outputs,
 )
+from pipeline.runtime.generation.encoder_decoder import ENCODER_MASK
 from pipeline.runtime.generation.layout import cross_name, past_name
 
 
@@ -66,7 +67,9 @@ def cache_of(output: Any) -> Any:
 
 class CrossStates(torch.nn.Module):
     """``forward(**encoder_inputs)``: the cross-attention keys and values of every decoder layer, ``{"cross.{i}.key":
-    ..., "cross.{i}.value": ...}``, computed by the model itself with one decoder token (``start``)."""
+    ..., "cross.{i}.value": ...}``, computed by the model itself with one decoder token (``start``); and where the
+    model's encoder returns its own mask over its states (:func:`encoder_mask`), that mask (``ENCODER_MASK``): the
+    runtime hands the step the encoder's mask rather than the request's."""
 
     def __init__(self, model: torch.nn.Module, names: tuple[str, ...], layers: int, start: int) -> None:
         super().__init__()
@@ -84,10 +87,13 @@ class CrossStates(torch.nn.Module):
         given = dict(zip(self.names, inputs, strict=True))
         batch = inputs[0].shape[0]
         start = torch.full((batch, 1), self.start, dtype=torch.int64, device=inputs[0].device)
-        out, _ = encode_and_decode(self.model, given, start)
+        out, encoded = encode_and_decode(self.model, given, start)
         cache = cache_of(out)
         assert isinstance(cache, EncoderDecoderCache)
         result = {}
+        mask = encoder_mask(encoded)
+        if mask is not None:
+            result[ENCODER_MASK] = mask
         for i in range(self.layers):
             layer: Any = cache.cross_attention_cache.layers[i]
             result[cross_name(i, "key")] = layer.keys
@@ -337,6 +343,32 @@ def encoder_output_type(encoded: Any) -> type[ModelOutput]:
     return EncoderOutput
 
 
+def encoder_mask(encoded: Any) -> torch.Tensor | None:
+    """The mask over its states [batch, states] (int64) the encoder's output ``encoded`` holds, or None: an encoder
+    whose states are not its input's positions computes it (UDOP's over its merged image patches and text tokens, a
+    speech encoder's over the frames it keeps), and its decoder reads it as the cross-attention mask."""
+    mask = encoded.get("attention_mask") if isinstance(encoded, ModelOutput) else None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or "attention_mask" not in _fields(type(encoded)):
+        return None
+    return mask.to(torch.int64)
+
+
+def source_states(encoded: Any, source: int) -> tuple[tuple[str, int], ...]:
+    """The states over the source (3-D, ``source`` long: as long as the cross keys) the encoder output ``encoded``
+    holds beside ``last_hidden_state``, by name and width: what :class:`Seq2SeqStep` hands the model as zeros."""
+    if not isinstance(encoded, ModelOutput):
+        return ()
+    return tuple(
+        (name, int(value.shape[-1]))
+        for name, value in encoded.items()
+        if name != "last_hidden_state"
+        and isinstance(value, torch.Tensor)
+        and value.dim() == 3
+        and int(value.shape[1]) == source
+        and name in _fields(type(encoded))
+    )
+
+
 def _fields(output: type[ModelOutput]) -> set[str]:
     """The field names of a ``ModelOutput`` dataclass."""
     return set(getattr(output, "__dataclass_fields__", {}))
@@ -350,7 +382,10 @@ class Seq2SeqStep(torch.nn.Module):
     then every layer's cross-attention keys and values [B, heads, source, dim] (``cross.{i}.key/value``), returns
     ``{"logits": [B, vocab] of the last position, "present.{i}.key": ..., ...}``. ``token_inputs``: the encoder's
     inputs are one per state (token ids), so that the mask over the states is the model's ``attention_mask`` too.
-    ``written_only``: the model is handed the cache's written positions only (see :class:`_SelfCacheLayer`)."""
+    ``written_only``: the model is handed the cache's written positions only (see :class:`_SelfCacheLayer`).
+    ``source_states``: the other states over the source the model's encoder returns, by name and width (its decoder may
+    cross-attend to one of them rather than to ``last_hidden_state``: PP-FormulaNet's to its ``pooler_output``), handed
+    to the model as zeros of the step's source length, as ``last_hidden_state`` is (only their shape is read)."""
 
     def __init__(
         self,
@@ -361,9 +396,11 @@ class Seq2SeqStep(torch.nn.Module):
         encoder_output: type[ModelOutput] = EncoderOutput,
         token_inputs: bool = True,
         written_only: bool = False,
+        source_states: tuple[tuple[str, int], ...] = (),
     ) -> None:
         super().__init__()
         self.model = model
+        self.source_states = source_states
         #: hand the model the written cache positions only (see :class:`_SelfCacheLayer`)
         self.written_only = written_only
         self.encoder_output = encoder_output
@@ -404,6 +441,8 @@ class Seq2SeqStep(torch.nn.Module):
         # the decoder reads the encoder's output only for its shape (the cross keys and values are cached)
         hidden = torch.zeros(batch, source, self.hidden, dtype=states[2 * n].dtype, device=input_ids.device)
         encoded: dict[str, Any] = {"last_hidden_state": hidden}
+        for name, width in self.source_states:
+            encoded[name] = torch.zeros(batch, source, width, dtype=hidden.dtype, device=hidden.device)
         if "attention_mask" in _fields(self.encoder_output):
             # an encoder that shortens its input returns the mask over its states, which the decoder reads as the
             # cross-attention mask (Moonshine, Canary): the step's mask over the encoder's states

@@ -179,6 +179,8 @@ class EncoderDecoderModule(TwoGraphModule):
         outputs = dict(zip((o.name for o in self.encoder.io.outputs), self.encoder.run_flat(inputs), strict=True))
         cross = {name: outputs[name] for name in cross_names(self.generation.layers)}
         source = cross[cross_name(0, "key")].shape[-2]
+        if ENCODER_MASK in outputs:  # the encoder's own mask over its states (an artifact before it had none)
+            return {ENCODER_MASK: outputs[ENCODER_MASK].cpu().to(torch.int64), **cross}
         mask = given.get("attention_mask")
         if mask is not None and mask.shape[-1] != source:
             if not bool((mask != 0).all()):
