@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.cache_utils import DummyLayer
 
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
@@ -278,6 +279,8 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
         )
     layout: list[Any] = []
     for i, layer in enumerate(cache.layers):
+        if isinstance(layer, DummyLayer):  # reuses an earlier layer's keys and values (KV sharing): no cache of its own
+            continue
         if states and holds_states(layer):
             layout.append(StateLayer.of(i, layer, type(model).__name__))
             continue

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from pipeline.generation import ops
@@ -75,10 +75,35 @@ class StepCacheLayer(CacheLayerMixin):
 
 
 class StepCache(Cache):
-    """A transformers ``Cache`` of :class:`StepCacheLayer`, one per decoder layer."""
+    """A transformers ``Cache`` of :class:`StepCacheLayer`, one per decoder layer (``shared``: the decoder layers that
+    keep no cache of their own, transformers' ``DummyLayer`` in their place)."""
 
-    def __init__(self, layers: list[StepCacheLayer]) -> None:
-        super().__init__(layers=list(layers))
+    def __init__(self, layers: list[StepCacheLayer], shared: Sequence[int] = ()) -> None:
+        super().__init__(layers=with_shared_layers(list(layers), shared))
+
+
+def with_shared_layers(layers: list[Any], shared: Sequence[int]) -> list[Any]:
+    """The cache layers of every decoder layer: ``layers`` (those that keep a cache, in order) with a transformers
+    ``DummyLayer`` at each index of ``shared``."""
+    cached = iter(layers)
+    return [DummyLayer() if i in shared else next(cached) for i in range(len(layers) + len(shared))]
+
+
+def shared_cache_layers(model: torch.nn.Module, cached: int) -> tuple[int, ...]:
+    """The decoder layers of ``model`` that keep no cache of their own: those that reuse an earlier layer's keys and
+    values (Gemma 3n's and Gemma 4's KV sharing: the last ``num_kv_shared_layers``), which the cache transformers
+    builds from the model's config holds as a ``DummyLayer``. They take no cache inputs: the step's
+    ``past_key_values.{i}`` count the ``cached`` layers that keep one (none is shared unless the config's cache holds
+    as many others)."""
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(config, "get_text_config", None)):
+        return ()
+    try:
+        cache = DynamicCache(config=config)
+    except Exception:  # noqa: BLE001 - a config transformers builds no cache from: every layer keeps its own
+        return ()
+    shared = tuple(i for i, layer in enumerate(cache.layers) if isinstance(layer, DummyLayer))
+    return shared if len(cache.layers) == cached + len(shared) else ()
 
 
 def _as_type(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -165,7 +190,8 @@ def step_attention(
 
     Every query of a causal mask also attends to its own position, so that the rows of padding tokens (masked
     everywhere else) stay finite: their outputs are never attended to, but a NaN there would reach later layers'
-    cache entries. A mask :func:`step_mask` built has that already; another one (the model's own) gets it here. A
+    cache entries. A mask :func:`step_mask` built has that already; in another one (the model's own, or one it cut
+    from the step's), a query that sees no key gets it here. A
     bidirectional mask (cross-attention) is used as it is; cross-attention without one attends to every key."""
     own = kwargs.pop("_step_mask", None)
     if isinstance(own, torch.Tensor) and (attention_mask is None or attention_mask.is_floating_point()):
@@ -179,8 +205,10 @@ def step_attention(
     steps, capacity = query.shape[2], key.shape[2]
     own_missing = not _is_marked(_SELF_ATTENDING, attention_mask) and not _is_marked(_BIDIRECTIONAL, attention_mask)
     if isinstance(past, torch.Tensor) and own_missing:
+        # only a query that sees no key gets its own position: a mask the model cut from the step's (Gemma 4's last
+        # query alone through its KV-sharing layers) is another tensor, whose queries are not the step's first ones
         own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
-        attention_mask = attention_mask | own
+        attention_mask = attention_mask | (own & ~attention_mask.any(-1, keepdim=True))
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     if position_bias is not None:
         if softcap:
@@ -264,6 +292,8 @@ class CachedStep(torch.nn.Module):
         super().__init__()
         self.model = model
         self.layers = layers
+        #: the decoder layers that keep no cache (:func:`shared_cache_layers`), not counted in ``layers``
+        self.shared = shared_cache_layers(model, layers)
         self.use_interface = use_interface
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -340,7 +370,7 @@ class CachedStep(torch.nn.Module):
 
     def cache(self, layers: list[Any]) -> Cache:
         """The transformers ``Cache`` the model is handed."""
-        return StepCache(layers)
+        return StepCache(layers, self.shared)
 
     def model_mask(self, attention_mask: torch.Tensor, past_length: torch.Tensor, steps: int) -> torch.Tensor:
         """The 2-D ``attention_mask`` the model is handed: the step's, over the cache's capacity."""

@@ -19,6 +19,7 @@ from converters.errors import InputError
 from pipeline.generation.conversion import layout_of
 from pipeline.generation.recurrent_state import FirstCallCache, StateLayer
 from pipeline.runtime.generation.layout import CachedLayer
+from pipeline.runtime.generation.vision_feed import MODALITY_TYPES
 from pipeline.runtime.io_spec import is_model_cache
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,72 @@ def check_takes_features(
             "the image features cannot be given to the cached text step",
             fix="convert without generation= (the plain forward)",
         )
+
+
+def ids_placed(
+    model: torch.nn.Module,
+    language: torch.nn.Module,
+    text: dict[str, torch.Tensor],
+    token: int | None,
+    features: torch.Tensor,
+) -> bool:
+    """Whether the step hands ``language`` its ``input_ids`` and places the image features in its input embedding's
+    output (:func:`~pipeline.generation.vision_step.placed_in_embeddings`) rather than handing it the embeddings: the
+    model refuses its embeddings alone where its ids run. Gemma 4 reads its per-layer embeddings by token id; handed
+    only ``inputs_embeds``, it reverses its embedding to find the ids, which fails at the image's tokens (their
+    embeddings are the image features). False for a model the step calls with embeddings (or with no image token)."""
+    from pipeline.generation.vision_step import placed_features, placed_in_embeddings
+
+    if token is None or language is not model or not callable(getattr(model, "get_input_embeddings", None)):
+        return False
+    ids, mask = text["input_ids"], text["attention_mask"]
+    is_image = ids == token
+    embedding: Any = model.get_input_embeddings()  # type: ignore[operator]
+    try:
+        with torch.no_grad():
+            model(inputs_embeds=placed_features(embedding(ids), is_image, features), attention_mask=mask)
+        return False
+    except Exception as error:  # noqa: BLE001 - refused: the ids are tried next, and said why when they run
+        refused = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+    try:
+        with torch.no_grad(), placed_in_embeddings(model, is_image, features):
+            model(input_ids=ids, attention_mask=mask)
+    except Exception:  # noqa: BLE001 - refused both ways: the step's own call says why
+        return False
+    logger.info(
+        "vision-language: %s refuses inputs_embeds alone (%s): the step hands it input_ids and places the image "
+        "features in its input embedding's output",
+        type(model).__name__,
+        refused,
+    )
+    return True
+
+
+def modality_blocks(
+    model: torch.nn.Module, text: dict[str, torch.Tensor], vision: dict[str, torch.Tensor], token: int | None
+) -> int | None:
+    """The value of the sample's :data:`MODALITY_TYPES` at the image tokens, when the model's prefill reads them
+    (the step then hands the model its own, that value at the image tokens of a prefill, none after); None when it
+    does not. Gemma 4 Unified's (and the larger Gemma 4's) image tokens attend each other both ways in the prefill,
+    which only these types say. Read on the sample: the model's logits with the sample's types and without differ, both
+    called with the positions the step hands (a model whose positions have one axis: the caller's to decide)."""
+    types = text.get(MODALITY_TYPES)
+    if token is None or types is None or MODALITY_TYPES not in inspect.signature(model.forward).parameters:
+        return None
+    ids, mask = text["input_ids"], text["attention_mask"]
+    is_image = ids == token
+    kinds = types[is_image].unique()
+    if kinds.numel() != 1 or not torch.equal(types != 0, is_image):
+        return None  # not the image tokens alone, all of one modality: the module refuses such types at generate
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    called = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **vision}
+    with torch.no_grad():
+        given = model(**called, **{MODALITY_TYPES: types}).logits
+        without = model(**called).logits
+    if torch.allclose(given, without, rtol=1e-5, atol=1e-6):
+        return None
+    logger.info("vision-language: %s's prefill reads %s: the step hands them", type(model).__name__, MODALITY_TYPES)
+    return int(kinds[0])
 
 
 def placement_input(model: torch.nn.Module, text: dict[str, torch.Tensor], features: int) -> str | None:

@@ -73,7 +73,9 @@ from pipeline.generation.recurrent_state import FirstCallCache, StateLayer, cach
 from pipeline.generation.text_model import (
     check_takes_features,
     generate_feeds,
+    ids_placed,
     language_model_of,
+    modality_blocks,
     placement_input,
     position_offset,
 )
@@ -191,6 +193,10 @@ def convert_vision_language(
         named = {deepstack_name(level): levels[level] for level in stacked}
         sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement, named)
     step = step.train(model.training)
+    step.ids_placed = not states and ids_placed(model, language, text, token, features)
+    if not states and positions is None and language is model:
+        with torch.no_grad():
+            step.modality_kind = modality_blocks(model, text, vision, token)
     if placement is not None:
         handed, cached = generate_feeds(model, text, vision)
         if not handed:  # the model computes its own: from its cache's length, or over the whole sequence each time
@@ -205,7 +211,7 @@ def convert_vision_language(
         precision_io=precision_io,
         validation_inputs=0,  # drawn ids would not match the images: the sample's prompts are what it validates on
         # an image block attends both ways in the prefill: ONNX Runtime's GroupQueryAttention masks causally itself
-        ort_grouped_attention=settings.ort_grouped_attention and not typed,
+        ort_grouped_attention=settings.ort_grouped_attention and not typed and step.modality_kind is None,
     )
     if typed and settings.ort_grouped_attention:
         logger.info("vision-language: token_type_ids: the step runs ONNX Attention (GroupQueryAttention is causal)")

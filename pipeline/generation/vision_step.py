@@ -7,6 +7,7 @@ say), and the step's sample, dimensions and profiles.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.generation.image_positions import ImagePositions, feature_order, gathered_rows
 from pipeline.runtime.generation.layout import CachedLayer, past_name
-from pipeline.runtime.generation.vision_feed import IMAGE_FEATURES, TOKEN_TYPES, deepstack_name
+from pipeline.runtime.generation.vision_feed import IMAGE_FEATURES, MODALITY_TYPES, TOKEN_TYPES, deepstack_name
 from pipeline.settings import DynamicDim
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,13 @@ class VisionLanguageStep(CachedStep):
         #: the model's per-token input marking the image tokens (Kosmos-2's ``image_embeds_position_mask``), an input
         #: after ``image_features`` (before the token types): the prompt's in the prefill, zeros in a decode step
         self.placement = placement
+        #: the model is handed ``input_ids`` and the features are placed in its input embedding's output at the image
+        #: tokens (:func:`~pipeline.generation.text_model.ids_placed`: it refuses ``inputs_embeds`` alone)
+        self.ids_placed = False
+        #: the model reads its image tokens' modality types (``mm_token_type_ids``) in a prefill
+        #: (:func:`~pipeline.generation.text_model.modality_blocks`): this value at the image tokens of a prefill (the
+        #: step at position 0), zeros after (transformers' decode steps hand none)
+        self.modality_kind: int | None = None
         self.name_inputs([past_name(i, kind) for i in range(layers) for kind in ("key", "value")])
 
     def name_inputs(self, cache: list[str]) -> None:
@@ -88,18 +96,32 @@ class VisionLanguageStep(CachedStep):
         if self.deepstack is not None:
             count = len(self.deepstack.levels)
             levels, rest = list(rest[:count]), rest[count:]
-            is_image = torch.eq(input_ids, self.image_token if self.image_token is not None else -1)
+            is_image = torch.eq(input_ids, self._image_token())
             added = added_after_layers(self._text_model[0], self.deepstack, is_image, levels)
         marked, rest = (rest[0], rest[1:]) if self.placement else (None, rest)
         types, past = (rest[0], rest[1:]) if self.typed else (None, rest)
+        given = {} if types is None else {TOKEN_TYPES: types}
+        if self.modality_kind is not None:
+            blocks = torch.eq(input_ids, self._image_token()) & torch.eq(past_length, 0)
+            given[MODALITY_TYPES] = blocks.to(torch.int64) * self.modality_kind
         with added:
             if marked is not None:
+                tokens = {"input_ids": input_ids}
+                if self.placement in inspect.signature(self.model.forward).parameters:
+                    # the model reads the marks too (Kosmos-2.5's segment embedding of the image tokens); without
+                    # the image's features it places none itself
+                    tokens[str(self.placement)] = marked
                 with placed_in_embeddings(self.model, marked != 0, image_features):
-                    return self.run({"input_ids": input_ids}, attention_mask, position_ids, past_length, past)
+                    return self.run(tokens, attention_mask, position_ids, past_length, past)
+            if self.ids_placed:
+                with placed_in_embeddings(self.model, torch.eq(input_ids, self._image_token()), image_features):
+                    return self.run({"input_ids": input_ids, **given}, attention_mask, position_ids, past_length, past)
             inputs = self._inputs(input_ids, image_features)
-            if types is not None:
-                inputs[TOKEN_TYPES] = types
-            return self.run(inputs, attention_mask, position_ids, past_length, past)
+            return self.run({**inputs, **given}, attention_mask, position_ids, past_length, past)
+
+    def _image_token(self) -> int:
+        """The image token's id (-1, no token, where the config names none: nothing is placed by it)."""
+        return self.image_token if self.image_token is not None else -1
 
     def _inputs(self, input_ids: torch.Tensor, image_features: torch.Tensor) -> dict[str, Any]:
         """The model's inputs for the tokens and the features (see the class docstring)."""

@@ -29,6 +29,9 @@ IMAGE_FEATURES = "image_features"
 #: Gemma 3's and PaliGemma's token types (1 at image tokens): the prefill's image tokens attend to each other both
 #: ways; a step converted from a sample with them takes them after the image features.
 TOKEN_TYPES = "token_type_ids"
+#: The modality types a model's prefill reads (Gemma 4's ``mm_token_type_ids``: its image tokens attend to each other
+#: both ways); the step derives them from the image tokens (``pipeline.generation.text_model.modality_blocks``).
+MODALITY_TYPES = "mm_token_type_ids"
 #: The step's inputs (and the vision graph's outputs) of deepstack levels, each [image tokens, hidden]
 #: (:func:`deepstack_name`): features the model adds inside its decoder layers at the image tokens (Qwen3-VL's).
 DEEPSTACK = "deepstack_features"
