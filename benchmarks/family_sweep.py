@@ -75,10 +75,15 @@ def run_isolated(script: str, kind: str, timeout: float, options: Sequence[str] 
     return row or {"family": kind, "converts": "**no**", "error": f"the child process exited with {done.returncode}"}
 
 
+#: A score at or below this is a masked token's (float16's lowest value).
+MASKED = -65504.0
+
+
 def scores_gap(expected: Any, actual: Any) -> float | str:
     """The largest difference between two ``generate(..., output_scores=True, return_dict_in_generate=True)`` results'
-    scores over every step (elements both hold finite; a step whose masked (-inf) tokens differ counts as infinite),
-    or why there is none to compare."""
+    scores over every step (elements both hold unmasked; a step whose masked tokens differ counts as infinite), or why
+    there is none to compare. Masked: -inf, or at most float16's lowest value (a model masking with
+    ``finfo(float32).min`` gives that in fp32, and float16's lowest in a half graph)."""
     theirs, ours = getattr(expected, "scores", None), getattr(actual, "scores", None)
     if not theirs:
         return "n/a: transformers' generate returns no scores"
@@ -89,8 +94,8 @@ def scores_gap(expected: Any, actual: Any) -> float | str:
         a, b = step_theirs.float(), step_ours.float()
         if a.shape != b.shape:
             return f"**no**: scores of shape {tuple(b.shape)} against transformers' {tuple(a.shape)}"
-        finite = torch.isfinite(a)
-        if not torch.equal(finite, torch.isfinite(b)):
+        finite = torch.isfinite(a) & (a > MASKED)
+        if not torch.equal(finite, torch.isfinite(b) & (b > MASKED)):
             return math.inf
         if finite.any():
             gap = max(gap, float((a[finite] - b[finite]).abs().max()))

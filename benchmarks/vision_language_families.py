@@ -146,7 +146,25 @@ def quiet(model: torch.nn.Module) -> Any:
 
 def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[str, torch.Tensor]:
     """The sample's prompt padded by :data:`PAD` tokens (on the left, or on the ``right`` as an encoder-decoder's
-    tokenizer pads its source) and a copy with :data:`PAD` more text tokens there and another image: a batch of two."""
+    tokenizer pads its source) and a copy with :data:`PAD` more text tokens there and another image: a batch of two.
+    A sample without a prompt (an image-to-text encoder-decoder's: Donut's, TrOCR's, Pix2Struct's patches) is its image
+    and another, whose whole-number values are kept (the row and column Pix2Struct's patches start with)."""
+    if "input_ids" not in sample:
+        generator = torch.Generator().manual_seed(3)
+
+        def other(value: torch.Tensor) -> torch.Tensor:
+            if not value.is_floating_point():
+                return value
+            return torch.where(value == value.round(), value, torch.randn(value.shape, generator=generator))
+
+        batch = {name: torch.cat([value, other(value)]) for name, value in sample.items()}
+        mask = batch.get("attention_mask")
+        if mask is not None and mask.shape[1] > PAD:  # the first image's last patches are padding, as a processor pads
+            mask[0, -PAD:] = 0
+            for name, value in batch.items():
+                if name != "attention_mask" and value.shape[:2] == mask.shape:
+                    value[0, -PAD:] = 0
+        return batch
     ids = sample["input_ids"]
     mask = sample.get("attention_mask", torch.ones_like(ids))
     pad = torch.zeros(1, PAD, dtype=ids.dtype)
@@ -165,8 +183,12 @@ def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[s
             continue
         if value.shape == ids.shape:  # one per token (M-RoPE's mm_token_type_ids): the added tokens are text
             batch[name] = torch.cat([padded(value, torch.zeros_like(pad))] * 2).to(value.dtype)
-        elif value.is_floating_point():  # another image for the second prompt
-            batch[name] = torch.cat([value, torch.randn(value.shape, generator=generator)])
+        elif value.dim() == 3 and value.shape[:2] == ids.shape:  # a vector per token (UDOP's boxes): zeros added
+            extra = torch.zeros(1, PAD, value.shape[-1], dtype=value.dtype)
+            batch[name] = torch.cat([padded(value, extra)] * 2)
+        elif value.is_floating_point():  # another image for the second prompt (Kosmos-2.5's patches keep their places)
+            drawn = torch.randn(value.shape, generator=generator)
+            batch[name] = torch.cat([value, torch.where(value == value.round(), value, drawn)])
         else:
             batch[name] = torch.cat([value, value])
     return batch
@@ -222,8 +244,8 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         if SWEEP_AUDIO:
             model = fitted_audio_model(kind, model)
             sample = audio_sample(model)
-        elif "pixel_values" not in sample:
-            raise CannotRunEagerly(f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found")
+        elif not {"pixel_values", "flattened_patches"} & set(sample):  # an image, or an image's patches (Pix2Struct's)
+            raise CannotRunEagerly(text_alone(model, sample))
         model = quiet(model)
         # an encoder-decoder's source is padded on the right, as its tokenizer pads it (BART's): a drawn validation
         # input cropped to one source token then keeps it unmasked
@@ -231,7 +253,10 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
             generation_sample(model, sample), right=bool(getattr(model.config, "is_encoder_decoder", 0))
         )
         with torch.no_grad():
-            expected_greedy = model.generate(**inputs, **greedy)
+            try:
+                expected_greedy = model.generate(**inputs, **greedy)
+            except Exception as error:  # noqa: BLE001 - said apart when each prompt runs alone
+                raise CannotRunEagerly(batch_failure(model, inputs, error)) from error
     except (CannotRunEagerly, InputError):  # an InputError: the conversion refused the model (the row's reason)
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
@@ -263,10 +288,55 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     return row
 
 
+def text_alone(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> str:
+    """Why the every-type source found no image sample: the head's forward takes no image (a text model that
+    transformers maps as image-text-to-text), or the inputs its ``get_image_features`` requires beside the image."""
+    import inspect
+
+    from pipeline.generation.vision_inputs import image_features_method
+
+    found = f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found"
+    taken = inspect.signature(model.forward).parameters
+    if "pixel_values" not in taken and "flattened_patches" not in taken:
+        name = type(model).__name__
+        return f"{found}: {name}'s forward takes no image (transformers maps the type as image-text-to-text)"
+    if "pixel_values" not in taken:  # Kosmos-2.5's image is Pix2Struct's patches beside the prompt
+        return f"{found}: its image is flattened_patches beside input_ids, which the every-type source does not make"
+    method = image_features_method(model)
+    if method is None:
+        return found
+    required = [
+        name
+        for name, parameter in inspect.signature(method).parameters.items()
+        if parameter.default is parameter.empty
+        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    ]
+    extra = [name for name in required if name != "pixel_values"]
+    return f"{found}: get_image_features also requires {', '.join(extra)}" if extra else found
+
+
+def batch_failure(model: torch.nn.Module, inputs: dict[str, torch.Tensor], error: Exception) -> str:
+    """transformers' failure on the batch of two, saying so when each prompt (with its image) runs alone: the model
+    lays out a batch's images otherwise than one leading row per image (MiniCPM-V packs every image's patches into
+    one row), which the sweep's batch and the conversion's image rows take."""
+    said = f"{type(error).__name__}: {first_line(error)}"
+    try:
+        with torch.no_grad():
+            for row in range(BATCH):
+                model(**{name: value[row : row + 1] for name, value in inputs.items()})
+    except Exception:  # noqa: BLE001 - a prompt fails alone too: transformers' own failure
+        return said
+    return (
+        f"each prompt runs alone but not the batch of two (an image per leading row of {', '.join(sorted(inputs))}): "
+        f"{said}; the model lays out a batch's images otherwise than one leading row per image"
+    )
+
+
 def generation_of(inputs: dict[str, torch.Tensor]) -> dict[str, int]:
     """:data:`GENERATION`, its ``max_length`` raised (in steps of 64) to hold a longer prompt (InternVL's 256 image
-    tokens) and the new tokens."""
-    needed = int(inputs["input_ids"].shape[1]) + NEW_TOKENS + 1
+    tokens) and the new tokens (an image-to-text encoder-decoder's decoder starts from its start token alone)."""
+    prompt = inputs.get("input_ids")
+    needed = (int(prompt.shape[1]) if prompt is not None else 1) + NEW_TOKENS + 1
     return {**GENERATION, "max_length": max(GENERATION["max_length"], -(-needed // 64) * 64)}
 
 

@@ -135,7 +135,10 @@ def _convert_constants(graph: gs.Graph, wants: Mapping[str, list[tuple[gs.Node, 
 
 def _cast_graph_outputs(graph: gs.Graph, names: set[str], casts: _Casts, to_low: bool) -> None:
     """Graph outputs ``names`` change type (to float32, or to the low type): the tensor is renamed and a cast produces
-    the output under its name."""
+    the output under its name. A float32 output cast to the low type saturates first (``Clip`` to the low type's
+    largest finite value): an output a float32 island kept computes values beyond that range on purpose
+    (``finfo(float32).min`` masking Chameleon's image-token logits), which a plain cast makes ``-inf``, where the
+    model in the low type itself writes its own type's lowest value."""
     tag, dtype, to = (
         (casts.low.name, casts.low.gs_dtype, casts.low.onnx_type) if to_low else ("fp32", np.float32, FLOAT)
     )
@@ -146,7 +149,14 @@ def _cast_graph_outputs(graph: gs.Graph, names: set[str], casts: _Casts, to_low:
         tensor.name = casts.unique(f"{name}_{'fp32' if to_low else casts.low.name}")
         output = gs.Variable(name, dtype=dtype, shape=tensor.shape)
         origin = tensor.inputs[0].name if tensor.inputs else name
-        graph.nodes.append(gs.Node("Cast", casts.unique(f"{origin}/to_{tag}"), {"to": to}, [tensor], [output]))
+        cast_from: gs.Tensor = tensor
+        if to_low:
+            bound = float(casts.low.max_finite)
+            limits = [gs.Constant(casts.unique(f"{name}_{side}"), np.array(v, np.float32)) for side, v in
+                      (("lowest", -bound), ("highest", bound))]  # fmt: skip
+            cast_from = gs.Variable(casts.unique(f"{name}_saturated"), dtype=np.float32, shape=tensor.shape)
+            graph.nodes.append(gs.Node("Clip", casts.unique(f"{origin}/saturate"), {}, [tensor, *limits], [cast_from]))
+        graph.nodes.append(gs.Node("Cast", casts.unique(f"{origin}/to_{tag}"), {"to": to}, [cast_from], [output]))
         graph.outputs[position] = output
 
 

@@ -117,7 +117,7 @@ def gives_levels_only(out: Any) -> bool:
 
 def _features_of_output(model: torch.nn.Module, out: Any) -> torch.Tensor:
     """The features [tokens, hidden] in ``get_image_features``' output ``out`` (see :func:`image_features`)."""
-    pooled = getattr(out, "pooler_output", out)
+    pooled = placed_output(out)
     if isinstance(pooled, list | tuple):
         pooled = torch.cat([piece.reshape(-1, piece.shape[-1]) for piece in pooled], dim=0)
     if not isinstance(pooled, torch.Tensor):
@@ -282,7 +282,14 @@ def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> A
     with torch.no_grad():
         out = image_features_method(model, modality_of(image))(**image, return_dict=True)
     check_placed(model, out)
-    return getattr(out, "pooler_output", out)
+    return placed_output(out)
+
+
+def placed_output(out: Any) -> Any:
+    """What the model places at its image tokens of ``get_image_features``' output ``out``: its ``pooler_output``,
+    else, when that is None, its ``last_hidden_state`` (Fuyu's patch embeddings, which it gives unpooled)."""
+    pooled = getattr(out, "pooler_output", out)
+    return getattr(out, "last_hidden_state", None) if pooled is None else pooled
 
 
 def check_placed(model: torch.nn.Module, out: Any) -> None:
@@ -295,7 +302,11 @@ def check_placed(model: torch.nn.Module, out: Any) -> None:
         placed = field in _PLACED_OUTPUTS or field.endswith(_TOWER_OUTPUTS)
         if field == DEEPSTACK_FIELD and levels_of(out) is not None:
             continue  # levels the step adds after the decoder layers the model adds them at (deepstack_layers)
-        if not placed and isinstance(value, list | tuple) and value:
+        # token ids (Emu3's VQ codes per image, which its features embed) are not features added elsewhere
+        ids = isinstance(value, list | tuple) and all(
+            isinstance(v, torch.Tensor) and not v.is_floating_point() for v in value
+        )
+        if not placed and isinstance(value, list | tuple) and value and not ids:
             raise InputError(
                 f"{type(model).__name__}.get_image_features also returns {field} ({len(value)}), which the model adds "
                 "inside its decoder layers at the image tokens, not as a list of levels of features [image tokens, "

@@ -41,7 +41,8 @@ class Modality:
         return next((name for name in self.main_inputs if name in given), self.main_inputs[0])
 
 
-IMAGES = Modality("image", ("pixel_values",), "get_image_features")
+#: Images as pixels, or as Pix2Struct's flattened patches beside the prompt (Kosmos-2.5's).
+IMAGES = Modality("image", ("pixel_values", "flattened_patches"), "get_image_features")
 #: Audio as mel features (Voxtral's, GLM-ASR's) or as a waveform (OmniASR's ``input_values``).
 AUDIO = Modality("audio", ("input_features", "input_values"), "get_audio_features")
 

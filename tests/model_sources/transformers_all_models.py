@@ -21,6 +21,7 @@ import inspect
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -56,7 +57,51 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Granite 4 Vision's projector needs what its config leaves to the checkpoint (None by default, no size to derive
     # them from): the window Q-Former's rate and which tower layer feeds which text layer
     "granite4_vision": {"downsample_rate": "1/2", "deepstack_layer_map": [[-1, 0]]},
-}
+    # Chameleon and Emu3 read their image tokens' ids from their tokenizer's vocabulary (``vocabulary_map``, None by
+    # default: a checkpoint's config holds it), named as the tokenizer names them: the image placeholder, then one BPE
+    # token per code of a VQ codebook shrunk to 16 codes (ids 100-115, above the drawn text); Emu3's end of a row of
+    # codes is its ``<|extra_200|>``. Their VQ tokenizers' sizes (given to every sub-config, as ``SMALL``'s are) shrunk
+    # to 16 codes of a 32x32 image (a factor of 8: 4x4 codes)
+    "chameleon": {
+        "base_channels": 32, "channel_multiplier": [1, 1, 1, 1], "num_res_blocks": 1, "embed_dim": 8,
+        "latent_channels": 32, "num_embeddings": 16, "resolution": 32,
+        "vocabulary_map": {"<image>": 127} | {
+            "IMGIMG" + "".join(chr(ord("A") + int(digit)) for digit in str(code)) + "Z": 100 + code
+            for code in range(16)
+        },
+    },
+    "emu3": {
+        "base_channels": 32, "channel_multiplier": [1, 1, 1, 1], "num_res_blocks": 1, "embed_dim": 4,
+        "codebook_size": 16, "temporal_downsample_factor": 1, "attn_resolutions": [],
+        "vocabulary_map": {"<image>": 127, "<|extra_200|>": 116} | {
+            f"<|visual token {code:06d}|>": 100 + code for code in range(16)
+        },
+    },
+    # PerceptionLM's and FastVLM's towers are timm models (``timm_wrapper``), named by the checkpoint (PerceptionLM's
+    # default names none): the checkpoint's timm architecture, its sizes as timm takes them (``model_args``), shrunk
+    "perception_lm": {
+        "vision_config": {"model_type": "timm_wrapper", "architecture": "vit_pe_core_tiny_patch16_384",
+                          "model_args": {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "patch_size": 8,
+                                         "ref_feat_shape": (4, 4), "attn_pool_num_heads": 2}},
+    },
+    # Kosmos-2.5's text model names its sizes its own way (24 layers of 16 heads, 6144 wide), its image is 2048 latent
+    # queries, and its patch projection takes 16x16x3 patches: 8x8x3 patches of the 32x32 image, 16 queries
+    "kosmos-2.5": {"layers": 2, "attention_heads": 2, "ffn_dim": 64, "latent_query_num": 16,
+                   "patch_embed_hidden_size": 192},
+    # DeepSeek-OCR-2's text config leaves each layer's MLP kind to the checkpoint (None by default, which builds no
+    # model): a dense layer, then a mixture of experts, as its checkpoint's first layers are; its SAM tower's neck
+    # (512, 896 channels) ends at its second encoder's width (896 in the checkpoint), shrunk to 32
+    "deepseek_ocr2": {"mlp_layer_types": ["dense", "sparse"], "downsample_channels": [16, 32]},
+    # Unlimited-OCR's SAM neck (512, 1024 channels) ends at its second encoder's width, as DeepSeek-OCR-2's
+    "unlimited_ocr": {"downsample_channels": [16, 32]},
+    # (FastVLM's ``hidden_size`` is its tower's output width: twice the last stage's, which its final conv doubles)
+    "fast_vlm": {
+        "vision_config": {"model_type": "timm_wrapper", "architecture": "fastvit_mci3", "do_pooling": True,
+                          "global_pool": "avg", "hidden_size": 64,
+                          "model_args": {"inference_mode": True, "layers": (1, 1, 1, 1, 1),
+                                         "embed_dims": (8, 16, 32, 32, 32)}},
+    },
+}  # fmt: skip
 
 #: Sizes of vision-language models' towers named their own way (Qwen2-VL's 32 blocks of 1280), beyond ``SMALL``.
 TOWER: dict[str, Any] = {"depth": 2, "embed_dim": 32}
@@ -176,9 +221,10 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         tower = TOWER if "vision_config" in (getattr(cls, "sub_configs", None) or {}) else {}
         while True:
             try:
-                return cls(**_fitting(cls, values | tower | _overrides(kind) | (extra or {}) | repairs))
+                sizes = values | _named_after(cls, values)
+                return cls(**_fitting(cls, sizes | tower | _overrides(kind) | (extra or {}) | repairs))
             except Exception as exc:
-                repair = _tied_size(str(exc), values | repairs)
+                repair = _tied_size(str(exc), values | repairs) or _listed_size(str(exc)) or _layer_indices(str(exc))
                 if repair is None or repair[0] in repairs or len(repairs) >= 4:
                     raise
                 repairs[repair[0]] = repair[1]
@@ -187,10 +233,21 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     subs = {}
     for name, sub in (getattr(type(config), "sub_configs", None) or {}).items():
         kind = getattr(getattr(config, name, None), "model_type", None)
+        if name in _overrides(model_type):  # a sub-config the type's overrides give whole (a timm tower's) is kept
+            continue
         if isinstance(sub, type) and sub.__name__ == "AutoConfig" and kind in _modeling_auto().CONFIG_MAPPING_NAMES:
-            subs[name] = make(kind)
+            subs[name] = make(kind, _pair_flags(config, name))
     if subs:
         config = make(model_type, subs)
+    # an encoder-decoder's half of its own config class may hold sub-configs AutoConfig leaves at a checkpoint's size
+    # (T5Gemma 2's encoder's SigLIP tower, 12 layers at 224 x 224): shrunk as their own type, its image tokens fitted
+    halves = _configs(config)[1:] if getattr(config, "is_encoder_decoder", False) else []
+    for half in halves:
+        for name, sub in (getattr(type(half), "sub_configs", None) or {}).items():
+            kind = getattr(getattr(half, name, None), "model_type", None)
+            if isinstance(sub, type) and sub.__name__ == "AutoConfig" and kind in _modeling_auto().CONFIG_MAPPING_NAMES:
+                setattr(half, name, make(kind))
+        _fit_image_tokens(half)
     vocabulary = int(_attribute(config, "vocab_size", default=128) or 128)
     named = [name for name in vars(config) if name.endswith(("_token_id", "_token_index"))]
     free = iter(range(vocabulary - 1, 2, -1))  # the placeholders first, then the other marker tokens, from the top
@@ -201,7 +258,16 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         unset = value is None and name in _placeholder_names(config) and name in vars(config)
         if unset or (isinstance(value, int) and value >= vocabulary):
             setattr(config, name, next(free))
+            for half in halves:  # the copy the config gave its halves (T5Gemma 2's encoder reads its own)
+                if getattr(half, name, None) == value and value is not None:
+                    setattr(half, name, getattr(config, name))
+    starts = [getattr(config, name, None) for name in ("decoder_start_token_id", "bos_token_id")]
+    if getattr(config, "is_encoder_decoder", False) and starts == [None, None]:
+        # T5-style: a checkpoint's config.json starts the decoder from the pad token, which the class does not default
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None)
     for owner in _configs(config):
+        _fit_per_layer_sizes(owner)
+        _fit_layer_counts(owner)
         _scale_sections(owner)
     _fit_image_tokens(config)
     _fit_tiles(config)
@@ -217,17 +283,66 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         _fit_layer_lists(high_resolution, ("_attn_indexes",), (list, tuple))
     _fit_patch_tables(config)
     _fit_tower_output(config)
+    _fit_timm_towers(config)
     return config
 
 
+#: The width multiplier a timm tower is built with (timm's convolutional families take ``channel_multiplier``).
+TIMM_CHANNELS = 0.1
+
+
+def _fit_timm_towers(config: Any) -> None:
+    """A sub-config that builds its tower from a timm ``architecture`` (Gemma 3n's MobileNetV5, 279M parameters):
+    built narrower (``model_args``' ``channel_multiplier``, when the config leaves them unset), and its ``hidden_size``
+    the class's own, the tower's output width, which the shrink cannot change (timm's architecture fixes it)."""
+    for owner in _configs(config)[1:]:
+        if not isinstance(getattr(owner, "architecture", None), str) or "model_args" not in vars(owner):
+            continue
+        if owner.model_args is None:
+            owner.model_args = {"channel_multiplier": TIMM_CHANNELS}
+        width = getattr(type(owner), "hidden_size", None)
+        if isinstance(width, int) and isinstance(getattr(owner, "hidden_size", None), int):
+            owner.hidden_size = width
+
+
+def _pair_flags(config: Any, name: str) -> dict[str, bool]:
+    """The flags an encoder-decoder's config class gives its sub-config ``name`` by default (``sub_configs_defaults``:
+    a composite's decoder ``is_decoder`` and ``add_cross_attention``, as ``from_encoder_decoder_configs`` sets them),
+    which a sub-config built apart lacks: without them a composite's BERT decoder neither masks causally nor sees the
+    image. Sizes are left to the shrink; other models' sub-configs are left as built."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return {}
+    spec = (getattr(type(config), "sub_configs_defaults", None) or {}).get(name)
+    given = getattr(spec, "init_kwargs", None) or {}
+    return {key: value for key, value in given.items() if isinstance(value, bool)}
+
+
+def _named_after(cls: type, values: dict[str, Any]) -> dict[str, int]:
+    """Sizes named after a shrunk size (``vocab_size_per_layer_input``, ``hidden_size_per_layer_input``: Gemma 4's
+    per-layer embeddings, 262144 x 256 per layer by default; ``intermediate_size_mlp``) that ``cls`` or its
+    sub-configs take, given that size's small value when their default is larger."""
+    found: dict[str, int] = {}
+    for owner in (cls, *(sub for sub in (getattr(cls, "sub_configs", None) or {}).values() if isinstance(sub, type))):
+        for name, parameter in inspect.signature(owner.__init__).parameters.items():
+            default = parameter.default
+            if name in values or not isinstance(default, int) or isinstance(default, bool):
+                continue
+            for size, small in values.items():
+                if name.startswith(f"{size}_") and isinstance(small, int) and 0 < small < default:
+                    found[name] = small
+    return found
+
+
 def _fit_tower_output(config: Any) -> None:
-    """A vision tower's output width (``out_hidden_size``: Qwen2.5-VL's merger projects to the text model's width)
-    set to the shrunk text model's width; a width of the model's own that is the tower's default width (Kimi K2.5's
-    ``projection_hidden_size``, the projector's input) set to the shrunk tower's."""
+    """A vision tower's output width (``out_hidden_size``: Qwen2.5-VL's merger projects to the text model's width;
+    ``decoder_hidden_size``: PP-FormulaNet's, to its text decoder's) set to the shrunk text model's width; a width of
+    the model's own that is the tower's default width (Kimi K2.5's ``projection_hidden_size``, the projector's input)
+    set to the shrunk tower's."""
     vision, text = getattr(config, "vision_config", None), getattr(config, "text_config", None)
     width = getattr(text, "hidden_size", None)
-    if isinstance(getattr(vision, "out_hidden_size", None), int) and isinstance(width, int):
-        vision.out_hidden_size = width
+    for name in ("out_hidden_size", "decoder_hidden_size"):
+        if isinstance(getattr(vision, name, None), int) and isinstance(width, int):
+            setattr(vision, name, width)
     tower = getattr(vision, "hidden_size", None)
     try:
         default = getattr(type(vision)(), "hidden_size", None) if vision is not None else None
@@ -321,6 +436,31 @@ def _tied_size(message: str, values: dict[str, Any]) -> tuple[str, int] | None:
     return name, value
 
 
+#: A config's validation of a size it types as a list (Molmo2's tower ``image_size`` [height, width]) given a number.
+_LISTED = re.compile(r"Field '(\w+)' with value (\d+) doesn't match any type in \(list\[int\]")
+
+
+def _listed_size(message: str) -> tuple[str, list[int]] | None:
+    """The size a config's validation wants as a list of ints where the shrink gave a number, as a pair of it (an
+    image's height and width; a text and a vision expert's widths); None for another message."""
+    found = _LISTED.search(message)
+    return (found[1], [int(found[2])] * 2) if found else None
+
+
+#: A config's validation of layer indices past the shrunk depth (Molmo2's adapter's ``vision_feature_layer``).
+_INDEXED = re.compile(r"`?(?:[\w]+\.)*(\w+)`? \[([\d, -]+)\] must index the (\d+) layers")
+
+
+def _layer_indices(message: str) -> tuple[str, list[int]] | None:
+    """The layer indices a config's validation says must index its tower's few layers, as many of its last layers
+    (the last first); None for another message."""
+    found = _INDEXED.search(message)
+    if found is None:
+        return None
+    count, layers = len(found[2].split(",")), int(found[3])
+    return found[1], [max(0, layers - 1 - i) for i in range(count)]
+
+
 def _fit_image_tokens(config: Any) -> None:
     """A declared count of tokens per image (Gemma 3's ``mm_tokens_per_image``, 256, pooled from the tower's patch
     grid) made a square that divides the small tower's grid: the grid pooled to half its side, or kept whole."""
@@ -351,10 +491,48 @@ def _configs(config: Any) -> list[Any]:
     return [config] + [value for value in vars(config).values() if isinstance(value, PretrainedConfig)]
 
 
+def _global(config: Any, name: str) -> Any:
+    """The config's global ``name`` (None when it has none), also where a heterogeneous config makes it per-layer
+    (Gemma 4's ``head_dim``: reading ``config.head_dim`` raises there)."""
+    read = getattr(config, "_getattr_without_heterogeneous_validation", None)
+    return read(name, None) if callable(read) else getattr(config, name, None)
+
+
+def _fit_per_layer_sizes(config: Any) -> None:
+    """The per-layer sizes of a heterogeneous config (Gemma 4's full-attention layers' ``head_dim``, 512 by default
+    where the others' is 256) scaled as the shrink scaled the global size: each keeps its ratio to the config class's
+    default, so that the layers still differ as a checkpoint's do, at the small size."""
+    spec = config.__dict__.get("_heterogeneity_spec")
+    if spec is None:
+        return
+    overrides = {layer: dict(values) for layer, values in spec.per_layer_overrides.items()}
+    for values in overrides.values():
+        for name, value in values.items():
+            small, default = _global(config, name), getattr(type(config), name, None)
+            if all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (value, small, default)):
+                values[name] = max(1, round(small * value / default))
+    config.per_layer_config = overrides
+
+
+def _fit_layer_counts(config: Any) -> None:
+    """Counts of a config's typed layers (it lists ``layer_types``) that its shrunk depth cannot hold (Gemma 3n's
+    ``num_kv_shared_layers``, 15 of 35 layers reusing earlier layers' caches: more than the 2 of the shrink) scaled
+    with the depth, at least one layer and one layer fewer than the depth: the layers that share stay a part."""
+    layers, default = getattr(config, "num_hidden_layers", None), getattr(type(config), "num_hidden_layers", None)
+    if not isinstance(getattr(config, "layer_types", None), list) or not isinstance(layers, int) or layers < 2:
+        return
+    if not isinstance(default, int) or default <= layers:
+        return
+    for name, value in vars(config).items():
+        counted = re.fullmatch(r"num_\w+_layers", name) and name != "num_hidden_layers"
+        if counted and isinstance(value, int) and not isinstance(value, bool) and value > layers:
+            setattr(config, name, min(layers - 1, max(1, round(value * layers / default))))
+
+
 def _scale_sections(config: Any) -> None:
     """M-RoPE's ``mrope_section`` (per axis, summing to half the head size) scaled to the config's head size."""
     heads, width = getattr(config, "num_attention_heads", None), getattr(config, "hidden_size", None)
-    head = getattr(config, "head_dim", None)
+    head = _global(config, "head_dim")
     if not isinstance(head, int) and isinstance(heads, int) and isinstance(width, int) and heads:
         head = width // heads
     for name in ("rope_parameters", "rope_scaling"):
@@ -427,7 +605,11 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
     candidates: list[dict[str, Any]] = []
     if main == "pixel_values" or ("pixel_values" in parameters and "input_ids" not in parameters):
         candidates.append({"pixel_values": pixels, **decoder})
-    if "input_ids" in parameters and "pixel_values" in parameters:
+    if main == "flattened_patches":  # the image as patches, each after its row and column (Pix2Struct's processor)
+        patches = _patches_with_positions(pixels, _side(_attribute(config, "patch_size", default=8) or 8))
+        over = {"attention_mask": torch.ones(patches.shape[:2], dtype=torch.long)}
+        candidates.append({"flattened_patches": patches, **(over if "attention_mask" in parameters else {}), **decoder})
+    if "input_ids" in parameters and ("pixel_values" in parameters or "flattened_patches" in parameters):
         placeholders = [getattr(config, name, None) for name in _placeholder_names(config)]
         placeholder = next((token for token in placeholders if token is not None), None)
         # a mask of the tokens the image's features replace, in place of a placeholder id (Kosmos-2's
@@ -463,8 +645,19 @@ def candidate_samples(model: torch.nn.Module, config: Any) -> list[dict[str, Any
         candidates.append(text)
     if not candidates:
         candidates.append({main: ids})
+    if "bbox" in parameters:  # last: each token's box [x0, y0, x1, y1] in [0, 1] (UDOP's; LayoutLM's run without)
+        boxes = [{**c, "bbox": _token_boxes(c["input_ids"])} for c in candidates if "input_ids" in c]
+        candidates += boxes
     required = _required_ids(parameters, ids)
     return [{**candidate, **required} for candidate in candidates]
+
+
+def _token_boxes(ids: torch.Tensor) -> torch.Tensor:
+    """A box per token [1, tokens, 4] (left, top, right, bottom in [0, 1]): the tokens in a row across the page."""
+    count = ids.shape[1]
+    left = torch.arange(count, dtype=torch.float32) / count
+    top = torch.full((count,), 0.25)
+    return torch.stack([left, top, left + 1 / count, top + 0.1], dim=-1)[None]
 
 
 def _required_ids(parameters: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -518,11 +711,17 @@ def _image_layouts(
     """The image inputs to try with the features each makes (:func:`_feature_count`), those the tower takes first:
     flattened patches with their grid (Qwen2-VL's), else the image [1, C, H, W], as tiles [1, tiles, C, H, W]
     (Idefics3's, LLaVA-NeXT's base and one tile) and with ``image_sizes`` where the forward takes them (Pixtral's)."""
-    flattened = _flattened_patches(model, config)
+    flattened = _flattened_patches(model, config) or _positioned_patches(model, config, parameters)
     if flattened is not None:
         return [(flattened, _feature_count(model, flattened))]
+    if "pixel_values" not in parameters:  # the image as Pix2Struct's patches beside the prompt (Kosmos-2.5's)
+        patches = {"flattened_patches": _patches_with_positions(pixels, _side(_attribute(config, "patch_size") or 8))}
+        return [(patches, _feature_count(model, patches))]
     options = [{"pixel_values": pixels}, {"pixel_values": pixels[:, None]}, {"pixel_values": pixels.repeat(1, 2, 1, 1)}]
     options[2]["pixel_values"] = options[2]["pixel_values"].reshape(1, 2, *pixels.shape[1:])
+    patches = _patches(config, pixels)
+    if patches is not None:  # the image as its flattened patches [1, patches, C * p * p] (Fuyu's linear "tower")
+        options.append({"pixel_values": patches})
     features = _image_features_parameters(model)
     # the token ids the tower reads beside the image (InstructBLIP's Q-Former instruction), a second image it requires
     required = {k: v for k, v in _required_ids(parameters, token_ids(TOKENS)).items() if k in features}
@@ -575,18 +774,28 @@ def _required_images(
     return found
 
 
+def _patches_with_positions(pixels: torch.Tensor, patch: int) -> torch.Tensor:
+    """The image [1, C, H, W] as flattened patches [1, patches, 2 + p * p * C], each patch's row and column first,
+    counted from 1 (0 marks a padding patch), as Pix2Struct's processor writes them."""
+    channels, height, width = pixels.shape[1:]
+    rows, columns = max(1, height // patch), max(1, width // patch)
+    cropped = pixels[..., : rows * patch, : columns * patch].reshape(1, channels, rows, patch, columns, patch)
+    flat = cropped.permute(0, 2, 4, 3, 5, 1).reshape(1, rows * columns, patch * patch * channels)
+    grid = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(columns), indexing="ij"), -1).reshape(1, -1, 2)
+    return torch.cat([grid.to(flat.dtype) + 1, flat], dim=-1)
+
+
 def _sized_images(config: Any, pixels: torch.Tensor, names: list[str]) -> list[dict[str, torch.Tensor]]:
     """The image with the inputs its ``get_image_features`` requires beside it (``names``), filled from the image's
     size: a size or shape as the image's pixels or as its grid of patches (MiniCPM-V's ``target_sizes``, LFM2-VL's
     ``spatial_shapes``), a mask all ones. The image as [1, C, H, W], and as flattened patches [1, patches, C * p * p]
     with a mask per patch (NaViT towers': Siglip2's, which LFM2-VL reads)."""
     patch = _side(_attribute(config, "patch_size", default=8) or 8)
-    channels, height, width = pixels.shape[1:]
+    height, width = pixels.shape[2:]
     rows, columns = height // patch, width // patch
-    if not rows or not columns or any(not n.endswith(("sizes", "shapes", "mask")) for n in names):
+    flattened = _patches(config, pixels)
+    if flattened is None or any(not n.endswith(("sizes", "shapes", "mask")) for n in names):
         return []
-    flattened = pixels[..., : rows * patch, : columns * patch].reshape(1, channels, rows, patch, columns, patch)
-    flattened = flattened.permute(0, 2, 4, 3, 5, 1).reshape(1, rows * columns, patch * patch * channels)
     found = []
     for layout, mask in ((pixels, torch.ones(1, height, width)), (flattened, torch.ones(1, rows * columns))):
         for sizes in ([[height, width]], [[rows, columns]]):
@@ -595,6 +804,40 @@ def _sized_images(config: Any, pixels: torch.Tensor, names: list[str]) -> list[d
                 inputs[name] = mask.to(torch.bool) if name.endswith("mask") else torch.tensor(sizes)
             found.append(inputs)
     return found
+
+
+def _patches(config: Any, pixels: torch.Tensor) -> torch.Tensor | None:
+    """The image [1, C, H, W] as its flattened patches [1, patches, p * p * C], rows of patches first and each patch's
+    pixels channel-last, as NaViT towers and Fuyu's processor lay them out; None for an image smaller than a patch."""
+    patch = _side(_attribute(config, "patch_size", default=8) or 8)
+    channels, height, width = pixels.shape[1:]
+    rows, columns = height // patch, width // patch
+    if not rows or not columns:
+        return None
+    flattened = pixels[..., : rows * patch, : columns * patch].reshape(1, channels, rows, patch, columns, patch)
+    return flattened.permute(0, 2, 4, 3, 5, 1).reshape(1, rows * columns, patch * patch * channels)
+
+
+def _positioned_patches(model: torch.nn.Module, config: Any, parameters: Any) -> dict[str, torch.Tensor] | None:
+    """One image as a tower of patches with their positions takes it (Gemma 4's: ``pixel_values`` [1, patches,
+    channels * patch * patch] and ``image_position_ids`` [1, patches, 2], each patch's column and row), for a model
+    whose ``get_image_features`` and forward take a ``*position_ids`` beside the image; None for any other. The image
+    is twice the tower's pooling kernel (``pooling_kernel_size``) of patches each way (four pooled tokens), as the
+    tower's patches, else as patches of a whole kernel each (Gemma 4 Unified's ``model_patch_size``): the first
+    layout the tower takes."""
+    names = [n for n in _image_features_parameters(model) if n.endswith("position_ids") and n in parameters]
+    if not names:
+        return None
+    vision = getattr(config, "vision_config", None) or config
+    patch = _side(getattr(vision, "patch_size", 8) or 8)
+    channels = int(_attribute(vision, "in_channels", "num_channels", default=3) or 3)
+    kernel = int(getattr(vision, "pooling_kernel_size", 1) or 1)
+    layouts = []
+    for side, size in dict.fromkeys(((2 * kernel, patch), (2, patch * kernel))):
+        rows, columns = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        patches = _patches(SimpleNamespace(patch_size=size), image(side * size, channels))
+        layouts.append({"pixel_values": patches, names[0]: torch.stack([columns, rows], -1).reshape(1, -1, 2)})
+    return next((layout for layout in layouts if _feature_count(model, layout)), layouts[0])
 
 
 def _image_features_method(model: torch.nn.Module) -> Any:
@@ -658,7 +901,9 @@ def _feature_count(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> t
             features = method(**images)
     except Exception:  # noqa: BLE001 - a tower that needs more than the image: the guessed counts follow
         return ()
-    features = getattr(features, "pooler_output", features)
+    # the features the prompt takes: pooled, else the tower's last state (Fuyu's patch embeddings, no pooled output)
+    pooled = getattr(features, "pooler_output", None)
+    features = pooled if pooled is not None else getattr(features, "last_hidden_state", features)
     if isinstance(features, (list, tuple)):
         count = sum(int(f.reshape(-1, f.shape[-1]).shape[0]) for f in features if isinstance(f, torch.Tensor))
     elif isinstance(features, torch.Tensor) and features.dim() >= 2:

@@ -420,3 +420,23 @@ def test_extra_islands_from_the_pipeline_keep_their_source_and_reason() -> None:
     out = convert(mlp(), (Island("relu", "Relu", "measured", "produces 'r' beyond range"),), precision="fp16")
     assert types(out)["r"] == T.FLOAT
     assert Counter(op_types(out))["Cast"] == 4  # x in, hb out to the island, r back in, y out
+
+
+def test_an_output_in_the_low_type_saturates_where_a_float32_island_masks_it() -> None:
+    """Chameleon masks its image tokens' logits with finfo(float32).min: that Where stays float32, and the logits
+    output in float16 (``precision_io="low"``) was a plain cast of it, ``-inf``; the model in float16 writes float16's
+    lowest value. The cast now saturates: the masked logits are -65504, the others as a cast gives them."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["scores"], name="fc"),
+        helper.make_node("Where", ["keep", "scores", "minimum"], ["logits"], name="mask_logits"),
+    ]
+    inits = [weight("w", 8, 8), numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "minimum")]
+    source = model(nodes, [("x", T.FLOAT, [2, 8]), ("keep", T.BOOL, [2, 8])], {"logits": [2, 8]}, inits)
+    out = convert(source, precision="fp16", precision_io="low")
+    keep = np.ones((2, 8), bool)
+    keep[:, 5:] = False
+    x = RNG.standard_normal((2, 8)).astype(np.float32)
+    (logits,) = run(out, {"x": x.astype(np.float16), "keep": keep})
+    assert logits.dtype == np.float16 and np.isfinite(logits).all()
+    np.testing.assert_array_equal(logits[:, 5:], np.float16(-65504.0))
+    np.testing.assert_allclose(logits[:, :5], run(source, {"x": x, "keep": keep})[0][:, :5], atol=0.05, rtol=0.02)
