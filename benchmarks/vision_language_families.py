@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from family_sweep import (  # noqa: E402
     PRECISIONS,
     CannotRunEagerly,
@@ -62,6 +63,7 @@ from family_sweep import (  # noqa: E402
     scores_gap,
 )
 from model_sources import transformers_all_models as every  # noqa: E402
+from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 import pipeline  # noqa: E402
 from converters.errors import InputError  # noqa: E402
@@ -239,6 +241,15 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
     beam = {**greedy, "num_beams": BEAMS}
     scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
+    model_class = getattr(transformers, class_name, None)
+    if isinstance(model_class, type) and not issubclass(model_class, GenerationMixin):
+        row["converts"] = "not autoregressive"
+        row["error"] = (
+            f"{class_name} generates with a loop of its own, not transformers' GenerationMixin token by token "
+            f"({', '.join(c.__name__ for c in model_class.__mro__ if 'Generation' in c.__name__) or 'no generate'}): "
+            "generation= converts autoregressive decoders"
+        )
+        return row
     try:
         model, (_args, sample) = every.build(kind, class_name)
         if SWEEP_AUDIO:
