@@ -79,7 +79,7 @@ def convert(
     chosen = _Chosen(converters, passes, extra_passes, custom_translation_table, calibration)
     if config.generation is not None:
         from pipeline.generation.cross_layout import takes_images
-        from pipeline.generation.seq2seq import is_encoder_decoder
+        from pipeline.generation.own_preparation import is_encoder_decoder
         from pipeline.generation.vision_inputs import is_vision_language
 
         def part_of(part: torch.nn.Module, part_sample: Any, part_config: Settings, part_registry: Any) -> Any:

@@ -33,14 +33,13 @@ from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
 from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.own_preparation import generate_input_name, own_encoder_preparation
 from pipeline.generation.seq2seq import (
     CrossStates,
     Seq2SeqStep,
     cache_of,
     encode_and_decode,
     encoder_output_type,
-    generate_input_name,
-    own_encoder_preparation,
     source_states,
 )
 from pipeline.generation.seq2seq_greedy import validate_greedy

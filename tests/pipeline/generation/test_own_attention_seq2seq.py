@@ -27,7 +27,8 @@ from tiny_models import converted_for_rtx_when_it_imports, drawn_by_fan_in, gree
 from transformers.generation.utils import GenerationMixin
 
 import pipeline
-from pipeline.generation.seq2seq import Seq2SeqStep, cache_of, generate_input_name, own_generate_preparation
+from pipeline.generation.own_preparation import generate_input_name, own_generate_preparation
+from pipeline.generation.seq2seq import Seq2SeqStep, cache_of
 from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
 
 GENERATION = {"max_length": 24, "max_batch": 8}
