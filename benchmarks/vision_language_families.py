@@ -67,6 +67,7 @@ from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 import pipeline  # noqa: E402
 from converters.errors import InputError  # noqa: E402
+from pipeline.generation.vision_inputs import IMAGES  # noqa: E402
 
 NEW_TOKENS = 8
 BEAMS = 4
@@ -146,20 +147,22 @@ def quiet(model: torch.nn.Module) -> Any:
     return model
 
 
+def another_image(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Another image of ``value``'s shape: its float values drawn again, its whole-number ones kept (the row and column
+    Pix2Struct's and Kosmos-2.5's patches start with); an integer tensor as it is."""
+    if not value.is_floating_point():
+        return value
+    return torch.where(value == value.round(), value, torch.randn(value.shape, generator=generator))
+
+
 def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[str, torch.Tensor]:
     """The sample's prompt padded by :data:`PAD` tokens (on the left, or on the ``right`` as an encoder-decoder's
     tokenizer pads its source) and a copy with :data:`PAD` more text tokens there and another image: a batch of two.
     A sample without a prompt (an image-to-text encoder-decoder's: Donut's, TrOCR's, Pix2Struct's patches) is its image
     and another, whose whole-number values are kept (the row and column Pix2Struct's patches start with)."""
+    generator = torch.Generator().manual_seed(3)
     if "input_ids" not in sample:
-        generator = torch.Generator().manual_seed(3)
-
-        def other(value: torch.Tensor) -> torch.Tensor:
-            if not value.is_floating_point():
-                return value
-            return torch.where(value == value.round(), value, torch.randn(value.shape, generator=generator))
-
-        batch = {name: torch.cat([value, other(value)]) for name, value in sample.items()}
+        batch = {name: torch.cat([value, another_image(value, generator)]) for name, value in sample.items()}
         mask = batch.get("attention_mask")
         if mask is not None and mask.shape[1] > PAD:  # the first image's last patches are padding, as a processor pads
             mask[0, -PAD:] = 0
@@ -179,7 +182,6 @@ def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[s
         "input_ids": torch.cat([padded(ids, pad), padded(ids, text)]),
         "attention_mask": torch.cat([padded(mask, pad), padded(mask, torch.ones_like(pad))]),
     }
-    generator = torch.Generator().manual_seed(3)
     for name, value in sample.items():
         if name in batch:
             continue
@@ -188,9 +190,8 @@ def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[s
         elif value.dim() == 3 and value.shape[:2] == ids.shape:  # a vector per token (UDOP's boxes): zeros added
             extra = torch.zeros(1, PAD, value.shape[-1], dtype=value.dtype)
             batch[name] = torch.cat([padded(value, extra)] * 2)
-        elif value.is_floating_point():  # another image for the second prompt (Kosmos-2.5's patches keep their places)
-            drawn = torch.randn(value.shape, generator=generator)
-            batch[name] = torch.cat([value, torch.where(value == value.round(), value, drawn)])
+        elif value.is_floating_point():  # another image for the second prompt
+            batch[name] = torch.cat([value, another_image(value, generator)])
         else:
             batch[name] = torch.cat([value, value])
     return batch
@@ -255,7 +256,7 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         if SWEEP_AUDIO:
             model = fitted_audio_model(kind, model)
             sample = audio_sample(model)
-        elif not {"pixel_values", "flattened_patches"} & set(sample):  # an image, or an image's patches (Pix2Struct's)
+        elif not set(IMAGES.main_inputs) & set(sample):  # an image, or an image's patches (Pix2Struct's)
             raise CannotRunEagerly(text_alone(model, sample))
         model = quiet(model)
         # an encoder-decoder's source is padded on the right, as its tokenizer pads it (BART's): a drawn validation
@@ -308,7 +309,7 @@ def text_alone(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> str:
 
     found = f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found"
     taken = inspect.signature(model.forward).parameters
-    if "pixel_values" not in taken and "flattened_patches" not in taken:
+    if not set(IMAGES.main_inputs) & set(taken):
         name = type(model).__name__
         return f"{found}: {name}'s forward takes no image (transformers maps the type as image-text-to-text)"
     if "pixel_values" not in taken:  # Kosmos-2.5's image is Pix2Struct's patches beside the prompt

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from rtx_build import rtx_build_error
 
 from converters.settings import Settings
 from passes import PassManager, TopologicalSort, to_graph, to_model
@@ -422,16 +423,21 @@ def test_extra_islands_from_the_pipeline_keep_their_source_and_reason() -> None:
     assert Counter(op_types(out))["Cast"] == 4  # x in, hb out to the island, r back in, y out
 
 
-def test_an_output_in_the_low_type_saturates_where_a_float32_island_masks_it() -> None:
-    """Chameleon masks its image tokens' logits with finfo(float32).min: that Where stays float32, and the logits
-    output in float16 (``precision_io="low"``) was a plain cast of it, ``-inf``; the model in float16 writes float16's
-    lowest value. The cast now saturates: the masked logits are -65504, the others as a cast gives them."""
+def masked_logits() -> onnx.ModelProto:
+    """Logits masked with finfo(float32).min where ``keep`` is False (Chameleon's image tokens)."""
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["scores"], name="fc"),
         helper.make_node("Where", ["keep", "scores", "minimum"], ["logits"], name="mask_logits"),
     ]
     inits = [weight("w", 8, 8), numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "minimum")]
-    source = model(nodes, [("x", T.FLOAT, [2, 8]), ("keep", T.BOOL, [2, 8])], {"logits": [2, 8]}, inits)
+    return model(nodes, [("x", T.FLOAT, [2, 8]), ("keep", T.BOOL, [2, 8])], {"logits": [2, 8]}, inits)
+
+
+def test_an_output_in_the_low_type_saturates_where_a_float32_island_masks_it() -> None:
+    """Chameleon masks its image tokens' logits with finfo(float32).min: that Where stays float32, and the logits
+    output in float16 (``precision_io="low"``) was a plain cast of it, ``-inf``; the model in float16 writes float16's
+    lowest value. The cast now saturates: the masked logits are -65504, the others as a cast gives them."""
+    source = masked_logits()
     out = convert(source, precision="fp16", precision_io="low")
     keep = np.ones((2, 8), bool)
     keep[:, 5:] = False
@@ -440,3 +446,10 @@ def test_an_output_in_the_low_type_saturates_where_a_float32_island_masks_it() -
     assert logits.dtype == np.float16 and np.isfinite(logits).all()
     np.testing.assert_array_equal(logits[:, 5:], np.float16(-65504.0))
     np.testing.assert_allclose(logits[:, :5], run(source, {"x": x, "keep": keep})[0][:, :5], atol=0.05, rtol=0.02)
+
+
+def test_tensorrt_rtx_builds_the_saturating_output_cast() -> None:
+    out = convert(masked_logits(), precision="fp16", precision_io="low")
+    assert [n.op_type for n in out.graph.node if n.op_type in ("Clip", "Cast")][-2:] == ["Clip", "Cast"]
+    error = rtx_build_error(out)
+    assert error is None, error

@@ -95,7 +95,7 @@ def test_the_encoder_graph_validates_and_is_as_accurate_as_pytorch_float32(
     # element's luck): 0.52-0.96x on an Intel machine, 1.1-1.95x on an AMD EPYC (where PyTorch's own kernels are the
     # closer), the anchored rule's 2x in RMS. A graph that loses precision (an op in a lower type, a cancelling rewrite)
     # is orders of magnitude further
-    assert max(ratios) <= 3.0, sorted(ratios)[-4:]
+    assert max(ratios) <= 2.5, sorted(ratios)[-4:]
 
 
 def test_greedy_scores_and_beams_equal_transformers(
