@@ -20,7 +20,7 @@ from typing import Any
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' vision models
 import torch
 import transformers
-from tiny_models import converted_for_rtx_when_it_imports, decodes_as_transformers, drawn_by_fan_in
+from tiny_models import converted_for_rtx_when_it_imports, decodes_as_transformers, drawn_by_fan_in, greedy_scores
 
 GENERATION = {"max_length": 48, "max_batch": 8}
 GREEDY: dict[str, Any] = {"max_new_tokens": 6}
@@ -68,6 +68,20 @@ def gemma4() -> Any:
     return drawn_by_fan_in(transformers.Gemma4ForConditionalGeneration(config))
 
 
+class ImageTokenAt(transformers.LogitsProcessor):
+    """Makes the image token the only choice when the sequences are ``length`` long."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] != self.length:
+            return scores
+        forced = torch.full_like(scores, -float("inf"))
+        forced[:, IMAGE_TOKEN] = 0
+        return forced
+
+
 def inputs() -> dict[str, torch.Tensor]:
     """Two prompts (two text tokens, the image's 4 tokens, four text tokens; the first left-padded by 2, the second
     with 2 more text tokens), each with its image as patches and their positions, and the tokens' modalities."""
@@ -100,5 +114,14 @@ def test_gemma4_layers_decode_as_transformers_and_build_on_tensorrt_rtx() -> Non
     assert caches["past_key_values.0.key"][-1] == 32 and caches["past_key_values.1.key"][-1] == 16
     expected, _ = decodes_as_transformers(model, module, sample, **GREEDY)
     assert len(set(expected[:, -6:].flatten().tolist())) > 1
+    # a decode step that generates the image token: Gemma 4 embeds its pad token there (and no image is placed)
+    forced = {
+        **GREEDY,
+        "logits_processor": transformers.LogitsProcessorList([ImageTokenAt(sample["input_ids"].shape[1] + 1)]),
+    }
+    expected, expected_scores = greedy_scores(model.generate, sample, **forced)
+    tokens, scores = greedy_scores(module.generate, sample, **forced)
+    assert torch.equal(tokens, expected) and bool((expected[:, -5] == IMAGE_TOKEN).all())
+    assert float((scores - expected_scores).nan_to_num(nan=0.0).abs().max()) < 1e-3  # -inf at the forced step
     if importlib.util.find_spec("tensorrt_rtx") is not None:
         assert module.vision.engine_bytes and module.step.engine_bytes
