@@ -24,7 +24,7 @@ from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
-from pipeline.generation.step import CachedStep, uses_attention_interface
+from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
@@ -63,7 +63,10 @@ def prepare_step(
         "the cache is written with TensorScatter, but its own attention code is exported as it is (no ONNX "
         "Attention node)",
     )
-    step = RecurrentStep(model, layout, use_interface) if states else CachedStep(model, len(layout), use_interface)
+    if states:
+        step: CachedStep = RecurrentStep(model, layout, use_interface)
+    else:
+        step = CachedStep(model, len(layout), use_interface, indexed_layers(layout))
     step = step.train(model.training)  # no "training mode" warning
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1
@@ -203,13 +206,16 @@ def check_sample_fits(input_ids: torch.Tensor, generation: GenerationSettings, v
         )
 
 
-#: Words in a config's ``layer_types`` of layers whose cache is not attention's keys and values alone: a recurrent
-#: state (linear attention, short convolutions, state-space and hybrid layers), or an indexer's key cache beside the
-#: keys and values (DeepSeek sparse attention's "indexed_attention").
-UNCACHED_LAYER_WORDS = ("linear", "conv", "mamba", "hybrid", "recurrent", "ssm", "rwkv", "indexed")
+#: Words in a config's ``layer_types`` of layers that keep a recurrent state (linear attention, short convolutions,
+#: state-space and hybrid layers).
+RECURRENT_LAYER_WORDS = ("linear", "conv", "mamba", "hybrid", "recurrent", "ssm", "rwkv")
+#: Words of layers whose cache is not attention's keys and values alone: a recurrent state, or an indexer's key cache
+#: beside the keys and values (DeepSeek sparse attention's "indexed_attention", which only the decoder-only steps
+#: cache: :class:`~pipeline.generation.step.StepIndexedLayer`).
+UNCACHED_LAYER_WORDS = (*RECURRENT_LAYER_WORDS, "indexed")
 #: Of those, the words of layers a causal LM's step cannot cache even with recurrent states
-#: (:mod:`pipeline.generation.recurrent_state`): an indexer's key cache, and RWKV's (not on transformers' Cache API).
-UNCACHED_STATE_WORDS = ("rwkv", "indexed")
+#: (:mod:`pipeline.generation.recurrent_state`): RWKV's (not on transformers' Cache API).
+UNCACHED_STATE_WORDS = ("rwkv",)
 
 
 def names_recurrent_layers(model: torch.nn.Module) -> bool:
@@ -218,7 +224,7 @@ def names_recurrent_layers(model: torch.nn.Module) -> bool:
     config = getattr(model, "config", None)
     config = getattr(config, "text_config", None) or config
     types = getattr(config, "layer_types", None)
-    return isinstance(types, list | tuple) and any(w in str(t) for t in types for w in UNCACHED_LAYER_WORDS)
+    return isinstance(types, list | tuple) and any(w in str(t) for t in types for w in RECURRENT_LAYER_WORDS)
 
 
 def check_attention_layers(model: torch.nn.Module, states: bool = False) -> None:
@@ -234,12 +240,12 @@ def check_attention_layers(model: torch.nn.Module, states: bool = False) -> None
     if refused:
         count = sum(1 for t in types if str(t) in refused)
         what = (
-            "generation= caches attention's keys and values and linear-attention, convolution and state-space "
-            "layers' recurrent states, not an indexer's key cache"
+            "generation= caches attention's keys and values (and an indexer's), and linear-attention, convolution "
+            "and state-space layers' recurrent states, not RWKV's"
             if states
             else "this generation= step caches the keys and values of attention layers only (a linear-attention, "
-            "convolution or state-space layer keeps a recurrent state, which only a causal LM's step caches; an "
-            "indexed layer an indexer's key cache besides)"
+            "convolution or state-space layer keeps a recurrent state, an indexed layer an indexer's key cache "
+            "besides: only a decoder-only step caches those)"
         )
         raise InputError(
             f"{type(model).__name__} has {count} of its {len(types)} layers of kind {', '.join(refused)}: {what}",
@@ -297,7 +303,21 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
                 f"values of {values.shape[1]} ({values.dtype})",
                 fix="generation= supports caches whose keys and values have the same heads and dtype",
             )
-        layout.append(CachedLayer.of(keys, values))
+        indexer = getattr(layer, "indexer_keys", None)  # an indexed layer's (DeepSeek sparse attention)
+        if isinstance(indexer, torch.Tensor) and (indexer.dim() != 3 or indexer.dtype != keys.dtype):
+            raise InputError(
+                f"cache layer {i} of {type(model).__name__} holds indexer keys {tuple(indexer.shape)} "
+                f"({indexer.dtype}), not [batch, tokens, width] in its keys' dtype ({keys.dtype})",
+                fix="convert without generation= (the plain forward)",
+            )
+        layout.append(CachedLayer.of(keys, values, indexer if isinstance(indexer, torch.Tensor) else None))
+    recurrent = any(isinstance(layer, StateLayer) for layer in layout)
+    if recurrent and any(getattr(layer, "indexer_dim", 0) for layer in layout):
+        raise InputError(
+            f"{type(model).__name__} has indexed attention layers beside layers with recurrent states: generation= "
+            "caches either, not both in one model",
+            fix="convert without generation= (the plain forward)",
+        )
     logits = getattr(out, "logits", None)
     vocabulary = getattr(getattr(model, "config", None), "vocab_size", None)
     if isinstance(logits, torch.Tensor) and logits.dim() >= 1:

@@ -108,7 +108,7 @@ def cache_names(layout: Sequence[CachedLayer | StateLayer], name: Any = past_nam
 
 
 def _kinds(layer: CachedLayer | StateLayer) -> tuple[str, ...]:
-    return layer.kinds() if isinstance(layer, StateLayer) else ("key", "value")
+    return layer.kinds()
 
 
 class _States:

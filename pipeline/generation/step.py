@@ -25,7 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, Dynamic
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from pipeline.generation import ops
-from pipeline.runtime.generation.layout import past_name, present_name
+from pipeline.runtime.generation.layout import INDEXER, past_name, present_name
 
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"
@@ -74,6 +74,29 @@ class StepCacheLayer(CacheLayerMixin):
         return int(self.keys.shape[-2])
 
 
+class StepIndexedLayer(StepCacheLayer):
+    """:class:`StepCacheLayer` of an indexed attention layer (DeepSeek sparse attention), which also caches its
+    indexer's keys: ``update_indexer`` writes them at ``past_length`` into ``indexer`` [batch, 1, capacity, dim] (a
+    one-head key cache: the same write) and returns the whole static cache [batch, capacity, dim], as transformers'
+    ``StaticIndexedLayer`` does. The indexer ranks every position of the capacity; the ones the mask hides score
+    -inf, so its top-k picks among the written positions as over transformers' dynamic cache."""
+
+    #: positions the indexer's keys were computed at (transformers' optional field; this cache keeps none)
+    indexer_position_ids = None
+
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, indexer: torch.Tensor, past_length: torch.Tensor, length: Any
+    ) -> None:
+        super().__init__(keys, values, past_length, length)
+        self.indexer = indexer
+
+    def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
+        """Write the step's indexer keys [batch, steps, dim] at ``past_length``; the whole static cache comes back."""
+        written = _as_type(indexer_key_states, self.indexer.dtype).unsqueeze(1)
+        self.indexer = ops.kv_write(self.indexer, written, self.past_length)
+        return self.indexer.squeeze(1)
+
+
 class StepCache(Cache):
     """A transformers ``Cache`` of :class:`StepCacheLayer`, one per decoder layer (``shared``: the decoder layers that
     keep no cache of their own, transformers' ``DummyLayer`` in their place)."""
@@ -104,6 +127,11 @@ def shared_cache_layers(model: torch.nn.Module, cached: int) -> tuple[int, ...]:
         return ()
     shared = tuple(i for i, layer in enumerate(cache.layers) if isinstance(layer, DummyLayer))
     return shared if len(cache.layers) == cached + len(shared) else ()
+
+
+def indexed_layers(layout: Sequence[Any]) -> tuple[int, ...]:
+    """The layers of a cache ``layout`` that also cache an indexer's keys (``CachedLayer.indexer_dim``)."""
+    return tuple(i for i, layer in enumerate(layout) if getattr(layer, "indexer_dim", 0))
 
 
 def _as_type(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -201,6 +229,10 @@ def step_attention(
         _mark(_BIDIRECTIONAL, attention_mask)
     if attention_mask is None or attention_mask.dtype != torch.bool:
         raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
+    indices = kwargs.get("indices")
+    if isinstance(indices, torch.Tensor):  # DeepSeek sparse attention's top-k keys per query [B, steps, k]: only them
+        chosen = torch.zeros(*indices.shape[:-1], key.shape[2], dtype=torch.bool, device=key.device)
+        attention_mask = attention_mask & chosen.scatter(-1, indices.long(), True).unsqueeze(1)
     past = kwargs.get("_past_length")
     steps, capacity = query.shape[2], key.shape[2]
     own_missing = not _is_marked(_SELF_ATTENDING, attention_mask) and not _is_marked(_BIDIRECTIONAL, attention_mask)
@@ -288,10 +320,12 @@ class CachedStep(torch.nn.Module):
     #: attention takes the step's mask instead (causal, over the written positions ``attention_mask`` keeps).
     own_mask = False
 
-    def __init__(self, model: torch.nn.Module, layers: int, use_interface: bool) -> None:
+    def __init__(self, model: torch.nn.Module, layers: int, use_interface: bool, indexed: Sequence[int] = ()) -> None:
         super().__init__()
         self.model = model
         self.layers = layers
+        #: the cached layers that also cache their indexer's keys (:class:`StepIndexedLayer`)
+        self.indexed = tuple(indexed)
         #: the decoder layers that keep no cache (:func:`shared_cache_layers`), not counted in ``layers``
         self.shared = shared_cache_layers(model, layers)
         self.use_interface = use_interface
@@ -301,9 +335,12 @@ class CachedStep(torch.nn.Module):
         if use_interface:
             register_attention()
         #: graph input names of the ``*past`` arguments (the exporter reads this mapping)
-        self.onnx_input_names = {
-            f"past_{2 * i + j}": past_name(i, kind) for i in range(layers) for j, kind in enumerate(("key", "value"))
-        }
+        self.onnx_input_names = {f"past_{j}": name for j, name in enumerate(self.cache_names())}
+
+    def cache_names(self) -> list[str]:
+        """The cache inputs' names in order: each layer's keys and values (and :data:`INDEXER` keys)."""
+        kinds = ("key", "value")
+        return [past_name(i, k) for i in range(self.layers) for k in (*kinds, *([INDEXER] * (i in self.indexed)))]
 
     def forward(
         self,
@@ -366,7 +403,15 @@ class CachedStep(torch.nn.Module):
 
     def cache_layers(self, past: Sequence[torch.Tensor], past_length: torch.Tensor, length: Any) -> list[Any]:
         """The cache layers over the step's ``past`` inputs (a subclass with other cache tensors builds its own)."""
-        return [StepCacheLayer(past[2 * i], past[2 * i + 1], past_length, length) for i in range(self.layers)]
+        tensors = iter(past)
+        layers: list[StepCacheLayer] = []
+        for i in range(self.layers):
+            keys, values = next(tensors), next(tensors)
+            if i in self.indexed:
+                layers.append(StepIndexedLayer(keys, values, next(tensors), past_length, length))
+            else:
+                layers.append(StepCacheLayer(keys, values, past_length, length))
+        return layers
 
     def cache(self, layers: list[Any]) -> Cache:
         """The transformers ``Cache`` the model is handed."""
@@ -396,4 +441,6 @@ def step_outputs(logits: torch.Tensor, layers: Sequence[StepCacheLayer]) -> dict
     for i, layer in enumerate(layers):
         result[present_name(i, "key")] = layer.keys
         result[present_name(i, "value")] = layer.values
+        if isinstance(layer, StepIndexedLayer):
+            result[present_name(i, INDEXER)] = layer.indexer
     return result

@@ -164,7 +164,7 @@ def convert_vision_language(
     deepstack = _deepstack(model, text_model, text, vision, token, levels, by_token, pooled is None)
     stacked = deepstack.levels if deepstack is not None else ()
     vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages, stacked)
-    from pipeline.generation.step import uses_attention_interface
+    from pipeline.generation.step import indexed_layers, uses_attention_interface
 
     typed = TOKEN_TYPES in text
     if not states and (generation.max_prompt or generation.max_length) >= generation.max_length:
@@ -189,6 +189,7 @@ def convert_vision_language(
             placement,
             deepstack,
             text_model,
+            indexed_layers(layout),
         )
         named = {deepstack_name(level): levels[level] for level in stacked}
         sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement, named)

@@ -20,7 +20,7 @@ from pipeline.generation.deepstack import DeepstackLevels, added_after_layers
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.generation.image_positions import ImagePositions, feature_order, gathered_rows
-from pipeline.runtime.generation.layout import CachedLayer, past_name
+from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.generation.vision_feed import IMAGE_FEATURES, MODALITY_TYPES, TOKEN_TYPES, deepstack_name
 from pipeline.settings import DynamicDim
 
@@ -51,8 +51,9 @@ class VisionLanguageStep(CachedStep):
         placement: str | None = None,
         deepstack: DeepstackLevels | None = None,
         text_model: torch.nn.Module | None = None,
+        indexed: Sequence[int] = (),
     ) -> None:
-        super().__init__(model, layers, use_interface)
+        super().__init__(model, layers, use_interface, indexed)
         self.deepstack = deepstack if deepstack is not None and deepstack.after else None
         #: the decoder whose layers the deepstack levels are added after (not a submodule: it is ``model``'s)
         self._text_model = [text_model] if text_model is not None else []
@@ -72,7 +73,7 @@ class VisionLanguageStep(CachedStep):
         #: (:func:`~pipeline.generation.text_model.modality_blocks`): this value at the image tokens of a prefill (the
         #: step at position 0), zeros after (transformers' decode steps hand none)
         self.modality_kind: int | None = None
-        self.name_inputs([past_name(i, kind) for i in range(layers) for kind in ("key", "value")])
+        self.name_inputs(self.cache_names())
 
     def name_inputs(self, cache: list[str]) -> None:
         """The graph names of the inputs after ``image_features``: the per-token inputs, then the ``cache``'s."""
@@ -214,7 +215,7 @@ def step_sample(
     sample: Any = ((ids, full, positions, start, features, *stacked.values(), *per_token, *past), {})
     token_inputs = ([placement] if placement else []) + ([TOKEN_TYPES] if typed else [])
     names = ["input_ids", "attention_mask", "position_ids", *token_inputs]
-    names += [past_name(i, kind) for i in range(len(layout)) for kind in ("key", "value")]
+    names += cache_names(layout)
     longest = generation.max_prompt or capacity
     dims: list[DynamicDim] = []
     axis = {"position_ids": 0 if laid is None else 1}  # the positions' batch axis

@@ -16,7 +16,7 @@ import onnx
 
 from converters.block_settings import FOUR_BIT_PRECISIONS
 from converters.settings import GenerationSettings
-from pipeline.runtime.generation.layout import STATE_KINDS, STEP_INPUTS, past_name, present_name
+from pipeline.runtime.generation.layout import INDEXER, STATE_KINDS, STEP_INPUTS, past_name, present_name
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.settings import DynamicDim, Settings
 
@@ -128,7 +128,7 @@ def _capacity_disagreement(max_length: int, inputs: Dims, outputs: Dims, layers:
     of every cache tensor."""
     sized = [("attention_mask", inputs["attention_mask"], 1)] if mask else []
     for layer in range(layers):
-        for kind in ("key", "value") if past_name(layer, "key") in inputs else ():
+        for kind in (kind for kind in ("key", "value", INDEXER) if past_name(layer, kind) in inputs):
             sized.append((past_name(layer, kind), inputs[past_name(layer, kind)], CACHE_POSITIONS_AXIS))
             sized.append((present_name(layer, kind), outputs[present_name(layer, kind)], CACHE_POSITIONS_AXIS))
     for name, dims, axis in sized:

@@ -190,11 +190,11 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
 
 def _cache_inputs(step: dict[str, Any]) -> set[str]:
     """The cache inputs of a generation step, from its metadata."""
-    from pipeline.runtime.generation.layout import past_name
+    from pipeline.runtime.generation.layout import INDEXER, past_name
 
     generation = settings_from_json(step["settings"]).generation
     layers = generation.layers if generation is not None else 0
-    return {past_name(layer, kind) for layer in range(layers) for kind in ("key", "value")}
+    return {past_name(layer, kind) for layer in range(layers) for kind in ("key", "value", INDEXER)}
 
 
 def _cross_images_request(encoder: IOSpec, decoder: dict[str, Any]) -> tuple[TensorSpec, ...] | None:

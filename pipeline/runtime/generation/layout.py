@@ -29,6 +29,11 @@ def state_kind(kind: str, index: int) -> str:
     return kind if index == 0 else f"{kind}_{index}"
 
 
+#: The name kind of an indexed attention layer's indexer keys (DeepSeek sparse attention's:
+#: ``past_key_values.{i}.indexer`` [batch, 1, capacity, index dim]), written in place as the layer's keys are.
+INDEXER = "indexer"
+
+
 def is_state_name(name: str) -> bool:
     """Whether the cache tensor ``name`` is a recurrent state (not keys or values)."""
     kind = name.rsplit(".", 1)[-1]
@@ -49,23 +54,33 @@ def present_name(layer: int, kind: str) -> str:
 @dataclass(frozen=True)
 class CachedLayer:
     """One cached attention layer as the model writes it: its key-value heads, the widths of a key and of a value
-    (equal in most models; multi-head latent attention's keys are wider: DeepSeek-V3's 192 against 128) and dtype."""
+    (equal in most models; multi-head latent attention's keys are wider: DeepSeek-V3's 192 against 128) and dtype;
+    ``indexer_dim`` the width of an indexed layer's indexer keys (DeepSeek sparse attention's one-head key cache,
+    0 without: :data:`INDEXER`)."""
 
     heads: int
     key_dim: int
     value_dim: int
     dtype: torch.dtype
+    indexer_dim: int = 0
 
     @classmethod
-    def of(cls, keys: torch.Tensor, values: torch.Tensor) -> CachedLayer:
-        """The layer of a cache's 4-D ``keys`` and ``values`` [batch, heads, tokens, width]."""
-        return cls(int(keys.shape[1]), int(keys.shape[-1]), int(values.shape[-1]), keys.dtype)
+    def of(cls, keys: torch.Tensor, values: torch.Tensor, indexer: torch.Tensor | None = None) -> CachedLayer:
+        """The layer of a cache's 4-D ``keys`` and ``values`` [batch, heads, tokens, width] (and an indexed layer's
+        indexer keys [batch, tokens, width])."""
+        width = int(indexer.shape[-1]) if indexer is not None else 0
+        return cls(int(keys.shape[1]), int(keys.shape[-1]), int(values.shape[-1]), keys.dtype, width)
+
+    def kinds(self) -> tuple[str, ...]:
+        """The name kinds of the layer's tensors, in step-input order."""
+        return ("key", "value", INDEXER) if self.indexer_dim else ("key", "value")
 
     def storage(self, rows: int, capacity: int) -> list[torch.Tensor]:
-        """The layer's static key and value storage of ``capacity`` tokens, zeros."""
-        return [
-            torch.zeros(rows, self.heads, capacity, width, dtype=self.dtype) for width in (self.key_dim, self.value_dim)
-        ]
+        """The layer's static key and value storage of ``capacity`` tokens (and its indexer keys'), zeros."""
+        widths = (self.key_dim, self.value_dim)
+        kv = [torch.zeros(rows, self.heads, capacity, width, dtype=self.dtype) for width in widths]
+        indexer = [torch.zeros(rows, 1, capacity, self.indexer_dim, dtype=self.dtype)] if self.indexer_dim else []
+        return kv + indexer
 
 
 @dataclass(frozen=True)
@@ -79,9 +94,14 @@ class CacheLayout:
     @property
     def layers(self) -> int:
         """The number of cached layers."""
-        if all(self.in_place):  # keys and values: a pair per layer
+        if self._pairs:  # keys and values: a pair per layer
             return len(self.names) // 2
         return len({name.split(".")[1] for name in self.names})
+
+    @property
+    def _pairs(self) -> bool:
+        """Whether the layout is each layer's keys and values alone (no state, no indexer keys)."""
+        return all(self.in_place) and not any(name.endswith(f".{INDEXER}") for name in self.names)
 
     @property
     def capacity(self) -> int:
@@ -91,7 +111,7 @@ class CacheLayout:
     @property
     def present_names(self) -> tuple[str, ...]:
         """The matching outputs, ``present.{i}.{kind}``."""
-        if all(self.in_place):
+        if self._pairs:
             return tuple(present_name(i, kind) for i in range(self.layers) for kind in ("key", "value"))
         return tuple(present_name(int(layer), kind) for _, layer, kind in (n.split(".", 2) for n in self.names))
 
@@ -111,14 +131,14 @@ class CacheLayout:
 
 
 def cache_layout(io: IOSpec, layers: int) -> CacheLayout:
-    """The layout of the ``past_key_values.{i}.{kind}`` inputs of ``io``: each layer's keys and values, then its
-    recurrent states (:data:`STATE_KINDS`), as the step graph takes them."""
+    """The layout of the ``past_key_values.{i}.{kind}`` inputs of ``io``: each layer's keys and values (and indexer
+    keys), then its recurrent states (:data:`STATE_KINDS`), as the step graph takes them."""
     specs = {t.name: t for t in io.inputs}
     names = tuple(
         name
         for i in range(layers)
         for name in (
-            *(past_name(i, kind) for kind in ("key", "value") if past_name(i, kind) in specs),
+            *(past_name(i, kind) for kind in ("key", "value", INDEXER) if past_name(i, kind) in specs),
             *(t.name for t in io.inputs if t.name.startswith(past_name(i, "")) and is_state_name(t.name)),
         )
     )

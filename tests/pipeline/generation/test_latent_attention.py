@@ -84,23 +84,3 @@ def test_tensorrt_rtx_builds_the_latent_attention_step(precision: str) -> None:
     module = pipeline.convert(deepseek_v3(), prompts(), generation=GENERATION, validate=False, **options)
     assert module.engine_bytes and not getattr(module, "segments", None)
     assert module.generation.attention == "decomposed"
-
-
-@pytest.mark.parametrize(
-    ("model_type", "class_name", "kind"),
-    [
-        ("deepseek_v32", "DeepseekV32ForCausalLM", "indexed_attention"),
-    ],
-)
-def test_layers_whose_cache_is_not_keys_and_values_are_refused_by_kind(
-    model_type: str, class_name: str, kind: str
-) -> None:
-    """DeepSeek sparse attention keeps an indexer's key cache besides the keys and values: the step does not hold it,
-    and says so by the layers' kind before running the model (transformers' own error was about a cache method).
-    Recurrent states (linear attention) are cached: tests/pipeline/generation/test_recurrent_state.py."""
-    from model_sources import transformers_all_models as every
-
-    torch.manual_seed(0)
-    model = getattr(transformers, class_name)(every.shrunk(model_type)).eval()
-    with pytest.raises(pipeline.InputError, match=f"(?s)layers of kind {kind}.*without generation="):
-        pipeline.convert(model, prompts(), generation=GENERATION)

@@ -111,7 +111,7 @@ def test_a_prompt_length_asked_for_is_not_dropped_silently(model: transformers.L
     assert converted.settings.generation is not None and converted.settings.generation.max_prompt == 1
 
 
-def test_indexed_attention_is_still_refused_by_kind() -> None:
+def test_layers_a_step_cannot_cache_are_refused_by_kind() -> None:
     from pipeline.generation.conversion import check_attention_layers
 
     model = tiny_lfm2()
@@ -119,7 +119,11 @@ def test_indexed_attention_is_still_refused_by_kind() -> None:
     with pytest.raises(pipeline.InputError, match="layers of kind conv"):
         check_attention_layers(model)  # a step that caches keys and values only (vision-language decoders)
     model.config.layer_types = ["indexed_attention", "full_attention"]
+    check_attention_layers(model, states=True)  # an indexer's keys: cached by the decoder-only steps
     with pytest.raises(pipeline.InputError, match="(?s)layers of kind indexed_attention.*without generation="):
+        check_attention_layers(model)  # not by a step that caches keys and values only
+    model.config.layer_types = ["rwkv", "full_attention"]
+    with pytest.raises(pipeline.InputError, match="(?s)layers of kind rwkv.*without generation="):
         check_attention_layers(model, states=True)
 
 
