@@ -153,6 +153,12 @@ class PrecisionMode(TorchDispatchMode):
         try:
             return _run_in(func, args, kwargs, torch.float32, self.dtype)
         except (RuntimeError, NotImplementedError, TypeError):
+            written = _WRITTEN_OUT.get(func)
+            if written is not None and self.dtype == torch.float64:
+                try:
+                    return _run_in(written, args, kwargs, torch.float32, self.dtype)
+                except NotImplementedError:
+                    pass
             self.float32_ops.add(str(func))
             return _run_in(func, args, kwargs, self.dtype, torch.float32)
 
@@ -211,6 +217,26 @@ def _state_in(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Ten
     """The model's parameters and buffers by name, the float32 ones in ``dtype``."""
     named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     return {name: t.detach().to(dtype) if t.dtype == torch.float32 else t for name, t in named.items()}
+
+
+def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None, *rest: Any) -> Any:
+    """``aten._grouped_mm`` of a 2-D ``mat_a`` [tokens, in] and a 3-D ``mat_b`` [groups, in, out] split at ``offs``
+    (each group's end row) as one matrix product per group, in any float type: PyTorch's kernel takes float32 and
+    half types only, and the MoE layers of transformers call it for every expert. Rows after the last group's end
+    are zeros. Another form (3-D by 3-D, a bias, an output type) raises NotImplementedError."""
+    if mat_a.dim() != 2 or mat_b.dim() != 3 or offs is None or any(value is not None for value in rest):
+        raise NotImplementedError("only a 2-D by 3-D grouped product split by offs is written out")
+    start, parts = 0, []
+    for group, end in enumerate(offs.tolist()):
+        parts.append(mat_a[start:end] @ mat_b[group])
+        start = end
+    parts.append(mat_a.new_zeros(mat_a.shape[0] - start, mat_b.shape[-1]))
+    return torch.cat(parts)
+
+
+#: Ops PyTorch has no float64 kernel for, written out in plain ops so that the float64 run computes them in float64
+#: (else they run in float32 and the report names them): MoE layers' grouped matrix product.
+_WRITTEN_OUT: dict[Any, Any] = {torch.ops.aten._grouped_mm.default: _grouped_mm}
 
 
 def _run_in(func: Any, args: Any, kwargs: dict[str, Any], old: torch.dtype, new: torch.dtype) -> Any:

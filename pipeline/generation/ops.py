@@ -94,6 +94,24 @@ def _(
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
+def attention_with_sinks(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float, sinks: torch.Tensor
+) -> torch.Tensor:
+    """:func:`attention` in which one learned logit per query head (an attention sink: gpt-oss's, HY-V4's ``s_aux``)
+    joins every query's softmax as a key that holds no value: it takes its share of the probability and the outputs
+    are the rest's. Plain operations in the graph (no ONNX ``Attention`` input takes sinks), as transformers' eager
+    attention writes it: the mask added as the dtype's lowest, the largest logit subtracted before the softmax."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+    scores = torch.cat([scores, sink], dim=-1)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    return torch.matmul(torch.softmax(scores, dim=-1)[..., :-1], value)
+
+
 def convert_kv_write(ctx: ConverterContext) -> gs.Tensor:
     """``TensorScatter`` along the sequence axis (-2), one write index per batch row (all equal)."""
     cache, update, position = ctx.input("cache"), ctx.input("update"), ctx.input("position")

@@ -242,6 +242,12 @@ def step_attention(
         own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
         attention_mask = attention_mask | (own & ~attention_mask.any(-1, keepdim=True))
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    sinks = kwargs.get("s_aux")
+    if isinstance(sinks, torch.Tensor):  # attention sinks (gpt-oss's, HY-V4's): plain operations, no ONNX Attention
+        if position_bias is not None or softcap:
+            raise TypeError("the step's attention takes attention sinks without a position bias or a softcap")
+        out = ops.attention_with_sinks(query, key, value, attention_mask, scale, sinks)
+        return out.transpose(1, 2).contiguous(), None
     if position_bias is not None:
         if softcap:
             raise TypeError("the step's attention takes a position bias or a softcap, not both")

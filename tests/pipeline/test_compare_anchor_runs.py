@@ -128,6 +128,18 @@ def test_precision_mode_runs_an_op_without_a_kernel_in_float32_and_names_it() ->
     assert not exact.float32_ops
 
 
+def test_precision_mode_computes_moe_grouped_products_in_float64() -> None:
+    """PyTorch's ``_grouped_mm`` (transformers' MoE experts) has no float64 kernel: the float64 run writes it out as one
+    product per group, so that a MoE model's anchor is a float64 answer (it ran in float32, named in the report)."""
+    tokens, weights = torch.randn(6, 8, dtype=torch.float64), torch.randn(3, 8, 16, dtype=torch.float64)
+    ends = torch.tensor([2, 2, 6], dtype=torch.int32)
+    with torch.no_grad(), PrecisionMode(torch.float64) as mode:
+        product = torch._grouped_mm(tokens.float(), weights.float(), ends)
+    assert product.dtype == torch.float64 and not mode.float32_ops
+    expected = torch.cat([tokens[:2] @ weights[0], tokens[2:6] @ weights[2]])
+    assert torch.allclose(product, expected, rtol=0, atol=1e-12)  # float64's own rounding, not float32's
+
+
 def test_precision_mode_writes_into_a_float32_tensor_in_place_and_through_out() -> None:
     counter, total = torch.zeros(3), torch.zeros(3)
     with torch.no_grad(), PrecisionMode(torch.float64):

@@ -1,0 +1,70 @@
+"""Attention sinks (gpt-oss's; HY-V4's): one learned logit per head joins every query's softmax as a key with no
+value, and takes its share of the probability. transformers hands it to the attention function as ``s_aux``; the
+step's attention computes it (before, it dropped the argument, and the conversion's validation refused gpt-oss with
+every step's logits 0.5-3.8 away). A tiny gpt-oss from a config built here (random weights, nothing downloaded),
+its sinks drawn large enough to matter, judged against transformers' own ``model.generate`` on a left-padded batch."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import transformers
+from tiny_models import decodes_as_transformers, drawn_by_fan_in
+
+import pipeline
+
+GENERATION = {"max_length": 24, "max_batch": 8}
+
+
+def gpt_oss() -> transformers.PreTrainedModel:
+    """Two layers (a sliding window of 4, then full attention), 4 experts, sinks drawn with standard deviation 2."""
+    config = transformers.GptOssConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = drawn_by_fan_in(transformers.GptOssForCausalLM(config)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("sinks"):
+                parameter.normal_(0, 2)
+    return model
+
+
+def prompts() -> dict[str, torch.Tensor]:
+    """Two prompts of 9 tokens, the first left-padded by 2."""
+    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[0, :2], mask[0, :2] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_attention_sinks_decode_as_transformers() -> None:
+    """Greedy tokens, every step's scores (1e-3) and 4-beam sequences equal transformers'."""
+    model, sample = gpt_oss(), prompts()
+    module = pipeline.convert(model, sample, generation=GENERATION, validate=False)
+    expected, _ = decodes_as_transformers(model, module, sample, max_new_tokens=8)
+    assert len(set(expected[:, -8:].flatten().tolist())) > 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="TensorRT-RTX is not installed")
+def test_tensorrt_rtx_builds_a_step_with_sinks() -> None:
+    """TensorRT-RTX's real builder builds the step whose attention holds the sinks (its engine cannot run here)."""
+    generation = {**GENERATION, "attention": "decomposed"}
+    module = pipeline.convert(gpt_oss(), prompts(), generation=generation, backend="tensorrt-rtx", validate=False)
+    assert module.report.backend == "tensorrt-rtx" and module.engine_bytes
