@@ -8,8 +8,9 @@ model's class wraps transformers' generic loop with its own post-processing, wit
 step in PyTorch is compared with the model's own forward over a few tokens (or its decoding of them over its own
 cache, where that differs): a model whose own attention code masks no position of the static cache (FSMT's, LED's
 over one decoder token) gets the step that hands it the written positions only; one that decodes over neither form
-of the step is refused there, with the reason. The result is an
-:class:`~pipeline.runtime.generation.encoder_decoder.EncoderDecoderModule`.
+of the step is refused there, with the reason. A decoder that decides in Python on its cache's length (ProphetNet's
+first step takes another branch) gets the first step's graph beside the step's (:func:`_first_step_apart`). The
+result is an :class:`~pipeline.runtime.generation.encoder_decoder.EncoderDecoderModule`.
 
 The sample is the encoder's inputs as the model's ``generate`` takes them: a tensor of its main input (``input_ids``,
 Whisper's and Pop2Piano's ``input_features``), or a dict such as ``{"input_ids": ..., "attention_mask": ...}``. 2-D
@@ -149,7 +150,10 @@ def convert_encoder_decoder(
     )
     logger.info("encoder-decoder: converting the decoder step (cache of %d tokens)", generation.max_length)
     step_module = stages(step, step_sample, step_settings, generation_converters(registry))
-    module = EncoderDecoderModule(encoder_module, step_module)
+    step_module, first = _first_step_apart(
+        step, step_sample, step_settings, generation_converters(registry), stages, step_module
+    )
+    module = EncoderDecoderModule(encoder_module, step_module, first)
     if settings.validate or step.written_only:
         # a step over the written positions only runs the model's own attention code, which may decide in Python on
         # the cache's length (ProphetNet's first step takes another path): only a decoding shows the export held the
@@ -162,6 +166,36 @@ def convert_encoder_decoder(
             )
         validate_greedy(model, module, inputs, step_settings)
     return module
+
+
+def _first_step_apart(
+    step: Seq2SeqStep,
+    sample: Any,
+    settings: Settings,
+    registry: ConverterRegistry,
+    stages: Stages,
+    first: ConvertedModule,
+) -> tuple[ConvertedModule, ConvertedModule | None]:
+    """The step graph and, where the model decides in Python on its cache's length, the first step's graph apart.
+
+    The step is exported on the start token over an empty cache. Where that export took decisions on data-dependent
+    sizes from the sample's values (``report.traced_branches``: ProphetNet's decoder builds its masks and relative
+    positions at the first step only, ``if cache_length != 0``), the step is exported again over a cache holding one
+    position. When the two exports decided differently, the graph of an empty cache holds the first step's branch
+    only: it is kept as the first step's graph and the other is the step of every later one (the decoding validated
+    after checks both). Else the one graph holds every step, as for any model."""
+    if not first.report.traced_branches:
+        return first, None
+    args, kwargs = sample
+    later = stages(step, ((*args[:2], torch.tensor(1, dtype=torch.int64), *args[3:]), kwargs), settings, registry)
+    if later.report.traced_branches == first.report.traced_branches:
+        return first, None
+    logger.warning(
+        "%s's decoder decides in Python on its cache's length (%s over an empty cache, %s after one token): the "
+        "first decoder step runs on a graph of its own",
+        *(type(step.model).__name__, first.report.traced_branches, later.report.traced_branches),
+    )
+    return later, first
 
 
 @dataclasses.dataclass(frozen=True)

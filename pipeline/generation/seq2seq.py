@@ -24,8 +24,12 @@ the written positions only (``Seq2SeqStep(written_only=True)``).
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import dataclasses
 import inspect
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +37,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
+from pipeline.exporting.errors import is_model_code
 from pipeline.generation.own_preparation import (
     own_encoder_preparation,
     own_generate_preparation,
@@ -357,6 +362,38 @@ class Seq2SeqStep(torch.nn.Module):
             call["decoder_attention_mask"] = torch.ones(batch, capacity, dtype=torch.int64, device=input_ids.device)
         if self.use_interface:
             call["_past_length"] = past_length
-        with attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None):
+        with (
+            attention_implementation(self.model, ATTENTION_NAME if self.use_interface else None),
+            symbolic_int(self.model),
+        ):
             out = self.model(**call)
         return step_outputs(out.logits, layers)
+
+
+def _int_keeping_sizes(value: Any = 0, *base: Any) -> Any:
+    """``int(value)``, but a symbolic size (a ``torch.SymInt``: the cache's length while exporting) stays symbolic."""
+    if isinstance(value, torch.SymInt):
+        return value
+    return builtins.int(value, *base)
+
+
+@contextlib.contextmanager
+def symbolic_int(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, Python's ``int()`` in the model's own modules (not torch's) keeps a symbolic size symbolic.
+    A model's code may turn the cache's length into a Python number (ProphetNet's positions at a step after the
+    first: ``int(padding_idx + length)``), which torch.export can only specialise to the sample's length (a graph
+    right for one cache length only); an ``int`` of a size is that size already. Eagerly nothing changes."""
+    modules = {sys.modules.get(type(part).__module__) for part in model.modules()}
+    shadowed = [
+        module
+        for module in modules
+        if module is not None and is_model_code(str(getattr(module, "__file__", "<"))) and "int" not in vars(module)
+    ]
+    for module in shadowed:
+        module.int = _int_keeping_sizes  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in shadowed:
+            if vars(module).get("int") is _int_keeping_sizes:
+                del module.int

@@ -68,9 +68,12 @@ def load(
                 f"{path} holds {DECODER_FILE} but not {ENCODER_FILE}: an incomplete encoder-decoder",
                 fix="save the module again (EncoderDecoderModule.save writes both, atomically)",
             )
+        from pipeline.runtime.generation.source_and_step import FIRST_STEP_FILE
+
+        first = (FIRST_STEP_FILE,) if (Path(path) / FIRST_STEP_FILE).is_file() else ()  # a first step of its own
         parts = [
             load(Path(path) / name, backend=backend, rebuild=rebuild, build=build, threads=threads, spinning=spinning)
-            for name in (ENCODER_FILE, DECODER_FILE)
+            for name in (ENCODER_FILE, DECODER_FILE, *first)
         ]
         return EncoderDecoderModule(*parts)  # type: ignore[return-value]
     if isinstance(path, str | os.PathLike) and Path(path).is_dir() and (Path(path) / "vision_language.json").is_file():

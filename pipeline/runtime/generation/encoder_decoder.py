@@ -18,6 +18,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from converters.errors import ArtifactError, InputError
@@ -25,8 +26,14 @@ from pipeline.runtime.generation.cross_images import CrossImagesModule
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, cross_name, past_name, present_name
 from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, check_room, resolve
-from pipeline.runtime.generation.runners import RowsOfTwoCaches, bound_runner
-from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FILE, decode, generate_over
+from pipeline.runtime.generation.runners import CopiedNames, RowsOfTwoCaches, bound_runner
+from pipeline.runtime.generation.source_and_step import (
+    DECODER_FILE,
+    ENCODER_FILE,
+    FIRST_STEP_FILE,
+    decode,
+    generate_over,
+)
 from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
 from pipeline.runtime.module import ConvertedModule
 
@@ -50,12 +57,16 @@ class EncoderDecoderModule(TwoGraphModule):
 
     ``generate(input_ids, attention_mask=..., **options)`` (or ``input_features=`` for Whisper) returns the decoder's
     sequences, starting with its start token, as ``model.generate`` does; :meth:`stream` yields the new tokens.
-    ``.encoder`` and ``.decoder`` are the two converted graphs.
+    ``.encoder`` and ``.decoder`` are the two converted graphs; ``.first_step``, where the model's decoder decides in
+    Python on its cache's length (its first step takes another branch than the later ones: ProphetNet's), the graph
+    of the first decoder step (an empty cache), else None.
 
     >>> module.generate(input_ids, attention_mask=mask, num_beams=4, max_new_tokens=32)  # doctest: +SKIP
     """
 
-    def __new__(cls, encoder: ConvertedModule, decoder: ConvertedModule) -> Any:
+    def __new__(
+        cls, encoder: ConvertedModule, decoder: ConvertedModule, first_step: ConvertedModule | None = None
+    ) -> Any:
         """An encoder graph and a step that prefills a prompt (it takes the decoder-only step's inputs) are a model
         whose text cross-attends to its images: a :class:`~pipeline.runtime.generation.cross_images.CrossImagesModule`
         is made instead (a saved directory of either kind holds the same two files)."""
@@ -63,10 +74,14 @@ class EncoderDecoderModule(TwoGraphModule):
             return CrossImagesModule(encoder, decoder)
         return super().__new__(cls)
 
-    def __init__(self, encoder: ConvertedModule, decoder: ConvertedModule) -> None:
+    def __init__(
+        self, encoder: ConvertedModule, decoder: ConvertedModule, first_step: ConvertedModule | None = None
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
+        #: the first decoder step's graph, where it differs from the step's (see the class doc)
+        self.first_step = first_step
         generation = decoder.settings.generation
         if generation is None or generation.kind != "encoder-decoder":
             raise ArtifactError(
@@ -109,13 +124,17 @@ class EncoderDecoderModule(TwoGraphModule):
         yield from decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
-        """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt``, atomically (:func:`save_directory`)."""
+        """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt`` (and ``path/first_step.ptrt`` when the first step
+        has a graph of its own), atomically (:func:`save_directory`)."""
 
         def write(staging: Path) -> None:
             self.encoder.save(staging / ENCODER_FILE)
             self.decoder.save(staging / DECODER_FILE)
+            if self.first_step is not None:
+                self.first_step.save(staging / FIRST_STEP_FILE)
 
-        return save_directory(path, (ENCODER_FILE, DECODER_FILE), write, "an encoder-decoder")
+        files = (ENCODER_FILE, DECODER_FILE, FIRST_STEP_FILE)
+        return save_directory(path, files, write, "an encoder-decoder")
 
     # the request
 
@@ -252,6 +271,8 @@ class _Feed(RowsOfTwoCaches):
 
     def _run(self, ids: torch.Tensor) -> torch.Tensor:
         check_room(self.length, self.capacity, "the decoder's cache")
+        if self.length == 0 and self.module.first_step is not None:
+            return self._first(ids)
         if self.runner is not None:
             logits = self.runner.run(ids, None, None, self.length, self.held)
             self.length += 1
@@ -268,3 +289,22 @@ class _Feed(RowsOfTwoCaches):
         self.cache = [by_name[name] for name in module._presents]
         self.length += 1
         return by_name["logits"].float()
+
+    def _first(self, ids: torch.Tensor) -> torch.Tensor:
+        """The first decoder step on its own graph over an empty cache; the cache it writes goes where the step's
+        graph reads it (the bound buffers on ONNX Runtime)."""
+        module = self.module
+        graph = module.first_step
+        assert graph is not None
+        rows = ids.shape[0]
+        self.cache = [
+            torch.zeros((rows, *shape), dtype=dtype)
+            for shape, dtype in zip(module._cache_shapes, module._cache_dtypes, strict=True)
+        ]
+        names = CopiedNames(tuple(spec.name for spec in graph.io.inputs), module._layer_names, module._presents)
+        logits = self.copied_step(graph, names, {"input_ids": ids, **self.states})
+        if self.runner is not None:  # the step reads the buffers bound to its session
+            for array, written in zip(self.runner.read_arrays, self.cache, strict=True):
+                np.copyto(array, written.numpy())
+            self.cache = []
+        return logits

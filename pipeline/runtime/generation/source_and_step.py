@@ -17,6 +17,8 @@ from pipeline.runtime.generation.request import Decoding, fill_token
 
 #: The two artifacts of the saved directory: the source graph (an encoder, an image graph) and the cached step.
 ENCODER_FILE, DECODER_FILE = "encoder.ptrt", "decoder.ptrt"
+#: The first decoder step's graph, where a model's decoder takes another branch over an empty cache (ProphetNet's).
+FIRST_STEP_FILE = "first_step.ptrt"
 
 
 def generate_over(feed: Any, decoding: Decoding, request: GenerateOptions, encoder_decoder: bool) -> Any:
