@@ -30,14 +30,19 @@ sequence-to-sequence LMs whose config is not an encoder-decoder (a decoder-only 
 GLM-ASR, Audio Flamingo 3, ...). Their every-type source's sample is text alone: the sample is one audio (the
 source's first ``input_features`` layout its ``get_audio_features`` takes, with a mask of every frame where it takes
 one) and as many audio tokens as the features it gives, between text; a config that names no audio token (Voxtral's
-default) is given the vocabulary's last id, as a checkpoint's config names one.
+default) is given the vocabulary's last id, as a checkpoint's config names one. A model without ``get_audio_features``
+(Qwen2-Audio's forward computes its features) is given the first layout its forward runs on, a mask of every frame
+for its audio masks, and as many audio tokens as its own count check says the audio gives; a model whose ``generate``
+gives no token ids (VibeVoice's speech) is said so.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -111,12 +116,8 @@ def audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     name = type(model).__name__
     config: Any = model.config
     check_features_alone(model, AUDIO)  # a method that needs the prompt: the conversion's refusal is the row
-    if image_features_method(model, AUDIO) is None:  # the conversion's refusal is the row
-        candidate = next(c for c in every.candidate_samples(model, config) if AUDIO.main_input(c) in c)
-        ids = torch.randint(3, 100, (1, 8))
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **candidate}
-        pipeline.convert(model, inputs, generation=GENERATION)
-        raise CannotRunEagerly(f"{name} has no get_audio_features, and its conversion was not refused")
+    if image_features_method(model, AUDIO) is None:  # the conversion finds them in the forward, or refuses
+        return forward_audio_sample(model)
     if image_token_id(model, AUDIO) is None:
         config.audio_token_id = int(config.get_text_config().vocab_size) - 1
     token = image_token_id(model, AUDIO)
@@ -125,12 +126,17 @@ def audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     failures = []
     for features in audio_layouts(model, config):
         main = AUDIO.main_input(image_input_names(model, AUDIO))
-        audio = {main: features, **{n: torch.ones(1, features.shape[-1], dtype=torch.long) for n in masks}}
-        try:
-            with torch.no_grad():
-                count = int(image_features(model, audio).shape[0])
-        except Exception as error:  # noqa: BLE001 - the next layout
-            failures.append(f"{list(features.shape)}: {type(error).__name__}: {first_line(error)[:100]}")
+        # the masks over the frames: the last axis ([batch, mels, frames]), else the second ([batch, frames, width])
+        for frames in dict.fromkeys((features.shape[-1], features.shape[1])):
+            audio = {main: features, **{n: torch.ones(1, frames, dtype=torch.long) for n in masks}}
+            try:
+                with torch.no_grad():
+                    count = int(image_features(model, audio).shape[0])
+                break
+            except Exception as error:  # noqa: BLE001 - the next layout
+                failure = f"{list(features.shape)}: {type(error).__name__}: {first_line(error)[:100]}"
+        else:
+            failures.append(failure)
             continue
         text = torch.randint(3, min(100, token), (1, 6), generator=torch.Generator().manual_seed(1))
         ids = torch.cat([text[:, :2], torch.full((1, count), token), text[:, 2:]], dim=1)
@@ -197,6 +203,45 @@ def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[s
     return batch
 
 
+#: A forward's count check of its audio tokens against its audio's features (Qwen2-Audio's).
+COUNTS = re.compile(r"tokens: (\d+), features: (\d+)")
+
+
+def forward_audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """One audio and its prompt for a model without ``get_audio_features`` (its forward computes the features):
+    the first layout its forward runs on, with a mask of every frame for each of its forward's audio masks and as many
+    audio tokens as its count check says the audio gives (2 text tokens, the audio tokens, 4 text)."""
+    from pipeline.generation.vision_graph import image_token_id
+    from pipeline.generation.vision_inputs import AUDIO
+
+    token = image_token_id(model, AUDIO)
+    if token is None:
+        raise CannotRunEagerly(f"{type(model).__name__} has no get_audio_features and its config names no audio token")
+    parameters = inspect.signature(model.forward).parameters
+    masks = [n for n in parameters if n.endswith("mask") and n != "attention_mask" and ("feature" in n or "audio" in n)]
+    main = AUDIO.main_input(parameters)
+    text = torch.randint(3, min(100, token), (1, 6), generator=torch.Generator().manual_seed(1))
+    failures = []
+    for features in audio_layouts(model, model.config):
+        audio = {main: features, **{n: torch.ones(1, features.shape[-1], dtype=torch.long) for n in masks}}
+        count = 2  # consecutive audio tokens (a single one may be expanded by the model itself)
+        for _ in range(2):
+            ids = torch.cat([text[:, :2], torch.full((1, count), token), text[:, 2:]], dim=1)
+            sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **audio}
+            try:
+                with torch.no_grad():
+                    model(**sample)
+                return sample
+            except Exception as error:  # noqa: BLE001 - recounted once, else the next layout
+                found = COUNTS.search(str(error))
+                failure = f"{list(features.shape)}: {type(error).__name__}: {first_line(error)[:100]}"
+                if found is None:
+                    break
+                count = int(found[2])
+        failures.append(failure)
+    raise CannotRunEagerly(f"{type(model).__name__}'s forward runs on no audio layout: {'; '.join(failures)}")
+
+
 def generation_sample(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What ``generate`` takes of the forward's sample: an encoder-decoder's (Florence-2's) decoder inputs are what
     generation makes, its sample is the encoder's side (the prompt, its images)."""
@@ -227,14 +272,20 @@ def fitted_audio_model(kind: str, model: torch.nn.Module) -> torch.nn.Module:
 
 def audio_layouts(model: torch.nn.Module, config: Any) -> list[torch.Tensor]:
     """The every-type source's audio inputs (mel features, a waveform), then mel features of 100 and 200 frames (an
-    encoder that cuts its frames into windows: Qwen3-ASR's 100) and a waveform of one channel."""
+    encoder that cuts its frames into windows: Qwen3-ASR's 100), frames stacked to the width the audio config takes,
+    and waveforms of one channel."""
     from pipeline.generation.vision_inputs import AUDIO
 
     found = [c[n] for c in every.candidate_samples(model, config) for n in AUDIO.main_inputs if n in c]
     mels = next((int(f.shape[1]) for f in found if f.dim() == 3), 16)
     generator = torch.Generator().manual_seed(0)
     extra = [torch.randn(1, mels, frames, generator=generator) for frames in (100, 200)]
-    return [*found, *extra, torch.randn(1, 1, 1600, generator=generator)]
+    # frames stacked as the audio config says it takes them (FunASR-Nano's ``input_size``: 7 mel frames a row)
+    width = getattr(getattr(config, "audio_config", None), "input_size", None)
+    stacked = [torch.randn(1, 32, width, generator=generator)] if isinstance(width, int) and width != mels else []
+    # waveforms of one channel: 0.1 s, and 1 s at 16 kHz (a tokenizer that strides 3200 samples: VibeVoice's)
+    waves = [torch.randn(1, 1, samples, generator=generator) for samples in (1600, 16000)]
+    return [*found, *extra, *stacked, *waves]
 
 
 def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -279,6 +330,10 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
         expected_beam = None
         row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
+    if not isinstance(expected_greedy, torch.Tensor):  # a model that generates audio (VibeVoice's speech)
+        row["converts"] = "not token generation"
+        row["error"] = f"{class_name}.generate returns a {type(expected_greedy).__name__}, not token ids"
+        return row
     row["tokens"] = f"{tuple(expected_greedy.shape)}, {len(set(expected_greedy.flatten().tolist()))} distinct"
     generation = generation_of(inputs)
     start = time.perf_counter()

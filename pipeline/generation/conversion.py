@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import DummyLayer
+from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin
 
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
@@ -137,9 +137,13 @@ def _why_no_features(model: torch.nn.Module, media: list[str]) -> str:
         taken = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return ""
+    from pipeline.generation.audio_features import why_not_found
+
     wanted = {"pixel_values": "get_image_features", "input_features": "get_audio_features"}
+    unfound = why_not_found(model)
     lacking = [
         f"its forward takes {name}, but it has no {method} (the features graph): it computes them inside its forward"
+        + (f", where they were not found: {unfound}" if unfound and name == "input_features" else "")
         for name, method in wanted.items()
         if name in media
         and name in taken
@@ -284,8 +288,11 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
             fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
         )
     layout: list[Any] = []
+    # beside layers with recurrent states a DummyLayer is a layer without a cache (a hybrid stack's MLP: Nemotron-H's),
+    # which keeps its place; else it reuses an earlier layer's keys and values (KV sharing: Gemma 3n's)
+    hybrid = states and any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
     for i, layer in enumerate(cache.layers):
-        if isinstance(layer, DummyLayer):  # reuses an earlier layer's keys and values (KV sharing): no cache of its own
+        if isinstance(layer, DummyLayer) and not hybrid:  # no cache of its own
             continue
         if states and holds_states(layer):
             layout.append(StateLayer.of(i, layer, type(model).__name__))

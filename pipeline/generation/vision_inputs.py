@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation.audio_features import features_in_forward, find_features
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.vision_feed import TOKEN_TYPES
 from pipeline.runtime.io_spec import normalise_sample
@@ -45,6 +46,8 @@ class Modality:
 IMAGES = Modality("image", ("pixel_values", "flattened_patches"), "get_image_features")
 #: Audio as mel features (Voxtral's, GLM-ASR's) or as a waveform (OmniASR's ``input_values``).
 AUDIO = Modality("audio", ("input_features", "input_values"), "get_audio_features")
+#: The config attributes naming the audio token.
+AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
 
 
 def modality_of(names: Iterable[str]) -> Modality:
@@ -59,7 +62,9 @@ def is_vision_language(model: Any, sample: Any) -> bool:
     """Whether ``model`` is a transformers image-text-to-text decoder (it has ``get_image_features`` and its forward
     takes ``pixel_values``) and ``sample`` holds ``pixel_values``, or an audio-language decoder
     (``get_audio_features``, ``input_features``: :data:`AUDIO`) and ``sample`` holds ``input_features``: without
-    them, its text decoder converts as a causal LM's step."""
+    them, its text decoder converts as a causal LM's step. An audio model without ``get_audio_features`` whose forward
+    takes the audio has the method looked for in its forward on ``sample``
+    (:func:`~pipeline.generation.audio_features.find_features`: Qwen2-Audio's)."""
     forward = getattr(model, "forward", None)
     args, kwargs = normalise_sample(sample)
     given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
@@ -67,24 +72,29 @@ def is_vision_language(model: Any, sample: Any) -> bool:
     main = modality.main_input(given)
     if main not in given or not callable(forward):
         return False
-    if image_features_method(model, modality) is None:
-        return False
     try:
-        return main in inspect.signature(forward).parameters
+        taken = main in inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return False
+    if taken and image_features_method(model, modality) is None and modality is AUDIO:
+        # a forward that computes its audio features itself (Qwen2-Audio's): the method found there, if it is
+        config = getattr(model, "config", None)
+        token = next((getattr(config, n) for n in AUDIO_TOKENS if isinstance(getattr(config, n, None), int)), None)
+        find_features(model, given, main, token)
+    return taken and image_features_method(model, modality) is not None
 
 
 def image_features_method(model: Any, modality: Modality = IMAGES) -> Any:
     """``model.get_image_features``, or its base model's (``model.model``: Janus and DeepSeek-VL have it there only);
     for a generative model with neither whose ``pixel_values`` are a video's frames (InstructBLIP-Video), its
-    ``get_video_features``; for :data:`AUDIO`, its ``get_audio_features``; None when it has none of them."""
+    ``get_video_features``; for :data:`AUDIO`, its ``get_audio_features``, else the method found in its forward
+    (:mod:`pipeline.generation.audio_features`: Qwen2-Audio's); None when it has none of them."""
     for name in features_method_names(model, modality):
         for owner in (model, getattr(model, "model", None)):
             method = getattr(owner, name, None)
             if callable(method):
                 return method
-    return None
+    return features_in_forward(model) if modality is AUDIO else None
 
 
 def features_method_names(model: Any, modality: Modality = IMAGES) -> tuple[str, ...]:
@@ -110,6 +120,9 @@ def image_input_names(model: torch.nn.Module, modality: Modality = IMAGES) -> li
     passes ``**kwargs`` on to its inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after
     them."""
     names: list[str] = []
+    found = features_in_forward(model) if modality is AUDIO and not features_method_names(model, modality) else None
+    if found is not None:  # the method found in the forward (Qwen2-Audio's): its audio and per-audio inputs
+        return [found.main, *found.per_audio]
     owners = [model, getattr(model, "model", None)]
     method_name = next(iter(features_method_names(model, modality)), modality.method)
     for owner in owners:

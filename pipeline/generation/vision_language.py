@@ -29,7 +29,9 @@ has the vision graph output them and the step add each where the model's own for
 (:mod:`pipeline.generation.deepstack`). An audio-language decoder (Voxtral, GLM-ASR, Audio Flamingo 3) takes the same
 path with audio in place of images: its sample holds ``input_features``, the features graph is its
 ``get_audio_features`` and the placeholder its config's audio token (:class:`~pipeline.generation.vision_inputs.
-Modality`). Nothing here reads one architecture's code.
+Modality`); one whose forward computes its audio features (Qwen2-Audio) has the tower and projector found there
+(:mod:`pipeline.generation.audio_features`). Features that differ on a second call (a tower that draws random numbers)
+are refused. Nothing here reads one architecture's code.
 
 The result is a :class:`~pipeline.runtime.generation.vision_language.VisionLanguageModule`. When validating, each graph
 is validated against PyTorch on its own sample, then the sample's greedy decoding is compared token for token with
@@ -48,6 +50,7 @@ import torch
 from converters.errors import InputError
 from converters.generation_settings import check_token_ids
 from converters.registry import ConverterRegistry
+from pipeline.generation.audio_features import check_repeatable
 from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
@@ -125,6 +128,7 @@ def convert_vision_language(
     first = FirstCallCache(config=getattr(model, "config", None)) if names_recurrent_layers(model) else None
     with torch.no_grad():
         features, levels = features_of(model, vision)
+        check_repeatable(model, modality, features, features_of(model, vision)[0])
         placement = placement_input(model, text, int(features.shape[0])) if token is None else None
         layout, vocabulary, language = language_model_of(model, text, vision, placement is not None, first)
     check_takes_features(model, language, token, placement)

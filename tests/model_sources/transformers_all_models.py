@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from model_sources import ModelCase, image, seeded, token_ids
+from model_sources import ModelCase, config_repairs, image, seeded, token_ids
 from model_sources.transformers_models import ARCHITECTURES, SMALL, _fitting
 
 #: (label, mapping name in ``transformers.models.auto.modeling_auto``): the heads tried after the base model, first
@@ -217,19 +217,30 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     def make(kind: str, extra: dict[str, Any] | None = None) -> Any:
         cls = _transformers().CONFIG_MAPPING[kind]
         repairs: dict[str, Any] = {}
+        asked: list[str] = []  # the validation's messages whose repairs the arguments take (config_repairs)
         # a vision-language model's tower (its vision sub-config), not a vision model of its own (Donut's Swin)
         tower = TOWER if "vision_config" in (getattr(cls, "sub_configs", None) or {}) else {}
         while True:
+            given: dict[str, Any] = {}
             try:
                 sizes = values | _named_after(cls, values)
-                return cls(**_fitting(cls, sizes | tower | _overrides(kind) | (extra or {}) | repairs))
+                given = _fitting(cls, sizes | tower | _overrides(kind) | (extra or {}) | repairs)
+                given = _nested_auto(cls, given, make)
+                given = config_repairs.repaired_as_asked(asked, cls, given)
+                return cls(**given)
             except Exception as exc:
                 repair = _tied_size(str(exc), values | repairs) or _listed_size(str(exc)) or _layer_indices(str(exc))
+                repair = repair or _below_vocabulary(str(exc))
                 if repair is None or repair[0] in repairs or len(repairs) >= 4:
-                    raise
+                    if not config_repairs.learned(str(exc), cls, given, asked):
+                        raise
+                    continue
                 repairs[repair[0]] = repair[1]
 
-    config = make(model_type)
+    try:
+        config = make(model_type)
+    except Exception:  # noqa: BLE001 - a check tying a size to an AutoConfig sub-config's default: those shrunk first
+        config = make(model_type, _default_subs(model_type, make))
     subs = {}
     for name, sub in (getattr(type(config), "sub_configs", None) or {}).items():
         kind = getattr(getattr(config, name, None), "model_type", None)
@@ -269,6 +280,8 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         _fit_per_layer_sizes(owner)
         _fit_layer_counts(owner)
         _scale_sections(owner)
+        _fit_groups(owner)
+        _fit_stages(owner)
     _fit_image_tokens(config)
     _fit_tiles(config)
     _fit_feature_layers(config)
@@ -284,6 +297,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     _fit_patch_tables(config)
     _fit_tower_output(config)
     _fit_timm_towers(config)
+    config_repairs.fit(config)
     return config
 
 
@@ -417,8 +431,57 @@ def _fit_patch_tables(config: Any) -> None:
                 setattr(owner, f"max_value_{name}", tokens)
 
 
-#: A config's own check that two sizes agree: "`a.b` (768) must equal the backbone `c` (32)", "x must match y".
-_TIED = re.compile(r"`?([\w.]+)`? (?:\((\d+)\) )?must (?:match|equal)(?: the \w+)? `?([\w.]+)`?(?: \((\d+)\))?")
+#: A config's own check that two sizes agree: "`a.b` (768) must equal the backbone `c` (32)", "x must match y",
+#: "`a` (64) must equal `b // 4` (8)".
+_TIED = re.compile(
+    r"`?([\w.]+)`? (?:\((\d+)\) )?must (?:match|equal)(?: the \w+)? `?([\w.]+)(?: // \d+)?`?(?: \((\d+)\))?"
+)
+
+#: A config's check that a token id is inside the vocabulary (Nemotron 3.5 Transcribe's ``blank_token_id``).
+_BELOW_VOCABULARY = re.compile(r"`?(\w+_id)`? \((\d+)\) must be (?:a|an) \w+ below `?\w*vocab_size`? \((\d+)\)")
+
+
+def _below_vocabulary(message: str) -> tuple[str, int] | None:
+    """The token id a config's validation says must be below the vocabulary's size, set to its last id; None for
+    another message."""
+    found = _BELOW_VOCABULARY.search(message)
+    return (found[1], int(found[3]) - 1) if found and int(found[3]) > 0 else None
+
+
+def _default_subs(model_type: str, make: Any) -> dict[str, Any]:
+    """The sub-configs ``model_type``'s config class leaves to ``AutoConfig`` with a named type
+    (``sub_configs_defaults``), each shrunk as its own type (``make``): a composite whose validation ties one of its
+    own sizes to its text model's (FunASR-Nano's adaptor width) fails on the text model's checkpoint default before
+    the sub-configs are shrunk."""
+    kinds = _auto_kinds(_transformers().CONFIG_MAPPING[model_type])
+    return {name: make(kind) for name, kind in kinds.items()}
+
+
+def _auto_kinds(cls: type) -> dict[str, str]:
+    """The sub-configs config class ``cls`` leaves to ``AutoConfig`` with a type it names (``sub_configs_defaults``'
+    specs), by name: their type."""
+    specs = getattr(cls, "sub_configs_defaults", None) or {}
+    mapping = _modeling_auto().CONFIG_MAPPING_NAMES
+    kinds = {
+        name: getattr(spec, "model_type", None)
+        for name, spec in specs.items()
+        if getattr(getattr(spec, "config_class", None), "__name__", None) == "AutoConfig"
+    }
+    return {name: kind for name, kind in kinds.items() if isinstance(kind, str) and kind in mapping}
+
+
+def _nested_auto(cls: type, kwargs: dict[str, Any], make: Any) -> dict[str, Any]:
+    """``kwargs`` (:func:`_fitting`'s for ``cls``) with the ``AutoConfig`` sub-configs of its own sub-configs shrunk as
+    their own type (``make``): Nemotron 3.5 Transcribe's audio config holds a diarization model's config, 100M
+    parameters at its default."""
+    for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
+        given = kwargs.get(name)
+        if not isinstance(given, dict) or not isinstance(sub, type) or sub.__name__ == "AutoConfig":
+            continue
+        for inner, kind in _auto_kinds(sub).items():
+            given.setdefault(inner, make(kind))
+        _nested_auto(sub, given, make)
+    return kwargs
 
 
 def _tied_size(message: str, values: dict[str, Any]) -> tuple[str, int] | None:
@@ -482,6 +545,36 @@ def _fit_tiles(config: Any) -> None:
     if isinstance(pinpoints, list) and pinpoints:
         side = _image_side(config)
         config.image_grid_pinpoints = [[side, side], [side, 2 * side]]
+
+
+#: The widest stage of a convolutional stack whose width doubles per stage from ``num_filters`` (the shrink's).
+WIDEST_STAGE = 256
+
+
+def _fit_stages(config: Any) -> None:
+    """A stack of convolutional stages at its checkpoint's size, which no shrunk size reaches (VibeVoice's acoustic
+    tokenizer: 6 stages of 3 to 8 blocks, its width doubling from ``num_filters`` 32 to 2048): one block per stage
+    (``depths``), and a first width whose widest stage is :data:`WIDEST_STAGE` at most."""
+    filters = getattr(config, "num_filters", None)
+    ratios = [v for n, v in vars(config).items() if n.endswith("sampling_ratios") and isinstance(v, list | tuple)]
+    if not isinstance(filters, int) or not ratios:  # not such a stack (a vision tower's ``depths`` are left)
+        return
+    depths = getattr(config, "depths", None)
+    if isinstance(depths, list | tuple) and depths and all(isinstance(d, int) and d > 0 for d in depths):
+        config.depths = type(depths)([1] * len(depths))
+    if filters << len(ratios[0]) > WIDEST_STAGE:
+        config.num_filters = max(1, WIDEST_STAGE >> len(ratios[0]))
+
+
+def _fit_groups(config: Any) -> None:
+    """A convolution's groups (``*_groups``) at the config class's default width (Mimi's ``upsample_groups``, 512: one
+    group per channel) set to the shrunk width, which the default no longer divides."""
+    width, default = getattr(config, "hidden_size", None), getattr(type(config), "hidden_size", None)
+    if not isinstance(width, int) or not isinstance(default, int) or width == default:
+        return
+    for name, value in list(vars(config).items()):
+        if name.endswith("_groups") and value == default and not isinstance(value, bool):
+            setattr(config, name, width)
 
 
 def _configs(config: Any) -> list[Any]:
@@ -722,6 +815,11 @@ def _image_layouts(
     patches = _patches(config, pixels)
     if patches is not None:  # the image as its flattened patches [1, patches, C * p * p] (Fuyu's linear "tower")
         options.append({"pixel_values": patches})
+    frames = _attribute(config, "temporal_patch_size")
+    if patches is not None and isinstance(frames, int) and frames > 0:  # [patches, frames, p, p, C] (Inkling's)
+        patch = _side(_attribute(config, "patch_size", default=8) or 8)
+        tubes = patches[0].reshape(-1, 1, patch, patch, pixels.shape[1]).expand(-1, frames, -1, -1, -1)
+        options.append({"pixel_values": tubes.contiguous()})
     features = _image_features_parameters(model)
     # the token ids the tower reads beside the image (InstructBLIP's Q-Former instruction), a second image it requires
     required = {k: v for k, v in _required_ids(parameters, token_ids(TOKENS)).items() if k in features}
@@ -861,20 +959,25 @@ def _image_features_parameters(model: torch.nn.Module) -> dict[str, inspect.Para
 def _flattened_patches(model: torch.nn.Module, config: Any) -> dict[str, torch.Tensor] | None:
     """One image as a tower of flattened patches takes it (Qwen2-VL's and its descendants': ``pixel_values`` [patches,
     channels * frames * patch * patch] and the ``image_grid_thw`` [1, 3] of frames, rows and columns of patches), for
-    a model whose ``get_image_features`` takes a ``*grid_thw``; None for any other."""
-    grids = [n for n in _image_features_parameters(model) if n.endswith("grid_thw")]
+    a model whose ``get_image_features`` takes a ``*grid_thw`` (or a ``*grid_hw`` of rows and columns: Nemotron-H
+    Omni's); None for any other. When the tower takes none of the layouts, the first whose failure is a width the
+    config states apart (:func:`_width_repair`: a projector sized for the unmerged patches) is the sample's, for the
+    build to repair."""
+    grids = [n for n in _image_features_parameters(model) if n.endswith(("grid_thw", "grid_hw"))]
     if not grids:
         return None
     vision = getattr(config, "vision_config", None) or config
     patch = int(getattr(vision, "patch_size", 8) or 8)
     frames = int(getattr(vision, "temporal_patch_size", 1) or 1)
     channels = int(_attribute(vision, "in_channels", "num_channels", "in_chans", default=3) or 3)
-    merge = int(getattr(vision, "spatial_merge_size", 1) or 1)
+    merge = int(_attribute(vision, "spatial_merge_size", "merge_size", default=1) or 1)
     side = 2 * merge  # rows and columns of patches: two merged tokens each way
-    grid = {grids[0]: torch.tensor([[1, side, side]])}
+    # the grid of patches, then of merged tokens (Inkling 2's, whose tower multiplies it by the merge)
+    sides = dict.fromkeys((side, side // merge))
+    options = [{grids[0]: torch.tensor([[1, s, s] if grids[0].endswith("thw") else [s, s]])} for s in sides]
     merges = grids[0].removesuffix("grid_thw") + "merge_sizes"  # the merge per image (Video-LLaMA 3's)
     if merges in inspect.signature(model.forward).parameters:
-        grid[merges] = torch.tensor([merge])
+        options = [{**grid, merges: torch.tensor([merge])} for grid in options]
     count = side * side
     layouts = (  # as the tower reads its patches: flattened (with its frames, or two), or as small images
         (count, channels * frames * patch * patch),
@@ -882,12 +985,29 @@ def _flattened_patches(model: torch.nn.Module, config: Any) -> dict[str, torch.T
         (count, channels, patch, patch),
         (count, channels, frames, patch, patch),
         (1, count, channels, patch, patch),
+        # a merged token's pixels, channels last (Inkling 2's: one image per token of the prompt)
+        (count // merge**2, patch * merge, patch * merge, channels),
     )
-    for layout in dict.fromkeys(layouts):
-        images = {"pixel_values": torch.randn(*layout, generator=seeded()), **grid}
-        if _feature_count(model, images):
-            return images
-    return {"pixel_values": torch.randn(*layouts[0], generator=seeded()), **grid}
+    fallback = None
+    for grid in options:
+        for layout in dict.fromkeys(layouts):
+            images = {"pixel_values": torch.randn(*layout, generator=seeded()), **grid}
+            if _feature_count(model, images):
+                return images
+            if fallback is None and _width_repair(config, _features_error(model, images)) is not None:
+                fallback = images
+    return fallback or {"pixel_values": torch.randn(*layouts[0], generator=seeded()), **options[0]}
+
+
+def _features_error(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> str:
+    """The error of the model's ``get_image_features`` on ``images`` ("" when it runs or there is none)."""
+    method = _image_features_method(model)
+    try:
+        with torch.no_grad():
+            method(**images) if method is not None else None
+    except Exception as exc:  # noqa: BLE001 - its message is what the caller reads
+        return str(exc)
+    return ""
 
 
 def _feature_count(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> tuple[int, ...]:
@@ -1009,7 +1129,7 @@ def _build(
                 total = _head_size(getattr(config, "text_config", None) or config) // 2
                 sections = _scaled(", ".join("1" * int(unset[1])), total)
                 return _build(model_type, class_name, variant, sections, tokens, widths)
-            width = _width_repair(config, str(exc))
+            width = _width_repair(config, str(exc)) or config_repairs.forward_repair(_configs(config), str(exc))
             if width is not None and len(widths or {}) < 3:
                 return _build(model_type, class_name, variant, sections, tokens, {**(widths or {}), **width})
             recounted = _recounted(config, sample, str(exc))
@@ -1021,8 +1141,9 @@ def _build(
                 return _build(model_type, class_name, variant, sections, free, widths)
             errors.append(f"{sorted(sample)}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
             continue
-        if keys.found:  # not a config a checkpoint has: the next shrink (key-value heads = heads) is
-            raise RuntimeError(keys.found)
+        found = keys.found or _audio_keys(model, candidates)
+        if found:  # not a config a checkpoint has: the next shrink (key-value heads = heads) is
+            raise RuntimeError(found)
         return model, ((), sample)
     raise RuntimeError("no candidate sample runs: " + " | ".join(errors))
 
@@ -1075,6 +1196,8 @@ def _width_repair(config: Any, message: str) -> dict[tuple[str, str], int] | Non
     holders = [(owner, name) for owner in _configs(config) for name, value in sizes(owner).items() if value == expected]
     if len(holders) > 1:  # the layer's own config states its output width too
         holders = [(owner, name) for owner, name in holders if output in sizes(owner).values()]
+    if len(holders) > 1:  # a width stated apart, not one of the shrink's sizes (Muse Spark's ``out_hidden_size``)
+        holders = [(owner, name) for owner, name in holders if name not in SMALL] or holders
     return {(type(holders[0][0]).__name__, holders[0][1]): fed} if len(holders) == 1 else None
 
 
@@ -1118,6 +1241,28 @@ def _scaled(sections: str, total: int) -> list[int]:
     scaled = [max(1, round(x * total / sum(values))) for x in values]
     scaled[0] += total - sum(scaled)
     return scaled
+
+
+def _audio_keys(model: torch.nn.Module, candidates: list[dict[str, Any]]) -> str | None:
+    """:class:`UngroupedKeys`' finding on the model's ``get_audio_features`` (its audio tower, which a sample of text
+    alone does not run: Nemotron 3.5 Transcribe's) on the first candidate audio it runs on, a mask of every frame for
+    each other input it takes (over the last axis, else the second); None without the method or a finding."""
+    method = getattr(model, "get_audio_features", None)
+    if not callable(method):
+        return None
+    masks = [n for n in inspect.signature(method).parameters if n.endswith("mask")]
+    for candidate in candidates:
+        audio = candidate.get("input_features")
+        if not isinstance(audio, torch.Tensor) or audio.dim() != 3:
+            continue
+        for frames in dict.fromkeys((audio.shape[-1], audio.shape[1])):
+            try:
+                with torch.no_grad(), UngroupedKeys() as keys:
+                    method(audio, **{n: torch.ones(1, frames, dtype=torch.long) for n in masks})
+            except Exception:  # noqa: BLE001 - the next layout
+                continue
+            return keys.found
+    return None
 
 
 class UngroupedKeys(torch.overrides.TorchFunctionMode):

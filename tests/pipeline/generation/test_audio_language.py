@@ -1,14 +1,14 @@
 """Audio-language decoders (Voxtral, GLM-ASR, Audio Flamingo 3, ...): a decoder-only LM whose audio tower's features
 (``get_audio_features``) replace the embeddings of its config's audio token. They take the vision-language path with
 audio in place of images: the features graph is ``get_audio_features`` (tower and projector), the cached text step
-places its rows at the audio tokens. A tiny Voxtral decodes a left-padded batch of two prompts (another audio each) as
-``model.generate`` does: greedy tokens, every step's scores, 4 beams, saved and loaded; TensorRT-RTX's real builder
-builds both graphs. One conversion serves every test: for TensorRT-RTX when it imports (its engines cannot run here,
-and the graphs run on ONNX Runtime beside them), else for ONNX Runtime. A model whose forward computes its audio
-features itself (Qwen2-Audio: no ``get_audio_features``) is refused by name. The module records its modality (saved
-and loaded: its errors say "audio tokens"), and ``pipeline generate DIR --processor P --audio a.wav --prompt TEXT``
-decodes a tiny GLM-ASR's prompts through its own processor (built offline: a word-level tokenizer and Whisper's feature
-extractor) as its ``generate`` does. Nothing is downloaded."""
+places its rows at the audio tokens. A tiny Voxtral decodes a left-padded batch of two prompts (another audio each)
+as ``model.generate`` does: greedy tokens, every step's scores, 4 beams, saved and loaded; TensorRT-RTX's real
+builder builds both graphs. One conversion serves every test: for TensorRT-RTX when it imports (its engines cannot
+run here, and the graphs run on ONNX Runtime beside them), else for ONNX Runtime (a model whose forward computes its
+audio features itself, Qwen2-Audio: test_audio_towers.py). The module records its modality (saved and loaded: its
+errors say "audio tokens"), and ``pipeline generate DIR --processor P --audio a.wav --prompt TEXT`` decodes a tiny
+GLM-ASR's prompts through its own processor (built offline: a word-level tokenizer and Whisper's feature extractor)
+as its ``generate`` does. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -128,27 +128,6 @@ def test_audio_tokens_not_matching_the_features_are_refused(
 def test_tensorrt_rtx_builds_both_graphs(module: VisionLanguageModule) -> None:
     pytest.importorskip("tensorrt_rtx")
     assert module.vision.engine_bytes and module.step.engine_bytes and module.step.report.segments is None
-
-
-def test_a_model_computing_its_audio_features_itself_is_refused() -> None:
-    """Qwen2-Audio has no ``get_audio_features``: its forward computes and selects its features inline, so there is
-    no method to convert as the features graph."""
-    audio = transformers.Qwen2AudioEncoderConfig(
-        num_mel_bins=MELS, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, d_model=16
-    )
-    audio.max_source_positions = FRAMES // 2
-    config = transformers.Qwen2AudioConfig(
-        audio_config=audio, text_config=transformers.Qwen2Config(**TEXT), audio_token_index=AUDIO_TOKEN
-    )
-    model = transformers.Qwen2AudioForConditionalGeneration(config).eval()
-    sample = {
-        **prompts((8, 8), AUDIO_TOKEN),
-        "input_features": torch.randn(2, MELS, FRAMES),
-        "feature_attention_mask": torch.ones(2, FRAMES, dtype=torch.long),
-    }
-    with pytest.raises(InputError, match="Qwen2AudioForConditionalGeneration.*no get_audio_features") as error:
-        pipeline.convert(model, sample, generation=GENERATION)
-    assert error.value.fix
 
 
 SAMPLING_RATE = 16000  # a window of 1 s: 100 mel frames, 12 audio tokens (50 after the tower's stride-2 convolution)
