@@ -267,28 +267,19 @@ def image_token_id(model: torch.nn.Module, modality: Modality = IMAGES) -> int |
 
 def token_embedding(model: torch.nn.Module, token: int | None, hidden: int) -> torch.Tensor:
     """A decode step's features [hidden] (zeros without an image token): what the model's input embedding gives at its
-    image token when the model runs on that token alone, with no image. Gemma 4 embeds its pad token there, not the
-    image token; where the model refuses the token alone, the embedding of the token itself."""
+    image token when the model runs on that token alone, with no image
+    (:func:`~pipeline.generation.placeholders.embedded_at`: Gemma 4 embeds its pad token there); where the model
+    refuses the token alone, the embedding of the token itself."""
+    from pipeline.generation.placeholders import embedded_at
+
     embeddings = getattr(model, "get_input_embeddings", None)
     if token is None or not callable(embeddings):
         return torch.zeros(hidden)
-    module: Any = embeddings()
-    ids = torch.tensor([[token]], dtype=torch.int64)
-    seen: list[torch.Tensor] = []
-    hook = module.register_forward_hook(lambda _module, _args, out: seen.append(out))
-    try:
+    row = embedded_at(model, token)
+    if row is None or row.numel() != hidden:
         with torch.no_grad():
-            model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    except Exception as error:  # noqa: BLE001 - the token's own embedding is the decode step's then, said at debug
-        logger.debug("vision-language: %s refuses its image token alone (%s)", type(model).__name__, error)
-        seen.clear()
-    finally:
-        hook.remove()
-    if not seen or not isinstance(seen[0], torch.Tensor) or seen[0].numel() != hidden:
-        with torch.no_grad():
-            seen = [module(ids)]
-    row = seen[0]
-    return row.reshape(-1).float() if row.numel() == hidden else torch.zeros(hidden)
+            row = embeddings()(torch.tensor([token], dtype=torch.int64)).reshape(-1).float()
+    return row if row.numel() == hidden else torch.zeros(hidden)
 
 
 def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> Any:

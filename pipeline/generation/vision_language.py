@@ -168,6 +168,7 @@ def convert_vision_language(
     deepstack = _deepstack(model, text_model, text, vision, token, levels, by_token, pooled is None)
     stacked = deepstack.levels if deepstack is not None else ()
     vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages, stacked)
+    from pipeline.generation.placeholders import placeholder_rows
     from pipeline.generation.step import indexed_layers, uses_attention_interface
 
     typed = TOKEN_TYPES in text
@@ -199,6 +200,8 @@ def convert_vision_language(
         sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement, named)
     step = step.train(model.training)
     step.ids_placed = not states and ids_placed(model, language, text, token, features)
+    if not states and not step.ids_placed and language is model and token is not None:
+        step.placeholder_ids, step.placeholder_rows = placeholder_rows(model, token)
     if not states and positions is None and language is model:
         with torch.no_grad():
             step.modality_kind = modality_blocks(model, text, vision, token)

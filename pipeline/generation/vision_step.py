@@ -40,6 +40,9 @@ class VisionLanguageStep(CachedStep):
     zeros), added where the model adds them (after those layers, or before the first) at the image tokens by the
     same gather (:func:`~pipeline.generation.deepstack.added_after_layers`)."""
 
+    placeholder_ids: torch.Tensor
+    placeholder_rows: torch.Tensor
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -73,6 +76,10 @@ class VisionLanguageStep(CachedStep):
         #: (:func:`~pipeline.generation.text_model.modality_blocks`): this value at the image tokens of a prefill (the
         #: step at position 0), zeros after (transformers' decode steps hand none)
         self.modality_kind: int | None = None
+        #: placeholder ids the model embeds as another row than their own, and those rows
+        #: (:func:`~pipeline.generation.placeholders.placeholder_rows`): a decode step that generates one embeds it so
+        self.register_buffer("placeholder_ids", torch.zeros(0, dtype=torch.int64), persistent=False)
+        self.register_buffer("placeholder_rows", torch.zeros(0, 1), persistent=False)
         self.name_inputs(self.cache_names())
 
     def name_inputs(self, cache: list[str]) -> None:
@@ -135,6 +142,10 @@ class VisionLanguageStep(CachedStep):
                 "mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=pooled)},
             }
         embeddings = self.model.get_input_embeddings()(input_ids)  # type: ignore[operator]
+        if self.placeholder_ids.numel():  # placeholders the model embeds as another row (Muse Spark's: id 0's)
+            match = torch.eq(input_ids.unsqueeze(-1), self.placeholder_ids)
+            rows = torch.matmul(match.to(embeddings.dtype), self.placeholder_rows.to(embeddings.dtype))
+            embeddings = torch.where(match.any(-1, keepdim=True), rows, embeddings)
         return {"inputs_embeds": placed_features(embeddings, input_ids == self.image_token, image_features)}
 
 
