@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 import transformers
-from tiny_models import decodes_as_transformers, drawn_by_fan_in
+from tiny_models import decodes_as_transformers, drawn_by_fan_in, left_padded
 
 import pipeline
 
@@ -48,9 +48,7 @@ def gpt_oss() -> transformers.PreTrainedModel:
 
 def prompts() -> dict[str, torch.Tensor]:
     """Two prompts of 9 tokens, the first left-padded by 2."""
-    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    ids[0, :2], mask[0, :2] = 0, 0
+    ids, mask = left_padded([7, 9], seed=1)
     return {"input_ids": ids, "attention_mask": mask}
 
 
