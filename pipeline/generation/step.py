@@ -27,6 +27,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from pipeline.generation import ops
 from pipeline.runtime.generation.layout import INDEXER, past_name, present_name
 
+#: Tensors a model may hand its attention function that change its values and that the step's attention does not
+#: compute (sinks per query: Inkling 2's; ALiBi slopes): refused by name rather than dropped.
+NOT_TAKEN = ("sinks", "alibi", "head_mask")
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"
 
@@ -229,6 +232,9 @@ def step_attention(
         _mark(_BIDIRECTIONAL, attention_mask)
     if attention_mask is None or attention_mask.dtype != torch.bool:
         raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
+    unknown = sorted(name for name in NOT_TAKEN if isinstance(kwargs.get(name), torch.Tensor))
+    if unknown:  # said, not dropped: each changes the attention's values
+        raise TypeError(f"the step's attention does not compute the model's {', '.join(unknown)} (it would drop them)")
     indices = kwargs.get("indices")
     if isinstance(indices, torch.Tensor):  # DeepSeek sparse attention's top-k keys per query [B, steps, k]: only them
         chosen = torch.zeros(*indices.shape[:-1], key.shape[2], dtype=torch.bool, device=key.device)

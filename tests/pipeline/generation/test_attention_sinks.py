@@ -66,3 +66,14 @@ def test_tensorrt_rtx_builds_a_step_with_sinks() -> None:
     generation = {**GENERATION, "attention": "decomposed"}
     module = pipeline.convert(gpt_oss(), prompts(), generation=generation, backend="tensorrt-rtx", validate=False)
     assert module.report.backend == "tensorrt-rtx" and module.engine_bytes
+
+
+def test_attention_arguments_the_step_does_not_compute_are_refused_by_name() -> None:
+    """A tensor the step's attention would drop (Inkling 2's per-query ``sinks``, ALiBi slopes) is an error naming it,
+    not attention computed without it."""
+    from pipeline.generation.step import step_attention
+
+    query = key = value = torch.zeros(1, 2, 3, 4)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    with pytest.raises(TypeError, match="does not compute the model's sinks"):
+        step_attention(torch.nn.Module(), query, key, value, mask, sinks=torch.zeros(1, 2, 3, 1))
