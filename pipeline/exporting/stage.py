@@ -122,6 +122,8 @@ def export(
     with eval_mode(model), torch.no_grad():
         try:
             result = model(*args, **kwargs)
+        except InputError:
+            raise  # said by a stage's own code the model runs (a generation step's attention): already named
         except Exception as exc:
             raise InputError(
                 f"the model fails on the sample in PyTorch itself: {type(exc).__name__}: {exc}",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import DummyLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin, StaticLayer
 
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
@@ -275,6 +275,42 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list
     return layout_of(model, out, states=True)
 
 
+def indexer_keys(layer: Any, keys: torch.Tensor, where: str) -> tuple[torch.Tensor | None, tuple[str, ...]]:
+    """The indexer keys an indexed attention layer's cache holds beside its keys and values, and the names of the
+    methods its class adds that write them: DeepSeek sparse attention's ``indexer_keys`` [batch, tokens, width]
+    (``update_indexer``), MiniMax-M3's block indexer's [batch, 1, tokens, width] (``update_index``). Found as what
+    they are: a floating tensor over the keys' tokens, written by an ``update*`` method the layer's class adds to
+    transformers' layers. (None, ()) for a plain layer; an InputError for any other tensor the layer keeps, which the
+    step would not carry from one step to the next."""
+    extra = {
+        name: value
+        for name, value in vars(layer).items()
+        if name not in ("keys", "values") and isinstance(value, torch.Tensor) and value.is_floating_point()
+    }
+    if not extra:
+        return None, ()
+    base = {name for kind in (DynamicLayer, StaticLayer) for name in dir(kind)}
+    writes = tuple(
+        name for name in dir(type(layer)) if name.startswith("update") and name not in base and name != "update"
+    )
+    if len(extra) == 1 and writes:
+        name, tensor = next(iter(extra.items()))
+        over_tokens = tensor.dim() in (3, 4) and tensor.shape[-2] == keys.shape[-2] and tensor.shape[0] == keys.shape[0]
+        if over_tokens and (tensor.dim() == 3 or tensor.shape[1] == 1) and tensor.dtype == keys.dtype:
+            return tensor, writes
+        raise InputError(
+            f"{where} holds {name} {tuple(tensor.shape)} ({tensor.dtype}) beside its keys {tuple(keys.shape)}: not "
+            "an indexer's one-head key cache [batch, (1,) tokens, width] in the keys' dtype",
+            fix="convert without generation= (the plain forward)",
+        )
+    raise InputError(
+        f"{where} is a {type(layer).__name__} that keeps {', '.join(sorted(extra))} beside its keys and values "
+        f"(written by {', '.join(writes) or 'no update method of its own'}): the step would not carry "
+        f"{'them' if len(extra) > 1 else 'it'} from one token to the next",
+        fix="convert without generation= (the plain forward)",
+    )
+
+
 def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[list[Any], int]:
     """The heads, key and value widths and dtype of every cached layer of the cache in ``out`` (the model's output with
     ``use_cache=True``) and the vocabulary (the width of its logits); an InputError for a cache the step cannot
@@ -310,14 +346,8 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
                 f"values of {values.shape[1]} ({values.dtype})",
                 fix="generation= supports caches whose keys and values have the same heads and dtype",
             )
-        indexer = getattr(layer, "indexer_keys", None)  # an indexed layer's (DeepSeek sparse attention)
-        if isinstance(indexer, torch.Tensor) and (indexer.dim() != 3 or indexer.dtype != keys.dtype):
-            raise InputError(
-                f"cache layer {i} of {type(model).__name__} holds indexer keys {tuple(indexer.shape)} "
-                f"({indexer.dtype}), not [batch, tokens, width] in its keys' dtype ({keys.dtype})",
-                fix="convert without generation= (the plain forward)",
-            )
-        layout.append(CachedLayer.of(keys, values, indexer if isinstance(indexer, torch.Tensor) else None))
+        indexer, writes = indexer_keys(layer, keys, f"cache layer {i} of {type(model).__name__}")
+        layout.append(CachedLayer.of(keys, values, indexer, writes))
     recurrent = any(isinstance(layer, StateLayer) for layer in layout)
     if recurrent and any(getattr(layer, "indexer_dim", 0) for layer in layout):
         raise InputError(

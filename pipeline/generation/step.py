@@ -17,19 +17,21 @@ import contextlib
 import inspect
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from converters.errors import InputError
 from pipeline.generation import ops
 from pipeline.runtime.generation.layout import INDEXER, past_name, present_name
 
 #: Tensors a model may hand its attention function that change its values and that the step's attention does not
-#: compute (sinks per query: Inkling 2's; ALiBi slopes): refused by name rather than dropped.
-NOT_TAKEN = ("sinks", "alibi", "head_mask")
+#: compute (sinks per query: Inkling 2's; ALiBi slopes; MiniMax-M3's key blocks chosen per query, which its own code
+#: expands into a mask only for the eager and SDPA attentions): refused by name rather than dropped.
+NOT_TAKEN = ("sinks", "alibi", "head_mask", "block_indices")
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"
 
@@ -82,22 +84,34 @@ class StepIndexedLayer(StepCacheLayer):
     indexer's keys: ``update_indexer`` writes them at ``past_length`` into ``indexer`` [batch, 1, capacity, dim] (a
     one-head key cache: the same write) and returns the whole static cache [batch, capacity, dim], as transformers'
     ``StaticIndexedLayer`` does. The indexer ranks every position of the capacity; the ones the mask hides score
-    -inf, so its top-k picks among the written positions as over transformers' dynamic cache."""
+    -inf, so its top-k picks among the written positions as over transformers' dynamic cache. ``writes`` are the
+    names the model's own cache layer writes them by (MiniMax-M3's ``update_index`` hands them [batch, 1, steps,
+    dim] and takes the cache back so): each answers with :meth:`update_indexer`."""
 
     #: positions the indexer's keys were computed at (transformers' optional field; this cache keeps none)
     indexer_position_ids = None
 
     def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, indexer: torch.Tensor, past_length: torch.Tensor, length: Any
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        indexer: torch.Tensor,
+        past_length: torch.Tensor,
+        length: Any,
+        writes: Sequence[str] = (),
     ) -> None:
         super().__init__(keys, values, past_length, length)
         self.indexer = indexer
+        for name in writes:
+            setattr(self, name, self.update_indexer)
 
     def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
-        """Write the step's indexer keys [batch, steps, dim] at ``past_length``; the whole static cache comes back."""
-        written = _as_type(indexer_key_states, self.indexer.dtype).unsqueeze(1)
-        self.indexer = ops.kv_write(self.indexer, written, self.past_length)
-        return self.indexer.squeeze(1)
+        """Write the step's indexer keys [batch, steps, dim] (or [batch, 1, steps, dim]) at ``past_length``; the whole
+        static cache comes back in the same form."""
+        one_head = indexer_key_states.dim() == 4
+        written = _as_type(indexer_key_states, self.indexer.dtype)
+        self.indexer = ops.kv_write(self.indexer, written if one_head else written.unsqueeze(1), self.past_length)
+        return self.indexer if one_head else self.indexer.squeeze(1)
 
 
 class StepCache(Cache):
@@ -132,9 +146,10 @@ def shared_cache_layers(model: torch.nn.Module, cached: int) -> tuple[int, ...]:
     return shared if len(cache.layers) == cached + len(shared) else ()
 
 
-def indexed_layers(layout: Sequence[Any]) -> tuple[int, ...]:
-    """The layers of a cache ``layout`` that also cache an indexer's keys (``CachedLayer.indexer_dim``)."""
-    return tuple(i for i, layer in enumerate(layout) if getattr(layer, "indexer_dim", 0))
+def indexed_layers(layout: Sequence[Any]) -> dict[int, tuple[str, ...]]:
+    """The layers of a cache ``layout`` that also cache an indexer's keys (``CachedLayer.indexer_dim``), each with
+    the names of the methods that write them (``CachedLayer.indexer_writes``)."""
+    return {i: layer.indexer_writes for i, layer in enumerate(layout) if getattr(layer, "indexer_dim", 0)}
 
 
 def _as_type(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -234,7 +249,11 @@ def step_attention(
         raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
     unknown = sorted(name for name in NOT_TAKEN if isinstance(kwargs.get(name), torch.Tensor))
     if unknown:  # said, not dropped: each changes the attention's values
-        raise TypeError(f"the step's attention does not compute the model's {', '.join(unknown)} (it would drop them)")
+        raise InputError(
+            f"the step's attention does not compute the {', '.join(unknown)} {type(module).__name__} hands its "
+            "attention function (it would drop them)",
+            fix="convert without generation= (the plain forward)",
+        )
     indices = kwargs.get("indices")
     if isinstance(indices, torch.Tensor):  # DeepSeek sparse attention's top-k keys per query [B, steps, k]: only them
         chosen = torch.zeros(*indices.shape[:-1], key.shape[2], dtype=torch.bool, device=key.device)
@@ -332,12 +351,19 @@ class CachedStep(torch.nn.Module):
     #: attention takes the step's mask instead (causal, over the written positions ``attention_mask`` keeps).
     own_mask = False
 
-    def __init__(self, model: torch.nn.Module, layers: int, use_interface: bool, indexed: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layers: int,
+        use_interface: bool,
+        indexed: Mapping[int, Sequence[str]] | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.layers = layers
-        #: the cached layers that also cache their indexer's keys (:class:`StepIndexedLayer`)
-        self.indexed = tuple(indexed)
+        #: the cached layers that also cache their indexer's keys (:class:`StepIndexedLayer`), with the names of the
+        #: model's cache-layer methods that write them
+        self.indexed = dict(indexed or {})
         #: the decoder layers that keep no cache (:func:`shared_cache_layers`), not counted in ``layers``
         self.shared = shared_cache_layers(model, layers)
         self.use_interface = use_interface
@@ -420,7 +446,8 @@ class CachedStep(torch.nn.Module):
         for i in range(self.layers):
             keys, values = next(tensors), next(tensors)
             if i in self.indexed:
-                layers.append(StepIndexedLayer(keys, values, next(tensors), past_length, length))
+                indexer = next(tensors)
+                layers.append(StepIndexedLayer(keys, values, indexer, past_length, length, self.indexed[i]))
             else:
                 layers.append(StepCacheLayer(keys, values, past_length, length))
         return layers

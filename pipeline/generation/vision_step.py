@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,7 +54,7 @@ class VisionLanguageStep(CachedStep):
         placement: str | None = None,
         deepstack: DeepstackLevels | None = None,
         text_model: torch.nn.Module | None = None,
-        indexed: Sequence[int] = (),
+        indexed: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         super().__init__(model, layers, use_interface, indexed)
         self.deepstack = deepstack if deepstack is not None and deepstack.after else None

@@ -3,7 +3,7 @@ layout (names, shapes, dtypes) as the runners allocate it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -56,20 +56,29 @@ class CachedLayer:
     """One cached attention layer as the model writes it: its key-value heads, the widths of a key and of a value
     (equal in most models; multi-head latent attention's keys are wider: DeepSeek-V3's 192 against 128) and dtype;
     ``indexer_dim`` the width of an indexed layer's indexer keys (DeepSeek sparse attention's one-head key cache,
-    0 without: :data:`INDEXER`)."""
+    0 without: :data:`INDEXER`); ``indexer_writes`` the names of the model's cache-layer methods that write them
+    (transformers' ``update_indexer``; MiniMax-M3's block indexer's ``update_index``), which the step's cache layer
+    answers to (not part of the layout's identity)."""
 
     heads: int
     key_dim: int
     value_dim: int
     dtype: torch.dtype
     indexer_dim: int = 0
+    indexer_writes: tuple[str, ...] = field(default=("update_indexer",), compare=False)
 
     @classmethod
-    def of(cls, keys: torch.Tensor, values: torch.Tensor, indexer: torch.Tensor | None = None) -> CachedLayer:
+    def of(
+        cls,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        indexer: torch.Tensor | None = None,
+        writes: tuple[str, ...] = ("update_indexer",),
+    ) -> CachedLayer:
         """The layer of a cache's 4-D ``keys`` and ``values`` [batch, heads, tokens, width] (and an indexed layer's
-        indexer keys [batch, tokens, width])."""
+        indexer keys [batch, (1,) tokens, width], written by the methods ``writes``)."""
         width = int(indexer.shape[-1]) if indexer is not None else 0
-        return cls(int(keys.shape[1]), int(keys.shape[-1]), int(values.shape[-1]), keys.dtype, width)
+        return cls(int(keys.shape[1]), int(keys.shape[-1]), int(values.shape[-1]), keys.dtype, width, writes)
 
     def kinds(self) -> tuple[str, ...]:
         """The name kinds of the layer's tensors, in step-input order."""

@@ -14,6 +14,7 @@ import transformers
 from tiny_models import decodes_as_transformers, drawn_by_fan_in, left_padded
 
 import pipeline
+from converters.errors import InputError
 
 GENERATION = {"max_length": 24, "max_batch": 8}
 
@@ -75,5 +76,5 @@ def test_attention_arguments_the_step_does_not_compute_are_refused_by_name() -> 
 
     query = key = value = torch.zeros(1, 2, 3, 4)
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
-    with pytest.raises(TypeError, match="does not compute the model's sinks"):
-        step_attention(torch.nn.Module(), query, key, value, mask, sinks=torch.zeros(1, 2, 3, 1))
+    with pytest.raises(InputError, match="does not compute the alibi Module hands"):
+        step_attention(torch.nn.Module(), query, key, value, mask, alibi=torch.zeros(1, 2, 1, 3))
