@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import torch
 
@@ -135,11 +136,20 @@ class _SearchSorted(torch.nn.Module):
 @converter_case(lambda: _SearchSorted(right=False), inputs=[((8,), "float32"), ((3, 5), "float32")])
 @converter_case(lambda: _SearchSorted(right=True), inputs=[((2, 6), "float32"), ((2, 4), "float32")])
 @converter_case(lambda: _SearchSorted(right=False, sort=False), inputs=[((7,), "float32"), ((9,), "float32")])
+@converter_case(lambda: _SearchSorted(right=True), inputs=[((6,), "int64"), ((5,), "float32")])
 def convert_searchsorted(ctx: ConverterContext) -> gs.Tensor:
     """``aten::searchsorted.Tensor``: the insertion index of each value = how many boundaries lie below it
     (``<=`` for ``right``/``side="right"``), counted over a ``(..., M, B)`` comparison like ``bucketize``; a
-    ``sorter`` first gathers the sequence into sorted order."""
+    ``sorter`` first gathers the sequence into sorted order. A sequence and values of different types (integer
+    counts searched for float offsets: MusicFlamingo's windows) are compared in their common type, as torch compares
+    them (an ONNX comparison takes one type)."""
     sequence, values = ctx.inputs[0], ctx.inputs[1]
+    kinds = [np.dtype(kind) for kind in ctx.input_dtypes[:2] if kind is not None]
+    if len(kinds) == 2 and kinds[0] != kinds[1]:
+        floating = [kind for kind in kinds if np.issubdtype(kind, np.floating)]
+        common = floating[0] if len(floating) == 1 else np.promote_types(kinds[0], kinds[1])
+        to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(common))
+        sequence, values = ctx.op.Cast(sequence, to=to), ctx.op.Cast(values, to=to)
     sorter = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     if sorter is not None:
         sequence = ctx.op.GatherElements(sequence, sorter, axis=-1)

@@ -18,6 +18,7 @@ import torch
 
 from converters.errors import InputError
 from pipeline.generation.audio_features import features_in_forward, find_features
+from pipeline.generation.prompt_features import check_own_prompt, own_prompt_features
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.vision_feed import TOKEN_TYPES
 from pipeline.runtime.io_spec import normalise_sample
@@ -88,12 +89,14 @@ def image_features_method(model: Any, modality: Modality = IMAGES) -> Any:
     """``model.get_image_features``, or its base model's (``model.model``: Janus and DeepSeek-VL have it there only);
     for a generative model with neither whose ``pixel_values`` are a video's frames (InstructBLIP-Video), its
     ``get_video_features``; for :data:`AUDIO`, its ``get_audio_features``, else the method found in its forward
-    (:mod:`pipeline.generation.audio_features`: Qwen2-Audio's); None when it has none of them."""
+    (:mod:`pipeline.generation.audio_features`: Qwen2-Audio's); None when it has none of them. A method that also
+    takes the prompt (MusicFlamingo's ``input_ids``) is given each item in a prompt of its own
+    (:mod:`pipeline.generation.prompt_features`)."""
     for name in features_method_names(model, modality):
         for owner in (model, getattr(model, "model", None)):
             method = getattr(owner, name, None)
             if callable(method):
-                return method
+                return own_prompt_features(model, method, modality.name)
     return features_in_forward(model) if modality is AUDIO else None
 
 
@@ -139,9 +142,9 @@ def image_input_names(model: torch.nn.Module, modality: Modality = IMAGES) -> li
 
 
 def check_features_alone(model: torch.nn.Module, modality: Modality) -> None:
-    """An InputError when the model's features method needs an input of the prompt (MusicFlamingo's
-    ``get_audio_features`` takes ``input_ids``: it times its audio by where the prompt's audio tokens are): the features
-    graph runs on one item alone, before the prompt's step."""
+    """An InputError when the model's features method needs an input of the prompt that an item's own prompt
+    (:mod:`pipeline.generation.prompt_features`: its placeholder tokens, MusicFlamingo's ``input_ids``) does not make:
+    the features graph runs on one item alone, before the prompt's step."""
     method = image_features_method(model, modality)
     try:
         parameters = list(inspect.signature(method).parameters.values()) if method is not None else []
@@ -209,5 +212,6 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
             fix=f"pass input_ids, attention_mask and the {modality.name} inputs ({', '.join(taken)})",
         )
     vision = {name: kwargs[name] for name in sorted(others, key=taken.index)}
-    image_rows(vision, item=modality.name)  # one item per leading row, or flattened patches a grid divides: else said
+    items = image_rows(vision, item=modality.name)  # one item per leading row, or flattened patches a grid divides
+    check_own_prompt(model, image_features_method(model, modality), modality.name, text, items)
     return text, vision

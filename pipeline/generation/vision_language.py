@@ -72,6 +72,7 @@ from pipeline.generation.generate_scores import (
 )
 from pipeline.generation.image_positions import image_positions
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.prompt_features import OwnPromptFeatures
 from pipeline.generation.recurrent_state import FirstCallCache, StateLayer, cached_layers
 from pipeline.generation.text_model import (
     check_takes_features,
@@ -90,7 +91,7 @@ from pipeline.generation.vision_graph import (
     pooled_features,
     token_embedding,
 )
-from pipeline.generation.vision_inputs import modality_of, sample_inputs, takes_video_frames
+from pipeline.generation.vision_inputs import image_features_method, modality_of, sample_inputs, takes_video_frames
 from pipeline.generation.vision_step import (
     RecurrentVisionLanguageStep,
     VisionLanguageStep,
@@ -227,8 +228,9 @@ def convert_vision_language(
     step_module = stages(step, sample_of_step, step_settings, generation_converters(registry))
     embedding = token_embedding(model, token, hidden)
     placeholder = "video" if takes_video_frames(model, modality) else modality.name  # the token image_token_id read
+    own_runs = isinstance(image_features_method(model, modality), OwnPromptFeatures)  # each item in a prompt of its own
     module = VisionLanguageModule(
-        vision_module, step_module, token, embedding, fixed, positions, modality.name, placeholder
+        vision_module, step_module, token, embedding, fixed, positions, modality.name, placeholder, own_runs
     )
     if settings.validate:
         _validate_greedy(model, module, text, vision, step_settings)

@@ -34,6 +34,7 @@ import torch
 
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
+from pipeline.runtime.generation.item_runs import check_item_runs
 from pipeline.runtime.generation.kept_images import FEATURES, kept_features
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
@@ -72,6 +73,7 @@ class VisionLanguageModule(TwoGraphModule):
         positions: ImagePositions | None = None,
         modality: str = "image",
         placeholder: str | None = None,
+        own_runs: bool = False,
     ) -> None:
         super().__init__()
         self.vision = vision
@@ -88,6 +90,10 @@ class VisionLanguageModule(TwoGraphModule):
         #: the name of the token the features are placed at (``"{placeholder}_token_id"`` in the model's config):
         #: the modality's, or ``"video"`` for a model whose images are a video's frames (InstructBLIP-Video's)
         self.placeholder = placeholder or modality
+        #: the features graph gives each item's features in a prompt of its own (MusicFlamingo's: the model's depend
+        #: on the item's place within its run of placeholder tokens): a run must hold one item's features
+        #: (:mod:`pipeline.runtime.generation.item_runs`)
+        self.own_runs = own_runs
         generation = step.settings.generation
         step_inputs = tuple(spec.name for spec in step.io.inputs)
         if generation is None or IMAGE_FEATURES not in step_inputs or not set(STEP_INPUTS) <= set(step_inputs):
@@ -176,6 +182,7 @@ class VisionLanguageModule(TwoGraphModule):
                 "positions": self.positions.to_json() if self.positions is not None else None,
                 "modality": self.modality,
                 "placeholder": self.placeholder,
+                "own_runs": self.own_runs,
             }
             (staging / META_FILE).write_text(json.dumps(meta))
 
@@ -283,8 +290,10 @@ class VisionLanguageModule(TwoGraphModule):
             )
         types = images.get(TOKEN_TYPES)
         marked = images.get(self.placement) if self.placement else None
-        features, levels = self._features(images)
+        features, levels, counts = self._features(images)
         self._check_image_tokens(ids if marked is None else marked, features)
+        if self.own_runs and self.image_token_id is not None and marked is None:
+            check_item_runs(ids, self.image_token_id, counts, self.modality)
         expanded = ids.repeat_interleave(request.expand, dim=0)
         expanded_mask = mask.repeat_interleave(request.expand, dim=0)
         decoding = resolve(request, generation, expanded, expanded_mask, self._vocabulary)
@@ -294,9 +303,9 @@ class VisionLanguageModule(TwoGraphModule):
         feed.marked = marked
         return feed, decoding
 
-    def _features(self, images: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Every image's features [image tokens, hidden], the vision graph run once per image, and every image's
-        deepstack levels the step takes, by name (each cut as the features are)."""
+    def _features(self, images: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
+        """Every image's features [image tokens, hidden], the vision graph run once per image, every image's
+        deepstack levels the step takes, by name (each cut as the features are), and each image's count of features."""
         specs = {spec.name: spec for spec in self.vision.io.inputs}
         values = {}
         for name in (*self._vision_inputs, *self.fixed_inputs):
@@ -323,11 +332,12 @@ class VisionLanguageModule(TwoGraphModule):
             pieces.append(kept_features(outputs, index))  # a padding image the model drops: no rows
             for name in self._levels:
                 stacks[name].append(kept_features({**outputs, FEATURES: outputs[name]}, index))
+        counts = [int(piece.shape[0]) for piece in pieces]
         if not pieces:
             empty = torch.zeros(0, self._hidden, dtype=self._features_dtype)
-            return empty, {name: empty for name in self._levels}
+            return empty, {name: empty for name in self._levels}, counts
         levels = {name: torch.cat(stack, dim=0).to(self._features_dtype) for name, stack in stacks.items()}
-        return torch.cat(pieces, dim=0).to(self._features_dtype), levels
+        return torch.cat(pieces, dim=0).to(self._features_dtype), levels, counts
 
     def _check_fixed(self, image: dict[str, torch.Tensor], index: int) -> None:
         for name, fixed in self.fixed_inputs.items():
@@ -387,6 +397,7 @@ def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> Visio
         positions = ImagePositions.from_json(laid) if laid is not None else None
         modality = str(meta.get("modality") or "image")  # a directory saved before the modality was: images
         placeholder = str(meta.get("placeholder") or modality)
+        own_runs = bool(meta.get("own_runs", False))
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
         raise ArtifactError(
             f"{path / META_FILE} is not the JSON VisionLanguageModule.save writes: {type(error).__name__}: {error}",
@@ -394,4 +405,4 @@ def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> Visio
         ) from None
     vision, step = (load(path / name) for name in (VISION_FILE, STEP_FILE))
     token = token if isinstance(token, int) else None
-    return VisionLanguageModule(vision, step, token, embedding, fixed, positions, modality, placeholder)
+    return VisionLanguageModule(vision, step, token, embedding, fixed, positions, modality, placeholder, own_runs)
