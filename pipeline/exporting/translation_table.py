@@ -11,6 +11,9 @@ function's type hints) are kept too, by (op, function): every op with a converte
 
 It patches a private class of the exporter for the duration of the ``with`` block. On a torch whose exporter has
 no such class, nothing is patched and every export builds its own table, as before (slower, same graph).
+
+The kept table also holds the translations the exporter lacks (:func:`missing_translations`: ``aten.sym_numel``,
+which a model's ``tensor.numel()`` over a dynamic shape leaves in the program), each only where the exporter has none.
 """
 
 from __future__ import annotations
@@ -83,6 +86,33 @@ def listed_without_parsing() -> Iterator[None]:
         apis.get_torchlib_ops = original
 
 
+def missing_translations() -> dict[Any, Any]:
+    """ONNX translations of ATen operators the exporter's table lacks (torch 2.13, onnxscript 0.7), by operator.
+
+    ``aten.sym_numel`` (``tensor.numel()`` of a tensor whose shape is dynamic: Inkling 2's) is the product of the
+    tensor's shape, an int64 scalar, as ``aten.sym_size.int`` is one of its dimensions."""
+    from onnxscript import INT64
+    from onnxscript.function_libs.torch_lib.tensor_typing import TTensor
+    from onnxscript.onnx_opset import opset18 as op
+
+    def aten_sym_numel(self: TTensor) -> INT64:
+        """sym_numel(Tensor self) -> SymInt"""
+        return op.ReduceProd(op.Shape(self), keepdims=0)  # type: ignore[type-var]
+
+    # the exporter reads the signature from the hints, which this module's postponed annotations leave as names
+    aten_sym_numel.__annotations__ = {"self": TTensor, "return": INT64}
+    return {torch.ops.aten.sym_numel.default: aten_sym_numel}
+
+
+def _add_missing(table: Any) -> None:
+    """Register in ``table`` each of :func:`missing_translations` it has none for (with the exporter's own
+    ``register_op``: this runs under the lock the patched one takes)."""
+    register = _PATCHED.get("original_register_op") or type(table).register_op
+    for target, function in missing_translations().items():
+        if not table.is_registered(target):
+            register(table, target, function)
+
+
 def _copy(kept: Any) -> Any:
     fresh = copy.copy(kept)
     fresh.functions = {target: list(decompositions) for target, decompositions in kept.functions.items()}
@@ -124,13 +154,16 @@ def _kept_from_torchlib(build: Any) -> Any:
 
     def from_torchlib(cls: type, opset_version: int | None = None) -> Any:
         if opset_version is None:
-            return build(cls)
+            built = build(cls)
+            _add_missing(built)
+            return built
         count = _operator_count()
         with _LOCK:
             kept_count, kept = _KEPT.get(opset_version, (-1, None))
             if kept_count != count or type(kept) is not cls:
                 with listed_without_parsing():
                     kept = build(cls, opset_version=opset_version)
+                _add_missing(kept)
                 _KEPT[opset_version] = (count, kept)
             return _copy(kept)
 

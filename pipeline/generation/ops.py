@@ -11,11 +11,14 @@ their converters in the lowering pass, so the graph holds exactly these nodes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
 from converters.context import ConverterContext
+from converters.errors import InputError
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes.written_attention import ScoreTerm, written_out_attention
@@ -95,21 +98,69 @@ def _(
 
 
 def attention_with_sinks(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float, sinks: torch.Tensor
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`attention` in which one learned logit per query head (an attention sink: gpt-oss's, HY-V4's ``s_aux``)
-    joins every query's softmax as a key that holds no value: it takes its share of the probability and the outputs
-    are the rest's. Plain operations in the graph (no ONNX ``Attention`` input takes sinks), as transformers' eager
-    attention writes it: the mask added as the dtype's lowest, the largest logit subtracted before the softmax."""
+    """:func:`attention` in which a learned logit (an attention sink) joins every query's softmax as a key that holds
+    no value: it takes its share of the probability and the outputs are the rest's. ``sinks`` is one logit per query
+    head ([q_heads]: gpt-oss's, HY-V4's ``s_aux``) or one per head and query ([batch, q_heads, steps, 1]: Inkling 2's
+    ``sinks``, projected from each token); ``bias`` is added to the scores first (broadcast to [batch, q_heads, steps,
+    capacity]: Inkling 2's relative position bias). Plain operations in the graph (no ONNX ``Attention`` input takes
+    sinks), as transformers' eager attention writes it: the mask added as the dtype's lowest, the largest logit
+    subtracted before the softmax."""
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+    sink = sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks
+    sink = sink.to(scores.dtype).expand(*scores.shape[:-1], 1)
     scores = torch.cat([scores, sink], dim=-1)
     scores = scores - scores.amax(dim=-1, keepdim=True)
     return torch.matmul(torch.softmax(scores, dim=-1)[..., :-1], value)
+
+
+def attention_unmasked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of every query over every key (grouped key/value heads repeated), in plain operations: a model's
+    attention call without a mask whose module is not causal (Inkling 2's attention over its block states, whose
+    "heads" are the sequence's positions), as transformers' attention functions compute it without a mask."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+#: The keyword arguments through which a model hands its attention sinks: one logit per head (``s_aux``: gpt-oss's,
+#: HY-V4's) or per head and query (``sinks``: Inkling 2's).
+SINKS = ("s_aux", "sinks")
+
+
+def sinks_of(kwargs: dict[str, Any], query: torch.Tensor) -> torch.Tensor | None:
+    """The attention sinks an attention function's ``kwargs`` hold ([q_heads] or [batch, q_heads, steps, 1]: see
+    :func:`attention_with_sinks`), or None; a sink of another shape is refused by name, not dropped."""
+    given = [(name, kwargs[name]) for name in SINKS if isinstance(kwargs.get(name), torch.Tensor)]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InputError("the step's attention takes one tensor of attention sinks, got s_aux and sinks")
+    name, sinks = given[0]
+    heads, steps = query.shape[1], query.shape[2]
+    per_head = sinks.dim() == 1 and sinks.shape[0] == heads
+    per_query = sinks.dim() == 4 and sinks.shape[1] == heads and sinks.shape[2] == steps and sinks.shape[3] == 1
+    if not (per_head or per_query):
+        raise InputError(
+            f"the step's attention takes attention sinks per head [{heads}] or per head and query "
+            f"[batch, {heads}, steps, 1], got the model's {name} of shape {tuple(sinks.shape)}"
+        )
+    return sinks
 
 
 def convert_kv_write(ctx: ConverterContext) -> gs.Tensor:

@@ -29,9 +29,9 @@ from pipeline.generation import ops
 from pipeline.runtime.generation.layout import INDEXER, past_name, present_name
 
 #: Tensors a model may hand its attention function that change its values and that the step's attention does not
-#: compute (sinks per query: Inkling 2's; ALiBi slopes; MiniMax-M3's key blocks chosen per query, which its own code
-#: expands into a mask only for the eager and SDPA attentions): refused by name rather than dropped.
-NOT_TAKEN = ("sinks", "alibi", "head_mask", "block_indices")
+#: compute (ALiBi slopes; MiniMax-M3's key blocks chosen per query, which its own code expands into a mask only for
+#: the eager and SDPA attentions): refused by name rather than dropped. Sinks are computed (``ops.sinks_of``).
+NOT_TAKEN = ("alibi", "head_mask", "block_indices")
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"
 
@@ -232,26 +232,36 @@ def step_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The ``AttentionInterface`` function of the step: ``pipeline_generation::attention`` over the static cache
-    (``attention_biased`` with a model's additive ``position_bias``: T5's relative positions).
+    (``attention_biased`` with a model's additive ``position_bias``: T5's relative positions; plain operations with
+    attention sinks, :func:`ops.attention_with_sinks`, or without a mask in a module that is not causal).
 
     Every query of a causal mask also attends to its own position, so that the rows of padding tokens (masked
     everywhere else) stay finite: their outputs are never attended to, but a NaN there would reach later layers'
     cache entries. A mask :func:`step_mask` built has that already; in another one (the model's own, or one it cut
-    from the step's), a query that sees no key gets it here. A
-    bidirectional mask (cross-attention) is used as it is; cross-attention without one attends to every key."""
+    from the step's), a query that sees no key gets it here. A bidirectional mask (cross-attention) is used as it is;
+    cross-attention without one attends to every key, as does a module that is not causal."""
     own = kwargs.pop("_step_mask", None)
     if isinstance(own, torch.Tensor) and (attention_mask is None or attention_mask.is_floating_point()):
         attention_mask = own  # the model's own additive mask over the keys it has seen: the step's over the cache
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     if attention_mask is None and _is_marked(_CROSS, key):
         attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         _mark(_BIDIRECTIONAL, attention_mask)
-    if attention_mask is None or attention_mask.dtype != torch.bool:
-        raise TypeError(f"the step's attention needs a boolean mask, got {attention_mask!r:.80}")
     unknown = sorted(name for name in NOT_TAKEN if isinstance(kwargs.get(name), torch.Tensor))
     if unknown:  # said, not dropped: each changes the attention's values
         raise InputError(
             f"the step's attention does not compute the {', '.join(unknown)} {type(module).__name__} hands its "
             "attention function (it would drop them)",
+            fix="convert without generation= (the plain forward)",
+        )
+    plain = position_bias is None and not softcap and ops.sinks_of(kwargs, query) is None  # else refused below
+    if attention_mask is None and plain and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+        # every key, as transformers' attention functions do (Inkling 2's attention over its block states)
+        return ops.attention_unmasked(query, key, value, scale).transpose(1, 2).contiguous(), None
+    if attention_mask is None or attention_mask.dtype != torch.bool:
+        got = "none" if attention_mask is None else f"a {attention_mask.dtype} one"
+        raise InputError(
+            f"the step's attention in {type(module).__name__} needs a boolean mask over the cache, got {got}",
             fix="convert without generation= (the plain forward)",
         )
     indices = kwargs.get("indices")
@@ -266,16 +276,19 @@ def step_attention(
         # query alone through its KV-sharing layers) is another tensor, whose queries are not the step's first ones
         own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
         attention_mask = attention_mask | (own & ~attention_mask.any(-1, keepdim=True))
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    sinks = kwargs.get("s_aux")
-    if isinstance(sinks, torch.Tensor):  # attention sinks (gpt-oss's, HY-V4's): plain operations, no ONNX Attention
-        if position_bias is not None or softcap:
-            raise TypeError("the step's attention takes attention sinks without a position bias or a softcap")
-        out = ops.attention_with_sinks(query, key, value, attention_mask, scale, sinks)
+    sinks = ops.sinks_of(kwargs, query)
+    if sinks is not None:  # attention sinks (gpt-oss's, HY-V4's, Inkling 2's): plain operations, no ONNX Attention
+        if softcap:
+            raise InputError(f"the step's attention takes attention sinks without a softcap ({type(module).__name__})")
+        bias = None if position_bias is None else position_bias.to(query.dtype)
+        out = ops.attention_with_sinks(query, key, value, attention_mask, scale, sinks, bias)
         return out.transpose(1, 2).contiguous(), None
     if position_bias is not None:
         if softcap:
-            raise TypeError("the step's attention takes a position bias or a softcap, not both")
+            raise InputError(
+                f"the step's attention in {type(module).__name__} takes a position bias or a softcap, not both",
+                fix="convert without generation= (the plain forward)",
+            )
         out = ops.attention_biased(query, key, value, attention_mask, position_bias.to(query.dtype), scale)
         return out.transpose(1, 2).contiguous(), None
     out = ops.attention(query, key, value, attention_mask, scale, float(softcap or 0.0))
