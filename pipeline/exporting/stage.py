@@ -24,6 +24,7 @@ from pipeline.exporting import errors as export_errors
 from pipeline.exporting.cache_outputs import forward_without_cache
 from pipeline.exporting.composites import static_composites
 from pipeline.exporting.exact_identities import exact_identity_constants
+from pipeline.exporting.index_masks import index_masks
 from pipeline.exporting.io_names import name_dynamic_dims, outputs_in_call_order, rename_io
 from pipeline.exporting.local_decompositions import local_decompositions
 from pipeline.exporting.module_to import unchanged_module_to_is_free
@@ -367,6 +368,7 @@ def _export_program(
         static_composites(unchanged_to),
         unchanged_module_to_is_free(),
         dense_expert_dispatch(model),
+        index_masks(),  # transformers' vmap-built masks broadcast instead: vmap's batching does not translate
         branches_as_recorded(branches),
         real_values_decide(branches) if real_values and branches is not None else contextlib.nullcontext(),
         export_errors.partial_graph_unprinted(),

@@ -22,6 +22,7 @@ from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
+from pipeline.generation.kept_windows import OWN, check_kept_windows, kept_elsewhere, kept_window
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
 from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
@@ -44,6 +45,7 @@ def prepare_step(
     input_ids = _prompt_ids(model, sample)
     check_sample_fits(input_ids, generation, settings.validate)
     layout, vocabulary = _cache_layout(model, input_ids)
+    check_kept_windows(model, layout, generation)
     states = any(isinstance(layer, StateLayer) for layer in layout)
     if states:
         generation = one_token_prompt(model, generation)
@@ -275,7 +277,9 @@ def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list
     return layout_of(model, out, states=True)
 
 
-def indexer_keys(layer: Any, keys: torch.Tensor, where: str) -> tuple[torch.Tensor | None, tuple[str, ...]]:
+def indexer_keys(
+    layer: Any, keys: torch.Tensor, where: str, kept: tuple[str, ...] = OWN
+) -> tuple[torch.Tensor | None, tuple[str, ...]]:
     """The indexer keys an indexed attention layer's cache holds beside its keys and values, and the names of the
     methods its class adds that write them: DeepSeek sparse attention's ``indexer_keys`` [batch, tokens, width]
     (``update_indexer``), MiniMax-M3's block indexer's [batch, 1, tokens, width] (``update_index``). Found as what
@@ -285,7 +289,7 @@ def indexer_keys(layer: Any, keys: torch.Tensor, where: str) -> tuple[torch.Tens
     extra = {
         name: value
         for name, value in vars(layer).items()
-        if name not in ("keys", "values") and isinstance(value, torch.Tensor) and value.is_floating_point()
+        if name not in (*OWN, *kept) and isinstance(value, torch.Tensor) and value.is_floating_point()
     }
     if not extra:
         return None, ()
@@ -334,6 +338,9 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
             layout.append(StateLayer.of(i, layer, type(model).__name__))
             continue
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        kept = OWN
+        if isinstance(keys, torch.Tensor) and keys.dim() != 4:  # kept under names of its own (kept_windows)
+            keys, values, kept = kept_elsewhere(layer)
         if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
             raise InputError(
                 f"cache layer {i} of {type(model).__name__} is a {type(layer).__name__} without 4-D keys/values "
@@ -346,8 +353,9 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
                 f"values of {values.shape[1]} ({values.dtype})",
                 fix="generation= supports caches whose keys and values have the same heads and dtype",
             )
-        indexer, writes = indexer_keys(layer, keys, f"cache layer {i} of {type(model).__name__}")
-        layout.append(CachedLayer.of(keys, values, indexer, writes))
+        indexer, writes = indexer_keys(layer, keys, f"cache layer {i} of {type(model).__name__}", kept)
+        window = kept_window(layer) if kept != OWN else 0
+        layout.append(dataclasses.replace(CachedLayer.of(keys, values, indexer, writes), window=window))
     recurrent = any(isinstance(layer, StateLayer) for layer in layout)
     if recurrent and any(getattr(layer, "indexer_dim", 0) for layer in layout):
         raise InputError(

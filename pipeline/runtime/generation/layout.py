@@ -66,6 +66,9 @@ class CachedLayer:
     dtype: torch.dtype
     indexer_dim: int = 0
     indexer_writes: tuple[str, ...] = field(default=("update_indexer",), compare=False)
+    #: the generated tokens the model's own cache layer keeps beside its prompt's, evicting older ones (a reference
+    #: sliding window's: :mod:`pipeline.generation.kept_windows`); 0: every one, as the step keeps them
+    window: int = field(default=0, compare=False)
 
     @classmethod
     def of(
