@@ -38,6 +38,7 @@ from pipeline.exporting.program_weights import (
     weight_bytes,
 )
 from pipeline.exporting.rewriter_guard import linear_multi_output_matching
+from pipeline.exporting.torch_folding import torch_constant_folding
 from pipeline.exporting.traced_branches import (
     Branches,
     branches_as_recorded,
@@ -269,6 +270,7 @@ def _torch_export(
                 reused_translation_table(),
                 linear_multi_output_matching(),
                 exact_identity_constants(),
+                torch_constant_folding(),  # a folded exp/pow/sin... is PyTorch's value, not numpy's
                 local_decompositions(),
                 fast_type_promotion(),
             ):
