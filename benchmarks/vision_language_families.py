@@ -315,6 +315,7 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         inputs = batch_of_two(
             generation_sample(model, sample), right=bool(getattr(model.config, "is_encoder_decoder", 0))
         )
+        inputs = inputs if SWEEP_AUDIO else joined_batch(model, sample, inputs)
         with torch.no_grad():
             try:
                 expected_greedy = model.generate(**inputs, **greedy)
@@ -353,6 +354,21 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
     row["rtx"] = rtx_builds(model, inputs, generation, precision)
     return row
+
+
+def joined_batch(model: torch.nn.Module, sample: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict:
+    """``batch`` with its two images laid out as the model's ``get_image_features`` gives each image's own features
+    (``every.joined_images``): one leading row each, as :func:`batch_of_two` stacks them, else packed in one row
+    (MiniCPM-V's processor lays a batch's images side by side); as it is when neither does."""
+    from pipeline.generation.vision_inputs import TEXT_INPUTS, image_input_names
+
+    names = [n for n in image_input_names(model) if n in sample and n in batch and n not in TEXT_INPUTS]
+    if not names or any(batch[n].shape[0] != 2 * sample[n].shape[0] for n in names):
+        return batch
+    first = {n: sample[n] for n in names}
+    second = {n: batch[n][sample[n].shape[0] :] for n in names}
+    joined = every.joined_images(model, first, second)
+    return batch if joined is None else {**batch, **joined}
 
 
 def text_alone(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> str:

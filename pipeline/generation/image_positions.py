@@ -81,12 +81,26 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
         ) from None
     real = mask.bool().unsqueeze(0).expand_as(laid)
     if not torch.equal(laid[real], positions.to(torch.int64)[real]):
+        parted = _parted(laid, positions, ids, mask, image_token)
         raise InputError(
             f"{name}'s positions for the sample's tokens do not follow one layout per image (each image a block of "
-            "positions from where it starts, the text after it going on by the block's extent)",
+            f"positions from where it starts, the text after it going on by the block's extent): {parted}",
             fix="convert without generation= (the plain forward); report the model",
         )
     return rule
+
+
+def _parted(laid: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, token: int) -> str:
+    """Where the model's own ``positions`` part from the rule's (``laid``), said by kind of token: image tokens, or
+    text tokens next to an image (positions the image's grid gives the markers around it) or apart from one."""
+    differ = ((laid != positions.to(torch.int64)).any(0) & mask.bool()).nonzero().tolist()
+    image = ids == token
+    beside = torch.zeros_like(image)
+    beside[:, 1:] |= image[:, :-1]
+    beside[:, :-1] |= image[:, 1:]
+    kinds = ["image tokens" if image[r, c] else "text next to an image" if beside[r, c] else "text" for r, c in differ]
+    counted = ", ".join(f"{kinds.count(kind)} {kind}" for kind in dict.fromkeys(kinds))
+    return f"they part at {counted} (row, column: {differ[:6]})"
 
 
 #: How many text tokens the probe's second prompt has more before its image (see :func:`_anchors`).
@@ -119,13 +133,18 @@ def _anchors(
             probe[name] = torch.cat([torch.cat([padded, piece], 1), torch.cat([extra, piece], 1)])
     probe["attention_mask"][1, :SHIFT] = 1
     first = image_rows({k: v for k, v in inputs.items() if k not in probe and isinstance(v, torch.Tensor)})[0]
-    for name, value in first.items():  # the first image twice, as image_rows cut it (rows, or patches and grid)
-        probe[name] = torch.cat([value, value])
-    positions = decoder_positions(model, probe)
+    positions, failed = None, ""
+    for twice in _twice(first):  # the first image twice, in the first layout the model takes
+        try:
+            positions = decoder_positions(model, {**probe, **twice})
+            break
+        except Exception as error:  # noqa: BLE001 - the model refuses this layout of two images: the next one
+            failed = f" (it fails on them: {type(error).__name__}: {str(error)[:200]})"
     name = type(model).__name__
     if positions is None or positions.dim() != 3 or positions.shape[1:] != probe["input_ids"].shape:
         raise InputError(
-            f"{name} gave no positions on several axes for two copies of the sample's first prompt with an image",
+            f"{name} gave no positions on several axes for two copies of the sample's first prompt with an image"
+            + failed,
             fix="convert without generation= (the plain forward); report the model",
         )
     kept = probe["attention_mask"].bool()
@@ -141,6 +160,18 @@ def _anchors(
         )
     anchored = moved >= shift
     return anchored, (moved - anchored.to(moved.dtype) * shift) == 1
+
+
+def _twice(image: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """An image's inputs (as :func:`image_rows` cut them) twice, as a request of two images lays them out: stacked on
+    their leading axis (rows, or flattened patches with their grid), else with its floating inputs of one leading row
+    joined along their last axis (packed in one row: MiniCPM-V's ``pixel_values``) and the others stacked."""
+    rows = {name: torch.cat([value, value]) for name, value in image.items()}
+    packed = {
+        name: torch.cat([value, value], -1 if value.is_floating_point() and value.dim() > 1 and len(value) == 1 else 0)
+        for name, value in image.items()
+    }
+    return [rows, packed]
 
 
 def _first_image(ids: torch.Tensor, mask: torch.Tensor, token: int) -> tuple[int, int, int] | None:

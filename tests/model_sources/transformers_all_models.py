@@ -287,6 +287,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
     _fit_feature_layers(config)
     for owner in _configs(config):
         _fit_layer_lists(owner)
+    _fit_layer_ids(config)
     # DeepSeek-VL-Hybrid reads its high-resolution SAM tower's state after its first global layer
     # (``global_attn_indexes[0]``, 2 of (2, 5, 8, 11)), past the shrunk tower's 2 layers. Named, not general: every SAM
     # tower's global layers fitted so gives SamHQ a global layer, whose intermediate embeddings then feed a
@@ -411,6 +412,23 @@ def _fit_layer_lists(
             continue
         if value and all(isinstance(v, int) and v >= 0 for v in value) and max(value) >= layers:
             setattr(config, name, type(value)([v for v in value if v < layers] or [layers - 1]))
+
+
+def _fit_layer_ids(config: Any) -> None:
+    """A config's own layer index past its shrunk depth (a ``*_layer_id``: MiniCPM-V's tower ``insert_layer_id``, 6
+    of 2 layers, where its window merger halves the patch grid: never run, while the merger after the tower reads the
+    grid as halved, so a batch's second image read the first's patches) made its last layer, and so is the copy
+    another of its configs holds (MiniCPM-V's top config)."""
+    owners = _configs(config)
+    for owner in owners:
+        layers = getattr(owner, "num_hidden_layers", None)
+        if not isinstance(layers, int) or layers <= 0:
+            continue
+        for name, value in list(vars(owner).items()):
+            if name.endswith("_layer_id") and type(value) is int and value >= layers:
+                for other in owners:
+                    if getattr(other, name, None) == value:
+                        setattr(other, name, layers - 1)
 
 
 def _fit_patch_tables(config: Any) -> None:
@@ -835,10 +853,17 @@ def _image_layouts(
         for n, p in features.items()
         if p.default is p.empty and n not in ("pixel_values", *required) and n in parameters
     ]
-    if needed:
-        options += _sized_images(config, pixels, needed)
+    sized = _sized_images(config, pixels, needed) if needed else []
+    options += sized[:-2]
     measured = [(option, _feature_count(model, option)) for option in options]
-    return sorted(measured, key=lambda pair: not pair[1])  # stable: the given order among those that run
+    # the last two (its patches side by side in one row: MiniCPM-V's) only where the tower takes them
+    measured += [(option, count) for option in sized[-2:] if (count := _feature_count(model, option))]
+    runs = sorted(measured, key=lambda pair: not pair[1])  # stable: the given order among those that run
+    if runs and runs[0][1] and joined_images(model, runs[0][0], rows_only=True) is None:
+        # the first layout's batch (one leading row per image) does not give each image's features: a layout whose
+        # batch does, packed in one row if so (MiniCPM-V's processor lays the images side by side), comes first
+        runs.sort(key=lambda pair: not (pair[1] and joined_images(model, pair[0]) is not None))
+    return runs
 
 
 def _required_masks(model: torch.nn.Module, pixels: torch.Tensor, parameters: Any) -> dict[str, torch.Tensor]:
@@ -886,16 +911,21 @@ def _patches_with_positions(pixels: torch.Tensor, patch: int) -> torch.Tensor:
 def _sized_images(config: Any, pixels: torch.Tensor, names: list[str]) -> list[dict[str, torch.Tensor]]:
     """The image with the inputs its ``get_image_features`` requires beside it (``names``), filled from the image's
     size: a size or shape as the image's pixels or as its grid of patches (MiniCPM-V's ``target_sizes``, LFM2-VL's
-    ``spatial_shapes``), a mask all ones. The image as [1, C, H, W], and as flattened patches [1, patches, C * p * p]
-    with a mask per patch (NaViT towers': Siglip2's, which LFM2-VL reads)."""
+    ``spatial_shapes``), a mask all ones. The image as [1, C, H, W], as flattened patches [1, patches, C * p * p]
+    with a mask per patch (NaViT towers': Siglip2's, which LFM2-VL reads), and last (two) as its patches side by side
+    in one row [1, C, p, p * patches] (MiniCPM-V's, whose batch packs its images in that row: :func:`joined_images`)."""
     patch = _side(_attribute(config, "patch_size", default=8) or 8)
     height, width = pixels.shape[2:]
     rows, columns = height // patch, width // patch
     flattened = _patches(config, pixels)
     if flattened is None or any(not n.endswith(("sizes", "shapes", "mask")) for n in names):
         return []
+    # the patches side by side in a row of one patch's height [1, C, p, p * patches] (MiniCPM-V's NaViT packing)
+    strip = pixels[..., : rows * patch, : columns * patch].reshape(1, -1, rows, patch, columns, patch)
+    strip = strip.permute(0, 1, 3, 2, 4, 5).reshape(1, -1, patch, rows * columns * patch)
     found = []
-    for layout, mask in ((pixels, torch.ones(1, height, width)), (flattened, torch.ones(1, rows * columns))):
+    patched = torch.ones(1, rows * columns)
+    for layout, mask in ((pixels, torch.ones(1, height, width)), (flattened, patched), (strip, patched)):
         for sizes in ([[height, width]], [[rows, columns]]):
             inputs = {"pixel_values": layout}
             for name in names:
@@ -1013,24 +1043,60 @@ def _features_error(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> 
 def _feature_count(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> tuple[int, ...]:
     """How many features the model's own ``get_image_features`` makes of one image (the placeholder tokens it
     replaces), or () when it has none or refuses the image alone."""
+    features = _features(model, images)
+    count = sum(int(piece.shape[0]) for piece in features) if features is not None else 0
+    return (count,) if 0 < count <= 4096 else ()
+
+
+def _features(model: torch.nn.Module, images: dict[str, torch.Tensor]) -> list[torch.Tensor] | None:
+    """The features the model's own ``get_image_features`` makes of ``images``, as pieces [tokens, hidden] in order,
+    or None when it has none or refuses them."""
     method = _image_features_method(model)
     if method is None:
-        return ()
+        return None
     try:
         with torch.no_grad():
             features = method(**images)
     except Exception:  # noqa: BLE001 - a tower that needs more than the image: the guessed counts follow
-        return ()
+        return None
     # the features the prompt takes: pooled, else the tower's last state (Fuyu's patch embeddings, no pooled output)
     pooled = getattr(features, "pooler_output", None)
     features = pooled if pooled is not None else getattr(features, "last_hidden_state", features)
     if isinstance(features, (list, tuple)):
-        count = sum(int(f.reshape(-1, f.shape[-1]).shape[0]) for f in features if isinstance(f, torch.Tensor))
-    elif isinstance(features, torch.Tensor) and features.dim() >= 2:
-        count = int(features.reshape(-1, features.shape[-1]).shape[0])
-    else:
-        return ()
-    return (count,) if 0 < count <= 4096 else ()
+        return [f.reshape(-1, f.shape[-1]) for f in features if isinstance(f, torch.Tensor)]
+    if isinstance(features, torch.Tensor) and features.dim() >= 2:
+        return [features.reshape(-1, features.shape[-1])]
+    return None
+
+
+def joined_images(
+    model: torch.nn.Module,
+    first: dict[str, torch.Tensor],
+    second: dict[str, torch.Tensor] | None = None,
+    rows_only: bool = False,
+) -> dict[str, torch.Tensor] | None:
+    """The image inputs of a batch of two images, ``first``'s then ``second``'s (by default: ``first``'s drawn again),
+    laid out so that the model's ``get_image_features`` gives each image's own features, in order: stacked on the
+    leading axis (one row per image), else (unless ``rows_only``) the floating inputs joined along their last axis
+    and the others stacked (NaViT packing in one row: MiniCPM-V's ``pixel_values`` [1, C, p, p * patches of both]
+    with ``target_sizes`` [2, 2]); None when neither does, as found by running the model."""
+    if second is None:
+        drawn = seeded(5)
+        second = {n: torch.randn(v.shape, generator=drawn) if v.is_floating_point() else v for n, v in first.items()}
+    pieces = [_features(model, first), _features(model, second)]
+    if pieces[0] is None or pieces[1] is None:
+        return None
+    expected = torch.cat([*pieces[0], *pieces[1]])
+    for packed in (False,) if rows_only else (False, True):
+        joined = {
+            name: torch.cat([value, second[name]], dim=-1 if packed and value.is_floating_point() else 0)
+            for name, value in first.items()
+        }
+        found = _features(model, joined)
+        got = torch.cat(found) if found else None
+        if got is not None and got.shape == expected.shape and torch.allclose(got, expected, atol=1e-4, rtol=1e-3):
+            return joined
+    return None
 
 
 def build(model_type: str, class_name: str) -> tuple[torch.nn.Module, Any]:

@@ -127,7 +127,9 @@ def image_rows(inputs: dict[str, torch.Tensor], item: str = "image") -> list[dic
     """The image inputs cut into one dict per image. Inputs have one leading row per image, except inputs of flattened
     patches (Qwen2-VL's ``pixel_values`` [patches of every image, patch values]), which an integer grid input
     ([images, axes]: ``image_grid_thw``'s frames, rows and columns of patches) divides: each image takes the product
-    of its grid row in patches. ``item`` names what one row is in the errors (``"audio"`` for an audio-language
+    of its grid row in patches; or inputs of one leading row packing every image's patches along their last axis
+    (MiniCPM-V's ``pixel_values`` [1, C, p, p * patches], :func:`_packed_rows`), which the grid divides the same way.
+    ``item`` names what one row is in the errors (``"audio"`` for an audio-language
     module's audio inputs: "audio clips").
 
     >>> [list(cut) for cut in image_rows({"input_features": torch.zeros(2, 8, 4)}, item="audio")]
@@ -140,8 +142,13 @@ def image_rows(inputs: dict[str, torch.Tensor], item: str = "image") -> list[dic
             continue
         sizes = grid.prod(-1).tolist()
         images, total = len(sizes), sum(sizes)
-        if total == images or total not in leading.values():
+        if total == images:
             continue
+        if total not in leading.values():
+            packed = _packed_rows(inputs, sizes)
+            if packed is None:
+                continue
+            return packed
         odd = sorted(name for name, rows in leading.items() if rows not in (images, total))
         if odd:
             raise InputError(
@@ -165,3 +172,29 @@ def image_rows(inputs: dict[str, torch.Tensor], item: str = "image") -> list[dic
             fix=f"pass the processor's {item} inputs for the same {items} (one leading row per {item})",
         )
     return [{name: value[i : i + 1] for name, value in inputs.items()} for i in range(counts.pop() if counts else 0)]
+
+
+def _packed_rows(inputs: dict[str, torch.Tensor], sizes: list[int]) -> list[dict[str, torch.Tensor]] | None:
+    """The inputs cut into one dict per image where every image's patches lie side by side along the last axis of one
+    leading row (NaViT packing, MiniCPM-V's ``pixel_values`` [1, C, p, p * patches of every image]) and the other
+    inputs have one leading row per image (the grid, ``sizes`` its patches per image): each image takes its patches'
+    share of the last axis (the same number of columns per patch). None for any other layout, or a single image."""
+    images, total = len(sizes), sum(sizes)
+    if images < 2:
+        return None
+    packed = [name for name, value in inputs.items() if value.dim() > 1 and value.shape[0] == 1]
+    if not packed or any(inputs[name].shape[-1] % total for name in packed):
+        return None
+    if any(value.dim() == 0 or value.shape[0] != images for name, value in inputs.items() if name not in packed):
+        return None
+    starts = [0, *itertools.accumulate(sizes)]
+    columns = {name: inputs[name].shape[-1] // total for name in packed}
+    return [
+        {
+            name: value[..., starts[i] * columns[name] : starts[i + 1] * columns[name]]
+            if name in columns
+            else value[i : i + 1]
+            for name, value in inputs.items()
+        }
+        for i in range(images)
+    ]
