@@ -11,6 +11,7 @@ their converters in the lowering pass, so the graph holds exactly these nodes.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,8 @@ from converters.errors import InputError
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes.written_attention import ScoreTerm, written_out_attention
+
+logger = logging.getLogger(__name__)
 
 #: ONNX ``TensorScatter`` exists from opset 24 (``Attention`` from 23): the opset every cached step exports at.
 GENERATION_OPSET = 24
@@ -141,6 +144,34 @@ def attention_unmasked(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 #: The keyword arguments through which a model hands its attention sinks: one logit per head (``s_aux``: gpt-oss's,
 #: HY-V4's) or per head and query (``sinks``: Inkling 2's).
 SINKS = ("s_aux", "sinks")
+
+
+#: Tensors a model may hand its attention function that change its values and that the step's attention does not
+#: compute (ALiBi slopes; MiniMax-M3's key blocks chosen per query, which its own code expands into a mask only for
+#: the eager and SDPA attentions): refused by name rather than dropped.
+NOT_TAKEN = ("alibi", "head_mask", "block_indices")
+#: Tensors the step's attention takes (:data:`SINKS`, DeepSeek sparse attention's ``indices``, the step's own
+#: ``_past_length``), or that restate what its mask holds (positions, flash attention's packed-sequence offsets).
+HANDED = (*SINKS, "indices", "_past_length", "position_ids", "cache_position", "cu_seq_lens_q", "cu_seq_lens_k")
+_warned: set[tuple[str, str]] = set()
+
+
+def check_handed(kwargs: dict[str, Any], module: torch.nn.Module) -> None:
+    """An InputError for a tensor of :data:`NOT_TAKEN` among the ``kwargs`` a model hands its attention function; a
+    warning (once per module type and name) for any other tensor the step's attention does not read, so that what it
+    leaves out is said: the conversion's validation judges whether it mattered."""
+    name = type(module).__name__
+    refused = sorted(key for key in NOT_TAKEN if isinstance(kwargs.get(key), torch.Tensor))
+    if refused:
+        raise InputError(
+            f"the step's attention does not compute the {', '.join(refused)} {name} hands its attention function "
+            "(it would drop them)",
+            fix="convert without generation= (the plain forward)",
+        )
+    for key in sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k not in HANDED):
+        if (name, key) not in _warned:
+            _warned.add((name, key))
+            logger.warning("the step's attention does not read the %s %s hands it (validation judges it)", key, name)
 
 
 def sinks_of(kwargs: dict[str, Any], query: torch.Tensor) -> torch.Tensor | None:

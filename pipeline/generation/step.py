@@ -28,10 +28,6 @@ from converters.errors import InputError
 from pipeline.generation import ops
 from pipeline.runtime.generation.layout import INDEXER, past_name, present_name
 
-#: Tensors a model may hand its attention function that change its values and that the step's attention does not
-#: compute (ALiBi slopes; MiniMax-M3's key blocks chosen per query, which its own code expands into a mask only for
-#: the eager and SDPA attentions): refused by name rather than dropped. Sinks are computed (``ops.sinks_of``).
-NOT_TAKEN = ("alibi", "head_mask", "block_indices")
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
 ATTENTION_NAME = "pipeline_generation"
 
@@ -247,13 +243,7 @@ def step_attention(
     if attention_mask is None and _is_marked(_CROSS, key):
         attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         _mark(_BIDIRECTIONAL, attention_mask)
-    unknown = sorted(name for name in NOT_TAKEN if isinstance(kwargs.get(name), torch.Tensor))
-    if unknown:  # said, not dropped: each changes the attention's values
-        raise InputError(
-            f"the step's attention does not compute the {', '.join(unknown)} {type(module).__name__} hands its "
-            "attention function (it would drop them)",
-            fix="convert without generation= (the plain forward)",
-        )
+    ops.check_handed(kwargs, module)  # a tensor it would drop refused by name, one it does not read said
     plain = position_bias is None and not softcap and ops.sinks_of(kwargs, query) is None  # else refused below
     if attention_mask is None and plain and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         # every key, as transformers' attention functions do (Inkling 2's attention over its block states)

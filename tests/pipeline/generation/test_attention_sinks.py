@@ -78,3 +78,20 @@ def test_attention_arguments_the_step_does_not_compute_are_refused_by_name() -> 
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     with pytest.raises(InputError, match="does not compute the alibi Module hands"):
         step_attention(torch.nn.Module(), query, key, value, mask, alibi=torch.zeros(1, 2, 1, 3))
+
+
+def test_a_tensor_the_step_does_not_read_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A tensor handed to the attention that the step neither computes nor knows restates its mask is named in a
+    warning (once per module type and name), not passed over in silence."""
+    from pipeline.generation.step import step_attention
+
+    class Unusual(torch.nn.Module):
+        """An attention module handing a tensor of its own."""
+
+    query = key = value = torch.zeros(1, 2, 3, 4)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    with caplog.at_level("WARNING", logger="pipeline.generation.ops"):
+        for _ in range(2):
+            step_attention(Unusual(), query, key, value, mask, gate_bias=torch.zeros(3), position_ids=torch.zeros(3))
+    said = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
+    assert said == ["the step's attention does not read the gate_bias Unusual hands it (validation judges it)"]
