@@ -22,14 +22,8 @@ from passes.model_io.graphs import to_graph, to_model
 from pipeline.accuracy.uninitialised import mark_uninitialised, uninitialised_in_program
 from pipeline.exporting import errors as export_errors
 from pipeline.exporting.cache_outputs import forward_without_cache
-from pipeline.exporting.composites import static_composites
-from pipeline.exporting.exact_identities import exact_identity_constants
-from pipeline.exporting.index_masks import index_masks
 from pipeline.exporting.io_names import name_dynamic_dims, outputs_in_call_order, rename_io
-from pipeline.exporting.local_decompositions import local_decompositions
-from pipeline.exporting.module_to import unchanged_module_to_is_free
-from pipeline.exporting.moe_dispatch import dense_expert_dispatch
-from pipeline.exporting.multiples import multiples_from, torch_dims, warn_multiples
+from pipeline.exporting.patch_stack import translation_patches
 from pipeline.exporting.program_fixes import fix_program
 from pipeline.exporting.program_weights import (
     check_protobuf_limit,
@@ -37,18 +31,7 @@ from pipeline.exporting.program_weights import (
     save_external,
     weight_bytes,
 )
-from pipeline.exporting.rewriter_guard import linear_multi_output_matching
-from pipeline.exporting.torch_folding import torch_constant_folding
-from pipeline.exporting.traced_branches import (
-    Branches,
-    branches_as_recorded,
-    branches_on_data,
-    decided_sizes,
-    real_values_decide,
-    recorded_branches,
-)
-from pipeline.exporting.translation_table import reused_translation_table
-from pipeline.exporting.type_promotion import fast_type_promotion
+from pipeline.exporting.tracing import traced_program
 from pipeline.noise import quiet_third_party
 from pipeline.runtime import io_spec
 from pipeline.runtime.io_spec import IOSpec, TensorSpec
@@ -258,7 +241,7 @@ def _torch_export(
     on tensor data exported as the sample takes them (source line -> value)."""
     start = time.perf_counter()
     with _quiet_exporter():
-        exported, dynamic, branches = _traced_program(model, signature, args, kwargs, names, settings.dynamic)
+        exported, dynamic, branches = traced_program(model, signature, args, kwargs, names, settings.dynamic)
         if complex_outputs:
             raise export_errors.complex_output_error(exported, complex_outputs)
         exported = fix_program(exported)
@@ -266,14 +249,7 @@ def _torch_export(
         # only once the exporter decomposes (aten.cdist -> aten._cdist_forward); an unused entry costs nothing.
         table = opaque_translations(custom_ops_in(exported), translations, converter_ops)
         try:
-            with (
-                reused_translation_table(),
-                linear_multi_output_matching(),
-                exact_identity_constants(),
-                torch_constant_folding(),  # a folded exp/pow/sin... is PyTorch's value, not numpy's
-                local_decompositions(),
-                fast_type_promotion(),
-            ):
+            with translation_patches():
                 program = torch.onnx.export(
                     exported,
                     args,
@@ -304,80 +280,6 @@ def _torch_export(
     return program, dynamic, {} if branches is None else dict(branches.taken)
 
 
-def _traced_program(
-    model: torch.nn.Module,
-    signature: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    names: list[str],
-    dynamic: tuple[DynamicDim, ...],
-) -> tuple[Any, tuple[DynamicDim, ...], Branches | None]:
-    """torch.export's program, traced again when it fails where the fix is known: with the dynamic dimensions made
-    multiples of a number the model needs (:mod:`pipeline.exporting.multiples`), with the sample's branches on
-    tensor data (:mod:`pipeline.exporting.traced_branches`), then with the sample's real values deciding the guards
-    on data-dependent sizes, or several; each at most once. A verifier refusal of a node outside any module (a buffer
-    assigned its unchanged ``.to`` in forward) is traced again with ``Tensor.to`` left to PyTorch."""
-    branches: Branches | None = None
-    multiplied = False
-    unchanged_to = True
-    real_values: BaseException | None = None  # the error that made the sample's real values decide sizes
-    while True:
-        try:
-            program = _export_program(
-                model, signature, args, kwargs, names, dynamic, branches, unchanged_to, real_values is not None
-            )
-        except Exception as exc:
-            multiples = None if multiplied else multiples_from(exc, dynamic)
-            if unchanged_to and "missing nn_module_stack" in str(exc):  # a buffer written back in forward
-                unchanged_to = False
-            elif multiples is not None:
-                warn_multiples(dynamic, multiples)
-                dynamic, multiplied = multiples, True
-            elif branches is None and branches_on_data(exc):
-                try:
-                    branches = recorded_branches(model, args, kwargs)
-                except Exception:  # noqa: BLE001 -- the model ran eagerly before: the export's error is the one to show
-                    raise export_errors.torch_export_error(exc) from exc
-            elif branches is not None and real_values is None and branches_on_data(exc):
-                real_values = exc  # a guard on a size computed from data: decided by the sample's values
-            else:
-                padded = export_errors.padded_mask_failure(model, args, kwargs) if _broadcast(exc) else None
-                raise export_errors.torch_export_error(exc, padded) from exc
-            continue
-        if real_values is not None and branches is not None and decided_sizes(branches):
-            raise export_errors.torch_export_error(real_values) from real_values  # a decision on values: not ours
-        return program, dynamic, branches
-
-
-def _broadcast(exc: BaseException) -> bool:
-    """Shapes that did not broadcast under torch.export (the model ran eagerly just before)."""
-    return "Attempting to broadcast a dimension" in export_errors.reason(exc)
-
-
-def _export_program(
-    model: torch.nn.Module,
-    signature: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    names: list[str],
-    dynamic: tuple[DynamicDim, ...],
-    branches: Branches | None = None,
-    unchanged_to: bool = True,
-    real_values: bool = False,
-) -> Any:
-    dynamic_shapes = _torch_dynamic_shapes(signature, args, kwargs, names, dynamic)
-    with (
-        static_composites(unchanged_to),
-        unchanged_module_to_is_free(),
-        dense_expert_dispatch(model),
-        index_masks(),  # transformers' vmap-built masks broadcast instead: vmap's batching does not translate
-        branches_as_recorded(branches),
-        real_values_decide(branches) if real_values and branches is not None else contextlib.nullcontext(),
-        export_errors.partial_graph_unprinted(),
-    ):
-        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
-
-
 def _declared_input_names(model: torch.nn.Module, names: list[str]) -> list[str]:
     """The graph input names, after the module's own ``onnx_input_names`` mapping (derived name -> graph name), if
     it has one: the cached generation step names its cache inputs ``past_key_values.{i}.key`` as optimum does,
@@ -386,29 +288,6 @@ def _declared_input_names(model: torch.nn.Module, names: list[str]) -> list[str]
     if not isinstance(declared, dict):
         return names
     return [str(declared.get(name, name)) for name in names]
-
-
-def _torch_dynamic_shapes(
-    signature: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    names: list[str],
-    dims: tuple[DynamicDim, ...],
-) -> dict[str, Any] | None:
-    if not dims:
-        return None
-    by_name = torch_dims(dims)
-    by_input: dict[str, dict[int, Any]] = {}
-    for d in dims:
-        by_input.setdefault(d.input, {})[d.axis] = by_name[d.name]
-    leaf_names = iter(names)
-
-    def spec_for(leaf: Any) -> Any:
-        return by_input.get(next(leaf_names)) if isinstance(leaf, torch.Tensor) else None
-
-    shaped_args, shaped_kwargs = pytree.tree_map(spec_for, (args, kwargs))
-    bound = signature.bind(*shaped_args, **shaped_kwargs)
-    return dict(bound.arguments)
 
 
 def _check_sample_tensors(names: list[str], tensors: list[torch.Tensor]) -> None:

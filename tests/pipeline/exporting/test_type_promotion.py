@@ -10,7 +10,7 @@ import tiny_models
 import torch
 
 import pipeline
-from pipeline.exporting import stage, type_promotion
+from pipeline.exporting import patch_stack, type_promotion
 
 
 class _Mixed(torch.nn.Module):
@@ -40,7 +40,7 @@ def _graph_and_outputs(model: torch.nn.Module, sample: tuple, dynamic: dict | No
 
 def _both_ways(model: torch.nn.Module, sample: tuple, dynamic: dict | None, monkeypatch) -> tuple:
     fast = _graph_and_outputs(model, sample, dynamic)
-    monkeypatch.setattr(stage, "fast_type_promotion", contextlib.nullcontext)
+    monkeypatch.setattr(patch_stack, "fast_type_promotion", contextlib.nullcontext)
     return fast, _graph_and_outputs(model, sample, dynamic)
 
 

@@ -163,12 +163,12 @@ def _exports(model: torch.nn.Module, sample: tuple[torch.Tensor, ...], dynamic: 
     import contextlib
     import logging
 
-    from pipeline.exporting import stage
+    from pipeline.exporting import patch_stack
 
     results = []
     for local in (True, False):
         if not local:
-            monkeypatch.setattr(stage, "local_decompositions", contextlib.nullcontext)
+            monkeypatch.setattr(patch_stack, "local_decompositions", contextlib.nullcontext)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="pipeline.exporting.local_decompositions"):
             module = pipeline.convert(model, sample, dynamic=dynamic, validate=False)
@@ -193,13 +193,13 @@ def test_the_cached_step_takes_the_local_way_and_writes_the_same_graph(monkeypat
     import contextlib
     import logging
 
-    from pipeline.exporting import stage
+    from pipeline.exporting import patch_stack
 
     ids = torch.randint(1, 90, (1, 6), generator=torch.Generator().manual_seed(1))
     modules, took = [], []
     for local in (True, False):
         if not local:
-            monkeypatch.setattr(stage, "local_decompositions", contextlib.nullcontext)
+            monkeypatch.setattr(patch_stack, "local_decompositions", contextlib.nullcontext)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="pipeline.exporting.local_decompositions"):
             modules.append(
