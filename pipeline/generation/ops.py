@@ -174,14 +174,18 @@ def check_handed(kwargs: dict[str, Any], module: torch.nn.Module) -> None:
             logger.warning("the step's attention does not read the %s %s hands it (validation judges it)", key, name)
 
 
-def sinks_of(kwargs: dict[str, Any], query: torch.Tensor) -> torch.Tensor | None:
-    """The attention sinks an attention function's ``kwargs`` hold ([q_heads] or [batch, q_heads, steps, 1]: see
-    :func:`attention_with_sinks`), or None; a sink of another shape is refused by name, not dropped."""
+def sinks_of(kwargs: dict[str, Any], query: torch.Tensor, module: torch.nn.Module) -> torch.Tensor | None:
+    """The attention sinks the ``kwargs`` ``module`` hands its attention function hold ([q_heads] or
+    [batch, q_heads, steps, 1]: see :func:`attention_with_sinks`), or None; a sink of another shape is refused by
+    name, not dropped."""
     given = [(name, kwargs[name]) for name in SINKS if isinstance(kwargs.get(name), torch.Tensor)]
     if not given:
         return None
     if len(given) > 1:
-        raise InputError("the step's attention takes one tensor of attention sinks, got s_aux and sinks")
+        raise InputError(
+            f"the step's attention takes one tensor of attention sinks, {type(module).__name__} hands s_aux and sinks",
+            fix="convert without generation= (the plain forward)",
+        )
     name, sinks = given[0]
     heads, steps = query.shape[1], query.shape[2]
     per_head = sinks.dim() == 1 and sinks.shape[0] == heads
@@ -189,7 +193,8 @@ def sinks_of(kwargs: dict[str, Any], query: torch.Tensor) -> torch.Tensor | None
     if not (per_head or per_query):
         raise InputError(
             f"the step's attention takes attention sinks per head [{heads}] or per head and query "
-            f"[batch, {heads}, steps, 1], got the model's {name} of shape {tuple(sinks.shape)}"
+            f"[batch, {heads}, steps, 1], got {type(module).__name__}'s {name} of shape {tuple(sinks.shape)}",
+            fix="convert without generation= (the plain forward)",
         )
     return sinks
 

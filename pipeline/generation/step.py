@@ -244,7 +244,7 @@ def step_attention(
         attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
         _mark(_BIDIRECTIONAL, attention_mask)
     ops.check_handed(kwargs, module)  # a tensor it would drop refused by name, one it does not read said
-    plain = position_bias is None and not softcap and ops.sinks_of(kwargs, query) is None  # else refused below
+    plain = position_bias is None and not softcap and ops.sinks_of(kwargs, query, module) is None  # else refused below
     if attention_mask is None and plain and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         # every key, as transformers' attention functions do (Inkling 2's attention over its block states)
         return ops.attention_unmasked(query, key, value, scale).transpose(1, 2).contiguous(), None
@@ -266,10 +266,13 @@ def step_attention(
         # query alone through its KV-sharing layers) is another tensor, whose queries are not the step's first ones
         own = torch.arange(capacity).view(1, 1, 1, capacity) == (torch.arange(steps) + past).view(1, 1, steps, 1)
         attention_mask = attention_mask | (own & ~attention_mask.any(-1, keepdim=True))
-    sinks = ops.sinks_of(kwargs, query)
+    sinks = ops.sinks_of(kwargs, query, module)
     if sinks is not None:  # attention sinks (gpt-oss's, HY-V4's, Inkling 2's): plain operations, no ONNX Attention
         if softcap:
-            raise InputError(f"the step's attention takes attention sinks without a softcap ({type(module).__name__})")
+            raise InputError(
+                f"the step's attention in {type(module).__name__} takes attention sinks or a softcap, not both",
+                fix="convert without generation= (the plain forward)",
+            )
         bias = None if position_bias is None else position_bias.to(query.dtype)
         out = ops.attention_with_sinks(query, key, value, attention_mask, scale, sinks, bias)
         return out.transpose(1, 2).contiguous(), None

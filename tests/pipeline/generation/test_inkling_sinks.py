@@ -62,12 +62,28 @@ def test_an_attention_without_mask_in_a_module_not_causal_sees_every_key() -> No
 
 def test_sinks_of_another_shape_and_causal_attention_without_mask_are_refused_by_name() -> None:
     query, key, value, sinks, _, mask = tensors(2)
-    with pytest.raises(InputError, match=r"sinks of shape \(2, 4, 3\)"):
-        step_attention(Attention(2), query, key, value, mask, sinks=sinks[..., 0])
-    with pytest.raises(InputError, match="in Attention needs a boolean mask over the cache, got none"):
-        step_attention(Attention(2), query, key, value, None)
-    with pytest.raises(InputError, match="does not compute the alibi"):  # nor dropped where there is no mask
-        step_attention(Attention(2, causal=False), query, key, value, None, alibi=torch.zeros(1, 4, 1, 6))
+    refusals = {
+        r"Attention's sinks of shape \(2, 4, 3\)": lambda: step_attention(
+            Attention(2), query, key, value, mask, sinks=sinks[..., 0]
+        ),
+        "Attention hands s_aux and sinks": lambda: step_attention(
+            Attention(2), query, key, value, mask, sinks=sinks, s_aux=torch.zeros(4)
+        ),
+        "in Attention takes attention sinks or a softcap, not both": lambda: step_attention(
+            Attention(2), query, key, value, mask, sinks=sinks, softcap=30.0
+        ),
+        "in Attention needs a boolean mask over the cache, got none": lambda: step_attention(
+            Attention(2), query, key, value, None
+        ),
+        # nor dropped where there is no mask
+        "does not compute the alibi": lambda: step_attention(
+            Attention(2, causal=False), query, key, value, None, alibi=torch.zeros(1, 4, 1, 6)
+        ),
+    }
+    for message, call in refusals.items():
+        with pytest.raises(InputError, match=message) as refused:
+            call()
+        assert refused.value.fix == "convert without generation= (the plain forward)", message
 
 
 def inkling2() -> transformers.PreTrainedModel:
