@@ -122,6 +122,21 @@ def decodes_as_transformers(
     return expected, expected_scores
 
 
+def decodes_its_audio_as_transformers(
+    model: Any, module: Any, inputs: dict[str, torch.Tensor], *, distinct: int = 3, **greedy: Any
+) -> torch.Tensor:
+    """:func:`decodes_as_transformers`, with more than ``distinct`` distinct new tokens, and another audio (the
+    ``input_features`` reversed in time) decoded otherwise, in both alike: the audio reaches the prompt (the check can
+    fail). transformers' greedy tokens."""
+    expected, _ = decodes_as_transformers(model, module, inputs, **greedy)
+    assert len(set(expected[:, inputs["input_ids"].shape[1] :].flatten().tolist())) > distinct
+    other = {**inputs, "input_features": inputs["input_features"].flip(-1)}
+    with torch.no_grad():
+        theirs = model.generate(**other, **greedy)
+    assert torch.equal(module.generate(**other, **greedy), theirs) and not torch.equal(theirs, expected)
+    return expected
+
+
 def converted_for_rtx_when_it_imports(model: Any, inputs: dict[str, torch.Tensor], generation: dict[str, Any]) -> Any:
     """``model`` converted for generation, not validated: for TensorRT-RTX when it imports (its real builder on every
     graph, decomposed attention; its engines cannot run here, and the graphs run on ONNX Runtime beside them), else

@@ -15,7 +15,12 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import TINY_TEXT, converted_for_rtx_when_it_imports, decodes_as_transformers, drawn_by_fan_in
+from tiny_models import (
+    TINY_TEXT,
+    converted_for_rtx_when_it_imports,
+    decodes_its_audio_as_transformers,
+    drawn_by_fan_in,
+)
 
 import pipeline
 from converters.errors import InputError
@@ -79,14 +84,7 @@ def test_music_flamingo_decodes_as_transformers(converted: tuple[Any, VisionLang
         "input_features",
         "input_features_mask",
     ]
-    inputs = batch()
-    expected, _ = decodes_as_transformers(model, module, inputs, **GREEDY)
-    assert len(set(expected[:, inputs["input_ids"].shape[1] :].flatten().tolist())) > 3
-    # another audio decodes otherwise, in both: the audio reaches the prompt (the test can fail)
-    other = {**inputs, "input_features": inputs["input_features"].flip(-1)}
-    with torch.no_grad():
-        theirs = model.generate(**other, **GREEDY)
-    assert torch.equal(module.generate(**other, **GREEDY), theirs) and not torch.equal(theirs, expected)
+    decodes_its_audio_as_transformers(model, module, batch(), **GREEDY)
 
 
 def test_tensorrt_rtx_builds_both_graphs(converted: tuple[Any, VisionLanguageModule]) -> None:
