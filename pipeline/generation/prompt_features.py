@@ -7,9 +7,12 @@ its run of audio tokens (a long audio is several windows, one run of tokens), so
 windows before it in its run. The features graph runs on one item (one leading row) before the prompt's step, so it
 gives the item's features **in a prompt of its own**: the method called with a prompt that is one run of its
 placeholder token (:class:`OwnPromptFeatures`: one token, the model's own check that the prompt holds as many
-placeholder tokens as the item gives features set aside: transformers' ``torch_compilable_check``, which
-``TRANSFORMERS_DISABLE_TORCH_CHECK`` turns off, since the count is what the call finds out), so that one call, eager or
-traced, gives them. The switch is set for the call only, at conversion (the runtime runs the graph).
+placeholder tokens as the item gives features set aside: transformers' ``torch_compilable_check``, since the count is
+what the call finds out), so that one call, eager or traced, gives them. The check is set aside for the call only, in
+the converting thread only, at conversion (the runtime runs the graph): transformers' own switch
+(``TRANSFORMERS_DISABLE_TORCH_CHECK``) is process-wide and would turn off the checks of another thread running
+transformers meanwhile, so the loaded transformers modules' ``torch_compilable_check`` is wrapped instead
+(:class:`~pipeline.exporting.patching.SharedPatch`), skipping only where the converting thread set it aside.
 
 That is what the model gives where each run of placeholder tokens holds one item's features, and is kept only where it
 is so on the conversion sample (:func:`check_own_prompt`: the items' features, each in its own prompt, are exactly the
@@ -23,19 +26,23 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
-from collections.abc import Iterator
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from converters.errors import InputError
+from pipeline.exporting.patching import SharedPatch
 from pipeline.generation.audio_features import PROMPT_INPUTS
 
 #: The prompt inputs an item's own prompt is made of: its placeholder tokens, and a mask keeping them all.
 OWN_PROMPT = ("input_ids", "attention_mask")
-#: transformers' switch turning its ``torch_compilable_check`` checks off (read at each check).
-_CHECKS_OFF = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+#: Whether this thread has transformers' count checks set aside (:func:`_count_checks_off`).
+_checks = threading.local()
+_patches: dict[str, SharedPatch] = {}
+_patches_lock = threading.Lock()
 
 
 def prompt_inputs(method: Any) -> tuple[str, ...]:
@@ -58,18 +65,37 @@ def placeholder_token(model: Any, modality: str) -> int | None:
     return None
 
 
+def _skipped_here(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check`` (transformers' ``torch_compilable_check``), a no-op in a thread that set the checks aside."""
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        return None if getattr(_checks, "off", False) else check(*args, **kwargs)
+
+    return checked
+
+
 @contextlib.contextmanager
 def _count_checks_off() -> Iterator[None]:
-    """transformers' ``torch_compilable_check`` checks off for the call (see the module docstring)."""
-    before = os.environ.get(_CHECKS_OFF)
-    os.environ[_CHECKS_OFF] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(_CHECKS_OFF, None)
-        else:
-            os.environ[_CHECKS_OFF] = before
+    """transformers' ``torch_compilable_check`` checks off for the call, in this thread (see the module docstring):
+    every loaded transformers module holding the function has it wrapped while any such call is open."""
+    from transformers.utils import import_utils
+
+    original = import_utils.torch_compilable_check
+    with _patches_lock:
+        for name, module in list(sys.modules.items()):
+            held = getattr(module, "__dict__", {}).get("torch_compilable_check")
+            if name.startswith("transformers") and held is original and name not in _patches:
+                _patches[name] = SharedPatch(module, "torch_compilable_check", _skipped_here)
+        patches = list(_patches.values())
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch.held())
+        before = getattr(_checks, "off", False)
+        _checks.off = True
+        try:
+            yield
+        finally:
+            _checks.off = before
 
 
 class OwnPromptFeatures:

@@ -123,3 +123,30 @@ def test_a_sample_whose_run_holds_two_audios_is_refused_at_the_conversion() -> N
     the conversion says so before converting anything."""
     with pytest.raises(InputError, match=r"get_audio_features takes the prompt \(input_ids\): .* apart"):
         pipeline.convert(music_flamingo(), batch(one_run=True), generation=GENERATION)
+
+
+def test_count_checks_are_set_aside_in_the_converting_thread_only() -> None:
+    """transformers' count check is off for the features call in the converting thread, on in any other thread
+    meanwhile (transformers' own switch is process-wide), and restored after."""
+    import threading
+
+    from transformers.models.musicflamingo import modeling_musicflamingo as modeling
+
+    from pipeline.generation.prompt_features import _count_checks_off
+
+    def fails() -> str:
+        try:
+            modeling.torch_compilable_check(False, "count check")
+        except ValueError:
+            return "raised"
+        return "skipped"
+
+    original = modeling.torch_compilable_check
+    elsewhere: list[str] = []
+    with _count_checks_off():
+        here = fails()
+        other = threading.Thread(target=lambda: elsewhere.append(fails()))
+        other.start()
+        other.join()
+    assert (here, elsewhere, fails()) == ("skipped", ["raised"], "raised")
+    assert modeling.torch_compilable_check is original
