@@ -35,7 +35,9 @@ class GenerationSettings:
     ``"encoder-decoder"``, filled in at conversion); ``max_prompt`` is then the longest encoder input (source) and
     ``max_length`` the decoder's capacity. ``decoder_start_token_id`` and ``model_options`` (the model's own
     generation config: forced and suppressed tokens, and any other option it sets, applied under the caller's) are
-    filled in from the model at conversion."""
+    filled in from the model at conversion. ``kept_window`` (filled in at conversion) is the number of generated
+    tokens the model's own cache keeps beside its prompt's where it evicts older ones (a reference sliding window:
+    Unlimited-OCR's), which generation then masks out as the model drops them; 0: the model keeps every token."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -48,6 +50,7 @@ class GenerationSettings:
     kind: str = "decoder"
     decoder_start_token_id: int | None = None
     model_options: tuple[tuple[str, Any], ...] = ()
+    kept_window: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -22,7 +22,7 @@ from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
-from pipeline.generation.kept_windows import OWN, check_kept_windows, kept_elsewhere, kept_window
+from pipeline.generation.kept_windows import OWN, kept_elsewhere, kept_window, kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
 from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
@@ -45,7 +45,7 @@ def prepare_step(
     input_ids = _prompt_ids(model, sample)
     check_sample_fits(input_ids, generation, settings.validate)
     layout, vocabulary = _cache_layout(model, input_ids)
-    check_kept_windows(model, layout, generation)
+    generation = dataclasses.replace(generation, kept_window=kept_window_of(model, layout))
     states = any(isinstance(layer, StateLayer) for layer in layout)
     if states:
         generation = one_token_prompt(model, generation)

@@ -4,9 +4,9 @@ A reference sliding-window layer (Unlimited-OCR's ``UnlimitedOcrDynamicReference
 token of its prompt (``prefill_keys``, ``prefill_values``) and the last ``sliding_window`` generated ones (its
 ``keys`` and ``values``, empty after a prefill), evicting older generated tokens. The step's cache is the same
 attention over a static cache of every token: the layout reads the heads, widths and dtype from the pair the layer
-keeps (:func:`kept_elsewhere`), and the step decodes as the model while the window holds every generated token
-(``window + 2`` new tokens: the first comes from the prefill, and the window includes the query's own), which
-:func:`check_kept_windows` asks of ``max_length``. Found as what they are, never by the layer's class: a pair of 4-D
+keeps (:func:`kept_elsewhere`), and generation masks out each generated token as the model evicts it (the window
+found by :func:`kept_window_of` is the settings' ``kept_window``, which the runtime's mask follows:
+:func:`pipeline.runtime.generation.feed.evict`). Found as what they are, never by the layer's class: a pair of 4-D
 floating tensors named ``<name>keys`` and ``<name>values``, and the window the layer's own ``get_max_length`` gives
 beyond the tokens it holds.
 """
@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
-from converters.generation_settings import GenerationSettings
 
 #: The names a transformers cache layer keeps its keys and values under.
 OWN: tuple[str, ...] = ("keys", "values")
@@ -51,19 +50,16 @@ def kept_window(layer: Any) -> int:
     return max(bound - held, 0) if bound > 0 else 0
 
 
-def check_kept_windows(model: torch.nn.Module, layout: Sequence[Any], generation: GenerationSettings) -> None:
-    """An InputError when a cached layer keeps a window of generated tokens (``CachedLayer.window``) that
-    ``max_length`` lets the decoding outgrow: the step keeps every token, so it decodes as the model for
-    ``window + 2`` new tokens at most, and a prompt of one token may generate ``max_length - 1``."""
-    windows = [int(getattr(layer, "window", 0)) for layer in layout]
-    windows = [window for window in windows if window > 0]
-    if not windows or generation.max_length <= min(windows) + 2:
-        return
-    most = min(windows) + 2
+def kept_window_of(model: torch.nn.Module, layout: Sequence[Any]) -> int:
+    """The window of generated tokens every cached layer of ``layout`` keeps (``CachedLayer.window``), which generation
+    masks out as the model evicts them (:attr:`GenerationSettings.kept_window`); 0 where no layer evicts. An
+    InputError where layers keep different windows, or some keep every token: the step's mask is every layer's."""
+    windows = {int(layer.window) for layer in layout if hasattr(layer, "window")}
+    if len(windows) <= 1:
+        return next(iter(windows), 0)
+    said = ", ".join("every token" if window == 0 else f"the last {window}" for window in sorted(windows))
     raise InputError(
-        f"{type(model).__name__}'s cache keeps its prompt and the last {min(windows)} generated tokens, evicting older "
-        f"ones; the step keeps every token, so it decodes as the model for {most} new tokens at most, but generation "
-        f"max_length={generation.max_length} lets a prompt of one token generate {generation.max_length - 1}",
-        fix=f"pass generation={{'max_length': {most}}} or less (a prompt and its new tokens), or convert without "
-        "generation=",
+        f"{type(model).__name__}'s cache layers keep their prompt and different windows of generated tokens ({said}); "
+        "the step masks the tokens a model evicts with one mask for every layer",
+        fix="convert without generation= (the plain forward)",
     )

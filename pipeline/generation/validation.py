@@ -37,6 +37,7 @@ from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
 from pipeline.generation.conversion import check_sample_fits
 from pipeline.precision.stage import validation_settings
+from pipeline.runtime.generation.feed import evict
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
@@ -249,6 +250,7 @@ def _decode(
         if k == count - 1 or prompt + k >= generation.max_length:
             break
         full[:, prompt + k] = 1
+        evict(full, prompt, prompt + k, generation.kept_window)
         logits = runner.run(token[:, None], full, position, prompt + k)
         outputs.append(logits.float().numpy())
         position = position + 1

@@ -71,7 +71,7 @@ from pipeline.generation.generate_scores import (
     with_decoding,
 )
 from pipeline.generation.image_positions import image_positions
-from pipeline.generation.kept_windows import check_kept_windows
+from pipeline.generation.kept_windows import kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.prompt_features import OwnPromptFeatures
 from pipeline.generation.recurrent_state import FirstCallCache, StateLayer, cached_layers
@@ -134,7 +134,7 @@ def convert_vision_language(
         placement = placement_input(model, text, int(features.shape[0])) if token is None else None
         layout, vocabulary, language = language_model_of(model, text, vision, placement is not None, first)
     check_takes_features(model, language, token, placement)
-    check_kept_windows(model, layout, generation)
+    generation = dataclasses.replace(generation, kept_window=kept_window_of(model, layout))
     states = any(isinstance(layer, StateLayer) for layer in layout)
     if states:
         check_one_token(model, token, placement, TOKEN_TYPES in text)

@@ -8,11 +8,20 @@ feed the step through it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from pipeline.runtime.generation.runners import StepRunner
+
+
+def evict(mask: Any, prompt: int, column: int, window: int) -> None:
+    """Mask out the generated token a model's cache no longer keeps once the token at ``column`` is fed: a cache that
+    keeps the prompt's ``prompt`` tokens and the last ``window`` generated ones, the fed token's own among them,
+    drops the generated token at ``column - window`` (:attr:`GenerationSettings.kept_window`; 0: none dropped).
+    ``mask`` [rows, capacity], a tensor or its numpy view, written in place."""
+    if window > 0 and column - window >= prompt:
+        mask[:, column - window] = 0
 
 
 class Feed(Protocol):
@@ -40,9 +49,16 @@ class StepFeed:
     search) between steps. Each returns the logits of the last position [rows, vocab]."""
 
     def __init__(
-        self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, capacity: int, chunk: int | None = None
+        self,
+        runner: StepRunner,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        capacity: int,
+        chunk: int | None = None,
+        window: int = 0,
     ) -> None:
         self.runner = runner
+        self.window = window
         self.ids = ids
         rows, self.prompt = ids.shape
         self.chunk = chunk or capacity
@@ -68,6 +84,7 @@ class StepFeed:
         """One new token per row [rows] through the step."""
         past = self.prompt + self.steps
         self._mask[:, past] = 1
+        evict(self._mask, self.prompt, past, self.window)
         logits = self.runner.run(tokens.unsqueeze(1), self.mask, self.next_position, past)
         self._next += 1  # next_position's memory
         self.steps += 1

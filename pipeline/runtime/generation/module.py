@@ -181,7 +181,9 @@ class GenerativeModule(ConvertedModule):
     def _feed(self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor) -> StepFeed:
         from pipeline.runtime.generation.feed import StepFeed
 
-        return StepFeed(runner, ids, mask, self.generation.max_length, self.generation.max_prompt)
+        return StepFeed(
+            runner, ids, mask, self.generation.max_length, self.generation.max_prompt, self.generation.kept_window
+        )
 
     def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
         return decode(feed, decoding)

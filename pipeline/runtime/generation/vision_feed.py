@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from converters.generation_settings import GenerationSettings
+from pipeline.runtime.generation.feed import evict
 from pipeline.runtime.generation.image_positions import ImagePositions, feature_order
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.request import check_room
@@ -167,6 +168,7 @@ class VisionFeed(RowsOfTwoCaches):
         """One new token per row [rows]."""
         check_room(self.length, self.capacity)
         self.mask[:, self.length] = 1
+        evict(self.mask, self.prompt, self.length, self.module.generation.kept_window)
         zeros = torch.zeros_like(tokens[:, None]) if self.types is not None else None
         unmarked = torch.zeros_like(tokens[:, None]) if self.marked is not None else None
         positions = self.next_position

@@ -1,7 +1,7 @@
 """A cache layer that keeps its prompt's keys and values under names of its own and a window of generated tokens
 (Unlimited-OCR's reference sliding-window layer, transformers' own class): the layout reads the pair it keeps and its
-window, and a ``max_length`` that would let the decoding outgrow the window is refused by name (the step keeps every
-token). A plain layer, and a sliding-window layer holding its keys as ``keys``, are read as before."""
+window, which generation masks out token by token as the model evicts them (every layer's one window, or a refusal by
+name). A plain layer, and a sliding-window layer holding its keys as ``keys``, are read as before."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.models.unlimited_ocr.modeling_unlimited_ocr import UnlimitedOcrDynamicReferenceSlidingWindowLayer
 
 from converters.errors import InputError
-from converters.generation_settings import GenerationSettings
-from pipeline.generation.kept_windows import check_kept_windows, kept_elsewhere, kept_window
+from pipeline.generation.kept_windows import kept_elsewhere, kept_window, kept_window_of
+from pipeline.runtime.generation.feed import evict
 from pipeline.runtime.generation.layout import CachedLayer
 
 
@@ -44,10 +44,28 @@ def test_layers_without_a_kept_pair_or_a_bound() -> None:
     assert sliding.keys.dim() == 4  # read as its keys, its window the model's mask (kept_elsewhere is not asked)
 
 
-def test_a_max_length_past_the_window_is_refused_with_the_one_that_fits() -> None:
-    layout = [CachedLayer(1, 4, 4, torch.float32, window=5), CachedLayer(1, 4, 4, torch.float32)]
-    check_kept_windows(torch.nn.Module(), layout, GenerationSettings(max_length=7, max_batch=2))  # 5 + 2 new tokens
-    with pytest.raises(InputError, match="the last 5 generated tokens") as refused:
-        check_kept_windows(torch.nn.Module(), layout, GenerationSettings(max_length=8, max_batch=2))
-    assert "generation={'max_length': 7} or less" in str(refused.value)
-    check_kept_windows(torch.nn.Module(), layout[1:], GenerationSettings(max_length=64, max_batch=2))
+def test_one_window_for_every_layer_or_a_refusal_by_name() -> None:
+    windowed, plain = CachedLayer(1, 4, 4, torch.float32, window=5), CachedLayer(1, 4, 4, torch.float32)
+    assert kept_window_of(torch.nn.Module(), [windowed, windowed]) == 5
+    assert kept_window_of(torch.nn.Module(), [plain, plain]) == 0
+    with pytest.raises(
+        InputError, match=r"different windows of generated tokens \(every token, the last 5\)"
+    ) as refused:
+        kept_window_of(torch.nn.Module(), [windowed, plain])
+    assert refused.value.fix == "convert without generation= (the plain forward)"
+
+
+def test_each_fed_token_evicts_the_generated_token_a_window_before_it() -> None:
+    """A prompt of 4 tokens, a window of 3: feeding the token at column c drops the generated token at c - 3 (the
+    prompt's never), as the model's cache keeps its prompt and its last 3 generated tokens, the fed one's included."""
+    mask = torch.zeros(2, 12, dtype=torch.int64)
+    mask[:, 1:4] = 1  # left padding of one
+    seen = []
+    for column in range(4, 12):
+        mask[:, column] = 1
+        evict(mask, 4, column, 3)
+        seen.append(mask[0, 4:].nonzero().flatten().add(4).tolist())
+    assert seen[:3] == [[4], [4, 5], [4, 5, 6]] and seen[-1] == [9, 10, 11]
+    assert mask[:, :4].tolist() == [[0, 1, 1, 1]] * 2
+    evict(mask, 4, 11, 0)  # no window: nothing dropped
+    assert mask[0, 9:].tolist() == [1, 1, 1]
