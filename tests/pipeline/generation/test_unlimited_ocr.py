@@ -4,8 +4,9 @@ their own and the last ``sliding_window`` generated tokens, evicting older ones
 every-type source's model with its window narrowed to 4, converted once (for TensorRT-RTX when it imports: its real
 builder builds both graphs):
 
-- two prompts of one length, each with an image, decode 16 new tokens (evicting from the 5th on) as ``model.generate``
-  does: greedy tokens, every step's scores, 4-beam sequences; a model keeping every token decodes otherwise;
+- two prompts of one length, each with an image, decode 12 new tokens (evicting from the 5th on) as ``model.generate``
+  does: greedy tokens, every step's scores, 4-beam sequences, and so does the module saved and loaded; a model
+  keeping every token decodes otherwise;
 - a left-padded batch decodes as ``model.generate`` while nothing is evicted. Past that, each of its rows decodes as
   ``model.generate`` decodes that prompt alone: transformers' own padded batch then reads the padding mask shifted by
   its window's offset (it attends a row's padding once it evicts), so its padded rows part from its own unpadded ones.
@@ -14,6 +15,7 @@ builder builds both graphs):
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers' models
@@ -21,11 +23,13 @@ import torch
 from model_sources import transformers_all_models as every
 from tiny_models import converted_for_rtx_when_it_imports, decodes_as_transformers, drawn_by_fan_in, greedy_scores
 
+import pipeline
+
 WINDOW = 4
-NEW = 16
+NEW = 12
 
 
-def test_decodes_as_transformers_evicting_generated_tokens_past_its_window() -> None:
+def test_decodes_as_transformers_evicting_generated_tokens_past_its_window(tmp_path: Path) -> None:
     model, (_args, sample) = every.build("unlimited_ocr", "UnlimitedOcrForConditionalGeneration")
     text = model.config.get_text_config()
     text.sliding_window = WINDOW
@@ -48,6 +52,10 @@ def test_decodes_as_transformers_evicting_generated_tokens_past_its_window() -> 
     text.sliding_window = 1000  # every token kept: the eviction is what the test decodes (it can fail)
     assert not torch.equal(greedy_scores(model.generate, level, max_new_tokens=NEW)[0], expected)
     text.sliding_window = WINDOW
+    module.save(tmp_path / "unlimited_ocr")  # the window is saved with the module
+    loaded = pipeline.load(tmp_path / "unlimited_ocr")
+    assert loaded.generation.kept_window == WINDOW
+    assert torch.equal(greedy_scores(loaded.generate, level, max_new_tokens=NEW)[0], expected)
 
     decodes_as_transformers(model, module, padded, max_new_tokens=WINDOW + 1)  # nothing evicted yet
     tokens, _ = greedy_scores(module.generate, padded, max_new_tokens=NEW)
