@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -149,3 +150,39 @@ def converted_for_rtx_when_it_imports(model: Any, inputs: dict[str, torch.Tensor
         rtx = {**generation, "attention": "decomposed"}
         return pipeline.convert(model, inputs, generation=rtx, backend="tensorrt-rtx", validate=False)
     return pipeline.convert(model, inputs, generation=generation, validate=False)
+
+
+def mixed_requests(module: Any, inputs: dict[str, torch.Tensor]) -> list[Callable[[], Any]]:
+    """A generation module's mix of requests for :func:`answers_from_threads`: ``inputs`` greedy and with 2 beams, their
+    first row alone, seeded sampling, and a stream of the first row."""
+    first = {name: value[:1] for name, value in inputs.items()}
+    return [
+        partial(module.generate, **inputs, max_new_tokens=6),
+        partial(module.generate, **inputs, max_new_tokens=5, num_beams=2),
+        partial(module.generate, **first, max_new_tokens=6),
+        partial(module.generate, **inputs, max_new_tokens=5, do_sample=True, top_k=20, seed=3),
+        lambda: torch.stack(list(module.stream(**first, max_new_tokens=4))),
+    ]
+
+
+def answers_from_threads(requests: list[Callable[[], torch.Tensor]], threads: int = 6, each: int = 12) -> list[int]:
+    """The requests whose answer, called from ``threads`` threads at once (``each`` requests per thread, in a random
+    order), differs from the one computed alone beforehand: what a server calling one module must never see. Asserts
+    that the requests' answers alone differ from each other (the check can fail)."""
+    import random
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    expected = [request() for request in requests]
+    assert len({tuple(answer.flatten().tolist()) for answer in expected}) == len(expected)
+    start = threading.Barrier(threads)
+
+    def worker(seed: int) -> list[tuple[int, torch.Tensor]]:
+        order = random.Random(seed)
+        start.wait()
+        return [(index, requests[index]()) for index in (order.randrange(len(requests)) for _ in range(each))]
+
+    with ThreadPoolExecutor(threads) as pool:
+        answers = [answer for future in [pool.submit(worker, s) for s in range(threads)] for answer in future.result()]
+    assert len(answers) == threads * each
+    return [i for i, got in answers if got.shape != expected[i].shape or not torch.equal(got, expected[i])]

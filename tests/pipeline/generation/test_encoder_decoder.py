@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny_models import lively
+from tiny_models import answers_from_threads, lively, mixed_requests
 
 import pipeline
 from converters.errors import ArtifactError, InputError
@@ -113,6 +113,14 @@ def test_stream_yields_the_greedy_tokens(bart_module: EncoderDecoderModule, sour
     whole = bart_module.generate(**source, max_new_tokens=8, eos_token_id=[])
     streamed = torch.stack(list(bart_module.stream(**source, max_new_tokens=8, eos_token_id=[])), dim=1)
     assert torch.equal(whole[:, 1:], streamed)
+
+
+def test_requests_from_six_threads_get_the_single_threaded_answers(
+    bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor]
+) -> None:
+    """A server's use: the encoder graph and the decoder step called from 6 threads at once, every answer as alone
+    (tests/pipeline/module/test_concurrency.py: the decoder-only module)."""
+    assert answers_from_threads(mixed_requests(bart_module, source)) == []
 
 
 def test_t5_relative_positions_give_transformers_tokens() -> None:

@@ -167,6 +167,14 @@ def test_a_saved_directory_loads_and_generates_the_same(
     assert {p.name for p in tmp_path.iterdir()} == {"llava"}
 
 
+def test_requests_from_six_threads_get_the_single_threaded_answers(
+    llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    """A server's use: the vision graph and the text step called from 6 threads at once, every answer as alone
+    (tests/pipeline/module/test_concurrency.py: the decoder-only module)."""
+    assert tiny_models.answers_from_threads(tiny_models.mixed_requests(llava_module, llava_inputs)) == []
+
+
 def test_bad_calls_name_the_fix(llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]) -> None:
     ids, mask = llava_inputs["input_ids"], llava_inputs["attention_mask"]
     with pytest.raises(InputError, match="pixel_values"):
