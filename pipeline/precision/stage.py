@@ -29,7 +29,7 @@ from converters.errors import ConversionError, InputError
 from passes import GraphPass, PassManager, RemoveDeadNodes, TopologicalSort, to_graph, to_model
 from passes.model_io.external_data import check_model, has_weights_dir, ort_session_bytes
 from passes.precision.convert import ConvertPrecision, plan_precision
-from passes.precision.types import FOLLOWER_OPS, LOW_TYPES, LowType
+from passes.precision.types import LOW_TYPES, LowType
 from passes.records import Island, PassRecord
 from pipeline.accuracy.anchoring import anchored_per_input
 from pipeline.accuracy.distribution import random_outputs
@@ -38,12 +38,12 @@ from pipeline.precision.build_fallback import build_fallback
 from pipeline.precision.buildable import BuilderGate
 from pipeline.precision.measure import measured_islands, session_feed
 from pipeline.precision.report import judge_share
-from pipeline.precision.search import rank_by_sensitivity, shortest_passing_prefix
+from pipeline.precision.search import search_islands
 from pipeline.precision.share import ComputeShare, compute_share
-from pipeline.progress import progress, quiet_info
+from pipeline.progress import quiet_info
 from pipeline.runtime.io_spec import IOSpec, TensorSpec, normalise_sample
 from pipeline.runtime.ort.session_graph import emulated_on_cpu, runnable_model  # noqa: F401 -- moved
-from pipeline.runtime.reports.precision import SEARCH_TARGET, PrecisionReport, SearchSummary
+from pipeline.runtime.reports.precision import PrecisionReport, SearchSummary
 from pipeline.settings import DEFAULT_TOLERANCES, Settings, Tolerance
 from pipeline.validation.stage import Feed, ScreeningTorchRunner, TorchRunner, validation_feeds
 
@@ -51,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 #: Calibration inputs are drawn with another seed than validation inputs, so validation sees unseen inputs.
 CALIBRATION_SEED_OFFSET = 7919
-#: After bisection, at most this many nodes are tried back in the low type (heavy ops first).
-MAX_PRUNE = 24
 #: Opset from which Conv, pooling and Einsum take bfloat16.
 BF16_OPSET = 22
 
@@ -256,16 +254,6 @@ class _Candidates:
                 ) from error
         return error_ratio(outputs, self.references, self.per_input or self.tolerances)
 
-    def accepted(self, model: onnx.ModelProto, error: float) -> bool:
-        """Within ``SEARCH_TARGET`` on the calibration inputs, and built by TensorRT-RTX when the gate is on (the
-        builder runs only for candidates accurate enough to be kept)."""
-        if error > SEARCH_TARGET:
-            return False
-        reason = self.gate.rejects(model)
-        if reason is not None:
-            logger.info("precision search: a candidate within the tolerance is rejected by TensorRT-RTX: %s", reason)
-        return reason is None
-
 
 def _session(model: onnx.ModelProto, settings: Settings) -> ort.InferenceSession:
     options = ort.SessionOptions()
@@ -275,59 +263,6 @@ def _session(model: onnx.ModelProto, settings: Settings) -> ort.InferenceSession
     return ort.InferenceSession(
         ort_session_bytes(model, options), sess_options=options, providers=["CPUExecutionProvider"]
     )
-
-
-def _search(
-    candidates: _Candidates, islands: list[Island], first: onnx.ModelProto, error: float
-) -> tuple[list[Island], SearchSummary | None]:
-    """Rank the low nodes by the error each adds, keep the shortest head of that ranking in float32 that brings the
-    calibration error to ``SEARCH_TARGET`` of the tolerance, then put back in the low type every node of that head
-    the target does not need (MatMul/Gemm/Conv first: they matter most for speed)."""
-    settings = candidates.settings
-    plan = plan_precision(to_graph(candidates.fp32_model)[0], settings, islands)
-    ops = {n.name: n.op_type for n in candidates.fp32_model.graph.node}
-    movable = [n for n in sorted(plan.low_nodes) if ops.get(n) not in FOLLOWER_OPS | {"Cast", "Constant"}]
-    emulated = runnable_model(first, "onnxruntime", settings)
-    ranked = rank_by_sensitivity(candidates.fp32_model, emulated, candidates.feeds, movable, settings.ort_providers)
-    errors: dict[int, float] = {}
-
-    def chosen(k: int) -> list[Island]:
-        return [
-            Island(name, ops[name], "search", f"adds relative error {score:.2e} (rank {rank + 1} of {len(ranked)})")
-            for rank, (name, score) in enumerate(ranked[:k])
-        ]
-
-    def passes(k: int) -> bool:
-        model = candidates.build([*islands, *chosen(k)])[0]
-        errors[k] = candidates.score(model)
-        return candidates.accepted(model, errors[k])
-
-    head = shortest_passing_prefix(len(ranked), passes, f"precision search ({settings.precision})")
-    if head is None:
-        logger.warning(
-            "precision search: with all %d ranked nodes in float32 the error stays above target", len(ranked)
-        )
-        return [], None
-    kept, final_error = _prune(candidates, islands, chosen(head), errors[head])
-    summary = SearchSummary(len(ranked), candidates.builds, len(kept), head - len(kept), error, final_error)
-    return kept, summary
-
-
-def _prune(
-    candidates: _Candidates, islands: list[Island], selected: list[Island], error: float
-) -> tuple[list[Island], float]:
-    heavy = ("MatMul", "Gemm", "Conv", "ConvTranspose")
-    order = sorted(range(len(selected)), key=lambda i: (selected[i].op not in heavy, -i))
-    kept = list(selected)
-    with progress(len(order[:MAX_PRUNE]), "precision search: pruning", unit="try") as bar:
-        for index in order[:MAX_PRUNE]:
-            trial = [i for i in kept if i is not selected[index]]
-            model = candidates.build([*islands, *trial])[0]
-            trial_error = candidates.score(model)
-            if candidates.accepted(model, trial_error):
-                kept, error = trial, trial_error
-            bar.update()
-    return kept, error
 
 
 def convert_precision(
@@ -372,19 +307,20 @@ def convert_precision(
             anchor_note or "PyTorch's own run is not available"
         )
         logger.info("precision: %s: %.3g x that tolerance", anchor_note, error)
-    search = None
+    search, search_warning = None, ""
     if error > 1 and settings.precision_search:
         logger.info("precision: error %.3g x the tolerance on the calibration inputs; searching", error)
         with quiet_info(logging.getLogger("passes.precision.convert")):  # one pass summary per try: the bar instead
-            searched, search = _search(candidates, islands, final, error)
+            searched = search_islands(candidates, islands, final, error)
+        search, search_warning = searched.summary, searched.warning
         if search is not None:
-            islands = [*islands, *searched]
+            islands = [*islands, *searched.islands]
             final, records = candidates.build(islands)
             error = search.error_after
     _check_valid(final)
-    fallback = None
-    if search is None:  # a searched graph was built when the search accepted it
-        fallback = build_fallback(candidates.build, candidates.gate, fp32_model, settings, islands, final)
+    # the builder judges the graph kept, searched or not (one build when it builds), not each candidate of the
+    # search: a build of Florence-2's encoder graph took 40-55 s, and most candidates are never kept
+    fallback = build_fallback(candidates.build, candidates.gate, fp32_model, settings, islands, final)
     if fallback is not None:
         islands, final, records = [*islands, *fallback.islands], fallback.model, fallback.records
         _check_valid(final)
@@ -393,6 +329,8 @@ def convert_precision(
     notes = [note for note in (anchor_note, fallback.note if fallback else "") if note]
     if notes:
         report = dataclasses.replace(report, notes=(*report.notes, *notes))
+    if search_warning:
+        report = dataclasses.replace(report, warnings=(search_warning, *report.warnings))
     return final, records, judge_share(report, share, settings)
 
 
