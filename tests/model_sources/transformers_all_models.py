@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from model_sources import ModelCase, config_repairs, image, seeded, token_ids
+from model_sources import ModelCase, config_repairs, image, seeded, shrink_rules, token_ids
 from model_sources.transformers_models import ARCHITECTURES, SMALL, _fitting
 
 #: (label, mapping name in ``transformers.models.auto.modeling_auto``): the heads tried after the base model, first
@@ -223,7 +223,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         while True:
             given: dict[str, Any] = {}
             try:
-                sizes = values | _named_after(cls, values)
+                sizes = values | _named_after(cls, values) | shrink_rules.repeats(cls)
                 given = _fitting(cls, sizes | tower | _overrides(kind) | (extra or {}) | repairs)
                 given = _nested_auto(cls, given, make)
                 given = config_repairs.repaired_as_asked(asked, cls, given)
@@ -334,8 +334,10 @@ def _pair_flags(config: Any, name: str) -> dict[str, bool]:
 
 def _named_after(cls: type, values: dict[str, Any]) -> dict[str, int]:
     """Sizes named after a shrunk size (``vocab_size_per_layer_input``, ``hidden_size_per_layer_input``: Gemma 4's
-    per-layer embeddings, 262144 x 256 per layer by default; ``intermediate_size_mlp``) that ``cls`` or its
-    sub-configs take, given that size's small value when their default is larger."""
+    per-layer embeddings, 262144 x 256 per layer by default; ``intermediate_size_mlp``; a linear attention's own
+    ``linear_num_heads`` and ``linear_head_dim``: GLM-5 Next's 64 heads of 128, over which transformers' reference
+    chunked scan took a minute per 8 generated tokens) that ``cls`` or its sub-configs take, given that size's small
+    value when their default is larger."""
     found: dict[str, int] = {}
     for owner in (cls, *(sub for sub in (getattr(cls, "sub_configs", None) or {}).values() if isinstance(sub, type))):
         for name, parameter in inspect.signature(owner.__init__).parameters.items():
@@ -343,7 +345,8 @@ def _named_after(cls: type, values: dict[str, Any]) -> dict[str, int]:
             if name in values or not isinstance(default, int) or isinstance(default, bool):
                 continue
             for size, small in values.items():
-                if name.startswith(f"{size}_") and isinstance(small, int) and 0 < small < default:
+                named = name.startswith(f"{size}_") or name == f"linear_{size}"
+                if named and isinstance(small, int) and 0 < small < default:
                     found[name] = small
     return found
 
