@@ -6,3 +6,6 @@
 ``generate``/``stream`` decode like transformers. ``step.py`` and ``conversion.py`` import transformers; the rest
 does not.
 """
+
+#: The ``fix=`` of a refusal to convert a model for generation: its plain forward still converts.
+PLAIN_FORWARD = "convert without generation= (the plain forward)"

@@ -22,6 +22,7 @@ from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.kept_windows import OWN, kept_elsewhere, kept_window, kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
@@ -255,7 +256,7 @@ def check_attention_layers(model: torch.nn.Module, states: bool = False) -> None
         )
         raise InputError(
             f"{type(model).__name__} has {count} of its {len(types)} layers of kind {', '.join(refused)}: {what}",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
 
 
@@ -305,13 +306,13 @@ def indexer_keys(
         raise InputError(
             f"{where} holds {name} {tuple(tensor.shape)} ({tensor.dtype}) beside its keys {tuple(keys.shape)}: not "
             "an indexer's one-head key cache [batch, (1,) tokens, width] in the keys' dtype",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     raise InputError(
         f"{where} is a {type(layer).__name__} that keeps {', '.join(sorted(extra))} beside its keys and values "
         f"(written by {', '.join(writes) or 'no update method of its own'}): the step would not carry "
         f"{'them' if len(extra) > 1 else 'it'} from one token to the next",
-        fix="convert without generation= (the plain forward)",
+        fix=PLAIN_FORWARD,
     )
 
 
@@ -325,7 +326,7 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
         raise InputError(
             f"{type(model).__name__} returned no transformers Cache with use_cache=True (got "
             f"{type(cache).__name__}); generation= needs a model that caches keys and values",
-            fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
+            fix=f"{PLAIN_FORWARD}, or use a model on transformers' Cache API",
         )
     layout: list[Any] = []
     # beside layers with recurrent states a DummyLayer is a layer without a cache (a hybrid stack's MLP: Nemotron-H's),
@@ -361,7 +362,7 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
         raise InputError(
             f"{type(model).__name__} has indexed attention layers beside layers with recurrent states: generation= "
             "caches either, not both in one model",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     logits = getattr(out, "logits", None)
     vocabulary = getattr(getattr(model, "config", None), "vocab_size", None)

@@ -31,6 +31,7 @@ import torch
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings, check_token_ids, token_ids
 from converters.registry import ConverterRegistry
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
@@ -211,7 +212,7 @@ def _check_prefix_alone(
         raise InputError(
             f"{type(model).__name__} caches {layout.prefix} image positions before its prompt, but they attend to the "
             f"text after them ({moved[0]} changes with the text): the image graph cannot compute them alone",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.seq2seq import cache_of
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.io_spec import normalise_sample
@@ -237,7 +238,7 @@ def cross_layout(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> Cro
         if path is None:
             raise InputError(
                 f"{name}.generate hands its decode steps {n}, which is none of its prefill's outputs",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         states.append((n, path))
     self_layers, cross_layers = _cache_roles(model, prefill, step)
@@ -284,7 +285,7 @@ def _prefix(model: torch.nn.Module, prefill: _Call, step: _Call, images: list[st
         raise InputError(
             f"{type(model).__name__}.generate caches {prefix} image positions before the prompt, and hands its decode "
             f"steps a mask of {width} columns over a cache of {step.lengths[0]}",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     return prefix
 
@@ -346,7 +347,7 @@ def _handed_whole(
             raise InputError(
                 f"{name}.generate hands {inner}.generate {n}, which is none of {name}'s forward outputs on the "
                 "sample: the image graph cannot compute it",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         states.append((n, path))
     return [], states, ones
@@ -369,7 +370,7 @@ def _cache_roles(
     if not layers or len(prefill.lengths) != len(step.lengths):
         raise InputError(
             f"{type(model).__name__} returned no transformers Cache with use_cache=True",
-            fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
+            fix=f"{PLAIN_FORWARD}, or use a model on transformers' Cache API",
         )
     grown, kept = [], []
     for i, (before, after) in enumerate(zip(prefill.lengths, step.lengths, strict=True)):
@@ -388,7 +389,7 @@ def _cache_roles(
             raise InputError(
                 f"cache layer {i} of {type(model).__name__} went from {before} to {after} positions with one new "
                 "token: neither a self-attention layer nor one holding image states",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
     if not grown:
         raise InputError(

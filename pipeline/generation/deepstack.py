@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.runtime.generation.image_positions import gathered_rows
 
 #: The key of :attr:`DeepstackLevels.after` for levels added before the first decoder layer.
@@ -108,7 +109,7 @@ def deepstack_layers(
         raise InputError(
             f"{name}'s text model ({type(text_model).__name__}) has no list of decoder layers (`layers`) to add its "
             "deepstack features after",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     calls = _hidden_calls(model, text_model, layers, inputs)
     after: dict[int, tuple[int, ...]] = {}
@@ -124,7 +125,7 @@ def deepstack_layers(
                 f"{name}'s text model changes the hidden states after its decoder layer {index} otherwise than by "
                 "adding one level of its deepstack features at the image tokens (the step adds each level after the "
                 "layer the model adds it at, and nothing else)",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         after[index] = (*after.get(index, ()), level)
     if zeroed and calls and calls[0][0] is None:  # the first layer's input at the image tokens: a level alone
@@ -134,7 +135,7 @@ def deepstack_layers(
                 f"{name} places no image features in its embeddings, and its first decoder layer does not take one "
                 "level of its deepstack features at the image tokens (the step gives them zeroed embeddings there, "
                 "and adds each level where the model adds it)",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         after = {BEFORE_LAYERS: (before,), **after}
     return DeepstackLevels(after)

@@ -32,6 +32,7 @@ from transformers.utils import ModelOutput
 from converters.errors import ExportError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.own_preparation import generate_input_name, own_encoder_preparation
@@ -299,7 +300,7 @@ def _layout(model: torch.nn.Module, inputs: dict[str, torch.Tensor], start: int)
         raise InputError(
             f"{type(model).__name__} returned no EncoderDecoderCache with use_cache=True (got {type(cache).__name__});"
             " generation= needs an encoder-decoder on transformers' Cache API",
-            fix="convert without generation= (the plain forward), or use a model on transformers' Cache API",
+            fix=f"{PLAIN_FORWARD}, or use a model on transformers' Cache API",
         )
     self_layers = []
     source = 0

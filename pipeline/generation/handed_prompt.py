@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.cross_layout import Delegate, record_generate
 
 
@@ -26,14 +27,14 @@ def handed_prompt(
     if not isinstance(handed, torch.Tensor) or handed.dim() != 2 or handed.shape[0] != given.shape[0]:
         raise InputError(
             f"{name}.generate hands {inner}.generate no prompt of input_ids [batch, tokens]",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     kept = int(handed.shape[1])
     dropped = int(given.shape[1]) - kept
     refused = InputError(
         f"{name}.generate hands {inner}.generate a prompt that is not the given one with tokens dropped from its end "
         f"and columns of its own written: the converted module cannot prepare prompts as {name}.generate does",
-        fix="convert without generation= (the plain forward)",
+        fix=PLAIN_FORWARD,
     )
     if dropped < 0 or kept < 1:
         raise refused

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.runtime.generation.image_positions import ImagePositions, image_rows
 
 
@@ -54,7 +55,7 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
         raise InputError(
             f"{name} gives its text decoder positions on {positions.shape[0]} axes, and its config names no image "
             "token to lay them out from",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     found = _first_image(ids, mask, image_token)
     if found is None:
@@ -85,7 +86,7 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
         raise InputError(
             f"{name}'s positions for the sample's tokens do not follow one layout per image (each image a block of "
             f"positions from where it starts, the text after it going on by the block's extent): {parted}",
-            fix="convert without generation= (the plain forward); report the model",
+            fix=f"{PLAIN_FORWARD}; report the model",
         )
     return rule
 
@@ -145,7 +146,7 @@ def _anchors(
         raise InputError(
             f"{name} gave no positions on several axes for two copies of the sample's first prompt with an image"
             + failed,
-            fix="convert without generation= (the plain forward); report the model",
+            fix=f"{PLAIN_FORWARD}; report the model",
         )
     kept = probe["attention_mask"].bool()
     image = slice(start + SHIFT, stop + SHIFT)
@@ -156,7 +157,7 @@ def _anchors(
             f"{name}'s positions for an image do not move with where it starts, or with how many images came before "
             f"it, by a rule the step knows (moved {sorted(set(moved.flatten().tolist()))} for an image {SHIFT} text "
             "tokens later and one image later)",
-            fix="convert without generation= (the plain forward); report the model",
+            fix=f"{PLAIN_FORWARD}; report the model",
         )
     anchored = moved >= shift
     return anchored, (moved - anchored.to(moved.dtype) * shift) == 1

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 
 #: The names a transformers cache layer keeps its keys and values under.
 OWN: tuple[str, ...] = ("keys", "values")
@@ -61,5 +62,5 @@ def kept_window_of(model: torch.nn.Module, layout: Sequence[Any]) -> int:
     raise InputError(
         f"{type(model).__name__}'s cache layers keep their prompt and different windows of generated tokens ({said}); "
         "the step masks the tokens a model evicts with one mask for every layer",
-        fix="convert without generation= (the plain forward)",
+        fix=PLAIN_FORWARD,
     )

@@ -23,6 +23,7 @@ from converters.errors import InputError
 from converters.registry import ConverterRegistry
 from converters.settings import Settings
 from passes.written_attention import ScoreTerm, written_out_attention
+from pipeline.generation import PLAIN_FORWARD
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def check_handed(kwargs: dict[str, Any], module: torch.nn.Module) -> None:
         raise InputError(
             f"the step's attention does not compute the {', '.join(refused)} {name} hands its attention function "
             "(it would drop them)",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     for key in sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k not in HANDED):
         if (name, key) not in _warned:
@@ -184,7 +185,7 @@ def sinks_of(kwargs: dict[str, Any], query: torch.Tensor, module: torch.nn.Modul
     if len(given) > 1:
         raise InputError(
             f"the step's attention takes one tensor of attention sinks, {type(module).__name__} hands s_aux and sinks",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     name, sinks = given[0]
     heads, steps = query.shape[1], query.shape[2]
@@ -194,7 +195,7 @@ def sinks_of(kwargs: dict[str, Any], query: torch.Tensor, module: torch.nn.Modul
         raise InputError(
             f"the step's attention takes attention sinks per head [{heads}] or per head and query "
             f"[batch, {heads}, steps, 1], got {type(module).__name__}'s {name} of shape {tuple(sinks.shape)}",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     return sinks
 

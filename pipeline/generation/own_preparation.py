@@ -14,6 +14,7 @@ import torch
 from transformers.generation.utils import GenerationMixin
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 
 #: The hook of transformers' ``GenerationMixin.generate`` that computes an encoder-decoder's ``encoder_outputs`` from
 #: the inputs given (its default runs ``get_encoder()`` on the inputs that encoder takes).
@@ -111,7 +112,7 @@ def own_generate_preparation(model: torch.nn.Module) -> Callable[[dict[str, torc
         raise InputError(
             f"{type(model).__name__}.generate returned without calling transformers' generate: the encoder inputs it "
             "prepares itself cannot be taken from it",
-            fix="convert without generation= (the plain forward), or pass the inputs transformers' generate takes",
+            fix=f"{PLAIN_FORWARD}, or pass the inputs transformers' generate takes",
         )
 
     return prepare

@@ -28,6 +28,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicCache, LinearAttentionCacheLayerMixin
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.step import CachedStep, StepCache, StepCacheLayer, step_outputs
 from pipeline.runtime.generation.layout import STATE_KINDS, CachedLayer, past_name, present_name, state_kind
 
@@ -79,7 +80,7 @@ class StateLayer:
         if not states and attention is None and not isinstance(layer, DummyLayer):
             raise InputError(
                 f"cache layer {index} of {owner} is a {type(layer).__name__} that kept no state after a run",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         return cls(attention, tuple(states))
 

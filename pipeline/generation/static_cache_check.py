@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from converters.errors import AccuracyError, InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.seq2seq import Seq2SeqStep, decode_over_own_cache, encode_and_decode
 from pipeline.runtime.generation.layout import present_name
 
@@ -80,7 +81,7 @@ def _static_cache_failure(
             failure = InputError(
                 f"{type(model).__name__}'s decoder fails over a static cache{own}: {type(error).__name__}: "
                 f"{' '.join(str(error).split())[:300]}",
-                fix="convert without generation= (the plain forward); generation= needs a decoder that runs over a "
+                fix=f"{PLAIN_FORWARD}; generation= needs a decoder that runs over a "
                 "static cache (transformers' Cache API, attention through AttentionInterface)",
             )
             failure.__cause__ = error
@@ -114,7 +115,6 @@ def _static_cache_failure(
         return InputError(
             f"{message}{own}: it does not mask the positions of a static cache it has not written, and over the "
             "written positions only it does not decode either",
-            fix="convert without generation= (the plain forward), or use a model whose attention transformers "
-            "dispatches through AttentionInterface",
+            fix=f"{PLAIN_FORWARD}, or use a model whose attention transformers dispatches through AttentionInterface",
         )
     return AccuracyError(message, fix="report the model: its attention runs as the step's own")

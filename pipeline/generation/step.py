@@ -25,7 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, Dynamic
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from converters.errors import InputError
-from pipeline.generation import ops
+from pipeline.generation import PLAIN_FORWARD, ops
 from pipeline.runtime.generation.layout import INDEXER, past_name, present_name
 
 #: The name the step's attention and mask functions are registered under in transformers' interfaces.
@@ -252,7 +252,7 @@ def step_attention(
         got = "none" if attention_mask is None else f"a {attention_mask.dtype} one"
         raise InputError(
             f"the step's attention in {type(module).__name__} needs a boolean mask over the cache, got {got}",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     indices = kwargs.get("indices")
     if isinstance(indices, torch.Tensor):  # DeepSeek sparse attention's top-k keys per query [B, steps, k]: only them
@@ -271,7 +271,7 @@ def step_attention(
         if softcap:
             raise InputError(
                 f"the step's attention in {type(module).__name__} takes attention sinks or a softcap, not both",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         bias = None if position_bias is None else position_bias.to(query.dtype)
         out = ops.attention_with_sinks(query, key, value, attention_mask, scale, sinks, bias)
@@ -280,7 +280,7 @@ def step_attention(
         if softcap:
             raise InputError(
                 f"the step's attention in {type(module).__name__} takes a position bias or a softcap, not both",
-                fix="convert without generation= (the plain forward)",
+                fix=PLAIN_FORWARD,
             )
         out = ops.attention_biased(query, key, value, attention_mask, position_bias.to(query.dtype), scale)
         return out.transpose(1, 2).contiguous(), None

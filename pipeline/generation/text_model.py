@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.conversion import layout_of
 from pipeline.generation.recurrent_state import FirstCallCache, StateLayer
 from pipeline.runtime.generation.layout import CachedLayer
@@ -106,14 +107,14 @@ def check_takes_features(
         raise InputError(
             f"{type(model).__name__} hands its embeddings to {type(language).__name__}, and its config names no image "
             "token to place the image features at",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     if ("mm_encoder_outputs" if token is None else "inputs_embeds") not in taken:
         raise InputError(
             f"{type(language).__name__}.forward takes no "
             f"{'mm_encoder_outputs (and its config names no image token)' if token is None else 'inputs_embeds'}: "
             "the image features cannot be given to the cached text step",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
 
 
@@ -256,5 +257,5 @@ def position_offset(language: torch.nn.Module, text: dict[str, torch.Tensor], mo
     raise InputError(
         f"{type(language).__name__} computes its own positions (its generate hands it none), and they are not the "
         f"prompt's token count moved by at most {most}: the cached step cannot hand them",
-        fix="convert without generation= (the plain forward)",
+        fix=PLAIN_FORWARD,
     )

@@ -16,6 +16,7 @@ import torch
 
 from converters.errors import ExportError, InputError, PipelineError
 from converters.registry import ConverterRegistry
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.deepstack import DEEPSTACK_FIELD, levels_of
 from pipeline.generation.kept_selections import KeptSelection, by_element, kept_selections
 from pipeline.generation.known_values import KnownValues
@@ -319,7 +320,7 @@ def check_placed(model: torch.nn.Module, out: Any) -> None:
                 "inside its decoder layers at the image tokens, not as a list of levels of features [image tokens, "
                 "hidden] (the deepstack levels the cached step adds after its decoder layers)"
                 + (", and no features to place in the embeddings" if gives_levels_only(out) else ""),
-                fix="convert without generation= (the plain forward), or a model whose images enter at the embeddings",
+                fix=f"{PLAIN_FORWARD}, or a model whose images enter at the embeddings",
             )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from converters.errors import InputError
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.audio_features import features_in_forward, find_features
 from pipeline.generation.prompt_features import check_own_prompt, own_prompt_features
 from pipeline.runtime.generation.image_positions import image_rows
@@ -156,7 +157,7 @@ def check_features_alone(model: torch.nn.Module, modality: Modality) -> None:
             f"{type(model).__name__}.{modality.method} takes {', '.join(needed)}: its {modality.name} features depend "
             f"on the prompt, while the features graph gives one {modality.name}'s features alone, before the prompt's "
             "cached step",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
 
 

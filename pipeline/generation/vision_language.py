@@ -50,6 +50,7 @@ import torch
 from converters.errors import InputError
 from converters.generation_settings import check_token_ids
 from converters.registry import ConverterRegistry
+from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.audio_features import check_repeatable
 from pipeline.generation.conversion import (
     attention_form,
@@ -265,7 +266,7 @@ def _deepstack(
             + (
                 "this model's config does not name" if token is None else "this step (one token at a time) does not see"
             ),
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     with torch.no_grad():
         is_image = text["input_ids"] == token
@@ -293,13 +294,13 @@ def check_one_token(model: torch.nn.Module, token: int | None, placement: str | 
             f"{name}'s text model keeps recurrent states, so its step takes one token at a time, and its config names "
             f"no image token to place an image feature at ({'marked by ' + placement if placement else 'the model'} "
             "places its features over a whole prompt)",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
     if typed:
         raise InputError(
             f"{name}'s text model keeps recurrent states, so its step takes one token at a time, but its "
             "token_type_ids make an image's tokens attend to each other both ways within the prompt's one call",
-            fix="convert without generation= (the plain forward)",
+            fix=PLAIN_FORWARD,
         )
 
 
