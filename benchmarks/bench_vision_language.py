@@ -9,8 +9,15 @@ of ``--text`` shape (default: hidden 1024, 8 layers, 16 heads with 4 key-value h
 vision tower alone (eager ``get_image_features`` against the vision graph), and the per-token decode time (the
 difference of two ``generate`` lengths, divided by the tokens between them), with the machine's load.
 
+With ``--optimum PYTHON`` (the python of optimum-onnx's venv: ``benchmarks/peers/optimum_worker.py`` says how to make
+it) and ``--genai`` (onnxruntime-genai in this venv), the peers a user would otherwise pick are tried first, each from
+the model saved as a local checkpoint with a processor made here, in a new process:
+``benchmarks/peers/vision_language_peers.py``. Neither builds a LLaVA (optimum-onnx 0.1.0, onnxruntime-genai 0.18.0):
+the output says where each one raised, and the rounds are eager's and ours alone.
+
     python benchmarks/bench_vision_language.py                   # 32 tokens, 1 thread, 5 rounds
     python benchmarks/bench_vision_language.py --threads 2 --rounds 7
+    python benchmarks/bench_vision_language.py --genai --optimum /work/bench-venvs/optimum/bin/python
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
@@ -73,14 +82,36 @@ def llava() -> tuple[transformers.LlavaForConditionalGeneration, dict[str, torch
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
 
 
+def peers(model: transformers.PreTrainedModel, optimum: Path | None, genai: bool) -> list[Any]:
+    """The peers asked for, each tried on ``model`` saved as a checkpoint (:mod:`peers.vision_language_peers`)."""
+    if optimum is None and not genai:
+        return []
+    from peers.vision_language_peers import save_checkpoint, try_genai, try_optimum
+
+    attempts = []
+    with tempfile.TemporaryDirectory() as work:
+        checkpoint = Path(work) / "checkpoint"
+        save_checkpoint(model, checkpoint, IMAGE_TOKEN)
+        if optimum is not None:
+            attempts.append(try_optimum(optimum, checkpoint, Path(work) / "optimum"))
+        if genai:
+            attempts.append(try_genai(checkpoint, Path(work) / "genai", Path(__file__).resolve().parents[1] / "tests"))
+    for attempt in attempts:
+        print(attempt.line(), file=sys.stderr, flush=True)
+    return attempts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--optimum", type=Path, help="the python of optimum-onnx's venv: try its export of the model")
+    parser.add_argument("--genai", action="store_true", help="try ONNX Runtime GenAI's builder on the model")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, inputs = llava()
+    attempts = peers(model, args.optimum, args.genai)
     prompt = inputs["input_ids"].shape[1]
     start = time.perf_counter()
     module = pipeline.convert(
@@ -118,6 +149,8 @@ def main() -> None:
     print(f"LLaVA shape (CLIP ViT-B/16 tower, {text}), random weights, a prompt of {prompt} tokens (196 image)")
     print(f"{args.tokens} new tokens, batch 1, {args.threads} thread(s)")
     print(f"conversion {converted:.1f} s (validate=False); same tokens as eager: {same}; load {load:.1f}")
+    for attempt in attempts:
+        print(f"{attempt.line()}\n    ({attempt.command})")
     print("| | generate (s) | vision tower (s) | decode ms/token | generate, CPU (s) |")
     print("|---|---|---|---|---|")
     for name in ("eager", "ours"):
