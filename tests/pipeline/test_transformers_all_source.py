@@ -112,8 +112,8 @@ def test_sizes_a_config_ties_to_another_are_set_from_its_own_check() -> None:
     model, (_, kwargs) = every.build("pocket_tts", "PocketTTSModel")
     with torch.no_grad():
         model(**kwargs)
-    assert every._tied_size("`codebook_dim` (512) must equal `hidden_size` (32)", {}) == ("codebook_dim", 32)
-    assert every._tied_size("`a.hidden_size` (32) must match `b.hidden_size` (1024)", {}) is None  # no one value
+    assert every.tied_size("`codebook_dim` (512) must equal `hidden_size` (32)", {}) == ("codebook_dim", 32)
+    assert every.tied_size("`a.hidden_size` (32) must match `b.hidden_size` (1024)", {}) is None  # no one value
 
 
 def test_the_layers_a_vision_language_model_reads_are_within_its_shrunk_tower() -> None:
@@ -182,7 +182,7 @@ def test_a_width_held_by_several_sizes_is_repaired_in_the_config_stating_the_lay
     text model's both hold the expected 64, and only the tower's config states the layer's output (4096)."""
     config = every.shrunk("llama4")
     message = "mat1 and mat2 shapes cannot be multiplied (4x128 and 64x4096)"
-    assert every._width_repair(config, message) == {("Llama4VisionConfig", "intermediate_size"): 128}
+    assert every.width_repair(config, message) == {("Llama4VisionConfig", "intermediate_size"): 128}
 
 
 def test_a_token_id_the_code_reads_and_the_config_lacks_is_given_one() -> None:
@@ -192,7 +192,7 @@ def test_a_token_id_the_code_reads_and_the_config_lacks_is_given_one() -> None:
     assert {"pixel_values", "image_grid_thw"} <= set(kwargs)
     token = model.config.vision_start_token_id
     assert token < model.config.text_config.vocab_size and token not in kwargs["input_ids"]
-    assert every._free_token(model.config, None) != token
+    assert every.free_token(model.config, None) != token
 
 
 def test_generate_caches_so_a_generated_placeholder_is_text() -> None:
