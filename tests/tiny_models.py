@@ -186,3 +186,58 @@ def answers_from_threads(requests: list[Callable[[], torch.Tensor]], threads: in
         answers = [answer for future in [pool.submit(worker, s) for s in range(threads)] for answer in future.result()]
     assert len(answers) == threads * each
     return [i for i, got in answers if got.shape != expected[i].shape or not torch.equal(got, expected[i])]
+
+
+def requests_wait_for_slots(module: Any, inputs: dict[str, torch.Tensor]) -> None:
+    """A generation module's request slots bound what runs at once: with one slot, an open stream holds it (a second
+    stream in the same thread is refused at once, another thread's request waits and times out), closing it gives
+    the slot back; with 2 slots, 6 threads still get every answer as alone, never more than 2 requests holding."""
+    import threading
+
+    from pipeline.runtime.generation.slots import RequestSlotsBusy
+
+    slots, timeout = module.request_slots, module.request_timeout
+    try:
+        module.request_slots = 1
+        first = {name: value[:1] for name, value in inputs.items()}
+        stream = module.stream(**first, max_new_tokens=4)
+        next(stream)
+        assert module._request_slots().held == 1
+        try:
+            next(module.stream(**first, max_new_tokens=4))
+            raise AssertionError("a second stream in the thread that holds the one slot was not refused")
+        except RequestSlotsBusy as error:
+            assert "already holds all 1 request slots" in str(error)
+        module.request_timeout = 0.2
+        refused: list[Exception] = []
+
+        def other() -> None:
+            try:
+                module.generate(**first, max_new_tokens=2)
+            except RequestSlotsBusy as error:
+                refused.append(error)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert len(refused) == 1 and "stayed held for 0.2 s" in str(refused[0])
+        stream.close()
+        assert module._request_slots().held == 0
+        module.request_timeout = None
+        module.request_slots = 2
+        most, watching = [0], threading.Event()
+
+        def watch() -> None:
+            while not watching.is_set():
+                most[0] = max(most[0], module._request_slots().held)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            assert answers_from_threads(mixed_requests(module, inputs)) == []
+        finally:
+            watching.set()
+            watcher.join()
+        assert most[0] == 2
+    finally:
+        module.request_slots, module.request_timeout = slots, timeout

@@ -133,8 +133,9 @@ class CrossImagesModule(TwoGraphModule):
         decoder-only module's ``generate`` (beam search included)."""
         ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
         request = generate_options("generate", {**self._model_options, **options})
-        feed, decoding = self._prompt_request(ids, mask, images, masks, request)
-        return generate_over(feed, decoding, request, encoder_decoder=False)
+        with self._request_slots().hold():  # this request's own cache, until its last token
+            feed, decoding = self._prompt_request(ids, mask, images, masks, request)
+            return generate_over(feed, decoding, request, encoder_decoder=False)
 
     def stream(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
@@ -142,8 +143,9 @@ class CrossImagesModule(TwoGraphModule):
         ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
         defaults = {k: v for k, v in self._model_options.items() if k not in GENERATE_ONLY}
         request = generate_options("stream", {**defaults, **options})
-        feed, decoding = self._prompt_request(ids, mask, images, masks, request)
-        yield from decode(feed, decoding)
+        with self._request_slots().hold():
+            feed, decoding = self._prompt_request(ids, mask, images, masks, request)
+            yield from decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/encoder.ptrt`` (the image graph) and ``path/decoder.ptrt`` (the step), atomically: an

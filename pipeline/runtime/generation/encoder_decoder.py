@@ -111,8 +111,9 @@ class EncoderDecoderModule(TwoGraphModule):
         generation config (forced and suppressed tokens, ...) applies under the options given."""
         encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
         request = generate_options("generate", {**dict(self.generation.model_options), **options})
-        feed, decoding = self._request(encoder_inputs, decoder_ids, request)
-        return generate_over(feed, decoding, request, encoder_decoder=True)
+        with self._request_slots().hold():  # this request's own cache, until its last token
+            feed, decoding = self._request(encoder_inputs, decoder_ids, request)
+            return generate_over(feed, decoding, request, encoder_decoder=True)
 
     def stream(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
@@ -120,8 +121,9 @@ class EncoderDecoderModule(TwoGraphModule):
         encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
         defaults = {k: v for k, v in self.generation.model_options if k not in GENERATE_ONLY}
         request = generate_options("stream", {**defaults, **options})
-        feed, decoding = self._request(encoder_inputs, decoder_ids, request)
-        yield from decode(feed, decoding)
+        with self._request_slots().hold():
+            feed, decoding = self._request(encoder_inputs, decoder_ids, request)
+            yield from decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/encoder.ptrt`` and ``path/decoder.ptrt`` (and ``path/first_step.ptrt`` when the first step

@@ -41,33 +41,12 @@ if TYPE_CHECKING:  # the decoding loop's modules are imported by the first reque
 _MAKING_SLOTS = threading.Lock()  # a module's request slots are made once, whichever thread asks first
 
 
-class GenerativeModule(ConvertedModule):
-    """A converted cached decoder step (``pipeline.convert(model, input_ids, generation={...})``).
-
-    Calling it runs one step (``input_ids, attention_mask, position_ids, past_length, *past`` -> ``logits`` and
-    ``present.{i}.key/value``); :meth:`generate` decodes like transformers' ``model.generate`` and :meth:`stream`
-    yields the new tokens as they come.
-
-    >>> out = module.generate(input_ids, max_new_tokens=32)                          # doctest: +SKIP
-    >>> for tokens in module.stream(input_ids, do_sample=True, top_p=0.9, seed=0):  # doctest: +SKIP
-    ...     print(tokens)
-    """
+class HeldRequests:
+    """The request slots of a generative module (:mod:`pipeline.runtime.generation.slots`): at most
+    ``request_slots`` requests decode at once, each over a cache of its own; more wait. A module whose requests make
+    their own runner (the two-graph modules) holds a slot without one (:meth:`_slot_runner` gives None)."""
 
     _slots: RequestSlots | None = None
-
-    @property
-    def generation(self) -> GenerationSettings:
-        """The generation settings the step was converted with (capacity, batch, special tokens)."""
-        assert self.settings.generation is not None
-        return self.settings.generation
-
-    @property
-    def vocabulary_size(self) -> int | None:
-        """The number of logits per position (the model's vocabulary), ``None`` when the graph does not fix it."""
-        for spec in self.io.outputs:
-            if spec.name == "logits" and spec.shape and isinstance(spec.shape[-1], int):
-                return int(spec.shape[-1])
-        return None
 
     @property
     def request_slots(self) -> int:
@@ -93,6 +72,46 @@ class GenerativeModule(ConvertedModule):
             raise InputError(f"request_timeout must be seconds >= 0 or None, got {value!r}", fix="pass e.g. 30.0")
         self._request_slots().timeout = value
 
+    def _slot_runner(self) -> StepRunner | None:
+        """The runner a slot keeps between requests (None: each request makes its own)."""
+        return None
+
+    def _request_slots(self) -> RequestSlots:
+        from pipeline.runtime.generation.slots import DEFAULT_SLOTS, RequestSlots
+
+        if self._slots is None:
+            with _MAKING_SLOTS:
+                if self._slots is None:
+                    self._slots = RequestSlots(self._slot_runner, DEFAULT_SLOTS)
+        return self._slots
+
+
+class GenerativeModule(HeldRequests, ConvertedModule):
+    """A converted cached decoder step (``pipeline.convert(model, input_ids, generation={...})``).
+
+    Calling it runs one step (``input_ids, attention_mask, position_ids, past_length, *past`` -> ``logits`` and
+    ``present.{i}.key/value``); :meth:`generate` decodes like transformers' ``model.generate`` and :meth:`stream`
+    yields the new tokens as they come.
+
+    >>> out = module.generate(input_ids, max_new_tokens=32)                          # doctest: +SKIP
+    >>> for tokens in module.stream(input_ids, do_sample=True, top_p=0.9, seed=0):  # doctest: +SKIP
+    ...     print(tokens)
+    """
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The generation settings the step was converted with (capacity, batch, special tokens)."""
+        assert self.settings.generation is not None
+        return self.settings.generation
+
+    @property
+    def vocabulary_size(self) -> int | None:
+        """The number of logits per position (the model's vocabulary), ``None`` when the graph does not fix it."""
+        for spec in self.io.outputs:
+            if spec.name == "logits" and spec.shape and isinstance(spec.shape[-1], int):
+                return int(spec.shape[-1])
+        return None
+
     def runner(self) -> StepRunner:
         """A new step runner of the executor, with a cache of its own (``generate`` takes one from the module's
         request slots instead)."""
@@ -101,14 +120,9 @@ class GenerativeModule(ConvertedModule):
 
         return step_runner(self._executor, cache_layout(self.io, self.generation.layers))
 
-    def _request_slots(self) -> RequestSlots:
-        from pipeline.runtime.generation.slots import DEFAULT_SLOTS, RequestSlots
-
-        if self._slots is None:
-            with _MAKING_SLOTS:
-                if self._slots is None:
-                    self._slots = RequestSlots(self.runner, DEFAULT_SLOTS)
-        return self._slots
+    def _slot_runner(self) -> StepRunner:
+        """A slot keeps its runner (and its buffers) for the next request."""
+        return self.runner()
 
     def rebind(self, *args: Any, **kwargs: Any) -> None:
         """:meth:`ConvertedModule.rebind`; the request slots' runners are made anew on the new executor (requests
@@ -176,6 +190,7 @@ class GenerativeModule(ConvertedModule):
 
     def _stream(self, ids: torch.Tensor, mask: torch.Tensor, decoding: Decoding) -> Iterator[torch.Tensor]:
         with self._request_slots().hold() as runner:  # this request's own cache, until its last token
+            assert runner is not None
             yield from self._decode(self._feed(runner, ids, mask), decoding)
 
     def _feed(self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor) -> StepFeed:
@@ -201,6 +216,7 @@ class GenerativeModule(ConvertedModule):
         record = request.return_dict_in_generate and (request.output_scores or request.output_logits)
         processors = decoding.processors if decoding.processors else None
         with self._request_slots().hold() as runner:
+            assert runner is not None
             feed = self._feed(runner, ids, mask)
             result = beam_search(
                 feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record

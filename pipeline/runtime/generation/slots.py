@@ -34,7 +34,7 @@ class RequestSlots:
     """At most ``slots`` step runners, each held by one request at a time (see the module docstring)."""
 
     def __init__(
-        self, make: Callable[[], StepRunner], slots: int = DEFAULT_SLOTS, timeout: float | None = None
+        self, make: Callable[[], StepRunner | None], slots: int = DEFAULT_SLOTS, timeout: float | None = None
     ) -> None:
         self._make = make
         self._idle: list[StepRunner] = []
@@ -66,7 +66,7 @@ class RequestSlots:
             return sum(self._holders.values())
 
     @contextlib.contextmanager
-    def hold(self) -> Iterator[StepRunner]:
+    def hold(self) -> Iterator[StepRunner | None]:
         """A runner of the caller's own until the block ends."""
         me = threading.get_ident()  # the holder, even when another thread closes the generator that holds it
         runner = self._acquire(me)
@@ -75,7 +75,7 @@ class RequestSlots:
         finally:
             self._release(runner, me)
 
-    def _acquire(self, me: int) -> StepRunner:
+    def _acquire(self, me: int) -> StepRunner | None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         with self._free:
             while sum(self._holders.values()) >= self.slots:

@@ -15,12 +15,15 @@ import torch
 
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings
+from pipeline.runtime.generation.module import HeldRequests
 from pipeline.runtime.module import ConvertedModule
 
 
-class TwoGraphModule(torch.nn.Module):
+class TwoGraphModule(HeldRequests, torch.nn.Module):
     """A module whose cached step (:meth:`step_graph`) holds its generation settings; the other graph's settings,
-    report and engine are its own attribute's. Calling the module generates."""
+    report and engine are its own attribute's. Calling the module generates. Each request (a ``generate`` call, an
+    open ``stream()``) holds one of ``request_slots`` from its first graph run to its last: its cache is its own, and
+    requests beyond the slots wait (:class:`~pipeline.runtime.generation.module.HeldRequests`)."""
 
     def step_graph(self) -> ConvertedModule:
         """The converted step: its settings, report and engine are the module's."""

@@ -153,16 +153,18 @@ class VisionLanguageModule(TwoGraphModule):
         module's ``generate`` (beam search included)."""
         ids, mask, images, options = self._split(input_ids, kwargs)
         request = generate_options("generate", options)
-        feed, decoding = self._request(ids, mask, images, request)
-        return generate_over(feed, decoding, request, encoder_decoder=False)
+        with self._request_slots().hold():  # this request's own cache, until its last token
+            feed, decoding = self._request(ids, mask, images, request)
+            return generate_over(feed, decoding, request, encoder_decoder=False)
 
     def stream(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Generator[torch.Tensor, None, None]:
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
         of the decoder-only module's ``stream``)."""
         ids, mask, images, options = self._split(input_ids, kwargs)
         request = generate_options("stream", options)
-        feed, decoding = self._request(ids, mask, images, request)
-        yield from decode(feed, decoding)
+        with self._request_slots().hold():
+            feed, decoding = self._request(ids, mask, images, request)
+            yield from decode(feed, decoding)
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/vision.ptrt``, ``path/step.ptrt`` and ``path/vision_language.json``, atomically

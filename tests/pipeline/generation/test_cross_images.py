@@ -161,6 +161,13 @@ def test_mllama_generates_as_transformers_does(mllama: tuple[Any, dict[str, torc
     assert module.report.accuracy.decoding is not None  # the conversion judged every step's logits
 
 
+def test_requests_hold_request_slots(mllama: tuple[Any, dict[str, torch.Tensor], Any]) -> None:
+    """The image graph and the step from several threads, bounded by the module's request slots, every answer as
+    alone (tiny_models.requests_wait_for_slots)."""
+    _, inputs, module = mllama
+    tiny_models.requests_wait_for_slots(module, inputs)
+
+
 def test_a_mask_row_that_sees_no_image_and_one_row_per_token(
     mllama: tuple[Any, dict[str, torch.Tensor], Any],
 ) -> None:

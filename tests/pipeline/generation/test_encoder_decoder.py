@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny_models import answers_from_threads, lively, mixed_requests
+from tiny_models import answers_from_threads, lively, mixed_requests, requests_wait_for_slots
 
 import pipeline
 from converters.errors import ArtifactError, InputError
@@ -121,6 +121,15 @@ def test_requests_from_six_threads_get_the_single_threaded_answers(
     """A server's use: the encoder graph and the decoder step called from 6 threads at once, every answer as alone
     (tests/pipeline/module/test_concurrency.py: the decoder-only module)."""
     assert answers_from_threads(mixed_requests(bart_module, source)) == []
+
+
+def test_request_slots_bound_the_requests_at_once(
+    bart_module: EncoderDecoderModule, source: dict[str, torch.Tensor]
+) -> None:
+    """Each request holds one of the module's request slots from its first graph run to its last (its cache is its
+    own): one slot refuses a second stream of the holding thread and times out another thread's request; 2 slots
+    serve 6 threads, every answer as alone."""
+    requests_wait_for_slots(bart_module, source)
 
 
 def test_t5_relative_positions_give_transformers_tokens() -> None:

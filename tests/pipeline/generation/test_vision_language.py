@@ -175,6 +175,15 @@ def test_requests_from_six_threads_get_the_single_threaded_answers(
     assert tiny_models.answers_from_threads(tiny_models.mixed_requests(llava_module, llava_inputs)) == []
 
 
+def test_request_slots_bound_the_requests_at_once(
+    llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]
+) -> None:
+    """Each request holds one of the module's request slots from its first graph run to its last (its cache is its
+    own): one slot refuses a second stream of the holding thread and times out another thread's request; 2 slots
+    serve 6 threads, every answer as alone."""
+    tiny_models.requests_wait_for_slots(llava_module, llava_inputs)
+
+
 def test_bad_calls_name_the_fix(llava_module: VisionLanguageModule, llava_inputs: dict[str, torch.Tensor]) -> None:
     ids, mask = llava_inputs["input_ids"], llava_inputs["attention_mask"]
     with pytest.raises(InputError, match="pixel_values"):
