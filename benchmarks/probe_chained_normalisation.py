@@ -8,11 +8,13 @@ transformers in 91 s). This probe builds that chain alone: a [batch, 1, 4, 4] fl
 ``ReduceSum`` over alternating axes, ``Add`` eps, ``Div`` (or ``Reciprocal`` and ``Mul``: ``--reciprocal``), N times,
 strongly typed, ahead of time on the CPU. Seen on 2026-12-01 (2 shared cores): 2 links 0.1 s, 4 0.42 s, 8 39.6 s,
 12 not built in 300 s; with ``Reciprocal``/``Mul`` 8 links 28.6 s: about 3x per link, which no rewrite of the
-division changes. The sweep's shrinker runs 2 iterations (``tests/model_sources/shrink_rules.py``), so its rows do
-not show it; a real checkpoint's step does not build.
+division changes. Each sum computed as a MatMul with ones ends the fusion: the default passes do that to chains of 4
+or more (``passes/chained_sums.py``); ``--rewritten`` builds the chain after that pass (2026-12-02: 40 links in
+1.8 s).
 
-    python benchmarks/probe_chained_normalisation.py 2 4 8        # the chain lengths to build
+    python benchmarks/probe_chained_normalisation.py 2 4 8        # the chain lengths to build, as exported
     python benchmarks/probe_chained_normalisation.py --reciprocal 8
+    python benchmarks/probe_chained_normalisation.py --rewritten 8 12 39
 """
 
 from __future__ import annotations
@@ -55,10 +57,28 @@ def chain(links: int, reciprocal: bool) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
+def rewritten(model: bytes) -> bytes:
+    """``model`` after the default passes' rewrite of its sums (:class:`passes.chained_sums.ChainedSumsAsMatMul`)."""
+    import sys
+    from pathlib import Path
+
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from passes.chained_sums import ChainedSumsAsMatMul
+    from pipeline.settings import Settings
+
+    graph = gs.import_onnx(onnx.shape_inference.infer_shapes(onnx.load_from_string(model)))
+    result = ChainedSumsAsMatMul()(graph, Settings())
+    return gs.export_onnx(result.graph).SerializeToString()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("links", type=int, nargs="+", help="chain lengths to build")
     parser.add_argument("--reciprocal", action="store_true", help="Reciprocal and Mul instead of Div")
+    parser.add_argument("--rewritten", action="store_true", help="after passes.chained_sums (sums as MatMuls)")
     args = parser.parse_args()
     import tensorrt_rtx as trt
 
@@ -67,7 +87,10 @@ def main() -> None:
         builder = trt.Builder(logger)
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         onnx_parser = trt.OnnxParser(network, logger)
-        if not onnx_parser.parse(chain(links, args.reciprocal)):
+        model = chain(links, args.reciprocal)
+        if args.rewritten:
+            model = rewritten(model)
+        if not onnx_parser.parse(model):
             raise SystemExit(f"the parser refused the chain of {links}: {onnx_parser.get_error(0)}")
         config = builder.create_builder_config()
         profile = builder.create_optimization_profile()

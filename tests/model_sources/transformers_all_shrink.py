@@ -10,7 +10,7 @@ import inspect
 import re
 from typing import Any
 
-from model_sources import config_repairs, shrink_rules
+from model_sources import config_repairs
 from model_sources.transformers_all_config import (
     SPECIAL_TOKENS,
     configs,
@@ -141,7 +141,7 @@ def shrunk(model_type: str, variant: int = 0) -> Any:
         while True:
             given: dict[str, Any] = {}
             try:
-                sizes = values | _named_after(cls, values) | shrink_rules.repeats(cls)
+                sizes = values | _named_after(cls, values)
                 given = _fitting(cls, sizes | tower | _overrides(kind) | (extra or {}) | repairs)
                 given = _nested_auto(cls, given, make)
                 given = config_repairs.repaired_as_asked(asked, cls, given)
