@@ -86,6 +86,20 @@ def torch_export_error(exc: BaseException, padded: str | None = None) -> ExportE
             "`any(n != lengths[0] for n in lengths)`) or compute with tensors; when a dynamic dimension is hashed, "
             "leave that dimension out of dynamic=",
         )
+    if _UNALLOCATED in reason(exc):  # a traced tensor's elements read as numbers: the trace has no values
+        line = _model_source(exc)
+        return ExportError(
+            f"torch.export failed: the model reads a tensor's values as Python numbers{f' (`{line}`)' if line else ''}"
+            ", which a trace does not have\n    (an index or a list built element by element from a tensor: `zip(*t)`"
+            " or `for x in t`, a tuple of tensors as an index, `torch.tensor([...])` of tensors; or a C++ kernel of "
+            "its own reading the data. PyTorch: 'The tensor has a non-zero number of elements, but its data is not "
+            "allocated yet')",
+            node=_where(traced_op(exc), model_frame(exc)),
+            fix="compute it with tensor ops at the line named here: the tensor itself (or torch.stack of the tensors)"
+            " as the index, and what the model selects by it with fixed sizes (a mask and torch.where, scatter, a "
+            "stable sort) instead of per-row Python lists sized by the data; a C++ kernel -> an opaque custom op "
+            "(torch.library) with a converter",
+        )
     op = re.search(r"DataDependentOutputException: ([\w.]+)", text)
     data_dependent = ("data-dependent", "GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound")
     if op is not None or any(marker in text for marker in data_dependent):
@@ -177,6 +191,8 @@ _KEY_ARGUMENT = re.compile(r"Mismatching argument at index [12]\b")
 
 #: a traced number (a symbolic size or a value read from a tensor) put in a set or used as a dict key
 _UNHASHABLE_SIZE = re.compile(r"unhashable type: .*Sym(Int|Float|Bool)")
+#: PyTorch's error when Python reads the elements of a traced (fake) tensor
+_UNALLOCATED = "but its data is not allocated yet"
 #: the model's own Python failing on a None (``'NoneType' object is not subscriptable``, ``... has no attribute``)
 _NONE_VALUE = re.compile(r"^(TypeError|AttributeError): 'NoneType' object")
 
@@ -208,6 +224,16 @@ def model_frame(exc: BaseException) -> str | None:
         code = tb.tb_frame.f_code
         if is_model_code(code.co_filename):
             found = f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
+    return found
+
+
+def _model_source(exc: BaseException) -> str | None:
+    """The source text of the line :func:`model_frame` names (``patch_inds[rows, cols] = False``), if any."""
+    found = None
+    for tb in _frames(exc):
+        code = tb.tb_frame.f_code
+        if is_model_code(code.co_filename):
+            found = linecache.getline(code.co_filename, tb.tb_lineno).strip() or None
     return found
 
 
