@@ -1,12 +1,12 @@
 """Which transformers vision-language families generate token-identically after ``convert(..., generation=...)``.
 
 The families are every model type of transformers' ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES``, read from
-transformers, not listed here. Each model is the every-type source's
-(``tests/model_sources/transformers_all_models.py``): one generic shrinker, the sample found among the inputs its
-forward names, with one image and as many placeholder tokens as the model takes; its matrices drawn wider so that
-greedy tokens vary, eos off (an encoder-decoder's sample without its decoder inputs: generation makes them). The
-batch is two prompts: the sample's padded by 2 tokens (on the left; an encoder-decoder's on the right, as its
-tokenizer pads) and a copy with 2 more text tokens there and another image.
+transformers, not listed here. Each model is the every-type source's (``tests/model_sources/transformers_all_models
+.py``): one generic shrinker, the sample found among the inputs its forward names, with one image and as many
+placeholder tokens as the model takes; its matrices drawn wider so that greedy tokens vary, eos off (an
+encoder-decoder's sample without its decoder inputs: generation makes them). The batch is two prompts: the sample's
+padded by 2 tokens (on the left; an encoder-decoder's on the right, as its tokenizer pads) and a copy with 2 more text
+tokens there and another image.
 
 For each family, in a process of its own (a crash or a hang is that family's row): transformers' own
 ``model.generate`` on the batch (else the row says "cannot run eagerly" and why), then
@@ -16,23 +16,23 @@ conversion's validation under the accuracy policy); greedy 8 new tokens and beam
 ``model.generate``'s; every greedy step's scores compared with transformers' (``output_scores``: the largest
 difference, 1e-3 the fp32 goal); the module saved and loaded back gives the same greedy tokens; then the family is
 converted again for TensorRT-RTX (the same precision, ``validate=False``), whose real builder builds both graphs ahead
-of time on this CPU machine. Rows are appended to ``--jsonl`` as they finish: a stopped run resumes.
+of time on this CPU machine. Rows are appended to ``--jsonl`` as they finish: a stopped run resumes. Features that draw
+random numbers: converted again with the options the refusal's fix names (``sample=False``), as the row's note says.
 
 Run from the repository root::
 
     python benchmarks/vision_language_families.py                      # every family, the markdown table
-    python benchmarks/vision_language_families.py --only llava gemma3
-    python benchmarks/vision_language_families.py --precision fp16 --jsonl vlm16.jsonl
+    python benchmarks/vision_language_families.py --only llava gemma3 --precision fp16 --jsonl vlm16.jsonl
     python benchmarks/vision_language_families.py --audio --jsonl alm.jsonl   # audio-language decoders
 
 ``--audio`` sweeps the audio-language decoders instead: the model types transformers maps as speech or
 sequence-to-sequence LMs whose config is not an encoder-decoder (a decoder-only LM with an audio encoder: Voxtral,
-GLM-ASR, Audio Flamingo 3, ...). Their every-type source's sample is text alone: the sample is one audio (the
-source's first ``input_features`` layout its ``get_audio_features`` takes, with a mask of every frame where it takes
-one) and as many audio tokens as the features it gives, between text; a config that names no audio token (Voxtral's
-default) is given the vocabulary's last id, as a checkpoint's config names one. A model without ``get_audio_features``
-(Qwen2-Audio's forward computes its features) is given the first layout its forward runs on, a mask of every frame
-for its audio masks, and as many audio tokens as its own count check says the audio gives; a model whose ``generate``
+GLM-ASR, Audio Flamingo 3, ...). Their every-type source's sample is text alone: the sample is one audio (the source's
+first ``input_features`` layout its ``get_audio_features`` takes, with a mask of every frame where it takes one) and as
+many audio tokens as the features it gives, between text; a config that names no audio token (Voxtral's default) is
+given the vocabulary's last id, as a checkpoint's config names one. A model without ``get_audio_features``
+(Qwen2-Audio's forward computes its features) is given the first layout its forward runs on, a mask of every frame for
+its audio masks, and as many audio tokens as its own count check says the audio gives; a model whose ``generate``
 gives no token ids (VibeVoice's speech) is said so.
 """
 
@@ -72,12 +72,13 @@ from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 import pipeline  # noqa: E402
 from converters.errors import InputError  # noqa: E402
-from pipeline.generation.vision_inputs import IMAGES  # noqa: E402
+from pipeline.generation.vision_inputs import AUDIO, IMAGES  # noqa: E402
 
 NEW_TOKENS = 8
 BEAMS = 4
 BATCH = 2
 GENERATION = {"max_length": 64, "max_batch": BATCH * BEAMS}  # max_length grows with a longer prompt: generation_of
+GREEDY = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
 PAD = 2  # the second prompt's left padding
 SWEEP_AUDIO = False  # --audio: the audio-language decoders
 
@@ -111,7 +112,7 @@ def audio_families() -> dict[str, str]:
 def audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """One audio and its prompt (see the module docstring): 2 text tokens, an audio token per feature, 4 text."""
     from pipeline.generation.vision_graph import image_features, image_token_id
-    from pipeline.generation.vision_inputs import AUDIO, check_features_alone, image_features_method, image_input_names
+    from pipeline.generation.vision_inputs import check_features_alone, image_features_method, image_input_names
 
     name = type(model).__name__
     config: Any = model.config
@@ -212,7 +213,6 @@ def forward_audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     the first layout its forward runs on, with a mask of every frame for each of its forward's audio masks and as many
     audio tokens as its count check says the audio gives (2 text tokens, the audio tokens, 4 text)."""
     from pipeline.generation.vision_graph import image_token_id
-    from pipeline.generation.vision_inputs import AUDIO
 
     token = image_token_id(model, AUDIO)
     if token is None:
@@ -274,8 +274,6 @@ def audio_layouts(model: torch.nn.Module, config: Any) -> list[torch.Tensor]:
     """The every-type source's audio inputs (mel features, a waveform), then mel features of 100 and 200 frames (an
     encoder that cuts its frames into windows: Qwen3-ASR's 100), frames stacked to the width the audio config takes,
     and waveforms of one channel."""
-    from pipeline.generation.vision_inputs import AUDIO
-
     found = [c[n] for c in every.candidate_samples(model, config) for n in AUDIO.main_inputs if n in c]
     mels = next((int(f.shape[1]) for f in found if f.dim() == 3), 16)
     generator = torch.Generator().manual_seed(0)
@@ -290,9 +288,7 @@ def audio_layouts(model: torch.nn.Module, config: Any) -> list[torch.Tensor]:
 
 def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
     """One family's row, filled in ``row`` as it goes."""
-    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False}
-    beam = {**greedy, "num_beams": BEAMS}
-    scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
+    scored = {**GREEDY, "output_scores": True, "return_dict_in_generate": True}
     model_class = getattr(transformers, class_name, None)
     if isinstance(model_class, type) and not issubclass(model_class, GenerationMixin):
         row["converts"] = "not autoregressive"
@@ -316,44 +312,67 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
             generation_sample(model, sample), right=bool(getattr(model.config, "is_encoder_decoder", 0))
         )
         inputs = inputs if SWEEP_AUDIO else joined_batch(model, sample, inputs)
-        with torch.no_grad():
-            try:
-                expected_greedy = model.generate(**inputs, **greedy)
-            except Exception as error:  # noqa: BLE001 - said apart when each prompt runs alone
-                raise CannotRunEagerly(batch_failure(model, inputs, error)) from error
+        expected_greedy, expected_beam = eager_tokens(model, inputs, row)
     except (CannotRunEagerly, InputError):  # an InputError: the conversion refused the model (the row's reason)
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
         raise CannotRunEagerly(f"{type(error).__name__}: {first_line(error)}") from error
-    try:
-        with torch.no_grad():
-            expected_beam = model.generate(**inputs, **beam)
-    except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
-        expected_beam = None
-        row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
     if not isinstance(expected_greedy, torch.Tensor):  # a model that generates audio (VibeVoice's speech)
         row["converts"] = "not token generation"
         row["error"] = f"{class_name}.generate returns a {type(expected_greedy).__name__}, not token ids"
         return row
-    row["tokens"] = f"{tuple(expected_greedy.shape)}, {len(set(expected_greedy.flatten().tolist()))} distinct"
-    generation = generation_of(inputs)
     start = time.perf_counter()
-    module = pipeline.convert(model, inputs, generation=generation, precision=precision, validate=True)
+    module, converted = converted_module(model, inputs, precision, row)
+    if converted is not inputs:  # with the options the refusal named: transformers' tokens with them too
+        inputs = converted
+        expected_greedy, expected_beam = eager_tokens(model, inputs, row)
     row["convert_s"] = round(time.perf_counter() - start, 1)
     row["converts"] = "yes"
-    ours = module.generate(**inputs, **greedy)
+    ours = module.generate(**inputs, **GREEDY)
     row["greedy"] = torch.equal(ours, expected_greedy)
     if expected_beam is not None:
-        row["beam"] = torch.equal(module.generate(**inputs, **beam), expected_beam)
+        row["beam"] = torch.equal(module.generate(**inputs, **GREEDY, num_beams=BEAMS), expected_beam)
     with torch.no_grad():
         expected_scores = model.generate(**inputs, **scored)
     row["scores"] = score_cell(scores_gap(expected_scores, module.generate(**inputs, **scored)), precision)
     with tempfile.TemporaryDirectory() as directory:
         module.save(Path(directory) / kind)
         loaded = pipeline.load(Path(directory) / kind)
-        row["reloaded"] = torch.equal(loaded.generate(**inputs, **greedy), ours)
-    row["rtx"] = rtx_builds(model, inputs, generation, precision)
+        row["reloaded"] = torch.equal(loaded.generate(**inputs, **GREEDY), ours)
+    row["rtx"] = rtx_builds(model, inputs, generation_of(inputs), precision)
     return row
+
+
+def eager_tokens(model: torch.nn.Module, inputs: dict[str, Any], row: dict[str, Any]) -> tuple[Any, Any]:
+    """transformers' greedy and beam-search tokens on ``inputs`` (beam None: its generate has none, the row says)."""
+    with torch.no_grad():
+        try:
+            greedy = model.generate(**inputs, **GREEDY)
+        except Exception as error:  # noqa: BLE001 - said apart when each prompt runs alone
+            raise CannotRunEagerly(batch_failure(model, inputs, error)) from error
+        if isinstance(greedy, torch.Tensor):  # else a model that generates audio: the row says so
+            row["tokens"] = f"{tuple(greedy.shape)}, {len(set(greedy.flatten().tolist()))} distinct"
+        try:
+            return greedy, model.generate(**inputs, **GREEDY, num_beams=BEAMS)
+        except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
+            row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
+            return greedy, None
+
+
+def converted_module(model: torch.nn.Module, inputs: dict[str, Any], precision: str, row: dict) -> tuple[Any, dict]:
+    """``pipeline.convert`` on ``inputs`` (validated) and the inputs it converted: where it refuses features that draw
+    random numbers, once more with the options its fix names (``sample=False``) in them, as the row's note says."""
+    while True:
+        try:
+            generation = generation_of(inputs)
+            return pipeline.convert(model, inputs, generation=generation, precision=precision, validate=True), inputs
+        except InputError as error:
+            named = dict(re.findall(r"(\w+)=(False|True) in the generation sample", error.fix or ""))
+            if "random numbers" not in error.message or not named or set(named) <= set(inputs):
+                raise
+        inputs = {**inputs, **{name: value == "True" for name, value in named.items()}}
+        row["error"] = f"converted (and compared) with {', '.join(f'{n}={v}' for n, v in named.items())} in the "
+        row["error"] += "sample and to generate, as the refusal's fix names (its features draw random numbers else)"
 
 
 def joined_batch(model: torch.nn.Module, sample: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict:
@@ -374,8 +393,6 @@ def joined_batch(model: torch.nn.Module, sample: dict[str, torch.Tensor], batch:
 def text_alone(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> str:
     """Why the every-type source found no image sample: the head's forward takes no image (a text model that
     transformers maps as image-text-to-text), or the inputs its ``get_image_features`` requires beside the image."""
-    import inspect
-
     from pipeline.generation.vision_inputs import image_features_method
 
     found = f"runs on text alone ({', '.join(sorted(sample))}): no image sample was found"
@@ -388,12 +405,8 @@ def text_alone(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> str:
     method = image_features_method(model)
     if method is None:
         return found
-    required = [
-        name
-        for name, parameter in inspect.signature(method).parameters.items()
-        if parameter.default is parameter.empty
-        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
-    ]
+    parameters = inspect.signature(method).parameters.values()
+    required = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     extra = [name for name in required if name != "pixel_values"]
     return f"{found}: get_image_features also requires {', '.join(extra)}" if extra else found
 
@@ -425,26 +438,15 @@ def generation_of(inputs: dict[str, torch.Tensor]) -> dict[str, int]:
 
 def markdown(rows: list[dict[str, Any]], precision: str) -> str:
     """The results table and its summary line."""
-    head = (
-        "| family | converts | greedy equal | greedy scores, max difference | beam (4) equal | saved + loaded equal |"
-    )
-    head += " TensorRT-RTX builds | convert s | greedy tokens |"
+    head = "| family | converts | greedy equal | greedy scores, max difference | beam (4) equal |"
+    head += " saved + loaded equal | TensorRT-RTX builds | convert s | greedy tokens |"
     lines = [head + " error (or note) |", "|---" * head.count("|") + "|"]
     yes = {True: "yes", False: "**no**", None: ""}
     for r in rows:
         beam = r.get("beam")
-        cells = [
-            r["family"],
-            r.get("converts", ""),
-            yes[r.get("greedy")],
-            r.get("scores", ""),
-            beam if isinstance(beam, str) else yes[beam],
-            yes[r.get("reloaded")],
-            r.get("rtx", ""),
-            r.get("convert_s", ""),
-            r.get("tokens", ""),
-            r.get("error", ""),
-        ]
+        cells = [r["family"], r.get("converts", ""), yes[r.get("greedy")], r.get("scores", "")]
+        cells += [beam if isinstance(beam, str) else yes[beam], yes[r.get("reloaded")], r.get("rtx", "")]
+        cells += [r.get("convert_s", ""), r.get("tokens", ""), r.get("error", "")]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     eager = [r for r in rows if r.get("converts") != "cannot run eagerly"]
     converted = [r for r in eager if r.get("converts") == "yes"]
@@ -484,9 +486,7 @@ def main() -> None:
     chosen = [kind for kind in known if not args.only or kind in args.only]
     what = "audio-language" if SWEEP_AUDIO else "image-text-to-text"
     print(f"{len(known)} {what} model types in transformers; {len(chosen)} chosen", flush=True)
-    for kind in chosen:
-        if kind in done:
-            continue
+    for kind in [kind for kind in chosen if kind not in done]:
         flags = ["--precision", args.precision, *(["--audio"] if SWEEP_AUDIO else [])]
         done[kind] = run_isolated(__file__, kind, args.timeout, flags)
         with args.jsonl.open("a") as out:

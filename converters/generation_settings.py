@@ -37,7 +37,9 @@ class GenerationSettings:
     generation config: forced and suppressed tokens, and any other option it sets, applied under the caller's) are
     filled in from the model at conversion. ``kept_window`` (filled in at conversion) is the number of generated
     tokens the model's own cache keeps beside its prompt's where it evicts older ones (a reference sliding window:
-    Unlimited-OCR's), which generation then masks out as the model drops them; 0: the model keeps every token."""
+    Unlimited-OCR's), which generation then masks out as the model drops them; 0: the model keeps every token.
+    ``fixed_inputs`` (filled in at conversion): the sample's scalar options of the model's forward (VibeVoice-ASR's
+    ``("sample", False)``), which the converted module's ``generate`` takes with those values only."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -51,11 +53,13 @@ class GenerationSettings:
     decoder_start_token_id: int | None = None
     model_options: tuple[tuple[str, Any], ...] = ()
     kept_window: int = 0
+    fixed_inputs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InputError(f"unknown generation kind {self.kind!r}", fix=f"use one of {', '.join(KINDS)}")
         object.__setattr__(self, "model_options", tuple((str(k), _frozen(v)) for k, v in self.model_options))
+        object.__setattr__(self, "fixed_inputs", tuple((str(k), _frozen(v)) for k, v in self.fixed_inputs))
         if self.decoder_start_token_id is not None:
             start = token_ids("decoder_start_token_id", self.decoder_start_token_id, single=True)[0]
             object.__setattr__(self, "decoder_start_token_id", start)

@@ -225,22 +225,33 @@ def _places(value: Any, placed: torch.Tensor) -> bool:
     return torch.allclose(value.reshape(placed.shape).to(placed.dtype), placed, rtol=1e-4, atol=1e-5)
 
 
-def check_repeatable(model: torch.nn.Module, modality: Any, first: torch.Tensor, second: torch.Tensor) -> None:
+def check_repeatable(
+    model: torch.nn.Module,
+    modality: Any,
+    first: torch.Tensor,
+    second: torch.Tensor,
+    parameters: dict[str, inspect.Parameter] | None = None,
+) -> None:
     """An InputError when the model's features method gave ``first`` and then ``second`` on the same sample: it draws
     random numbers (VibeVoice-ASR's ``get_audio_features`` adds noise to its latents unless ``sample=False``), while
-    the features graph is one function of its inputs and ``model.generate`` decodes otherwise at every call."""
+    the features graph is one function of its inputs and ``model.generate`` decodes otherwise at every call. The fix
+    names the method's bool options among its ``parameters`` (where it hands ``**kwargs`` on, its inner model's too:
+    :func:`~pipeline.generation.vision_inputs.features_parameters`): passed in the generation sample, they are the
+    conversion's fixed inputs (:func:`~pipeline.generation.vision_inputs.fixed_inputs`)."""
     if first.shape == second.shape and torch.allclose(first, second, rtol=1e-5, atol=1e-6):
         return
-    method = getattr(model, modality.method, None)
-    flags: list[str] = []
-    if callable(method):
-        try:
-            flags = [p.name for p in inspect.signature(method).parameters.values() if isinstance(p.default, bool)]
-        except (TypeError, ValueError):
-            flags = []
+    given = parameters or {}
+    flags = [name for name, p in given.items() if isinstance(p.default, bool)]
+    switched = ", ".join(f"{name}={not given[name].default}" for name in flags)
     raise InputError(
         f"{type(model).__name__}.{modality.method} gives other {modality.name} features on a second call on the same "
         f"{modality.name}: it draws random numbers, so its generate decodes otherwise at every call and no graph "
         "gives what it gives" + (f" (its options {', '.join(flags)} may turn the drawing off)" if flags else ""),
-        fix="convert a model whose features do not draw random numbers (its own option set so, as a config holds it)",
+        fix=(
+            f"pass {switched} in the generation sample given to pipeline.convert (and to generate, as to the "
+            f"model's): the option that turns the drawing off is then a fixed input of every call"
+            if flags
+            else "convert a model whose features do not draw random numbers (its own option set so, as a config "
+            "holds it)"
+        ),
     )

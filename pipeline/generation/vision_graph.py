@@ -21,7 +21,14 @@ from pipeline.generation.deepstack import DEEPSTACK_FIELD, levels_of
 from pipeline.generation.kept_selections import KeptSelection, by_element, kept_selections
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import on_tensorrt
-from pipeline.generation.vision_inputs import IMAGES, Modality, image_features_method, modality_of, takes_video_frames
+from pipeline.generation.vision_inputs import (
+    IMAGES,
+    Modality,
+    features_options,
+    image_features_method,
+    modality_of,
+    takes_video_frames,
+)
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.kept_images import ALL_KEPT, FEATURES, KEPT_ELEMENTS, NONE_KEPT
 from pipeline.runtime.generation.vision_feed import deepstack_name
@@ -39,7 +46,9 @@ class ImageFeatures(torch.nn.Module):
     ``get_image_features`` (tower and projector) with the per-image pieces joined as the model joins them. ``fixed``
     inputs are held at one image's values; ``kept`` selections are taken to keep every element
     (:mod:`pipeline.generation.kept_selections`); ``levels``: the deepstack levels (by index) the graph also outputs
-    (:mod:`pipeline.generation.deepstack`), each [tokens, hidden] as :func:`deepstack_name` names it."""
+    (:mod:`pipeline.generation.deepstack`), each [tokens, hidden] as :func:`deepstack_name` names it; ``options``:
+    the sample's fixed inputs (:func:`~pipeline.generation.vision_inputs.fixed_inputs`), passed to the method where it
+    takes them."""
 
     def __init__(
         self,
@@ -49,9 +58,11 @@ class ImageFeatures(torch.nn.Module):
         kept: tuple[KeptSelection, ...] = (),
         by_element: bool = False,
         levels: tuple[int, ...] = (),
+        options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.options = dict(options or {})
         self.levels = levels
         self.names = names
         self.fixed = dict(fixed or {})  # inputs held at one image's values (constants of the graph)
@@ -73,7 +84,8 @@ class ImageFeatures(torch.nn.Module):
         # known while tracing: a tensor constant is still data to torch.export, which cannot decide shapes from it
         with KnownValues(self.kept) as known:
             fixed = {name: known.tensor(value) for name, value in self.fixed.items()}
-            features, levels = image_output(self.model, {**dict(zip(self.names, inputs, strict=True)), **fixed})
+            given = {**dict(zip(self.names, inputs, strict=True)), **fixed}
+            features, levels = image_output(self.model, given, self.options)
         stacked = {deepstack_name(level): (levels or [])[level] for level in self.levels}
         if not self.kept:
             return {FEATURES: features, **stacked} if stacked else features
@@ -94,16 +106,24 @@ def kept_elements(masks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     return {ALL_KEPT: least > 0, NONE_KEPT: greatest == 0}
 
 
-def image_features(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+def image_features(
+    model: torch.nn.Module, inputs: dict[str, Any], options: dict[str, Any] | None = None
+) -> torch.Tensor:
     """``model.get_image_features(**inputs)`` as one tensor [tokens, hidden] (what the model scatters over its image
     tokens: the pieces of a list joined in order, a tensor's leading axes flattened)."""
-    return image_output(model, inputs)[0]
+    return image_output(model, inputs, options)[0]
 
 
-def image_output(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+def image_output(
+    model: torch.nn.Module, inputs: dict[str, Any], options: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """:func:`image_features` and the deepstack levels the model also gives, each [tokens, hidden], or None
-    (:func:`~pipeline.generation.deepstack.levels_of`). A model that gives levels only has zeros for features."""
-    out = image_features_method(model, modality_of(inputs))(**inputs, return_dict=True)
+    (:func:`~pipeline.generation.deepstack.levels_of`). A model that gives levels only has zeros for features.
+    ``options``: the sample's fixed inputs, those the method takes passed to it
+    (:func:`~pipeline.generation.vision_inputs.features_options`)."""
+    modality = modality_of(inputs)
+    taken = features_options(model, modality, options or {})
+    out = image_features_method(model, modality)(**inputs, **taken, return_dict=True)
     levels = levels_of(out)
     if levels and gives_levels_only(out):  # the model zeroes its image tokens' embeddings (Granite 4 Vision)
         return torch.zeros_like(levels[0]), levels
@@ -137,6 +157,7 @@ def convert_vision(
     registry: ConverterRegistry,
     stages: Stages,
     levels: tuple[int, ...] = (),
+    options: dict[str, Any] | None = None,
 ) -> tuple[ConvertedModule, dict[str, torch.Tensor]]:
     """The vision graph (also giving the deepstack ``levels``: :class:`ImageFeatures`), and the integer inputs it
     holds at the sample's first image's values (none unless needed). A
@@ -147,21 +168,22 @@ def convert_vision(
     ``spatial_shapes``), it is a constant of the graph with them fixed, and TensorRT takes those inputs' values from
     the sample anyway (shape tensors). Where the mask is the data's and keeps every element of the sample's image
     (Idefics3 drops all-zero padding images by their pixels), the graph for TensorRT takes it as keeping every element
-    (:func:`_keeping_every_element`); without integer inputs, that graph is tried first."""
+    (:func:`_keeping_every_element`); without integer inputs, that graph is tried first. ``options``: the sample's fixed
+    inputs (:func:`~pipeline.generation.vision_inputs.fixed_inputs`), constants of the graph."""
     image = image_rows(vision)[0]
     fixed = {name: value for name, value in image.items() if not value.is_floating_point()}
     kept: tuple[KeptSelection, ...] = ()
     if on_tensorrt(settings):
         with torch.no_grad():
-            kept = kept_selections(lambda: image_features(model, image))
+            kept = kept_selections(lambda: image_features(model, image, options))
     if kept and not fixed:
-        graph = _keeping_every_element(model, image, {}, kept, settings, registry, stages, levels)
+        graph = _keeping_every_element(model, image, {}, kept, settings, registry, stages, levels, options)
         if graph is not None:
             return graph, {}
         kept = ()  # tried: the graph as it is
     why = "decides shapes from"
     try:
-        part = ImageFeatures(model, tuple(vision), levels=levels).train(model.training)
+        part = ImageFeatures(model, tuple(vision), levels=levels, options=options).train(model.training)
         converted = stages(part, tuple(image.values()), settings, registry)
         if not on_tensorrt(settings) or not _selects_by_mask(converted):
             return converted, {}
@@ -172,14 +194,16 @@ def convert_vision(
         converted = None
     if fixed:
         names = tuple(name for name in image if name not in fixed)
-        part = ImageFeatures(model, names, fixed, levels=levels).train(model.training)
+        part = ImageFeatures(model, names, fixed, levels=levels, options=options).train(model.training)
         held = stages(part, tuple(image[name] for name in names), settings, registry)
         if not on_tensorrt(settings) or not _selects_by_mask(held):
             _say_held(model, why, fixed)
             return held, fixed
     # the mask is the data's: the graph as it was, unless every selection by it keeps every element
     taken = {} if converted is not None else fixed
-    graph = _keeping_every_element(model, image, taken, kept, settings, registry, stages, levels) if kept else None
+    graph = (
+        _keeping_every_element(model, image, taken, kept, settings, registry, stages, levels, options) if kept else None
+    )
     if graph is None:
         logger.warning(
             "%s's vision graph selects by a mask computed from its data (NonZero), which TensorRT's parser refuses: "
@@ -215,6 +239,7 @@ def _keeping_every_element(
     registry: ConverterRegistry,
     stages: Stages,
     levels: tuple[int, ...] = (),
+    options: dict[str, Any] | None = None,
 ) -> ConvertedModule | None:
     """The vision graph with the ``kept`` selections (:func:`~pipeline.generation.kept_selections.kept_selections` on
     the sample's image) taken as keeping every element, or None when it does not convert or still selects. The graph
@@ -226,9 +251,9 @@ def _keeping_every_element(
     names = tuple(name for name in image if name not in fixed)
     with torch.no_grad():  # the sample's mask keeps every element: the model's features are the whole's
         elements = len(kept) == 1 and by_element(
-            lambda: image_features(model, image), kept[0], image_features(model, image)
+            lambda: image_features(model, image, options), kept[0], image_features(model, image, options)
         )
-    part = ImageFeatures(model, names, fixed, kept, elements, levels).train(model.training)
+    part = ImageFeatures(model, names, fixed, kept, elements, levels, options).train(model.training)
     try:
         graph = stages(part, tuple(image[name] for name in names), settings, registry)
     except PipelineError as error:  # the graph as it was (segmented), with the reason
@@ -283,12 +308,16 @@ def token_embedding(model: torch.nn.Module, token: int | None, hidden: int) -> t
     return row if row.numel() == hidden else torch.zeros(hidden)
 
 
-def pooled_features(model: torch.nn.Module, image: dict[str, torch.Tensor]) -> Any:
+def pooled_features(
+    model: torch.nn.Module, image: dict[str, torch.Tensor], options: dict[str, Any] | None = None
+) -> Any:
     """The features ``get_image_features`` gives one image (its ``pooler_output``); an InputError when it also gives
     features the model adds elsewhere than at the image tokens' embeddings, other than deepstack levels
     (:func:`~pipeline.generation.deepstack.levels_of`)."""
     with torch.no_grad():
-        out = image_features_method(model, modality_of(image))(**image, return_dict=True)
+        modality = modality_of(image)
+        taken = features_options(model, modality, options or {})
+        out = image_features_method(model, modality)(**image, **taken, return_dict=True)
     check_placed(model, out)
     return placed_output(out)
 
@@ -331,11 +360,14 @@ _PLACED_OUTPUTS = ("pooler_output", "last_hidden_state", "hidden_states", "atten
 _TOWER_OUTPUTS = ("_vision_hidden_states", "_vision_attentions", "_vision_last_hidden_state")
 
 
-def features_of(model: torch.nn.Module, vision: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def features_of(
+    model: torch.nn.Module, vision: dict[str, torch.Tensor], options: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Every image's features, one image at a time (as the vision graph runs), joined in order [tokens, hidden], and
-    every image's deepstack levels joined so (none when the model gives none)."""
+    every image's deepstack levels joined so (none when the model gives none); ``options``: the sample's fixed
+    inputs."""
     try:
-        outputs = [image_output(model, image) for image in image_rows(vision)]
+        outputs = [image_output(model, image, options) for image in image_rows(vision)]
         features = torch.cat([features for features, _ in outputs], dim=0)
         stacks = [levels for _, levels in outputs if levels is not None]
         if len(stacks) != len(outputs):

@@ -123,23 +123,61 @@ def image_input_names(model: torch.nn.Module, modality: Modality = IMAGES) -> li
     """The inputs ``model.get_image_features`` (the ``modality``'s method) takes by name, in its order; where it
     passes ``**kwargs`` on to its inner model's (Video-LLaMA 3's ``image_merge_sizes``), that one's named inputs after
     them."""
-    names: list[str] = []
     found = features_in_forward(model) if modality is AUDIO and not features_method_names(model, modality) else None
     if found is not None:  # the method found in the forward (Qwen2-Audio's): its audio and per-audio inputs
         return [found.main, *found.per_audio]
-    owners = [model, getattr(model, "model", None)]
+    return list(features_parameters(model, modality))
+
+
+def features_parameters(model: Any, modality: Modality = IMAGES) -> dict[str, inspect.Parameter]:
+    """The named parameters of the model's ``modality`` method (:func:`features_method_names`), in its order; where it
+    passes ``**kwargs`` on to its inner model's (VibeVoice-ASR's ``get_audio_features(*args, **kwargs)``), that one's
+    after them (none for a method found in the forward)."""
+    parameters: dict[str, inspect.Parameter] = {}
     method_name = next(iter(features_method_names(model, modality)), modality.method)
-    for owner in owners:
+    for owner in (model, getattr(model, "model", None)):
         method = getattr(owner, method_name, None)
         if not callable(method):
-            if names or owner is not model:
+            if parameters or owner is not model:
                 break
             continue  # the base model's alone (Janus)
-        parameters = inspect.signature(method).parameters.values()
-        names += [p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in names]
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        try:
+            found = inspect.signature(method).parameters.values()
+        except (TypeError, ValueError):
             break
-    return names
+        for p in found:
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                parameters.setdefault(p.name, p)
+        if not any(p.kind is p.VAR_KEYWORD for p in found):
+            break
+    return parameters
+
+
+#: The values a generation sample may hold beside tensors: scalars, fixed inputs of the model (:func:`fixed_inputs`).
+FIXED_KINDS = (bool, int, float, str, type(None))
+
+
+def fixed_inputs(model: Any, sample: Any) -> dict[str, Any]:
+    """The sample's **fixed inputs**: its scalars (a bool, an int, a float, a string or None) whose name is a
+    parameter of the model's ``forward`` (VibeVoice-ASR's ``sample=False``, which keeps its audio features from
+    drawing noise). The conversion passes each to every call it makes that takes it (the features method, the model's
+    ``generate`` when validating) and the converted module holds it (``generation.fixed_inputs``)."""
+    args, kwargs = normalise_sample(sample)
+    given = dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kwargs else kwargs
+    try:
+        forward = inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return {}
+    return {name: value for name, value in given.items() if isinstance(value, FIXED_KINDS) and name in forward}
+
+
+def features_options(model: Any, modality: Modality, fixed: dict[str, Any]) -> dict[str, Any]:
+    """The ``fixed`` inputs (:func:`fixed_inputs`) the model's ``modality`` method takes by name (the others are the
+    model's forward's alone)."""
+    if not fixed:
+        return {}
+    taken = image_input_names(model, modality)
+    return {name: value for name, value in fixed.items() if name in taken}
 
 
 def check_features_alone(model: torch.nn.Module, modality: Modality) -> None:
@@ -178,12 +216,9 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
             "...}, generation={...})",
         )
     check_features_alone(model, modality)
-    not_tensors = sorted(name for name, value in kwargs.items() if not isinstance(value, torch.Tensor))
-    if not_tensors:
-        raise InputError(
-            f"the generation sample's {', '.join(not_tensors)} are not tensors",
-            fix="pass tensors only (the processor's return_tensors='pt' output)",
-        )
+    fixed = fixed_inputs(model, kwargs)
+    kwargs = {name: value for name, value in kwargs.items() if name not in fixed}
+    check_tensors(model, kwargs)
     ids = kwargs["input_ids"]
     if ids.dim() != 2 or ids.is_floating_point():
         raise InputError(
@@ -216,3 +251,26 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
     items = image_rows(vision, item=modality.name)  # one item per leading row, or flattened patches a grid divides
     check_own_prompt(model, image_features_method(model, modality), modality.name, text, items)
     return text, vision
+
+
+def check_tensors(model: Any, sample: dict[str, Any]) -> None:
+    """An InputError naming the values of ``sample`` (but its fixed inputs) that are not tensors, and why each is
+    refused: a scalar the model's forward does not take, or not a scalar at all."""
+    refused = {name: value for name, value in sample.items() if not isinstance(value, torch.Tensor)}
+    if not refused:
+        return
+    why = [
+        f"{name} ({type(value).__name__}: "
+        + (
+            f"{type(model).__name__}.forward takes no {name}"
+            if isinstance(value, FIXED_KINDS)
+            else "neither a tensor nor a scalar option of the model's forward"
+        )
+        + ")"
+        for name, value in sorted(refused.items())
+    ]
+    raise InputError(
+        f"the generation sample's {', '.join(why)} are not tensors",
+        fix="pass tensors (the processor's return_tensors='pt' output), and as options only scalars (a bool, int, "
+        "float, string or None) named as the model's forward takes them (sample=False), which every call takes",
+    )

@@ -93,7 +93,14 @@ from pipeline.generation.vision_graph import (
     pooled_features,
     token_embedding,
 )
-from pipeline.generation.vision_inputs import image_features_method, modality_of, sample_inputs, takes_video_frames
+from pipeline.generation.vision_inputs import (
+    features_parameters,
+    fixed_inputs,
+    image_features_method,
+    modality_of,
+    sample_inputs,
+    takes_video_frames,
+)
 from pipeline.generation.vision_step import (
     RecurrentVisionLanguageStep,
     VisionLanguageStep,
@@ -122,6 +129,7 @@ def convert_vision_language(
     generation = settings.generation
     assert generation is not None
     text, vision = sample_inputs(model, sample)
+    options = fixed_inputs(model, sample)  # the sample's scalars the forward takes (sample=False): every call's
     input_ids = text["input_ids"]
     check_sample_fits(input_ids, generation, settings.validate)
     modality = modality_of(vision)
@@ -130,8 +138,9 @@ def convert_vision_language(
     # a text model with recurrent layers is handed a cache whose length is known when no layer attends
     first = FirstCallCache(config=getattr(model, "config", None)) if names_recurrent_layers(model) else None
     with torch.no_grad():
-        features, levels = features_of(model, vision)
-        check_repeatable(model, modality, features, features_of(model, vision)[0])
+        features, levels = features_of(model, vision, options)
+        again = features_of(model, vision, options)[0]
+        check_repeatable(model, modality, features, again, features_parameters(model, modality))
         placement = placement_input(model, text, int(features.shape[0])) if token is None else None
         layout, vocabulary, language = language_model_of(model, text, vision, placement is not None, first)
     check_takes_features(model, language, token, placement)
@@ -146,7 +155,7 @@ def convert_vision_language(
     if positions is not None:
         logger.info("vision-language: positions on %d axes (an image takes %s)", positions.axes, positions.block.shape)
     hidden = int(features.shape[-1])
-    pooled = pooled_features(model, image_rows(vision)[0])
+    pooled = pooled_features(model, image_rows(vision)[0], options)
     listed = isinstance(pooled, list | tuple)
     # the language model's generate decides eos and padding where the model's hands it the embeddings (BLIP-2's)
     eos, pad = special_tokens(language, generation.eos_token_id, generation.pad_token_id)
@@ -157,6 +166,7 @@ def convert_vision_language(
         eos_token_id=eos,
         pad_token_id=pad,
         attention=attention_form(model, settings, layout),
+        fixed_inputs=tuple(options.items()),
     )
     generation = check_token_ids(generation, vocabulary, from_model)
     precision_io = step_precision_io(settings)
@@ -171,7 +181,7 @@ def convert_vision_language(
     by_token = states or placement is not None
     deepstack = _deepstack(model, text_model, text, vision, token, levels, by_token, pooled is None)
     stacked = deepstack.levels if deepstack is not None else ()
-    vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages, stacked)
+    vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages, stacked, options)
     from pipeline.generation.placeholders import placeholder_rows
     from pipeline.generation.step import indexed_layers, uses_attention_interface
 
@@ -236,7 +246,7 @@ def convert_vision_language(
         vision_module, step_module, token, embedding, fixed, positions, modality.name, placeholder, own_runs
     )
     if settings.validate:
-        _validate_greedy(model, module, text, vision, step_settings)
+        _validate_greedy(model, module, text, {**vision, **options}, step_settings)
     return module
 
 
@@ -308,7 +318,7 @@ def _validate_greedy(
     model: torch.nn.Module,
     module: VisionLanguageModule,
     text: dict[str, torch.Tensor],
-    vision: dict[str, torch.Tensor],
+    vision: dict[str, Any],
     settings: Settings,
 ) -> None:
     """The sample's greedy decoding, token for token against ``model.generate``, then every step's logits

@@ -150,7 +150,8 @@ class VisionLanguageModule(TwoGraphModule):
         """The prompts followed by the new tokens [rows, prompt + new] (rows: prompts x ``num_return_sequences``), as
         transformers' ``model.generate``: ``input_ids``, ``attention_mask`` (left padding), the image inputs by name
         (``pixel_values``, and what else the model's vision tower takes), and the options of the decoder-only
-        module's ``generate`` (beam search included)."""
+        module's ``generate`` (beam search included); the model's own options the module was converted with
+        (``generation.fixed_inputs``: ``sample=False``) are taken with those values only."""
         ids, mask, images, options = self._split(input_ids, kwargs)
         request = generate_options("generate", options)
         with self._request_slots().hold():  # this request's own cache, until its last token
@@ -204,6 +205,7 @@ class VisionLanguageModule(TwoGraphModule):
         types = options.pop(TOKEN_TYPES, None)
         modalities = options.pop(MODALITIES, None)
         marked = options.pop(self.placement, None) if self.placement else None
+        self._check_options(options)
         if types is not None and TOKEN_TYPES not in self._step_inputs:
             raise InputError(
                 "token_type_ids given, but the module was converted from a sample without them (its step takes none)",
@@ -240,6 +242,22 @@ class VisionLanguageModule(TwoGraphModule):
                 )
             images = {**images, self.placement: torch.as_tensor(marked).cpu().to(torch.int64)}
         return prompt, prompt_mask, images, options
+
+    def _check_options(self, options: dict[str, Any]) -> None:
+        """Drop from ``options`` the model's options the module was converted with (``generation.fixed_inputs``:
+        VibeVoice-ASR's ``sample=False``), given with the same values; an InputError for another value (the graphs
+        hold the converted one)."""
+        for name, held in self.generation.fixed_inputs:
+            if name not in options:
+                continue
+            given = options.pop(name)
+            if type(given) is not type(held) or given != held:
+                raise InputError(
+                    f"{name}={given!r} given, but the module was converted with {name}={held!r} (the model's option, "
+                    "which its graphs hold)",
+                    fix=f"leave {name} out (or pass {name}={held!r}), or convert again with {name}={given!r} in the "
+                    "generation sample given to pipeline.convert",
+                )
 
     def _check_modalities(self, ids: torch.Tensor, modalities: Any) -> None:
         """The processor's ``mm_token_type_ids`` (which tokens are images, M-RoPE's) must mark the placeholder tokens
