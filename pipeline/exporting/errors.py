@@ -219,21 +219,25 @@ def _where(op: str | None, frame: str | None) -> str | None:
 def model_frame(exc: BaseException) -> str | None:
     """``modeling_longt5.py:111 in _split_into_blocks``: the innermost frame of the model's own Python (not
     torch's, the standard library's or ours) on the tracebacks of ``exc`` and its causes; None when there is none."""
-    found = None
-    for tb in _frames(exc):
-        code = tb.tb_frame.f_code
-        if is_model_code(code.co_filename):
-            found = f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
-    return found
+    tb = _model_traceback(exc)
+    if tb is None:
+        return None
+    code = tb.tb_frame.f_code
+    return f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
 
 
 def _model_source(exc: BaseException) -> str | None:
     """The source text of the line :func:`model_frame` names (``patch_inds[rows, cols] = False``), if any."""
+    tb = _model_traceback(exc)
+    return None if tb is None else linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).strip() or None
+
+
+def _model_traceback(exc: BaseException) -> TracebackType | None:
+    """The innermost traceback entry in the model's own Python (:func:`model_frame`)."""
     found = None
     for tb in _frames(exc):
-        code = tb.tb_frame.f_code
-        if is_model_code(code.co_filename):
-            found = linecache.getline(code.co_filename, tb.tb_lineno).strip() or None
+        if is_model_code(tb.tb_frame.f_code.co_filename):
+            found = tb
     return found
 
 

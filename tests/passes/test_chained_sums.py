@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import onnx_graphsurgeon as gs
 import torch
 from rtx_build import assert_builds, rtx_build_error
 from test_parser_fixes_support import apply, assert_same_outputs, assert_unchanged, ops, parse
@@ -48,8 +49,6 @@ def test_twenty_iterations_are_matmuls_equal_and_build() -> None:
 def test_a_short_chain_is_left_and_says_why() -> None:
     model = parse(sinkhorn_text(MIN_LINKS // 2))  # MIN_LINKS - 1 links
     assert_unchanged(ChainedSumsAsMatMul(), model)
-    import onnx_graphsurgeon as gs
-
     graph = gs.import_onnx(model)
     node = next(n for n in graph.nodes if n.op == "ReduceSum")
     reason = ChainedSumsAsMatMul().check(node, Facts(graph))

@@ -16,6 +16,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
+from tiny_models import converted_for_rtx_when_it_imports
 
 import pipeline
 from converters.errors import InputError
@@ -109,3 +110,11 @@ def test_other_non_tensors_are_refused_saying_why(model_and_inputs: tuple[Any, d
     assert "sample=False" in (refused.value.fix or "")
     with pytest.raises(InputError, match=r"temperature \(float: VibeVoiceAsrForConditionalGeneration.forward takes no"):
         pipeline.convert(model, {**inputs, "temperature": 0.5}, generation=GENERATION, validate=False)
+
+
+def test_tensorrt_rtx_builds_both_graphs_with_the_option(model_and_inputs: tuple[Any, dict[str, Any]]) -> None:
+    """The features graph traced with ``sample=False`` (no noise drawn) and the step: the real builder builds both."""
+    pytest.importorskip("tensorrt_rtx")
+    built = converted_for_rtx_when_it_imports(*model_and_inputs, GENERATION)
+    assert built.generation.fixed_inputs == (("sample", False),)
+    assert built.vision.engine_bytes and built.step.engine_bytes
