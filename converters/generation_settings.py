@@ -39,7 +39,10 @@ class GenerationSettings:
     tokens the model's own cache keeps beside its prompt's where it evicts older ones (a reference sliding window:
     Unlimited-OCR's), which generation then masks out as the model drops them; 0: the model keeps every token.
     ``fixed_inputs`` (filled in at conversion): the sample's scalar options of the model's forward (VibeVoice-ASR's
-    ``("sample", False)``), which the converted module's ``generate`` takes with those values only."""
+    ``("sample", False)``), which the converted module's ``generate`` takes with those values only.
+    ``prompt_tokens`` (filled in at conversion): the tokens per run of a recurrent model's prompt graph
+    (:mod:`pipeline.generation.prompt_graph`), whose step takes one token; 0: no prompt graph, a prompt is fed token
+    by token."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -54,6 +57,7 @@ class GenerationSettings:
     model_options: tuple[tuple[str, Any], ...] = ()
     kept_window: int = 0
     fixed_inputs: tuple[tuple[str, Any], ...] = ()
+    prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

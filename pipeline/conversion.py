@@ -102,7 +102,14 @@ def convert(
 
         # the cached decoder step of a causal LM is what the stages convert
         step, step_sample, config, registry = prepare_step(model, sample, config, registry)
-        return _convert_prepared(step, step_sample, config, registry, chosen, model, sample)
+        prompt = None
+        if config.generation is not None and config.generation.prompt_tokens:
+            from pipeline.generation.prompt_graph import prompt_sample
+
+            # a recurrent model's prompt graph first: the step's validation decodes with both
+            prompt_input, prompt_config = prompt_sample(step_sample, config)
+            prompt = _convert_prepared(step, prompt_input, prompt_config, registry, chosen, step, prompt_input)
+        return _convert_prepared(step, step_sample, config, registry, chosen, model, sample, prompt)
     return _convert_prepared(model, sample, config, registry, chosen, model, sample)
 
 
@@ -125,8 +132,10 @@ def _convert_prepared(
     chosen: _Chosen,
     original: torch.nn.Module,
     original_sample: Any,
+    prompt: ConvertedModule | None = None,
 ) -> ConvertedModule:
-    """The stages on ``model`` (the caller's, or the cached step prepared from ``original``)."""
+    """The stages on ``model`` (the caller's, or the cached step prepared from ``original``); ``prompt``: a recurrent
+    model's converted prompt graph, with which the step decodes (validation included) and which it holds."""
     passes, extra_passes, calibration = chosen.passes, chosen.extra_passes, chosen.calibration
     custom_translation_table, converters = chosen.custom_translation_table, chosen.converters
     stages: list[tuple[str, float]] = []
@@ -157,7 +166,10 @@ def _convert_prepared(
 
                 # a quantized step's logits are judged by the quantization's own envelope, as its plain outputs are
                 judged = quantized_validation_settings(config, graph.quantization)
-                decoding = validate_decoding(original, executor, graph.io, original_sample, judged)
+                prompt_executor = prompt.executor if prompt is not None else None
+                decoding = validate_decoding(
+                    original, executor, graph.io, original_sample, judged, prompt=prompt_executor
+                )
                 accuracy = dataclasses.replace(accuracy, decoding=decoding)
     report = ConversionReport(
         backend=choice.name,
@@ -178,7 +190,10 @@ def _convert_prepared(
         traced_branches=dict(graph.exported.traced_branches),
     )
     source = RefitSource(weakref.ref(model), sample, converters, tuple(pass_list), custom_translation_table)
-    return module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
+    module = module_class(config)(executor, graph.io, final, config, report, graph.exported.weights, source)
+    if prompt is not None:
+        module.hold_prompt_graph(prompt)
+    return module
 
 
 def _sample_shape_values(final: onnx.ModelProto, sample: Any, graph: FinalGraph, config: Settings) -> Settings:

@@ -93,21 +93,36 @@ def prepare_step(
     return step, step_sample, config, generation_converters(registry)
 
 
-def one_token_prompt(model: torch.nn.Module, generation: GenerationSettings) -> GenerationSettings:
-    """``generation`` with ``max_prompt=1``: the one-token step of a model whose cache keeps recurrent states
-    (:mod:`pipeline.generation.recurrent_state`); another ``max_prompt`` asked for is overridden with a warning."""
-    if generation.max_prompt == 1:
-        return generation
+#: A recurrent model's prompt graph's tokens per run when ``max_prompt`` is not given (at most half the capacity: a
+#: prompt's first run is left-padded to it, and the padding holds cache positions).
+PROMPT_TOKENS = 64
+
+
+def one_token_prompt(
+    model: torch.nn.Module, generation: GenerationSettings, prompt_graph: bool = True
+) -> GenerationSettings:
+    """``generation`` with ``max_prompt=1`` (the one-token step of a model whose cache keeps recurrent states:
+    :mod:`pipeline.generation.recurrent_state`) and ``prompt_tokens``, the tokens per run of its prompt graph
+    (:mod:`pipeline.generation.prompt_graph`): the ``max_prompt`` asked for, else :data:`PROMPT_TOKENS` (at most half
+    of ``max_length``); ``max_prompt=1`` asks for no prompt graph (a prompt is fed token by token). Without
+    ``prompt_graph`` (a kind of model that has none yet), a ``max_prompt`` asked for is overridden with a warning."""
+    asked = generation.max_prompt
+    default = asked in (None, generation.max_length)  # not given (a prompt may fill the cache)
+    tokens = min(PROMPT_TOKENS, generation.max_length // 2) if default else min(asked or 1, generation.max_length - 1)
+    tokens = tokens if prompt_graph and tokens >= 2 else 0
     said = f"{type(model).__name__} keeps recurrent states: its step takes one token (max_prompt=1)"
-    if generation.max_prompt in (None, generation.max_length):  # the default (a prompt may fill the cache)
-        logger.info(said)
-    else:  # the user asked for a prompt of many tokens per call: said loudly, not dropped
-        warnings.warn(
-            f"{said}, not the max_prompt={generation.max_prompt} asked for: a prompt of n tokens is prefilled in "
-            "n steps (a multi-token prefill of such layers does not export yet)",
-            stacklevel=3,
+    if tokens:
+        logger.info("%s; its prompt graph takes %d tokens per run", said, tokens)
+    elif asked != 1 and not (default and prompt_graph is False):  # said, not dropped
+        why = (
+            f"max_length={generation.max_length} leaves no room for a prompt graph of 2 tokens or more"
+            if prompt_graph
+            else f"not the max_prompt={asked} asked for: this kind of model has no prompt graph yet"
         )
-    return dataclasses.replace(generation, max_prompt=1)
+        warnings.warn(f"{said}, {why}: a prompt of n tokens is prefilled in n steps", stacklevel=3)
+    elif default and not prompt_graph:
+        logger.info(said)
+    return dataclasses.replace(generation, max_prompt=1, prompt_tokens=tokens)
 
 
 def _profiles(dims: tuple[DynamicDim, ...], max_prompt: int) -> tuple[tuple[ProfileRange, ...], ...]:

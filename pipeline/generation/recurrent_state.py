@@ -281,7 +281,11 @@ class RecurrentStep(CachedStep):
         it as it is). The rows whose token is not padding are noted (see :meth:`outputs`)."""
         current = _current_columns(attention_mask, past_length, steps)
         if any(isinstance(spec, CachedLayer) or spec.attention is not None for spec in self.layout):
-            return attention_mask
+            if steps == 1:  # transformers' recurrent mask is None for one token
+                return attention_mask
+            # transformers' attention masks read the first columns of a 2-D mask (the capacity), its recurrent mask
+            # the last ``steps`` (the current tokens): both, side by side
+            return torch.cat([attention_mask, current], dim=1)
         return current
 
     def run(

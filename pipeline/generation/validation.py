@@ -23,6 +23,7 @@ computed once; only a run that diverges earlier is decoded again, fed PyTorch's 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
 from pipeline.generation.conversion import check_sample_fits
 from pipeline.precision.stage import validation_settings
-from pipeline.runtime.generation.feed import evict
+from pipeline.runtime.generation.feed import StepFeed
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
@@ -75,14 +76,18 @@ def validate_decoding(
     settings: Settings,
     runner: StepRunner | None = None,
     greedy_tokens: int = GREEDY_TOKENS,
+    prompt: Any = None,
 ) -> DecodingAccuracy:
     """Decode with the converted step and with ``model.generate`` and judge every step's logits (see the module
     docstring); raise AccuracyError when a step is beyond the policy. ``sample`` is the conversion's sample (its
     ``input_ids``); ``runner`` replaces the executor's step runner (tests plant errors with it); ``greedy_tokens``
-    is the length of the greedy comparison on the sample (capped by the cache)."""
+    is the length of the greedy comparison on the sample (capped by the cache); ``prompt``: a recurrent model's
+    prompt graph's executor (:mod:`pipeline.generation.prompt_graph`), which runs the prompts as the module does."""
     generation = settings.generation
     assert generation is not None
-    runner = runner or step_runner(executor, cache_layout(io, generation.layers))
+    if prompt is None:  # the prompt runs through the step, token by token
+        settings = dataclasses.replace(settings, generation=dataclasses.replace(generation, prompt_tokens=0))
+    runner = runner or step_runner(executor, cache_layout(io, generation.layers), prompt=prompt)
     logits_dtype = next(o.dtype for o in io.outputs if o.name == "logits")
     judged = judgement("logits", logits_dtype, validation_settings(settings))
     steps = generation.validation_steps
@@ -229,31 +234,29 @@ def _decode(
     runner: StepRunner, settings: Settings, ids: torch.Tensor, mask: torch.Tensor, count: int, forced: Any
 ) -> tuple[list[np.ndarray], torch.Tensor]:
     """The converted step's logits of the prefill and of ``count - 1`` decode steps, and the ``count`` tokens fed:
-    ``forced`` [B, >= count] (teacher forcing) or, when None, its own greedy choices. Positions and mask as
-    :meth:`GenerativeModule.stream` builds them."""
+    ``forced`` [B, >= count] (teacher forcing) or, when None, its own greedy choices. The module's own feed: the same
+    prompt runs, positions and mask as :meth:`GenerativeModule.stream`."""
     generation = settings.generation
     assert generation is not None
-    batch, prompt = ids.shape
-    runner.start(batch)
-    full = torch.zeros(batch, generation.max_length, dtype=torch.int64)
-    full[:, :prompt] = mask
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    chunk = generation.max_prompt or generation.max_length
-    for start in range(0, prompt, chunk):
-        end = min(start + chunk, prompt)
-        logits = runner.run(ids[:, start:end], full, positions[:, start:end], start)
+    feed = StepFeed(
+        runner,
+        ids,
+        mask,
+        generation.max_length,
+        generation.max_prompt,
+        generation.kept_window,
+        generation.prompt_tokens,
+        room=count - 1,
+    )
+    logits = feed.prefill()
     outputs, tokens = [logits.float().numpy()], []
-    position = positions[:, -1:] + 1
     for k in range(count):
         token = forced[:, k] if forced is not None else logits.float().argmax(-1)
         tokens.append(token)
-        if k == count - 1 or prompt + k >= generation.max_length:
+        if k == count - 1 or feed.prompt + k >= generation.max_length:
             break
-        full[:, prompt + k] = 1
-        evict(full, prompt, prompt + k, generation.kept_window)
-        logits = runner.run(token[:, None], full, position, prompt + k)
+        logits = feed.step(token)
         outputs.append(logits.float().numpy())
-        position = position + 1
     return outputs[:count], torch.stack(tokens, 1)
 
 

@@ -161,7 +161,7 @@ def convert_vision_language(
     eos, pad = special_tokens(language, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
-        one_token_prompt(model, generation) if states else generation,
+        one_token_prompt(model, generation, prompt_graph=False) if states else generation,
         layers=cached_layers(layout) if states else len(layout),
         eos_token_id=eos,
         pad_token_id=pad,

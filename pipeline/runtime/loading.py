@@ -76,6 +76,26 @@ def load(
             for name in (ENCODER_FILE, DECODER_FILE, *first)
         ]
         return EncoderDecoderModule(*parts)  # type: ignore[return-value]
+    if isinstance(path, str | os.PathLike) and Path(path).is_dir() and (Path(path) / "prompt.ptrt").is_file():
+        # a recurrent model's step and its prompt graph
+        from pipeline.runtime.generation.module import PROMPT_FILE, STEP_FILE, GenerativeModule
+
+        if not (Path(path) / STEP_FILE).is_file():
+            raise ArtifactError(
+                f"{path} holds {PROMPT_FILE} but not {STEP_FILE}: an incomplete step and prompt graph",
+                fix="save the module again (its save writes both, atomically)",
+            )
+        step, prompt = (
+            load(Path(path) / name, backend=backend, rebuild=rebuild, build=build, threads=threads, spinning=spinning)
+            for name in (STEP_FILE, PROMPT_FILE)
+        )
+        if not isinstance(step, GenerativeModule):
+            raise ArtifactError(
+                f"{path}/{STEP_FILE} is not a generation step: the directory is not one a step saved",
+                fix="load the directory a converted recurrent model's save wrote",
+            )
+        step.hold_prompt_graph(prompt)
+        return step
     if isinstance(path, str | os.PathLike) and Path(path).is_dir() and (Path(path) / "vision_language.json").is_file():
         # a vision-language model: a vision graph and a text step
         from pipeline.runtime.generation.vision_language import load_directory

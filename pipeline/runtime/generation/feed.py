@@ -44,9 +44,36 @@ class Feed(Protocol):
         ...
 
 
+def prompt_padding(length: int, capacity: int, prompt_tokens: int, room: int) -> int:
+    """The padding put before a prompt of ``length`` tokens for a recurrent model's prompt graph, which takes
+    ``prompt_tokens`` per run (:mod:`pipeline.generation.prompt_graph`): up to the next whole run, when the padded
+    prompt leaves ``room`` positions of the ``capacity`` for the tokens to come; else 0 (the runs of the prompt graph
+    are then preceded by the leading tokens one at a time: :func:`prompt_runs`)."""
+    if not prompt_tokens:
+        return 0
+    pad = -length % prompt_tokens
+    return pad if length + pad + room <= capacity else 0
+
+
+def prompt_runs(length: int, chunk: int, prompt_tokens: int) -> list[tuple[int, int]]:
+    """The (start, end) columns of each prefill run over a (padded) prompt of ``length`` tokens: chunks of ``chunk``
+    (the context profile's longest), or, with a prompt graph of ``prompt_tokens`` per run, the leading tokens that
+    fill no whole run one at a time (the one-token step's), then whole runs."""
+    if not prompt_tokens:
+        return [(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+    single = length % prompt_tokens
+    return [(i, i + 1) for i in range(single)] + [
+        (start, start + prompt_tokens) for start in range(single, length, prompt_tokens)
+    ]
+
+
 class StepFeed:
     """``prefill()`` the prompt, then ``step(tokens)`` per new token; ``reorder(rows)`` moves the cache rows (beam
-    search) between steps. Each returns the logits of the last position [rows, vocab]."""
+    search) between steps. Each returns the logits of the last position [rows, vocab].
+
+    With a recurrent model's prompt graph (``prompt_tokens`` per run), the prompt is left-padded to whole runs when the
+    cache leaves ``room`` for the new tokens after the padding (:func:`prompt_padding`): the padding is masked, as a
+    padded batch's is, and holds cache positions (:attr:`prompt` counts them)."""
 
     def __init__(
         self,
@@ -56,12 +83,22 @@ class StepFeed:
         capacity: int,
         chunk: int | None = None,
         window: int = 0,
+        prompt_tokens: int = 0,
+        room: int = 1,
     ) -> None:
         self.runner = runner
         self.window = window
         self.ids = ids
-        rows, self.prompt = ids.shape
+        rows = ids.shape[0]
+        pad = prompt_padding(ids.shape[1], capacity, prompt_tokens, room)
+        if pad:
+            ids = torch.cat([torch.zeros(rows, pad, dtype=ids.dtype), ids], dim=1)
+            mask = torch.cat([torch.zeros(rows, pad, dtype=mask.dtype), mask], dim=1)
+        self._prompt_ids = ids
+        #: the cache positions the prompt takes (its tokens and any padding before them)
+        self.prompt = ids.shape[1]
         self.chunk = chunk or capacity
+        self.prompt_tokens = prompt_tokens
         self.mask = torch.zeros(rows, capacity, dtype=torch.int64)
         self.mask[:, : self.prompt] = mask
         self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
@@ -73,11 +110,11 @@ class StepFeed:
         runner.start(rows)
 
     def prefill(self) -> torch.Tensor:
-        """The prompt through the step, in chunks of the context profile's length; the last chunk's logits."""
+        """The prompt through the step (or the prompt graph), run by run (:func:`prompt_runs`); the last run's
+        logits."""
         logits = torch.empty(0)
-        for start in range(0, self.prompt, self.chunk):
-            end = min(start + self.chunk, self.prompt)
-            logits = self.runner.run(self.ids[:, start:end], self.mask, self.positions[:, start:end], start)
+        for start, end in prompt_runs(self.prompt, self.chunk, self.prompt_tokens):
+            logits = self.runner.run(self._prompt_ids[:, start:end], self.mask, self.positions[:, start:end], start)
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ when the module is made: loading a generation artifact needs only the class.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +38,9 @@ if TYPE_CHECKING:  # the decoding loop's modules are imported by the first reque
     from pipeline.runtime.generation.request import Decoding
     from pipeline.runtime.generation.runners import StepRunner
     from pipeline.runtime.generation.slots import RequestSlots
+
+#: The files of the directory a step with a prompt graph saves (:meth:`GenerativeModule.save`).
+STEP_FILE, PROMPT_FILE = "step.ptrt", "prompt.ptrt"
 
 _MAKING_SLOTS = threading.Lock()  # a module's request slots are made once, whichever thread asks first
 
@@ -98,6 +102,22 @@ class GenerativeModule(HeldRequests, ConvertedModule):
     ...     print(tokens)
     """
 
+    _prompt_module: ConvertedModule | None = None
+
+    @property
+    def prompt_graph(self) -> ConvertedModule | None:
+        """A recurrent model's prompt graph (the step's inputs and outputs, ``generation.prompt_tokens`` tokens per
+        run: :mod:`pipeline.generation.prompt_graph`), or None: the prompt runs through the step
+        (:meth:`hold_prompt_graph` sets it)."""
+        return self._prompt_module
+
+    def hold_prompt_graph(self, graph: ConvertedModule | None) -> None:
+        """Run prompts on ``graph`` (None: through the step); held as a plain attribute, not a submodule (the
+        module's state is its own graph's). The request slots' runners are made anew with it."""
+        object.__setattr__(self, "_prompt_module", graph)
+        with _MAKING_SLOTS:
+            self._slots = None
+
     @property
     def generation(self) -> GenerationSettings:
         """The generation settings the step was converted with (capacity, batch, special tokens)."""
@@ -118,16 +138,40 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         from pipeline.runtime.generation.layout import cache_layout
         from pipeline.runtime.generation.runners import step_runner
 
-        return step_runner(self._executor, cache_layout(self.io, self.generation.layers))
+        prompt = self.prompt_graph._executor if self.prompt_graph is not None else None
+        return step_runner(self._executor, cache_layout(self.io, self.generation.layers), prompt=prompt)
 
     def _slot_runner(self) -> StepRunner:
         """A slot keeps its runner (and its buffers) for the next request."""
         return self.runner()
 
+    def save(self, path: str | Path, *, metadata: Mapping[str, Any] | None = None) -> Path:
+        """:meth:`ConvertedModule.save`; a step with a prompt graph saves a directory of both artifacts
+        (:data:`STEP_FILE`, :data:`PROMPT_FILE`), written atomically, which :func:`pipeline.load` reads back."""
+        prompt = self.prompt_graph
+        if prompt is None:
+            return super().save(path, metadata=metadata)
+        from pipeline.runtime.generation.two_graphs import save_directory
+
+        def write(directory: Path) -> None:
+            ConvertedModule.save(self, directory / STEP_FILE, metadata=metadata)
+            prompt.save(directory / PROMPT_FILE)
+
+        return save_directory(path, (STEP_FILE, PROMPT_FILE), write, "a recurrent model's step and prompt graph")
+
     def rebind(self, *args: Any, **kwargs: Any) -> None:
         """:meth:`ConvertedModule.rebind`; the request slots' runners are made anew on the new executor (requests
         running meanwhile finish on the old one)."""
         super().rebind(*args, **kwargs)
+        if self.prompt_graph is not None:  # its weights are the old ones: said, and prompts run through the step
+            import warnings
+
+            warnings.warn(
+                "the refitted step's prompt graph keeps the old weights and is dropped: prompts now run through the "
+                "one-token step, token by token (convert the model again for a prompt graph of the new weights)",
+                stacklevel=2,
+            )
+            object.__setattr__(self, "_prompt_module", None)
         with _MAKING_SLOTS:
             old, self._slots = self._slots, None
         if old is not None:
@@ -191,13 +235,22 @@ class GenerativeModule(HeldRequests, ConvertedModule):
     def _stream(self, ids: torch.Tensor, mask: torch.Tensor, decoding: Decoding) -> Iterator[torch.Tensor]:
         with self._request_slots().hold() as runner:  # this request's own cache, until its last token
             assert runner is not None
-            yield from self._decode(self._feed(runner, ids, mask), decoding)
+            yield from self._decode(self._feed(runner, ids, mask, decoding.new), decoding)
 
-    def _feed(self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor) -> StepFeed:
+    def _feed(self, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, room: int) -> StepFeed:
+        """The request's feed; ``room``: the new tokens it decodes (a prompt graph's padding leaves room for them)."""
         from pipeline.runtime.generation.feed import StepFeed
 
+        generation = self.generation
         return StepFeed(
-            runner, ids, mask, self.generation.max_length, self.generation.max_prompt, self.generation.kept_window
+            runner,
+            ids,
+            mask,
+            generation.max_length,
+            generation.max_prompt,
+            generation.kept_window,
+            generation.prompt_tokens if self.prompt_graph is not None else 0,
+            room,
         )
 
     def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
@@ -217,7 +270,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         processors = decoding.processors if decoding.processors else None
         with self._request_slots().hold() as runner:
             assert runner is not None
-            feed = self._feed(runner, ids, mask)
+            feed = self._feed(runner, ids, mask, decoding.new)
             result = beam_search(
                 feed, settings, decoding.new, processors, decoding.criteria, decoding.eos, fill, record
             )

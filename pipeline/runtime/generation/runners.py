@@ -42,9 +42,11 @@ class StepRunner(Protocol):
 class CopyingRunner:
     """Any executor: the cache goes in and comes back as tensors every step."""
 
-    def __init__(self, executor: Any, layout: CacheLayout) -> None:
+    def __init__(self, executor: Any, layout: CacheLayout, prompt: Any = None) -> None:
         self.executor = executor
         self.layout = layout
+        #: a recurrent model's prompt graph's executor (the runs of several tokens), or None
+        self.prompt = prompt
         self.cache: list[torch.Tensor] = []
 
     def start(self, batch: int) -> None:
@@ -58,7 +60,8 @@ class CopyingRunner:
     ) -> torch.Tensor:
         """One step; the new cache replaces the old."""
         inputs = [input_ids, attention_mask, position_ids, torch.tensor(past_length, dtype=torch.int64), *self.cache]
-        outputs = self.executor.run(inputs)
+        executor = self.prompt if self.prompt is not None and input_ids.shape[1] > 1 else self.executor
+        outputs = executor.run(inputs)
         self.cache = list(outputs[1:])
         return outputs[0]
 
@@ -78,15 +81,22 @@ class OrtBoundRunner:
 
     ``row_session`` (a callable giving a session or ``None``) is the executor's second session of the same graph for
     steps of one row and one token (:meth:`pipeline.runtime.ort.executor.OnnxRuntimeExecutor.row_session`): those
-    steps run there, on the same cache buffers."""
+    steps run there, on the same cache buffers. ``prompt_session``: a recurrent model's prompt graph's session
+    (:mod:`pipeline.generation.prompt_graph`), which runs the steps of several tokens on the same buffers."""
 
     def __init__(
-        self, session: Any, layout: CacheLayout, aliased: bool = True, row_session: Callable[[], Any] | None = None
+        self,
+        session: Any,
+        layout: CacheLayout,
+        aliased: bool = True,
+        row_session: Callable[[], Any] | None = None,
+        prompt_session: Any = None,
     ) -> None:
         self.session = session
         self.layout = layout
         self.aliased = aliased
         self.binding = _Binding(session, layout)
+        self.prompt_binding = _Binding(prompt_session, layout) if prompt_session is not None else None
         self._row_session = row_session
         self._row_binding: _Binding | None = None
         self.reads: list[Any] = []
@@ -134,10 +144,11 @@ class OrtBoundRunner:
         :mod:`pipeline.runtime.ort.grouped_attention`) takes several new tokens over a past for one row only (then
         ``extra`` inputs are cut by row too: only the decoder-only step, which has none, prefills in chunks)."""
         batch, steps = input_ids.shape
+        binding = self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
         if batch > 1 and steps > 1 and past_length > 0:
             logits = torch.cat(
                 [
-                    self.binding.run(
+                    binding.run(
                         _named(
                             input_ids[row : row + 1],
                             None if attention_mask is None else attention_mask[row : row + 1],
@@ -154,7 +165,7 @@ class OrtBoundRunner:
         else:
             target = self._row() if batch == 1 and steps == 1 else None
             named = _named(input_ids, attention_mask, position_ids, past_length, extra)
-            logits = (target or self.binding).run(named, self.reads, self.writes)
+            logits = (target or binding).run(named, self.reads, self.writes)
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
         return logits
@@ -344,20 +355,26 @@ def _static_tail(session: Any, name: str) -> tuple[int, ...] | None:
     return tuple(tail) if all(isinstance(d, int) for d in tail) else None
 
 
-def step_runner(executor: Any, layout: CacheLayout, *, bound: bool = True, aliased: bool = True) -> StepRunner:
+def step_runner(
+    executor: Any, layout: CacheLayout, *, bound: bool = True, aliased: bool = True, prompt: Any = None
+) -> StepRunner:
     """The runner for ``executor``: device buffers aliased in place on a TensorRT engine, bound ``OrtValue``
     buffers on an ONNX Runtime session (also the one beside a TensorRT-RTX engine that cannot run here), else
-    copies."""
+    copies. ``prompt``: a recurrent model's prompt graph's executor (of the same backend), which runs the runs of
+    several tokens over the same cache."""
     engine = getattr(executor, "engine_runner", None)
-    if bound and engine is not None:
+    prompt_engine = getattr(prompt, "engine_runner", None)
+    if bound and engine is not None and (prompt is None or prompt_engine is not None):
         from pipeline.runtime.generation.trt_cache import TrtCacheRunner
 
-        return TrtCacheRunner(engine, layout)
+        return TrtCacheRunner(engine, layout, prompt_engine)
     session = _ort_session(executor)
-    if bound and session is not None:
+    prompt_session = _ort_session(prompt) if prompt is not None else None
+    if bound and session is not None and (prompt is None or prompt_session is not None):
         ort_executor = getattr(executor, "onnxruntime", executor)
-        return OrtBoundRunner(session, layout, aliased=aliased, row_session=getattr(ort_executor, "row_session", None))
-    return CopyingRunner(executor, layout)
+        row_session = getattr(ort_executor, "row_session", None)
+        return OrtBoundRunner(session, layout, aliased=aliased, row_session=row_session, prompt_session=prompt_session)
+    return CopyingRunner(executor, layout, prompt)
 
 
 def bound_runner(executor: Any, layout: CacheLayout) -> OrtBoundRunner | None:

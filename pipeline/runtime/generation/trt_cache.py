@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 class TrtCacheRunner:
     """One decoder step at a time on a TensorRT ``EngineRunner`` (``pipeline.runtime.tensorrt.runner``)."""
 
-    def __init__(self, runner: Any, layout: CacheLayout) -> None:
+    def __init__(self, runner: Any, layout: CacheLayout, prompt: Any = None) -> None:
         self.runner = runner
         self.layout = layout
+        #: a recurrent model's prompt graph's engine runner (the runs of several tokens, on the same buffers), or None
+        self.prompt = prompt
         self.cache: list[torch.Tensor] = []
         #: the buffers the step writes: the cache's own (keys and values, in place), another for a recurrent state
         #: (swapped with the cache's after each step: the new state is computed from the old one over many layers)
@@ -48,27 +50,29 @@ class TrtCacheRunner:
     def run(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, past_length: int
     ) -> torch.Tensor:
-        """One step; the cache buffers are read and written in place; the logits come back on the CPU."""
-        engine: trt.ICudaEngine = self.runner.engine
-        context: trt.IExecutionContext = self.runner.context
-        device = self.runner.device
+        """One step (a run of several tokens on the prompt graph's engine, when there is one); the cache buffers are
+        read and written in place; the logits come back on the CPU."""
+        runner = self.prompt if self.prompt is not None and input_ids.shape[1] > 1 else self.runner
+        engine: trt.ICudaEngine = runner.engine
+        context: trt.IExecutionContext = runner.context
+        device = runner.device
         profile = 1 if input_ids.shape[1] == 1 and engine.num_optimization_profiles > 1 else 0
         # the engine's one context serves every request in turn; this request's cache is bound at each turn
-        with self.runner.exclusive() as stream:
-            self.runner.select_profile(profile, stream)
+        with runner.exclusive() as stream:
+            runner.select_profile(profile, stream)
             feeds = {
                 "input_ids": input_ids,
                 "attention_mask": attention_mask,
                 "position_ids": position_ids,
                 "past_length": torch.tensor(past_length, dtype=torch.int64),
             }
-            keep = [self._bind(context, name, tensor.to(device).contiguous()) for name, tensor in feeds.items()]
+            keep = [self._bind(runner, name, tensor.to(device).contiguous()) for name, tensor in feeds.items()]
             names = zip(self.layout.names, self.layout.present_names, self.cache, self.written, strict=True)
             for past, present, buffer, written in names:
-                self._bind(context, past, buffer)
+                self._bind(runner, past, buffer)
                 context.set_tensor_address(present, written.data_ptr())  # keys, values: the input's memory
             logits = torch.empty(
-                tuple(context.get_tensor_shape("logits")), dtype=self.runner.dtypes["logits"], device=device
+                tuple(context.get_tensor_shape("logits")), dtype=runner.dtypes["logits"], device=device
             )
             context.set_tensor_address("logits", logits.data_ptr())
             if not context.execute_async_v3(stream.cuda_stream):
@@ -86,8 +90,10 @@ class TrtCacheRunner:
             for buffer in self.cache:  # a state's other buffer is written whole by the next step
                 buffer.copy_(buffer.index_select(0, index))
 
-    def _bind(self, context: trt.IExecutionContext, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if name in self.runner.inputs:  # TensorRT drops inputs nothing reads
+    @staticmethod
+    def _bind(runner: Any, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        context: trt.IExecutionContext = runner.context
+        if name in runner.inputs:  # TensorRT drops inputs nothing reads
             context.set_input_shape(name, tuple(tensor.shape))
             context.set_tensor_address(name, tensor.data_ptr())
         return tensor

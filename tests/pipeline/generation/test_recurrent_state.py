@@ -1,10 +1,11 @@
 """generation= for models whose cache layers keep a recurrent state (pipeline/generation/recurrent_state.py).
 
 A tiny LFM2 (a short-convolution layer, then an attention layer) converted for real on ONNX Runtime fp32: the step
-takes ``past_key_values.0.conv`` beside layer 1's keys and values, one token at a time, and a left-padded batch
-decodes as transformers' ``model.generate`` (tokens and every step's scores), with beams, saved and loaded; the real
-TensorRT-RTX builder takes the step graph (the module is converted for it when it is installed: the same graph runs on
-ONNX Runtime beside the engine, which cannot run here).
+takes ``past_key_values.0.conv`` beside layer 1's keys and values, one token at a time, its prompt graph 12 tokens per
+run (pipeline/generation/prompt_graph.py), and a left-padded batch decodes as transformers' ``model.generate`` (tokens
+and every step's scores), with beams, saved and loaded; the real TensorRT-RTX builder takes both graphs (the module is
+converted for it when it is installed: the same graphs run on ONNX Runtime beside the engines, which cannot run
+here).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def test_the_step_carries_the_convolution_state_one_token_at_a_time(module: Gene
     assert inputs[4:] == ["past_key_values.0.conv", "past_key_values.1.key", "past_key_values.1.value"]
     assert "present.0.conv" in [spec.name for spec in module.io.outputs]
     assert module.generation.layers == 2 and module.generation.max_prompt == 1
+    # the prompt runs on a graph of its own: the step's inputs, half the capacity of tokens per run
+    assert module.generation.prompt_tokens == 12 and module.prompt_graph is not None
+    prompt_inputs = [(spec.name, spec.shape) for spec in module.prompt_graph.io.inputs]
+    assert [name for name, _ in prompt_inputs] == inputs and prompt_inputs[0][1][1] == 12
 
 
 def test_a_padded_batch_decodes_as_transformers_does(
@@ -100,15 +105,37 @@ def test_beams_and_a_saved_step_decode_as_transformers_does(
     assert torch.equal(module.generate(ids, mask, max_new_tokens=NEW_TOKENS, num_beams=4, eos_token_id=[95]), beams)
     module.save(tmp_path / "lfm2")
     loaded = pipeline.load(tmp_path / "lfm2")
+    assert isinstance(loaded, GenerativeModule) and loaded.prompt_graph is not None
     greedy = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
     assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
 
 
-def test_a_prompt_length_asked_for_is_not_dropped_silently(model: transformers.Lfm2ForCausalLM) -> None:
-    """The step takes one token: a max_prompt the user gave is overridden with a warning that says so."""
-    with pytest.warns(UserWarning, match=r"takes one token \(max_prompt=1\), not the max_prompt=4 asked for"):
-        converted = pipeline.convert(model, torch.tensor([[5, 6, 7]]), generation={**GENERATION, "max_prompt": 4})
-    assert converted.settings.generation is not None and converted.settings.generation.max_prompt == 1
+def test_a_prompt_whose_padding_leaves_no_room_runs_its_leading_tokens_one_at_a_time(
+    model: transformers.Lfm2ForCausalLM, module: GenerativeModule, prompts: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """7 tokens padded to a run of 12 leave 12 positions; 17 new tokens need 17: the 7 go one at a time."""
+    from pipeline.runtime.generation.feed import prompt_padding, prompt_runs
+
+    assert prompt_padding(7, 24, 12, 8) == 5 and prompt_padding(7, 24, 12, 17) == 0
+    assert prompt_runs(7, 1, 12) == [(i, i + 1) for i in range(7)] and prompt_runs(12, 1, 12) == [(0, 12)]
+    ids, mask = prompts
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=17, do_sample=False, eos_token_id=None)
+    assert torch.equal(module.generate(ids, mask, max_new_tokens=17, eos_token_id=[]), expected)
+
+
+def test_max_prompt_sets_the_prompt_graph_and_one_asks_for_none(model: transformers.Lfm2ForCausalLM) -> None:
+    from converters.generation_settings import GenerationSettings
+    from pipeline.generation.conversion import one_token_prompt
+
+    def tokens(**given: int) -> int:
+        return one_token_prompt(model, GenerationSettings(**{**GENERATION, **given})).prompt_tokens
+
+    assert tokens() == 12 and tokens(max_prompt=4) == 4 and tokens(max_prompt=1) == 0
+    assert tokens(max_length=300) == 64  # PROMPT_TOKENS
+    with pytest.warns(UserWarning, match="leaves no room for a prompt graph"):
+        assert tokens(max_length=3) == 0
+    with pytest.warns(UserWarning, match=r"not the max_prompt=4 asked for: this kind of model has no prompt graph"):
+        one_token_prompt(model, GenerationSettings(**{**GENERATION, "max_prompt": 4}), prompt_graph=False)
 
 
 def test_layers_a_step_cannot_cache_are_refused_by_kind() -> None:
@@ -128,11 +155,13 @@ def test_layers_a_step_cannot_cache_are_refused_by_kind() -> None:
 
 
 @pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
-def test_tensorrt_rtx_builds_the_step(module: GenerativeModule) -> None:
+def test_tensorrt_rtx_builds_the_step_and_the_prompt_graph(module: GenerativeModule) -> None:
     """One engine of one profile (the step takes one token), fp32 attention decomposed (no fp32 ONNX Attention
-    kernel in TensorRT-RTX), built by the real builder; no part left to ONNX Runtime segments."""
+    kernel in TensorRT-RTX), built by the real builder; no part left to ONNX Runtime segments; the prompt graph's
+    engine beside it."""
     assert module.engine_bytes and not getattr(module, "segments", None)
     assert module.generation.attention == "decomposed" and len(module.settings.profiles) <= 1
+    assert module.prompt_graph is not None and module.prompt_graph.engine_bytes  # the prompt graph's own engine
 
 
 def test_a_layout_of_states_gives_each_state_its_own_output_buffer() -> None:
