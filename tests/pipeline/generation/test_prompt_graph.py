@@ -1,0 +1,127 @@
+"""A recurrent model's prompt graph (pipeline/generation/prompt_graph.py) on a tiny Nemotron-H whose time step the
+chunked scan clamps: transformers runs a prompt through the chunked scan (dt clamped from below) and a decode step
+through the one-token update (not clamped), so a prompt fed token by token decodes otherwise. Its prompt graph runs
+the prompt through the chunked scan, in runs of 8 tokens from the states: greedy tokens, every step's scores and
+4 beams as ``model.generate`` on a left-padded batch of 2 whose longer prompt takes two runs; validation (on by
+default) decodes so too; saved and loaded; the real TensorRT-RTX builder builds both graphs when it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import pipeline
+from pipeline.runtime.executors import EngineNotRunnableWarning
+from pipeline.runtime.generation.module import GenerativeModule
+
+RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+BACKEND = {"backend": "tensorrt-rtx", "trt_engine_cache": False} if RTX else {}
+NEW_TOKENS = 8
+GENERATION = {"max_length": 40, "max_batch": 8, "max_prompt": 8}
+
+
+@pytest.fixture(scope="module")
+def model() -> transformers.NemotronHForCausalLM:
+    torch.manual_seed(0)
+    config = transformers.NemotronHConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=4,
+        layer_types=["mamba", "attention", "mamba", "mlp"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_num_heads=8,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        n_groups=2,
+        chunk_size=8,
+        intermediate_size=128,
+        eos_token_id=127,
+        pad_token_id=0,
+    )
+    model = transformers.NemotronHForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            mixer = layer.mixer
+            if hasattr(mixer, "dt_bias"):  # every head's time step below time_step_min (1e-3): the clamp bites
+                mixer.dt_bias.copy_(torch.linspace(-20.0, -12.0, mixer.dt_bias.numel()))
+                # the scan's inputs 100x (x, B, C): its output above the gated norm's eps, so that the mixer counts
+                mixer.in_proj.weight[mixer.intermediate_size : mixer.intermediate_size + mixer.conv_dim].mul_(100.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts of 13 and 9 tokens, the second left-padded: padded to 16, two runs of 8."""
+    ids = torch.randint(3, 120, (2, 13), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[1, :4], mask[1, :4] = 0, 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def module(model: transformers.NemotronHForCausalLM, prompts: tuple[torch.Tensor, torch.Tensor]) -> GenerativeModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineNotRunnableWarning)
+        converted = pipeline.convert(model, prompts[0], generation=GENERATION, **BACKEND)  # validated
+    assert isinstance(converted, GenerativeModule)
+    return converted
+
+
+def test_the_clamp_makes_the_one_token_path_another_function(
+    model: transformers.NemotronHForCausalLM, prompts: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """What the prompt graph is for: transformers' own prompt fed token by token ends elsewhere than fed whole."""
+    ids = prompts[0][:1]
+    with torch.no_grad():
+        whole = model(ids).logits[:, -1]
+        cache = None
+        for k in range(ids.shape[1]):
+            out = model(ids[:, k : k + 1], cache=cache, use_cache=True)
+            cache = out.past_key_values
+    assert float((out.logits[:, -1] - whole).abs().max()) > 2e-3  # the scores' tolerance is 1e-3
+
+
+def test_greedy_scores_and_beams_are_transformers(
+    model: transformers.NemotronHForCausalLM, module: GenerativeModule, prompts: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    assert module.generation.prompt_tokens == 8 and module.prompt_graph is not None
+    assert module.report.accuracy is not None and module.report.accuracy.decoding is not None
+    ids, mask = prompts
+    options = {"max_new_tokens": NEW_TOKENS, "output_scores": True, "return_dict_in_generate": True}
+    expected = model.generate(ids, attention_mask=mask, do_sample=False, eos_token_id=None, **options)
+    got = module.generate(ids, attention_mask=mask, eos_token_id=[], **options)
+    assert torch.equal(got.sequences, expected.sequences)
+    for ours, theirs in zip(got.scores, expected.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-3)
+    beams = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, num_beams=4, do_sample=False)
+    assert torch.equal(module.generate(ids, mask, max_new_tokens=NEW_TOKENS, num_beams=4, eos_token_id=[127]), beams)
+
+
+def test_saved_and_loaded_with_its_prompt_graph(
+    model: transformers.NemotronHForCausalLM,
+    module: GenerativeModule,
+    prompts: tuple[torch.Tensor, torch.Tensor],
+    tmp_path: Path,
+) -> None:
+    ids, mask = prompts
+    saved = module.save(tmp_path / "nemotron_h")
+    assert sorted(p.name for p in saved.iterdir() if p.suffix == ".ptrt") == ["prompt.ptrt", "step.ptrt"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineNotRunnableWarning)
+        loaded = pipeline.load(saved)
+    assert isinstance(loaded, GenerativeModule) and loaded.prompt_graph is not None
+    greedy = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+    assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+
+
+@pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
+def test_tensorrt_rtx_builds_both_graphs(module: GenerativeModule) -> None:
+    assert module.engine_bytes and module.prompt_graph is not None and module.prompt_graph.engine_bytes
