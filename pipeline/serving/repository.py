@@ -145,8 +145,9 @@ def served_artifact(path: str | Path, name: str | None = None) -> ServedArtifact
 
 
 def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
-    """For a directory an encoder-decoder, a vision-language model or a cross-attended image model (Mllama, IDEFICS)
-    saved: its step's artifact and what a request holds (the first input required); None for any other directory."""
+    """For a directory an encoder-decoder, a vision-language model, a cross-attended image model (Mllama, IDEFICS) or a
+    recurrent model's step with its prompt graph saved: its step's artifact and what a request holds (the first input
+    required); None for any other directory."""
     from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE
     from pipeline.runtime.generation.layout import STEP_INPUTS
     from pipeline.runtime.generation.vision_feed import DEEPSTACK, IMAGE_FEATURES, TOKEN_TYPES
@@ -185,6 +186,10 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
         ]
         images = (*(_any_size(spec) for spec in vision.inputs), *held)
         return directory / STEP_FILE, (*PROMPT_INPUTS, *images, *typed)
+    from pipeline.runtime.generation.module import PROMPT_FILE
+
+    if (directory / PROMPT_FILE).is_file() and (directory / STEP_FILE).is_file():  # a step and its prompt graph
+        return directory / STEP_FILE, PROMPT_INPUTS
     return None
 
 

@@ -120,6 +120,12 @@ def test_saved_and_loaded_with_its_prompt_graph(
     assert isinstance(loaded, GenerativeModule) and loaded.prompt_graph is not None
     greedy = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
     assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+    # served as one model: its step's settings, a prompt per request; the repository holds both artifacts
+    from pipeline.serving.export import export_triton
+
+    exported = export_triton(saved, tmp_path / "repository")
+    held = {p.name for p in (tmp_path / "repository").rglob("*.ptrt")}
+    assert [m.name for m in exported.models] == ["nemotron_h"] and held == {"step.ptrt", "prompt.ptrt"}
 
 
 @pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
