@@ -126,8 +126,11 @@ def _prompts() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return single, batch.masked_fill(mask == 0, 0), mask
 
 
-def run_family(name: str, make_config: Callable[[], Any], rtx: bool, fp16: bool = False) -> dict[str, Any]:
-    """Convert one family's cached step and count identical greedy tokens (batch 1 and left-padded 3)."""
+def run_family(
+    name: str, make_config: Callable[[], Any], rtx: bool, fp16: bool = False, max_prompt: int | None = None
+) -> dict[str, Any]:
+    """Convert one family's cached step and count identical greedy tokens (batch 1 and left-padded 3); ``max_prompt``:
+    the generation setting (a recurrent family's prompt graph's tokens per run)."""
     row: dict[str, Any] = {"family": name}
     torch.manual_seed(0)
     config = make_config()
@@ -138,8 +141,12 @@ def run_family(name: str, make_config: Callable[[], Any], rtx: bool, fp16: bool 
     model.generation_config.eos_token_id = None
     single, batch, mask = _prompts()
     start = time.perf_counter()
-    module = pipeline.convert(model, single, generation={"max_length": 48, "max_batch": 3}, validation_inputs=1)
+    generation = {"max_length": 48, "max_batch": 3, **({"max_prompt": max_prompt} if max_prompt else {})}
+    module = pipeline.convert(model, single, generation=generation, validation_inputs=1)
     row["convert_s"] = round(time.perf_counter() - start, 1)
+    prompt_graph = getattr(module, "prompt_graph", None)
+    if prompt_graph is not None:
+        row["prompt_graph"] = module.generation.prompt_tokens
     ops = collections.Counter(n.op_type for n in module.onnx.graph.node)
     row["attention_op"] = ops["Attention"] > 0
     row["tensor_scatter"] = ops["TensorScatter"]
@@ -157,7 +164,9 @@ def run_family(name: str, make_config: Callable[[], Any], rtx: bool, fp16: bool 
     elif rtx:
         from pipeline.precision.buildable import build_error
 
-        error = build_error(module.onnx, module.settings.dynamic)
+        graphs = [module] if prompt_graph is None else [module, prompt_graph]
+        errors = [build_error(graph.onnx, graph.settings.dynamic) for graph in graphs]
+        error = next((e for e in errors if e is not None), None)
         row["rtx_builds"] = error is None
         row["rtx_error"] = None if error is None else error.splitlines()[0][:160]
     return row
@@ -237,6 +246,12 @@ def main() -> None:
         "--fp16", nargs="*", help="also convert in fp16 (these families; none named: all): policy verdict, greedy count"
     )
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument(
+        "--max-prompt",
+        type=int,
+        help="generation max_prompt of the fp32 conversions (a recurrent family's prompt graph: 8 runs its prompts in "
+        "whole runs within the 48 positions; default: the setting's default, too long to leave room for 32 tokens)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     wanted = {n.lower() for n in args.only or ()}
@@ -246,7 +261,7 @@ def main() -> None:
             continue
         try:
             fp16 = args.fp16 is not None and (not args.fp16 or name.lower() in {n.lower() for n in args.fp16})
-            row = run_family(name, make, args.rtx and (fp16 or args.fp16 is None), fp16)
+            row = run_family(name, make, args.rtx and (fp16 or args.fp16 is None), fp16, args.max_prompt)
         except Exception as exc:  # noqa: BLE001 - a family that fails is a row of the table, with its reason
             traceback.print_exc()
             row = {"family": name, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}

@@ -2,8 +2,9 @@
 extractor, into the inputs its encoder takes; ``pipeline generate DIR --processor P --audio FILE.wav --prompt TEXT``:
 an audio-language decoder's prompts (GLM-ASR's, Audio Flamingo 3's, Qwen3-ASR's: text with the processor's audio
 placeholder, one audio each) through its own processor (:func:`audio_prompts`), which writes the audio's tokens where
-each prompt holds the placeholder and makes the audio features the model takes. Voxtral's processor takes audio only
-through its chat template (``mistral_common``), and refuses such prompts.
+each prompt holds the placeholder and makes the audio features the model takes. A processor whose call takes no audio
+(Voxtral's: audio only through its chat template, ``mistral-common``'s tokenizer) is given each prompt as a user turn
+of its audio file and its text (:func:`chat_prompts`).
 
 WAV files are read with the standard library's ``wave`` (PCM, 8, 16, 24 or 32 bits, any channel count: averaged to
 mono). The feature extractor is the model's, from a local directory (``AutoFeatureExtractor.from_pretrained``,
@@ -114,7 +115,8 @@ def audio_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict
     """An audio-language decoder's inputs for prompts (text with the processor's audio placeholder,
     ``processor.audio_token``, one audio each), left-padded as a decoder-only model's batch is: ``processor(text=...,
     audio=..., sampling_rate=...)`` at its feature extractor's rate, without the inputs the processor names unused
-    (GLM-ASR's ``num_audio_tokens``)."""
+    (GLM-ASR's ``num_audio_tokens``). A processor whose call takes no audio (Voxtral's) takes them through its chat
+    template instead (:func:`chat_prompts`)."""
     import torch
 
     if len(prompts) != len(paths):
@@ -122,6 +124,8 @@ def audio_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict
             f"{len(prompts)} prompt(s) and {len(paths)} audio file(s): each prompt takes one audio",
             fix="give one --prompt per --audio, in the same order",
         )
+    if not takes_audio(processor):
+        return chat_prompts(processor, prompts, paths)
     token = getattr(processor, "audio_token", None)
     if isinstance(token, str) and token and not all(token in text for text in prompts):
         raise InputError(
@@ -149,3 +153,70 @@ def audio_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict
         ) from exc
     unused = set(getattr(processor, "unused_input_names", None) or ())
     return {name: torch.as_tensor(value) for name, value in made.items() if name not in unused}
+
+
+def takes_audio(processor: Any) -> bool:
+    """Whether the processor's call takes ``audio=`` beside the text (GLM-ASR's, Audio Flamingo 3's, Qwen2-Audio's);
+    Voxtral's takes text alone, its audio only through its chat template."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(processor.__call__).parameters
+    except (TypeError, ValueError):  # a call without a signature: the plain path, whose refusal names the fix
+        return True
+    return "audio" in parameters
+
+
+def chat_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict[str, torch.Tensor]:
+    """An audio-language decoder's inputs through its processor's chat template, for a processor that takes audio
+    only there (Voxtral's): each row a user turn of its audio file (``{"type": "audio", "path": ...}``, read and
+    resampled by the template's tokenizer) then its prompt's text, with the generation prompt; left-padded as a
+    decoder-only model's batch is. The template writes the audio's tokens (Voxtral's ``[BEGIN_AUDIO]`` and its run of
+    ``[AUDIO]``) and makes the audio features."""
+    import torch
+
+    token = getattr(processor, "audio_token", None)
+    if isinstance(token, str) and token and any(token in text for text in prompts):
+        raise InputError(
+            f"a prompt holds the audio placeholder {token!r}, but --processor {type(processor).__name__} places each "
+            "audio itself (through its chat template, before the prompt's text)",
+            fix=f"drop {token!r} from the prompt: --prompt 'Transcribe the audio.'",
+        )
+    for path in paths:
+        read_wav(path)  # a WAV that reads, or an error naming the fix, before the template's own reader sees it
+    conversations = [
+        [{"role": "user", "content": [{"type": "audio", "path": str(path.resolve())}, {"type": "text", "text": text}]}]
+        for text, path in zip(prompts, paths, strict=True)
+    ]
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.padding_side = "left"
+    needs = (
+        "a processor whose chat template takes audio items (Voxtral's needs mistral-common's tokenizer: pip install "
+        "'mistral-common[audio]', and the checkpoint's config.json beside its tekken.json, so that the tokenizer loads "
+        "as MistralCommonBackend)"
+    )
+    try:
+        made = processor.apply_chat_template(
+            conversations,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            add_generation_prompt=True,
+            processor_kwargs={"padding": True},
+        )
+    except Exception as exc:  # noqa: BLE001 -- the processor's own refusals (mistral-common's are not ValueErrors)
+        raise InputError(
+            f"--processor {type(processor).__name__} takes audio only through its chat template, which refuses the "
+            f"prompts and audio: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+            fix=f"give {needs}",
+        ) from exc
+    unused = set(getattr(processor, "unused_input_names", None) or ())
+    inputs = {name: torch.as_tensor(value) for name, value in made.items() if name not in unused}
+    if not set(inputs) - {"input_ids", "attention_mask"}:
+        raise InputError(
+            f"--processor {type(processor).__name__} takes audio only through its chat template, which made no audio "
+            f"inputs (only {', '.join(inputs)})",
+            fix=f"give {needs}",
+        )
+    return inputs

@@ -135,7 +135,7 @@ def check_media(args: argparse.Namespace, audio: bool) -> None:
     pairs through --processor, nothing of another model's."""
     medium, other = ("--audio", "--image") if audio else ("--image", "--audio")
     example = (
-        "--processor DIR --audio a.wav --prompt 'TEXT WITH THE AUDIO PLACEHOLDER'"
+        "--processor DIR --audio a.wav --prompt 'TEXT (WITH THE AUDIO PLACEHOLDER, WHERE THE PROCESSOR HAS ONE)'"
         if audio
         else "--processor DIR --image a.png --prompt 'USER: <image> What is shown? ASSISTANT:'"
     )
