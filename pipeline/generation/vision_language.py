@@ -106,6 +106,7 @@ from pipeline.generation.vision_step import (
     VisionLanguageStep,
     fit_mask,
     one_token_sample,
+    runs_sample,
     step_profiles,
     step_sample,
 )
@@ -161,7 +162,7 @@ def convert_vision_language(
     eos, pad = special_tokens(language, generation.eos_token_id, generation.pad_token_id)
     from_model = tuple(n for n in ("eos_token_id", "pad_token_id") if getattr(generation, n) in ((), None))
     generation = dataclasses.replace(
-        one_token_prompt(model, generation, prompt_graph=False) if states else generation,
+        one_token_prompt(model, generation) if states else generation,
         layers=cached_layers(layout) if states else len(layout),
         eos_token_id=eos,
         pad_token_id=pad,
@@ -239,6 +240,12 @@ def convert_vision_language(
         logger.info("vision-language: token_type_ids: the step runs ONNX Attention (GroupQueryAttention is causal)")
     logger.info("vision-language: converting the text step (cache of %d tokens)", generation.max_length)
     step_module = stages(step, sample_of_step, step_settings, generation_converters(registry))
+    if states and generation.prompt_tokens:  # its prompt graph (pipeline/generation/prompt_graph.py)
+        assert token is not None  # check_one_token
+        runs, runs_dims = runs_sample(text, features, layout, generation, token, positions)
+        logger.info("vision-language: converting the prompt graph (%d tokens per run)", generation.prompt_tokens)
+        prompt_settings = dataclasses.replace(step_settings, dynamic=runs_dims)
+        step_module.hold_prompt_graph(stages(step, runs, prompt_settings, generation_converters(registry)))
     embedding = token_embedding(model, token, hidden)
     placeholder = "video" if takes_video_frames(model, modality) else modality.name  # the token image_token_id read
     own_runs = isinstance(image_features_method(model, modality), OwnPromptFeatures)  # each item in a prompt of its own

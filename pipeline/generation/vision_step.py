@@ -283,6 +283,54 @@ def one_token_sample(
     return sample, tuple(dims)
 
 
+def runs_sample(
+    text: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    layout: Sequence[CachedLayer | StateLayer],
+    generation: GenerationSettings,
+    token: int,
+    laid: ImagePositions | None = None,
+) -> tuple[Any, tuple[DynamicDim, ...]]:
+    """The sample of :class:`RecurrentVisionLanguageStep` as its prompt graph takes it
+    (:mod:`pipeline.generation.prompt_graph`), and its dynamic dimensions (the batch and the rows of features): the
+    first run of ``generation.prompt_tokens`` tokens of the sample's prompts left-padded to whole runs, over zero
+    states, with the features of the image tokens in it (row after row)."""
+    tokens = generation.prompt_tokens
+    ids, mask = text["input_ids"], text["attention_mask"]
+    pad = -ids.shape[1] % tokens
+    filler = 0 if token != 0 else 1  # never the image token: the step places features by the ids
+    ids = torch.cat([torch.full((ids.shape[0], pad), filler, dtype=ids.dtype), ids], dim=1)
+    mask = torch.cat([torch.zeros(mask.shape[0], pad, dtype=mask.dtype), mask], dim=1)
+    is_image = (ids == token) & (mask != 0)
+    order = feature_order(is_image).reshape(ids.shape)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if laid is None else laid.prompt(ids, mask)
+    run_ids, run_mask, run_positions = ids[:, :tokens], mask[:, :tokens], positions[..., :tokens]
+    placed = is_image[:, :tokens]
+    run_features = features[order[:, :tokens][placed]] if bool(placed.any()) else features[:2]
+    if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
+        run_ids, run_mask = run_ids.expand(2, -1).clone(), run_mask.expand(2, -1).clone()
+        run_positions = torch.cat([run_positions, run_positions], dim=-2)
+        run_features = run_features.repeat(2, 1) if bool(placed.any()) else run_features
+    batch = int(run_ids.shape[0])
+    capacity = generation.max_length
+    full = torch.zeros(batch, capacity, dtype=torch.int64)
+    full[:, :tokens] = run_mask
+    past = [tensor for layer in layout for tensor in layer.storage(batch, capacity)]
+    sample: Any = ((run_ids, full, run_positions, torch.tensor(0, dtype=torch.int64), run_features, *past), {})
+    dims: list[DynamicDim] = []
+    rows_of_features = int(run_features.shape[0])
+    if generation.max_batch >= 2:
+        axis = 0 if laid is None else 1  # the positions' batch axis
+        names = ["input_ids", "attention_mask", "position_ids", *cache_names(layout)]
+        dims += [
+            DynamicDim(name, axis if name == "position_ids" else 0, "batch", 1, batch, generation.max_batch)
+            for name in names
+        ]
+    most = generation.max_batch * tokens
+    dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, min(rows_of_features, most), most))
+    return sample, tuple(dims)
+
+
 def fit_mask(step: VisionLanguageStep, sample: Any) -> None:
     """Whether the model builds its own mask over the keys it has seen rather than over the static cache (Kosmos-2's
     additive mask over past and new keys): the step run once eagerly on its sample fails with the cache-wide mask

@@ -161,9 +161,11 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
             return directory / DECODER_FILE, cross
         decoder_ids = TensorSpec("decoder_input_ids", "int64", ("batch", "decoder_length"))
         return directory / DECODER_FILE, (*(_any_size(spec) for spec in encoder.inputs), decoder_ids)
-    if (directory / META_FILE).is_file() and (directory / VISION_FILE).is_file() and (directory / STEP_FILE).is_file():
+    if (directory / META_FILE).is_file() and (directory / VISION_FILE).is_file() and (directory / STEP_FILE).exists():
         vision = IOSpec.from_json(read_metadata(directory / VISION_FILE)["io"])
-        step_metadata = read_metadata(directory / STEP_FILE)
+        # a text step with a prompt graph is a directory of its own (GenerativeModule.save)
+        step_file = directory / STEP_FILE if (directory / STEP_FILE).is_file() else directory / STEP_FILE / STEP_FILE
+        step_metadata = read_metadata(step_file)
         step = IOSpec.from_json(step_metadata["io"])
         typed = (
             [TensorSpec(TOKEN_TYPES, "int64", ("batch", "length"))]
@@ -185,7 +187,7 @@ def _two_graphs(directory: Path) -> tuple[Path, tuple[TensorSpec, ...]] | None:
             for name, (dtype, value) in fixed.items()
         ]
         images = (*(_any_size(spec) for spec in vision.inputs), *held)
-        return directory / STEP_FILE, (*PROMPT_INPUTS, *images, *typed)
+        return step_file, (*PROMPT_INPUTS, *images, *typed)
     from pipeline.runtime.generation.module import PROMPT_FILE
 
     if (directory / PROMPT_FILE).is_file() and (directory / STEP_FILE).is_file():  # a step and its prompt graph

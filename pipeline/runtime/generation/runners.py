@@ -181,14 +181,31 @@ class OrtBoundRunner:
         """A prefill (nothing cached yet) of the buffers' first ``input_ids.shape[0]`` rows: each prompt once, its
         rows then repeated for its beams by :meth:`reorder`; ``past_length``: the tokens of the prompt already fed
         (a one-token step's prefill, token by token)."""
-        rows = int(input_ids.shape[0])
+        rows, steps = (int(n) for n in input_ids.shape)
+        binding = self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
         named = _named(input_ids, attention_mask, position_ids, past_length, extra)
         reads = [self._leading(a, rows) for a in self.read_arrays]
         writes = [
             r if w is a else self._leading(w, rows)
             for r, a, w in zip(reads, self.read_arrays, self.write_arrays, strict=True)
         ]
-        logits = self.binding.run(named, reads, writes)
+        logits = binding.run(named, reads, writes)
+        self.reads, self.writes = self.writes, self.reads
+        self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
+        return logits
+
+    def prefill_rows(self, rows: list[dict[str, np.ndarray]]) -> torch.Tensor:
+        """A prefill run after the first of several rows, one row at a time (ONNX Runtime's ``GroupQueryAttention``
+        takes several new tokens over a past for one row only: see :meth:`run`): ``rows[i]`` is row ``i``'s inputs
+        by name (its own image features, a vision-language run's), each on its row of the buffers."""
+        steps = int(rows[0]["input_ids"].shape[1])
+        binding = self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
+        logits = torch.cat(
+            [
+                binding.run(named, self._rows(self.read_arrays, row), self._rows(self.write_arrays, row))
+                for row, named in enumerate(rows)
+            ]
+        )
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
         return logits
@@ -377,12 +394,16 @@ def step_runner(
     return CopyingRunner(executor, layout, prompt)
 
 
-def bound_runner(executor: Any, layout: CacheLayout) -> OrtBoundRunner | None:
+def bound_runner(executor: Any, layout: CacheLayout, prompt: Any = None) -> OrtBoundRunner | None:
     """The in-place runner on ``executor``'s ONNX Runtime session (also the one beside a TensorRT-RTX engine that
     cannot run here), None for any other executor (a TensorRT engine, or one without a session): the two-graph
-    modules (encoder-decoder, vision-language) then copy their cache through ``executor.run``."""
+    modules (encoder-decoder, vision-language) then copy their cache through ``executor.run``. ``prompt``: a
+    recurrent text model's prompt graph's executor, whose session runs the runs of several tokens."""
     session = _ort_session(executor)
-    return OrtBoundRunner(session, layout) if session is not None else None
+    prompt_session = _ort_session(prompt) if prompt is not None else None
+    if session is None or (prompt is not None and prompt_session is None):
+        return None
+    return OrtBoundRunner(session, layout, prompt_session=prompt_session)
 
 
 def _ort_session(executor: Any) -> Any:

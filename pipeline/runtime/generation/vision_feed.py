@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from converters.generation_settings import GenerationSettings
-from pipeline.runtime.generation.feed import evict
+from pipeline.runtime.generation.feed import evict, prompt_padding, prompt_runs
 from pipeline.runtime.generation.image_positions import ImagePositions, feature_order
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.request import check_room
@@ -78,14 +79,26 @@ class VisionFeed(RowsOfTwoCaches):
         features: torch.Tensor,
         expand: int,
         levels: dict[str, torch.Tensor] | None = None,
+        room: int = 1,
     ) -> None:
         self.module = module
+        self.ids = ids.repeat_interleave(expand, dim=0)
+        self.capacity = module.generation.max_length
+        #: a recurrent text model's prompt graph's tokens per run (0: none): the prompts are left-padded to whole runs
+        #: when that leaves ``room`` for the new tokens (:func:`~pipeline.runtime.generation.feed.prompt_padding`)
+        prompt_graph = getattr(module.step, "prompt_graph", None)
+        self.run_tokens = module.generation.prompt_tokens if prompt_graph is not None else 0
+        pad = prompt_padding(ids.shape[1], self.capacity, self.run_tokens, room) if module.one_token else 0
+        if pad:
+            filler = 0 if module.image_token_id != 0 else 1  # never the image token: the step places by the ids
+            ids = torch.cat([torch.full((ids.shape[0], pad), filler, dtype=ids.dtype), ids], dim=1)
+            mask = torch.cat([torch.zeros(mask.shape[0], pad, dtype=mask.dtype), mask], dim=1)
         self.prompts, self.prompt_mask, self.features, self.expand = ids, mask, features, expand
         #: the prompts' deepstack levels by name (the step's inputs)
         self.levels = dict(levels or {})
-        self.ids = ids.repeat_interleave(expand, dim=0)
-        rows, self.prompt = self.ids.shape
-        self.capacity = module.generation.max_length
+        rows = self.ids.shape[0]
+        #: the cache positions the prompts take (their tokens and any padding before them)
+        self.prompt = ids.shape[1]
         self.mask = torch.zeros(rows, self.capacity, dtype=torch.int64)
         self.mask[:, : self.prompt] = mask.repeat_interleave(expand, dim=0)
         # each prompt's next position, repeated for its rows (a rule that counts the request's images counts the
@@ -98,7 +111,8 @@ class VisionFeed(RowsOfTwoCaches):
         #: a decode step's deepstack levels: zeros (the model adds none after the prompt)
         self.no_levels = {name: torch.zeros_like(self.no_features) for name in module._levels}
         #: on ONNX Runtime the cache stays in bound buffers written in place (a decode step's features bound once)
-        self.runner = bound_runner(module.step.executor, cache_layout(module.step.io, module.generation.layers))
+        layout = cache_layout(module.step.io, module.generation.layers)
+        self.runner = bound_runner(module.step.executor, layout, prompt_graph.executor if prompt_graph else None)
         if self.runner is not None:
             self.runner.start(rows)
             self.held = {
@@ -138,13 +152,14 @@ class VisionFeed(RowsOfTwoCaches):
         return logits
 
     def _prefill_by_token(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The prompts through a one-token step, column by column: a column's features are the rows of the image
-        features of the rows whose token there is the image token (in row order: the n-th image token of the prompts,
-        row after row, takes the n-th row, as the model's ``masked_scatter`` places them)."""
+        """The prompts through a one-token step, column by column, or, with a prompt graph, run by run
+        (:func:`~pipeline.runtime.generation.feed.prompt_runs`): a run's features are the rows of the image features
+        of its image tokens, row after row (the n-th image token of the prompts, row after row, takes the n-th row, as
+        the model's ``masked_scatter`` places them)."""
         rows, tokens = self.prompts.shape
         token = self.module.image_token_id
         assert token is not None  # a one-token step has one (the conversion refuses a model without)
-        is_image = self.prompts == token
+        is_image = (self.prompts == token) & (self.prompt_mask != 0)
         order = feature_order(is_image).reshape(rows, tokens)
         if self.runner is None:
             self.cache = [
@@ -152,17 +167,44 @@ class VisionFeed(RowsOfTwoCaches):
                 for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
             ]
         logits = torch.empty(0)
-        for column in range(tokens):
-            placed = is_image[:, column]
-            features = self.features[order[placed, column]] if bool(placed.any()) else self.no_features[:1]
-            ids, laid = self.prompts[:, column : column + 1], positions[..., column : column + 1]
-            if self.runner is not None:
+        for start, end in prompt_runs(tokens, 1, self.run_tokens):
+            placed = is_image[:, start:end]
+            features = self.features[order[:, start:end][placed]] if bool(placed.any()) else self.no_features[:1]
+            ids, laid = self.prompts[:, start:end], positions[..., start:end]
+            if self.runner is not None and rows > 1 and end - start > 1 and start > 0:
+                logits = self.runner.prefill_rows(
+                    [self._row_run(row, ids, mask, laid, start, order[:, start:end], placed) for row in range(rows)]
+                ).float()
+                self.length += end - start
+            elif self.runner is not None:
                 extra = {IMAGE_FEATURES: features.numpy()}
-                logits = self.runner.prefill_leading(ids, mask, laid, extra, past_length=column).float()
-                self.length += 1
+                logits = self.runner.prefill_leading(ids, mask, laid, extra, past_length=start).float()
+                self.length += end - start
             else:
                 logits = self._run(ids, mask, laid, features)
         return logits
+
+    def _row_run(
+        self,
+        row: int,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        order: torch.Tensor,
+        placed: torch.Tensor,
+    ) -> dict[str, Any]:
+        """Row ``row``'s inputs of a run after the first (its ids, mask, positions and its own image features)."""
+        mine = placed[row]
+        features = self.features[order[row][mine]] if bool(mine.any()) else self.no_features[:1]
+        laid = positions[row : row + 1] if positions.dim() == 2 else positions[:, row : row + 1]
+        return {
+            "input_ids": ids[row : row + 1].numpy(),
+            "attention_mask": mask[row : row + 1].numpy(),
+            "position_ids": laid.numpy(),
+            "past_length": np.array(start, dtype=np.int64),
+            IMAGE_FEATURES: features.numpy(),
+        }
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """One new token per row [rows]."""
@@ -207,7 +249,10 @@ class VisionFeed(RowsOfTwoCaches):
         if marked is not None and module.placement is not None:
             named[module.placement] = marked
         names = CopiedNames(module._step_inputs, module._layer_names, module._presents)
-        return self.copied_step(module.step, names, named)
+        # a run of several tokens of a one-token step: its prompt graph's
+        graph = getattr(module.step, "prompt_graph", None) if ids.shape[1] > 1 and module.one_token else module.step
+        assert graph is not None
+        return self.copied_step(graph, names, named)
 
 
 def prompt_positions(module: FedModule, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -317,7 +317,7 @@ class VisionLanguageModule(TwoGraphModule):
         expanded = ids.repeat_interleave(request.expand, dim=0)
         expanded_mask = mask.repeat_interleave(request.expand, dim=0)
         decoding = resolve(request, generation, expanded, expanded_mask, self._vocabulary)
-        feed = VisionFeed(self, ids, mask, features, request.expand, levels)
+        feed = VisionFeed(self, ids, mask, features, request.expand, levels, room=decoding.new)
         if TOKEN_TYPES in self._step_inputs:  # the prefill's types (none given: text everywhere, as the model's)
             feed.types = types if types is not None else torch.zeros_like(ids)
         feed.marked = marked
@@ -399,7 +399,8 @@ class VisionLanguageModule(TwoGraphModule):
 def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> VisionLanguageModule:
     """The module saved in ``path`` by :meth:`VisionLanguageModule.save`, each artifact read by ``load``
     (:func:`pipeline.runtime.loading.load` with its options)."""
-    missing = [name for name in (VISION_FILE, STEP_FILE, META_FILE) if not (path / name).is_file()]
+    # the step is a directory when it holds a prompt graph (GenerativeModule.save)
+    missing = [name for name in (VISION_FILE, STEP_FILE, META_FILE) if not (path / name).exists()]
     if missing:
         raise ArtifactError(
             f"{path} lacks {', '.join(missing)}: an incomplete vision-language directory",

@@ -17,6 +17,8 @@ Nothing is downloaded."""
 from __future__ import annotations
 
 import importlib.util
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,22 +201,24 @@ def tiny_qwen3_5() -> tuple[Any, dict[str, torch.Tensor]]:
 
 def test_a_linear_attention_vision_language_model_steps_one_token_at_a_time() -> None:
     """Qwen3.5 (Gated DeltaNet linear attention beside attention, M-RoPE): the step takes one token and the layers'
-    states (``past_key_values.0.conv``/``.recurrent``) beside layer 1's keys and values; the prompt is fed token by
-    token, each image token's step given its own feature row. A left-padded batch gives transformers' greedy tokens
-    and every step's scores (within 1e-3), another image changes them as it changes transformers', and 2 beams give
-    its beams; TensorRT-RTX's real builder builds both graphs."""
+    states (``past_key_values.0.conv``/``.recurrent``) beside layer 1's keys and values; the prompt runs on its prompt
+    graph in runs of 8 tokens, each run given its image tokens' feature rows. A left-padded batch gives transformers'
+    greedy tokens and every step's scores (within 1e-3), another image changes them as it changes transformers', and
+    2 beams give its beams; saved and loaded, the same; TensorRT-RTX's real builder builds the three graphs."""
     from pipeline.runtime.generation.layout import past_name
 
     rtx = importlib.util.find_spec("tensorrt_rtx") is not None
     model, inputs = tiny_qwen3_5()
     backend: dict[str, Any] = {"backend": "tensorrt-rtx", "trt_engine_cache": False} if rtx else {}
-    module = pipeline.convert(model, inputs, generation=GENERATION, validate=False, **backend)
+    # a prompt graph of 8 tokens per run: the prompts of 14 tokens go in two runs, the second one row at a time
+    module = pipeline.convert(model, inputs, generation={**GENERATION, "max_prompt": 8}, validate=False, **backend)
     assert isinstance(module, VisionLanguageModule)
     assert module.generation.max_prompt == 1 and module.positions is not None
+    assert module.generation.prompt_tokens == 8 and module.step.prompt_graph is not None
     names = {spec.name for spec in module.step.io.inputs}
     assert {past_name(0, "conv"), past_name(0, "recurrent"), past_name(1, "key")} <= names
     if rtx:
-        assert module.vision.engine_bytes and module.step.engine_bytes
+        assert module.vision.engine_bytes and module.step.engine_bytes and module.step.prompt_graph.engine_bytes
     scored = {**GREEDY, "output_scores": True, "return_dict_in_generate": True}
     with torch.no_grad():
         theirs = model.generate(**inputs, **scored)
@@ -230,3 +234,7 @@ def test_a_linear_attention_vision_language_model_steps_one_token_at_a_time() ->
     beams = {**GREEDY, "max_new_tokens": 4, "num_beams": 2}  # the states' rows reordered with the keys and values
     with torch.no_grad():
         assert torch.equal(module.generate(**inputs, **beams), model.generate(**inputs, **beams))
+    with tempfile.TemporaryDirectory() as directory:
+        loaded = pipeline.load(module.save(Path(directory) / "qwen3_5"))
+        assert isinstance(loaded, VisionLanguageModule) and loaded.step.prompt_graph is not None
+        assert torch.equal(loaded.generate(**inputs, **GREEDY), theirs.sequences)
