@@ -136,6 +136,10 @@ def rtx_builds(model: torch.nn.Module, inputs: dict[str, Any], generation: dict[
     except Exception as error:  # noqa: BLE001 - the builder's refusal is the cell
         return f"**no**: {type(error).__name__}: {first_line(error)[:200]}"
     parts = {name: part for name, part in module.named_children() if hasattr(part, "engine_bytes")} or {"": module}
+    for name, part in list(parts.items()):  # a recurrent text model's prompt graph, beside its step
+        prompt = getattr(part, "prompt_graph", None)
+        if prompt is not None:
+            parts[f"{name} prompt".strip()] = prompt
     unbuilt = [name for name, part in parts.items() if not part.engine_bytes]
     if not unbuilt:
         return f"yes ({len(parts)} graphs)"
