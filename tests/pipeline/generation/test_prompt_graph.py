@@ -131,3 +131,20 @@ def test_saved_and_loaded_with_its_prompt_graph(
 @pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
 def test_tensorrt_rtx_builds_both_graphs(module: GenerativeModule) -> None:
     assert module.engine_bytes and module.prompt_graph is not None and module.prompt_graph.engine_bytes
+
+
+def test_a_model_whose_runs_do_not_continue_from_states_goes_token_by_token() -> None:
+    """Mamba's selective scan starts from zero whatever its cache holds: a second run would forget the first. The
+    conversion finds it by running the model (two runs against its own prefill), says so, and keeps no prompt graph."""
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=8, pad_token_id=0)
+    model = transformers.MambaForCausalLM(config).eval()
+    ids = torch.randint(3, 90, (1, 13), generator=torch.Generator().manual_seed(2))
+    with pytest.warns(UserWarning, match="does not continue from the states a run leaves"):
+        module = pipeline.convert(
+            model, ids, generation={"max_length": 32, "max_batch": 2, "max_prompt": 8}, validate=False
+        )
+    assert isinstance(module, GenerativeModule)
+    assert module.prompt_graph is None and module.generation.prompt_tokens == 0
+    expected = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+    assert torch.equal(module.generate(ids, max_new_tokens=NEW_TOKENS, eos_token_id=[]), expected)
