@@ -72,7 +72,8 @@ def prepare_step(
         tokens = generation.prompt_tokens
         reason = runs_continue(model, step, layout, input_ids, tokens) if tokens else None
         if reason is not None:
-            asked = settings.generation.max_prompt not in (None, 1, settings.generation.max_length)
+            given = settings.generation
+            asked = given is not None and given.max_prompt not in (None, 1, given.max_length)
             generation = without_runs(model, generation, reason, asked)
     else:
         step = CachedStep(model, len(layout), use_interface, indexed_layers(layout))

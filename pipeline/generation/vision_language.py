@@ -199,7 +199,7 @@ def convert_vision_language(
         ids = text["input_ids"]
         words = ids[ids != token]
         plain = words[:1].expand_as(ids).clone() if words.numel() else torch.zeros_like(ids)
-        plain = torch.where(ids == token, plain, ids)
+        plain = torch.where(torch.eq(ids, token), plain, ids)
         tokens = generation.prompt_tokens
         reason = runs_continue(language, RecurrentStep(language, layout, False), layout, plain, tokens)
         if reason is not None:
