@@ -196,6 +196,7 @@ def convert_vision_language(
         generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
     step: VisionLanguageStep
     if states and generation.prompt_tokens:  # the text model's runs continue from the states (probed on text alone)
+        assert token is not None  # check_one_token
         ids = text["input_ids"]
         words = ids[ids != token]
         plain = words[:1].expand_as(ids).clone() if words.numel() else torch.zeros_like(ids)
