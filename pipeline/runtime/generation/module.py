@@ -115,8 +115,15 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         """Run prompts on ``graph`` (None: through the step); held as a plain attribute, not a submodule (the
         module's state is its own graph's). The request slots' runners are made anew with it."""
         object.__setattr__(self, "_prompt_module", graph)
+        self._renew_slots()
+
+    def _renew_slots(self) -> None:
+        """The request slots' runners made anew by the next request (those running finish on theirs), with the
+        slots' count and timeout kept."""
         with _MAKING_SLOTS:
-            self._slots = None
+            old, self._slots = self._slots, None
+        if old is not None:
+            self._request_slots().slots, self._request_slots().timeout = old.slots, old.timeout
 
     @property
     def generation(self) -> GenerationSettings:
@@ -172,10 +179,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
                 stacklevel=2,
             )
             object.__setattr__(self, "_prompt_module", None)
-        with _MAKING_SLOTS:
-            old, self._slots = self._slots, None
-        if old is not None:
-            self._request_slots().slots, self._request_slots().timeout = old.slots, old.timeout
+        self._renew_slots()
 
     def generate(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **options: Any
