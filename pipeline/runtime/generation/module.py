@@ -166,6 +166,14 @@ class GenerativeModule(HeldRequests, ConvertedModule):
 
         return save_directory(path, (STEP_FILE, PROMPT_FILE), write, "a recurrent model's step and prompt graph")
 
+    def save_onnx(self, path: str | Path) -> list[Path]:
+        """:meth:`ConvertedModule.save_onnx`; with a prompt graph, its graph too, beside: ``<name>.prompt.onnx``."""
+        written = super().save_onnx(path)
+        if self.prompt_graph is not None:
+            target = Path(path)
+            written += self.prompt_graph.save_onnx(target.with_name(f"{target.stem}.prompt{target.suffix}"))
+        return written
+
     def rebind(self, *args: Any, **kwargs: Any) -> None:
         """:meth:`ConvertedModule.rebind`; the request slots' runners are made anew on the new executor (requests
         running meanwhile finish on the old one)."""

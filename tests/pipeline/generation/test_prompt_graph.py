@@ -120,6 +120,8 @@ def test_saved_and_loaded_with_its_prompt_graph(
     assert isinstance(loaded, GenerativeModule) and loaded.prompt_graph is not None
     greedy = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
     assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+    written = module.save_onnx(tmp_path / "onnx" / "model.onnx")  # both graphs, for other tools
+    assert {p.name for p in written} >= {"model.onnx", "model.prompt.onnx"}
     # served as one model: its step's settings, a prompt per request; the repository holds both artifacts
     from pipeline.serving.export import export_triton
 
