@@ -238,16 +238,7 @@ def _decode(
     prompt runs, positions and mask as :meth:`GenerativeModule.stream`."""
     generation = settings.generation
     assert generation is not None
-    feed = StepFeed(
-        runner,
-        ids,
-        mask,
-        generation.max_length,
-        generation.max_prompt,
-        generation.kept_window,
-        generation.prompt_tokens,
-        room=count - 1,
-    )
+    feed = StepFeed.of(runner, ids, mask, generation, True, room=count - 1)  # prompt_tokens: 0 without a prompt graph
     logits = feed.prefill()
     outputs, tokens = [logits.float().numpy()], []
     for k in range(count):

@@ -264,12 +264,29 @@ def one_token_sample(
     if ids.shape[0] == 1 and generation.max_batch >= 2:  # the export specialises a batch of 1: the row twice
         step_ids, step_features = step_ids.expand(2, -1).clone(), step_features.repeat(2, 1)
         step_positions = torch.cat([step_positions, step_positions], dim=-2)
-    batch = int(step_ids.shape[0])
+    run_mask = torch.ones_like(step_ids)
+    return _states_sample(step_ids, run_mask, step_positions, step_features, layout, generation, laid, 1)
+
+
+def _states_sample(
+    ids: torch.Tensor,
+    run_mask: torch.Tensor,
+    positions: torch.Tensor,
+    features: torch.Tensor,
+    layout: Sequence[CachedLayer | StateLayer],
+    generation: GenerationSettings,
+    laid: ImagePositions | None,
+    tokens: int,
+) -> tuple[Any, tuple[DynamicDim, ...]]:
+    """A sample of :class:`RecurrentVisionLanguageStep` over zero states (``ids`` [batch, ``tokens``] the first
+    tokens, ``run_mask`` theirs) and its dynamic dimensions: the batch (up to ``max_batch``) and the rows of features
+    (up to ``max_batch`` x ``tokens``)."""
+    batch = int(ids.shape[0])
     capacity = generation.max_length
     full = torch.zeros(batch, capacity, dtype=torch.int64)
-    full[:, 0] = 1
+    full[:, :tokens] = run_mask
     past = [tensor for layer in layout for tensor in layer.storage(batch, capacity)]
-    sample: Any = ((step_ids, full, step_positions, torch.tensor(0, dtype=torch.int64), step_features, *past), {})
+    sample: Any = ((ids, full, positions, torch.tensor(0, dtype=torch.int64), features, *past), {})
     dims: list[DynamicDim] = []
     if generation.max_batch >= 2:
         axis = 0 if laid is None else 1  # the positions' batch axis
@@ -278,8 +295,10 @@ def one_token_sample(
             DynamicDim(name, axis if name == "position_ids" else 0, "batch", 1, batch, generation.max_batch)
             for name in names
         ]
-        rows_of_features = int(step_features.shape[0])
-        dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, rows_of_features, generation.max_batch))
+    most = generation.max_batch * tokens
+    if most >= 2:
+        rows_of_features = min(int(features.shape[0]), most)
+        dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, rows_of_features, most))
     return sample, tuple(dims)
 
 
@@ -311,24 +330,7 @@ def runs_sample(
         run_ids, run_mask = run_ids.expand(2, -1).clone(), run_mask.expand(2, -1).clone()
         run_positions = torch.cat([run_positions, run_positions], dim=-2)
         run_features = run_features.repeat(2, 1) if bool(placed.any()) else run_features
-    batch = int(run_ids.shape[0])
-    capacity = generation.max_length
-    full = torch.zeros(batch, capacity, dtype=torch.int64)
-    full[:, :tokens] = run_mask
-    past = [tensor for layer in layout for tensor in layer.storage(batch, capacity)]
-    sample: Any = ((run_ids, full, run_positions, torch.tensor(0, dtype=torch.int64), run_features, *past), {})
-    dims: list[DynamicDim] = []
-    rows_of_features = int(run_features.shape[0])
-    if generation.max_batch >= 2:
-        axis = 0 if laid is None else 1  # the positions' batch axis
-        names = ["input_ids", "attention_mask", "position_ids", *cache_names(layout)]
-        dims += [
-            DynamicDim(name, axis if name == "position_ids" else 0, "batch", 1, batch, generation.max_batch)
-            for name in names
-        ]
-    most = generation.max_batch * tokens
-    dims.append(DynamicDim(IMAGE_FEATURES, 0, "image_tokens", 1, min(rows_of_features, most), most))
-    return sample, tuple(dims)
+    return _states_sample(run_ids, run_mask, run_positions, run_features, layout, generation, laid, tokens)
 
 
 def fit_mask(step: VisionLanguageStep, sample: Any) -> None:

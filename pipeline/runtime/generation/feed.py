@@ -109,6 +109,23 @@ class StepFeed:
         self._mask, self._next = self.mask.numpy(), self.next_position.numpy()
         runner.start(rows)
 
+    @classmethod
+    def of(
+        cls, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, generation: Any, runs: bool, room: int
+    ) -> StepFeed:
+        """The feed of a step converted with ``generation`` (its :class:`GenerationSettings`): its capacity, context
+        profile, kept window and, when ``runs`` (its prompt graph runs the prompt), its prompt graph's run length."""
+        return cls(
+            runner,
+            ids,
+            mask,
+            generation.max_length,
+            generation.max_prompt,
+            generation.kept_window,
+            generation.prompt_tokens if runs else 0,
+            room,
+        )
+
     def prefill(self) -> torch.Tensor:
         """The prompt through the step (or the prompt graph), run by run (:func:`prompt_runs`); the last run's
         logits."""

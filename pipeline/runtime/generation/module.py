@@ -253,17 +253,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         """The request's feed; ``room``: the new tokens it decodes (a prompt graph's padding leaves room for them)."""
         from pipeline.runtime.generation.feed import StepFeed
 
-        generation = self.generation
-        return StepFeed(
-            runner,
-            ids,
-            mask,
-            generation.max_length,
-            generation.max_prompt,
-            generation.kept_window,
-            generation.prompt_tokens if self.prompt_graph is not None else 0,
-            room,
-        )
+        return StepFeed.of(runner, ids, mask, self.generation, self.prompt_graph is not None, room)
 
     def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
         return decode(feed, decoding)
