@@ -116,8 +116,6 @@ def log(message: str) -> None:
 
 def build_checkpoint(directory: Path, shape: dict[str, int]) -> transformers.LlamaForCausalLM:
     """The random-weight Llama (seed 0) saved with ``save_pretrained``, a tokenizer beside it; the model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -131,6 +129,15 @@ def build_checkpoint(directory: Path, shape: dict[str, int]) -> transformers.Lla
     with torch.no_grad():  # the eos logit is always 0, below the top one: no system stops before NEW tokens
         model.lm_head.weight[EOS].zero_()
     model.save_pretrained(directory)
+    save_tokenizer(directory)
+    return model
+
+
+def save_tokenizer(directory: Path) -> None:
+    """A word-level ``PreTrainedTokenizerFast`` of VOCAB entries (``<unk>`` 0, ``<s>`` BOS, ``</s>`` EOS, ``w3``...)
+    saved in ``directory``: what GenAI's builder and runtime read beside a checkpoint (nothing is downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {"<unk>": 0, "<s>": BOS, "</s>": EOS, **{f"w{i}": i for i in range(3, VOCAB)}}
     words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -138,7 +145,6 @@ def build_checkpoint(directory: Path, shape: dict[str, int]) -> transformers.Lla
         tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
     tokenizer.save_pretrained(directory)
-    return model
 
 
 def prompts() -> np.ndarray:
