@@ -27,8 +27,9 @@ from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_n
 from pipeline.runtime.generation.options import GENERATE_ONLY, GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, check_room, resolve
 from pipeline.runtime.generation.runners import CopiedNames, RowsOfTwoCaches, bound_runner
+from pipeline.runtime.generation.saved_directory import save_directory
 from pipeline.runtime.generation.source_and_step import DECODER_FILE, ENCODER_FILE, decode, generate_over
-from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
+from pipeline.runtime.generation.two_graphs import TwoGraphModule
 from pipeline.runtime.module import ConvertedModule
 
 #: The key of the step's generation ``model_options`` that says how the model's ``generate`` prepares a prompt before

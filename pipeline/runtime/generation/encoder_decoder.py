@@ -27,6 +27,7 @@ from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, cross_
 from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, check_room, resolve
 from pipeline.runtime.generation.runners import CopiedNames, RowsOfTwoCaches, bound_runner
+from pipeline.runtime.generation.saved_directory import save_directory
 from pipeline.runtime.generation.source_and_step import (
     DECODER_FILE,
     ENCODER_FILE,
@@ -34,7 +35,7 @@ from pipeline.runtime.generation.source_and_step import (
     decode,
     generate_over,
 )
-from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
+from pipeline.runtime.generation.two_graphs import TwoGraphModule
 from pipeline.runtime.module import ConvertedModule
 
 #: The step's input holding the encoder's padding mask [batch, source] (1: a token, 0: padding).

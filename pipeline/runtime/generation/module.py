@@ -158,7 +158,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         prompt = self.prompt_graph
         if prompt is None:
             return super().save(path, metadata=metadata)
-        from pipeline.runtime.generation.two_graphs import save_directory
+        from pipeline.runtime.generation.saved_directory import save_directory
 
         def write(directory: Path) -> None:
             ConvertedModule.save(self, directory / STEP_FILE, metadata=metadata)

@@ -1,19 +1,14 @@
 """What the generation modules made of two converted graphs share (an encoder-decoder's encoder and decoder step, a
-vision-language model's vision graph and text step): the step's settings, report and backend as the module's own,
-and the saved directory of artifacts, written atomically."""
+vision-language model's vision graph and text step): the step's settings, report and backend as the module's own
+(their saved directory: :mod:`pipeline.runtime.generation.saved_directory`)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from converters.errors import InputError
 from converters.generation_settings import GenerationSettings
 from pipeline.runtime.generation.module import HeldRequests
 from pipeline.runtime.module import ConvertedModule
@@ -67,34 +62,3 @@ class TwoGraphModule(HeldRequests, torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """``generate`` (a converted generative model is called to generate)."""
         return self.generate(*args, **kwargs)
-
-
-def save_directory(path: str | Path, files: tuple[str, ...], write: Callable[[Path], None], what: str) -> Path:
-    """Write the directory ``path`` holding ``files`` (``write(staging)`` writes them), atomically: a new directory
-    renamed into place (a directory already there is replaced only once the new one is complete). ``what`` names the
-    module in the errors ("an encoder-decoder", "a vision-language model")."""
-    target = Path(path)
-    if target.exists() and not target.is_dir():
-        raise InputError(
-            f"{target} exists and is not a directory: {what} saves as a directory of {', '.join(files)}",
-            fix="pass a new path, or a directory its save wrote",
-        )
-    if target.is_dir() and any(p.name not in files for p in target.iterdir()):
-        raise InputError(
-            f"{target} holds other files than {what}'s {', '.join(files)}", fix="save into a new or empty directory"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write(staging)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target

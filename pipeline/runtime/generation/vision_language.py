@@ -39,8 +39,9 @@ from pipeline.runtime.generation.kept_images import FEATURES, kept_features
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout
 from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, resolve
+from pipeline.runtime.generation.saved_directory import save_directory
 from pipeline.runtime.generation.source_and_step import decode, generate_over
-from pipeline.runtime.generation.two_graphs import TwoGraphModule, save_directory
+from pipeline.runtime.generation.two_graphs import TwoGraphModule
 from pipeline.runtime.generation.vision_feed import DEEPSTACK, IMAGE_FEATURES, TOKEN_TYPES, VisionFeed
 from pipeline.runtime.module import ConvertedModule
 
