@@ -238,7 +238,8 @@ def _decode(
     prompt runs, positions and mask as :meth:`GenerativeModule.stream`."""
     generation = settings.generation
     assert generation is not None
-    feed = StepFeed.of(runner, ids, mask, generation, True, room=count - 1)  # prompt_tokens: 0 without a prompt graph
+    # prompt_tokens is 0 when no prompt graph runs the prompts (validate_decoding zeroes it)
+    feed = StepFeed.of(runner, ids, mask, generation, generation.prompt_tokens, room=count - 1)
     logits = feed.prefill()
     outputs, tokens = [logits.float().numpy()], []
     for k in range(count):

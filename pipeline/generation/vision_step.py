@@ -19,6 +19,7 @@ from converters.settings import ProfileRange
 from pipeline.generation.deepstack import DeepstackLevels, added_after_layers
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names
 from pipeline.generation.step import CachedStep
+from pipeline.runtime.generation.feed import padded_prompt
 from pipeline.runtime.generation.image_positions import ImagePositions, feature_order, gathered_rows
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.generation.vision_feed import IMAGE_FEATURES, MODALITY_TYPES, TOKEN_TYPES, deepstack_name
@@ -316,10 +317,7 @@ def runs_sample(
     states, with the features of the image tokens in it (row after row)."""
     tokens = generation.prompt_tokens
     ids, mask = text["input_ids"], text["attention_mask"]
-    pad = -ids.shape[1] % tokens
-    filler = 0 if token != 0 else 1  # never the image token: the step places features by the ids
-    ids = torch.cat([torch.full((ids.shape[0], pad), filler, dtype=ids.dtype), ids], dim=1)
-    mask = torch.cat([torch.zeros(mask.shape[0], pad, dtype=mask.dtype), mask], dim=1)
+    ids, mask = padded_prompt(ids, mask, -ids.shape[1] % tokens, token)
     is_image = (ids == token) & (mask != 0)
     order = feature_order(is_image).reshape(ids.shape)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1) if laid is None else laid.prompt(ids, mask)

@@ -55,6 +55,21 @@ def prompt_padding(length: int, capacity: int, prompt_tokens: int, room: int) ->
     return pad if length + pad + room <= capacity else 0
 
 
+def padded_prompt(
+    ids: torch.Tensor, mask: torch.Tensor, pad: int, image_token: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids`` [rows, length] and their ``mask`` with ``pad`` masked columns before them (:func:`prompt_padding`): the
+    filler id is 0, or 1 when 0 is the ``image_token`` (a vision-language step places image features by the ids)."""
+    if not pad:
+        return ids, mask
+    filler = 1 if image_token == 0 else 0
+    rows = ids.shape[0]
+    return (
+        torch.cat([torch.full((rows, pad), filler, dtype=ids.dtype), ids], dim=1),
+        torch.cat([torch.zeros(rows, pad, dtype=mask.dtype), mask], dim=1),
+    )
+
+
 def prompt_runs(length: int, chunk: int, prompt_tokens: int) -> list[tuple[int, int]]:
     """The (start, end) columns of each prefill run over a (padded) prompt of ``length`` tokens: chunks of ``chunk``
     (the context profile's longest), or, with a prompt graph of ``prompt_tokens`` per run, the leading tokens that
@@ -90,10 +105,7 @@ class StepFeed:
         self.window = window
         self.ids = ids
         rows = ids.shape[0]
-        pad = prompt_padding(ids.shape[1], capacity, prompt_tokens, room)
-        if pad:
-            ids = torch.cat([torch.zeros(rows, pad, dtype=ids.dtype), ids], dim=1)
-            mask = torch.cat([torch.zeros(rows, pad, dtype=mask.dtype), mask], dim=1)
+        ids, mask = padded_prompt(ids, mask, prompt_padding(ids.shape[1], capacity, prompt_tokens, room))
         self._prompt_ids = ids
         #: the cache positions the prompt takes (its tokens and any padding before them)
         self.prompt = ids.shape[1]
@@ -111,10 +123,10 @@ class StepFeed:
 
     @classmethod
     def of(
-        cls, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, generation: Any, runs: bool, room: int
+        cls, runner: StepRunner, ids: torch.Tensor, mask: torch.Tensor, generation: Any, run_tokens: int, room: int
     ) -> StepFeed:
         """The feed of a step converted with ``generation`` (its :class:`GenerationSettings`): its capacity, context
-        profile, kept window and, when ``runs`` (its prompt graph runs the prompt), its prompt graph's run length."""
+        profile and kept window; ``run_tokens``: its prompt graph's tokens per run (0: none runs the prompt)."""
         return cls(
             runner,
             ids,
@@ -122,7 +134,7 @@ class StepFeed:
             generation.max_length,
             generation.max_prompt,
             generation.kept_window,
-            generation.prompt_tokens if runs else 0,
+            run_tokens,
             room,
         )
 

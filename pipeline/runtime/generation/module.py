@@ -111,6 +111,12 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         (:meth:`hold_prompt_graph` sets it)."""
         return self._prompt_module
 
+    @property
+    def run_tokens(self) -> int:
+        """The tokens per run of the prompt graph held (``generation.prompt_tokens``); 0 when none is held (a rebind
+        drops it; a step loaded without its directory has none): its prompts then run through the step."""
+        return self.generation.prompt_tokens if self._prompt_module is not None else 0
+
     def hold_prompt_graph(self, graph: ConvertedModule | None) -> None:
         """Run prompts on ``graph`` (None: through the step); held as a plain attribute, not a submodule (the
         module's state is its own graph's). The request slots' runners are made anew with it."""
@@ -253,7 +259,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         """The request's feed; ``room``: the new tokens it decodes (a prompt graph's padding leaves room for them)."""
         from pipeline.runtime.generation.feed import StepFeed
 
-        return StepFeed.of(runner, ids, mask, self.generation, self.prompt_graph is not None, room)
+        return StepFeed.of(runner, ids, mask, self.generation, self.run_tokens, room)
 
     def _decode(self, feed: StepFeed, decoding: Decoding) -> Iterator[torch.Tensor]:
         return decode(feed, decoding)

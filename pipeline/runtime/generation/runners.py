@@ -144,30 +144,25 @@ class OrtBoundRunner:
         :mod:`pipeline.runtime.ort.grouped_attention`) takes several new tokens over a past for one row only (then
         ``extra`` inputs are cut by row too: only the decoder-only step, which has none, prefills in chunks)."""
         batch, steps = input_ids.shape
-        binding = self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
+        binding = self._binding(steps)
         if batch > 1 and steps > 1 and past_length > 0:
-            logits = torch.cat(
+            return self._by_row(
+                binding,
                 [
-                    binding.run(
-                        _named(
-                            input_ids[row : row + 1],
-                            None if attention_mask is None else attention_mask[row : row + 1],
-                            None if position_ids is None else position_ids[row : row + 1],
-                            past_length,
-                            {name: value[row : row + 1] for name, value in (extra or {}).items()},
-                        ),
-                        self._rows(self.read_arrays, row),
-                        self._rows(self.write_arrays, row),
+                    _named(
+                        input_ids[row : row + 1],
+                        None if attention_mask is None else attention_mask[row : row + 1],
+                        None if position_ids is None else position_ids[row : row + 1],
+                        past_length,
+                        {name: value[row : row + 1] for name, value in (extra or {}).items()},
                     )
                     for row in range(batch)
-                ]
+                ],
             )
-        else:
-            target = self._row() if batch == 1 and steps == 1 else None
-            named = _named(input_ids, attention_mask, position_ids, past_length, extra)
-            logits = (target or binding).run(named, self.reads, self.writes)
-        self.reads, self.writes = self.writes, self.reads
-        self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
+        target = self._row() if batch == 1 and steps == 1 else None
+        named = _named(input_ids, attention_mask, position_ids, past_length, extra)
+        logits = (target or binding).run(named, self.reads, self.writes)
+        self._swap()
         return logits
 
     def prefill_leading(
@@ -182,7 +177,7 @@ class OrtBoundRunner:
         rows then repeated for its beams by :meth:`reorder`; ``past_length``: the tokens of the prompt already fed
         (a one-token step's prefill, token by token)."""
         rows, steps = (int(n) for n in input_ids.shape)
-        binding = self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
+        binding = self._binding(steps)
         named = _named(input_ids, attention_mask, position_ids, past_length, extra)
         reads = [self._leading(a, rows) for a in self.read_arrays]
         writes = [
@@ -190,8 +185,7 @@ class OrtBoundRunner:
             for r, a, w in zip(reads, self.read_arrays, self.write_arrays, strict=True)
         ]
         logits = binding.run(named, reads, writes)
-        self.reads, self.writes = self.writes, self.reads
-        self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
+        self._swap()
         return logits
 
     def prefill_rows(self, rows: list[dict[str, np.ndarray]]) -> torch.Tensor:
@@ -199,16 +193,27 @@ class OrtBoundRunner:
         takes several new tokens over a past for one row only: see :meth:`run`): ``rows[i]`` is row ``i``'s inputs
         by name (its own image features, a vision-language run's), each on its row of the buffers."""
         steps = int(rows[0]["input_ids"].shape[1])
-        binding = self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
+        return self._by_row(self._binding(steps), rows)
+
+    def _binding(self, steps: int) -> _Binding:
+        """The prompt graph's binding for a run of several tokens (when there is one), else the step's."""
+        return self.prompt_binding if self.prompt_binding is not None and steps > 1 else self.binding
+
+    def _by_row(self, binding: _Binding, rows: list[dict[str, np.ndarray]]) -> torch.Tensor:
+        """One run per row (``rows[i]``: row ``i``'s inputs by name) on that row of the buffers; the logits."""
         logits = torch.cat(
             [
                 binding.run(named, self._rows(self.read_arrays, row), self._rows(self.write_arrays, row))
                 for row, named in enumerate(rows)
             ]
         )
+        self._swap()
+        return logits
+
+    def _swap(self) -> None:
+        """The buffers just written are read by the next run."""
         self.reads, self.writes = self.writes, self.reads
         self.read_arrays, self.write_arrays = self.write_arrays, self.read_arrays
-        return logits
 
     @staticmethod
     def _leading(array: np.ndarray, rows: int) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from converters.generation_settings import GenerationSettings
-from pipeline.runtime.generation.feed import evict, prompt_padding, prompt_runs
+from pipeline.runtime.generation.feed import evict, padded_prompt, prompt_padding, prompt_runs
 from pipeline.runtime.generation.image_positions import ImagePositions, feature_order
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.request import check_room
@@ -87,12 +87,9 @@ class VisionFeed(RowsOfTwoCaches):
         #: a recurrent text model's prompt graph's tokens per run (0: none): the prompts are left-padded to whole runs
         #: when that leaves ``room`` for the new tokens (:func:`~pipeline.runtime.generation.feed.prompt_padding`)
         prompt_graph = getattr(module.step, "prompt_graph", None)
-        self.run_tokens = module.generation.prompt_tokens if prompt_graph is not None else 0
+        self.run_tokens = getattr(module.step, "run_tokens", 0)
         pad = prompt_padding(ids.shape[1], self.capacity, self.run_tokens, room) if module.one_token else 0
-        if pad:
-            filler = 0 if module.image_token_id != 0 else 1  # never the image token: the step places by the ids
-            ids = torch.cat([torch.full((ids.shape[0], pad), filler, dtype=ids.dtype), ids], dim=1)
-            mask = torch.cat([torch.zeros(mask.shape[0], pad, dtype=mask.dtype), mask], dim=1)
+        ids, mask = padded_prompt(ids, mask, pad, module.image_token_id)
         self.prompts, self.prompt_mask, self.features, self.expand = ids, mask, features, expand
         #: the prompts' deepstack levels by name (the step's inputs)
         self.levels = dict(levels or {})

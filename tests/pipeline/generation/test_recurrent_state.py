@@ -164,6 +164,28 @@ def test_tensorrt_rtx_builds_the_step_and_the_prompt_graph(module: GenerativeMod
     assert module.prompt_graph is not None and module.prompt_graph.engine_bytes  # the prompt graph's own engine
 
 
+@pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
+def test_tensorrt_rtx_builds_both_graphs_in_fp16_and_they_decode_as_transformers(
+    model: transformers.Lfm2ForCausalLM, prompts: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """fp16 is written into both graphs (TensorRT-RTX is strongly typed) and the real builder builds each; the same
+    graphs, run here on ONNX Runtime, give transformers' fp32 greedy tokens (the prompt as one run of the graph)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineNotRunnableWarning)
+        converted = pipeline.convert(
+            model, prompts[0], generation=GENERATION, precision="fp16", validate=False, **BACKEND
+        )
+    assert isinstance(converted, GenerativeModule) and converted.prompt_graph is not None
+    assert converted.run_tokens == GENERATION["max_length"] // 2  # the default: at most half the cache
+    for graph in (converted, converted.prompt_graph):
+        assert graph.engine_bytes
+        assert graph.report.precision is not None and graph.report.precision.dtype == "float16"
+        assert graph.report.precision.share == 1.0  # every matmul's FLOPs in float16
+    ids, mask = prompts
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(converted.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS), expected)
+
+
 def test_a_layout_of_states_gives_each_state_its_own_output_buffer() -> None:
     """Keys and values are written in place; a state is replaced, so its present output is another buffer."""
     from pipeline.runtime.generation.layout import CacheLayout
