@@ -42,7 +42,7 @@ def write_file_atomically(path: Path, write: Callable[[BinaryIO], None] | bytes)
         remove_stale_temporaries(path)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise _write_error(path, exc) from exc
+        raise write_error(path, exc) from exc
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file is closed, or when this process dies
@@ -57,7 +57,7 @@ def write_file_atomically(path: Path, write: Callable[[BinaryIO], None] | bytes)
             os.replace(tmp_name, path)  # before the lock goes: a cleaner never sees an unlocked, unfinished file
     except OSError as exc:
         Path(tmp_name).unlink(missing_ok=True)
-        raise _write_error(path, exc) from exc
+        raise write_error(path, exc) from exc
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
@@ -93,7 +93,8 @@ def _is_stale(candidate: Path) -> bool:
     return True
 
 
-def _write_error(path: Path, exc: OSError) -> ArtifactError:
+def write_error(path: Path, exc: OSError) -> ArtifactError:
+    """The ArtifactError for ``exc``, raised writing ``path``: the OS's reason and the fix for the likely cause."""
     reason = exc.strerror or str(exc)
     if isinstance(exc, IsADirectoryError) and Path(path).is_dir():
         fix = f"{path} is a directory: give a file path inside it, e.g. {Path(path) / 'model.ptrt'}"

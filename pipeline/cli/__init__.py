@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -31,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of our output closed it (`pipeline inspect ... | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would raise again
+        return 141  # a shell's code for a process ended by SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 Inputs and their dims (dynamic ones with their ranges), the settings that differ from the defaults, library
 versions, the passes that changed the graph, precision islands, accuracy, and whether an engine is inside (for which
-library, version and GPU targets).
+library, version and GPU targets). A generation module saved as a directory (an encoder-decoder's graphs, a
+vision-language model's, a recurrent model's step and prompt graph) is each of its artifacts in turn.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pipeline.settings import Settings
 def add_inspect_command(commands: Any) -> None:
     """Add the ``inspect`` subcommand to ``pipeline``'s subparsers."""
     parser = commands.add_parser("inspect", help="show what an artifact (.ptrt) holds, without loading it")
-    parser.add_argument("artifact", type=Path, help="a .ptrt file written by convert or module.save")
+    parser.add_argument(
+        "artifact", type=Path, help="a .ptrt written by convert or module.save (a file, or a directory of them)"
+    )
     parser.add_argument("--json", action="store_true", help="print the metadata as JSON")
     parser.set_defaults(run=_inspect)
 
@@ -143,10 +146,31 @@ def _report_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def artifact_files(path: Path) -> list[Path]:
+    """The artifact files at ``path``: itself, or those of a directory a generation module's save wrote (each
+    ``.ptrt`` file in it and in its directories, in order); a directory holding none is an ArtifactError."""
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.rglob("*.ptrt") if p.is_file())
+    if not files:
+        raise ArtifactError(
+            f"{path} is a directory holding no .ptrt artifact",
+            fix="pass a .ptrt file, or a directory a generation module's save wrote",
+        )
+    return files
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    metadata, sizes = read_metadata(args.artifact)
+    path: Path = args.artifact
+    files = artifact_files(path)
+    read = {file: read_metadata(file) for file in files}
     if args.json:
-        print(json.dumps({"metadata": metadata, "members": sizes}, indent=2))
-    else:
+        described = {str(f.relative_to(path)) if f != path else str(f): m for f, m in read.items()}
+        body = {name: {"metadata": m, "members": s} for name, (m, s) in described.items()}
+        print(json.dumps(body[str(path)] if files == [path] else body, indent=2))
+        return 0
+    for file, (metadata, sizes) in read.items():
+        if file != path:
+            print(f"== {file.relative_to(path)} ==")
         print("\n".join(describe(metadata, sizes)))
     return 0

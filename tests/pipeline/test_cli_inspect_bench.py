@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,41 @@ def test_inspect_names_inputs_with_their_ranges_engine_and_accuracy(artifact: Pa
     assert any(line.startswith("versions  ") and "onnxruntime" in line for line in lines)
     as_json = json.loads(run_cli("inspect", str(artifact), "--json").stdout)
     assert as_json["metadata"]["backend"] == "onnxruntime" and "model.onnx" in as_json["members"]
+
+
+def test_inspect_of_a_directory_is_each_artifact_in_it(artifact: Path, tmp_path: Path) -> None:
+    # a generation module saved as a directory (a recurrent model's step.ptrt and prompt.ptrt, a vision-language
+    # model's graphs with its text step's directory inside)
+    saved = tmp_path / "model.ptrt"
+    (saved / "text").mkdir(parents=True)
+    shutil.copy(artifact, saved / "step.ptrt")
+    shutil.copy(artifact, saved / "text" / "prompt.ptrt")
+    done = run_cli("inspect", str(saved))
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("==")] == [
+        "== step.ptrt ==",
+        "== text/prompt.ptrt ==",
+    ]
+    assert done.stdout.count("input     x: float32 [batch[1..4, opt 2], 3, 64, 64]") == 2
+    as_json = json.loads(run_cli("inspect", str(saved), "--json").stdout)
+    assert sorted(as_json) == ["step.ptrt", "text/prompt.ptrt"]
+    assert as_json["step.ptrt"]["metadata"]["backend"] == "onnxruntime"
+    empty = run_cli("inspect", str(saved / "text" / "missing"))
+    assert empty.returncode == 1 and "no artifact at" in empty.stderr
+
+
+def test_output_closed_by_its_reader_is_no_traceback(artifact: Path) -> None:
+    # `pipeline inspect model.ptrt --json | head -2`: the reader closes the pipe before everything is written
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "inspect", str(artifact), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 141 and b"Traceback" not in stderr, stderr.decode()
 
 
 def test_inspect_of_a_file_that_is_not_an_artifact_is_a_clear_error(tmp_path: Path) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from converters.errors import InputError
+from converters.files import write_error
 
 
 def save_directory(path: str | Path, files: tuple[str, ...], write: Callable[[Path], None], what: str) -> Path:
@@ -26,18 +27,26 @@ def save_directory(path: str | Path, files: tuple[str, ...], write: Callable[[Pa
         raise InputError(
             f"{target} holds other files than {what}'s {', '.join(files)}", fix="save into a new or empty directory"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()  # the umask's mode, as a file's save has (a temporary directory's 0700 would hide it)
+    except OSError as exc:
+        raise write_error(target, exc) from exc
+    old = None
     try:
         write(staging)
-        old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)
         os.replace(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and not target.exists():  # the new one never took its place: the old one back
+            os.replace(old, target)
+        if isinstance(exc, OSError):
+            raise write_error(target, exc) from exc
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return target

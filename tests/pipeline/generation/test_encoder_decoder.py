@@ -7,6 +7,7 @@ and loaded directory, and the errors a caller meets."""
 
 from __future__ import annotations
 
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tiny_models import answers_from_threads, lively, mixed_requests, requests_w
 
 import pipeline
 from converters.errors import ArtifactError, InputError
+from converters.files import current_umask
 from pipeline.cli.convert import generate_command
 from pipeline.runtime.generation.encoder_decoder import DECODER_FILE, ENCODER_FILE, EncoderDecoderModule
 
@@ -259,6 +261,7 @@ def test_a_saved_directory_loads_and_generates_the_same(
     target = bart_module.save(tmp_path / "bart")
     assert sorted(p.name for p in target.iterdir()) == [DECODER_FILE, ENCODER_FILE]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
+    assert stat.S_IMODE(target.stat().st_mode) == 0o777 & ~current_umask()  # readable as a file's save is
     loaded = pipeline.load(target)
     assert isinstance(loaded, EncoderDecoderModule)
     assert loaded.generation == bart_module.generation
@@ -293,6 +296,8 @@ def test_bad_calls_name_the_fix(
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="not a directory"):
         bart_module.save(tmp_path / "file")
+    with pytest.raises(ArtifactError, match=r"(?s)cannot write .*is a file, not a directory"):
+        bart_module.save(tmp_path / "file" / "bart")
 
 
 def test_the_cli_generates_from_a_saved_directory(
