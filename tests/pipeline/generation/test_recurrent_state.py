@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_models import answers_from_threads, mixed_requests
 
 import pipeline
 from pipeline.runtime.executors import EngineNotRunnableWarning
@@ -108,6 +109,16 @@ def test_beams_and_a_saved_step_decode_as_transformers_does(
     assert isinstance(loaded, GenerativeModule) and loaded.prompt_graph is not None
     greedy = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
     assert torch.equal(loaded.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=[]), greedy)
+
+
+def test_requests_from_threads_at_once_answer_as_alone(
+    module: GenerativeModule, prompts: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    """A server's use of a module with a prompt graph: greedy, beams, one row, sampling and a stream from 6 threads at
+    once, each request's prompt runs on the prompt graph's session and its steps on the step's, over its own slot's
+    buffers; every answer as alone."""
+    ids, mask = prompts
+    assert answers_from_threads(mixed_requests(module, {"input_ids": ids, "attention_mask": mask})) == []
 
 
 def test_a_prompt_whose_padding_leaves_no_room_runs_its_leading_tokens_one_at_a_time(
