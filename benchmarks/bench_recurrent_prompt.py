@@ -2,9 +2,11 @@
 Runtime GenAI and PyTorch eager.
 
 The model is a random-weight hybrid from transformers, built here (nothing is downloaded): ``lfm2`` (hidden 512,
-8 layers: 6 short-convolution layers and 2 attention layers, vocab 32000) or ``nemotron_h`` (hidden 512, 8 layers:
-Mamba-2, attention and MLP layers, chunk 64), fp32. Systems (``--systems``, default all; each round runs them in turn
-so that the machine's noise hits all alike), each with ``--threads`` threads (default 2) and spinning off:
+8 layers: 6 short-convolution layers and 2 attention layers, vocab 32000), ``nemotron_h`` (hidden 512, 8 layers:
+Mamba-2, attention and MLP layers, chunk 64) or ``mamba`` (hidden 512, 8 Mamba layers, state 16: its prompt graph
+takes a prompt's first 64 tokens, the rest go one at a time), fp32. Systems (``--systems``, default all; each round
+runs them in turn so that the machine's noise hits all alike), each with ``--threads`` threads (default 2) and
+spinning off:
 
 - ``prompt_graph``: ``pipeline.convert(model, ids, generation={"max_length": L, "max_batch": 1, "max_prompt": 64},
   ort_intra_op_threads=T, ort_allow_spinning=False)`` (a prompt graph of 64 tokens per run:
@@ -31,6 +33,7 @@ repository root::
     python benchmarks/bench_recurrent_prompt.py                       # lfm2, a prompt of 256 tokens, all systems
     python benchmarks/bench_recurrent_prompt.py --prompt 1024 --rounds 3 --systems prompt_graph,genai,eager
     python benchmarks/bench_recurrent_prompt.py --model nemotron_h --prompt 512 --rounds 3
+    python benchmarks/bench_recurrent_prompt.py --model mamba --prompt 64 --systems prompt_graph,token_by_token,eager
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ def hybrid(kind: str) -> torch.nn.Module:
             max_position_embeddings=4096,
         )
         return transformers.Lfm2ForCausalLM(config).eval()
+    if kind == "mamba":  # its prompt graph takes a prompt's first run only (its scan forgets a run's states)
+        mamba = transformers.MambaConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, state_size=16)
+        return transformers.MambaForCausalLM(mamba).eval()
     config = transformers.NemotronHConfig(
         vocab_size=32000,
         hidden_size=512,
@@ -222,7 +228,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("lfm2", "nemotron_h"), default="lfm2")
+    parser.add_argument("--model", choices=("lfm2", "nemotron_h", "mamba"), default="lfm2")
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens (default 256)")
     parser.add_argument("--new", type=int, default=32, help="new tokens of the whole generate (default 32)")
     parser.add_argument("--rounds", type=int, default=5)

@@ -42,7 +42,9 @@ class GenerationSettings:
     ``("sample", False)``), which the converted module's ``generate`` takes with those values only.
     ``prompt_tokens`` (filled in at conversion): the tokens per run of a recurrent model's prompt graph
     (:mod:`pipeline.generation.prompt_graph`), whose step takes one token; 0: no prompt graph, a prompt is fed token
-    by token."""
+    by token. ``prompt_continues`` (filled in at conversion): whether the prompt graph's runs continue from the states
+    the last run left (False: Mamba's multi-token path starts from zero states, so only a prompt's first run takes the
+    prompt graph and the tokens after it go one at a time)."""
 
     max_length: int = 256
     max_batch: int = 4
@@ -58,6 +60,7 @@ class GenerationSettings:
     kept_window: int = 0
     fixed_inputs: tuple[tuple[str, Any], ...] = ()
     prompt_tokens: int = 0
+    prompt_continues: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -25,7 +25,7 @@ from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.kept_windows import OWN, kept_elsewhere, kept_window, kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
-from pipeline.generation.prompt_graph import runs_continue, without_runs
+from pipeline.generation.prompt_graph import probed_generation
 from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
 from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer
@@ -69,12 +69,7 @@ def prepare_step(
     )
     if states:
         step: CachedStep = RecurrentStep(model, layout, use_interface)
-        tokens = generation.prompt_tokens
-        reason = runs_continue(model, step, layout, input_ids, tokens) if tokens else None
-        if reason is not None:
-            given = settings.generation
-            asked = given is not None and given.max_prompt not in (None, 1, given.max_length)
-            generation = without_runs(model, generation, reason, asked)
+        generation = probed_generation(model, step, layout, input_ids, generation, settings.generation)
     else:
         step = CachedStep(model, len(layout), use_interface, indexed_layers(layout))
     step = step.train(model.training)  # no "training mode" warning

@@ -53,12 +53,22 @@ def prompt_sample(step_sample: Any, settings: Settings) -> tuple[Any, Settings]:
     return ((ids, mask, positions, past_length, *past), kwargs), config
 
 
-def runs_continue(model: torch.nn.Module, step: Any, layout: Any, ids: torch.Tensor, tokens: int) -> str | None:
-    """Why the model's multi-token path does not continue from the states a run leaves (None: it does), found by
-    running it: two runs of ``tokens`` tokens through the step (eagerly, from zero states) against the model's own
-    forward over the same ``2 * tokens`` tokens from nothing (its prefill). Mamba's selective scan starts from zero
-    whatever the cache holds: its second run differs, and its prompts then go token by token. ``step``: the step
-    module over ``model``; ``layout``: its cache layout; ``ids``: the sample's token ids (repeated to fill)."""
+@dataclasses.dataclass(frozen=True)
+class RunsProbe:
+    """What :func:`probe_runs` found: ``broken``, why a run after the first does not continue from the states the
+    last left (None: runs continue); ``first``, why the first run (from zero states) is not the model's own prefill
+    (None: it is)."""
+
+    broken: str | None
+    first: str | None
+
+
+def probe_runs(model: torch.nn.Module, step: Any, layout: Any, ids: torch.Tensor, tokens: int) -> RunsProbe:
+    """Whether the model's multi-token path continues from the states a run leaves, found by running it: two runs of
+    ``tokens`` tokens through the step (eagerly, from zero states) against the model's own forward over the first
+    ``tokens`` tokens and over all ``2 * tokens`` from nothing (its prefill). Mamba's selective scan starts from zero
+    whatever the cache holds: its first run is its prefill, its second differs. ``step``: the step module over
+    ``model``; ``layout``: its cache layout; ``ids``: the sample's token ids (repeated to fill)."""
     from pipeline.generation.recurrent_state import cache_names
     from pipeline.runtime.generation.layout import present_name
 
@@ -69,36 +79,75 @@ def runs_continue(model: torch.nn.Module, step: Any, layout: Any, ids: torch.Ten
     mask[:, : 2 * tokens] = 1
     past = [tensor for layer in layout for tensor in layer.storage(1, capacity)]
     names = cache_names(layout, present_name)
+    runs: list[torch.Tensor] = []
     try:
         with torch.no_grad():
-            whole = model(input_ids=prompt, use_cache=False).logits[:, -1].float()
-            out: dict[str, torch.Tensor] = {}
+            prefills = [model(input_ids=prompt[:, :end], use_cache=False).logits[:, -1] for end in (tokens, 2 * tokens)]
             for start in (0, tokens):
                 positions = torch.arange(start, start + tokens).unsqueeze(0)
                 out = step(prompt[:, start : start + tokens], mask, positions, torch.tensor(start), *past)
                 past = [out[name] for name in names]
+                runs.append(out["logits"])
     except Exception as error:  # noqa: BLE001 - a model that cannot be probed so: its prompts go token by token
         cause = " ".join(str(error).split())[:120]
-        return f"its multi-token path could not be probed ({type(error).__name__}: {cause})"
-    runs = out["logits"].reshape(whole.shape).float()
-    difference = float((runs - whole).abs().max())
-    # float32: 3e-5 of the largest logit (the models that continue end within 1e-6 of it; Mamba's scan 6e-4 off)
-    bound = 1e-6 + 250 * torch.finfo(out["logits"].dtype).eps * float(whole.abs().max())
-    logger.debug("prompt graph: two runs of %d tokens end %.3g off the prefill (bound %.3g)", tokens, difference, bound)
-    if difference > bound:
-        return (
-            f"its multi-token path does not continue from the states a run leaves (two runs of {tokens} tokens end "
-            f"{difference:.2g} from its own prefill of {2 * tokens}, more than {bound:.2g})"
+        reason = f"its multi-token path could not be probed ({type(error).__name__}: {cause})"
+        return RunsProbe(reason, reason)
+    verdicts = [_apart(run, prefill, ends) for run, prefill, ends in zip(runs, prefills, (1, 2), strict=True)]
+    first = f"its first run of {tokens} tokens ends {verdicts[0]}" if verdicts[0] else None
+    broken = (
+        f"its multi-token path does not continue from the states a run leaves (two runs of {tokens} tokens end "
+        f"{verdicts[1]})"
+        if verdicts[1]
+        else None
+    )
+    return RunsProbe(broken, first)
+
+
+def _apart(run: torch.Tensor, prefill: torch.Tensor, ends: int) -> str | None:
+    """How the last logits of ``ends`` runs part from the model's own prefill of their tokens; None within the bound:
+    in float32, 3e-5 of the largest logit (the models that continue end within 1e-6 of it; Mamba's scan 6e-4 off)."""
+    reference = prefill.float()
+    difference = float((run.reshape(reference.shape).float() - reference).abs().max())
+    bound = 1e-6 + 250 * torch.finfo(run.dtype).eps * float(reference.abs().max())
+    logger.debug("prompt graph: %d run(s) end %.3g off the prefill (bound %.3g)", ends, difference, bound)
+    if difference <= bound:
+        return None
+    return f"{difference:.2g} from its own prefill, more than {bound:.2g}"
+
+
+def probed_generation(
+    model: torch.nn.Module,
+    step: Any,
+    layout: Any,
+    ids: torch.Tensor,
+    generation: Any,
+    given: Any,
+) -> Any:
+    """``generation`` (:class:`GenerationSettings`) as :func:`probe_runs` leaves it: unchanged when runs continue;
+    when only the first run is the model's prefill, ``prompt_continues=False`` (a prompt's first run on the prompt
+    graph, its other tokens one at a time); else no prompt graph. Said loudly when ``given`` (the settings asked for)
+    named the prompt graph's length (``max_prompt``), else logged."""
+    tokens = generation.prompt_tokens
+    if not tokens:
+        return generation
+    probe = probe_runs(model, step, layout, ids, tokens)
+    if probe.broken is None:
+        return generation
+    asked = given is not None and given.max_prompt not in (None, 1, given.max_length)
+    name = type(model).__name__
+    if probe.first is None:
+        _say(
+            f"{name}: {probe.broken}; a prompt's first {tokens} tokens run on the prompt graph (the model's own "
+            "prefill), the tokens after them one at a time through the step",
+            asked,
         )
-    return None
-
-
-def without_runs(model: torch.nn.Module, generation: Any, reason: str, asked: bool) -> Any:
-    """``generation`` without a prompt graph, for ``reason`` (:func:`runs_continue`'s): said loudly when the prompt
-    graph's length was ``asked`` for (``max_prompt``), else logged."""
-    said = f"{type(model).__name__}: no prompt graph: {reason}; its prompts go token by token through the step"
-    if asked:
-        warnings.warn(said, stacklevel=3)
-    else:
-        logger.info(said)
+        return dataclasses.replace(generation, prompt_continues=False)
+    _say(f"{name}: no prompt graph: {probe.first}; its prompts go token by token through the step", asked)
     return dataclasses.replace(generation, prompt_tokens=0)
+
+
+def _say(message: str, loudly: bool) -> None:
+    if loudly:
+        warnings.warn(message, stacklevel=4)
+    else:
+        logger.info(message)

@@ -75,7 +75,7 @@ from pipeline.generation.image_positions import image_positions
 from pipeline.generation.kept_windows import kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.prompt_features import OwnPromptFeatures
-from pipeline.generation.prompt_graph import runs_continue, without_runs
+from pipeline.generation.prompt_graph import probed_generation
 from pipeline.generation.recurrent_state import FirstCallCache, RecurrentStep, StateLayer, cached_layers
 from pipeline.generation.text_model import (
     check_takes_features,
@@ -201,15 +201,8 @@ def convert_vision_language(
         words = ids[ids != token]
         plain = words[:1].expand_as(ids).clone() if words.numel() else torch.zeros_like(ids)
         plain = torch.where(torch.eq(ids, token), plain, ids)
-        tokens = generation.prompt_tokens
-        reason = runs_continue(language, RecurrentStep(language, layout, False), layout, plain, tokens)
-        if reason is not None:
-            asked = settings.generation is not None and settings.generation.max_prompt not in (
-                None,
-                1,
-                settings.generation.max_length,
-            )
-            generation = without_runs(model, generation, reason, asked)
+        probe = RecurrentStep(language, layout, False)
+        generation = probed_generation(language, probe, layout, plain, generation, settings.generation)
     if states:
         assert token is not None  # check_one_token
         step = RecurrentVisionLanguageStep(language, layout, uses_attention_interface(text_model), listed, token)

@@ -250,7 +250,7 @@ def test_unknown_generation_settings_are_named_with_the_known_ones() -> None:
         normalise_generation({"max_len": 32, "beams": 2, "max_batch": 1})
     known = (
         "attention, decoder_start_token_id, eos_token_id, fixed_inputs, kept_window, kind, layers, max_batch, "
-        "max_length, max_prompt, model_options, pad_token_id, prompt_tokens, validation_steps"
+        "max_length, max_prompt, model_options, pad_token_id, prompt_continues, prompt_tokens, validation_steps"
     )
     exactly(error, "unknown generation setting(s) beams, max_len", f"known generation settings are: {known}")
 

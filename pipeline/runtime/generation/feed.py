@@ -44,12 +44,13 @@ class Feed(Protocol):
         ...
 
 
-def prompt_padding(length: int, capacity: int, prompt_tokens: int, room: int) -> int:
+def prompt_padding(length: int, capacity: int, prompt_tokens: int, room: int, continues: bool = True) -> int:
     """The padding put before a prompt of ``length`` tokens for a recurrent model's prompt graph, which takes
     ``prompt_tokens`` per run (:mod:`pipeline.generation.prompt_graph`): up to the next whole run, when the padded
     prompt leaves ``room`` positions of the ``capacity`` for the tokens to come; else 0 (the runs of the prompt graph
-    are then preceded by the leading tokens one at a time: :func:`prompt_runs`)."""
-    if not prompt_tokens:
+    are then preceded by the leading tokens one at a time: :func:`prompt_runs`). When runs do not ``continue`` from
+    the states the last left (only a first run takes the prompt graph), a prompt longer than one run is not padded."""
+    if not prompt_tokens or (not continues and length > prompt_tokens):
         return 0
     pad = -length % prompt_tokens
     return pad if length + pad + room <= capacity else 0
@@ -70,12 +71,16 @@ def padded_prompt(
     )
 
 
-def prompt_runs(length: int, chunk: int, prompt_tokens: int) -> list[tuple[int, int]]:
+def prompt_runs(length: int, chunk: int, prompt_tokens: int, continues: bool = True) -> list[tuple[int, int]]:
     """The (start, end) columns of each prefill run over a (padded) prompt of ``length`` tokens: chunks of ``chunk``
     (the context profile's longest), or, with a prompt graph of ``prompt_tokens`` per run, the leading tokens that
-    fill no whole run one at a time (the one-token step's), then whole runs."""
+    fill no whole run one at a time (the one-token step's), then whole runs; when runs do not ``continue`` from the
+    states, a first whole run (from zero states), then the other tokens one at a time."""
     if not prompt_tokens:
         return [(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+    if not continues:
+        first = prompt_tokens if length >= prompt_tokens else 0
+        return [(0, first)] * bool(first) + [(i, i + 1) for i in range(first, length)]
     single = length % prompt_tokens
     return [(i, i + 1) for i in range(single)] + [
         (start, start + prompt_tokens) for start in range(single, length, prompt_tokens)
@@ -100,17 +105,20 @@ class StepFeed:
         window: int = 0,
         prompt_tokens: int = 0,
         room: int = 1,
+        prompt_continues: bool = True,
     ) -> None:
         self.runner = runner
         self.window = window
         self.ids = ids
         rows = ids.shape[0]
-        ids, mask = padded_prompt(ids, mask, prompt_padding(ids.shape[1], capacity, prompt_tokens, room))
+        pad = prompt_padding(ids.shape[1], capacity, prompt_tokens, room, prompt_continues)
+        ids, mask = padded_prompt(ids, mask, pad)
         self._prompt_ids = ids
         #: the cache positions the prompt takes (its tokens and any padding before them)
         self.prompt = ids.shape[1]
         self.chunk = chunk or capacity
         self.prompt_tokens = prompt_tokens
+        self.prompt_continues = prompt_continues
         self.mask = torch.zeros(rows, capacity, dtype=torch.int64)
         self.mask[:, : self.prompt] = mask
         self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
@@ -136,13 +144,14 @@ class StepFeed:
             generation.kept_window,
             run_tokens,
             room,
+            generation.prompt_continues,
         )
 
     def prefill(self) -> torch.Tensor:
         """The prompt through the step (or the prompt graph), run by run (:func:`prompt_runs`); the last run's
         logits."""
         logits = torch.empty(0)
-        for start, end in prompt_runs(self.prompt, self.chunk, self.prompt_tokens):
+        for start, end in prompt_runs(self.prompt, self.chunk, self.prompt_tokens, self.prompt_continues):
             logits = self.runner.run(self._prompt_ids[:, start:end], self.mask, self.positions[:, start:end], start)
         return logits
 

@@ -88,7 +88,8 @@ class VisionFeed(RowsOfTwoCaches):
         #: when that leaves ``room`` for the new tokens (:func:`~pipeline.runtime.generation.feed.prompt_padding`)
         prompt_graph = getattr(module.step, "prompt_graph", None)
         self.run_tokens = getattr(module.step, "run_tokens", 0)
-        pad = prompt_padding(ids.shape[1], self.capacity, self.run_tokens, room) if module.one_token else 0
+        continues = module.generation.prompt_continues
+        pad = prompt_padding(ids.shape[1], self.capacity, self.run_tokens, room, continues) if module.one_token else 0
         ids, mask = padded_prompt(ids, mask, pad, module.image_token_id)
         self.prompts, self.prompt_mask, self.features, self.expand = ids, mask, features, expand
         #: the prompts' deepstack levels by name (the step's inputs)
@@ -164,7 +165,7 @@ class VisionFeed(RowsOfTwoCaches):
                 for shape, dtype in zip(self.module._cache_shapes, self.module._cache_dtypes, strict=True)
             ]
         logits = torch.empty(0)
-        for start, end in prompt_runs(tokens, 1, self.run_tokens):
+        for start, end in prompt_runs(tokens, 1, self.run_tokens, self.module.generation.prompt_continues):
             placed = is_image[:, start:end]
             features = self.features[order[:, start:end][placed]] if bool(placed.any()) else self.no_features[:1]
             ids, laid = self.prompts[:, start:end], positions[..., start:end]
