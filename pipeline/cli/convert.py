@@ -97,15 +97,19 @@ def _convert(args: argparse.Namespace) -> int:
             **conversion_options(args),
             **engine_options(args),
         )
-        module.save(staging / ARTIFACT_NAME)
-        module.save_onnx(staging / "model.onnx")  # with model.onnx.data beside it when the weights are external
+        saved = module.save(staging / ARTIFACT_NAME)
+        # with model.onnx.data beside it when the weights are external; a generation module's other graphs beside
+        written = module.save_onnx(staging / "model.onnx")
         write_file_atomically(staging / "report.json", json.dumps(module.report.to_dict(), indent=2).encode())
+        members = sorted(p.relative_to(saved).as_posix() for p in saved.rglob("*.ptrt")) if saved.is_dir() else []
     artifact = out / ARTIFACT_NAME
     print(module.report.summary())
     engine = module.engine_bytes
     if engine is not None:
         print(f"engine    {len(engine) / 1e6:.1f} MB {module.backend} engine in the artifact")
-    print(f"artifact  {artifact}  (graph: {out / 'model.onnx'}, report: {out / 'report.json'})")
+    held = f" (a directory of {', '.join(members)})" if members else ""
+    graphs = ", ".join(str(out / p.name) for p in written if p.suffix == ".onnx") or str(out / "model.onnx")
+    print(f"artifact  {artifact}{held}  (graphs: {graphs}; report: {out / 'report.json'})")
     step = module.settings.generation
     if step is not None:
         print(

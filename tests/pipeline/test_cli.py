@@ -25,6 +25,7 @@ def test_convert_bundled_example(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "accuracy  PASS" in done.stdout
     assert "backend   onnxruntime" in done.stdout
+    assert f"artifact  {tmp_path / 'model.ptrt'}  (graphs: {tmp_path / 'model.onnx'}; report: " in done.stdout
     for stage in ("export", "passes", "check", "build", "validate"):  # progress per stage, on stderr
         assert f"{stage} done in" in done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
