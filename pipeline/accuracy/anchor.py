@@ -26,6 +26,7 @@ A model that cannot run so at all (it raises) keeps the fixed rule, and the repo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import weakref
@@ -150,6 +151,10 @@ class PrecisionMode(TorchDispatchMode):
             guarded = self._guarded(func, args, kwargs)
             if guarded is not None:
                 return guarded
+        faster = _FASTER_IN_FLOAT64.get(func) if self.dtype == torch.float64 else None
+        if faster is not None:
+            with contextlib.suppress(NotImplementedError):
+                return _run_in(faster, args, kwargs, torch.float32, self.dtype)
         try:
             return _run_in(func, args, kwargs, torch.float32, self.dtype)
         except (RuntimeError, NotImplementedError, TypeError):
@@ -237,6 +242,48 @@ def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | N
 #: Ops PyTorch has no float64 kernel for, written out in plain ops so that the float64 run computes them in float64
 #: (else they run in float32 and the report names them): MoE layers' grouped matrix product.
 _WRITTEN_OUT: dict[Any, Any] = {torch.ops.aten._grouped_mm.default: _grouped_mm}
+
+
+#: The most elements the windows of a written-out depthwise convolution may hold (float64: 256 MB).
+_MOST_WINDOW_ELEMENTS = 1 << 25
+
+
+def _depthwise_convolution(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+) -> torch.Tensor:
+    """``aten.convolution`` of a depthwise 1-D or 2-D convolution (``groups`` = input channels, any channel multiplier,
+    stride, padding and dilation) as windows times taps, summed: PyTorch's float64 kernel for it is 10-50x slower than
+    its float32 one (a Mamba or short-convolution layer's, a ConvNeXt block's), so that a float64 run spent minutes in
+    it. Any other form raises NotImplementedError (the op's own kernel runs)."""
+    spatial = input.dim() - 2
+    if transposed or groups == 1 or groups != input.shape[1] or spatial not in (1, 2) or weight.shape[1] != 1:
+        raise NotImplementedError("only a depthwise 1-D or 2-D convolution is written out")
+    padded = torch.nn.functional.pad(input, [side for pad in reversed(padding) for side in (pad, pad)])
+    windows = padded
+    for axis, (size, step, gap) in enumerate(zip(weight.shape[2:], stride, dilation, strict=True)):
+        windows = windows.unfold(2 + axis, gap * (size - 1) + 1, step)
+    taken: tuple[Any, ...] = (Ellipsis, *(slice(None, None, gap) for gap in dilation))
+    windows = windows[taken]  # each window's taps
+    if windows.numel() * (weight.shape[0] // groups) > _MOST_WINDOW_ELEMENTS:  # the kernel's memory, not 10x more
+        raise NotImplementedError("the windows of this convolution would take more memory than its kernel allows")
+    if weight.shape[0] != groups:  # a channel multiplier: each input channel's windows for each of its outputs
+        windows = windows.repeat_interleave(weight.shape[0] // groups, dim=1)  # [N, C_out, *out, *kernel]
+    taps = weight.reshape(weight.shape[0], *([1] * spatial), *weight.shape[2:])
+    out = (windows * taps).sum(dim=tuple(range(-spatial, 0)))
+    return out if bias is None else out + bias.reshape(1, -1, *([1] * spatial))
+
+
+#: Ops whose float64 kernel is far slower than their float32 one, written out for the float64 run (each may decline a
+#: form it does not write out: NotImplementedError, and the op's own kernel runs).
+_FASTER_IN_FLOAT64: dict[Any, Any] = {torch.ops.aten.convolution.default: _depthwise_convolution}
 
 
 def _run_in(func: Any, args: Any, kwargs: dict[str, Any], old: torch.dtype, new: torch.dtype) -> Any:

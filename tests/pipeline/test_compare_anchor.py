@@ -6,6 +6,7 @@ verdict."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import pytest
@@ -213,3 +214,38 @@ def test_precision_mode_computes_tensors_the_model_makes_itself_in_float64() -> 
     exact = exact * torch.linspace(0, 1, 7, dtype=torch.float64) + x.double() / 3
     assert out.dtype == torch.float64 and not mode.float32_ops
     assert torch.allclose(out, exact, rtol=1e-6, atol=1e-12)  # the grid's float32 rounding only (1e-8)
+
+
+@pytest.mark.parametrize("spatial", [1, 2])
+def test_depthwise_convolutions_run_written_out_in_float64_as_pytorch_computes_them(
+    spatial: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch's float64 depthwise convolution is 10-50x slower than its float32 one (minutes of a Mamba's
+    validation): the float64 run writes it out (windows times taps) and gets PyTorch's float64 values, for a channel
+    multiplier, stride, padding and dilation; a convolution that is not depthwise keeps PyTorch's kernel."""
+    from pipeline.accuracy import anchor
+
+    written: list[int] = []
+    convolution = torch.ops.aten.convolution.default
+
+    def counted(*args: Any) -> torch.Tensor:
+        out = anchor._depthwise_convolution(*args)  # raises NotImplementedError for another form: not counted
+        written.append(args[-1])
+        return out
+
+    monkeypatch.setitem(anchor._FASTER_IN_FLOAT64, convolution, counted)
+    conv = nn.functional.conv1d if spatial == 1 else nn.functional.conv2d
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, *([13] * spatial))
+    for weight, options in (
+        (torch.randn(12, 1, *([3] * spatial)), {"stride": 2, "padding": 2, "dilation": 2, "groups": 6}),
+        (torch.randn(6, 1, *([4] * spatial)), {"padding": 3, "groups": 6}),
+        (torch.randn(4, 6, *([3] * spatial)), {"padding": 1}),  # not depthwise: PyTorch's kernel
+    ):
+        bias = torch.randn(weight.shape[0])
+        with torch.no_grad(), PrecisionMode(torch.float64) as mode:
+            out = conv(x, weight, bias, **options)
+        exact = conv(x.double(), weight.double(), bias.double(), **options)
+        assert out.dtype == torch.float64 and not mode.float32_ops
+        torch.testing.assert_close(out, exact, rtol=0, atol=1e-12)
+    assert written == [6, 6]
