@@ -26,7 +26,14 @@ from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.kept_windows import OWN, kept_elsewhere, kept_window, kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.prompt_graph import probed_generation
-from pipeline.generation.recurrent_state import RecurrentStep, StateLayer, cache_names, cached_layers, holds_states
+from pipeline.generation.recurrent_state import (
+    FirstCallCache,
+    RecurrentStep,
+    StateLayer,
+    cache_names,
+    cached_layers,
+    holds_states,
+)
 from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
@@ -277,13 +284,26 @@ def check_attention_layers(model: torch.nn.Module, states: bool = False) -> None
         )
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its cache by (``cache``, or the older ``past_key_values``)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _cache_layout(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[list[Any], int]:
     """(kv_heads, head_dim, dtype) of every cached layer, read from the cache the model builds on two tokens, and
     the vocabulary (the width of the logits of that run)."""
     check_attention_layers(model, states=True)
     try:
         with torch.no_grad():
-            out = model(input_ids=input_ids[:1, :2], use_cache=True)
+            try:
+                out = model(input_ids=input_ids[:1, :2], use_cache=True)
+            except Exception:  # noqa: BLE001 - once more with an empty cache handed in, as generate hands one
+                # a cache of linear-attention layers alone (a small config's) asks an attention layer its length
+                out = model(
+                    input_ids=input_ids[:1, :2],
+                    use_cache=True,
+                    **{cache_argument(model): FirstCallCache(config=getattr(model, "config", None))},
+                )
     except Exception as error:  # noqa: BLE001 - the model refusing a text-only call: said with its cause
         raise InputError(
             f"{type(model).__name__} fails on two tokens of the prompt alone (input_ids [1, 2], use_cache=True): "

@@ -17,7 +17,7 @@ import torch
 
 from converters.errors import InputError
 from pipeline.generation import PLAIN_FORWARD
-from pipeline.generation.conversion import layout_of
+from pipeline.generation.conversion import cache_argument, layout_of
 from pipeline.generation.recurrent_state import FirstCallCache, StateLayer
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.generation.vision_feed import MODALITY_TYPES
@@ -71,7 +71,7 @@ def _called(model: torch.nn.Module, inputs: dict[str, torch.Tensor], cache: Any)
         if module is not model and callable(getattr(module, "generate", None))
     ]
     try:
-        given = {} if cache is None else {_cache_argument(model): cache}
+        given = {} if cache is None else {cache_argument(model): cache}
         return model(**inputs, use_cache=True, **given), inner
     except Exception as error:  # noqa: BLE001 - the model refusing its own sample: said with its cause
         raise InputError(
@@ -82,11 +82,6 @@ def _called(model: torch.nn.Module, inputs: dict[str, torch.Tensor], cache: Any)
     finally:
         for hook in hooks:
             hook.remove()
-
-
-def _cache_argument(model: torch.nn.Module) -> str:
-    """The name the model's forward takes its cache by (``cache``, or the older ``past_key_values``)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _holds_cache(out: Any) -> bool:

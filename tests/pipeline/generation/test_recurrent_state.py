@@ -197,6 +197,24 @@ def test_tensorrt_rtx_builds_both_graphs_in_fp16_and_they_decode_as_transformers
     assert torch.equal(converted.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS), expected)
 
 
+def test_a_model_of_recurrent_layers_alone_is_handed_an_empty_cache_first() -> None:
+    """Bamba's small config (the every-type source's) keeps two Mamba-2 layers and no attention layer: its forward
+    called with no cache asks an attention layer for the cache's length and raises. The conversion hands it an empty
+    cache, as ``generate`` does; greedy tokens on a left-padded batch as transformers'."""
+    from model_sources import transformers_all_models as every
+
+    bamba, _ = every.build("bamba", "BambaForCausalLM")
+    bamba = bamba.eval()
+    assert "attention" not in bamba.config.layer_types
+    ids = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[1, :2], mask[1, :2] = 0, 0
+    generation = {"max_length": 24, "max_batch": 2, "max_prompt": 1}
+    module = pipeline.convert(bamba, ids, generation=generation, validate=False)
+    expected = bamba.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert torch.equal(module.generate(ids, mask, max_new_tokens=8, eos_token_id=[]), expected)
+
+
 def test_a_layout_of_states_gives_each_state_its_own_output_buffer() -> None:
     """Keys and values are written in place; a state is replaced, so its present output is another buffer."""
     from pipeline.runtime.generation.layout import CacheLayout
