@@ -27,13 +27,18 @@ Run from the repository root::
 
 ``--audio`` sweeps the audio-language decoders instead: the model types transformers maps as speech or
 sequence-to-sequence LMs whose config is not an encoder-decoder (a decoder-only LM with an audio encoder: Voxtral,
-GLM-ASR, Audio Flamingo 3, ...). Their every-type source's sample is text alone: the sample is one audio (the source's
-first ``input_features`` layout its ``get_audio_features`` takes, with a mask of every frame where it takes one) and as
-many audio tokens as the features it gives, between text; a config that names no audio token (Voxtral's default) is
-given the vocabulary's last id, as a checkpoint's config names one. A model without ``get_audio_features``
-(Qwen2-Audio's forward computes its features) is given the first layout its forward runs on, a mask of every frame for
-its audio masks, and as many audio tokens as its own count check says the audio gives; a model whose ``generate``
-gives no token ids (VibeVoice's speech) is said so.
+GLM-ASR, Audio Flamingo 3, ...), and the types of its image-text and multimodal-LM mappings whose class takes audio
+(``get_audio_features`` on it or its base model, or a forward taking ``input_features`` or ``input_values``: Gemma 3n
+and 4, Qwen Omni's thinkers, Nemotron-H Omni, Muse Spark), from ``audio_samples.py``. Their every-type source's sample
+is text alone: the sample is one audio (the first layout of the source's ``input_features``, then of the audio
+config's widths, on which its ``get_audio_features`` and its forward run, with a mask of every frame, as integers or
+else booleans, where it takes one) and as many audio tokens as the features it gives, between text; a config that
+names no audio token (Voxtral's default) is given the vocabulary's last id its image and video tokens leave, as a
+checkpoint's config names one; a small config that leaves its optional audio branch off (Nemotron-H Omni's) is given
+its audio type's small config. A model without ``get_audio_features`` (Qwen2-Audio's forward computes its features)
+is given the first layout its forward runs on, a mask of every frame for its audio masks, and as many audio tokens as
+its own count check says the audio gives; a model whose ``generate`` gives no token ids (VibeVoice's speech) is said
+so.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import tests_environment  # noqa: E402, F401 -- torchvision's operator schemas, before transformers imports it
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from audio_samples import audio_families, audio_sample, fitted_audio_model  # noqa: E402
 from family_sweep import (  # noqa: E402
     PRECISIONS,
     CannotRunEagerly,
@@ -72,7 +78,7 @@ from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 import pipeline  # noqa: E402
 from converters.errors import InputError  # noqa: E402
-from pipeline.generation.vision_inputs import AUDIO, IMAGES  # noqa: E402
+from pipeline.generation.vision_inputs import IMAGES  # noqa: E402
 
 NEW_TOKENS = 8
 BEAMS = 4
@@ -89,60 +95,6 @@ def families() -> dict[str, str]:
 
     names = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
     return {kind: name if isinstance(name, str) else name[0] for kind, name in sorted(names.items())}
-
-
-def audio_families() -> dict[str, str]:
-    """model type -> its class, for the speech and sequence-to-sequence LMs whose config is not an encoder-decoder
-    (audio-language decoders), from transformers' mappings."""
-    import transformers
-    from transformers.models.auto import modeling_auto
-
-    names = {
-        **modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-        **modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
-    }
-    mapping = transformers.CONFIG_MAPPING
-    return {
-        kind: name if isinstance(name, str) else name[0]
-        for kind, name in sorted(names.items())
-        if kind in mapping and not getattr(mapping[kind](), "is_encoder_decoder", False)
-    }
-
-
-def audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """One audio and its prompt (see the module docstring): 2 text tokens, an audio token per feature, 4 text."""
-    from pipeline.generation.vision_graph import image_features, image_token_id
-    from pipeline.generation.vision_inputs import check_features_alone, image_features_method, image_input_names
-
-    name = type(model).__name__
-    config: Any = model.config
-    check_features_alone(model, AUDIO)  # a method that needs the prompt: the conversion's refusal is the row
-    if image_features_method(model, AUDIO) is None:  # the conversion finds them in the forward, or refuses
-        return forward_audio_sample(model)
-    if image_token_id(model, AUDIO) is None:
-        config.audio_token_id = int(config.get_text_config().vocab_size) - 1
-    token = image_token_id(model, AUDIO)
-    assert token is not None
-    masks = [n for n in image_input_names(model, AUDIO) if n not in AUDIO.main_inputs and n.endswith("mask")]
-    failures = []
-    for features in audio_layouts(model, config):
-        main = AUDIO.main_input(image_input_names(model, AUDIO))
-        # the masks over the frames: the last axis ([batch, mels, frames]), else the second ([batch, frames, width])
-        for frames in dict.fromkeys((features.shape[-1], features.shape[1])):
-            audio = {main: features, **{n: torch.ones(1, frames, dtype=torch.long) for n in masks}}
-            try:
-                with torch.no_grad():
-                    count = int(image_features(model, audio).shape[0])
-                break
-            except Exception as error:  # noqa: BLE001 - the next layout
-                failure = f"{list(features.shape)}: {type(error).__name__}: {first_line(error)[:100]}"
-        else:
-            failures.append(failure)
-            continue
-        text = torch.randint(3, min(100, token), (1, 6), generator=torch.Generator().manual_seed(1))
-        ids = torch.cat([text[:, :2], torch.full((1, count), token), text[:, 2:]], dim=1)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **audio}
-    raise CannotRunEagerly(f"{name}.get_audio_features runs on no input_features layout: {'; '.join(failures)}")
 
 
 def quiet(model: torch.nn.Module) -> Any:
@@ -204,86 +156,12 @@ def batch_of_two(sample: dict[str, torch.Tensor], right: bool = False) -> dict[s
     return batch
 
 
-#: A forward's count check of its audio tokens against its audio's features (Qwen2-Audio's).
-COUNTS = re.compile(r"tokens: (\d+), features: (\d+)")
-
-
-def forward_audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """One audio and its prompt for a model without ``get_audio_features`` (its forward computes the features):
-    the first layout its forward runs on, with a mask of every frame for each of its forward's audio masks and as many
-    audio tokens as its count check says the audio gives (2 text tokens, the audio tokens, 4 text)."""
-    from pipeline.generation.vision_graph import image_token_id
-
-    token = image_token_id(model, AUDIO)
-    if token is None:
-        raise CannotRunEagerly(f"{type(model).__name__} has no get_audio_features and its config names no audio token")
-    parameters = inspect.signature(model.forward).parameters
-    masks = [n for n in parameters if n.endswith("mask") and n != "attention_mask" and ("feature" in n or "audio" in n)]
-    main = AUDIO.main_input(parameters)
-    text = torch.randint(3, min(100, token), (1, 6), generator=torch.Generator().manual_seed(1))
-    failures = []
-    for features in audio_layouts(model, model.config):
-        audio = {main: features, **{n: torch.ones(1, features.shape[-1], dtype=torch.long) for n in masks}}
-        count = 2  # consecutive audio tokens (a single one may be expanded by the model itself)
-        for _ in range(2):
-            ids = torch.cat([text[:, :2], torch.full((1, count), token), text[:, 2:]], dim=1)
-            sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **audio}
-            try:
-                with torch.no_grad():
-                    model(**sample)
-                return sample
-            except Exception as error:  # noqa: BLE001 - recounted once, else the next layout
-                found = COUNTS.search(str(error))
-                failure = f"{list(features.shape)}: {type(error).__name__}: {first_line(error)[:100]}"
-                if found is None:
-                    break
-                count = int(found[2])
-        failures.append(failure)
-    raise CannotRunEagerly(f"{type(model).__name__}'s forward runs on no audio layout: {'; '.join(failures)}")
-
-
 def generation_sample(model: torch.nn.Module, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """What ``generate`` takes of the forward's sample: an encoder-decoder's (Florence-2's) decoder inputs are what
     generation makes, its sample is the encoder's side (the prompt, its images)."""
     if not getattr(model.config, "is_encoder_decoder", False):
         return sample
     return {name: value for name, value in sample.items() if not name.startswith("decoder_")}
-
-
-#: Widths the every-type shrinker leaves at a checkpoint's size where an audio model's projection meets them: the
-#: audio tower's output projection (Qwen3-ASR's) to the shrunk text width, the Q-Former projector's input (Granite
-#: Speech's) to the encoder's width.
-AUDIO_FITS: dict[str, Any] = {
-    "qwen3_asr": lambda c: setattr(c.audio_config, "output_dim", c.text_config.hidden_size),
-    "granite_speech": lambda c: setattr(c.projector_config, "encoder_hidden_size", c.encoder_config.hidden_dim),
-    "granite_speech_plus": lambda c: setattr(c.projector_config, "encoder_hidden_size", c.encoder_config.hidden_dim),
-}
-
-
-def fitted_audio_model(kind: str, model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` built again from its config with :data:`AUDIO_FITS`' widths (its generation config kept)."""
-    if kind not in AUDIO_FITS:
-        return model
-    AUDIO_FITS[kind](model.config)
-    rebuilt = type(model)(model.config).eval()
-    rebuilt.generation_config = model.generation_config
-    return rebuilt
-
-
-def audio_layouts(model: torch.nn.Module, config: Any) -> list[torch.Tensor]:
-    """The every-type source's audio inputs (mel features, a waveform), then mel features of 100 and 200 frames (an
-    encoder that cuts its frames into windows: Qwen3-ASR's 100), frames stacked to the width the audio config takes,
-    and waveforms of one channel."""
-    found = [c[n] for c in every.candidate_samples(model, config) for n in AUDIO.main_inputs if n in c]
-    mels = next((int(f.shape[1]) for f in found if f.dim() == 3), 16)
-    generator = torch.Generator().manual_seed(0)
-    extra = [torch.randn(1, mels, frames, generator=generator) for frames in (100, 200)]
-    # frames stacked as the audio config says it takes them (FunASR-Nano's ``input_size``: 7 mel frames a row)
-    width = getattr(getattr(config, "audio_config", None), "input_size", None)
-    stacked = [torch.randn(1, 32, width, generator=generator)] if isinstance(width, int) and width != mels else []
-    # waveforms of one channel: 0.1 s, and 1 s at 16 kHz (a tokenizer that strides 3200 samples: VibeVoice's)
-    waves = [torch.randn(1, 1, samples, generator=generator) for samples in (1600, 16000)]
-    return [*found, *extra, *stacked, *waves]
 
 
 def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:

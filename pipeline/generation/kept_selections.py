@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._C._functorch import is_batchedtensor
 from torch.overrides import TorchFunctionMode
 
 #: The call that makes a boolean tensor: the torch function's name, and how many boolean results of it came before.
@@ -138,7 +139,9 @@ class _Recorder(TorchFunctionMode):
                 self.kept.pop(maker, None)
         out = func(*args, **(kwargs or {}))
         named = self._makers.maker(func, out)
-        if named is not None and self._maker_of(out) is None:  # an in-place result keeps the maker of its tensor
+        # an in-place result keeps the maker of its tensor; one made under vmap (a mask function transformers maps over
+        # the positions: Gemma 4's audio tower) is one element's, which has no value to read and selects nothing here
+        if named is not None and self._maker_of(out) is None and not is_batchedtensor(out):
             self._made[id(out)] = (named, weakref.ref(out), bool(out.all()))
         return out
 

@@ -37,6 +37,8 @@ from pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+#: What an ExportError says of a size or a value the model decides from its data (pipeline.exporting.errors).
+DECIDED_FROM_DATA = ("data-dependent", "computed from the tensors' data", "reads a tensor's values as Python numbers")
 #: Convert one part (module, sample, settings, converters) through the stages.
 Stages = Callable[[torch.nn.Module, Any, Settings, ConverterRegistry], ConvertedModule]
 
@@ -189,7 +191,9 @@ def convert_vision(
             return converted, {}
         why = "selects its features by a mask computed from"
     except ExportError as error:
-        if not fixed or "data-dependent" not in str(error):
+        # a size decided from the data (Qwen2.5-Omni selects its audio's frames by its mask, Qwen3-ASR reads its
+        # chunks' lengths as numbers): the integer inputs held at the sample's values
+        if not fixed or not any(said in str(error) for said in DECIDED_FROM_DATA):
             raise
         converted = None
     if fixed:

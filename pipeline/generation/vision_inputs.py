@@ -22,6 +22,7 @@ from pipeline.generation.audio_features import features_in_forward, find_feature
 from pipeline.generation.prompt_features import check_own_prompt, own_prompt_features
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.vision_feed import TOKEN_TYPES
+from pipeline.runtime.generation.vision_language import MAIN_INPUTS
 from pipeline.runtime.io_spec import normalise_sample
 
 #: The text inputs of the sample; every other tensor is an input of the vision graph (one row per image).
@@ -45,9 +46,9 @@ class Modality:
 
 
 #: Images as pixels, or as Pix2Struct's flattened patches beside the prompt (Kosmos-2.5's).
-IMAGES = Modality("image", ("pixel_values", "flattened_patches"), "get_image_features")
+IMAGES = Modality("image", MAIN_INPUTS["image"], "get_image_features")
 #: Audio as mel features (Voxtral's, GLM-ASR's) or as a waveform (OmniASR's ``input_values``).
-AUDIO = Modality("audio", ("input_features", "input_values"), "get_audio_features")
+AUDIO = Modality("audio", MAIN_INPUTS["audio"], "get_audio_features")
 #: The config attributes naming the audio token.
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
 
@@ -58,6 +59,29 @@ def modality_of(names: Iterable[str]) -> Modality:
     given = set(names)
     audio = any(name in given for name in AUDIO.main_inputs)
     return AUDIO if audio and not any(name in given for name in IMAGES.main_inputs) else IMAGES
+
+
+def check_one_modality(model: Any, names: Iterable[str]) -> None:
+    """An InputError when a sample holding ``names`` holds both images (``pixel_values``) and audio
+    (``input_features``): one conversion places one modality's features (one features graph), and taking it as images
+    would leave its audio unplaced. The error names each modality's inputs the sample holds (the main one and those
+    its features method takes: Qwen Omni's ``image_grid_thw``, ``feature_attention_mask``)."""
+    given = list(names)
+    held = {}
+    for modality in (IMAGES, AUDIO):
+        if any(name in given for name in modality.main_inputs):
+            taken = (*modality.main_inputs, *image_input_names(model, modality))
+            held[modality.name] = [name for name in given if name in taken]
+    if len(held) < 2:
+        return
+    image, audio = ", ".join(held[IMAGES.name]), ", ".join(held[AUDIO.name])
+    raise InputError(
+        f"the generation sample of {type(model).__name__} holds both images ({image}) and audio ({audio}): a "
+        "conversion places one modality's features at its placeholder tokens (one features graph), and mixed "
+        "modalities in one conversion are not supported",
+        fix=f"convert once per modality: a sample without {audio} for the image module, one without {image} for the "
+        "audio module (with that modality's placeholder tokens in its prompts); each module's generate takes its own",
+    )
 
 
 def is_vision_language(model: Any, sample: Any) -> bool:
@@ -74,6 +98,7 @@ def is_vision_language(model: Any, sample: Any) -> bool:
     main = modality.main_input(given)
     if main not in given or not callable(forward):
         return False
+    check_one_modality(model, given)
     try:
         taken = main in inspect.signature(forward).parameters
     except (TypeError, ValueError):
@@ -206,6 +231,7 @@ def sample_inputs(model: torch.nn.Module, sample: Any) -> tuple[dict[str, torch.
     args, kwargs = normalise_sample(sample)
     if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
         kwargs, args = dict(args[0]), ()
+    check_one_modality(model, kwargs)
     modality = modality_of(kwargs)
     main = modality.main_input(kwargs)
     if args or not isinstance(kwargs.get("input_ids"), torch.Tensor) or main not in kwargs:

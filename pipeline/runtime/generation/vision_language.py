@@ -49,6 +49,8 @@ from pipeline.runtime.module import ConvertedModule
 MODALITIES = "mm_token_type_ids"
 #: The files of a saved vision-language directory.
 VISION_FILE, STEP_FILE, META_FILE = "vision.ptrt", "step.ptrt", "vision_language.json"
+#: The main input of each modality's features (the features graph's first input).
+MAIN_INPUTS = {"image": ("pixel_values", "flattened_patches"), "audio": ("input_features", "input_values")}
 #: transformers' ``mm_token_type_ids`` of a modality's tokens (text 0, image 1, video 2, audio 3).
 _TYPE_IDS = {"image": 1, "video": 2, "audio": 3}
 
@@ -214,6 +216,7 @@ class VisionLanguageModule(TwoGraphModule):
             )
         wanted = (*self._vision_inputs, *self.fixed_inputs)
         images = {name: options.pop(name) for name in wanted if name in options}
+        self._check_modality(options)
         if ids is None:
             raise InputError("generate needs input_ids (the prompts)", fix="pass module.generate(input_ids, ...)")
         missing = [name for name in wanted if name not in images]
@@ -243,6 +246,20 @@ class VisionLanguageModule(TwoGraphModule):
                 )
             images = {**images, self.placement: torch.as_tensor(marked).cpu().to(torch.int64)}
         return prompt, prompt_mask, images, options
+
+    def _check_modality(self, options: dict[str, Any]) -> None:
+        """An InputError when ``options`` hold another modality's main input (``input_features`` given to an image
+        module): the module places its own modality's features only, and would leave them unplaced."""
+        others = [name for kind, names in MAIN_INPUTS.items() if kind != self.modality for name in names]
+        given = [name for name in others if name in options]
+        if given:
+            raise InputError(
+                f"generate was given {', '.join(given)}, another modality's input, but this module places "
+                f"{self._items} only (it was converted from a sample of {self._items}; one conversion places one "
+                "modality)",
+                fix=f"leave {', '.join(given)} out here, and convert the model once more from a sample of that "
+                "modality alone (its own inputs and placeholder tokens) for a module that places it",
+            )
 
     def _check_options(self, options: dict[str, Any]) -> None:
         """Drop from ``options`` the model's options the module was converted with (``generation.fixed_inputs``:

@@ -1,0 +1,166 @@
+"""Audio through an image-text model that also takes audio: a tiny Qwen2.5-Omni thinker (random weights, nothing
+downloaded) converted from an audio sample decodes a left-padded batch of two prompts, another audio each, as its
+``model.generate`` does (greedy tokens, every step's scores within 1e-3, 4 beams); another audio decodes otherwise in
+both alike. Its ``get_audio_features`` selects the frames by ``feature_attention_mask`` (boolean indexing, a size from
+the data): the features graph holds the mask at the sample's audio (every frame), as a vision tower's grid is held,
+and an audio whose mask drops frames is refused at generate; so is a tiny Qwen3-ASR's, whose tower reads its chunks'
+lengths as Python numbers (the audio-language sweep's row, lost when that export error got a message of its own). A
+mask made under ``torch.vmap`` (Gemma 4's audio tower, converted for TensorRT) is passed by when the conversion looks
+for selections that keep every element.
+
+Mixed modalities are refused with a clear error: a sample holding both ``pixel_values`` and ``input_features`` (one
+conversion places one modality's features), and ``generate`` of the audio module handed ``pixel_values``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
+import torch
+import transformers
+from tiny_models import decodes_as_transformers, decodes_its_audio_as_transformers, drawn_by_fan_in
+
+import pipeline
+from converters.errors import InputError
+from pipeline.runtime.generation.vision_language import VisionLanguageModule
+
+GENERATION = {"max_length": 40, "max_batch": 8}
+GREEDY: dict[str, Any] = {"max_new_tokens": 6}
+AUDIO_TOKEN, IMAGE_TOKEN, AUDIO_START, AUDIO_END = 125, 127, 123, 124
+MELS, FRAMES = 16, 32
+#: An image of 4 x 4 patches of 8 pixels (2 frames each), as Qwen2.5-Omni's processor gives it.
+IMAGE = {"pixel_values": torch.randn(16, 384, generator=torch.Generator().manual_seed(4))}
+IMAGE["image_grid_thw"] = torch.tensor([[1, 4, 4]])
+
+
+def omni_thinker() -> Any:
+    """A Qwen2.5-Omni thinker of width 32: an audio encoder of 2 layers (its output projected to the text width), a
+    vision encoder of 2 and a text model of 2."""
+    audio = {"num_mel_bins": MELS, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
+    audio |= {"d_model": 32, "max_source_positions": FRAMES // 2, "output_dim": 32}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8}
+    vision |= {"out_hidden_size": 32, "fullatt_block_indexes": [1]}
+    text = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
+    text |= {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}}
+    config = transformers.Qwen2_5OmniThinkerConfig(
+        audio_config=audio,
+        vision_config=vision,
+        text_config=text,
+        audio_token_index=AUDIO_TOKEN,
+        image_token_index=IMAGE_TOKEN,
+        audio_start_token_id=AUDIO_START,
+        audio_end_token_id=AUDIO_END,
+        video_token_index=126,
+        vision_start_token_id=121,
+        user_token_id=122,
+    )
+    torch.manual_seed(0)
+    return drawn_by_fan_in(transformers.Qwen2_5OmniThinkerForConditionalGeneration(config))
+
+
+@pytest.fixture(scope="module")
+def model_and_inputs() -> tuple[Any, dict[str, torch.Tensor]]:
+    """The thinker and a batch of two prompts, each an audio between its start and end tokens after 2 text tokens, the
+    second left-padded by 2; their audios (every frame kept)."""
+    model = omni_thinker()
+    features = torch.randn(2, MELS, FRAMES, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, FRAMES, dtype=torch.long)
+    with torch.no_grad():
+        count = int(model.get_audio_features(features[:1], mask[:1]).last_hidden_state.shape[0])
+    text = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    audio = torch.tensor([[AUDIO_START, *[AUDIO_TOKEN] * count, AUDIO_END]] * 2)
+    ids = torch.cat([text[:, :2], audio, text[:, 2:]], dim=1)
+    ids[1, 2:] = ids[1, :-2].clone()  # the second prompt left-padded by 2
+    ids[1, :2] = 0
+    attention = torch.ones_like(ids)
+    attention[1, :2] = 0
+    return model, {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "input_features": features,
+        "feature_attention_mask": mask,
+    }
+
+
+@pytest.fixture(scope="module")
+def module(model_and_inputs: tuple[Any, dict[str, torch.Tensor]]) -> VisionLanguageModule:
+    converted = pipeline.convert(*model_and_inputs, generation=GENERATION, validate=False)
+    assert isinstance(converted, VisionLanguageModule)
+    return converted
+
+
+def test_omni_thinker_audio_decodes_as_transformers(
+    model_and_inputs: tuple[Any, dict[str, torch.Tensor]], module: VisionLanguageModule
+) -> None:
+    """Greedy tokens, every step's scores within 1e-3 and 4 beams as transformers'; another audio decodes otherwise."""
+    model, inputs = model_and_inputs
+    assert module.modality == "audio"
+    decodes_its_audio_as_transformers(model, module, inputs, **GREEDY)
+
+
+def test_a_sample_of_images_and_audio_is_refused(model_and_inputs: tuple[Any, dict[str, torch.Tensor]]) -> None:
+    """A sample with an image and an audio is refused at conversion, naming both and the fix (one conversion per
+    modality), rather than taken as images with its audio left unplaced."""
+    model, inputs = model_and_inputs
+    with pytest.raises(InputError) as refused:
+        pipeline.convert(model, {**inputs, **IMAGE}, generation=GENERATION, validate=False)
+    said = str(refused.value)
+    assert "pixel_values" in said and "input_features" in said and "once per modality" in said
+
+
+def test_the_audio_module_refuses_an_image(
+    model_and_inputs: tuple[Any, dict[str, torch.Tensor]], module: VisionLanguageModule
+) -> None:
+    """The audio module's generate refuses an image rather than leaving it unplaced."""
+    with pytest.raises(InputError, match="another modality's input"):
+        module.generate(**model_and_inputs[1], pixel_values=IMAGE["pixel_values"], **GREEDY)
+
+
+def test_an_audio_of_other_frames_is_refused(
+    model_and_inputs: tuple[Any, dict[str, torch.Tensor]], module: VisionLanguageModule
+) -> None:
+    """The features graph holds the sample's frame mask (every frame): an audio whose mask drops frames is refused."""
+    inputs = dict(model_and_inputs[1])
+    mask = inputs["feature_attention_mask"].clone()
+    mask[0, -8:] = 0
+    with pytest.raises(InputError, match="the features graph was converted for"):
+        module.generate(**{**inputs, "feature_attention_mask": mask}, **GREEDY)
+
+
+def test_masks_made_under_vmap_are_not_read() -> None:
+    """A boolean mask made under ``torch.vmap`` (transformers' mask functions, Gemma 4's audio tower for TensorRT)
+    holds one element's values, which cannot be read: the search for selections that keep every element passes it by
+    and still finds the selections by whole masks (the mask made after it, of its result, among them)."""
+    from pipeline.generation.kept_selections import kept_selections
+
+    def features() -> torch.Tensor:
+        frames = torch.randn(4, 3)
+        within = torch.vmap(lambda row: row.abs() >= 0)(frames)  # every frame, decided per row
+        return frames[frames.abs().sum(-1) >= 0][within.all(-1)]
+
+    kept = kept_selections(features)
+    assert [selection.shape for selection in kept] == [(4,), (4,)]
+
+
+def test_an_audio_tower_reading_its_lengths_as_numbers_holds_its_mask() -> None:
+    """Qwen3-ASR's audio tower reads its chunks' lengths (from ``input_features_mask``) as Python numbers, which a
+    trace has not: the features graph holds the mask at the sample's audio, and decodes as transformers does."""
+    audio = {"num_mel_bins": MELS, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
+    audio |= {"d_model": 32, "n_window": 50, "output_dim": 32, "downsample_hidden_size": 32}
+    text = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 16}
+    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
+    config = transformers.Qwen3ASRConfig(audio_config=audio, text_config=text, audio_token_id=AUDIO_TOKEN)
+    torch.manual_seed(0)
+    model = drawn_by_fan_in(transformers.Qwen3ASRForConditionalGeneration(config))
+    features = torch.randn(2, MELS, 100, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 100, dtype=torch.long)
+    with torch.no_grad():
+        count = int(model.get_audio_features(features[:1], mask[:1]).pooler_output.shape[0])
+    ids = torch.randint(3, 100, (2, 6 + count), generator=torch.Generator().manual_seed(1))
+    ids[:, 2 : 2 + count] = AUDIO_TOKEN
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    inputs |= {"input_features": features, "input_features_mask": mask}
+    module = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
+    decodes_as_transformers(model, module, inputs, **GREEDY)
