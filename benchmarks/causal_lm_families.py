@@ -38,10 +38,10 @@ from family_sweep import (  # noqa: E402
     PRECISIONS,
     CannotRunEagerly,
     first_line,
-    lively,
+    quiet,
+    resumed_rows,
     row_of,
     rtx_builds,
-    run_isolated,
     score_cell,
     scores_clause,
     scores_gap,
@@ -83,15 +83,6 @@ def prompts(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     pad = getattr(config, "pad_token_id", None)
     ids[1, :PAD], mask[1, :PAD] = pad if isinstance(pad, int) and 0 <= pad < vocabulary else 0, 0
     return {"input_ids": ids, "attention_mask": mask}
-
-
-def quiet(model: torch.nn.Module) -> Any:
-    """``model`` with its matrices drawn wider (greedy tokens vary) and eos off (every row decodes every token)."""
-    model = lively(model)
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        generation_config.eos_token_id = None
-    return model
 
 
 def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -187,17 +178,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(row_of(run_family, args.child, known[args.child], args.precision)), flush=True)
         return
-    done = {}
-    if args.jsonl.exists():
-        done = {row["family"]: row for row in map(json.loads, args.jsonl.read_text().splitlines()) if row}
     chosen = [kind for kind in known if not args.only or kind in args.only]
     print(f"{len(known)} causal-LM model types in transformers; {len(chosen)} chosen", flush=True)
-    for kind in [kind for kind in chosen if kind not in done]:
-        flags = ["--precision", args.precision, *(["--no-rtx"] if args.no_rtx else [])]
-        done[kind] = run_isolated(__file__, kind, args.timeout, flags)
-        with args.jsonl.open("a") as out:
-            out.write(json.dumps(done[kind]) + "\n")
-        print(json.dumps(done[kind]), flush=True)
+    flags = ["--precision", args.precision, *(["--no-rtx"] if args.no_rtx else [])]
+    done = resumed_rows(__file__, chosen, args.jsonl, args.timeout, flags)
     print(markdown([done[kind] for kind in chosen if kind in done], args.precision))
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +47,29 @@ def lively(model: torch.nn.Module, seed: int = 0, gain: float = 1.5) -> Any:
                 fan_in = parameter[0].numel()
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * gain / fan_in**0.5)
     return model.eval()
+
+
+def quiet(model: torch.nn.Module) -> Any:
+    """``model`` with its matrices drawn wider (greedy tokens vary) and eos off (every row decodes every token)."""
+    model = lively(model)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.eos_token_id = None
+    return model
+
+
+def resumed_rows(script: str, chosen: Sequence[str], jsonl: Path, timeout: float, flags: Sequence[str]) -> dict:
+    """The rows of the ``chosen`` families by name: those ``jsonl`` holds already, the others run one at a time by
+    :func:`run_isolated` (``script --child kind *flags``), each appended to ``jsonl`` and printed as it ends."""
+    done: dict[str, dict[str, Any]] = {}
+    if jsonl.exists():
+        done = {row["family"]: row for row in map(json.loads, jsonl.read_text().splitlines()) if row}
+    for kind in [kind for kind in chosen if kind not in done]:
+        done[kind] = run_isolated(script, kind, timeout, flags)
+        with jsonl.open("a") as out:
+            out.write(json.dumps(done[kind]) + "\n")
+        print(json.dumps(done[kind]), flush=True)
+    return done
 
 
 def row_of(run_family: Callable[..., dict[str, Any]], kind: str, *args: Any) -> dict[str, Any]:

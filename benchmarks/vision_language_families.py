@@ -65,10 +65,10 @@ from family_sweep import (  # noqa: E402
     PRECISIONS,
     CannotRunEagerly,
     first_line,
-    lively,
+    quiet,
+    resumed_rows,
     row_of,
     rtx_builds,
-    run_isolated,
     score_cell,
     scores_clause,
     scores_gap,
@@ -95,15 +95,6 @@ def families() -> dict[str, str]:
 
     names = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
     return {kind: name if isinstance(name, str) else name[0] for kind, name in sorted(names.items())}
-
-
-def quiet(model: torch.nn.Module) -> Any:
-    """``model`` with its matrices drawn wider (greedy tokens vary) and eos off (every row decodes every token)."""
-    model = lively(model)
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        generation_config.eos_token_id = None
-    return model
 
 
 def another_image(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -358,18 +349,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(row_of(run_family, args.child, known[args.child], args.precision)), flush=True)
         return
-    done = {}
-    if args.jsonl.exists():
-        done = {row["family"]: row for row in map(json.loads, args.jsonl.read_text().splitlines()) if row}
     chosen = [kind for kind in known if not args.only or kind in args.only]
     what = "audio-language" if SWEEP_AUDIO else "image-text-to-text"
     print(f"{len(known)} {what} model types in transformers; {len(chosen)} chosen", flush=True)
-    for kind in [kind for kind in chosen if kind not in done]:
-        flags = ["--precision", args.precision, *(["--audio"] if SWEEP_AUDIO else [])]
-        done[kind] = run_isolated(__file__, kind, args.timeout, flags)
-        with args.jsonl.open("a") as out:
-            out.write(json.dumps(done[kind]) + "\n")
-        print(json.dumps(done[kind]), flush=True)
+    flags = ["--precision", args.precision, *(["--audio"] if SWEEP_AUDIO else [])]
+    done = resumed_rows(__file__, chosen, args.jsonl, args.timeout, flags)
     print(markdown([done[kind] for kind in chosen if kind in done], args.precision))
 
 
