@@ -33,9 +33,10 @@ class GenerationSettings:
 
     An encoder-decoder (T5, BART, Whisper, ...) converts as an encoder graph and a decoder step (``kind``
     ``"encoder-decoder"``, filled in at conversion); ``max_prompt`` is then the longest encoder input (source) and
-    ``max_length`` the decoder's capacity. ``decoder_start_token_id`` and ``model_options`` (the model's own
-    generation config: forced and suppressed tokens, and any other option it sets, applied under the caller's) are
-    filled in from the model at conversion. ``kept_window`` (filled in at conversion) is the number of generated
+    ``max_length`` the decoder's capacity. ``decoder_start_token_id`` is filled in from the model at conversion.
+    ``model_options`` (filled in at conversion, every kind): the options the model's own generation config sets
+    (forced and suppressed tokens, sampling, beams, ...), which ``generate`` applies under the caller's as
+    ``model.generate`` does. ``kept_window`` (filled in at conversion) is the number of generated
     tokens the model's own cache keeps beside its prompt's where it evicts older ones (a reference sliding window:
     Unlimited-OCR's), which generation then masks out as the model drops them; 0: the model keeps every token.
     ``fixed_inputs`` (filled in at conversion): the sample's scalar options of the model's forward (VibeVoice-ASR's
@@ -95,6 +96,12 @@ class GenerationSettings:
                 fix="write generation={'max_length': 256, 'max_batch': 4}",
             )
         object.__setattr__(self, "max_prompt", prompt)
+
+    @property
+    def names_prompt_length(self) -> bool:
+        """Whether ``max_prompt`` names a length of its own (neither the whole cache nor one token): for a recurrent
+        model, its prompt graph asked for with that many tokens per run."""
+        return self.max_prompt not in (None, 1, self.max_length)
 
 
 #: ``decoder``: a causal LM as one cached step; ``encoder-decoder``: an encoder graph and a cached decoder step.

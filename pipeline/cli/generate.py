@@ -114,9 +114,14 @@ def add_generate_command(commands: Any) -> None:
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """``generate``'s options, named as transformers names them."""
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="new tokens per prompt (32)")
-    parser.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
-    parser.add_argument("--top-k", type=int, default=None, help="sample among the K most likely tokens")
+    parser.add_argument(
+        "--do-sample",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sample, or not (default: as the model's generation config says; greedy when it says nothing)",
+    )
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (1.0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the K most likely (50; 0: all)")
     parser.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens up to P")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draws (same seed, same tokens)")
     parser.add_argument("--repetition-penalty", type=float, default=None, help="transformers' repetition penalty")
@@ -293,6 +298,7 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
         "repetition_penalty": args.repetition_penalty,
         "seed": args.seed,
     }
+    options = {name: value for name, value in options.items() if value is not None}  # else the model's defaults
     if args.num_beams > 1:
         options["num_beams"] = args.num_beams
     if args.ignore_eos:

@@ -36,6 +36,7 @@ from pipeline.generation.recurrent_state import (
 )
 from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer
+from pipeline.runtime.generation.options import model_defaults
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
 
@@ -67,6 +68,7 @@ def prepare_step(
         eos_token_id=eos,
         pad_token_id=pad,
         attention=attention,
+        model_options=model_options(model, generation.max_length),
     )
     generation = check_token_ids(generation, vocabulary, from_model)
     use_interface = uses_attention_interface(
@@ -122,7 +124,7 @@ def one_token_prompt(
     said = f"{type(model).__name__} keeps recurrent states: its step takes one token (max_prompt=1)"
     if tokens:
         logger.info("%s; its prompt graph takes %d tokens per run", said, tokens)
-    elif asked != 1 and not (default and prompt_graph is False):  # said, not dropped
+    elif generation.names_prompt_length or (default and prompt_graph):  # said, not dropped
         why = (
             f"max_length={generation.max_length} leaves no room for a prompt graph of 2 tokens or more"
             if prompt_graph
@@ -447,6 +449,33 @@ def special_tokens(model: torch.nn.Module, eos: tuple[int, ...], pad: int | None
         found = getattr(config, "pad_token_id", None)
         pad = _configured("pad_token_id", found)[0] if found is not None else (eos[0] if eos else None)
     return eos, pad
+
+
+def model_options(model: torch.nn.Module, capacity: int) -> tuple[tuple[str, Any], ...]:
+    """The defaults the model's generation config gives ``generate`` (forced and suppressed tokens, sampling, beams,
+    n-gram rules, ...: :func:`~pipeline.runtime.generation.options.model_defaults`), which the module applies under a
+    call's options as ``model.generate`` does. A field of transformers' ``GenerationConfig`` it sets that
+    ``generate`` does not take is named in a warning: ``model.generate`` applies it, the module decodes without it."""
+    config = getattr(model, "generation_config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return ()
+    defaults, others = model_defaults(config, capacity)
+    from transformers import GenerationConfig
+
+    ignored = [name for name in others if name in GenerationConfig().to_dict()]
+    if ignored:
+        warnings.warn(
+            f"the model's generation config sets {', '.join(f'{n}={getattr(config, n)!r}' for n in ignored)}, which "
+            "the converted module's generate() does not take: model.generate applies it, the module decodes without "
+            "it (set it to None in model.generation_config before converting to silence this)",
+            stacklevel=3,
+        )
+    if defaults:
+        logger.info(
+            "generate() defaults from the model's generation config (as model.generate): %s",
+            ", ".join(f"{name}={value!r}" for name, value in sorted(defaults.items())),
+        )
+    return tuple(sorted(defaults.items()))
 
 
 def _configured(name: str, value: Any) -> tuple[int, ...]:

@@ -36,6 +36,7 @@ from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
     check_sample_fits,
+    model_options,
     special_tokens,
     step_precision_io,
 )
@@ -154,7 +155,7 @@ def convert_cross_images(
         eos_token_id=eos,
         pad_token_id=pad,
         attention=attention_form(model, settings, selves),
-        model_options=(*generation.model_options, *options),
+        model_options=(*model_options(model, generation.max_length), *options),
         max_prompt=min(generation.max_prompt or generation.max_length, generation.max_length - layout.prefix),
     )
     generation = check_token_ids(generation, layout.vocabulary, from_model)

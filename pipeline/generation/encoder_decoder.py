@@ -33,7 +33,7 @@ from converters.errors import ExportError, InputError
 from converters.generation_settings import GenerationSettings, check_token_ids
 from converters.registry import ConverterRegistry
 from pipeline.generation import PLAIN_FORWARD
-from pipeline.generation.conversion import attention_form, special_tokens, step_precision_io
+from pipeline.generation.conversion import attention_form, model_options, special_tokens, step_precision_io
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.own_preparation import generate_input_name, own_encoder_preparation
 from pipeline.generation.seq2seq import (
@@ -51,10 +51,8 @@ from pipeline.runtime.generation.encoder_decoder import (
     ENCODER_MASK,
     EncoderDecoderModule,
     cross_names,
-    model_option_names,
 )
 from pipeline.runtime.generation.layout import CachedLayer, past_name
-from pipeline.runtime.generation.options import is_default
 from pipeline.runtime.io_spec import normalise_sample
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import DynamicDim, Settings
@@ -92,7 +90,7 @@ def convert_encoder_decoder(
         eos_token_id=eos,
         pad_token_id=pad,
         decoder_start_token_id=start,
-        model_options=_model_options(model),
+        model_options=model_options(model, generation.max_length),
         attention=attention_form(model, settings, layout.self_layers),
     )
     generation = check_token_ids(generation, layout.vocabulary, from_model)
@@ -433,18 +431,3 @@ def _step_dims(layers: int, rows: int, generation: GenerationSettings, source: i
         dims.append(DynamicDim(ENCODER_MASK, 1, "source", 1, source, longest))
         dims += [DynamicDim(name, 2, "source", 1, source, longest) for name in cross]
     return tuple(dims)
-
-
-def _model_options(model: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
-    """The options the model's generation config sets away from transformers' defaults that ``generate`` takes
-    (forced and suppressed tokens, beams, n-gram rules, ...): what ``model.generate`` would apply by default."""
-    config = getattr(model, "generation_config", None)
-    if config is None or not hasattr(config, "to_dict"):
-        return ()
-
-    taken = model_option_names()
-    return tuple(
-        (name, value)
-        for name, value in sorted(config.to_dict().items())
-        if name in taken and not is_default(name, value) and name not in ("eos_token_id", "pad_token_id")
-    )

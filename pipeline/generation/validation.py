@@ -23,6 +23,7 @@ computed once; only a run that diverges earlier is decoded again, fed PyTorch's 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from pipeline.generation.conversion import check_sample_fits
 from pipeline.precision.stage import validation_settings
 from pipeline.runtime.generation.feed import StepFeed
 from pipeline.runtime.generation.layout import cache_layout
+from pipeline.runtime.generation.options import model_defaults
 from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
 from pipeline.runtime.reports.accuracy import DecodingAccuracy
@@ -202,17 +204,23 @@ def _padded_batch(lengths: list[int], vocabulary: int, pad: int, generator: torc
 
 @contextlib.contextmanager
 def _greedy_only(model: torch.nn.Module) -> Iterator[None]:
-    """``model.generate`` decoding the full length: no eos from the model's generation config (``generate`` falls
-    back to it when given ``eos_token_id=None``), restored afterwards."""
+    """``model.generate`` choosing each token by the raw logits' argmax, as the step's own greedy run does, and
+    decoding the full length: the model's generation config without its eos (``generate`` falls back to it when given
+    ``eos_token_id=None``) and without the options it sets (forced or suppressed tokens, n-gram rules, ...: the
+    module applies them at ``generate``), restored afterwards."""
     config = getattr(model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    if config is not None:
-        config.eos_token_id = None
+    if config is None or not hasattr(config, "to_dict"):
+        yield
+        return
+    neutral = copy.deepcopy(config)
+    neutral.eos_token_id = None
+    for name in model_defaults(config, capacity=1 << 30)[0]:
+        setattr(neutral, name, None)
+    model.generation_config = neutral
     try:
         yield
     finally:
-        if config is not None:
-            config.eos_token_id = eos
+        model.generation_config = config
 
 
 def _torch_generate(

@@ -56,6 +56,7 @@ from pipeline.generation.conversion import (
     attention_form,
     check_attention_layers,
     check_sample_fits,
+    model_options,
     names_recurrent_layers,
     one_token_prompt,
     special_tokens,
@@ -169,6 +170,7 @@ def convert_vision_language(
         pad_token_id=pad,
         attention=attention_form(model, settings, layout),
         fixed_inputs=tuple(options.items()),
+        model_options=model_options(model, generation.max_length),
     )
     generation = check_token_ids(generation, vocabulary, from_model)
     precision_io = step_precision_io(settings)

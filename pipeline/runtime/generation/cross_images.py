@@ -24,7 +24,7 @@ import torch
 
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, past_name, present_name
-from pipeline.runtime.generation.options import GENERATE_ONLY, GenerateOptions, generate_options
+from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, check_room, resolve
 from pipeline.runtime.generation.runners import CopiedNames, RowsOfTwoCaches, bound_runner
 from pipeline.runtime.generation.saved_directory import save_directory
@@ -103,7 +103,7 @@ class CrossImagesModule(TwoGraphModule):
         options = dict(generation.model_options)
         #: how the model's generate prepares a prompt (:data:`PROMPT_EDIT`), None: as it is given
         self._prompt_edit = options.pop(PROMPT_EDIT, None)
-        self._model_options = options
+        self._model_options = tuple(options.items())
         self._states = states
         self._step_inputs = step_inputs
         self._layer_names = tuple(past_name(i, k) for i in range(generation.layers) for k in ("key", "value"))
@@ -133,7 +133,7 @@ class CrossImagesModule(TwoGraphModule):
         by name, the per-token image masks (left out: every token sees every image), and the options of the
         decoder-only module's ``generate`` (beam search included)."""
         ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
-        request = generate_options("generate", {**self._model_options, **options})
+        request = generate_options("generate", options, self._model_options)
         with self._request_slots().hold():  # this request's own cache, until its last token
             feed, decoding = self._prompt_request(ids, mask, images, masks, request)
             return generate_over(feed, decoding, request, encoder_decoder=False)
@@ -142,8 +142,7 @@ class CrossImagesModule(TwoGraphModule):
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
         of the decoder-only module's ``stream``)."""
         ids, mask, images, masks, options = self._split_prompt(input_ids, kwargs)
-        defaults = {k: v for k, v in self._model_options.items() if k not in GENERATE_ONLY}
-        request = generate_options("stream", {**defaults, **options})
+        request = generate_options("stream", options, self._model_options)
         with self._request_slots().hold():
             feed, decoding = self._prompt_request(ids, mask, images, masks, request)
             yield from decode(feed, decoding)

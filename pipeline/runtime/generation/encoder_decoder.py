@@ -24,7 +24,7 @@ import torch
 from converters.errors import ArtifactError, InputError
 from pipeline.runtime.generation.cross_images import CrossImagesModule
 from pipeline.runtime.generation.layout import STEP_INPUTS, cache_layout, cross_name, past_name, present_name
-from pipeline.runtime.generation.options import GENERATE_ONLY, TAKEN, GenerateOptions, generate_options
+from pipeline.runtime.generation.options import GenerateOptions, generate_options
 from pipeline.runtime.generation.request import Decoding, check_room, resolve
 from pipeline.runtime.generation.runners import CopiedNames, RowsOfTwoCaches, bound_runner
 from pipeline.runtime.generation.saved_directory import save_directory
@@ -45,11 +45,6 @@ ENCODER_MASK = "encoder_attention_mask"
 def cross_names(layers: int) -> tuple[str, ...]:
     """``cross.{i}.key``, ``cross.{i}.value`` of every layer, in order."""
     return tuple(cross_name(i, kind) for i in range(layers) for kind in ("key", "value"))
-
-
-def model_option_names() -> frozenset[str]:
-    """The ``generate`` options a model's generation config may set as the module's defaults."""
-    return frozenset(TAKEN["generate"]) - {"generation_config", "streamer", "logits_processor", "stopping_criteria"}
 
 
 class EncoderDecoderModule(TwoGraphModule):
@@ -111,7 +106,7 @@ class EncoderDecoderModule(TwoGraphModule):
         missing), and the options of the decoder-only module's ``generate`` (beam search included). The model's own
         generation config (forced and suppressed tokens, ...) applies under the options given."""
         encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
-        request = generate_options("generate", {**dict(self.generation.model_options), **options})
+        request = generate_options("generate", options, self.generation.model_options)
         with self._request_slots().hold():  # this request's own cache, until its last token
             feed, decoding = self._request(encoder_inputs, decoder_ids, request)
             return generate_over(feed, decoding, request, encoder_decoder=True)
@@ -120,8 +115,7 @@ class EncoderDecoderModule(TwoGraphModule):
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
         of the decoder-only module's ``stream``)."""
         encoder_inputs, decoder_ids, options = self._split(inputs, kwargs)
-        defaults = {k: v for k, v in self.generation.model_options if k not in GENERATE_ONLY}
-        request = generate_options("stream", {**defaults, **options})
+        request = generate_options("stream", options, self.generation.model_options)
         with self._request_slots().hold():
             feed, decoding = self._request(encoder_inputs, decoder_ids, request)
             yield from decode(feed, decoding)

@@ -212,7 +212,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         from pipeline.runtime.generation.outputs import decoder_only_output
         from pipeline.runtime.generation.request import resolve
 
-        request = generate_options("generate", options)
+        request = generate_options("generate", options, self.generation.model_options)
         ids, mask = self._prompt(input_ids, attention_mask, request.expand, request.num_beams)
         if request.num_beams > 1:
             return self._beam_search(ids, mask, request)
@@ -245,7 +245,7 @@ class GenerativeModule(HeldRequests, ConvertedModule):
         from pipeline.runtime.generation.options import generate_options
         from pipeline.runtime.generation.request import resolve
 
-        request = generate_options("stream", options)
+        request = generate_options("stream", options, self.generation.model_options)
         ids, mask = self._prompt(input_ids, attention_mask, request.expand, request.num_beams)
         decoding = resolve(request, self.generation, ids, mask, self.vocabulary_size)
         yield from self._stream(ids, mask, decoding)

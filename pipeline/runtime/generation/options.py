@@ -91,8 +91,10 @@ _NO_EFFECT = frozenset({"bos_token_id", "decoder_start_token_id", "use_cache", "
 _NOT_OPTIONS = frozenset({"streamer", "logits_processor", "stopping_criteria", "seed"})
 
 
-def generate_options(method: str, given: dict[str, Any]) -> GenerateOptions:
-    """The options of one ``method`` (``"generate"`` or ``"stream"``) call, from its keyword arguments.
+def generate_options(method: str, given: dict[str, Any], defaults: tuple[tuple[str, Any], ...] = ()) -> GenerateOptions:
+    """The options of one ``method`` (``"generate"`` or ``"stream"``) call, from its keyword arguments over a
+    ``generation_config=`` given over ``defaults`` (the model's: :func:`model_defaults`), transformers' order; of the
+    model's defaults, ``stream`` takes those it has (no beams).
 
     >>> generate_options("stream", {"max_new_tokens": 8}).max_new_tokens
     8
@@ -104,6 +106,7 @@ def generate_options(method: str, given: dict[str, Any]) -> GenerateOptions:
     config = values.pop("generation_config", None)
     if config is not None:
         values = {**config_options(config, method), **values}
+    values = {**{name: value for name, value in defaults if name in TAKEN[method]}, **values}
     for name in ("bad_words_ids",):
         if values.get(name) is not None:
             values[name] = _token_lists(name, values[name])
@@ -116,7 +119,9 @@ def generate_options(method: str, given: dict[str, Any]) -> GenerateOptions:
 
 
 def config_options(config: Any, method: str) -> dict[str, Any]:
-    """The options a transformers ``GenerationConfig`` sets (its fields away from transformers' defaults)."""
+    """The options a transformers ``GenerationConfig`` sets (its fields that are not None: a field set to
+    transformers' default goes over the model's own, as in transformers); a field we do not take is refused when it
+    is away from transformers' default."""
     if not hasattr(config, "to_dict"):
         raise InputError(
             f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}",
@@ -126,15 +131,42 @@ def config_options(config: Any, method: str) -> dict[str, Any]:
     options: dict[str, Any] = {}
     refused = []
     for name, value in config.to_dict().items():
-        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or is_default(name, value):
+        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or value is None:
             continue
         if name in taken:
             options[name] = value
-        else:
+        elif not is_default(name, value):
             refused.append(name)
     if refused:
         raise _not_taken(method, sorted(refused), "generation_config field")
     return options
+
+
+#: A model's generation-config fields that are the module's own settings (its eos and pad), not a call's defaults.
+_SETTINGS = frozenset({"eos_token_id", "pad_token_id"})
+
+
+def model_defaults(config: Any, capacity: int) -> tuple[dict[str, Any], list[str]]:
+    """The defaults a model's generation ``config`` gives ``generate`` (its fields away from transformers' defaults
+    that we take: forced and suppressed tokens, sampling, beams, n-gram rules, ...), as ``model.generate`` applies
+    them under a call's options, and the fields it sets away from the defaults that we do not take. A
+    ``max_length`` or ``max_new_tokens`` beyond the step's ``capacity`` becomes ``max_length=capacity``."""
+    taken = set(TAKEN["generate"]) - _NOT_OPTIONS - {"generation_config"}
+    defaults: dict[str, Any] = {}
+    others: list[str] = []
+    for name, value in sorted(config.to_dict().items()):
+        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or name in _SETTINGS:
+            continue
+        if is_default(name, value):
+            continue
+        if name in taken:
+            defaults[name] = value
+        else:
+            others.append(name)
+    if defaults.get("max_length", 0) > capacity or defaults.get("max_new_tokens", 0) >= capacity:
+        defaults.pop("max_new_tokens", None)
+        defaults["max_length"] = capacity
+    return defaults, others
 
 
 def is_default(name: str, value: Any) -> bool:
@@ -190,7 +222,7 @@ def _check(options: GenerateOptions) -> None:
             f"{options.forced_eos_token_id!r}",
             fix="pass the tokenizer's ids, or leave them out",
         )
-    for name in ("min_new_tokens", "min_length", "no_repeat_ngram_size"):
+    for name in ("min_new_tokens", "min_length", "no_repeat_ngram_size", "top_k"):
         value = getattr(options, name)
         if value is not None and (not _is_int(value) or value < 0):
             raise InputError(f"{name} must be an int >= 0, got {value!r}", fix=f"pass e.g. {name}=2, or leave it out")

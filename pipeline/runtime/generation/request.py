@@ -16,6 +16,8 @@ from pipeline.runtime.generation.processors import ScoreProcessors, UserCriteria
 
 #: transformers' default total length when neither max_new_tokens nor max_length is given.
 DEFAULT_MAX_LENGTH = 20
+#: transformers' default top-k of a draw when none is given (``top_k=0``: none).
+DEFAULT_TOP_K = 50
 
 
 @dataclass
@@ -51,8 +53,9 @@ def resolve(
     _check_vocabulary(options, vocab)
     padding = (mask == 0).to(torch.int64).sum(-1) if bool((mask == 0).any()) else None
     processors = score_processors(options, ids.shape[1], padding, eos, options.logits_processor, ids.shape[1] + new)
+    top_k = DEFAULT_TOP_K if options.top_k is None else options.top_k or None  # 0: no top-k, as transformers
     sampling = DecodingOptions(
-        options.do_sample, options.temperature, options.top_k, options.top_p, options.repetition_penalty, options.seed
+        options.do_sample, options.temperature, top_k, options.top_p, options.repetition_penalty, options.seed
     )
     record = options.return_dict_in_generate and (options.output_scores or options.output_logits)
     chooser = TokenChooser(sampling, processors if processors else None, record=record)

@@ -156,7 +156,7 @@ class VisionLanguageModule(TwoGraphModule):
         module's ``generate`` (beam search included); the model's own options the module was converted with
         (``generation.fixed_inputs``: ``sample=False``) are taken with those values only."""
         ids, mask, images, options = self._split(input_ids, kwargs)
-        request = generate_options("generate", options)
+        request = generate_options("generate", options, self.generation.model_options)
         with self._request_slots().hold():  # this request's own cache, until its last token
             feed, decoding = self._request(ids, mask, images, request)
             return generate_over(feed, decoding, request, encoder_decoder=False)
@@ -165,7 +165,7 @@ class VisionLanguageModule(TwoGraphModule):
         """Yield the next token of every row [rows] at each step (see :meth:`generate` for the inputs; the options
         of the decoder-only module's ``stream``)."""
         ids, mask, images, options = self._split(input_ids, kwargs)
-        request = generate_options("stream", options)
+        request = generate_options("stream", options, self.generation.model_options)
         with self._request_slots().hold():
             feed, decoding = self._request(ids, mask, images, request)
             yield from decode(feed, decoding)
