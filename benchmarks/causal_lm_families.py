@@ -37,6 +37,7 @@ import transformers  # noqa: E402
 from family_sweep import (  # noqa: E402
     PRECISIONS,
     CannotRunEagerly,
+    eager_tokens,
     first_line,
     quiet,
     resumed_rows,
@@ -96,7 +97,7 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         model, _sample = every.build(kind, class_name)
         model = quiet(model)
         inputs = prompts(model)
-        expected_greedy, expected_beam = eager_tokens(model, inputs, row)
+        expected_greedy, expected_beam = eager_tokens(model, inputs, row, GREEDY, BEAMS, PROMPT)
     except CannotRunEagerly:
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
@@ -121,18 +122,6 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     if RTX:
         row["rtx"] = rtx_builds(model, inputs, GENERATION, precision)
     return row
-
-
-def eager_tokens(model: torch.nn.Module, inputs: dict[str, Any], row: dict[str, Any]) -> tuple[Any, Any]:
-    """transformers' greedy and beam-search tokens on ``inputs`` (beam None: its generate has none, the row says)."""
-    with torch.no_grad():
-        greedy = model.generate(**inputs, **GREEDY)
-        row["tokens"] = f"{tuple(greedy.shape)}, {len(set(greedy[:, PROMPT:].flatten().tolist()))} distinct new"
-        try:
-            return greedy, model.generate(**inputs, **GREEDY, num_beams=BEAMS)
-        except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
-            row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
-            return greedy, None
 
 
 def markdown(rows: list[dict[str, Any]], precision: str) -> str:

@@ -103,6 +103,35 @@ def run_isolated(script: str, kind: str, timeout: float, options: Sequence[str] 
 MASKED = -65504.0
 
 
+def eager_tokens(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    row: dict[str, Any],
+    options: dict[str, Any],
+    beams: int,
+    prompt: int = 0,
+    failure: Callable[[BaseException], str] | None = None,
+) -> tuple[Any, Any]:
+    """transformers' greedy (``options``) and beam-search (``beams``) tokens on ``inputs``; beam None: its generate
+    has none, the row says. The row's ``tokens`` counts the distinct tokens after the first ``prompt`` columns;
+    ``failure``: the cause a greedy run's exception is told as (:class:`CannotRunEagerly`), else it propagates."""
+    with torch.no_grad():
+        try:
+            greedy = model.generate(**inputs, **options)
+        except Exception as error:  # noqa: BLE001 - said as the caller tells it
+            if failure is None:
+                raise
+            raise CannotRunEagerly(failure(error)) from error
+        if isinstance(greedy, torch.Tensor):  # else a model that generates audio: the row says so
+            distinct = len(set(greedy[:, prompt:].flatten().tolist()))
+            row["tokens"] = f"{tuple(greedy.shape)}, {distinct} distinct{' new' if prompt else ''}"
+        try:
+            return greedy, model.generate(**inputs, **options, num_beams=beams)
+        except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
+            row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
+            return greedy, None
+
+
 def scores_gap(expected: Any, actual: Any) -> float | str:
     """The largest difference between two ``generate(..., output_scores=True, return_dict_in_generate=True)`` results'
     scores over every step (elements both hold unmasked; a step whose masked tokens differ counts as infinite), or why

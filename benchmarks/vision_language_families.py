@@ -64,6 +64,7 @@ from audio_samples import audio_families, audio_sample, fitted_audio_model  # no
 from family_sweep import (  # noqa: E402
     PRECISIONS,
     CannotRunEagerly,
+    eager_tokens,
     first_line,
     quiet,
     resumed_rows,
@@ -181,7 +182,9 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
             generation_sample(model, sample), right=bool(getattr(model.config, "is_encoder_decoder", 0))
         )
         inputs = inputs if SWEEP_AUDIO else joined_batch(model, sample, inputs)
-        expected_greedy, expected_beam = eager_tokens(model, inputs, row)
+        expected_greedy, expected_beam = eager_tokens(
+            model, inputs, row, GREEDY, BEAMS, failure=lambda error: batch_failure(model, inputs, error)
+        )
     except (CannotRunEagerly, InputError):  # an InputError: the conversion refused the model (the row's reason)
         raise
     except Exception as error:  # noqa: BLE001 - transformers' own failure on the small config: the row says why
@@ -194,7 +197,9 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     module, converted = converted_module(model, inputs, precision, row)
     if converted is not inputs:  # with the options the refusal named: transformers' tokens with them too
         inputs = converted
-        expected_greedy, expected_beam = eager_tokens(model, inputs, row)
+        expected_greedy, expected_beam = eager_tokens(
+            model, inputs, row, GREEDY, BEAMS, failure=lambda error: batch_failure(model, inputs, error)
+        )
     row["convert_s"] = round(time.perf_counter() - start, 1)
     row["converts"] = "yes"
     ours = module.generate(**inputs, **GREEDY)
@@ -210,22 +215,6 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         row["reloaded"] = torch.equal(loaded.generate(**inputs, **GREEDY), ours)
     row["rtx"] = rtx_builds(model, inputs, generation_of(inputs), precision)
     return row
-
-
-def eager_tokens(model: torch.nn.Module, inputs: dict[str, Any], row: dict[str, Any]) -> tuple[Any, Any]:
-    """transformers' greedy and beam-search tokens on ``inputs`` (beam None: its generate has none, the row says)."""
-    with torch.no_grad():
-        try:
-            greedy = model.generate(**inputs, **GREEDY)
-        except Exception as error:  # noqa: BLE001 - said apart when each prompt runs alone
-            raise CannotRunEagerly(batch_failure(model, inputs, error)) from error
-        if isinstance(greedy, torch.Tensor):  # else a model that generates audio: the row says so
-            row["tokens"] = f"{tuple(greedy.shape)}, {len(set(greedy.flatten().tolist()))} distinct"
-        try:
-            return greedy, model.generate(**inputs, **GREEDY, num_beams=BEAMS)
-        except Exception as error:  # noqa: BLE001 - a model whose own generate has no beam search: the row says so
-            row["beam"] = f"n/a: transformers' {type(error).__name__}: {first_line(error)[:120]}"
-            return greedy, None
 
 
 def converted_module(model: torch.nn.Module, inputs: dict[str, Any], precision: str, row: dict) -> tuple[Any, dict]:

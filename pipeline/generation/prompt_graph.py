@@ -133,7 +133,7 @@ def probed_generation(
     probe = probe_runs(model, step, layout, ids, tokens)
     if probe.broken is None:
         return generation
-    asked = given is not None and given.max_prompt not in (None, 1, given.max_length)
+    asked = given is not None and given.names_prompt_length
     name = type(model).__name__
     if probe.first is None:
         _say(

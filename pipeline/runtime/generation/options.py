@@ -142,6 +142,16 @@ def config_options(config: Any, method: str) -> dict[str, Any]:
     return options
 
 
+#: transformers' generation-config fields that change the tokens and that ``generate`` does not take: a model whose
+#: config sets one is told at conversion that its module decodes without it (``model.generate`` applies it).
+NOT_TAKEN_DECODING = frozenset(
+    {
+        "constraints", "diversity_penalty", "dola_layers", "encoder_no_repeat_ngram_size", "encoder_repetition_penalty",
+        "epsilon_cutoff", "eta_cutoff", "exponential_decay_length_penalty", "force_words_ids", "guidance_scale",
+        "max_time", "min_p", "num_beam_groups", "penalty_alpha", "remove_invalid_values", "renormalize_logits",
+        "sequence_bias", "stop_strings", "token_healing", "top_h", "typical_p", "watermarking_config",
+    }
+)  # fmt: skip
 #: A model's generation-config fields that are the module's own settings (its eos and pad), not a call's defaults.
 _SETTINGS = frozenset({"eos_token_id", "pad_token_id"})
 

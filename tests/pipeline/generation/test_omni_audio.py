@@ -13,6 +13,8 @@ conversion places one modality's features), and ``generate`` of the audio module
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
 from typing import Any
 
 import pytest
@@ -23,7 +25,10 @@ from tiny_models import decodes_as_transformers, decodes_its_audio_as_transforme
 
 import pipeline
 from converters.errors import InputError
+from pipeline.runtime.executors import EngineNotRunnableWarning
 from pipeline.runtime.generation.vision_language import VisionLanguageModule
+
+RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 
 GENERATION = {"max_length": 40, "max_batch": 8}
 GREEDY: dict[str, Any] = {"max_new_tokens": 6}
@@ -98,6 +103,20 @@ def test_omni_thinker_audio_decodes_as_transformers(
     model, inputs = model_and_inputs
     assert module.modality == "audio"
     decodes_its_audio_as_transformers(model, module, inputs, **GREEDY)
+
+
+@pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
+def test_tensorrt_rtx_builds_the_audio_graph_and_the_step(
+    model_and_inputs: tuple[Any, dict[str, torch.Tensor]],
+) -> None:
+    """The real builder builds the audio features graph (its frame mask held) and the M-RoPE text step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngineNotRunnableWarning)
+        built = pipeline.convert(
+            *model_and_inputs, generation=GENERATION, validate=False, backend="tensorrt-rtx", trt_engine_cache=False
+        )
+    assert isinstance(built, VisionLanguageModule) and built.modality == "audio"
+    assert built.vision.engine_bytes and built.step.engine_bytes
 
 
 def test_a_sample_of_images_and_audio_is_refused(model_and_inputs: tuple[Any, dict[str, torch.Tensor]]) -> None:

@@ -143,14 +143,9 @@ def test_a_model_whose_runs_do_not_continue_from_states_runs_only_a_first_run() 
     each alone, decode as transformers; validation (on) decodes so too."""
     from pipeline.runtime.generation.feed import prompt_padding, prompt_runs
 
-    torch.manual_seed(0)
-    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=8, pad_token_id=0)
-    model = transformers.MambaForCausalLM(config).eval()
-    ids = torch.randint(3, 90, (2, 13), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones_like(ids)
-    ids[1, :8], mask[1, :8] = 0, 0
+    model, ids, mask = _mamba()
     with pytest.warns(UserWarning, match="does not continue from the states a run leaves.*first 8 tokens run on"):
-        module = pipeline.convert(model, ids[:1], generation={"max_length": 32, "max_batch": 2, "max_prompt": 8})
+        module = pipeline.convert(model, ids[:1], generation=MAMBA_GENERATION)
     assert isinstance(module, GenerativeModule)
     assert module.prompt_graph is not None and module.run_tokens == 8
     assert not module.generation.prompt_continues
@@ -167,3 +162,37 @@ def test_a_model_whose_runs_do_not_continue_from_states_runs_only_a_first_run() 
         # tight: a second run from the states (which Mamba's scan ignores) puts this tiny model's scores 4e-4 off
         for ours, theirs in zip(got.scores, expected.scores, strict=True):
             torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
+
+
+MAMBA_GENERATION = {"max_length": 32, "max_batch": 2, "max_prompt": 8}
+
+
+def _mamba() -> tuple[transformers.MambaForCausalLM, torch.Tensor, torch.Tensor]:
+    """A tiny Mamba and two prompts of 13 and 5 tokens, the second left-padded."""
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=8, pad_token_id=0)
+    model = transformers.MambaForCausalLM(config).eval()
+    ids = torch.randint(3, 90, (2, 13), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[1, :8], mask[1, :8] = 0, 0
+    return model, ids, mask
+
+
+@pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
+def test_tensorrt_rtx_builds_mambas_first_run_graph_and_step_in_fp16() -> None:
+    """Mamba's first-run prompt graph and its step with fp16 written in: the real builder builds both; the same
+    graphs on ONNX Runtime give transformers' fp32 greedy tokens on the padded batch."""
+    model, ids, mask = _mamba()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the engine that cannot run here, the first-run notice (tested above)
+        converted = pipeline.convert(
+            model, ids[:1], generation=MAMBA_GENERATION, precision="fp16", validate=False, **BACKEND
+        )
+    assert isinstance(converted, GenerativeModule) and converted.prompt_graph is not None
+    assert not converted.generation.prompt_continues and converted.run_tokens == 8
+    for graph in (converted, converted.prompt_graph):
+        assert graph.engine_bytes
+        assert graph.report.precision is not None and graph.report.precision.dtype == "float16"
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+    got = converted.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    assert torch.equal(got, expected)
