@@ -1,10 +1,14 @@
 """``pipeline generate --audio FILE.wav --feature-extractor DIR``: audio files through a speech model's own feature
 extractor, into the inputs its encoder takes; ``pipeline generate DIR --processor P --audio FILE.wav --prompt TEXT``:
-an audio-language decoder's prompts (GLM-ASR's, Audio Flamingo 3's, Qwen3-ASR's: text with the processor's audio
-placeholder, one audio each) through its own processor (:func:`audio_prompts`), which writes the audio's tokens where
-each prompt holds the placeholder and makes the audio features the model takes. A processor whose call takes no audio
-(Voxtral's: audio only through its chat template, ``mistral-common``'s tokenizer) is given each prompt as a user turn
-of its audio file and its text (:func:`chat_prompts`).
+an audio-language decoder's prompts (GLM-ASR's, Audio Flamingo 3's, Qwen3-ASR's, Qwen Omni's thinkers': text with the
+processor's audio placeholder, one audio each) through its own processor (:func:`audio_prompts`), which writes the
+audio's tokens where each prompt holds the placeholder and makes the audio features the model takes. The placeholder
+is written as the processor's chat template writes an audio item (Qwen Omni's ``<|audio_bos|><|AUDIO|><|audio_eos|>``:
+:func:`audio_placeholder`); an audio the processor cuts to its window is named in a warning; an artifact whose audio
+graph holds its sample's frame mask (Qwen Omni's) refuses audio of another length in seconds
+(:func:`check_audio_frames`). A processor whose call takes no audio (Voxtral's: audio only through its chat template,
+``mistral-common``'s tokenizer) is given each prompt as a user turn of its audio file and its text
+(:func:`chat_prompts`).
 
 WAV files are read with the standard library's ``wave`` (PCM, 8, 16, 24 or 32 bits, any channel count: averaged to
 mono). The feature extractor is the model's, from a local directory (``AutoFeatureExtractor.from_pretrained``,
@@ -127,11 +131,8 @@ def audio_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict
     if not takes_audio(processor):
         return chat_prompts(processor, prompts, paths)
     token = getattr(processor, "audio_token", None)
-    if isinstance(token, str) and token and not all(token in text for text in prompts):
-        raise InputError(
-            f"a prompt lacks the audio placeholder {token!r}: the processor puts the audio's tokens there",
-            fix=f"write {token!r} where the audio goes, e.g. --prompt '{token} Transcribe the audio.'",
-        )
+    if isinstance(token, str) and token:
+        check_placeholders(prompts, token, audio_placeholder(processor, token))
     extractor = getattr(processor, "feature_extractor", None)
     rate = getattr(extractor, "sampling_rate", None)
     if extractor is None or not isinstance(rate, int):
@@ -152,7 +153,127 @@ def audio_prompts(processor: Any, prompts: list[str], paths: list[Path]) -> dict
             "each",
         ) from exc
     unused = set(getattr(processor, "unused_input_names", None) or ())
-    return {name: torch.as_tensor(value) for name, value in made.items() if name not in unused}
+    inputs = {name: torch.as_tensor(value) for name, value in made.items() if name not in unused}
+    warn_cut(inputs, clips, paths, extractor)
+    return inputs
+
+
+def audio_placeholder(processor: Any, token: str) -> str:
+    """The audio placeholder as the processor's chat template writes an audio item: the audio token with the added
+    tokens the template puts right around it (Qwen2-Audio's and Qwen Omni's ``<|audio_bos|><|AUDIO|><|audio_eos|>``,
+    the form the model was trained on); the token alone for a processor without a chat template, or whose template
+    writes the token alone (its processor adds the rest, as Music Flamingo's does) or no audio item."""
+    tokenizer: Any = getattr(processor, "tokenizer", None)
+    if not getattr(processor, "chat_template", None) or not hasattr(tokenizer, "get_added_vocab"):
+        return token
+    before, after = "\u27e6before\u27e7", "\u27e6after\u27e7"  # text no template writes itself
+    items = [{"type": "text", "text": before}, {"type": "audio", "path": "audio.wav"}, {"type": "text", "text": after}]
+    try:
+        rendered = str(processor.apply_chat_template([{"role": "user", "content": items}], tokenize=False))
+    except Exception:  # noqa: BLE001 -- a template that takes no audio item (jinja's errors, or the processor's)
+        return token
+    start, end = rendered.find(before), rendered.find(after)
+    span = rendered[start + len(before) : end] if 0 <= start < end else ""
+    if span.count(token) != 1:
+        return token
+    head, tail = span.split(token)
+    added = sorted((name for name in tokenizer.get_added_vocab() if name and name != token), key=len, reverse=True)
+    form = token
+    while found := next((name for name in added if head.endswith(name)), None):
+        form, head = found + form, head[: -len(found)]
+    while found := next((name for name in added if tail.startswith(name)), None):
+        form, tail = form + found, tail[len(found) :]
+    return form
+
+
+def check_placeholders(prompts: list[str], token: str, form: str) -> None:
+    """Each prompt holds the audio placeholder, in the form the processor's chat template writes it
+    (:func:`audio_placeholder`), or an error naming that form."""
+    example = f"--prompt '{form}{'' if form != token else ' '}Transcribe the audio.'"
+    if not all(token in text for text in prompts):
+        raise InputError(
+            f"a prompt lacks the audio placeholder {token!r}: the processor puts the audio's tokens there",
+            fix=f"write {form!r} where the audio goes, e.g. {example}",
+        )
+    if form != token and any(text.count(token) != text.count(form) for text in prompts):
+        raise InputError(
+            f"a prompt holds the audio placeholder {token!r} without the tokens the processor's chat template writes "
+            f"around it: {form!r} (the model was trained on that form)",
+            fix=f"write {form!r} where the audio goes, e.g. {example}",
+        )
+
+
+def frame_masks(inputs: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """The processor's masks of feature frames with one row per audio (Qwen Omni's ``feature_attention_mask``),
+    by name; none when the processor cut the audio into windows (GLM-ASR's: more rows than audio files)."""
+    features = inputs.get("input_features")
+    if features is None:
+        return {}
+    return {
+        name: value
+        for name, value in inputs.items()
+        if name.endswith("mask")
+        and name != "attention_mask"
+        and value.dim() == 2
+        and value.shape == (rows, features.shape[-1])
+    }
+
+
+def warn_cut(inputs: dict[str, torch.Tensor], clips: list[np.ndarray], paths: list[Path], extractor: Any) -> None:
+    """A warning for each audio the processor heard only the start of (longer than its feature extractor's window,
+    which Whisper's extractor cuts it to), never a silent cut."""
+    import warnings
+
+    hop, rate = getattr(extractor, "hop_length", None), getattr(extractor, "sampling_rate", None)
+    if not isinstance(hop, int) or not isinstance(rate, int):
+        return
+    mask = next(iter(frame_masks(inputs, len(clips)).values()), None)
+    for path, samples, row in zip(paths, clips, mask if mask is not None else [], strict=False):
+        heard = int(row.sum()) * hop
+        if len(samples) > heard + hop:  # more than a frame's samples past the frames kept
+            warnings.warn(
+                f"--audio {path} is {len(samples) / rate:.2f} s; the processor keeps its first {heard / rate:g} s "
+                "(its feature extractor's window)",
+                stacklevel=2,
+            )
+
+
+def check_audio_frames(module: Any, inputs: dict[str, torch.Tensor], paths: list[Path], processor: Any) -> None:
+    """Each audio fills the feature frames the artifact's audio graph was converted for, where that graph holds its
+    sample's frame mask (Qwen Omni's tower selects the frames by ``feature_attention_mask``, sizes decided in
+    Python): an audio of another length is refused in seconds, naming the length the artifact takes."""
+    import torch
+
+    held = getattr(module, "fixed_inputs", None) or {}
+    for name, mask in frame_masks(inputs, len(paths)).items():
+        fixed = held.get(name)
+        if fixed is None or fixed.dim() != 2 or fixed.shape[0] != 1 or not bool(((fixed == 0) | (fixed == 1)).all()):
+            continue
+        for path, row in zip(paths, mask, strict=True):
+            if row.shape == fixed[0].shape and torch.equal(row.to(fixed.dtype), fixed[0]):
+                continue
+            frames, wanted = int(row.sum()), int(fixed.sum())
+            length = _seconds(wanted, processor)
+            # the sample filled the window: longer audio is cut to it; else the sample's length alone
+            takes = f"at least {length} s" if wanted == fixed.shape[-1] == row.shape[-1] else f"{length} s exactly"
+            edit = (
+                f"cut it: ffmpeg -i {path.name} -t {length} out.wav"
+                if frames > wanted
+                else f"pad it with silence: ffmpeg -i {path.name} -af apad=whole_dur={length} out.wav"
+            )
+            raise InputError(
+                f"--audio {path} fills {frames} feature frames ({_seconds(frames, processor)} s), but the artifact's "
+                f"audio graph was converted for {wanted} (it holds its sample's {name}, from which the model's audio "
+                f"tower decides sizes): it takes audio of {takes}",
+                fix=f"give audio of {takes} ({edit}), or convert from a sample of this audio's length",
+            )
+
+
+def _seconds(frames: int, processor: Any) -> str:
+    """``frames`` feature frames in seconds of audio, by the processor's feature extractor's hop and rate."""
+    extractor = getattr(processor, "feature_extractor", None)
+    hop, rate = getattr(extractor, "hop_length", None), getattr(extractor, "sampling_rate", None)
+    return f"{frames * hop / rate:g}" if isinstance(hop, int) and isinstance(rate, int) and rate else "?"
 
 
 def takes_audio(processor: Any) -> bool:

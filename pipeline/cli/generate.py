@@ -209,9 +209,10 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
     check_media(args, audio)
     processor = load_processor(args.processor)
     if audio:
-        from pipeline.cli.audio import audio_prompts
+        from pipeline.cli.audio import audio_prompts, check_audio_frames
 
         inputs = audio_prompts(processor, args.prompt, args.audio)
+        check_audio_frames(module, inputs, args.audio, processor)
     else:
         inputs = image_prompts(processor, args.prompt, args.image)
     rows = len(args.prompt)
