@@ -71,13 +71,20 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+#: The name of the CLI's logging handler (replaced, not added again, when ``main`` runs twice in one process).
+_HANDLER = "pipeline-cli"
+
+
 def _configure_logging(verbose: int) -> None:
     # our warnings (engine not runnable here, low fp16 share, ...) read as messages, not as Python source lines
     warnings.formatwarning = lambda message, category, *_args, **_kwargs: f"warning: {message}\n"
     handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER)
     handler.setFormatter(logging.Formatter("  %(message)s" if verbose < 2 else "%(levelname)s %(name)s: %(message)s"))
     for name in ("pipeline", "passes", "converters"):
         log = logging.getLogger(name)
+        for old in [h for h in log.handlers if h.get_name() == _HANDLER]:  # a second main() in one process: one handler
+            log.removeHandler(old)
         log.addHandler(handler)
         log.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
     if verbose >= 1:  # -v: what torch's exporter, onnxscript and the other libraries say too

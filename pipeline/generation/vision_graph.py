@@ -22,6 +22,7 @@ from pipeline.generation.kept_selections import KeptSelection, by_element, kept_
 from pipeline.generation.known_values import KnownValues
 from pipeline.generation.ops import on_tensorrt
 from pipeline.generation.vision_inputs import (
+    AUDIO,
     IMAGES,
     Modality,
     features_options,
@@ -201,7 +202,7 @@ def convert_vision(
         part = ImageFeatures(model, names, fixed, levels=levels, options=options).train(model.training)
         held = stages(part, tuple(image[name] for name in names), settings, registry)
         if not on_tensorrt(settings) or not _selects_by_mask(held):
-            _say_held(model, why, fixed)
+            _say_held(model, why, fixed, modality_of(image).name)
             return held, fixed
     # the mask is the data's: the graph as it was, unless every selection by it keeps every element
     taken = {} if converted is not None else fixed
@@ -218,19 +219,22 @@ def convert_vision(
     if graph is None and converted is not None:
         return converted, {}
     if taken:
-        _say_held(model, "decides shapes from", taken)
+        _say_held(model, "decides shapes from", taken, modality_of(image).name)
     return (held if graph is None else graph), taken
 
 
-def _say_held(model: torch.nn.Module, why: str, fixed: dict[str, torch.Tensor]) -> None:
-    """Log the inputs the vision graph holds at the sample's values, and why."""
+def _say_held(model: torch.nn.Module, why: str, fixed: dict[str, torch.Tensor], modality: str) -> None:
+    """Log the inputs the features graph of ``modality`` holds at the sample's values, and why."""
+    audio = modality == AUDIO.name
+    tower, size = ("audio", "audio of that length") if audio else ("vision", "images processed to that size")
     logger.warning(
-        "%s's vision tower %s %s in Python: the vision graph holds them at the sample's values %s "
-        "(it takes images processed to that size)",
+        "%s's %s tower %s %s in Python: its features graph holds them at the sample's values %s (it takes %s)",
         type(model).__name__,
+        tower,
         why,
         ", ".join(fixed),
         {name: value.tolist() for name, value in fixed.items()},
+        size,
     )
 
 

@@ -132,3 +132,16 @@ def test_engine_options_from_the_command_line_with_polygraphy_and_trtexec_names(
         "cuda_graphs": False,
         "trt_runtime_cache": True,
     }
+
+
+def test_main_run_twice_in_one_process_logs_through_one_handler(tmp_path: Path) -> None:
+    """A second ``main`` (a notebook, a test) replaces the CLI's log handler: one line per message, and no handler
+    left writing to a stream closed since."""
+    import logging
+
+    from pipeline.cli import main
+
+    for _ in range(2):
+        assert main(["inspect", str(tmp_path / "missing.ptrt")]) != 0
+    for name in ("pipeline", "passes", "converters"):
+        assert [h.get_name() for h in logging.getLogger(name).handlers].count("pipeline-cli") == 1
