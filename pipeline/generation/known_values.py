@@ -11,7 +11,8 @@ enters the graph as a constant.
 Handed the selections that keep every element on the sample (:mod:`pipeline.generation.kept_selections`), each such
 mask is known, all true, from the call that makes it, and the selection by it is the identity: the graph takes no
 ``NonZero`` for it. The masks the model computed stay in :attr:`KnownValues.masks` (the graph can tell from them
-whether the input kept every element).
+whether the input kept every element). A selection by a mask computed from held inputs alone takes its rows by
+constant indices: a size the graph knows.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class KnownValues(TorchFunctionMode):
         mask = selecting_mask(func, args)
         if mask is not None and id(mask) in self._whole and id(args[0]) not in self._known:
             return self._kept_mask(func, self._identity(args[0], mask))
+        if mask is not None and id(mask) in self._known and id(args[0]) not in self._known:
+            return self._kept_mask(func, self._selected(args[0], mask))
         tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if tensors and all(id(t) in self._known for t in tensors):
             with _disable_current_modes(), torch._C.DisableTorchFunction():
@@ -94,6 +97,17 @@ class KnownValues(TorchFunctionMode):
                 fix="convert for backend='onnxruntime' (which runs the selection as the model makes it)",
             )
         return value.reshape(-1, *value.shape[mask.dim() :])
+
+    def _selected(self, value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``value[mask]`` for a known mask (computed from held inputs alone: Qwen3-Omni's frames by its held
+        ``feature_attention_mask``): the rows it keeps taken by constant indices, a size the graph knows, where the
+        boolean selection would leave it to the data (``NonZero``; the export fails where the model then pins it)."""
+        flat = self._identity(value, mask)
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            rows = mask.reshape(-1).nonzero().reshape(-1).tolist()
+        if len(rows) == flat.shape[0]:
+            return flat
+        return flat[torch.tensor(rows, dtype=torch.int64)]
 
     def _constant(self, value: torch.Tensor) -> torch.Tensor:
         """A known tensor as a constant of the graph under way (any other tensor as it is)."""

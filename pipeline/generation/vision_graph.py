@@ -233,9 +233,16 @@ def _say_held(model: torch.nn.Module, why: str, fixed: dict[str, torch.Tensor], 
         tower,
         why,
         ", ".join(fixed),
-        {name: value.tolist() for name, value in fixed.items()},
+        {name: _shown(value) for name, value in fixed.items()},
         size,
     )
+
+
+def _shown(value: torch.Tensor) -> Any:
+    """A held input's values as a log line shows them: a list, or its shape and nonzero count when long (a mask)."""
+    if value.numel() <= 16:
+        return value.tolist()
+    return f"<{list(value.shape)}: {int((value != 0).sum())} of {value.numel()} nonzero>"
 
 
 def _keeping_every_element(

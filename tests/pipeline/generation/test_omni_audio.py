@@ -183,3 +183,44 @@ def test_an_audio_tower_reading_its_lengths_as_numbers_holds_its_mask() -> None:
     inputs |= {"input_features": features, "input_features_mask": mask}
     module = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
     decodes_as_transformers(model, module, inputs, **GREEDY)
+
+
+def test_an_audio_of_a_whole_number_of_chunks_converts() -> None:
+    """Qwen3-Omni's thinker selects its audio's frames by ``feature_attention_mask`` (held at the sample's audio);
+    an audio of exactly its chunk's frames (100: 1 s of a real checkpoint's 100 frames per second) made the boolean
+    selection's size one the export could neither leave to the data nor pin (PendingUnbackedSymbolNotFound). A mask
+    computed from held inputs alone now selects by constant indices: it converts and decodes as transformers does."""
+    audio = {"num_mel_bins": MELS, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
+    audio |= {"d_model": 32, "max_source_positions": 100, "output_dim": 32, "n_window": 50, "n_window_infer": 100}
+    audio |= {"downsample_hidden_size": 8}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8}
+    vision |= {"out_hidden_size": 32, "deepstack_visual_indexes": [0], "num_position_embeddings": 64}
+    text = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 16}
+    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
+    text |= {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
+    text |= {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}}
+    config = transformers.Qwen3OmniMoeThinkerConfig(
+        audio_config=audio,
+        vision_config=vision,
+        text_config=text,
+        audio_token_id=AUDIO_TOKEN,
+        image_token_id=IMAGE_TOKEN,
+        video_token_id=126,
+        audio_start_token_id=AUDIO_START,
+        vision_start_token_id=121,
+        user_token_id=122,
+    )
+    torch.manual_seed(0)
+    model = drawn_by_fan_in(transformers.Qwen3OmniMoeThinkerForConditionalGeneration(config))
+    features = torch.randn(2, MELS, 100, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 100, dtype=torch.int32)
+    with torch.no_grad():
+        count = int(model.get_audio_features(features[:1], mask[:1]).last_hidden_state.shape[0])
+    text_ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    ids = torch.cat([text_ids[:, :2], torch.tensor([[AUDIO_START, *[AUDIO_TOKEN] * count, AUDIO_END]] * 2)], dim=1)
+    ids = torch.cat([ids, text_ids[:, 2:]], dim=1)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    inputs |= {"input_features": features, "feature_attention_mask": mask}
+    module = pipeline.convert(model, inputs, generation={"max_length": 80, "max_batch": 8}, validate=False)
+    assert isinstance(module, VisionLanguageModule) and module.modality == "audio"
+    decodes_as_transformers(model, module, inputs, **GREEDY)
