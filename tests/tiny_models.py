@@ -240,3 +240,19 @@ def requests_wait_for_slots(module: Any, inputs: dict[str, torch.Tensor]) -> Non
         assert most[0] == 2
     finally:
         module.request_slots, module.request_timeout = slots, timeout
+
+
+def tone_wav(path: Any, seconds: float, hertz: float, rate: int = 16000) -> Any:
+    """A 16-bit mono PCM WAV at ``rate`` of two tones (numpy's sine, the standard library's ``wave``); its path."""
+    import wave
+
+    import numpy as np
+
+    times = np.arange(int(seconds * rate)) / rate
+    samples = 0.4 * np.sin(2 * np.pi * hertz * times) + 0.2 * np.sin(2 * np.pi * 3.1 * hertz * times)
+    with wave.open(str(path), "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(rate)
+        writer.writeframes((samples * 32767).round().astype("<i2").tobytes())
+    return path

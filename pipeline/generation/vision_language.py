@@ -170,7 +170,7 @@ def convert_vision_language(
         pad_token_id=pad,
         attention=attention_form(model, settings, layout),
         fixed_inputs=tuple(options.items()),
-        model_options=model_options(model, generation.max_length),
+        model_options=model_options(language, generation.max_length),  # whose generate decides them, as eos
     )
     generation = check_token_ids(generation, vocabulary, from_model)
     precision_io = step_precision_io(settings)

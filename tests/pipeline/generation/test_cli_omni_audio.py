@@ -11,7 +11,6 @@ the audio count, an audio shorter than the artifact's window (in seconds, not a 
 
 from __future__ import annotations
 
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import drawn_by_fan_in
+from tiny_models import drawn_by_fan_in, tone_wav
 
 import pipeline
 from pipeline.cli.audio import audio_placeholder
@@ -101,17 +100,8 @@ def omni_thinker() -> Any:
 
 
 def write_wav(path: Path, seconds: float, hertz: float) -> Path:
-    """A 16-bit mono PCM WAV at 16 kHz of two tones (numpy's sine, the standard library's ``wave``)."""
-    import numpy as np
-
-    times = np.arange(int(seconds * RATE)) / RATE
-    samples = 0.4 * np.sin(2 * np.pi * hertz * times) + 0.2 * np.sin(2 * np.pi * 3.1 * hertz * times)
-    with wave.open(str(path), "wb") as writer:
-        writer.setnchannels(1)
-        writer.setsampwidth(2)
-        writer.setframerate(RATE)
-        writer.writeframes((samples * 32767).round().astype("<i2").tobytes())
-    return path
+    """A 16-bit mono PCM WAV at :data:`RATE` of two tones (:func:`tiny_models.tone_wav`)."""
+    return tone_wav(path, seconds, hertz, RATE)
 
 
 def inputs_of(processor: Any, prompts: list[str], files: list[Path]) -> dict[str, torch.Tensor]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import TINY_TEXT, converted_for_rtx_when_it_imports, drawn_by_fan_in
+from tiny_models import TINY_TEXT, converted_for_rtx_when_it_imports, drawn_by_fan_in, tone_wav
 
 from pipeline.runtime.generation.vision_language import VisionLanguageModule
 
@@ -73,17 +72,8 @@ def tekken(path: Path) -> Path:
 
 
 def write_wav(path: Path, seconds: float, hertz: float) -> str:
-    """A 16-bit mono PCM WAV at 16 kHz of a tone (numpy's sine, the standard library's ``wave``)."""
-    import numpy as np
-
-    times = np.arange(int(seconds * RATE)) / RATE
-    samples = 0.4 * np.sin(2 * np.pi * hertz * times) + 0.2 * np.sin(2 * np.pi * 3.1 * hertz * times)
-    with wave.open(str(path), "wb") as writer:
-        writer.setnchannels(1)
-        writer.setsampwidth(2)
-        writer.setframerate(RATE)
-        writer.writeframes((samples * 32767).round().astype("<i2").tobytes())
-    return str(path)
+    """A 16-bit mono PCM WAV at :data:`RATE` of two tones (:func:`tiny_models.tone_wav`)."""
+    return str(tone_wav(path, seconds, hertz, RATE))
 
 
 def conversations(prompts: list[str], files: list[str]) -> list[list[dict[str, Any]]]:
