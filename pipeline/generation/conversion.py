@@ -23,6 +23,7 @@ from converters.generation_settings import GenerationSettings, check_token_ids, 
 from converters.registry import ConverterRegistry
 from converters.settings import PrecisionIO, ProfileRange
 from pipeline.generation import PLAIN_FORWARD
+from pipeline.generation.decoder_static_check import checked_step
 from pipeline.generation.kept_windows import OWN, kept_elsewhere, kept_window, kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters, on_tensorrt
 from pipeline.generation.prompt_graph import probed_generation
@@ -34,9 +35,9 @@ from pipeline.generation.recurrent_state import (
     cached_layers,
     holds_states,
 )
-from pipeline.generation.step import CachedStep, indexed_layers, uses_attention_interface
+from pipeline.generation.step import CachedStep, uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer
-from pipeline.runtime.generation.options import model_defaults
+from pipeline.runtime.generation.options import NOT_TAKEN_DECODING, model_defaults
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample
 from pipeline.settings import DynamicDim, Settings
 
@@ -80,7 +81,7 @@ def prepare_step(
         step: CachedStep = RecurrentStep(model, layout, use_interface)
         generation = probed_generation(model, step, layout, input_ids, generation, settings.generation)
     else:
-        step = CachedStep(model, len(layout), use_interface, indexed_layers(layout))
+        step = checked_step(model, layout, use_interface, input_ids, generation)
     step = step.train(model.training)  # no "training mode" warning
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1
@@ -454,15 +455,14 @@ def special_tokens(model: torch.nn.Module, eos: tuple[int, ...], pad: int | None
 def model_options(model: torch.nn.Module, capacity: int) -> tuple[tuple[str, Any], ...]:
     """The defaults the model's generation config gives ``generate`` (forced and suppressed tokens, sampling, beams,
     n-gram rules, ...: :func:`~pipeline.runtime.generation.options.model_defaults`), which the module applies under a
-    call's options as ``model.generate`` does. A field of transformers' ``GenerationConfig`` it sets that
-    ``generate`` does not take is named in a warning: ``model.generate`` applies it, the module decodes without it."""
+    call's options as ``model.generate`` does. A field it sets that changes the tokens and that ``generate`` does not
+    take (:data:`~pipeline.runtime.generation.options.NOT_TAKEN_DECODING`) is named in a warning: ``model.generate``
+    applies it, the module decodes without it."""
     config = getattr(model, "generation_config", None)
     if config is None or not hasattr(config, "to_dict"):
         return ()
     defaults, others = model_defaults(config, capacity)
-    from transformers import GenerationConfig
-
-    ignored = [name for name in others if name in GenerationConfig().to_dict()]
+    ignored = [name for name in others if name in NOT_TAKEN_DECODING]
     if ignored:
         warnings.warn(
             f"the model's generation config sets {', '.join(f'{n}={getattr(config, n)!r}' for n in ignored)}, which "

@@ -40,6 +40,7 @@ class StepCacheLayer(CacheLayerMixin):
 
     is_compileable = False  # keeps transformers from specialising the mask on a query length of 1 during export
     is_sliding = False
+    written_only = False  # the model is handed the positions written so far (:attr:`CachedStep.written_only`)
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -48,7 +49,7 @@ class StepCacheLayer(CacheLayerMixin):
         super().__init__()
         self.keys, self.values = keys, values
         self.past_length = past_length
-        #: the length as a number (``CachedStep.own_mask``), else None: the 0-d tensor ``past_length``
+        #: the length as a number (``CachedStep.own_mask``, ``written_only``), else None: the 0-d tensor ``past_length``
         self.length = length
         self.is_initialized = True
 
@@ -56,14 +57,17 @@ class StepCacheLayer(CacheLayerMixin):
         """Nothing to allocate: the storage is the step's inputs."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """Write the step's keys and values at ``past_length``; the whole static cache comes back."""
+        """Write the step's keys and values at ``past_length``; the whole static cache back (or its written part)."""
         self.keys = ops.kv_write(self.keys, _as_type(key_states, self.keys.dtype), self.past_length)
         self.values = ops.kv_write(self.values, _as_type(value_states, self.values.dtype), self.past_length)
+        if self.written_only:
+            end = self.length + key_states.shape[-2]
+            return self.keys[:, :, :end], self.values[:, :, :end]
         return self.keys, self.values
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """The mask spans the whole capacity from position 0."""
-        return int(self.keys.shape[-2]), 0
+    def get_mask_sizes(self, query_length: int) -> tuple[Any, int]:
+        """The mask spans the whole capacity from position 0 (the written positions when ``written_only``)."""
+        return (self.length + query_length if self.written_only else int(self.keys.shape[-2])), 0
 
     def get_seq_length(self) -> Any:
         """The number of positions written before this step (a 0-d tensor: the query offset of the mask; a number
@@ -356,6 +360,8 @@ class CachedStep(torch.nn.Module):
     #: cache's capacity does not match: it is handed no ``attention_mask`` and the cache's length as a number, and its
     #: attention takes the step's mask instead (causal, over the written positions ``attention_mask`` keeps).
     own_mask = False
+    #: The model is handed the written cache positions only, not the capacity (:mod:`.decoder_static_check`: GPT-Neo's).
+    written_only = False
 
     def __init__(
         self,
@@ -408,12 +414,12 @@ class CachedStep(torch.nn.Module):
         """The model called on ``tokens`` (its ``input_ids``, or ``inputs_embeds`` a subclass computed) with the
         static cache updated in place: :func:`step_outputs`."""
         length, steps = None, position_ids.shape[-1]
-        if self.own_mask:
+        if self.own_mask or self.written_only:
             steps = next(iter(tokens.values())).shape[1]  # the model's own size (input_ids'), not the positions'
             length = past_length.item()
             torch._check(length >= 0)
             torch._check(length + steps <= past[0].shape[-2])
-            if torch.compiler.is_exporting():
+            if self.own_mask and torch.compiler.is_exporting():
                 # the model's branches on its cache's length (Kosmos-2's `if cache_length > 0`) are traced on their
                 # general side, a cache holding positions, whose numbers at a prefill (length 0) are the same (no
                 # columns of past keys): the graph is one for both. Only the trace assumes it (the graph holds no
@@ -423,9 +429,10 @@ class CachedStep(torch.nn.Module):
         if self.prefill_masks:  # the model's first-call masks apply (its decode steps' inputs make them no-ops)
             for layer in layers:
                 layer.is_initialized = False
+        mask = None if self.own_mask else self.model_mask(attention_mask, past_length, steps)
         call: dict[str, Any] = {
             **tokens,
-            "attention_mask": None if self.own_mask else self.model_mask(attention_mask, past_length, steps),
+            "attention_mask": mask if mask is None or length is None else mask[:, : length + steps],  # written_only
             self._cache_argument: self.cache(layers),
             "use_cache": True,
         }
@@ -456,6 +463,7 @@ class CachedStep(torch.nn.Module):
                 layers.append(StepIndexedLayer(keys, values, indexer, past_length, length, self.indexed[i]))
             else:
                 layers.append(StepCacheLayer(keys, values, past_length, length))
+                layers[-1].written_only = self.written_only
         return layers
 
     def cache(self, layers: list[Any]) -> Cache:
