@@ -199,9 +199,10 @@ def _convert_prepared(
 def _sample_shape_values(final: onnx.ModelProto, sample: Any, graph: FinalGraph, config: Settings) -> Settings:
     """``config`` with the sample's values of the inputs TensorRT may read as shape tensors
     (:mod:`pipeline.backends.tensorrt.shape_inputs`): the engine is built for exactly those values, as said here."""
-    from pipeline.backends.tensorrt.shape_inputs import shape_value_candidates
+    from pipeline.backends.tensorrt.shape_inputs import known_ranges, shape_value_candidates
 
-    candidates = shape_value_candidates(final)
+    ranged = known_ranges(config)  # a generation step's past_length: every cache position, not the sample's
+    candidates = [name for name in shape_value_candidates(final) if name not in ranged]
     if not candidates:
         return config
     feed = graph_feeds(sample, graph)[0]  # the sample, as the final graph's inputs

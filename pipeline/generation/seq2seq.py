@@ -138,35 +138,17 @@ class CrossCacheLayer(CacheLayerMixin):
 
 class _SelfCacheLayer(StepCacheLayer):
     """A layer of the step's self-attention cache whose length is a number (see :meth:`Seq2SeqStep.forward`).
-    ``written_only``: ``update`` hands the model the positions written so far (this step's included), a view of the
-    static cache, instead of the whole capacity: attention code of the model's own that masks no cache position
-    (FSMT's and LED's over one decoder token) then attends to what transformers' growing cache holds. The static
-    cache is still written in place and returned whole (``present``): the runtime does not change."""
+    ``written_only``: the model is handed the positions written so far (this step's included), a view of the static
+    cache, instead of the whole capacity (:class:`~pipeline.generation.step.StepCacheLayer`'s form): attention code of
+    the model's own that masks no cache position (FSMT's and LED's over one decoder token) then attends to what
+    transformers' growing cache holds. The static cache is still written in place and returned whole (``present``):
+    the runtime does not change."""
 
     def __init__(
         self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, length: Any, written_only: bool
     ) -> None:
-        super().__init__(keys, values, past_length)
-        self.length = length
+        super().__init__(keys, values, past_length, length)
         self.written_only = written_only
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """Write the step's keys and values; the whole static cache back, or its written positions only."""
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        if not self.written_only:
-            return keys, values
-        end = self.length + key_states.shape[-2]
-        return keys[:, :, :end], values[:, :, :end]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[Any, int]:
-        """The whole capacity, or the positions written after this step's ``query_length``."""
-        if not self.written_only:
-            return super().get_mask_sizes(query_length)
-        return self.length + query_length, 0
-
-    def get_seq_length(self) -> Any:
-        """The number of positions written before this step."""
-        return self.length
 
 
 class _CrossCache(Cache):

@@ -35,7 +35,7 @@ from converters.errors import ArtifactError, BuildError
 from converters.plugins.spec import plugin_nodes
 from passes.model_io.external_data import base_dir_of
 from passes.model_io.weightless import weightless
-from pipeline.backends.tensorrt.shape_inputs import profile_values, with_values
+from pipeline.backends.tensorrt.shape_inputs import ValueRange, profile_values, with_values
 from pipeline.noise import third_party_shown
 from pipeline.runtime.io_spec import IOSpec
 from pipeline.runtime.tensorrt.identity import build_options, device_identity
@@ -68,11 +68,12 @@ def create_config(
     settings: Settings,
     timing_cache: Path | None,
     library: TrtLibrary = TENSORRT,
-    shape_values: Mapping[str, tuple[int, ...]] | None = None,
+    shape_values: Mapping[str, ValueRange] | None = None,
 ) -> Any:
     """Polygraphy's ``CreateConfig`` for these settings (``CreateConfigRTX`` for TensorRT-RTX, with the target compute
     capabilities and no timing cache: one would make the CPU-only build query a GPU). No precision flags: the graph
-    carries its precision. ``shape_values``: the values of the network's shape-tensor inputs, in every profile."""
+    carries its precision. ``shape_values``: the (min, opt, max) values of the network's shape-tensor inputs, in every
+    profile."""
     tensorrt = library.import_module()
     bind_polygraphy(library)  # before any Polygraphy TensorRT import (the profiles' too)
     from polygraphy.backend.trt import CreateConfig

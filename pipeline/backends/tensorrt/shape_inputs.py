@@ -6,7 +6,9 @@ optimization profile must hold (Pixtral's ``image_sizes``: the patches are cropp
 sizes a tensor (``Reshape``'s shape, ``Slice``'s bounds, ``Range``, ``Expand``, ...) through any chain of nodes but
 ``Shape``/``Size`` (which read only the metadata): a superset of what the parser marks. A conversion takes their
 values from the sample for ``settings.shape_tensor_values`` (the engine then takes exactly those); the build gives
-the profile values only for the inputs the parser does mark (:func:`profile_values`).
+the profile values only for the inputs the parser does mark (:func:`profile_values`). A generation step's
+``past_length`` (a shape tensor where the step hands the model the cache positions written so far) spans the whole
+cache instead (:func:`known_ranges`).
 """
 
 from __future__ import annotations
@@ -74,14 +76,34 @@ def _reaches_a_size(graph: onnx.GraphProto, name: str) -> bool:
     return False
 
 
-def profile_values(network: Any, settings: Any) -> dict[str, tuple[int, ...]]:
-    """The values each shape-tensor input of the parsed ``network`` takes in every profile, from
-    ``settings.shape_tensor_values``; a missing one is the BuildError naming it."""
+#: A generation step's input holding the cache position its run starts at: a shape tensor where the step hands the
+#: model the cache positions written so far (GPT-Neo's, FSMT's, Kosmos-2's steps slice the cache by it).
+PAST_LENGTH = "past_length"
+#: A shape tensor's (min, opt, max) values in a profile.
+ValueRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def known_ranges(settings: Any) -> dict[str, ValueRange]:
+    """The ranges of the shape tensors the settings decide: a generation step's :data:`PAST_LENGTH`, every position
+    of its cache (0 to ``max_length - 1``), not the sample's one value."""
+    generation = getattr(settings, "generation", None)
+    if generation is None:
+        return {}
+    # opt 0: a prefill of any length the profiles take fits the cache there (the builder refuses a profile whose opt
+    # shapes write past the cache: "Invalid Engine")
+    return {PAST_LENGTH: ((0,), (0,), (generation.max_length - 1,))}
+
+
+def profile_values(network: Any, settings: Any) -> dict[str, ValueRange]:
+    """The values each shape-tensor input of the parsed ``network`` takes in every profile: its range where the
+    settings decide it (:func:`known_ranges`), else exactly ``settings.shape_tensor_values``; a missing one is the
+    BuildError naming it."""
     from converters.errors import BuildError
 
     given = dict(settings.shape_tensor_values)
+    known = known_ranges(settings)
     names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
-    missing = [n for n in names if n not in given]
+    missing = [n for n in names if n not in given and n not in known]
     if missing:
         raise BuildError(
             f"TensorRT reads input(s) {', '.join(map(repr, missing))} as shape tensors (their values size tensors "
@@ -89,16 +111,15 @@ def profile_values(network: Any, settings: Any) -> dict[str, tuple[int, ...]]:
             fix=f"pass shape_tensor_values={{{missing[0]!r}: [...]}} with the values the engine is to take (a "
             "conversion that gives none takes the sample's), or convert with backend='onnxruntime'",
         )
-    return {n: given[n] for n in names}
+    return {n: known[n] if n in known else (given[n], given[n], given[n]) for n in names}
 
 
-def with_values(profiles: Sequence[Any], values: Mapping[str, tuple[int, ...]]) -> list[Any]:
-    """Polygraphy profiles (one made when there are none) with ``values`` as every shape tensor's min, opt and
-    max."""
+def with_values(profiles: Sequence[Any], values: Mapping[str, ValueRange]) -> list[Any]:
+    """Polygraphy profiles (one made when there are none) with each shape tensor's (min, opt, max) ``values``."""
     from polygraphy.backend.trt import Profile
 
     out = list(profiles) or [Profile()]
     for profile in out:
-        for name, taken in values.items():
-            profile.add(name, min=taken, opt=taken, max=taken)
+        for name, (low, opt, high) in values.items():
+            profile.add(name, min=low, opt=opt, max=high)
     return out

@@ -126,8 +126,18 @@ def test_gpt_neo_decodes_as_transformers(
 
 @pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
 def test_tensorrt_rtx_builds_the_written_only_step(converted: tuple[Any, GenerativeModule, list[str]]) -> None:
+    """Built, whole; its ``past_length`` (a shape tensor: the step slices the cache by it) spans every cache position
+    in the engine's profile, not the sample's one value (an engine for a prefill only)."""
+    from pipeline.backends.tensorrt.build import parse_network
+    from pipeline.backends.tensorrt.shape_inputs import profile_values
+    from pipeline.runtime.tensorrt.library import TENSORRT_RTX
+
     _, module, _ = converted
     assert module.engine_bytes and not getattr(module, "segments", None)
+    assert "past_length" not in dict(module.settings.shape_tensor_values)
+    parsed = parse_network(module.onnx, library=TENSORRT_RTX)
+    last = GENERATION["max_length"] - 1
+    assert profile_values(parsed[1], module.settings) == {"past_length": ((0,), (0,), (last,))}
 
 
 class _ReadsItsStorage(modeling_gpt_neo.GPTNeoSelfAttention):
