@@ -244,9 +244,10 @@ def step_attention(
     if isinstance(own, torch.Tensor) and (attention_mask is None or attention_mask.is_floating_point()):
         attention_mask = own  # the model's own additive mask over the keys it has seen: the step's over the cache
     if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point() and position_bias is None:
-        # an additive mask made from the step's (Doge's: a bias per key, the dtype's minimum where masked): bias, mask
+        # an additive mask made from the step's (Doge's: a bias per key, the dtype's minimum where masked): the bias,
+        # and a one-head mask of the keys any head keeps (a key another head drops keeps its minimum there as bias)
         position_bias = attention_mask
-        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        attention_mask = (attention_mask > torch.finfo(attention_mask.dtype).min / 2).any(dim=1, keepdim=True)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     if attention_mask is None and _is_marked(_CROSS, key):
         attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
