@@ -256,3 +256,23 @@ def tone_wav(path: Any, seconds: float, hertz: float, rate: int = 16000) -> Any:
         writer.setframerate(rate)
         writer.writeframes((samples * 32767).round().astype("<i2").tobytes())
     return path
+
+
+def qwen_omni_thinker(mels: int, frames: int, positions: int = 64) -> Any:
+    """A Qwen2.5-Omni thinker of width 32, drawn by fan-in: an audio encoder of 2 layers taking ``frames`` frames of
+    ``mels`` mels (its output projected to the text width), a vision encoder of 2 and a text model of 2 of
+    ``positions`` positions; tokens: audio 125 (start 123, end 124), image 127, video 126."""
+    audio = {"num_mel_bins": mels, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
+    audio |= {"d_model": 32, "max_source_positions": frames // 2, "output_dim": 32}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8}
+    vision |= {"out_hidden_size": 32, "fullatt_block_indexes": [1]}
+    text = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": positions}
+    text |= {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}}
+    config = transformers.Qwen2_5OmniThinkerConfig(
+        audio_config=audio, vision_config=vision, text_config=text, audio_token_index=125, image_token_index=127,
+        audio_start_token_id=123, audio_end_token_id=124, video_token_index=126, vision_start_token_id=121,
+        user_token_id=122,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return drawn_by_fan_in(transformers.Qwen2_5OmniThinkerForConditionalGeneration(config))

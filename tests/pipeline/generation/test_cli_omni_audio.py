@@ -18,7 +18,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import drawn_by_fan_in, tone_wav
+from tiny_models import qwen_omni_thinker, tone_wav
 
 import pipeline
 from pipeline.cli.audio import audio_placeholder
@@ -81,24 +81,6 @@ def omni_processor(directory: Path) -> Any:
     return processor
 
 
-def omni_thinker() -> Any:
-    """A Qwen2.5-Omni thinker of width 32 (as test_omni_audio.py's, its tower taking :data:`FRAMES` frames)."""
-    audio = {"num_mel_bins": MELS, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
-    audio |= {"d_model": 32, "max_source_positions": FRAMES // 2, "output_dim": 32}
-    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8}
-    vision |= {"out_hidden_size": 32, "fullatt_block_indexes": [1]}
-    text = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
-    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128}
-    text |= {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}}
-    config = transformers.Qwen2_5OmniThinkerConfig(
-        audio_config=audio, vision_config=vision, text_config=text, audio_token_index=125, image_token_index=127,
-        audio_start_token_id=123, audio_end_token_id=124, video_token_index=126, vision_start_token_id=121,
-        user_token_id=122,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return drawn_by_fan_in(transformers.Qwen2_5OmniThinkerForConditionalGeneration(config))
-
-
 def write_wav(path: Path, seconds: float, hertz: float) -> Path:
     """A 16-bit mono PCM WAV at :data:`RATE` of two tones (:func:`tiny_models.tone_wav`)."""
     return tone_wav(path, seconds, hertz, RATE)
@@ -120,7 +102,7 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path, Path
     audio each through the processor)."""
     root = tmp_path_factory.mktemp("omni")
     processor = omni_processor(root / "processor")
-    model = omni_thinker()
+    model = qwen_omni_thinker(MELS, FRAMES, positions=128)
     files = [write_wav(root / "a.wav", 1.0, 330.0), write_wav(root / "b.wav", 1.0, 500.0)]
     sample = inputs_of(processor, [f"{FORM}What?", f"Say {FORM} again"], files)
     module = pipeline.convert(model, sample, generation=GENERATION, validate=False)

@@ -21,7 +21,7 @@ import pytest
 import tests_environment  # noqa: F401 -- torchvision's operator schemas, before transformers imports it
 import torch
 import transformers
-from tiny_models import decodes_as_transformers, decodes_its_audio_as_transformers, drawn_by_fan_in
+from tiny_models import decodes_as_transformers, decodes_its_audio_as_transformers, drawn_by_fan_in, qwen_omni_thinker
 
 import pipeline
 from converters.errors import InputError
@@ -39,37 +39,11 @@ IMAGE = {"pixel_values": torch.randn(16, 384, generator=torch.Generator().manual
 IMAGE["image_grid_thw"] = torch.tensor([[1, 4, 4]])
 
 
-def omni_thinker() -> Any:
-    """A Qwen2.5-Omni thinker of width 32: an audio encoder of 2 layers (its output projected to the text width), a
-    vision encoder of 2 and a text model of 2."""
-    audio = {"num_mel_bins": MELS, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
-    audio |= {"d_model": 32, "max_source_positions": FRAMES // 2, "output_dim": 32}
-    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 8}
-    vision |= {"out_hidden_size": 32, "fullatt_block_indexes": [1]}
-    text = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
-    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
-    text |= {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}}
-    config = transformers.Qwen2_5OmniThinkerConfig(
-        audio_config=audio,
-        vision_config=vision,
-        text_config=text,
-        audio_token_index=AUDIO_TOKEN,
-        image_token_index=IMAGE_TOKEN,
-        audio_start_token_id=AUDIO_START,
-        audio_end_token_id=AUDIO_END,
-        video_token_index=126,
-        vision_start_token_id=121,
-        user_token_id=122,
-    )
-    torch.manual_seed(0)
-    return drawn_by_fan_in(transformers.Qwen2_5OmniThinkerForConditionalGeneration(config))
-
-
 @pytest.fixture(scope="module")
 def model_and_inputs() -> tuple[Any, dict[str, torch.Tensor]]:
     """The thinker and a batch of two prompts, each an audio between its start and end tokens after 2 text tokens, the
     second left-padded by 2; their audios (every frame kept)."""
-    model = omni_thinker()
+    model = qwen_omni_thinker(MELS, FRAMES)
     features = torch.randn(2, MELS, FRAMES, generator=torch.Generator().manual_seed(2))
     mask = torch.ones(2, FRAMES, dtype=torch.long)
     with torch.no_grad():
