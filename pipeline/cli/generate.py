@@ -125,7 +125,13 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None, help="sample among the most likely tokens up to P")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draws (same seed, same tokens)")
     parser.add_argument("--repetition-penalty", type=float, default=None, help="transformers' repetition penalty")
-    parser.add_argument("--num-beams", type=int, default=1, metavar="N", help="beam search over N beams (1: off)")
+    parser.add_argument(
+        "--num-beams",
+        type=int,
+        default=None,
+        metavar="N",
+        help="beam search over N beams (1: off; default: the model's)",
+    )
     parser.add_argument(
         "--eos-token-id",
         type=int,
@@ -161,7 +167,7 @@ def _generate(args: argparse.Namespace) -> int:
             "were given",
             fix="give one prompt with --stream, or drop --stream to print every prompt's tokens at the end",
         )
-    if args.stream and args.num_beams > 1:
+    if args.stream and (args.num_beams or 1) > 1:
         raise InputError("--stream cannot follow beam search (the beams are ordered at the end)", fix="drop one")
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     module = load_generative(args.artifact, threads=args.threads, spinning=True if args.spinning else None)
@@ -216,7 +222,7 @@ def _generate_vision_language(module: Any, args: argparse.Namespace) -> int:
     else:
         inputs = image_prompts(processor, args.prompt, args.image)
     rows = len(args.prompt)
-    if rows * args.num_beams > module.generation.max_batch:
+    if rows * (args.num_beams or 1) > module.generation.max_batch:
         raise InputError(
             f"{rows} prompt(s) x {args.num_beams} beam(s), but the artifact was converted for max_batch="
             f"{module.generation.max_batch}",
@@ -267,7 +273,7 @@ def _generate_encoder_decoder(module: Any, args: argparse.Namespace, tokenizer: 
             raise InputError("a prompt is empty (no token ids)", fix="give at least one token id: 1,2,3")
         ids, mask = padded(sources, generation.pad_token_id or 0, "right")
         inputs, rows = {"input_ids": ids, "attention_mask": mask}, len(sources)
-    if rows * args.num_beams > generation.max_batch:
+    if rows * (args.num_beams or 1) > generation.max_batch:
         raise InputError(
             f"{rows} input(s) x {args.num_beams} beam(s), but the artifact was converted for max_batch="
             f"{generation.max_batch}",
@@ -300,7 +306,7 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
     }
     options = {name: value for name, value in options.items() if value is not None}  # else the model's defaults
-    if args.num_beams > 1:
+    if args.num_beams is not None:  # 1 turns the model's own beams off
         options["num_beams"] = args.num_beams
     if args.ignore_eos:
         options["eos_token_id"] = []

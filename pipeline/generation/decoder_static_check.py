@@ -171,7 +171,10 @@ def difference(
             decoded = _decoded_logits(model, ids, mask, fed).float()
     except Exception:  # noqa: BLE001 - a model that cannot decode over its own cache here: the forward's verdict holds
         return found
-    second = _compared(actual, decoded, bound)
+    try:
+        second = _compared(actual, decoded, bound)
+    except _CannotCheck:  # its own cached decoding not finite: the forward's verdict holds
+        return found
     return None if second is None else min(found, second, key=lambda d: d.worst)
 
 

@@ -41,7 +41,7 @@ from pipeline.generation.conversion import check_sample_fits
 from pipeline.precision.stage import validation_settings
 from pipeline.runtime.generation.feed import StepFeed
 from pipeline.runtime.generation.layout import cache_layout
-from pipeline.runtime.generation.options import model_defaults
+from pipeline.runtime.generation.options import NOT_TAKEN_DECODING, model_defaults
 from pipeline.runtime.generation.runners import StepRunner, step_runner
 from pipeline.runtime.io_spec import IOSpec, normalise_sample
 from pipeline.runtime.reports.accuracy import DecodingAccuracy
@@ -214,7 +214,9 @@ def _greedy_only(model: torch.nn.Module) -> Iterator[None]:
         return
     neutral = copy.deepcopy(config)
     neutral.eos_token_id = None
-    for name in model_defaults(config, capacity=1 << 30)[0]:
+    taken, others = model_defaults(config, capacity=1 << 30)
+    # what it sets that we take, and what changes the tokens that we do not (sequence_bias, ...)
+    for name in [*taken, *(n for n in others if n in NOT_TAKEN_DECODING)]:
         setattr(neutral, name, None)
     model.generation_config = neutral
     try:

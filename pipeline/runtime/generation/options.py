@@ -106,7 +106,17 @@ def generate_options(method: str, given: dict[str, Any], defaults: tuple[tuple[s
     config = values.pop("generation_config", None)
     if config is not None:
         values = {**config_options(config, method), **values}
-    values = {**{name: value for name, value in defaults if name in TAKEN[method]}, **values}
+    asked = set(values)
+    model = {name: value for name, value in defaults if name in TAKEN[method] and name not in asked}
+    values = {**model, **values}
+    if values.get("do_sample") and values.get("num_beams", 1) > 1 and {"do_sample", "num_beams"} & set(model):
+        # transformers would sample beams: a setting of the model's own meets the call's, said as such
+        said = " and ".join(f"{n}={values[n]!r}" for n in ("do_sample", "num_beams") if n in model)
+        raise InputError(
+            f"beam sampling (do_sample=True with num_beams > 1; {said} from the model's generation config) is not "
+            "taken",
+            fix="pass do_sample=False for beam search, or num_beams=1 for sampling",
+        )
     for name in ("bad_words_ids",):
         if values.get(name) is not None:
             values[name] = _token_lists(name, values[name])
@@ -160,7 +170,8 @@ def model_defaults(config: Any, capacity: int) -> tuple[dict[str, Any], list[str
     """The defaults a model's generation ``config`` gives ``generate`` (its fields away from transformers' defaults
     that we take: forced and suppressed tokens, sampling, beams, n-gram rules, ...), as ``model.generate`` applies
     them under a call's options, and the fields it sets away from the defaults that we do not take. A
-    ``max_length`` or ``max_new_tokens`` beyond the step's ``capacity`` becomes ``max_length=capacity``."""
+    ``max_new_tokens`` beyond the step's ``capacity`` becomes ``max_length=capacity``, as does a ``max_length``
+    beyond it when no ``max_new_tokens`` is set."""
     taken = set(TAKEN["generate"]) - _NOT_OPTIONS - {"generation_config"}
     defaults: dict[str, Any] = {}
     others: list[str] = []
@@ -173,8 +184,12 @@ def model_defaults(config: Any, capacity: int) -> tuple[dict[str, Any], list[str
             defaults[name] = value
         else:
             others.append(name)
-    if defaults.get("max_length", 0) > capacity or defaults.get("max_new_tokens", 0) >= capacity:
-        defaults.pop("max_new_tokens", None)
+    if defaults.get("max_new_tokens", 0) >= capacity:
+        defaults.pop("max_new_tokens")
+        defaults["max_length"] = capacity
+    elif "max_new_tokens" in defaults:
+        defaults.pop("max_length", None)  # max_new_tokens goes first in transformers: the length is not read
+    elif defaults.get("max_length", 0) > capacity:
         defaults["max_length"] = capacity
     return defaults, others
 

@@ -137,3 +137,24 @@ def test_top_k_is_fifty_unless_given_and_zero_is_none() -> None:
     assert top_k(do_sample=True, top_k=5) == 5
     with pytest.raises(InputError, match="top_k must be an int >= 0"):
         top_k(do_sample=True, top_k=-1)
+
+
+def test_a_models_max_new_tokens_within_the_cache_is_kept_over_its_max_length() -> None:
+    """transformers reads max_new_tokens first: a checkpoint's 10 new tokens stay beside a max_length of 8192 (which
+    is not read); 100 new tokens, beyond the cache, become the cache's length."""
+    from pipeline.runtime.generation.options import model_defaults
+
+    kept = model_defaults(transformers.GenerationConfig(max_new_tokens=10, max_length=8192), CAPACITY)[0]
+    assert kept == {"max_new_tokens": 10}
+    capped = model_defaults(transformers.GenerationConfig(max_new_tokens=100), CAPACITY)[0]
+    assert capped == {"max_length": CAPACITY}
+
+
+def test_beam_sampling_from_the_models_settings_says_where_it_comes_from() -> None:
+    """A checkpoint's beams meeting a call's do_sample=True (transformers would sample beams, which we do not take):
+    an InputError naming the model's setting; num_beams=1 in the call turns the model's beams off."""
+    beams = (("num_beams", 4),)
+    with pytest.raises(InputError, match="num_beams=4 from the model's generation config"):
+        generate_options("generate", {"do_sample": True}, beams)
+    assert generate_options("generate", {"do_sample": True, "num_beams": 1}, beams).num_beams == 1
+    assert generate_options("generate", {}, beams).num_beams == 4
