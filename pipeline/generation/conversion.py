@@ -35,7 +35,8 @@ from pipeline.generation.recurrent_state import (
     cached_layers,
     holds_states,
 )
-from pipeline.generation.step import CachedStep, uses_attention_interface
+from pipeline.generation.step import CachedStep
+from pipeline.generation.step_attention import uses_attention_interface
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.generation.options import NOT_TAKEN_DECODING, model_defaults
 from pipeline.runtime.io_spec import is_model_cache, normalise_sample

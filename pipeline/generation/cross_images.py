@@ -54,9 +54,7 @@ from pipeline.generation.generate_scores import (
 from pipeline.generation.handed_prompt import handed_prompt
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
 from pipeline.generation.seq2seq import cache_of
-from pipeline.generation.step import (
-    uses_attention_interface,
-)
+from pipeline.generation.step_attention import uses_attention_interface
 from pipeline.runtime.generation.cross_images import (
     PROMPT_EDIT,
     CrossImagesModule,

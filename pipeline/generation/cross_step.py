@@ -15,14 +15,13 @@ from converters.generation_settings import GenerationSettings
 from converters.settings import ProfileRange
 from pipeline.generation.cross_layout import CrossLayout
 from pipeline.generation.seq2seq import CrossCacheLayer
-from pipeline.generation.step import (
-    StepCacheLayer,
+from pipeline.generation.step import StepCacheLayer, step_outputs
+from pipeline.generation.step_attention import (
     attention_implementation,
     causal_step_mask,
     mark_cross,
     step_attention,
     step_mask,
-    step_outputs,
 )
 from pipeline.runtime.generation.cross_images import per_token_rows, prefix_name
 from pipeline.runtime.generation.layout import cross_name, past_name
@@ -82,9 +81,9 @@ def cross_attention(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The step's attention (:func:`~pipeline.generation.step.step_attention`); a float mask (an additive mask the
-    model built over the images: 0 where a token sees an image position, the dtype's lowest value elsewhere; one head
-    for all) is added to the scores as a bias, under a mask that keeps every position."""
+    """The step's attention (:func:`~pipeline.generation.step_attention.step_attention`); a float mask (an additive
+    mask the model built over the images: 0 where a token sees an image position, the dtype's lowest value elsewhere;
+    one head for all) is added to the scores as a bias, under a mask that keeps every position."""
     if attention_mask is not None and attention_mask.is_floating_point():
         keep = torch.ones(attention_mask.shape, dtype=torch.bool, device=query.device)
         kwargs.pop("_past_length", None)  # the image positions are not the text's
@@ -103,10 +102,10 @@ def register_cross_attention() -> None:
 
 
 def eager_step_mask(*args: Any, dtype: torch.dtype = torch.float32, **kwargs: Any) -> torch.Tensor | None:
-    """The step's mask (:func:`~pipeline.generation.step.step_mask`: every query of a causal mask also sees its own
-    position) as the additive float mask a model's own attention code adds to its scores (transformers' eager mask:
-    0 where a key is seen, the dtype's lowest value elsewhere). A padding row then attends to itself alone rather than
-    averaging the whole static cache, whose rounding a float16 graph would not reproduce; no real token sees it."""
+    """The step's mask (:func:`~pipeline.generation.step_attention.step_mask`: every query of a causal mask also sees
+    its own position) as the additive float mask a model's own attention code adds to its scores (transformers' eager
+    mask: 0 where a key is seen, the dtype's lowest value elsewhere). A padding row then attends to itself alone rather
+    than averaging the whole static cache, whose rounding a float16 graph would not reproduce; no real token sees it."""
     mask = step_mask(*args, **kwargs)
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         zero = torch.zeros((), dtype=dtype, device=mask.device)

@@ -46,7 +46,7 @@ from pipeline.generation.seq2seq import (
 )
 from pipeline.generation.seq2seq_greedy import validate_greedy
 from pipeline.generation.static_cache_check import step_over_static_cache
-from pipeline.generation.step import uses_attention_interface
+from pipeline.generation.step_attention import uses_attention_interface
 from pipeline.runtime.generation.encoder_decoder import (
     ENCODER_MASK,
     EncoderDecoderModule,

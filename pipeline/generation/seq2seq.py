@@ -42,14 +42,12 @@ from pipeline.generation.own_preparation import (
     own_encoder_preparation,
     own_generate_preparation,
 )
-from pipeline.generation.step import (
+from pipeline.generation.step import StepCache, StepCacheLayer, step_outputs
+from pipeline.generation.step_attention import (
     ATTENTION_NAME,
-    StepCache,
-    StepCacheLayer,
     attention_implementation,
     mark_cross,
     register_attention,
-    step_outputs,
 )
 from pipeline.runtime.generation.encoder_decoder import ENCODER_MASK
 from pipeline.runtime.generation.layout import cross_name, past_name
@@ -134,21 +132,6 @@ class CrossCacheLayer(CacheLayerMixin):
     def get_max_length(self) -> Any:
         """The encoder's tokens."""
         return self.keys.shape[-2]
-
-
-class _SelfCacheLayer(StepCacheLayer):
-    """A layer of the step's self-attention cache whose length is a number (see :meth:`Seq2SeqStep.forward`).
-    ``written_only``: the model is handed the positions written so far (this step's included), a view of the static
-    cache, instead of the whole capacity (:class:`~pipeline.generation.step.StepCacheLayer`'s form): attention code of
-    the model's own that masks no cache position (FSMT's and LED's over one decoder token) then attends to what
-    transformers' growing cache holds. The static cache is still written in place and returned whole (``present``):
-    the runtime does not change."""
-
-    def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor, length: Any, written_only: bool
-    ) -> None:
-        super().__init__(keys, values, past_length, length)
-        self.written_only = written_only
 
 
 class _CrossCache(Cache):
@@ -266,7 +249,7 @@ class Seq2SeqStep(torch.nn.Module):
     then every layer's cross-attention keys and values [B, heads, source, dim] (``cross.{i}.key/value``), returns
     ``{"logits": [B, vocab] of the last position, "present.{i}.key": ..., ...}``. ``token_inputs``: the encoder's
     inputs are one per state (token ids), so that the mask over the states is the model's ``attention_mask`` too.
-    ``written_only``: the model is handed the cache's written positions only (see :class:`_SelfCacheLayer`).
+    ``written_only``: the model is handed the cache's written positions only (``StepCacheLayer.written_only``).
     ``source_states``: the other states over the source the model's encoder returns, by name and width (its decoder may
     cross-attend to one of them rather than to ``last_hidden_state``: PP-FormulaNet's to its ``pooler_output``), handed
     to the model as zeros of the step's source length, as ``last_hidden_state`` is (only their shape is read)."""
@@ -285,7 +268,7 @@ class Seq2SeqStep(torch.nn.Module):
         super().__init__()
         self.model = model
         self.source_states = source_states
-        #: hand the model the written cache positions only (see :class:`_SelfCacheLayer`)
+        #: hand the model the written cache positions only (``StepCacheLayer.written_only``)
         self.written_only = written_only
         self.encoder_output = encoder_output
         self.layers = layers
@@ -314,7 +297,7 @@ class Seq2SeqStep(torch.nn.Module):
         torch._check(length >= 0)
         torch._check(length < states[0].shape[-2])
         layers: list[StepCacheLayer] = [
-            _SelfCacheLayer(states[2 * i], states[2 * i + 1], past_length, length, self.written_only) for i in range(n)
+            StepCacheLayer(states[2 * i], states[2 * i + 1], past_length, length, self.written_only) for i in range(n)
         ]
         cross = [CrossCacheLayer(states[2 * n + 2 * i], states[2 * n + 2 * i + 1]) for i in range(n)]
         for given in cross:

@@ -75,6 +75,7 @@ from pipeline.generation.generate_scores import (
 from pipeline.generation.image_positions import image_positions
 from pipeline.generation.kept_windows import kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
+from pipeline.generation.placement_check import check_placement
 from pipeline.generation.prompt_features import OwnPromptFeatures
 from pipeline.generation.prompt_graph import probed_generation
 from pipeline.generation.recurrent_state import FirstCallCache, RecurrentStep, StateLayer, cached_layers
@@ -140,6 +141,7 @@ def convert_vision_language(
     check_attention_layers(model, states=True)
     # a text model with recurrent layers is handed a cache whose length is known when no layer attends
     first = FirstCallCache(config=getattr(model, "config", None)) if names_recurrent_layers(model) else None
+    check_placement(model, text, vision, token, options)  # the forward's placement; its features method's inputs
     with torch.no_grad():
         features, levels = features_of(model, vision, options)
         again = features_of(model, vision, options)[0]
@@ -187,7 +189,8 @@ def convert_vision_language(
     stacked = deepstack.levels if deepstack is not None else ()
     vision_module, fixed = convert_vision(model, vision, vision_settings, registry, stages, stacked, options)
     from pipeline.generation.placeholders import placeholder_rows
-    from pipeline.generation.step import indexed_layers, uses_attention_interface
+    from pipeline.generation.step import indexed_layers
+    from pipeline.generation.step_attention import uses_attention_interface
 
     typed = TOKEN_TYPES in text
     if not states and (generation.max_prompt or generation.max_length) >= generation.max_length:

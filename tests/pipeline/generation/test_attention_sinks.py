@@ -72,7 +72,7 @@ def test_tensorrt_rtx_builds_a_step_with_sinks() -> None:
 def test_attention_arguments_the_step_does_not_compute_are_refused_by_name() -> None:
     """A tensor the step's attention would drop (Inkling 2's per-query ``sinks``, ALiBi slopes) is an error naming it,
     not attention computed without it."""
-    from pipeline.generation.step import step_attention
+    from pipeline.generation.step_attention import step_attention
 
     query = key = value = torch.zeros(1, 2, 3, 4)
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
@@ -83,7 +83,7 @@ def test_attention_arguments_the_step_does_not_compute_are_refused_by_name() -> 
 def test_a_tensor_the_step_does_not_read_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     """A tensor handed to the attention that the step neither computes nor knows restates its mask is named in a
     warning (once per module type and name), not passed over in silence."""
-    from pipeline.generation.step import step_attention
+    from pipeline.generation.step_attention import step_attention
 
     class Unusual(torch.nn.Module):
         """An attention module handing a tensor of its own."""

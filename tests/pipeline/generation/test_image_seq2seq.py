@@ -19,7 +19,7 @@ import transformers
 from tiny_models import converted_for_rtx_when_it_imports, decodes_as_transformers, drawn_by_fan_in
 
 from pipeline.generation.encoder_decoder import attention_owners
-from pipeline.generation.step import uses_attention_interface
+from pipeline.generation.step_attention import uses_attention_interface
 from pipeline.runtime.generation.encoder_decoder import EncoderDecoderModule
 
 GENERATION = {"max_length": 16, "max_batch": 8}

@@ -16,7 +16,7 @@ from tiny_models import converted_for_rtx_when_it_imports, decodes_as_transforme
 from transformers.models.inkling2.modeling_inkling2 import eager_attention_forward
 
 from converters.errors import InputError
-from pipeline.generation.step import step_attention
+from pipeline.generation.step_attention import step_attention
 
 
 class Attention(torch.nn.Module):

@@ -27,7 +27,7 @@ import pipeline
 from converters.defaults import default_registry
 from pipeline.exporting.composites import static_composites
 from pipeline.generation.conversion import prepare_step
-from pipeline.generation.step import step_mask
+from pipeline.generation.step_attention import step_mask
 from pipeline.settings import Settings
 
 
