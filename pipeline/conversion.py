@@ -78,6 +78,9 @@ def convert(
     registry = default_registry() if converters is None else converters
     chosen = _Chosen(converters, passes, extra_passes, custom_translation_table, calibration)
     if config.generation is not None:
+        from pipeline.generation import check_transformers
+
+        check_transformers()  # before the modules that import transformers' newer names
         from pipeline.generation.cross_layout import takes_images
         from pipeline.generation.own_preparation import is_encoder_decoder
         from pipeline.generation.vision_inputs import is_vision_language

@@ -15,7 +15,7 @@ Its cost is one prefill and three decode steps of the step in PyTorch over the s
 left-padded (when ``max_batch`` >= 2), and one forward of the model over the same tokens (a 2-layer Llama of width
 64: 0.2-0.3 s of one core; GPT-Neo's, which also tries the written-only step, 0.4-0.6 s). A model in training mode is
 not checked (dropout), nor one the check cannot run (the step or the model failing in PyTorch here: said in the log;
-the export goes on as before).
+the export goes on as before). It runs where the model's parameters are (a model on a GPU is checked there).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def checked_step(
         return step
     if found is None:
         return step
-    if use_interface or step.indexed:  # the step's own attention over the cache: no other form to try
-        raise _refusal(model, found, prompt[0].shape[1], "")
+    if use_interface or step.indexed:  # the step's own attention over the cache (or its indexer's): no other form
+        raise _refusal(model, found, prompt[0].shape[1], "", indexed=not use_interface)
     step.written_only = True
     try:
         second = difference(model, step, layout, *prompt, generation)
@@ -101,7 +101,7 @@ def checked_step(
 def checked_prompt(input_ids: torch.Tensor, generation: GenerationSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompt rows the check decodes and their mask: the sample's first, and when the step takes a batch and the
     prompt is longer than :data:`PADDING`, its last tokens left-padded by :data:`PADDING` (the pad id, masked)."""
-    first = input_ids[:1].cpu()
+    first = input_ids[:1].cpu()  # the feed's device; the runner moves what it hands the step
     mask = torch.ones_like(first)
     if generation.max_batch < 2 or first.shape[1] <= PADDING:
         return first, mask
@@ -120,20 +120,22 @@ class _TorchRunner:
     """The step in PyTorch as a :class:`~pipeline.runtime.generation.runners.StepRunner` (the runtime's feed drives
     it: the same mask, positions and cache writes as the converted module's)."""
 
-    def __init__(self, step: CachedStep, layout: Sequence[Any], capacity: int) -> None:
-        self.step, self.layout, self.capacity = step, layout, capacity
+    def __init__(self, step: CachedStep, layout: Sequence[Any], capacity: int, device: torch.device) -> None:
+        self.step, self.layout, self.capacity, self.device = step, layout, capacity, device
         self.cache: list[torch.Tensor] = []
 
     def start(self, batch: int) -> None:
-        self.cache = [tensor for layer in self.layout for tensor in layer.storage(batch, self.capacity)]
+        storage = (tensor for layer in self.layout for tensor in layer.storage(batch, self.capacity))
+        self.cache = [tensor.to(self.device) for tensor in storage]
 
     def run(self, input_ids: Any, attention_mask: Any, position_ids: Any, past_length: int) -> torch.Tensor:
-        out = self.step(input_ids, attention_mask, position_ids, torch.tensor(past_length), *self.cache)
+        fed = (tensor.to(self.device) for tensor in (input_ids, attention_mask, position_ids))
+        out = self.step(*fed, torch.tensor(past_length, device=self.device), *self.cache)
         self.cache = [value for name, value in out.items() if name != "logits"]
-        return out["logits"]
+        return out["logits"].cpu()  # the feed's tensors are the CPU's
 
     def reorder(self, rows: torch.Tensor) -> None:
-        self.cache = [tensor.index_select(0, rows) for tensor in self.cache]
+        self.cache = [tensor.index_select(0, rows.to(self.device)) for tensor in self.cache]
 
 
 def difference(
@@ -149,9 +151,10 @@ def difference(
     its own cache (what ``generate`` computes): None when either agrees (:data:`STEP_TOLERANCE`, relative to the
     largest logit), else the first difference. :class:`_CannotCheck` when the step or the model fails here."""
     count = min(CHECKED_STEPS, generation.max_length - ids.shape[1] + 1)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
         with torch.no_grad():
-            runner = _TorchRunner(step, layout, generation.max_length)
+            runner = _TorchRunner(step, layout, generation.max_length, device)
             feed = StepFeed.of(runner, ids, mask, generation, 0, room=count - 1)
             logits, tokens = [feed.prefill()], []
             for _ in range(count - 1):
@@ -159,7 +162,7 @@ def difference(
                 logits.append(feed.step(tokens[-1]))
             actual = torch.stack(logits, dim=1).float()
             fed = torch.stack(tokens, dim=1) if tokens else ids[:, :0]
-            expected = _forward_logits(model, ids, mask, fed)
+            expected = _forward_logits(model, ids.to(device), mask.to(device), fed.to(device)).cpu()
     except Exception as error:  # noqa: BLE001 - the check does not apply; the export says what fails, if anything does
         raise _CannotCheck(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from error
     bound = STEP_TOLERANCE.get(expected.dtype, STEP_TOLERANCE[torch.float32])  # the model's type, not the check's
@@ -168,7 +171,7 @@ def difference(
         return None
     try:
         with torch.no_grad():
-            decoded = _decoded_logits(model, ids, mask, fed).float()
+            decoded = _decoded_logits(model, ids.to(device), mask.to(device), fed.to(device)).cpu().float()
     except Exception:  # noqa: BLE001 - a model that cannot decode over its own cache here: the forward's verdict holds
         return found
     try:
@@ -189,7 +192,7 @@ def _compared(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) ->
     if not bool(outside.any()):
         return None
     step = int(outside.any(0).nonzero()[0])
-    return Difference(step, int(outside[:, step].nonzero()[0]), float(gap.amax()), scale)
+    return Difference(step, int(outside[:, step].nonzero()[0]), float(gap[:, step].amax()), scale)
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -227,9 +230,10 @@ def _decoded_logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tenso
     return torch.stack(logits, dim=1)
 
 
-def _refusal(model: torch.nn.Module, found: Difference, prompt: int, written: str) -> InputError:
+def _refusal(model: torch.nn.Module, found: Difference, prompt: int, written: str, indexed: bool = False) -> InputError:
     """The InputError of a step that does not give the model's own logits (``written``: how the step over the written
-    cache positions only did, for a model whose attention is its own code)."""
+    cache positions only did, for a model whose attention is its own code; ``indexed``: a step with indexer caches
+    whose attention is the model's own code, which has no such form)."""
     where = "at the prompt's last token" if found.step == 0 else f"at decode step {found.step}"
     row = "the sample's first prompt" if found.row == 0 else f"that prompt left-padded by {PADDING}"
     message = (
@@ -242,6 +246,12 @@ def _refusal(model: torch.nn.Module, found: Difference, prompt: int, written: st
             f"{message}; {written}: its own attention code (not through transformers' AttentionInterface) reads what "
             "the static cache holds otherwise than transformers' growing cache",
             fix=f"{PLAIN_FORWARD}, or use a model whose attention transformers dispatches through AttentionInterface",
+        )
+    if indexed:
+        return InputError(
+            f"{message}; its layers also cache an indexer's keys, for which the step has no form over the written "
+            "positions only, and its attention is its own code (not through transformers' AttentionInterface)",
+            fix=f"{PLAIN_FORWARD}, and report the model",
         )
     return InputError(
         f"{message}; its attention runs as the step's own (transformers' AttentionInterface), so the difference is "

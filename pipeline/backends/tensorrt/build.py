@@ -80,7 +80,7 @@ def create_config(
 
     profiles = optimization_profiles(io, settings)
     if shape_values:
-        profiles = with_values(profiles, shape_values)
+        profiles = with_values(profiles, shape_values, settings)
 
     pools = {}
     if settings.trt_workspace_bytes is not None:

@@ -13,11 +13,14 @@ cache instead (:func:`known_ranges`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
+
+logger = logging.getLogger(__name__)
 
 #: Op -> the input positions whose values are sizes, axes or counts.
 SHAPE_SLOTS: dict[str, tuple[int, ...]] = {
@@ -90,7 +93,7 @@ def known_ranges(settings: Any) -> dict[str, ValueRange]:
     if generation is None:
         return {}
     # opt 0: a prefill of any length the profiles take fits the cache there (the builder refuses a profile whose opt
-    # shapes write past the cache: "Invalid Engine")
+    # shapes write past the cache: "Invalid Engine"); the decode profile's opt is a half-full cache (with_values)
     return {PAST_LENGTH: ((0,), (0,), (generation.max_length - 1,))}
 
 
@@ -103,6 +106,15 @@ def profile_values(network: Any, settings: Any) -> dict[str, ValueRange]:
     given = dict(settings.shape_tensor_values)
     known = known_ranges(settings)
     names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
+    for name in sorted(set(given) & set(known) & set(names)):
+        logger.warning(
+            "shape_tensor_values[%r] is not used: a generation step's %s takes every cache position, %s to %s, in its "
+            "engine's profiles (generation's max_length decides it)",
+            name,
+            name,
+            known[name][0][0],
+            known[name][2][0],
+        )
     missing = [n for n in names if n not in given and n not in known]
     if missing:
         raise BuildError(
@@ -114,12 +126,23 @@ def profile_values(network: Any, settings: Any) -> dict[str, ValueRange]:
     return {n: known[n] if n in known else (given[n], given[n], given[n]) for n in names}
 
 
-def with_values(profiles: Sequence[Any], values: Mapping[str, ValueRange]) -> list[Any]:
-    """Polygraphy profiles (one made when there are none) with each shape tensor's (min, opt, max) ``values``."""
+def with_values(profiles: Sequence[Any], values: Mapping[str, ValueRange], settings: Any = None) -> list[Any]:
+    """Polygraphy profiles (one made when there are none) with each shape tensor's (min, opt, max) ``values``; in a
+    generation step's decode profile (``settings.profiles``' one whose sequence is 1), :data:`PAST_LENGTH`'s opt is a
+    half-full cache rather than an empty one (the prefill profile's)."""
     from polygraphy.backend.trt import Profile
 
     out = list(profiles) or [Profile()]
-    for profile in out:
+    for index, profile in enumerate(out):
         for name, (low, opt, high) in values.items():
+            if name == PAST_LENGTH and _decodes(settings, index):
+                opt = tuple((h + 1) // 2 for h in high)
             profile.add(name, min=low, opt=opt, max=high)
     return out
+
+
+def _decodes(settings: Any, index: int) -> bool:
+    """Whether profile ``index`` of ``settings`` is a generation step's decode profile (its sequence exactly 1)."""
+    if settings is None or getattr(settings, "generation", None) is None or index >= len(settings.profiles):
+        return False
+    return any(r.name == "sequence" and r.max == 1 for r in settings.profiles[index])

@@ -158,3 +158,16 @@ def test_beam_sampling_from_the_models_settings_says_where_it_comes_from() -> No
         generate_options("generate", {"do_sample": True}, beams)
     assert generate_options("generate", {"do_sample": True, "num_beams": 1}, beams).num_beams == 1
     assert generate_options("generate", {}, beams).num_beams == 4
+
+
+def test_a_transformers_older_than_generation_needs_is_refused_naming_it(
+    llama: transformers.LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """generation= reads transformers 5's caches and generation-config semantics: an older one (here: the floor
+    raised above the installed version) is an InputError naming the installed version and the install."""
+    import pipeline.generation
+
+    monkeypatch.setattr(pipeline.generation, "MIN_TRANSFORMERS", int(transformers.__version__.split(".")[0]) + 1)
+    with pytest.raises(InputError, match=rf"transformers {transformers.__version__} is installed") as refused:
+        pipeline.convert(llama, torch.tensor([[3, 4, 5]]), generation={"max_length": CAPACITY})
+    assert "pip install 'transformers>=" in str(refused.value)

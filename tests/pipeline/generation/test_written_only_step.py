@@ -127,17 +127,23 @@ def test_gpt_neo_decodes_as_transformers(
 @pytest.mark.skipif(not RTX, reason="TensorRT-RTX is not installed")
 def test_tensorrt_rtx_builds_the_written_only_step(converted: tuple[Any, GenerativeModule, list[str]]) -> None:
     """Built, whole; its ``past_length`` (a shape tensor: the step slices the cache by it) spans every cache position
-    in the engine's profile, not the sample's one value (an engine for a prefill only)."""
+    in the engine's profiles, not the sample's one value (an engine for a prefill only): tuned for an empty cache in
+    the prompt's profile, a half-full one in the decode profile (which the real builder built)."""
     from pipeline.backends.tensorrt.build import parse_network
-    from pipeline.backends.tensorrt.shape_inputs import profile_values
+    from pipeline.backends.tensorrt.shape_inputs import profile_values, with_values
     from pipeline.runtime.tensorrt.library import TENSORRT_RTX
+    from pipeline.runtime.tensorrt.profiles import optimization_profiles
 
     _, module, _ = converted
     assert module.engine_bytes and not getattr(module, "segments", None)
     assert "past_length" not in dict(module.settings.shape_tensor_values)
     parsed = parse_network(module.onnx, library=TENSORRT_RTX)
     last = GENERATION["max_length"] - 1
-    assert profile_values(parsed[1], module.settings) == {"past_length": ((0,), (0,), (last,))}
+    values = profile_values(parsed[1], module.settings)
+    assert values == {"past_length": ((0,), (0,), (last,))}
+    profiles = with_values(optimization_profiles(module.io, module.settings), values, module.settings)
+    assert [p["input_ids"].max[1] > 1 for p in profiles] == [True, False]  # the prompt's, then the decode profile
+    assert [p["past_length"].opt for p in profiles] == [(0,), ((last + 1) // 2,)]
 
 
 class _ReadsItsStorage(modeling_gpt_neo.GPTNeoSelfAttention):
