@@ -33,6 +33,7 @@ from pipeline.generation.vision_inputs import (
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.kept_images import ALL_KEPT, FEATURES, KEPT_ELEMENTS, NONE_KEPT
 from pipeline.runtime.generation.vision_feed import deepstack_name
+from pipeline.runtime.generation.vision_language import shown_values
 from pipeline.runtime.module import ConvertedModule
 from pipeline.settings import Settings
 
@@ -233,16 +234,9 @@ def _say_held(model: torch.nn.Module, why: str, fixed: dict[str, torch.Tensor], 
         tower,
         why,
         ", ".join(fixed),
-        {name: _shown(value) for name, value in fixed.items()},
+        {name: shown_values(value) for name, value in fixed.items()},
         size,
     )
-
-
-def _shown(value: torch.Tensor) -> Any:
-    """A held input's values as a log line shows them: a list, or its shape and nonzero count when long (a mask)."""
-    if value.numel() <= 16:
-        return value.tolist()
-    return f"<{list(value.shape)}: {int((value != 0).sum())} of {value.numel()} nonzero>"
 
 
 def _keeping_every_element(

@@ -381,11 +381,12 @@ class VisionLanguageModule(TwoGraphModule):
         for name, fixed in self.fixed_inputs.items():
             given = image[name]
             if given.shape != fixed.shape or not torch.equal(given.to(fixed.dtype), fixed):
-                shown = given.tolist()
+                shown = shown_values(given)
+                again = f"{name}={shown}" if given.numel() <= SHOWN else f"this {name}"
                 raise InputError(
                     f"{name} of {self.modality} {index} is {shown}, but the features graph was converted for "
-                    f"{fixed.tolist()} (the model's tower decides shapes from it)",
-                    fix=f"process {self._items} to the sample's size, or convert with a sample of {name}={shown}",
+                    f"{shown_values(fixed)} (the model's tower decides shapes from it)",
+                    fix=f"process {self._items} to the sample's size, or convert with a sample of {again}",
                 )
 
     def _check_image_tokens(self, ids: torch.Tensor, features: torch.Tensor) -> None:
@@ -445,3 +446,14 @@ def load_directory(path: Path, load: Callable[[Path], ConvertedModule]) -> Visio
     vision, step = (load(path / name) for name in (VISION_FILE, STEP_FILE))
     token = token if isinstance(token, int) else None
     return VisionLanguageModule(vision, step, token, embedding, fixed, positions, modality, placeholder, own_runs)
+
+
+#: The most values an error or log line lists of a held input; a longer one (a frame mask) is shown by its shape.
+SHOWN = 16
+
+
+def shown_values(value: torch.Tensor) -> Any:
+    """A held input's values as a message shows them: a list, or its shape and nonzero count when long (a mask)."""
+    if value.numel() <= SHOWN:
+        return value.tolist()
+    return f"<{list(value.shape)}: {int((value != 0).sum())} of {value.numel()} nonzero>"
