@@ -140,8 +140,8 @@ def config_options(config: Any, method: str) -> dict[str, Any]:
     taken = set(TAKEN[method]) - _NOT_OPTIONS
     options: dict[str, Any] = {}
     refused = []
-    for name, value in config.to_dict().items():
-        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or value is None:
+    for name, value in _fields(config):
+        if value is None:
             continue
         if name in taken:
             options[name] = value
@@ -175,10 +175,8 @@ def model_defaults(config: Any, capacity: int) -> tuple[dict[str, Any], list[str
     taken = set(TAKEN["generate"]) - _NOT_OPTIONS - {"generation_config"}
     defaults: dict[str, Any] = {}
     others: list[str] = []
-    for name, value in sorted(config.to_dict().items()):
-        if name.startswith("_") or name == "transformers_version" or name in _NO_EFFECT or name in _SETTINGS:
-            continue
-        if is_default(name, value):
+    for name, value in sorted(_fields(config)):
+        if name in _SETTINGS or is_default(name, value):
             continue
         if name in taken:
             defaults[name] = value
@@ -192,6 +190,15 @@ def model_defaults(config: Any, capacity: int) -> tuple[dict[str, Any], list[str
     elif defaults.get("max_length", 0) > capacity:
         defaults["max_length"] = capacity
     return defaults, others
+
+
+def _fields(config: Any) -> list[tuple[str, Any]]:
+    """A generation config's fields that can be options: not private, not its version, not one without effect here."""
+    return [
+        (name, value)
+        for name, value in config.to_dict().items()
+        if not name.startswith("_") and name != "transformers_version" and name not in _NO_EFFECT
+    ]
 
 
 def is_default(name: str, value: Any) -> bool:
