@@ -167,7 +167,8 @@ def test_an_audio_of_a_whole_number_of_chunks_converts() -> None:
     """Qwen3-Omni's thinker selects its audio's frames by ``feature_attention_mask`` (held at the sample's audio);
     an audio of exactly its chunk's frames (100: 1 s of a real checkpoint's 100 frames per second) made the boolean
     selection's size one the export could neither leave to the data nor pin (PendingUnbackedSymbolNotFound). A mask
-    computed from held inputs alone now selects by constant indices: it converts and decodes as transformers does."""
+    computed from held inputs alone now selects by constant indices: it converts and decodes as transformers does, and
+    the real TensorRT-RTX builder builds that audio graph (no NonZero left) and the step."""
     audio = {"num_mel_bins": MELS, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64}
     audio |= {"d_model": 32, "max_source_positions": 100, "output_dim": 32, "n_window": 50, "n_window_infer": 100}
     audio |= {"downsample_hidden_size": 8}
@@ -202,3 +203,16 @@ def test_an_audio_of_a_whole_number_of_chunks_converts() -> None:
     module = pipeline.convert(model, inputs, generation={"max_length": 80, "max_batch": 8}, validate=False)
     assert isinstance(module, VisionLanguageModule) and module.modality == "audio"
     decodes_as_transformers(model, module, inputs, **GREEDY)
+    assert "NonZero" not in {node.op_type for node in module.vision.onnx.graph.node}
+    if RTX:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EngineNotRunnableWarning)
+            built = pipeline.convert(
+                model,
+                inputs,
+                generation={"max_length": 80, "max_batch": 8},
+                validate=False,
+                backend="tensorrt-rtx",
+                trt_engine_cache=False,
+            )
+        assert built.vision.engine_bytes and built.step.engine_bytes
