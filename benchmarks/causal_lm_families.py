@@ -95,7 +95,7 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
         return row
     try:
         model, _sample = every.build(kind, class_name)
-        model = quiet(model)
+        model = quiet(as_decoder(model))
         inputs = prompts(model)
         expected_greedy, expected_beam = eager_tokens(model, inputs, row, GREEDY, BEAMS, PROMPT)
     except CannotRunEagerly:
@@ -122,6 +122,18 @@ def run_family(kind: str, class_name: str, precision: str, row: dict[str, Any]) 
     if RTX:
         row["rtx"] = rtx_builds(model, inputs, GENERATION, precision)
     return row
+
+
+def as_decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """A causal-LM head over an encoder's config (BERT's, RoBERTa's: ``is_decoder=False``, no cache) made again with
+    ``is_decoder=True``, its weights kept, as a user loads one for generation (transformers asks for it)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_decoder", None) is not False:
+        return model
+    config.is_decoder = True
+    decoder = type(model)(config).eval()
+    decoder.load_state_dict(model.state_dict())
+    return decoder
 
 
 def markdown(rows: list[dict[str, Any]], precision: str) -> str:

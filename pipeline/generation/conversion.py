@@ -364,10 +364,17 @@ def layout_of(model: torch.nn.Module, out: Any, states: bool = False) -> tuple[l
     (a causal LM's step), else refused."""
     cache: Any = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if not is_model_cache(cache):
+        encoder = getattr(getattr(model, "config", None), "is_decoder", None) is False
         raise InputError(
             f"{type(model).__name__} returned no transformers Cache with use_cache=True (got "
-            f"{type(cache).__name__}); generation= needs a model that caches keys and values",
-            fix=f"{PLAIN_FORWARD}, or use a model on transformers' Cache API",
+            f"{type(cache).__name__}); generation= needs a model that caches keys and values"
+            + ("; its config says is_decoder=False (an encoder: it caches nothing)" if encoder else ""),
+            fix=(
+                f"build or load it as a decoder, {type(model).__name__}.from_pretrained(..., is_decoder=True) (or "
+                "config.is_decoder = True before the model is made), as transformers asks for causal-LM use"
+                if encoder
+                else f"{PLAIN_FORWARD}, or use a model on transformers' Cache API"
+            ),
         )
     layout: list[Any] = []
     # beside layers with recurrent states a DummyLayer is a layer without a cache (a hybrid stack's MLP: Nemotron-H's),
