@@ -84,6 +84,17 @@ def prepare_step(
     else:
         step = checked_step(model, layout, use_interface, input_ids, generation)
     step = step.train(model.training)  # no "training mode" warning
+    if (
+        not states
+        and generation.max_length >= 2
+        and (generation.max_prompt or generation.max_length) >= generation.max_length
+    ):
+        # a prompt leaves one position of the cache at least, as a vision-language step's (vision_language.py): code
+        # that cuts the prompt's columns off the cache-wide mask (transformers' create_recurrent_attention_mask, which
+        # LFM2 calls even with attention layers alone: `attention_mask[:, -tokens:].contiguous()`, a slice contiguous
+        # only when the prompt fills the cache) branches on "the prompt fills the cache": torch.export holds that
+        # branch over the range and refuses it ("Constraints violated (sequence)")
+        generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1
     capacity = generation.max_length

@@ -18,6 +18,13 @@ fixed tolerance fails. On the sample the step decodes greedily on its own for up
 count shows and the per-step verdict does not fail. That run is also the sample's teacher-forced one whenever its
 tokens are PyTorch's through the judged steps (the same inputs, so the same logits): the prefill and the steps are
 computed once; only a run that diverges earlier is decoded again, fed PyTorch's tokens.
+
+When a step fails, PyTorch's own model is also fed each row's tokens as the converted module feeds them (the same
+runs of the prompt, one token or several per call, through its own cache; the tokens after the prompt one at a time):
+a model whose one-token and multi-token paths are not the same function (Nemotron-H's chunked scan clamps its time
+step, its one-token update does not) parts from its own ``generate`` there. When it parts beyond the tolerance, and
+by half as much as the converted step at least, the error says first that the model's two paths differ in PyTorch
+itself, with the figures (:func:`_own_paths_part`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +42,13 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from converters.errors import AccuracyError
 from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tolerance
 from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
 from pipeline.generation.conversion import check_sample_fits
 from pipeline.precision.stage import validation_settings
-from pipeline.runtime.generation.feed import StepFeed
+from pipeline.runtime.generation.feed import StepFeed, prompt_padding, prompt_runs
 from pipeline.runtime.generation.layout import cache_layout
 from pipeline.runtime.generation.options import NOT_TAKEN_DECODING, model_defaults
 from pipeline.runtime.generation.runners import StepRunner, step_runner
@@ -47,6 +56,8 @@ from pipeline.runtime.io_spec import IOSpec, normalise_sample
 from pipeline.runtime.reports.accuracy import DecodingAccuracy
 from pipeline.settings import Settings
 from pipeline.validation.decoding import StepJudge, raise_decoding_error
+
+logger = logging.getLogger(__name__)
 
 #: New tokens the converted step decodes greedily on its own on the sample (fewer when the cache is smaller).
 GREEDY_TOKENS = 16
@@ -98,6 +109,7 @@ def validate_decoding(
     anchor_notes: set[str] = set()
     greedy = _Greedy()
     greedy_tokens = max(1, min(greedy_tokens, generation.max_length - prompts[0].ids.shape[1]))
+    judged_runs: list[_JudgedRun] = []
     with _greedy_only(model), eval_mode(model, warn=False):
         for index, prompt in enumerate(prompts):
             ids, mask = prompt.ids, prompt.mask
@@ -105,8 +117,11 @@ def validate_decoding(
             chosen, expected = _torch_generate(model, ids, mask, new, generation.pad_token_id)
             if index == 0:
                 actual = greedy.decode(runner, settings, prompt, chosen, steps, greedy_tokens)
+                room = greedy.room
             else:
                 actual, _ = _decode(runner, settings, ids, mask, steps + 1, chosen)
+                room = steps
+            judged_runs.append(_JudgedRun(prompt, chosen, expected, actual, room))
             anchor: list[np.ndarray] | None = None
             for step, got in enumerate(actual):
                 want = expected[:, step].numpy()
@@ -135,7 +150,21 @@ def validate_decoding(
         greedy_reused=greedy.reused,
     )
     if not report.passed:
-        raise_decoding_error(report)
+        with _greedy_only(model), eval_mode(model, warn=False):
+            parted = _own_paths_part(model, judged_runs, settings, judged.tolerance)
+        try:
+            raise_decoding_error(report)
+        except AccuracyError as error:
+            if parted is None:
+                raise
+            raise AccuracyError(
+                f"{parted}: {error.message}",
+                per_output=error.per_output,
+                fix="the model's one-token and multi-token paths compute different functions in PyTorch "
+                "(transformers' code), and generate runs a prompt through the multi-token one: a max_length with room "
+                "to pad prompts to whole runs of the prompt graph runs them so too; validate=False gives the module "
+                "anyway; if PyTorch fed so is far from the converted step too, please report it with the model",
+            ) from None
     return report
 
 
@@ -144,7 +173,7 @@ class _Greedy:
     logits those of the teacher-forced run whenever its tokens are PyTorch's through the judged steps."""
 
     def __init__(self) -> None:
-        self.same, self.first, self.reused = 0, -1, False
+        self.same, self.first, self.reused, self.room = 0, -1, False, 0
 
     def decode(
         self, runner: StepRunner, settings: Settings, prompt: Prompt, chosen: torch.Tensor, steps: int, tokens: int
@@ -152,12 +181,14 @@ class _Greedy:
         """The logits of the prefill and ``steps`` decode steps, fed ``chosen`` [rows, >= steps]; counts the first
         ``tokens`` greedy tokens."""
         logits, own = _decode(runner, settings, prompt.ids, prompt.mask, max(tokens, steps + 1), None)
+        self.room = max(tokens, steps + 1) - 1
         same = own[:, :tokens] == chosen[:, :tokens]
         self.same = int(same.sum())
         self.first = int((~same).any(0).float().argmax()) if not bool(same.all()) else -1
         self.reused = bool((own[:, :steps] == chosen[:, :steps]).all())
         if self.reused:  # each judged step was fed exactly PyTorch's tokens: these are the teacher-forced logits
             return logits[: steps + 1]
+        self.room = steps
         return _decode(runner, settings, prompt.ids, prompt.mask, steps + 1, chosen)[0]
 
 
@@ -292,3 +323,90 @@ def _anchor_logits(
     logits = next(leaf for leaf in pytree.tree_leaves(out.logits) if isinstance(leaf, torch.Tensor))
     prompt = ids.shape[1]
     return [logits[:, prompt - 1 + k].double().cpu().numpy() for k in range(new.shape[1] + 1)]
+
+
+@dataclass(frozen=True)
+class _JudgedRun:
+    """One prompt's judged decoding: PyTorch's tokens ``chosen`` [rows, new] and logits ``expected`` [rows, new,
+    vocab] (its ``generate``), the converted step's logits ``actual`` (one array per judged step) and the ``room`` its
+    feed left for new tokens."""
+
+    prompt: Prompt
+    chosen: torch.Tensor
+    expected: torch.Tensor
+    actual: list[np.ndarray]
+    room: int
+
+
+def _own_paths_part(model: torch.nn.Module, runs: list[_JudgedRun], settings: Settings, tolerance: Any) -> str | None:
+    """What the error adds when PyTorch's own model, fed each row as the converted module feeds it
+    (:func:`_fed_as_module`), parts from its ``generate`` beyond ``tolerance`` at some judged step, and by half as much
+    as the converted step at least (the largest difference over the judged steps); None otherwise, or when the model
+    cannot be fed so. Only the model's own code is run: how far the converted step is from PyTorch fed so is given,
+    not judged (a first token fed to an empty cache may take the model's multi-token path where the step's states
+    are zeros)."""
+    parted, own, ours, apart = False, 0.0, 0.0, 0.0
+    try:
+        for run in runs:
+            fed = _fed_as_module(model, run, settings)
+            for step, got in enumerate(run.actual):
+                want, alike = run.expected[:, step].numpy(), fed[:, step].numpy()
+                parted = parted or tolerance_ratio(alike, want, tolerance) > 1
+                own = max(own, float(np.abs(alike.astype(np.float64) - want).max()))
+                ours = max(ours, float(np.abs(got.astype(np.float64) - alike).max()))
+                apart = max(apart, float(np.abs(got.astype(np.float64) - want).max()))
+    except Exception as error:  # noqa: BLE001 - a model that cannot be fed so: the decoding error stands as it is
+        logger.info(
+            "PyTorch's model could not be fed as the converted module feeds it: %s: %s", type(error).__name__, error
+        )
+        return None
+    logger.info(
+        "fed as the module feeds it, PyTorch is %.3g from its generate, the step %.3g (%.3g from PyTorch fed so)",
+        own,
+        apart,
+        ours,
+    )
+    if not parted or 2 * own < apart:
+        return None
+    return (
+        "the model's one-token and multi-token paths differ in PyTorch itself (fed each prompt as the converted "
+        "module feeds it, the same runs through its own cache, single tokens through its one-token path, PyTorch's "
+        f"model is up to {own:.3g} from its generate; the converted step {apart:.3g}, and {ours:.3g} from PyTorch fed "
+        "so)"
+    )
+
+
+def _fed_as_module(model: Any, run: _JudgedRun, settings: Settings) -> torch.Tensor:
+    """PyTorch's logits [rows, steps + 1, vocab] (float32, CPU) of the prefill and the judged steps, each row (its
+    tokens without its left padding, a batch of one) fed through the model's own cache in the runs the converted
+    module's feed makes of the padded prompt (:func:`~pipeline.runtime.generation.feed.prompt_runs`), then
+    ``chosen``'s tokens one at a time."""
+    generation = settings.generation
+    assert generation is not None
+    ids, mask = run.prompt.ids, run.prompt.mask
+    tokens, continues = generation.prompt_tokens, generation.prompt_continues
+    total = ids.shape[1] + prompt_padding(ids.shape[1], generation.max_length, tokens, run.room, continues)
+    runs = prompt_runs(total, generation.max_prompt or generation.max_length, tokens, continues)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    rows = []
+    for row in range(ids.shape[0]):
+        real = ids[row][mask[row].bool()]
+        first = total - real.numel()  # left padding: the row's tokens are the last columns
+        pieces = [real[max(start, first) - first : end - first] for start, end in runs if end > first]
+        pieces += [token.reshape(1) for token in run.chosen[row, : len(run.actual) - 1]]
+        cache, seen, logits = None, 0, []
+        with torch.no_grad():
+            for index, piece in enumerate(pieces):
+                seen += piece.numel()
+                out = model(
+                    input_ids=piece.unsqueeze(0).to(device),
+                    attention_mask=torch.ones(1, seen, dtype=torch.int64, device=device),
+                    use_cache=True,
+                    **({name: cache} if cache is not None else {}),
+                )
+                cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+                if index >= len(pieces) - len(run.actual):
+                    logits.append(out.logits[0, -1].float().cpu())
+        rows.append(torch.stack(logits))
+    return torch.stack(rows)
