@@ -133,15 +133,26 @@ def forward_audio_sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     raise CannotRunEagerly(f"{type(model).__name__}'s forward runs on no audio layout: {'; '.join(failures)}")
 
 
+def fit_gemma3n(config: Any) -> None:
+    """Gemma 3n's token ranges fitted to the shrunk text vocabulary (384): its vision tokens from 128, its audio tokens
+    from 256 (a checkpoint's lie past its 262144 text tokens, past the shrunk vocabulary, so the small config's forward
+    embeds no audio token), its image and audio placeholders in them, and as many audio tokens per audio as its tower
+    gives the sweep's audio ([1, 32, input_feat_size]: 2; its forward pads the features to that count)."""
+    config.text_config.vocab_size = 384
+    config.vision_config.vocab_offset, config.audio_config.vocab_offset = 128, 256
+    config.image_token_id, config.audio_token_id, config.audio_soft_tokens_per_image = 129, 257, 2
+
+
 #: Widths the every-type shrinker leaves at a checkpoint's size where an audio model's projection meets them: the
-#: Q-Former projector's input (Granite Speech's) to the encoder's width; Nemotron-H Omni's projector. (An audio
-#: tower's ``output_dim``, Qwen3-ASR's and Qwen Omni's, is fitted to the text width for every type:
-#: :func:`fitted_audio_model`.)
+#: Q-Former projector's input (Granite Speech's) to the encoder's width; Nemotron-H Omni's projector; Gemma 3n's token
+#: ranges (:func:`fit_gemma3n`). (An audio tower's ``output_dim``, Qwen3-ASR's and Qwen Omni's, is fitted to the text
+#: width for every type: :func:`fitted_audio_model`.)
 AUDIO_FITS: dict[str, Any] = {
     "granite_speech": lambda c: setattr(c.projector_config, "encoder_hidden_size", c.encoder_config.hidden_dim),
     "granite_speech_plus": lambda c: setattr(c.projector_config, "encoder_hidden_size", c.encoder_config.hidden_dim),
     # the projector's width and bias a checkpoint's audio config holds (the small Parakeet config has neither)
     "nemotron_h_omni": lambda c: c.audio_config.__dict__.update(projection_hidden_size=64, projection_bias=False),
+    "gemma3n": fit_gemma3n,
 }
 
 

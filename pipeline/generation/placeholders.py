@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from pipeline.generation.handed_features import placed_at
+
 logger = logging.getLogger(__name__)
 
 #: Config integers that name tokens but are no placeholder the model could embed otherwise (sequence marks).
@@ -25,14 +27,22 @@ _NOT_PLACEHOLDERS = frozenset(
 
 def embedded_at(model: torch.nn.Module, token: int) -> torch.Tensor | None:
     """What the model's input embedding gives at ``token`` when the model runs on that token alone ([hidden]), None
-    where it refuses the call or embeds nothing there."""
+    where it refuses the call or embeds nothing there; where the step places the features in the embeddings the
+    forward hands a module (:func:`~pipeline.generation.placement_check.placed_at`: Gemma 3n's language model), what
+    the forward hands that module there."""
     embeddings: Any = getattr(model, "get_input_embeddings", None)
     if not callable(embeddings):
         return None
     module = embeddings()
     ids = torch.tensor([[token]], dtype=torch.int64)
     seen: list[Any] = []
-    hook = module.register_forward_hook(lambda _module, _args, out: seen.append(out))
+    receiver = placed_at(model)
+    if receiver is not None:
+        hook = receiver.register_forward_pre_hook(
+            lambda _module, _args, kwargs: seen.append(kwargs.get("inputs_embeds")), with_kwargs=True
+        )
+    else:
+        hook = module.register_forward_hook(lambda _module, _args, out: seen.append(out))
     try:
         with torch.no_grad():
             model(input_ids=ids, attention_mask=torch.ones_like(ids))

@@ -19,6 +19,7 @@ import torch
 from converters.errors import InputError
 from pipeline.generation import PLAIN_FORWARD
 from pipeline.generation.audio_features import features_in_forward, find_features
+from pipeline.generation.handed_features import handed_as_in_forward
 from pipeline.generation.prompt_features import check_own_prompt, own_prompt_features
 from pipeline.runtime.generation.image_positions import image_rows
 from pipeline.runtime.generation.vision_feed import TOKEN_TYPES
@@ -121,8 +122,8 @@ def image_features_method(model: Any, modality: Modality = IMAGES) -> Any:
     for name in features_method_names(model, modality):
         for owner in (model, getattr(model, "model", None)):
             method = getattr(owner, name, None)
-            if callable(method):
-                return own_prompt_features(model, method, modality.name)
+            if callable(method):  # called as the forward calls it (pipeline/generation/placement_check.py)
+                return own_prompt_features(model, handed_as_in_forward(model, method), modality.name)
     return features_in_forward(model) if modality is AUDIO else None
 
 

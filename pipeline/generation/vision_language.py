@@ -75,7 +75,7 @@ from pipeline.generation.generate_scores import (
 from pipeline.generation.image_positions import image_positions
 from pipeline.generation.kept_windows import kept_window_of
 from pipeline.generation.ops import GENERATION_OPSET, generation_converters
-from pipeline.generation.placement_check import check_placement
+from pipeline.generation.placement_check import check_placement, embeddings_receiver
 from pipeline.generation.prompt_features import OwnPromptFeatures
 from pipeline.generation.prompt_graph import probed_generation
 from pipeline.generation.recurrent_state import FirstCallCache, RecurrentStep, StateLayer, cached_layers
@@ -229,6 +229,12 @@ def convert_vision_language(
         sample_of_step, dims = step_sample(text, features, layout, generation, positions, placement, named)
     step = step.train(model.training)
     step.ids_placed = not states and ids_placed(model, language, text, token, features)
+    receiver = (
+        None
+        if states or step.ids_placed or language is not model
+        else embeddings_receiver(model, text, {**vision, **options}, token, features)
+    )
+    step.placed_at, step.ids_placed = ([receiver], True) if receiver is not None else ([], step.ids_placed)
     if not states and not step.ids_placed and language is model and token is not None:
         step.placeholder_ids, step.placeholder_rows = placeholder_rows(model, token)
     if not states and positions is None and language is model:

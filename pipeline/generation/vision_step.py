@@ -73,6 +73,10 @@ class VisionLanguageStep(CachedStep):
         #: the model is handed ``input_ids`` and the features are placed in its input embedding's output at the image
         #: tokens (:func:`~pipeline.generation.text_model.ids_placed`: it refuses ``inputs_embeds`` alone)
         self.ids_placed = False
+        #: with :attr:`ids_placed`, the module (one, not a submodule: it is ``model``'s) whose handed ``inputs_embeds``
+        #: the features are placed in rather than the input embedding's output: the model embeds its ids otherwise
+        #: (:func:`~pipeline.generation.placement_check.embeddings_receiver`: Gemma 3n's)
+        self.placed_at: list[torch.nn.Module] = []
         #: the model reads its image tokens' modality types (``mm_token_type_ids``) in a prefill
         #: (:func:`~pipeline.generation.text_model.modality_blocks`): this value at the image tokens of a prefill (the
         #: step at position 0), zeros after (transformers' decode steps hand none)
@@ -123,7 +127,8 @@ class VisionLanguageStep(CachedStep):
                 with placed_in_embeddings(self.model, marked != 0, image_features):
                     return self.run(tokens, attention_mask, position_ids, past_length, past)
             if self.ids_placed:
-                with placed_in_embeddings(self.model, torch.eq(input_ids, self._image_token()), image_features):
+                at = self.placed_at[0] if self.placed_at else None
+                with placed_in_embeddings(self.model, torch.eq(input_ids, self._image_token()), image_features, at):
                     return self.run({"input_ids": input_ids, **given}, attention_mask, position_ids, past_length, past)
             inputs = self._inputs(input_ids, image_features)
             return self.run({**inputs, **given}, attention_mask, position_ids, past_length, past)
@@ -178,16 +183,25 @@ def placed_features(embeddings: torch.Tensor, is_image: torch.Tensor, features: 
 
 
 @contextlib.contextmanager
-def placed_in_embeddings(model: torch.nn.Module, is_image: torch.Tensor, features: torch.Tensor) -> Iterator[None]:
+def placed_in_embeddings(
+    model: torch.nn.Module, is_image: torch.Tensor, features: torch.Tensor, at: torch.nn.Module | None = None
+) -> Iterator[None]:
     """Within the block, the model's input embedding gives the image features at the marked tokens: the model is
     called with its ``input_ids`` (from which it may compute its own positions) and finds the features where it
-    would place them itself (Kosmos-2 places them before it scales the embeddings, as this does)."""
+    would place them itself (Kosmos-2 places them before it scales the embeddings, as this does). With ``at``, the
+    features are placed in the ``inputs_embeds`` the model's forward hands that module instead (what its forward
+    makes of its ids, the features where it places them)."""
 
     def place(_module: torch.nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
         return placed_features(out, is_image, features)
 
-    embedding = model.get_input_embeddings()  # type: ignore[operator]
-    handle = embedding.register_forward_hook(place)
+    def handed(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return args, {**kwargs, "inputs_embeds": placed_features(kwargs["inputs_embeds"], is_image, features)}
+
+    if at is not None:
+        handle = at.register_forward_pre_hook(handed, with_kwargs=True)
+    else:
+        handle = model.get_input_embeddings().register_forward_hook(place)  # type: ignore[operator]
     try:
         yield
     finally:
