@@ -17,7 +17,7 @@ import torch
 
 from converters.errors import InputError
 from pipeline.generation import PLAIN_FORWARD
-from pipeline.generation.conversion import cache_argument, layout_of
+from pipeline.generation.model_cache import cache_argument, layout_of
 from pipeline.generation.recurrent_state import FirstCallCache, StateLayer
 from pipeline.runtime.generation.layout import CachedLayer
 from pipeline.runtime.generation.vision_feed import MODALITY_TYPES

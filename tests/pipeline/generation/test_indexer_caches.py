@@ -16,7 +16,7 @@ from transformers.models.minimax_m3_vl import modeling_minimax_m3_vl as minimax
 
 import pipeline
 from converters.errors import InputError
-from pipeline.generation.conversion import indexer_keys
+from pipeline.generation.model_cache import indexer_keys
 from pipeline.generation.step import StepIndexedLayer
 
 

@@ -31,8 +31,8 @@ from transformers.models.gpt_neo import modeling_gpt_neo
 
 import pipeline
 from converters.generation_settings import GenerationSettings
-from pipeline.generation.conversion import _cache_layout
 from pipeline.generation.decoder_static_check import checked_prompt, checked_step, difference
+from pipeline.generation.model_cache import model_cache_layout
 from pipeline.generation.step import CachedStep
 from pipeline.runtime.executors import EngineNotRunnableWarning
 from pipeline.runtime.generation.module import GenerativeModule
@@ -100,7 +100,7 @@ def test_over_the_whole_capacity_gpt_neos_local_window_is_misplaced(inputs: dict
     from the prompt's last token on; over the written positions they are."""
     model = gpt_neo()
     generation = GenerationSettings(**GENERATION, pad_token_id=0)
-    layout, _ = _cache_layout(model, inputs["input_ids"])
+    layout, _ = model_cache_layout(model, inputs["input_ids"])
     prompt = checked_prompt(inputs["input_ids"], generation)
     step = CachedStep(model, len(layout), use_interface=False)
     found = difference(model, step, layout, *prompt, generation)
