@@ -7,7 +7,10 @@ gives the block of positions an image takes relative to its start and the extent
 own positions on every row of the sample, so a model whose positions follow another rule is refused by name rather
 than decoded wrongly. Which positions of the block move with the image's start, and which count the request's images
 (HunYuan-VL's), is read from the model too: on a probe of two copies of that image's prompt, the second starting
-:data:`SHIFT` tokens later, and the second image of the request. Nothing here reads one architecture's code.
+:data:`SHIFT` tokens later, and the second image of the request. A model whose positions follow none of this is read
+again with the block opened by 1, then up to :data:`BEFORE`, tokens before each image (MiniCPM-V 4.7's canvas, which
+its ``<image>`` marker opens); the first layout that gives every kept token of the sample the model's own positions
+is kept. Nothing here reads one architecture's code.
 """
 
 from __future__ import annotations
@@ -57,22 +60,69 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
             "token to lay them out from",
             fix=PLAIN_FORWARD,
         )
-    found = _first_image(ids, mask, image_token)
-    if found is None:
+    if _first_image(ids, mask, image_token, 0) is None:
         raise InputError(
             f"{name} gives its text decoder positions on {positions.shape[0]} axes: the sample needs an image "
             "followed by text in its first row to read how an image's positions are laid out",
             fix="pass a sample whose first prompt has text after its image",
         )
+    refusal: InputError | None = None
+    for before in range(BEFORE + 1):  # the plain layout first: the image starts at its first image token
+        try:
+            return _laid_from(model, inputs, positions, image_token, before)
+        except _NotThisLayout as error:
+            refusal = refusal or error.refusal
+    assert refusal is not None
+    raise InputError(
+        f"{refusal.message} (nor with an image's block opened by 1 to {BEFORE} text tokens before it)",
+        fix=refusal.fix,
+    )
+
+
+#: How many tokens before an image's tokens its block may lay out (MiniCPM-V 4.7's: its ``<image>`` marker).
+BEFORE = 2
+
+
+class _NotThisLayout(Exception):
+    """The sample's positions do not follow the layout with this many tokens before each image: why (``refusal``)."""
+
+    def __init__(self, refusal: InputError) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def _laid_from(
+    model: torch.nn.Module, inputs: dict[str, Any], positions: torch.Tensor, image_token: int, before: int
+) -> ImagePositions:
+    """The layout whose block opens ``before`` tokens before each image, read from the first image with text on
+    both sides (one more token before it than the block's when it has any, so that none of the block's positions
+    falls below 0 on the probe) and checked on every row of the sample; :class:`_NotThisLayout` when the model's
+    positions follow another."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    name = type(model).__name__
+    found = _first_image(ids, mask, image_token, before + 1 if before else 0)
+    if found is None:
+        where = f"{before + 1} text tokens before it and " if before else ""
+        raise _NotThisLayout(
+            InputError(
+                f"{name} gives its text decoder positions on {positions.shape[0]} axes: the sample needs an image "
+                f"with {where}text after it to read how an image's positions are laid out",
+                fix="pass a sample whose first prompt has text before and after its image",
+            )
+        )
     row, start, stop = found
     kept = mask[row].bool()
-    origin = _origin(positions[0, row], kept, start)
+    origin = _origin(positions[0, row], kept, start - before)
     after = torch.nonzero(kept[stop:]).flatten()
     extent = int(positions[0, row, stop + int(after[0])]) - origin
-    anchored, counted = _anchors(model, inputs, row, start, stop, stop + int(after[0]) + 1)
-    block = positions[:, row, start:stop].to(torch.int64) - anchored.to(torch.int64) * origin
+    try:
+        anchored, counted = _anchors(model, inputs, row, start - before, stop, stop + int(after[0]) + 1)
+    except InputError as error:
+        raise _NotThisLayout(error) from None
+    block = positions[:, row, start - before : stop].to(torch.int64) - anchored.to(torch.int64) * origin
     every = bool(anchored.all()) and not bool(counted.any())  # the plain layout: the block moves with its start
-    rule = ImagePositions(block, extent, image_token, *((None, None) if every else (anchored, counted)))
+    masks = {} if every else {"anchored": anchored, "counted": counted}
+    rule = ImagePositions(block, extent, image_token, **masks, before=before)
     try:
         laid = rule.prompt(ids, mask)
     except InputError as error:
@@ -83,10 +133,12 @@ def image_positions(model: torch.nn.Module, inputs: dict[str, Any], image_token:
     real = mask.bool().unsqueeze(0).expand_as(laid)
     if not torch.equal(laid[real], positions.to(torch.int64)[real]):
         parted = _parted(laid, positions, ids, mask, image_token)
-        raise InputError(
-            f"{name}'s positions for the sample's tokens do not follow one layout per image (each image a block of "
-            f"positions from where it starts, the text after it going on by the block's extent): {parted}",
-            fix=f"{PLAIN_FORWARD}; report the model",
+        raise _NotThisLayout(
+            InputError(
+                f"{name}'s positions for the sample's tokens do not follow one layout per image (each image a block "
+                f"of positions from where it starts, the text after it going on by the block's extent): {parted}",
+                fix=f"{PLAIN_FORWARD}; report the model",
+            )
         )
     return rule
 
@@ -175,14 +227,18 @@ def _twice(image: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     return [rows, packed]
 
 
-def _first_image(ids: torch.Tensor, mask: torch.Tensor, token: int) -> tuple[int, int, int] | None:
-    """(row, start, stop) of the first run of image tokens with a kept text token after it."""
+def _first_image(ids: torch.Tensor, mask: torch.Tensor, token: int, before: int) -> tuple[int, int, int] | None:
+    """(row, start, stop) of the first run of image tokens, the first of its row, with a kept text token after it and
+    ``before`` kept text tokens before it. The block is read from those columns on: its first token's column is
+    ``start - before``, for which the kept tokens must stand right before the image (left padding only)."""
     for row in range(ids.shape[0]):
         is_image = (ids[row] == token) & mask[row].bool()
         columns = torch.nonzero(is_image).flatten().tolist()
         if not columns:
             continue
         start = stop = columns[0]
+        if before and not bool(mask[row, max(start - before, 0) : start].bool().all() and start >= before):
+            continue
         while stop < ids.shape[1] and bool(is_image[stop]):
             stop += 1
         if bool(mask[row, stop:].bool().any()):

@@ -14,6 +14,13 @@ row within the image as they are (``anchored`` False there: the same wherever th
 the image's number among the request's images, counted over its prompts in order (``counted``), while the tokens
 that open and close the image go on from the text before it. Each position of the block is its value plus the
 image's start where it is anchored, plus the image's number where it is counted.
+
+Nor does every image start at its first image token: MiniCPM-V 4.7 lays an image on a canvas that the token before it
+(its ``<image>`` marker) opens, at the position that token would take as text on the time axis and one row and column
+outside the canvas on the others (never below 0), the image's tokens from that same position. The block then covers
+``before`` tokens before the image's tokens, and the image starts where the first of them would as text; an image
+with fewer kept text tokens before it (at the start of a prompt, or right after another image) lays only the last
+of the block's leading positions it has, from where the first of them would start.
 """
 
 from __future__ import annotations
@@ -29,16 +36,18 @@ from converters.errors import InputError
 
 @dataclasses.dataclass(frozen=True)
 class ImagePositions:
-    """An image's positions relative to its start (``block`` [axes, image tokens]) and how far the next token's
-    position is past that start (``extent``), for the model's image token. ``anchored`` [axes, image tokens] (bool;
-    None: all) says which positions of the block move with the image's start, ``counted`` (None: none) which ones
-    add the image's number among the request's images (see the module docstring)."""
+    """An image's positions relative to its start (``block`` [axes, before + image tokens]) and how far the next
+    token's position is past that start (``extent``), for the model's image token. ``anchored`` [axes, block tokens]
+    (bool; None: all) says which positions of the block move with the image's start, ``counted`` (None: none) which
+    ones add the image's number among the request's images; ``before`` how many tokens before the image's tokens the
+    block lays out (see the module docstring)."""
 
     block: torch.Tensor
     extent: int
     image_token: int
     anchored: torch.Tensor | None = None
     counted: torch.Tensor | None = None
+    before: int = 0
 
     @property
     def axes(self) -> int:
@@ -46,27 +55,27 @@ class ImagePositions:
         return int(self.block.shape[0])
 
     def laid(self, start: int, number: int) -> torch.Tensor:
-        """The positions [axes, image tokens] of an image that starts at ``start``, the ``number``-th (from 0) of the
-        request."""
+        """The positions [axes, before + image tokens] of an image that starts at ``start``, the ``number``-th (from
+        0) of the request (never below 0: a marker's row and column outside a canvas at the prompt's start)."""
         shift = start if self.anchored is None else self.anchored.to(torch.int64) * start
         count = 0 if self.counted is None else self.counted.to(torch.int64) * number
-        return self.block + shift + count
+        return (self.block + shift + count).clamp(min=0)
 
     def prompt(self, ids: torch.Tensor, mask: torch.Tensor, item: str = "image") -> torch.Tensor:
         """The prompts' positions [axes, rows, tokens] (padding at 1, as the single-axis step's); ``item`` names what
         the placeholder tokens stand for in the errors (``"image"``, ``"audio"``: the module's modality)."""
         rows, length = ids.shape
-        tokens = int(self.block.shape[1])
+        tokens = int(self.block.shape[1]) - self.before
         positions = torch.ones(self.axes, rows, length, dtype=torch.int64)
         number = 0
         for row in range(rows):
             kept = torch.nonzero(mask[row]).flatten().tolist()
-            current, index = 0, 0
+            current, index, text = 0, 0, 0  # text: kept text tokens since the row's start or the last image
             while index < len(kept):
                 column = kept[index]
                 if int(ids[row, column]) != self.image_token:
                     positions[:, row, column] = current
-                    current, index = current + 1, index + 1
+                    current, index, text = current + 1, index + 1, text + 1
                     continue
                 run = kept[index : index + tokens]
                 if len(run) < tokens or any(int(ids[row, c]) != self.image_token for c in run):
@@ -76,8 +85,11 @@ class ImagePositions:
                         f"whole number of {items} of {tokens} tokens each",
                         fix=f"pass the processor's input_ids for {items} of the size the model was converted with",
                     )
-                positions[:, row, run] = self.laid(current, number)
-                current, index, number = current + self.extent, index + tokens, number + 1
+                leading = min(self.before, text)  # the text tokens before the image its block lays out
+                current -= leading
+                laid = self.laid(current, number)[:, self.before - leading :]
+                positions[:, row, kept[index - leading : index + tokens]] = laid
+                current, index, number, text = current + self.extent, index + tokens, number + 1, 0
         return positions
 
     @staticmethod
@@ -93,14 +105,22 @@ class ImagePositions:
             for name, value in (("anchored", self.anchored), ("counted", self.counted))
             if value is not None
         }
-        return {"block": self.block.tolist(), "extent": self.extent, "image_token": self.image_token, **masks}
+        before = {"before": self.before} if self.before else {}
+        return {
+            "block": self.block.tolist(),
+            "extent": self.extent,
+            "image_token": self.image_token,
+            **masks,
+            **before,
+        }
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> ImagePositions:
         """The positions :meth:`to_json` wrote."""
         masks = {name: torch.tensor(value[name], dtype=torch.bool) for name in ("anchored", "counted") if name in value}
         block = torch.tensor(value["block"], dtype=torch.int64)
-        return cls(block, int(value["extent"]), int(value["image_token"]), **masks)
+        before = int(value.get("before", 0))
+        return cls(block, int(value["extent"]), int(value["image_token"]), **masks, before=before)
 
 
 def feature_order(is_image: torch.Tensor) -> torch.Tensor:
