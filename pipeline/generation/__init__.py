@@ -4,7 +4,7 @@
 :class:`~pipeline.generation.step.CachedStep` (static cache per layer as graph inputs, ``TensorScatter`` writes,
 ``Attention`` with a boolean mask) and returns a :class:`~pipeline.runtime.generation.module.GenerativeModule` whose
 ``generate``/``stream`` decode like transformers. The conversion needs transformers 5 (:func:`check_transformers`);
-the converted modules' runtime (``pipeline.runtime.generation``) does not import it.
+the converted modules' runtime (``pipeline.runtime.generation``) imports it only to return its output classes.
 """
 
 from __future__ import annotations

@@ -92,6 +92,12 @@ def prepare_step(
         # LFM2 calls even with attention layers alone: `attention_mask[:, -tokens:].contiguous()`, a slice contiguous
         # only when the prompt fills the cache) branches on "the prompt fills the cache": torch.export holds that
         # branch over the range and refuses it ("Constraints violated (sequence)")
+        if generation.max_prompt:
+            logger.info(
+                "generation: max_prompt %d taken as %d (a prompt leaves one cache position; longer ones run in pieces)",
+                generation.max_prompt,
+                generation.max_length - 1,
+            )
         generation = dataclasses.replace(generation, max_prompt=generation.max_length - 1)
     batch = 2 if generation.max_batch >= 2 else 1
     steps = 2 if generation.max_prompt and generation.max_prompt >= 2 else 1

@@ -87,8 +87,6 @@ def model() -> Any:
     return tiny_gemma3n()
 
 
-# the step's embeddings as the forward makes them from its ids (pipeline/generation/vision_step.py's placed_at, handed
-# to the lead as a patch, /work/scratch/s45/h75/step_placement.patch): strict, so that the mark goes with the patch
 def test_decodes_its_audio_as_transformers(model: Any) -> None:
     inputs = prompts_and_audio()
     module = pipeline.convert(model, inputs, generation=GENERATION, validate=False)
