@@ -31,6 +31,7 @@ import torch
 from converters.errors import InputError
 from converters.generation_settings import GenerationSettings
 from pipeline.generation import PLAIN_FORWARD
+from pipeline.generation.model_cache import cache_argument
 from pipeline.generation.seq2seq import cache_of
 from pipeline.generation.static_cache_check import CHECKED_STEPS, STEP_TOLERANCE
 from pipeline.generation.step import CachedStep, indexed_layers
@@ -214,7 +215,7 @@ def _decoded_logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tenso
     """The logits of :func:`_forward_logits`, the prompt and then each token ``fed`` over the model's own cache."""
     takes = inspect.signature(model.forward).parameters
     positions = "position_ids" in takes
-    name = "cache" if "cache" in takes else "past_key_values"
+    name = cache_argument(model)
     full = torch.cat([mask, torch.ones_like(fed)], dim=1)
     cache, logits = None, []
     for start, end in [(0, ids.shape[1])] + [(ids.shape[1] + k, ids.shape[1] + k + 1) for k in range(fed.shape[1])]:

@@ -47,6 +47,8 @@ from pipeline.accuracy.anchor import ANCHOR_DTYPES, PrecisionMode, anchored_tole
 from pipeline.accuracy.stats import judgement, tolerance_ratio
 from pipeline.exporting.stage import eval_mode
 from pipeline.generation.conversion import check_sample_fits
+from pipeline.generation.model_cache import cache_argument
+from pipeline.generation.seq2seq import cache_of
 from pipeline.precision.stage import validation_settings
 from pipeline.runtime.generation.feed import StepFeed, prompt_padding, prompt_runs
 from pipeline.runtime.generation.layout import cache_layout
@@ -387,7 +389,7 @@ def _fed_as_module(model: Any, run: _JudgedRun, settings: Settings) -> torch.Ten
     tokens, continues = generation.prompt_tokens, generation.prompt_continues
     total = ids.shape[1] + prompt_padding(ids.shape[1], generation.max_length, tokens, run.room, continues)
     runs = prompt_runs(total, generation.max_prompt or generation.max_length, tokens, continues)
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    name = cache_argument(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     rows = []
     for row in range(ids.shape[0]):
@@ -405,7 +407,7 @@ def _fed_as_module(model: Any, run: _JudgedRun, settings: Settings) -> torch.Ten
                     use_cache=True,
                     **({name: cache} if cache is not None else {}),
                 )
-                cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+                cache = cache_of(out)
                 if index >= len(pieces) - len(run.actual):
                     logits.append(out.logits[0, -1].float().cpu())
         rows.append(torch.stack(logits))
